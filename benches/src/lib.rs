@@ -1,0 +1,1 @@
+//! Helpers shared by the criterion benchmarks in `benches/benches/`.

@@ -1,0 +1,9 @@
+//! Logic shared by `libgpuslice.so` and the `gpuslice` CLI: the limit-file contract
+//! (`config`, `size`) and the cross-process shared region (`region`).
+//!
+//! Nothing here exports C symbols: the CLI links this crate and must never carry the
+//! shim's hook exports.
+
+pub mod config;
+pub mod region;
+pub mod size;

@@ -1,0 +1,1 @@
+//! Test harness: where the built artifacts are, fake GPU set-up per test, process helpers.

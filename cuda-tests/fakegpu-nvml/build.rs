@@ -1,0 +1,4 @@
+fn main() {
+    // Real clients find this library by its SONAME; `fakegpu install` copies it under that name.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnvidia-ml.so.1");
+}

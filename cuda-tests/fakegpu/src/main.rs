@@ -1,0 +1,2 @@
+//! `fakegpu install DIR` and `fakegpu smi`.
+fn main() {}

@@ -1,0 +1,123 @@
+//! `cargo xtask`: the two commands of the README's quick start.
+//!
+//! * `cargo xtask demo` builds the shim, the CLI and the fake GPU, then runs `gpuslice demo`
+//!   (on the simulated GPU when no NVIDIA driver is present).
+//! * `cargo xtask test` installs what the tests need that cargo cannot (the Python NVML
+//!   client), builds every artifact the end-to-end tests load (cdylibs are not built by
+//!   `cargo test` on its own), then runs the whole suite: the parallel tests first, then the
+//!   timing-dependent test binaries one test at a time.
+
+use std::path::{Path, PathBuf};
+use std::process::{exit, Command};
+
+/// Test binaries whose tests measure time (throttle accuracy, reaping delays). They are
+/// declared `test = false` in their Cargo.toml and run here serially, so that a loaded
+/// 2-core CI machine does not run two of them against each other.
+const SERIAL_TEST_BINARIES: &[(&str, &str)] = &[];
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = workspace_root();
+    let result = match args.first().map(String::as_str) {
+        Some("test") => test(&root, &args[1..]),
+        Some("demo") => demo(&root, &args[1..]),
+        Some("build") => build(&root),
+        _ => {
+            eprintln!("usage: cargo xtask <test|demo|build> [args...]");
+            eprintln!("  test   build everything and run the whole test suite");
+            eprintln!("  demo   run `gpuslice demo` (simulated GPU when no real one is present)");
+            eprintln!("  build  build the shim, CLI and fake GPU libraries");
+            exit(2);
+        }
+    };
+    if let Err(message) = result {
+        eprintln!("xtask: {message}");
+        exit(1);
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn run(mut cmd: Command) -> Result<(), String> {
+    let shown = format!("{cmd:?}");
+    eprintln!("xtask: running {shown}");
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot start {shown}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{shown} failed with {status}"))
+    }
+}
+
+fn build(root: &Path) -> Result<(), String> {
+    let mut cmd = cargo();
+    cmd.current_dir(root).args(["build", "--workspace", "--all-targets"]);
+    run(cmd)
+}
+
+fn demo(root: &Path, extra: &[String]) -> Result<(), String> {
+    let mut cmd = cargo();
+    cmd.current_dir(root).args(["build", "--workspace", "--quiet"]);
+    run(cmd)?;
+    let mut demo = Command::new(root.join("target/debug/gpuslice"));
+    demo.arg("demo").args(extra);
+    run(demo)
+}
+
+fn test(root: &Path, extra: &[String]) -> Result<(), String> {
+    ensure_python_nvml()?;
+    build(root)?;
+    let mut all = cargo();
+    all.current_dir(root)
+        .args(["test", "--workspace"])
+        .args(extra);
+    run(all)?;
+    for (package, binary) in SERIAL_TEST_BINARIES {
+        let mut serial = cargo();
+        serial
+            .current_dir(root)
+            .args(["test", "--package", package, "--test", binary, "--"])
+            .arg("--test-threads=1");
+        run(serial)?;
+    }
+    Ok(())
+}
+
+/// The NVML tests drive the shim through `nvidia-ml-py` (pynvml), the client most Python
+/// tools use. Install it when missing; if that is impossible, say exactly what to do.
+fn ensure_python_nvml() -> Result<(), String> {
+    let python = python();
+    let probe = Command::new(&python)
+        .args(["-c", "import pynvml"])
+        .output();
+    match probe {
+        Ok(out) if out.status.success() => return Ok(()),
+        Ok(_) => {}
+        Err(e) => {
+            return Err(format!(
+                "the NVML tests need Python 3 ({python}: {e}); install python3 and pip, \
+                 then `python3 -m pip install nvidia-ml-py`"
+            ))
+        }
+    }
+    let mut pip = Command::new(&python);
+    pip.args(["-m", "pip", "install", "--quiet", "nvidia-ml-py"]);
+    run(pip).map_err(|e| {
+        format!("{e}; the NVML tests need pynvml: run `{python} -m pip install nvidia-ml-py`")
+    })
+}
+
+fn python() -> String {
+    std::env::var("GPUSLICE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
+}
