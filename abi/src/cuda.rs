@@ -1,0 +1,291 @@
+//! CUDA driver API types, result codes and constants (cuda.h, CUDA 12.x/13.x ABI).
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+pub type CUresult = u32;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+pub type CUmemGenericAllocationHandle = u64;
+pub type cuuint64_t = u64;
+
+pub type CUcontext = *mut c_void;
+pub type CUmodule = *mut c_void;
+pub type CUfunction = *mut c_void;
+pub type CUlibrary = *mut c_void;
+pub type CUkernel = *mut c_void;
+pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
+pub type CUgraph = *mut c_void;
+pub type CUgraphExec = *mut c_void;
+pub type CUgraphNode = *mut c_void;
+pub type CUmemoryPool = *mut c_void;
+pub type CUarray = *mut c_void;
+pub type CUmipmappedArray = *mut c_void;
+
+/// Result codes (`cudaError_enum`).
+pub mod result {
+    use super::CUresult;
+    pub const CUDA_SUCCESS: CUresult = 0;
+    pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+    pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+    pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+    pub const CUDA_ERROR_DEINITIALIZED: CUresult = 4;
+    pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
+    pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+    pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
+    pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+    pub const CUDA_ERROR_ALREADY_MAPPED: CUresult = 208;
+    pub const CUDA_ERROR_ALREADY_ACQUIRED: CUresult = 210;
+    pub const CUDA_ERROR_NOT_MAPPED: CUresult = 211;
+    pub const CUDA_ERROR_CONTEXT_ALREADY_IN_USE: CUresult = 216;
+    pub const CUDA_ERROR_INVALID_SOURCE: CUresult = 300;
+    pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
+    pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+    pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
+    pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+    pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+    pub const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
+    pub const CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: CUresult = 708;
+    pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: CUresult = 709;
+    pub const CUDA_ERROR_LAUNCH_FAILED: CUresult = 719;
+    pub const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
+    pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
+    pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+    pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+    pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
+    pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
+    pub const CUDA_ERROR_STREAM_CAPTURE_UNJOINED: CUresult = 904;
+    pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: CUresult = 908;
+    pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+    /// `cuGetErrorName` spelling of a code, `None` for codes this crate does not know.
+    pub fn name(code: CUresult) -> Option<&'static str> {
+        Some(match code {
+            CUDA_SUCCESS => "CUDA_SUCCESS",
+            CUDA_ERROR_INVALID_VALUE => "CUDA_ERROR_INVALID_VALUE",
+            CUDA_ERROR_OUT_OF_MEMORY => "CUDA_ERROR_OUT_OF_MEMORY",
+            CUDA_ERROR_NOT_INITIALIZED => "CUDA_ERROR_NOT_INITIALIZED",
+            CUDA_ERROR_DEINITIALIZED => "CUDA_ERROR_DEINITIALIZED",
+            CUDA_ERROR_NO_DEVICE => "CUDA_ERROR_NO_DEVICE",
+            CUDA_ERROR_INVALID_DEVICE => "CUDA_ERROR_INVALID_DEVICE",
+            CUDA_ERROR_INVALID_IMAGE => "CUDA_ERROR_INVALID_IMAGE",
+            CUDA_ERROR_INVALID_CONTEXT => "CUDA_ERROR_INVALID_CONTEXT",
+            CUDA_ERROR_ALREADY_MAPPED => "CUDA_ERROR_ALREADY_MAPPED",
+            CUDA_ERROR_ALREADY_ACQUIRED => "CUDA_ERROR_ALREADY_ACQUIRED",
+            CUDA_ERROR_NOT_MAPPED => "CUDA_ERROR_NOT_MAPPED",
+            CUDA_ERROR_CONTEXT_ALREADY_IN_USE => "CUDA_ERROR_CONTEXT_ALREADY_IN_USE",
+            CUDA_ERROR_INVALID_SOURCE => "CUDA_ERROR_INVALID_SOURCE",
+            CUDA_ERROR_FILE_NOT_FOUND => "CUDA_ERROR_FILE_NOT_FOUND",
+            CUDA_ERROR_INVALID_HANDLE => "CUDA_ERROR_INVALID_HANDLE",
+            CUDA_ERROR_ILLEGAL_STATE => "CUDA_ERROR_ILLEGAL_STATE",
+            CUDA_ERROR_NOT_FOUND => "CUDA_ERROR_NOT_FOUND",
+            CUDA_ERROR_NOT_READY => "CUDA_ERROR_NOT_READY",
+            CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES => "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+            CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE => "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE",
+            CUDA_ERROR_CONTEXT_IS_DESTROYED => "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+            CUDA_ERROR_LAUNCH_FAILED => "CUDA_ERROR_LAUNCH_FAILED",
+            CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE => "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
+            CUDA_ERROR_NOT_PERMITTED => "CUDA_ERROR_NOT_PERMITTED",
+            CUDA_ERROR_NOT_SUPPORTED => "CUDA_ERROR_NOT_SUPPORTED",
+            CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+            CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+            CUDA_ERROR_STREAM_CAPTURE_UNMATCHED => "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED",
+            CUDA_ERROR_STREAM_CAPTURE_UNJOINED => "CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
+            CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+            CUDA_ERROR_UNKNOWN => "CUDA_ERROR_UNKNOWN",
+            _ => return None,
+        })
+    }
+}
+
+/// `CUdevice_attribute` values used by gpuslice and its fake.
+pub mod attr {
+    pub const MAX_THREADS_PER_BLOCK: i32 = 1;
+    pub const MAX_BLOCK_DIM_X: i32 = 2;
+    pub const MAX_BLOCK_DIM_Y: i32 = 3;
+    pub const MAX_BLOCK_DIM_Z: i32 = 4;
+    pub const MAX_GRID_DIM_X: i32 = 5;
+    pub const MAX_GRID_DIM_Y: i32 = 6;
+    pub const MAX_GRID_DIM_Z: i32 = 7;
+    pub const MAX_SHARED_MEMORY_PER_BLOCK: i32 = 8;
+    pub const TOTAL_CONSTANT_MEMORY: i32 = 9;
+    pub const WARP_SIZE: i32 = 10;
+    pub const MAX_REGISTERS_PER_BLOCK: i32 = 12;
+    pub const CLOCK_RATE: i32 = 13;
+    pub const MULTIPROCESSOR_COUNT: i32 = 16;
+    pub const INTEGRATED: i32 = 18;
+    pub const CAN_MAP_HOST_MEMORY: i32 = 19;
+    pub const COMPUTE_MODE: i32 = 20;
+    pub const CONCURRENT_KERNELS: i32 = 31;
+    pub const ECC_ENABLED: i32 = 32;
+    pub const PCI_BUS_ID: i32 = 33;
+    pub const PCI_DEVICE_ID: i32 = 34;
+    pub const MEMORY_CLOCK_RATE: i32 = 36;
+    pub const GLOBAL_MEMORY_BUS_WIDTH: i32 = 37;
+    pub const L2_CACHE_SIZE: i32 = 38;
+    pub const MAX_THREADS_PER_MULTIPROCESSOR: i32 = 39;
+    pub const UNIFIED_ADDRESSING: i32 = 41;
+    pub const PCI_DOMAIN_ID: i32 = 50;
+    pub const COMPUTE_CAPABILITY_MAJOR: i32 = 75;
+    pub const COMPUTE_CAPABILITY_MINOR: i32 = 76;
+    pub const MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: i32 = 81;
+    pub const MANAGED_MEMORY: i32 = 83;
+    pub const CONCURRENT_MANAGED_ACCESS: i32 = 89;
+    pub const COOPERATIVE_LAUNCH: i32 = 95;
+    pub const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: i32 = 97;
+    pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: i32 = 102;
+    pub const MAX_BLOCKS_PER_MULTIPROCESSOR: i32 = 106;
+    pub const MEMORY_POOLS_SUPPORTED: i32 = 115;
+}
+
+/// `cuGetProcAddress` flags and query results.
+pub mod proc_address {
+    pub const CU_GET_PROC_ADDRESS_DEFAULT: u64 = 0;
+    pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
+    pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
+    pub const CU_GET_PROC_ADDRESS_SUCCESS: i32 = 0;
+    pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: i32 = 1;
+    pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: i32 = 2;
+}
+
+/// `CUmemPool_attribute` values.
+pub mod pool_attr {
+    pub const REUSE_FOLLOW_EVENT_DEPENDENCIES: i32 = 1;
+    pub const REUSE_ALLOW_OPPORTUNISTIC: i32 = 2;
+    pub const REUSE_ALLOW_INTERNAL_DEPENDENCIES: i32 = 3;
+    pub const RELEASE_THRESHOLD: i32 = 4;
+    pub const RESERVED_MEM_CURRENT: i32 = 5;
+    pub const RESERVED_MEM_HIGH: i32 = 6;
+    pub const USED_MEM_CURRENT: i32 = 7;
+    pub const USED_MEM_HIGH: i32 = 8;
+}
+
+/// `CUmemAllocationGranularity_flags`, `CUmemLocationType`, `CUmemAllocationType`.
+pub mod vmm {
+    pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: i32 = 0;
+    pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: i32 = 1;
+    pub const CU_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
+    pub const CU_MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
+    pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: u32 = 3;
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CUuuid {
+    pub bytes: [c_char; 16],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_ARRAY_DESCRIPTOR {
+    pub Width: usize,
+    pub Height: usize,
+    pub Format: c_uint,
+    pub NumChannels: c_uint,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR {
+    pub Width: usize,
+    pub Height: usize,
+    pub Depth: usize,
+    pub Format: c_uint,
+    pub NumChannels: c_uint,
+    pub Flags: c_uint,
+}
+
+/// Bytes per channel element of a `CUarray_format`, `None` for formats the fake rejects.
+pub fn array_format_bytes(format: c_uint) -> Option<usize> {
+    Some(match format {
+        0x01 | 0x08 => 1,        // UNSIGNED_INT8, SIGNED_INT8
+        0x02 | 0x09 | 0x10 => 2, // UNSIGNED_INT16, SIGNED_INT16, HALF
+        0x03 | 0x0a | 0x20 => 4, // UNSIGNED_INT32, SIGNED_INT32, FLOAT
+        _ => return None,
+    })
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemLocation {
+    pub type_: c_uint,
+    pub id: c_int,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemAllocationProp_allocFlags {
+    pub compressionType: u8,
+    pub gpuDirectRDMACapable: u8,
+    pub usage: u16,
+    pub reserved: [u8; 4],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemAllocationProp {
+    pub type_: c_uint,
+    pub requestedHandleTypes: c_uint,
+    pub location: CUmemLocation,
+    pub win32HandleMetaData: *mut c_void,
+    pub allocFlags: CUmemAllocationProp_allocFlags,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    pub flags: c_uint,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemPoolProps {
+    pub allocType: c_uint,
+    pub handleTypes: c_uint,
+    pub location: CUmemLocation,
+    pub win32SecurityAttributes: *mut c_void,
+    pub maxSize: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+
+/// `CUlaunchAttribute`: only passed through by pointer; 4-byte id, padding, 64-byte value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUlaunchAttribute {
+    pub id: c_uint,
+    pub pad: [c_char; 4],
+    pub value: [u64; 8],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUlaunchConfig {
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub attrs: *mut CUlaunchAttribute,
+    pub numAttrs: c_uint,
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS` (v1; what cuGraphAddKernelNode takes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_KERNEL_NODE_PARAMS {
+    pub func: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub kernelParams: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+}
