@@ -7,11 +7,57 @@
 //! but is malformed fails closed (`Loaded::Invalid`); nothing at all is `Loaded::Unconfigured`
 //! (pure pass-through).
 //!
-//! INTERFACE PINNED FOR PARALLEL WORK: the types and `load` signature below are used by the
-//! shim and the CLI. Implementation is filled in by the config work.
+//! INTERFACE PINNED FOR PARALLEL WORK: the types below are used by the shim and the CLI;
+//! items may be added, never renamed or removed.
+//!
+//! ## Limit file (schema version 1)
+//! ```json
+//! {"version": 1,
+//!  "region": "/var/run/gpuslice/slice-a.region",
+//!  "policy": "cap",
+//!  "log": "error",
+//!  "devices": [
+//!     {"uuid": "GPU-8a5d...", "memory": "8GiB", "compute": 25},
+//!     {"index": 1, "memory": 17179869184}
+//!  ]}
+//! ```
+//! `version` and `devices` are required (`devices` may be empty); `region` must be an
+//! absolute path (a relative one would differ per process working directory and split the
+//! slice); `policy` is `cap|burst|off` (default `cap`); `log` is `off|error|warn|info|debug|trace`.
+//! Each device names exactly one of `uuid` (at most 63 bytes, the region stores it) or `index`
+//! (0..=15), and may give `memory` (size string or integer bytes, not 0) and `compute`
+//! (1..=100). Unknown fields, duplicate keys and duplicate selectors are errors: a typo must
+//! never quietly mean "unlimited".
+//!
+//! ## HAMi env (fallback when no file exists)
+//! * `CUDA_DEVICE_MEMORY_LIMIT` is the default for every device; HAMi's un-indexed limit is
+//!   turned into one `Index` entry for each of the first [`MAX_DEVICES`] (16) indices, because
+//!   the pinned types have no wildcard selector. `CUDA_DEVICE_MEMORY_LIMIT_<i>` overrides index
+//!   `i`. Values use the size grammar of [`crate::size`] ("3000m", "8g", bytes); `0` means
+//!   unlimited, as in HAMi.
+//! * `CUDA_DEVICE_SM_LIMIT[_<i>]`: percent, same default/override rule; `0` and `100` mean not
+//!   throttled (HAMi's meaning), above 100 is an error.
+//! * `CUDA_DEVICE_MEMORY_SHARED_CACHE`: the region path (absolute).
+//! * `GPU_CORE_UTILIZATION_POLICY`: `default` and `force` -> `Cap` (HAMi's default already caps),
+//!   `disable` -> `Off`.
+//! * `LIBCUDA_LOG_LEVEL`: HAMi's 0..4 -> `0` Error, `1`/`2` Warn, `3` Info, `4` Debug, `5+` Trace
+//!   (HAMi has no "off": it always prints errors); level names are accepted too.
+//!
+//! A variable set to the empty string counts as unset (Kubernetes manifests often render
+//! missing values that way). A set variable with a bad value is `Loaded::Invalid` naming the
+//! variable, never ignored.
+//!
+//! ## Log level precedence
+//! `GPUSLICE_LOG` (names only) over the file's `log` over `LIBCUDA_LOG_LEVEL`.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::size::{format_size, parse_size};
+pub use crate::MAX_DEVICES;
 
 /// Default location of the limit file inside a container.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpuslice/limits.json";
@@ -117,3 +163,803 @@ pub enum Loaded {
     /// Fail closed: CUDA entry points refuse with CUDA_ERROR_NOT_INITIALIZED.
     Invalid(ConfigError),
 }
+
+/// Env variable that overrides the log level (names only: off|error|warn|info|debug|trace).
+pub const LOG_ENV: &str = "GPUSLICE_LOG";
+/// HAMi: default memory limit for every device (`_<i>` suffix: one device index).
+pub const HAMI_MEMORY_LIMIT_ENV: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// HAMi: default compute share in percent (`_<i>` suffix: one device index).
+pub const HAMI_SM_LIMIT_ENV: &str = "CUDA_DEVICE_SM_LIMIT";
+/// HAMi: shared-region path.
+pub const HAMI_SHARED_CACHE_ENV: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// HAMi: compute policy (`default|force|disable`).
+pub const HAMI_POLICY_ENV: &str = "GPU_CORE_UTILIZATION_POLICY";
+/// HAMi: log level 0..4.
+pub const HAMI_LOG_LEVEL_ENV: &str = "LIBCUDA_LOG_LEVEL";
+/// Longest UUID the region header can store (it keeps a NUL-terminated `[u8; 64]`).
+pub const MAX_UUID_LEN: usize = 63;
+
+const TOP_LEVEL_FIELDS: [&str; 5] = ["version", "region", "policy", "log", "devices"];
+const DEVICE_FIELDS: [&str; 4] = ["uuid", "index", "memory", "compute"];
+
+impl ComputePolicy {
+    /// The spelling used in the limit file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComputePolicy::Cap => "cap",
+            ComputePolicy::Burst => "burst",
+            ComputePolicy::Off => "off",
+        }
+    }
+
+    /// Parses the limit-file spelling (`cap|burst|off`, any case).
+    pub fn from_name(name: &str) -> Option<ComputePolicy> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "cap" => Some(ComputePolicy::Cap),
+            "burst" => Some(ComputePolicy::Burst),
+            "off" => Some(ComputePolicy::Off),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ComputePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Off => "off",
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+
+    /// Parses `off|error|warn|warning|info|debug|trace` (any case).
+    pub fn from_name(name: &str) -> Option<LogLevel> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "off" | "none" => Some(LogLevel::Off),
+            "error" => Some(LogLevel::Error),
+            "warn" | "warning" => Some(LogLevel::Warn),
+            "info" => Some(LogLevel::Info),
+            "debug" => Some(LogLevel::Debug),
+            "trace" => Some(LogLevel::Trace),
+            _ => None,
+        }
+    }
+
+    /// HAMi's `LIBCUDA_LOG_LEVEL` numbers (see the module doc), or a level name.
+    pub fn from_hami(value: &str) -> Option<LogLevel> {
+        if let Some(level) = LogLevel::from_name(value) {
+            return Some(level);
+        }
+        let number: u32 = value.trim().parse().ok()?;
+        Some(match number {
+            0 => LogLevel::Error,
+            1 | 2 => LogLevel::Warn,
+            3 => LogLevel::Info,
+            4 => LogLevel::Debug,
+            _ => LogLevel::Trace,
+        })
+    }
+}
+
+impl fmt::Display for LogLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl DeviceSelector {
+    /// Whether this selector names the device at `index` with `uuid` (UUIDs compare
+    /// case-insensitively: drivers print them lower-case, people paste them upper-case).
+    pub fn matches(&self, index: u32, uuid: &str) -> bool {
+        match self {
+            DeviceSelector::Uuid(want) => want.eq_ignore_ascii_case(uuid),
+            DeviceSelector::Index(want) => *want == index,
+        }
+    }
+}
+
+impl fmt::Display for DeviceSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSelector::Uuid(uuid) => write!(f, "uuid {uuid}"),
+            DeviceSelector::Index(index) => write!(f, "index {index}"),
+        }
+    }
+}
+
+impl SliceConfig {
+    /// The limit that applies to the device at `index` with `uuid`: an entry naming the UUID
+    /// wins over one naming the index (indices reorder with `CUDA_VISIBLE_DEVICES`, UUIDs do
+    /// not). `None` = this device is not limited.
+    pub fn limit_for(&self, index: u32, uuid: &str) -> Option<&DeviceLimit> {
+        let by_uuid = self.devices.iter().find(|limit| {
+            matches!(&limit.selector, DeviceSelector::Uuid(want) if want.eq_ignore_ascii_case(uuid))
+        });
+        by_uuid.or_else(|| {
+            self.devices
+                .iter()
+                .find(|limit| limit.selector == DeviceSelector::Index(index))
+        })
+    }
+}
+
+impl ConfigError {
+    fn new(
+        origin: impl Into<String>,
+        field: impl Into<String>,
+        problem: impl Into<String>,
+    ) -> Self {
+        ConfigError {
+            origin: origin.into(),
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Parses a limit file's text. `path_for_messages` only labels errors and becomes
+/// `ConfigSource::File`; nothing is read from it.
+pub fn parse_limit_file(path_for_messages: &Path, text: &str) -> Result<SliceConfig, ConfigError> {
+    let origin = path_for_messages.display().to_string();
+    let fail = |field: &str, problem: String| ConfigError::new(origin.clone(), field, problem);
+
+    let value = serde_json::from_str::<strict_json::StrictValue>(text)
+        .map_err(|e| {
+            let hint = if text.trim().is_empty() {
+                " (the file is empty)"
+            } else {
+                ""
+            };
+            fail("", format!("not valid JSON{hint}: {e}"))
+        })?
+        .0;
+    let Value::Object(top) = value else {
+        return Err(fail(
+            "",
+            format!(
+                "the top level must be a JSON object like {{\"version\": {SCHEMA_VERSION}, \"devices\": [...]}}, found {}",
+                json_kind(&value)
+            ),
+        ));
+    };
+
+    // Version first: a newer file may carry fields this reader has never heard of, and the
+    // useful message then is about the version, not the field.
+    match top.get("version") {
+        None => {
+            return Err(fail(
+                "version",
+                format!(
+                    "missing; this gpuslice reads limit files with \"version\": {SCHEMA_VERSION}"
+                ),
+            ))
+        }
+        Some(Value::Number(n)) if n.as_u64() == Some(u64::from(SCHEMA_VERSION)) => {}
+        Some(other) => {
+            return Err(fail(
+                "version",
+                format!(
+                    "unsupported version {other}; this gpuslice reads version {SCHEMA_VERSION}"
+                ),
+            ))
+        }
+    }
+    reject_unknown_fields(&top, &TOP_LEVEL_FIELDS, "").map_err(|(f, p)| fail(&f, p))?;
+
+    let region_path = match top.get("region") {
+        None => None,
+        Some(value) => Some(parse_region_path(value).map_err(|p| fail("region", p))?),
+    };
+    let policy = match top.get("policy") {
+        None => ComputePolicy::default(),
+        Some(Value::String(name)) => ComputePolicy::from_name(name).ok_or_else(|| {
+            fail(
+                "policy",
+                format!("{name:?} is not a policy; use \"cap\", \"burst\" or \"off\""),
+            )
+        })?,
+        Some(other) => {
+            return Err(fail(
+                "policy",
+                format!(
+                    "expected a string (\"cap\", \"burst\" or \"off\"), found {}",
+                    json_kind(other)
+                ),
+            ))
+        }
+    };
+    let log_level = match top.get("log") {
+        None => None,
+        Some(Value::String(name)) => Some(LogLevel::from_name(name).ok_or_else(|| {
+            fail(
+                "log",
+                format!("{name:?} is not a log level; use off, error, warn, info, debug or trace"),
+            )
+        })?),
+        Some(other) => {
+            return Err(fail(
+                "log",
+                format!(
+                    "expected a string such as \"error\", found {}",
+                    json_kind(other)
+                ),
+            ))
+        }
+    };
+    let devices = match top.get("devices") {
+        None => {
+            return Err(fail(
+                "devices",
+                "missing; list the limited devices, or [] for none".to_string(),
+            ))
+        }
+        Some(Value::Array(entries)) => parse_devices(entries).map_err(|(f, p)| fail(&f, p))?,
+        Some(other) => {
+            return Err(fail(
+                "devices",
+                format!(
+                    "expected a list [...] of devices, found {}",
+                    json_kind(other)
+                ),
+            ))
+        }
+    };
+
+    Ok(SliceConfig {
+        source: ConfigSource::File(path_for_messages.to_path_buf()),
+        devices,
+        region_path,
+        policy,
+        log_level,
+    })
+}
+
+/// A field-located problem: (`devices[0].memory`, sentence).
+type FieldProblem = (String, String);
+
+fn reject_unknown_fields(
+    object: &Map<String, Value>,
+    known: &[&str],
+    prefix: &str,
+) -> Result<(), FieldProblem> {
+    // Sorted so the message does not depend on map order.
+    let mut unknown: Vec<&String> = object
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()))
+        .collect();
+    unknown.sort();
+    match unknown.first() {
+        None => Ok(()),
+        Some(name) => Err((
+            format!("{prefix}{name}"),
+            format!(
+                "unknown field {name:?} (known fields: {}); a misspelt limit must not silently mean unlimited",
+                known.join(", ")
+            ),
+        )),
+    }
+}
+
+fn parse_region_path(value: &Value) -> Result<PathBuf, String> {
+    match value {
+        Value::String(path) => check_region_path(path),
+        other => Err(format!(
+            "expected a path string, found {}",
+            json_kind(other)
+        )),
+    }
+}
+
+fn check_region_path(path: &str) -> Result<PathBuf, String> {
+    if path.is_empty() {
+        return Err("is empty; omit it to let the shim choose, or give an absolute path".into());
+    }
+    if !path.starts_with('/') {
+        return Err(format!(
+            "{path:?} is relative; it must be absolute so every process of the slice opens the same file"
+        ));
+    }
+    if path.contains('\0') {
+        return Err("contains a NUL byte".into());
+    }
+    Ok(PathBuf::from(path))
+}
+
+fn parse_devices(entries: &[Value]) -> Result<Vec<DeviceLimit>, FieldProblem> {
+    let mut devices: Vec<DeviceLimit> = Vec::with_capacity(entries.len());
+    for (position, entry) in entries.iter().enumerate() {
+        let prefix = format!("devices[{position}]");
+        let limit = parse_device(entry, &prefix)?;
+        if let Some(first) = devices
+            .iter()
+            .position(|earlier| same_selector(&earlier.selector, &limit.selector))
+        {
+            return Err((
+                prefix,
+                format!(
+                    "{} is already limited by devices[{first}]; give each device once",
+                    limit.selector
+                ),
+            ));
+        }
+        devices.push(limit);
+    }
+    Ok(devices)
+}
+
+fn same_selector(a: &DeviceSelector, b: &DeviceSelector) -> bool {
+    match (a, b) {
+        (DeviceSelector::Uuid(a), DeviceSelector::Uuid(b)) => a.eq_ignore_ascii_case(b),
+        (DeviceSelector::Index(a), DeviceSelector::Index(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn parse_device(entry: &Value, prefix: &str) -> Result<DeviceLimit, FieldProblem> {
+    let at = |field: &str| format!("{prefix}.{field}");
+    let Value::Object(fields) = entry else {
+        return Err((
+            prefix.to_string(),
+            format!(
+                "expected an object like {{\"uuid\": \"GPU-...\", \"memory\": \"8GiB\"}}, found {}",
+                json_kind(entry)
+            ),
+        ));
+    };
+    reject_unknown_fields(fields, &DEVICE_FIELDS, &format!("{prefix}."))?;
+
+    let selector = match (fields.get("uuid"), fields.get("index")) {
+        (Some(_), Some(_)) => {
+            return Err((
+                prefix.to_string(),
+                "gives both \"uuid\" and \"index\"; name the device by one of them".into(),
+            ))
+        }
+        (None, None) => {
+            return Err((
+                prefix.to_string(),
+                "names no device; add \"uuid\": \"GPU-...\" (preferred) or \"index\": N".into(),
+            ))
+        }
+        (Some(uuid), None) => DeviceSelector::Uuid(parse_uuid(uuid).map_err(|p| (at("uuid"), p))?),
+        (None, Some(index)) => {
+            DeviceSelector::Index(parse_index(index).map_err(|p| (at("index"), p))?)
+        }
+    };
+    let memory_limit = match fields.get("memory") {
+        None => None,
+        Some(value) => Some(parse_memory(value).map_err(|p| (at("memory"), p))?),
+    };
+    let compute_percent = match fields.get("compute") {
+        None => None,
+        Some(value) => Some(parse_compute(value).map_err(|p| (at("compute"), p))?),
+    };
+    Ok(DeviceLimit {
+        selector,
+        memory_limit,
+        compute_percent,
+    })
+}
+
+fn parse_uuid(value: &Value) -> Result<String, String> {
+    let Value::String(uuid) = value else {
+        return Err(format!(
+            "expected a string like \"GPU-8a5d...\", found {}",
+            json_kind(value)
+        ));
+    };
+    let uuid = uuid.trim();
+    if uuid.is_empty() {
+        return Err("is empty".into());
+    }
+    if uuid.len() > MAX_UUID_LEN {
+        return Err(format!(
+            "{uuid:?} is {} bytes; at most {MAX_UUID_LEN} are supported",
+            uuid.len()
+        ));
+    }
+    if !uuid.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("{uuid:?} contains characters no GPU UUID has"));
+    }
+    Ok(uuid.to_string())
+}
+
+fn parse_index(value: &Value) -> Result<u32, String> {
+    match value.as_u64() {
+        Some(index) if index < MAX_DEVICES as u64 => Ok(index as u32),
+        Some(index) => Err(format!(
+            "{index} is out of range; gpuslice handles device indices 0..={}",
+            MAX_DEVICES - 1
+        )),
+        None => Err(format!(
+            "expected a device index 0..={}, found {value}",
+            MAX_DEVICES - 1
+        )),
+    }
+}
+
+fn parse_memory(value: &Value) -> Result<u64, String> {
+    let bytes = match value {
+        Value::String(text) => parse_size(text).map_err(|e| e.to_string())?,
+        Value::Number(n) => match n.as_u64() {
+            Some(bytes) => bytes,
+            None if n.as_i64().is_some() => return Err(format!("{n} is negative")),
+            None => {
+                return Err(format!(
+                    "{n} is not a whole number of bytes up to {}; write a size such as \"1.5GiB\"",
+                    u64::MAX
+                ))
+            }
+        },
+        Value::Null => {
+            return Err("null is not a size; omit memory to leave it unlimited".into());
+        }
+        other => {
+            return Err(format!(
+                "expected a size such as \"8GiB\" or a number of bytes, found {}",
+                json_kind(other)
+            ))
+        }
+    };
+    if bytes == 0 {
+        return Err("0 would refuse every allocation; omit memory to leave it unlimited".into());
+    }
+    Ok(bytes)
+}
+
+fn parse_compute(value: &Value) -> Result<u32, String> {
+    match value.as_u64() {
+        Some(percent @ 1..=100) => Ok(percent as u32),
+        Some(0) => Err(
+            "0 would never let a kernel run; use 1..=100, or omit compute for no throttling".into(),
+        ),
+        _ => Err(format!("expected a percentage 1..=100, found {value}")),
+    }
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The canonical limit file for `config` (pretty JSON, schema version 1). It parses back to the
+/// same limits for every configuration `parse_limit_file` accepts; `source` is not written.
+/// Memory is written exactly: "8 GiB" where a unit fits, plain bytes otherwise.
+pub fn to_json(config: &SliceConfig) -> String {
+    #[derive(Serialize)]
+    struct FileOut {
+        version: u32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        region: Option<String>,
+        policy: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        log: Option<&'static str>,
+        devices: Vec<DeviceOut>,
+    }
+    #[derive(Serialize)]
+    struct DeviceOut {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        uuid: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        index: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        memory: Option<MemoryOut>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        compute: Option<u32>,
+    }
+    #[derive(Serialize)]
+    #[serde(untagged)]
+    enum MemoryOut {
+        Bytes(u64),
+        Text(String),
+    }
+
+    let devices = config
+        .devices
+        .iter()
+        .map(|limit| {
+            let (uuid, index) = match &limit.selector {
+                DeviceSelector::Uuid(uuid) => (Some(uuid.clone()), None),
+                DeviceSelector::Index(index) => (None, Some(*index)),
+            };
+            let memory = limit.memory_limit.map(|bytes| {
+                let text = format_size(bytes);
+                if text.ends_with(" B") {
+                    MemoryOut::Bytes(bytes)
+                } else {
+                    MemoryOut::Text(text)
+                }
+            });
+            DeviceOut {
+                uuid,
+                index,
+                memory,
+                compute: limit.compute_percent,
+            }
+        })
+        .collect();
+    let file = FileOut {
+        version: SCHEMA_VERSION,
+        region: config
+            .region_path
+            .as_ref()
+            .map(|path| path.to_string_lossy().into_owned()),
+        policy: config.policy.as_str(),
+        log: config.log_level.map(LogLevel::as_str),
+        devices,
+    };
+    let mut text = serde_json::to_string_pretty(&file)
+        .unwrap_or_else(|_| format!("{{\"version\": {SCHEMA_VERSION}, \"devices\": []}}"));
+    text.push('\n');
+    text
+}
+
+/// Reads an env variable, treating the empty string as unset.
+fn get_set(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+    get(name).filter(|value| !value.trim().is_empty())
+}
+
+/// The HAMi-compatible env configuration (see the module doc for the mapping). `Ok(None)` when
+/// none of the HAMi variables is set.
+pub fn from_hami_env(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<SliceConfig>, ConfigError> {
+    let mut any_set = false;
+    let mut read = |name: &str| {
+        let value = get_set(get, name);
+        any_set |= value.is_some();
+        value.map(|value| (name.to_string(), value))
+    };
+
+    // Memory: Some(None) = explicitly unlimited (HAMi's 0), Some(Some(n)) = cap, None = unset.
+    let memory = |(name, value): (String, String)| -> Result<Option<u64>, ConfigError> {
+        let bytes = parse_size(&value).map_err(|e| ConfigError::new(name, "", e.to_string()))?;
+        Ok((bytes != 0).then_some(bytes))
+    };
+    let compute = |(name, value): (String, String)| -> Result<Option<u32>, ConfigError> {
+        match value.trim().parse::<u32>() {
+            Ok(0) | Ok(100) => Ok(None),
+            Ok(percent @ 1..=99) => Ok(Some(percent)),
+            _ => Err(ConfigError::new(
+                name,
+                "",
+                format!(
+                    "{value:?} is not a compute share; give a percentage 1..=100 (0 or 100 = not throttled)"
+                ),
+            )),
+        }
+    };
+
+    let default_memory = read(HAMI_MEMORY_LIMIT_ENV).map(memory).transpose()?;
+    let default_compute = read(HAMI_SM_LIMIT_ENV).map(compute).transpose()?;
+    let mut devices = Vec::new();
+    for index in 0..MAX_DEVICES as u32 {
+        let memory_here = match read(&format!("{HAMI_MEMORY_LIMIT_ENV}_{index}")) {
+            Some(var) => Some(memory(var)?),
+            None => default_memory,
+        };
+        let compute_here = match read(&format!("{HAMI_SM_LIMIT_ENV}_{index}")) {
+            Some(var) => Some(compute(var)?),
+            None => default_compute,
+        };
+        let memory_limit = memory_here.flatten();
+        let compute_percent = compute_here.flatten();
+        if memory_limit.is_some() || compute_percent.is_some() {
+            devices.push(DeviceLimit {
+                selector: DeviceSelector::Index(index),
+                memory_limit,
+                compute_percent,
+            });
+        }
+    }
+
+    let region_path = match read(HAMI_SHARED_CACHE_ENV) {
+        None => None,
+        Some((name, value)) => {
+            Some(check_region_path(value.trim()).map_err(|p| ConfigError::new(name, "", p))?)
+        }
+    };
+    let policy = match read(HAMI_POLICY_ENV) {
+        None => ComputePolicy::Cap,
+        Some((name, value)) => match value.trim().to_ascii_lowercase().as_str() {
+            "default" | "force" => ComputePolicy::Cap,
+            "disable" => ComputePolicy::Off,
+            _ => {
+                return Err(ConfigError::new(
+                    name,
+                    "",
+                    format!("{value:?} is not a policy; HAMi's are default, force and disable"),
+                ))
+            }
+        },
+    };
+    let log_level = match read(HAMI_LOG_LEVEL_ENV) {
+        None => None,
+        Some((name, value)) => Some(LogLevel::from_hami(&value).ok_or_else(|| {
+            ConfigError::new(
+                name,
+                "",
+                format!("{value:?} is not a log level; use 0..4 (HAMi) or off, error, warn, info, debug, trace"),
+            )
+        })?),
+    };
+
+    if !any_set {
+        return Ok(None);
+    }
+    Ok(Some(SliceConfig {
+        source: ConfigSource::Env,
+        devices,
+        region_path,
+        policy,
+        log_level,
+    }))
+}
+
+/// Finds the configuration for this process: the limit file (`GPUSLICE_CONFIG` or
+/// [`DEFAULT_CONFIG_PATH`]), else HAMi env, else nothing. Fails closed: a file that exists but
+/// cannot be read or parsed, a `GPUSLICE_CONFIG` naming a missing file, or a bad env value is
+/// `Loaded::Invalid`, never "unlimited". `get_env` is `std::env::var(..).ok()` in production.
+pub fn load(get_env: &dyn Fn(&str) -> Option<String>) -> Loaded {
+    match load_config(get_env) {
+        Ok(Some(config)) => Loaded::Configured(config),
+        Ok(None) => Loaded::Unconfigured,
+        Err(error) => Loaded::Invalid(error),
+    }
+}
+
+fn load_config(
+    get_env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<SliceConfig>, ConfigError> {
+    // Checked before anything else so a typo in it is reported even without a config.
+    let log_override = match get_set(get_env, LOG_ENV) {
+        None => None,
+        Some(value) => Some(LogLevel::from_name(&value).ok_or_else(|| {
+            ConfigError::new(
+                LOG_ENV,
+                "",
+                format!("{value:?} is not a log level; use off, error, warn, info, debug or trace"),
+            )
+        })?),
+    };
+
+    let explicit_path = get_set(get_env, CONFIG_ENV);
+    let path = PathBuf::from(explicit_path.as_deref().unwrap_or(DEFAULT_CONFIG_PATH));
+    let origin = path.display().to_string();
+    let config = match std::fs::read(&path) {
+        Ok(bytes) => {
+            let text = String::from_utf8(bytes)
+                .map_err(|_| ConfigError::new(&origin, "", "is not UTF-8 text"))?;
+            let mut config = parse_limit_file(&path, &text)?;
+            if config.log_level.is_none() {
+                config.log_level = hami_log_level(get_env)?;
+            }
+            Some(config)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if explicit_path.is_some() {
+                return Err(ConfigError::new(
+                    &origin,
+                    "",
+                    format!("{CONFIG_ENV} names this file but it does not exist"),
+                ));
+            }
+            from_hami_env(get_env)?
+        }
+        Err(e) => {
+            return Err(ConfigError::new(
+                &origin,
+                "",
+                format!("cannot be read ({e}); refusing to run unlimited"),
+            ))
+        }
+    };
+    Ok(config.map(|mut config| {
+        if log_override.is_some() {
+            config.log_level = log_override;
+        }
+        config
+    }))
+}
+
+fn hami_log_level(
+    get_env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<LogLevel>, ConfigError> {
+    match get_set(get_env, HAMI_LOG_LEVEL_ENV) {
+        None => Ok(None),
+        Some(value) => LogLevel::from_hami(&value).map(Some).ok_or_else(|| {
+            ConfigError::new(
+                HAMI_LOG_LEVEL_ENV,
+                "",
+                format!("{value:?} is not a log level; use 0..4 (HAMi) or a level name"),
+            )
+        }),
+    }
+}
+
+/// JSON parsing that refuses duplicate object keys (serde_json keeps the last one silently,
+/// which would let `{"memory": "8g", "memory": null}`-style edits hide a limit).
+mod strict_json {
+    use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+    use serde_json::{Map, Number, Value};
+    use std::fmt;
+
+    pub struct StrictValue(pub Value);
+
+    impl<'de> Deserialize<'de> for StrictValue {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_any(StrictVisitor).map(StrictValue)
+        }
+    }
+
+    struct StrictVisitor;
+
+    impl<'de> Visitor<'de> for StrictVisitor {
+        type Value = Value;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+            Ok(Value::Bool(v))
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+            Ok(Value::Number(v.into()))
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+            Ok(Value::Number(v.into()))
+        }
+        fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+            Ok(Number::from_f64(v).map_or(Value::Null, Value::Number))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+            Ok(Value::String(v.to_string()))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Value, E> {
+            Ok(Value::String(v))
+        }
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_none<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(StrictValue(item)) = seq.next_element()? {
+                items.push(item);
+            }
+            Ok(Value::Array(items))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            let mut object = Map::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if object.contains_key(&key) {
+                    return Err(de::Error::custom(format!("duplicate key {key:?}")));
+                }
+                let StrictValue(value) = map.next_value()?;
+                object.insert(key, value);
+            }
+            Ok(Value::Object(object))
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

@@ -7,3 +7,7 @@
 pub mod config;
 pub mod region;
 pub mod size;
+
+/// Devices one slice can describe: limit-file indices are `0..MAX_DEVICES` and the shared
+/// region has this many device entries.
+pub const MAX_DEVICES: usize = 16;
