@@ -117,3 +117,43 @@ pub struct nvmlPciInfo_t {
     pub pciSubSystemId: c_uint,
     pub busId: [c_char; 32],
 }
+
+// ---- Added for the fake NVML (fakegpu-nvml) and `fakegpu smi`. ----
+
+pub const NVML_DEVICE_NAME_BUFFER_SIZE: usize = 64;
+pub const NVML_DEVICE_UUID_BUFFER_SIZE: usize = 80;
+pub const NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE: usize = 80;
+/// Size of `nvmlPciInfo_t::busIdLegacy` (`NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE`).
+pub const NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE: usize = 16;
+/// `gpuInstanceId` / `computeInstanceId` of a process on a GPU without MIG
+/// (`NVML_VALUE_NOT_AVAILABLE` as an unsigned int).
+pub const NVML_VALUE_NOT_AVAILABLE_UINT: c_uint = c_uint::MAX;
+
+/// `nvmlTemperatureSensors_t`.
+pub const NVML_TEMPERATURE_GPU: c_uint = 0;
+/// `nvmlComputeMode_t`.
+pub const NVML_COMPUTEMODE_DEFAULT: c_uint = 0;
+/// `nvmlEnableState_t`.
+pub const NVML_FEATURE_DISABLED: c_uint = 0;
+pub const NVML_FEATURE_ENABLED: c_uint = 1;
+/// `nvmlPstates_t`: P0 is maximum performance, P8 the usual idle state.
+pub const NVML_PSTATE_0: c_uint = 0;
+pub const NVML_PSTATE_8: c_uint = 8;
+pub const NVML_PSTATE_UNKNOWN: c_uint = 32;
+/// `nvmlDeviceGetMigMode` current/pending value when MIG is off.
+pub const NVML_DEVICE_MIG_DISABLE: c_uint = 0;
+
+/// `nvmlDeviceGetAttributes_v2` (`nvmlDeviceAttributes_t`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct nvmlDeviceAttributes_t {
+    pub multiprocessorCount: c_uint,
+    pub sharedCopyEngineCount: c_uint,
+    pub sharedDecoderCount: c_uint,
+    pub sharedEncoderCount: c_uint,
+    pub sharedJpegCount: c_uint,
+    pub sharedOfaCount: c_uint,
+    pub gpuInstanceSliceCount: c_uint,
+    pub computeInstanceSliceCount: c_uint,
+    pub memorySizeMB: u64,
+}

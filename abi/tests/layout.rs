@@ -188,3 +188,61 @@ fn nvml_structs_match_bindgen() {
         (size_of::<nv::nvmlMemory_v2_t>() as u32) | (2 << 24)
     );
 }
+
+#[test]
+fn nvml_additions_match_bindgen() {
+    same_layout!(
+        nvmlDeviceAttributes_t,
+        nv::nvmlDeviceAttributes_t,
+        [
+            multiprocessorCount,
+            sharedCopyEngineCount,
+            sharedDecoderCount,
+            sharedEncoderCount,
+            sharedJpegCount,
+            sharedOfaCount,
+            gpuInstanceSliceCount,
+            computeInstanceSliceCount,
+            memorySizeMB
+        ]
+    );
+    assert_eq!(
+        NVML_DEVICE_NAME_BUFFER_SIZE,
+        nv::NVML_DEVICE_NAME_BUFFER_SIZE as usize
+    );
+    assert_eq!(
+        NVML_DEVICE_UUID_BUFFER_SIZE,
+        nv::NVML_DEVICE_UUID_BUFFER_SIZE as usize
+    );
+    assert_eq!(
+        NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE,
+        nv::NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE as usize
+    );
+    assert_eq!(
+        NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE,
+        nv::NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE as usize
+    );
+    assert_eq!(
+        NVML_VALUE_NOT_AVAILABLE_UINT,
+        nv::NVML_VALUE_NOT_AVAILABLE as u32
+    );
+    assert_eq!(
+        NVML_TEMPERATURE_GPU,
+        nv::nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU
+    );
+    assert_eq!(
+        NVML_COMPUTEMODE_DEFAULT,
+        nv::nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT
+    );
+    assert_eq!(
+        NVML_FEATURE_ENABLED,
+        nv::nvmlEnableState_enum_NVML_FEATURE_ENABLED
+    );
+    assert_eq!(NVML_PSTATE_0, nv::nvmlPStates_enum_NVML_PSTATE_0);
+    assert_eq!(NVML_PSTATE_8, nv::nvmlPStates_enum_NVML_PSTATE_8);
+    assert_eq!(
+        NVML_PSTATE_UNKNOWN,
+        nv::nvmlPStates_enum_NVML_PSTATE_UNKNOWN
+    );
+    assert_eq!(NVML_DEVICE_MIG_DISABLE, nv::NVML_DEVICE_MIG_DISABLE);
+}
