@@ -1,1 +1,9 @@
-//! The simulated GPU's state, shared by every process through one mapped file.
+//! The simulated GPU ("fakegpu"): device specs, the state shared by every process through one
+//! mapped file, and the plain-Rust model of the CUDA driver API that `fakegpu-cuda` exports.
+
+pub mod spec;
+pub mod state;
+pub mod timeline;
+
+pub use spec::DeviceSpec;
+pub use state::{now_ns, open_state_at, state, ProcessUsage, SharedState, StateError};

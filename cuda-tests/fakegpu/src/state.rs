@@ -1,0 +1,961 @@
+//! The shared state of the simulated GPU: one file mapped `MAP_SHARED` by every process that
+//! uses the fake (path `FAKEGPU_STATE`, default `/tmp/fakegpu-$UID.state`).
+//!
+//! It holds the device specs (fixed when the file is created), per-device physical memory in
+//! use, per-process slots (pid, start time, physical bytes and contexts per device), and the
+//! kernel timeline: per device `busy_until_ns` plus utilisation rings (see `timeline`) for the
+//! device and for every process slot.
+//!
+//! Locking: creation and process registration/reaping take an fcntl OFD write lock on byte 0
+//! (`F_OFD_SETLKW`), which the kernel drops when the holder dies, so a killed process never
+//! blocks others. Every registered process additionally holds an OFD lock on its own slot's
+//! lock byte through a private descriptor for as long as it lives; a slot whose byte nobody
+//! holds belongs to a dead process. That test works across PID namespaces and is immune to pid
+//! reuse (the pid and `/proc/<pid>/stat` start time are kept for reporting, and are the
+//! fallback liveness test on kernels without OFD locks). Everything on the hot paths (charging
+//! memory, enqueueing kernels) is lock-free atomics on the mapping.
+
+use crate::spec::{self, DeviceSpec};
+use crate::timeline::{self, HISTORY_NS, RING};
+use std::ffi::CString;
+use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, Once, OnceLock};
+
+pub const MAX_DEVICES: usize = 8;
+pub const MAX_PROCS: usize = 64;
+const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU1");
+const VERSION: u32 = 1;
+/// Byte locked (exclusively) while creating the file or changing the slot table.
+const REG_LOCK: i64 = 0;
+/// Slot `i` is alive while someone holds a lock on byte `SLOT_LOCK_BASE + i`.
+const SLOT_LOCK_BASE: i64 = 4096;
+
+const SLOT_FREE: u32 = 0;
+const SLOT_LIVE: u32 = 1;
+
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    version: u32,
+    device_count: u32,
+    layout_size: u64,
+    created_ns: u64,
+}
+
+#[repr(C)]
+struct DeviceRecord {
+    name: [u8; 96],
+    uuid: [u8; 48],
+    pci: [u8; 32],
+    total_memory: u64,
+    sm_count: u32,
+    max_threads_per_sm: u32,
+    cc_major: u32,
+    cc_minor: u32,
+    used: AtomicU64,
+    busy_until: AtomicU64,
+    ring: [AtomicU64; RING],
+}
+
+#[repr(C)]
+struct ProcSlot {
+    state: AtomicU32,
+    pid: AtomicU32,
+    start_time: AtomicU64,
+    used: [AtomicU64; MAX_DEVICES],
+    contexts: [AtomicU32; MAX_DEVICES],
+    rings: [[AtomicU64; RING]; MAX_DEVICES],
+}
+
+#[repr(C)]
+struct Layout {
+    header: Header,
+    devices: [DeviceRecord; MAX_DEVICES],
+    slots: [ProcSlot; MAX_PROCS],
+}
+
+/// Size of the state file. Most of it (the rings) stays sparse until used.
+pub const LAYOUT_SIZE: usize = std::mem::size_of::<Layout>();
+
+/// One process's use of a device.
+#[derive(Clone, Debug)]
+pub struct ProcessUsage {
+    pub pid: u32,
+    pub used_memory: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateError {
+    Io(String),
+    Config(String),
+    /// The file exists but is not a state file of this layout version.
+    Incompatible(String),
+    /// All `MAX_PROCS` process slots are taken by live processes.
+    NoFreeSlot,
+    /// Opened read-only; the operation needs write access.
+    ReadOnly,
+}
+
+impl fmt::Display for StateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StateError::Io(m) => write!(f, "fakegpu state: {m}"),
+            StateError::Config(m) => write!(f, "fakegpu config: {m}"),
+            StateError::Incompatible(m) => write!(f, "fakegpu state incompatible: {m}"),
+            StateError::NoFreeSlot => write!(f, "fakegpu state: all process slots in use"),
+            StateError::ReadOnly => write!(f, "fakegpu state: opened read-only"),
+        }
+    }
+}
+
+impl std::error::Error for StateError {}
+
+fn io_err(what: &str, path: &Path) -> StateError {
+    StateError::Io(format!(
+        "{what} {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    ))
+}
+
+/// `CLOCK_MONOTONIC` in ns (vDSO, no syscall).
+#[inline]
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+static PID: AtomicU32 = AtomicU32::new(0);
+/// Slot-lock descriptors of this process; closed in a forked child (see `after_fork_child`).
+static LOCK_FDS: [AtomicI32; 16] = [const { AtomicI32::new(-1) }; 16];
+static ATFORK: Once = Once::new();
+
+extern "C" fn after_fork_child() {
+    // SAFETY: getpid and close are async-signal-safe, which is all a fork child may call.
+    PID.store(unsafe { libc::getpid() } as u32, Ordering::Relaxed);
+    for fd in &LOCK_FDS {
+        let fd = fd.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            // Closing the child's copy does not release the parent's lock (the open file
+            // description lives on in the parent); it makes the parent's slot die with the
+            // parent instead of with the child.
+            // SAFETY: `fd` is a descriptor this process opened and nobody else uses.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// The current pid, cached (glibc does not cache getpid) and refreshed after fork.
+#[inline]
+pub fn current_pid() -> u32 {
+    let p = PID.load(Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    ATFORK.call_once(|| {
+        // SAFETY: registers a plain extern "C" fn that only uses async-signal-safe calls.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    });
+    // SAFETY: getpid has no preconditions.
+    let p = unsafe { libc::getpid() } as u32;
+    PID.store(p, Ordering::Relaxed);
+    p
+}
+
+/// Field 22 of `/proc/<pid>/stat` (start time in clock ticks since boot).
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: skip past the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn copy_str(dst: &mut [u8], s: &str) {
+    let n = s.len().min(dst.len() - 1);
+    dst[..n].copy_from_slice(&s.as_bytes()[..n]);
+    dst[n..].fill(0);
+}
+
+fn read_str(src: &[u8]) -> String {
+    let n = src.iter().position(|&b| b == 0).unwrap_or(src.len());
+    String::from_utf8_lossy(&src[..n]).into_owned()
+}
+
+/// An OFD lock held until dropped.
+struct FileLock {
+    fd: i32,
+    start: i64,
+}
+
+fn ofd_lock(fd: i32, cmd: i32, kind: i32, start: i64) -> Result<libc::flock, std::io::Error> {
+    // SAFETY: flock is plain data; all-zero is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = start;
+    fl.l_len = 1;
+    // l_pid must be 0 for OFD locks.
+    loop {
+        // SAFETY: `fl` is a valid flock for the duration of the call.
+        let r = unsafe { libc::fcntl(fd, cmd, &mut fl) };
+        if r == 0 {
+            return Ok(fl);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+impl FileLock {
+    fn acquire(fd: i32, kind: i32, start: i64) -> Result<FileLock, std::io::Error> {
+        ofd_lock(fd, libc::F_OFD_SETLKW, kind, start)?;
+        Ok(FileLock { fd, start })
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        let _ = ofd_lock(self.fd, libc::F_OFD_SETLK, libc::F_UNLCK, self.start);
+    }
+}
+
+/// A mapped state file.
+pub struct SharedState {
+    path: PathBuf,
+    base: NonNull<Layout>,
+    /// Descriptor used for the registration lock and for probing slot locks.
+    fd: i32,
+    writable: bool,
+    /// Serialises registration/reaping among this process's threads (OFD locks taken through
+    /// one descriptor do not exclude each other).
+    reg: Mutex<()>,
+    my_slot: AtomicUsize,
+    my_pid: AtomicU32,
+    /// Index into `LOCK_FDS` of this instance's slot-lock descriptor.
+    lock_entry: AtomicUsize,
+}
+
+// SAFETY: the mapping is only accessed through atomics (or fields written once before the
+// magic is published), so sharing it between threads is sound.
+unsafe impl Send for SharedState {}
+// SAFETY: as above.
+unsafe impl Sync for SharedState {}
+
+impl Drop for SharedState {
+    fn drop(&mut self) {
+        self.close_lock_fd();
+        // SAFETY: base/len describe the mapping created in `open_state_at`; fd is ours.
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), LAYOUT_SIZE);
+            libc::close(self.fd);
+        }
+    }
+}
+
+/// The default state path: `FAKEGPU_STATE` or `/tmp/fakegpu-$UID.state`.
+pub fn default_path() -> PathBuf {
+    match std::env::var_os("FAKEGPU_STATE").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        // SAFETY: getuid has no preconditions.
+        None => PathBuf::from(format!("/tmp/fakegpu-{}.state", unsafe { libc::getuid() })),
+    }
+}
+
+static GLOBAL: OnceLock<Result<SharedState, StateError>> = OnceLock::new();
+
+/// The process-wide state, opened (and created if needed) from the environment on first use.
+pub fn state() -> Result<&'static SharedState, StateError> {
+    GLOBAL
+        .get_or_init(|| open_state_at(&default_path()))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Opens (creating and initialising from the environment if absent or empty) the state file at
+/// `path`. Falls back to a read-only mapping when the file cannot be opened for writing.
+pub fn open_state_at(path: &Path) -> Result<SharedState, StateError> {
+    open_with(path, spec::from_env)
+}
+
+/// Like `open_state_at`, with the devices to create the file with given explicitly.
+pub fn open_state_with(path: &Path, devices: &[DeviceSpec]) -> Result<SharedState, StateError> {
+    let devices = devices.to_vec();
+    open_with(path, move || Ok(devices))
+}
+
+fn open_with(
+    path: &Path,
+    devices: impl FnOnce() -> Result<Vec<DeviceSpec>, String>,
+) -> Result<SharedState, StateError> {
+    let cpath = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| StateError::Io("path contains NUL".into()))?;
+    let mut writable = true;
+    // SAFETY: cpath is a valid NUL-terminated string.
+    let mut fd = unsafe {
+        libc::open(
+            cpath.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+            0o666,
+        )
+    };
+    if fd < 0 {
+        writable = false;
+        // SAFETY: as above.
+        fd = unsafe { libc::open(cpath.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(io_err("cannot open", path));
+        }
+    }
+    let close_on_err = |e: StateError| {
+        // SAFETY: fd is the descriptor opened above and not yet owned by anything.
+        unsafe { libc::close(fd) };
+        e
+    };
+    let kind = if writable {
+        libc::F_WRLCK
+    } else {
+        libc::F_RDLCK
+    };
+    let guard = FileLock::acquire(fd, kind, REG_LOCK)
+        .map_err(|e| close_on_err(StateError::Io(format!("lock {}: {e}", path.display()))))?;
+    // SAFETY: stat is plain data; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open, st is a valid out-pointer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(close_on_err(io_err("fstat", path)));
+    }
+    let size = st.st_size as usize;
+    // Checking the size before mapping avoids SIGBUS on a short file.
+    if size != 0 && size != LAYOUT_SIZE {
+        return Err(close_on_err(StateError::Incompatible(format!(
+            "{} is {size} bytes, expected {LAYOUT_SIZE}",
+            path.display()
+        ))));
+    }
+    if size == 0 {
+        if !writable {
+            return Err(close_on_err(StateError::Incompatible(format!(
+                "{} is empty and read-only",
+                path.display()
+            ))));
+        }
+        // SAFETY: fd is open for writing.
+        if unsafe { libc::ftruncate(fd, LAYOUT_SIZE as libc::off_t) } != 0 {
+            return Err(close_on_err(io_err("ftruncate", path)));
+        }
+    }
+    let prot = if writable {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: the file is exactly LAYOUT_SIZE bytes long (checked/truncated above).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            LAYOUT_SIZE,
+            prot,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(close_on_err(io_err("mmap", path)));
+    }
+    let state = SharedState {
+        path: path.to_path_buf(),
+        base: NonNull::new(p.cast()).expect("mmap never returns null on success"),
+        fd,
+        writable,
+        reg: Mutex::new(()),
+        my_slot: AtomicUsize::new(usize::MAX),
+        my_pid: AtomicU32::new(0),
+        lock_entry: AtomicUsize::new(usize::MAX),
+    };
+    let magic = state.layout().header.magic.load(Ordering::Acquire);
+    if magic == 0 {
+        // New file, or its creator died half-way (we hold the lock, so nobody else is
+        // initialising it now).
+        if !writable {
+            return Err(StateError::Incompatible(format!(
+                "{} is not initialised",
+                path.display()
+            )));
+        }
+        let devices = devices().map_err(StateError::Config)?;
+        state.initialise(&devices)?;
+    } else if magic != MAGIC {
+        return Err(StateError::Incompatible(format!(
+            "{}: bad magic",
+            path.display()
+        )));
+    }
+    let h = &state.layout().header;
+    if h.version != VERSION || h.layout_size != LAYOUT_SIZE as u64 {
+        return Err(StateError::Incompatible(format!(
+            "{}: layout version {} size {}",
+            path.display(),
+            h.version,
+            h.layout_size
+        )));
+    }
+    drop(guard);
+    Ok(state)
+}
+
+impl SharedState {
+    #[inline]
+    fn layout(&self) -> &Layout {
+        // SAFETY: base points to a live LAYOUT_SIZE mapping for self's lifetime; all shared
+        // mutation goes through atomics.
+        unsafe { self.base.as_ref() }
+    }
+
+    fn initialise(&self, devices: &[DeviceSpec]) -> Result<(), StateError> {
+        if devices.is_empty() || devices.len() > MAX_DEVICES {
+            return Err(StateError::Config(format!(
+                "{} devices (1..={MAX_DEVICES} supported)",
+                devices.len()
+            )));
+        }
+        let base = self.base.as_ptr();
+        for (i, d) in devices.iter().enumerate() {
+            // SAFETY: we hold the exclusive registration lock and the magic is unpublished, so
+            // no other process reads these plain fields; the pointer is in bounds.
+            let rec = unsafe { &mut *std::ptr::addr_of_mut!((*base).devices[i]) };
+            copy_str(&mut rec.name, &d.name);
+            copy_str(&mut rec.uuid, &d.uuid);
+            copy_str(&mut rec.pci, &d.pci_bus_id);
+            rec.total_memory = d.total_memory;
+            rec.sm_count = d.sm_count.max(1);
+            rec.max_threads_per_sm = d.max_threads_per_sm.max(1);
+            rec.cc_major = d.cc_major;
+            rec.cc_minor = d.cc_minor;
+            *rec.used.get_mut() = 0;
+            *rec.busy_until.get_mut() = 0;
+        }
+        // SAFETY: as above, for the header's plain fields.
+        unsafe {
+            let h = std::ptr::addr_of_mut!((*base).header);
+            (*h).version = VERSION;
+            (*h).device_count = devices.len() as u32;
+            (*h).layout_size = LAYOUT_SIZE as u64;
+            (*h).created_ns = now_ns();
+        }
+        self.layout().header.magic.store(MAGIC, Ordering::Release);
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    pub fn device_count(&self) -> u32 {
+        self.layout().header.device_count
+    }
+
+    fn dev(&self, index: u32) -> Option<&DeviceRecord> {
+        (index < self.device_count()).then(|| &self.layout().devices[index as usize])
+    }
+
+    pub fn device(&self, index: u32) -> Option<DeviceSpec> {
+        let r = self.dev(index)?;
+        Some(DeviceSpec {
+            name: read_str(&r.name),
+            uuid: read_str(&r.uuid),
+            pci_bus_id: read_str(&r.pci),
+            total_memory: r.total_memory,
+            sm_count: r.sm_count,
+            max_threads_per_sm: r.max_threads_per_sm,
+            cc_major: r.cc_major,
+            cc_minor: r.cc_minor,
+        })
+    }
+
+    /// Total memory of a device without allocating (hot path).
+    #[inline]
+    pub fn total_memory(&self, index: u32) -> u64 {
+        self.dev(index).map_or(0, |r| r.total_memory)
+    }
+
+    /// (sm_count, max_threads_per_sm) without allocating (hot path).
+    #[inline]
+    pub fn sm_shape(&self, index: u32) -> (u32, u32) {
+        self.dev(index)
+            .map_or((1, 1), |r| (r.sm_count, r.max_threads_per_sm))
+    }
+
+    /// Physical bytes in use on the device by all processes, after reaping dead ones.
+    pub fn used_memory(&self, index: u32) -> u64 {
+        let Some(r) = self.dev(index) else { return 0 };
+        if self.writable {
+            self.reap_dead_processes();
+            return r.used.load(Ordering::Acquire);
+        }
+        // Read-only: cannot reap, so leave dead processes' bytes out of the answer.
+        let dead: u64 = (0..MAX_PROCS)
+            .filter(|&i| self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE)
+            .filter(|&i| !self.slot_alive(i))
+            .map(|i| self.slot(i).used[index as usize].load(Ordering::Relaxed))
+            .sum();
+        r.used.load(Ordering::Acquire).saturating_sub(dead)
+    }
+
+    /// Raw physical counter, no reaping (hot path).
+    #[inline]
+    pub fn used_memory_raw(&self, index: u32) -> u64 {
+        self.dev(index)
+            .map_or(0, |r| r.used.load(Ordering::Acquire))
+    }
+
+    /// Live processes holding memory or contexts on the device.
+    pub fn processes(&self, index: u32) -> Vec<ProcessUsage> {
+        if index >= self.device_count() {
+            return Vec::new();
+        }
+        self.reap_dead_processes();
+        let d = index as usize;
+        (0..MAX_PROCS)
+            .map(|i| self.slot(i))
+            .filter(|s| s.state.load(Ordering::Acquire) == SLOT_LIVE)
+            .filter(|s| {
+                s.used[d].load(Ordering::Relaxed) > 0 || s.contexts[d].load(Ordering::Relaxed) > 0
+            })
+            .map(|s| ProcessUsage {
+                pid: s.pid.load(Ordering::Relaxed),
+                used_memory: s.used[d].load(Ordering::Relaxed),
+            })
+            .filter(|p| self.writable || self.pid_slot(p.pid).is_some_and(|i| self.slot_alive(i)))
+            .collect()
+    }
+
+    fn pid_slot(&self, pid: u32) -> Option<usize> {
+        (0..MAX_PROCS).find(|&i| {
+            let s = self.slot(i);
+            s.state.load(Ordering::Acquire) == SLOT_LIVE && s.pid.load(Ordering::Relaxed) == pid
+        })
+    }
+
+    /// Busy ns of the device (or of one process on it) within `[from_ns, to_ns)`; visible
+    /// history is the last ~4 s.
+    pub fn busy_ns(&self, index: u32, pid: Option<u32>, from_ns: u64, to_ns: u64) -> u64 {
+        let Some(r) = self.dev(index) else { return 0 };
+        let now = now_ns();
+        match pid {
+            None => timeline::busy_between(&r.ring, from_ns, to_ns, now),
+            Some(pid) => match self.pid_slot(pid) {
+                Some(i) => {
+                    timeline::busy_between(&self.slot(i).rings[index as usize], from_ns, to_ns, now)
+                }
+                None => 0,
+            },
+        }
+    }
+
+    /// Busy share of `[now - window, now]` in percent (window capped at the ~4 s history).
+    pub fn utilization_percent(&self, index: u32, window_ns: u64) -> u32 {
+        let window = window_ns.clamp(1, HISTORY_NS - timeline::BUCKET_NS);
+        let now = now_ns();
+        let busy = self.busy_ns(index, None, now.saturating_sub(window), now);
+        (((busy as u128 * 100 + window as u128 / 2) / window as u128) as u32).min(100)
+    }
+
+    /// When the device finishes all work enqueued so far (monotonic ns).
+    #[inline]
+    pub fn busy_until(&self, index: u32) -> u64 {
+        self.dev(index)
+            .map_or(0, |r| r.busy_until.load(Ordering::Acquire))
+    }
+
+    /// Appends `duration_ns` of work to the device timeline: it starts when the device is
+    /// free (or now) and runs alone. Returns (start, end).
+    #[inline]
+    pub fn enqueue_busy(&self, index: u32, duration_ns: u64) -> (u64, u64) {
+        let Some(r) = self.dev(index) else {
+            return (0, 0);
+        };
+        let now = now_ns();
+        let mut cur = r.busy_until.load(Ordering::Acquire);
+        loop {
+            let start = cur.max(now);
+            let end = start + duration_ns;
+            match r
+                .busy_until
+                .compare_exchange_weak(cur, end, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return (start, end),
+                Err(v) => cur = v,
+            }
+        }
+    }
+
+    /// Records a busy interval in the device's and the slot's utilisation history.
+    #[inline]
+    pub fn record_busy(&self, index: u32, slot: Option<usize>, start: u64, end: u64) {
+        let Some(r) = self.dev(index) else { return };
+        let now = now_ns();
+        timeline::record(&r.ring, start, end, now);
+        if let Some(s) = slot.filter(|&s| s < MAX_PROCS) {
+            timeline::record(&self.slot(s).rings[index as usize], start, end, now);
+        }
+    }
+
+    /// Charges `bytes` of physical memory to the device and the process slot; on a full
+    /// device, reaps dead processes once and retries before reporting out-of-memory.
+    pub fn try_charge(&self, index: u32, slot: usize, bytes: u64) -> bool {
+        let Some(r) = self.dev(index) else {
+            return false;
+        };
+        for attempt in 0..2 {
+            let mut cur = r.used.load(Ordering::Relaxed);
+            while let Some(next) = cur.checked_add(bytes).filter(|&n| n <= r.total_memory) {
+                match r
+                    .used
+                    .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+                {
+                    Ok(_) => {
+                        if slot < MAX_PROCS {
+                            self.slot(slot).used[index as usize].fetch_add(bytes, Ordering::AcqRel);
+                        }
+                        return true;
+                    }
+                    Err(v) => cur = v,
+                }
+            }
+            if attempt == 0 && self.reap_dead_processes() == 0 {
+                return false;
+            }
+        }
+        false
+    }
+
+    /// Returns physical memory charged with `try_charge`.
+    #[inline]
+    pub fn uncharge(&self, index: u32, slot: usize, bytes: u64) {
+        let Some(r) = self.dev(index) else { return };
+        if slot < MAX_PROCS {
+            sub_saturating(&self.slot(slot).used[index as usize], bytes);
+        }
+        sub_saturating(&r.used, bytes);
+    }
+
+    /// Counts a context of the slot's process on a device (for process listings).
+    pub fn add_context(&self, index: u32, slot: usize, delta: i32) {
+        if (index as usize) < MAX_DEVICES && slot < MAX_PROCS {
+            let c = &self.slot(slot).contexts[index as usize];
+            if delta >= 0 {
+                c.fetch_add(delta as u32, Ordering::AcqRel);
+            } else {
+                let _ = c.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
+                    Some(v.saturating_sub(delta.unsigned_abs()))
+                });
+            }
+        }
+    }
+
+    /// Physical bytes charged to a process slot on a device.
+    pub fn slot_used(&self, index: u32, slot: usize) -> u64 {
+        if (index as usize) < MAX_DEVICES && slot < MAX_PROCS {
+            self.slot(slot).used[index as usize].load(Ordering::Acquire)
+        } else {
+            0
+        }
+    }
+
+    #[inline]
+    fn slot(&self, i: usize) -> &ProcSlot {
+        &self.layout().slots[i]
+    }
+
+    /// This process's slot, if registered (and not inherited across fork).
+    #[inline]
+    pub fn my_slot(&self) -> Option<usize> {
+        let s = self.my_slot.load(Ordering::Acquire);
+        (s != usize::MAX && self.my_pid.load(Ordering::Acquire) == current_pid()).then_some(s)
+    }
+
+    /// Registers the calling process (once per process; again in a forked child).
+    pub fn register_current_process(&self) -> Result<usize, StateError> {
+        if let Some(s) = self.my_slot() {
+            return Ok(s);
+        }
+        if !self.writable {
+            return Err(StateError::ReadOnly);
+        }
+        let _g = self.reg.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = self.my_slot() {
+            return Ok(s);
+        }
+        let pid = current_pid();
+        // A forked child may still carry the parent's slot descriptor in this instance.
+        self.close_lock_fd();
+        let _lock = FileLock::acquire(self.fd, libc::F_WRLCK, REG_LOCK)
+            .map_err(|e| StateError::Io(format!("lock: {e}")))?;
+        self.reap_locked();
+        let cpath = CString::new(self.path.as_os_str().as_bytes())
+            .map_err(|_| StateError::Io("path contains NUL".into()))?;
+        for i in 0..MAX_PROCS {
+            let s = self.slot(i);
+            if s.state.load(Ordering::Acquire) != SLOT_FREE {
+                continue;
+            }
+            // SAFETY: cpath is a valid C string.
+            let lfd = unsafe { libc::open(cpath.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+            if lfd < 0 {
+                return Err(io_err("open", &self.path));
+            }
+            if ofd_lock(
+                lfd,
+                libc::F_OFD_SETLK,
+                libc::F_WRLCK,
+                SLOT_LOCK_BASE + i as i64,
+            )
+            .is_err()
+            {
+                // Held by a process that still lives (e.g. a stale instance): not free.
+                // SAFETY: lfd was opened above.
+                unsafe { libc::close(lfd) };
+                continue;
+            }
+            for d in 0..MAX_DEVICES {
+                s.used[d].store(0, Ordering::Relaxed);
+                s.contexts[d].store(0, Ordering::Relaxed);
+                // A previous holder's history must not be attributed to this process.
+                for b in s.rings[d].iter() {
+                    if b.load(Ordering::Relaxed) != 0 {
+                        b.store(0, Ordering::Relaxed);
+                    }
+                }
+            }
+            s.pid.store(pid, Ordering::Relaxed);
+            s.start_time
+                .store(process_start_time(pid).unwrap_or(0), Ordering::Relaxed);
+            s.state.store(SLOT_LIVE, Ordering::Release);
+            let entry = LOCK_FDS.iter().position(|e| {
+                e.compare_exchange(-1, lfd, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            });
+            self.lock_entry
+                .store(entry.unwrap_or(usize::MAX), Ordering::Release);
+            self.my_pid.store(pid, Ordering::Release);
+            self.my_slot.store(i, Ordering::Release);
+            return Ok(i);
+        }
+        Err(StateError::NoFreeSlot)
+    }
+
+    fn close_lock_fd(&self) {
+        let e = self.lock_entry.swap(usize::MAX, Ordering::AcqRel);
+        if let Some(entry) = LOCK_FDS.get(e) {
+            let fd = entry.swap(-1, Ordering::AcqRel);
+            if fd >= 0 {
+                // SAFETY: fd is this instance's slot-lock descriptor.
+                unsafe { libc::close(fd) };
+            }
+        }
+    }
+
+    /// Whether the process owning live slot `i` still exists.
+    fn slot_alive(&self, i: usize) -> bool {
+        match ofd_lock(
+            self.fd,
+            libc::F_OFD_GETLK,
+            libc::F_WRLCK,
+            SLOT_LOCK_BASE + i as i64,
+        ) {
+            Ok(fl) => fl.l_type != libc::F_UNLCK as i16,
+            Err(_) => {
+                // No OFD locks: fall back to pid + start time.
+                let s = self.slot(i);
+                let pid = s.pid.load(Ordering::Relaxed);
+                let start = s.start_time.load(Ordering::Relaxed);
+                process_start_time(pid).is_some_and(|t| start == 0 || t == start)
+            }
+        }
+    }
+
+    /// Releases the slots (and thus the device memory) of processes that have exited, as the
+    /// driver does on process exit. Returns how many were reaped.
+    pub fn reap_dead_processes(&self) -> usize {
+        if !self.writable {
+            return 0;
+        }
+        // Cheap pre-check without the lock: most calls find everybody alive.
+        let any_dead = (0..MAX_PROCS).any(|i| {
+            self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE && !self.slot_alive(i)
+        });
+        if !any_dead {
+            return 0;
+        }
+        let _g = self.reg.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(_lock) = FileLock::acquire(self.fd, libc::F_WRLCK, REG_LOCK) else {
+            return 0;
+        };
+        self.reap_locked()
+    }
+
+    fn reap_locked(&self) -> usize {
+        let mut reaped = 0;
+        for i in 0..MAX_PROCS {
+            let s = self.slot(i);
+            if s.state.load(Ordering::Acquire) != SLOT_LIVE || self.slot_alive(i) {
+                continue;
+            }
+            for d in 0..MAX_DEVICES {
+                let bytes = s.used[d].swap(0, Ordering::AcqRel);
+                if bytes > 0 {
+                    sub_saturating(&self.layout().devices[d].used, bytes);
+                }
+                s.contexts[d].store(0, Ordering::Relaxed);
+            }
+            s.state.store(SLOT_FREE, Ordering::Release);
+            reaped += 1;
+        }
+        reaped
+    }
+}
+
+fn sub_saturating(a: &AtomicU64, v: u64) {
+    let _ = a.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |x| {
+        Some(x.saturating_sub(v))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!(
+            "fakegpu-state-test-{}-{name}-{}",
+            std::process::id(),
+            now_ns()
+        ));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    fn small() -> Vec<DeviceSpec> {
+        let mut d = spec::preset("v100", 0).unwrap();
+        d.total_memory = 64 << 20;
+        vec![d, spec::preset("h200", 1).unwrap()]
+    }
+
+    #[test]
+    fn creates_and_reopens() {
+        let p = tmp("create");
+        let a = open_state_with(&p, &small()).unwrap();
+        assert_eq!(a.device_count(), 2);
+        assert_eq!(a.device(0).unwrap().total_memory, 64 << 20);
+        assert_eq!(a.device(1).unwrap().name, "NVIDIA H200");
+        assert!(a.device(2).is_none());
+        // A second opener keeps the creator's devices whatever it would have created.
+        let b = open_state_with(&p, &[spec::preset("v100", 0).unwrap()]).unwrap();
+        assert_eq!(b.device_count(), 2);
+        assert_eq!(b.device(0).unwrap(), a.device(0).unwrap());
+        drop((a, b));
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn rejects_wrong_sized_files() {
+        let p = tmp("short");
+        std::fs::write(&p, b"not a state file").unwrap();
+        assert!(matches!(
+            open_state_with(&p, &small()),
+            Err(StateError::Incompatible(_))
+        ));
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn charges_are_shared_and_dead_instances_are_reaped() {
+        let p = tmp("charge");
+        let a = open_state_with(&p, &small()).unwrap();
+        let b = open_state_with(&p, &small()).unwrap();
+        let sa = a.register_current_process().unwrap();
+        assert!(a.try_charge(0, sa, 48 << 20));
+        assert_eq!(b.used_memory(0), 48 << 20);
+        // b plays a second process: same pid, but its own slot through its own instance.
+        let sb = b.register_current_process().unwrap();
+        assert_ne!(sa, sb);
+        assert!(!b.try_charge(0, sb, 32 << 20), "over the 64 MiB card");
+        assert!(b.try_charge(0, sb, 16 << 20));
+        assert_eq!(a.used_memory(0), 64 << 20);
+        assert_eq!(a.processes(0).len(), 2);
+        // "Process" a dies: its lock goes with its descriptor; b's next OOM reaps it.
+        drop(a);
+        assert!(b.try_charge(0, sb, 32 << 20));
+        assert_eq!(b.used_memory(0), 48 << 20);
+        assert_eq!(b.processes(0).len(), 1);
+        b.uncharge(0, sb, 48 << 20);
+        assert_eq!(b.used_memory(0), 0);
+        drop(b);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn read_only_opener_sees_state() {
+        let p = tmp("ro");
+        let a = open_state_with(&p, &small()).unwrap();
+        let s = a.register_current_process().unwrap();
+        assert!(a.try_charge(1, s, 1 << 30));
+        let mut perm = std::fs::metadata(&p).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o444);
+        std::fs::set_permissions(&p, perm).unwrap();
+        let ro = open_state_with(&p, &[]).unwrap();
+        // root may still open a 0444 file for writing; either way the reads must work.
+        assert_eq!(ro.used_memory(1), 1 << 30);
+        assert_eq!(ro.processes(1).len(), 1);
+        assert_eq!(ro.processes(1)[0].pid, std::process::id());
+        drop((a, ro));
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn timeline_serialises_and_reports_utilisation() {
+        let p = tmp("timeline");
+        let a = open_state_with(&p, &small()).unwrap();
+        let s = a.register_current_process().unwrap();
+        let t0 = now_ns();
+        let (s1, e1) = a.enqueue_busy(0, 2_000_000);
+        let (s2, e2) = a.enqueue_busy(0, 3_000_000);
+        assert!(s1 >= t0 && e1 == s1 + 2_000_000);
+        assert_eq!(s2, e1, "kernels run one after another");
+        assert_eq!(e2, s2 + 3_000_000);
+        a.record_busy(0, Some(s), s1, e1);
+        a.record_busy(0, Some(s), s2, e2);
+        assert_eq!(a.busy_until(0), e2);
+        // Bucket-aligned windows are exact; edges of unaligned ones count pro rata.
+        let b = timeline::BUCKET_NS;
+        let (from, to) = (s1 / b * b, e2.div_ceil(b) * b);
+        assert_eq!(a.busy_ns(0, None, from, to), 5_000_000);
+        assert_eq!(a.busy_ns(0, Some(std::process::id()), from, to), 5_000_000);
+        assert!(a.busy_ns(0, None, s1, e2).abs_diff(5_000_000) <= 2 * b);
+        assert_eq!(a.busy_ns(0, Some(u32::MAX), from, to), 0);
+        assert_eq!(a.busy_ns(1, None, from, to), 0);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn start_time_is_read() {
+        assert!(process_start_time(std::process::id()).is_some());
+        assert!(process_start_time(u32::MAX).is_none());
+    }
+}
