@@ -188,6 +188,10 @@ pub fn board_profile(spec: &DeviceSpec) -> BoardProfile {
         (0x1DB6_10DE, 0x124A_10DE, 250_000)
     } else if spec.name.contains("H200") {
         (0x2335_10DE, 0x18BE_10DE, 700_000)
+    } else if spec.name.contains("A100") {
+        (0x20B2_10DE, 0x1463_10DE, 400_000)
+    } else if spec.name.contains("T4") {
+        (0x1EB8_10DE, 0x12A2_10DE, 70_000)
     } else {
         (0x0000_10DE, 0x0000_10DE, 300_000)
     };
