@@ -1,1 +1,36 @@
-//! libgpuslice.so
+//! libgpuslice.so: injected into every process of a container (LD_PRELOAD or
+//! `/etc/ld.so.preload`), it sits between CUDA/NVML clients and the real driver and turns one
+//! GPU into an enforced slice.
+//!
+//! Module map (the FFI shell is tiny; the logic is plain Rust with unit tests):
+//! * [`registry`]: the ONE table of hooked functions; generates the exports, the real-function
+//!   slots, the name -> wrapper table (dlsym) and the real-pointer -> wrapper map
+//!   (cuGetProcAddress).
+//! * [`real`]: the real `dlsym` (via `dlvsym`), the real driver libraries, lazily resolved slots.
+//! * [`dlsym_hook`]: the exported `dlsym` trampoline and its decision function.
+//! * [`hooks`]: the wrapper bodies (CUDA, NVML, cuGetProcAddress).
+//! * [`state`]: lazy, once-per-process initialisation (config), fork handling, fail-closed gate.
+//! * [`devices`]: which limit applies to which device (UUID, then index).
+//! * [`report`]: the reporting math (slice view of memory numbers: clamping, no wrap).
+//! * [`memory`], [`throttle`]: policy seams, pass-through for now.
+//! * [`ffi_boundary`], [`log`]: panic containment and `[gpuslice]` logging.
+//!
+//! Exports are compiled only outside `cfg(test)`: a unit-test binary must never interpose its
+//! own `dlsym` or `cu*` symbols.
+
+#![allow(clippy::missing_safety_doc)]
+
+#[macro_use]
+pub mod ffi_boundary;
+#[macro_use]
+pub mod log;
+pub mod devices;
+pub mod dlsym_hook;
+pub mod hooks;
+pub mod memory;
+pub mod real;
+#[macro_use]
+pub mod registry;
+pub mod report;
+pub mod state;
+pub mod throttle;

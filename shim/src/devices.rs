@@ -1,0 +1,154 @@
+//! Which limit applies to which device: by UUID first (stable under `CUDA_VISIBLE_DEVICES`
+//! reordering), then by index, through `SliceConfig::limit_for`. The UUID comes from the real
+//! `cuDeviceGetUuid_v2` (or `cuDeviceGetUuid`) for CUDA devices and `nvmlDeviceGetUUID` for
+//! NVML handles; both spell it `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+
+use std::ffi::{c_char, c_uint, CStr};
+
+use gpuslice_abi::cuda::{result::CUDA_SUCCESS, CUdevice, CUuuid};
+use gpuslice_abi::nvml::{nvmlDevice_t, ret::NVML_SUCCESS, NVML_DEVICE_UUID_V2_BUFFER_SIZE};
+use gpuslice_common::config::SliceConfig;
+
+use crate::registry::real;
+
+/// `GPU-` + the 16 UUID bytes in the 8-4-4-4-12 grouping, lower-case (nvidia-smi's spelling).
+pub fn format_cuda_uuid(uuid: &CUuuid) -> String {
+    let mut text = String::with_capacity(40);
+    text.push_str("GPU-");
+    for (i, byte) in uuid.bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            text.push('-');
+        }
+        text.push_str(&format!("{:02x}", *byte as u8));
+    }
+    text
+}
+
+/// Pure: the memory limit of the device `(index, uuid)` under `config`.
+pub fn memory_limit(config: &SliceConfig, index: u32, uuid: &str) -> Option<u64> {
+    config.limit_for(index, uuid)?.memory_limit
+}
+
+/// The device of the calling thread's current context (real `cuCtxGetDevice`).
+pub fn current_cuda_device() -> Option<CUdevice> {
+    let get_device = real::cuCtxGetDevice()?;
+    let mut device: CUdevice = 0;
+    // SAFETY: `device` is a valid out-pointer for the duration of the call.
+    (unsafe { get_device(&mut device) } == CUDA_SUCCESS).then_some(device)
+}
+
+/// The UUID string of a CUDA device, empty when the driver cannot say (index matching only).
+pub fn cuda_device_uuid(device: CUdevice) -> String {
+    let mut uuid = CUuuid::default();
+    let get_uuid = real::cuDeviceGetUuid_v2().or_else(real::cuDeviceGetUuid);
+    match get_uuid {
+        // SAFETY: `uuid` is a valid out-pointer for the duration of the call.
+        Some(get_uuid) if unsafe { get_uuid(&mut uuid, device) } == CUDA_SUCCESS => {
+            format_cuda_uuid(&uuid)
+        }
+        _ => String::new(),
+    }
+}
+
+/// The memory limit of a CUDA device under `config`.
+pub fn cuda_memory_limit(config: &SliceConfig, device: CUdevice) -> Option<u64> {
+    if config.devices.is_empty() || device < 0 {
+        return None;
+    }
+    memory_limit(config, device as u32, &cuda_device_uuid(device))
+}
+
+/// The memory limit of an NVML device under `config` (UUID via `nvmlDeviceGetUUID`, index via
+/// `nvmlDeviceGetIndex`).
+///
+/// # Safety
+/// `device` must be an NVML handle the real library gave out (or one it rejects cleanly).
+pub unsafe fn nvml_memory_limit(config: &SliceConfig, device: nvmlDevice_t) -> Option<u64> {
+    if config.devices.is_empty() {
+        return None;
+    }
+    let mut buffer = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    let uuid = match real::nvmlDeviceGetUUID() {
+        // SAFETY: the buffer is writable for its full length, which is what we pass.
+        Some(get_uuid)
+            if unsafe { get_uuid(device, buffer.as_mut_ptr(), buffer.len() as c_uint) }
+                == NVML_SUCCESS =>
+        {
+            buffer[buffer.len() - 1] = 0;
+            // SAFETY: NUL-terminated by the driver and, defensively, by the line above.
+            unsafe { CStr::from_ptr(buffer.as_ptr()) }
+                .to_string_lossy()
+                .into_owned()
+        }
+        _ => String::new(),
+    };
+    let mut index: c_uint = u32::MAX;
+    if let Some(get_index) = real::nvmlDeviceGetIndex() {
+        // SAFETY: `index` is a valid out-pointer for the duration of the call.
+        unsafe { get_index(device, &mut index) };
+    }
+    memory_limit(config, index, &uuid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_common::config::{ComputePolicy, ConfigSource, DeviceLimit, DeviceSelector};
+
+    fn config(devices: Vec<DeviceLimit>) -> SliceConfig {
+        SliceConfig {
+            source: ConfigSource::Env,
+            devices,
+            region_path: None,
+            policy: ComputePolicy::Cap,
+            log_level: None,
+        }
+    }
+
+    fn limit(selector: DeviceSelector, bytes: u64) -> DeviceLimit {
+        DeviceLimit {
+            selector,
+            memory_limit: Some(bytes),
+            compute_percent: None,
+        }
+    }
+
+    #[test]
+    fn uuid_is_spelled_like_nvidia_smi() {
+        let mut uuid = CUuuid::default();
+        for (i, b) in uuid.bytes.iter_mut().enumerate() {
+            *b = (0xa0 + i as u8) as c_char;
+        }
+        assert_eq!(
+            format_cuda_uuid(&uuid),
+            "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf"
+        );
+    }
+
+    #[test]
+    fn uuid_wins_over_index_and_index_is_the_fallback() {
+        let uuid = "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf";
+        let cfg = config(vec![
+            limit(DeviceSelector::Index(0), 2 << 30),
+            limit(DeviceSelector::Uuid(uuid.to_uppercase()), 1 << 30),
+        ]);
+        assert_eq!(memory_limit(&cfg, 0, uuid), Some(1 << 30));
+        assert_eq!(memory_limit(&cfg, 0, "GPU-other"), Some(2 << 30));
+        assert_eq!(memory_limit(&cfg, 1, "GPU-other"), None);
+        assert_eq!(
+            memory_limit(&cfg, 5, uuid),
+            Some(1 << 30),
+            "UUID follows the card"
+        );
+    }
+
+    #[test]
+    fn a_device_entry_without_memory_is_unlimited() {
+        let cfg = config(vec![DeviceLimit {
+            selector: DeviceSelector::Index(0),
+            memory_limit: None,
+            compute_percent: Some(50),
+        }]);
+        assert_eq!(memory_limit(&cfg, 0, ""), None);
+    }
+}

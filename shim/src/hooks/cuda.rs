@@ -1,0 +1,481 @@
+//! CUDA driver wrappers: memory queries report the slice, allocation paths go through the
+//! `memory` seam, launch paths through the `throttle` seam.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use gpuslice_abi::cuda::result::CUDA_SUCCESS;
+use gpuslice_abi::cuda::*;
+
+use crate::devices;
+use crate::memory::{self, AllocTarget, DeviceObject};
+use crate::registry::signature as sig;
+use crate::report::{slice_view, MemoryView};
+use crate::state;
+use crate::throttle::{self, Launch};
+
+pub unsafe fn mem_get_info(
+    real: sig::cuMemGetInfo_v2,
+    free: *mut usize,
+    total: *mut usize,
+) -> CUresult {
+    let result = real(free, total);
+    if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
+        return result;
+    }
+    let Some(config) = state::slice_config() else {
+        return result;
+    };
+    let Some(device) = devices::current_cuda_device() else {
+        return result;
+    };
+    if let Some(limit) = devices::cuda_memory_limit(config, device) {
+        let physical = MemoryView {
+            total: *total as u64,
+            free: *free as u64,
+        };
+        let view = slice_view(physical, limit, memory::slice_used(device));
+        *total = view.total as usize;
+        *free = view.free as usize;
+    }
+    result
+}
+
+pub unsafe fn device_total_mem(
+    real: sig::cuDeviceTotalMem_v2,
+    bytes: *mut usize,
+    device: CUdevice,
+) -> CUresult {
+    let result = real(bytes, device);
+    if result != CUDA_SUCCESS || bytes.is_null() {
+        return result;
+    }
+    if let Some(limit) = state::slice_config().and_then(|c| devices::cuda_memory_limit(c, device)) {
+        *bytes = (limit as usize).min(*bytes);
+    }
+    result
+}
+
+/// Reserve, call the driver, commit or release: the shape every allocation path shares.
+#[inline]
+unsafe fn allocate(
+    target: AllocTarget,
+    bytes: u64,
+    call: impl FnOnce() -> CUresult,
+    created: impl FnOnce() -> DeviceObject,
+) -> CUresult {
+    let reservation = match memory::before_alloc(target, bytes) {
+        Ok(reservation) => reservation,
+        Err(code) => return code,
+    };
+    let result = call();
+    let object = if result == CUDA_SUCCESS {
+        created()
+    } else {
+        DeviceObject::Pointer(0)
+    };
+    memory::after_alloc(reservation, result, object);
+    result
+}
+
+/// Reads an out-pointer the driver just filled (0 if the caller passed NULL).
+#[inline]
+unsafe fn read_out<T: Copy + Default>(pointer: *const T) -> T {
+    if pointer.is_null() {
+        T::default()
+    } else {
+        *pointer
+    }
+}
+
+pub unsafe fn mem_alloc(
+    real: sig::cuMemAlloc_v2,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+) -> CUresult {
+    allocate(
+        AllocTarget::CurrentContext,
+        bytes as u64,
+        || real(dptr, bytes),
+        || DeviceObject::Pointer(read_out(dptr)),
+    )
+}
+
+pub unsafe fn mem_alloc_pitch(
+    real: sig::cuMemAllocPitch_v2,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width_bytes: usize,
+    height: usize,
+    element_size: c_uint,
+) -> CUresult {
+    // The driver may pad each row; reserve the unpadded size, the ledger corrects on commit.
+    let bytes = (width_bytes as u64).saturating_mul(height as u64);
+    allocate(
+        AllocTarget::CurrentContext,
+        bytes,
+        || real(dptr, pitch, width_bytes, height, element_size),
+        || DeviceObject::Pointer(read_out(dptr)),
+    )
+}
+
+pub unsafe fn mem_alloc_managed(
+    real: sig::cuMemAllocManaged,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    flags: c_uint,
+) -> CUresult {
+    allocate(
+        AllocTarget::CurrentContext,
+        bytes as u64,
+        || real(dptr, bytes, flags),
+        || DeviceObject::Pointer(read_out(dptr)),
+    )
+}
+
+pub unsafe fn mem_free(real: sig::cuMemFree_v2, dptr: CUdeviceptr) -> CUresult {
+    let result = real(dptr);
+    memory::on_free(DeviceObject::Pointer(dptr), result);
+    result
+}
+
+pub unsafe fn mem_alloc_async(
+    real: sig::cuMemAllocAsync,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> CUresult {
+    allocate(
+        AllocTarget::CurrentContext,
+        bytes as u64,
+        || real(dptr, bytes, stream),
+        || DeviceObject::Pointer(read_out(dptr)),
+    )
+}
+
+pub unsafe fn mem_free_async(
+    real: sig::cuMemFreeAsync,
+    dptr: CUdeviceptr,
+    stream: CUstream,
+) -> CUresult {
+    let result = real(dptr, stream);
+    memory::on_free(DeviceObject::Pointer(dptr), result);
+    result
+}
+
+pub unsafe fn mem_alloc_from_pool_async(
+    real: sig::cuMemAllocFromPoolAsync,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    allocate(
+        AllocTarget::CurrentContext,
+        bytes as u64,
+        || real(dptr, bytes, pool, stream),
+        || DeviceObject::Pointer(read_out(dptr)),
+    )
+}
+
+pub unsafe fn mem_create(
+    real: sig::cuMemCreate,
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    let target = if prop.is_null() || (*prop).location.type_ != vmm::CU_MEM_LOCATION_TYPE_DEVICE {
+        AllocTarget::CurrentContext
+    } else {
+        AllocTarget::Device((*prop).location.id)
+    };
+    allocate(
+        target,
+        size as u64,
+        || real(handle, size, prop, flags),
+        || DeviceObject::Handle(read_out(handle)),
+    )
+}
+
+pub unsafe fn mem_release(
+    real: sig::cuMemRelease,
+    handle: CUmemGenericAllocationHandle,
+) -> CUresult {
+    let result = real(handle);
+    memory::on_free(DeviceObject::Handle(handle), result);
+    result
+}
+
+/// Bytes of a `width x height x depth` array of `channels` elements of `format` (0 when the
+/// format is unknown: the ledger then relies on the driver's numbers).
+pub fn array_bytes(
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: c_uint,
+    channels: c_uint,
+) -> u64 {
+    let element = array_format_bytes(format).unwrap_or(0) as u64 * u64::from(channels);
+    [width, height, depth].iter().fold(element, |acc, &extent| {
+        acc.saturating_mul(extent.max(1) as u64)
+    })
+}
+
+/// Bytes of a mipmapped array: every level halves each extent (never below 1).
+pub fn mipmapped_bytes(desc: &CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> u64 {
+    let (mut w, mut h, mut d) = (desc.Width, desc.Height, desc.Depth);
+    let mut total = 0u64;
+    for _ in 0..levels.max(1) {
+        total = total.saturating_add(array_bytes(w, h, d, desc.Format, desc.NumChannels));
+        w = (w / 2).max(1);
+        h = if h == 0 { 0 } else { (h / 2).max(1) };
+        d = if d == 0 { 0 } else { (d / 2).max(1) };
+    }
+    total
+}
+
+pub unsafe fn array_create(
+    real: sig::cuArrayCreate_v2,
+    array: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR,
+) -> CUresult {
+    let bytes = desc.as_ref().map_or(0, |d| {
+        array_bytes(d.Width, d.Height, 0, d.Format, d.NumChannels)
+    });
+    allocate(
+        AllocTarget::CurrentContext,
+        bytes,
+        || real(array, desc),
+        || DeviceObject::Array(read_out(array as *const CUarray).cast()),
+    )
+}
+
+pub unsafe fn array_3d_create(
+    real: sig::cuArray3DCreate_v2,
+    array: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> CUresult {
+    let bytes = desc.as_ref().map_or(0, |d| {
+        array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)
+    });
+    allocate(
+        AllocTarget::CurrentContext,
+        bytes,
+        || real(array, desc),
+        || DeviceObject::Array(read_out(array as *const CUarray).cast()),
+    )
+}
+
+pub unsafe fn array_destroy(real: sig::cuArrayDestroy, array: CUarray) -> CUresult {
+    let result = real(array);
+    memory::on_free(DeviceObject::Array(array), result);
+    result
+}
+
+pub unsafe fn mipmapped_array_create(
+    real: sig::cuMipmappedArrayCreate,
+    array: *mut CUmipmappedArray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    levels: c_uint,
+) -> CUresult {
+    let bytes = desc.as_ref().map_or(0, |d| mipmapped_bytes(d, levels));
+    allocate(
+        AllocTarget::CurrentContext,
+        bytes,
+        || real(array, desc, levels),
+        || DeviceObject::MipmappedArray(read_out(array as *const CUmipmappedArray).cast()),
+    )
+}
+
+pub unsafe fn mipmapped_array_destroy(
+    real: sig::cuMipmappedArrayDestroy,
+    array: CUmipmappedArray,
+) -> CUresult {
+    let result = real(array);
+    memory::on_free(DeviceObject::MipmappedArray(array), result);
+    result
+}
+
+/// Contexts cost device memory the ledger charges; the size is the ledger's to know (0 here).
+unsafe fn create_context(
+    device: CUdevice,
+    pctx: *mut CUcontext,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    allocate(AllocTarget::Device(device), 0, call, || {
+        DeviceObject::Context(read_out(pctx as *const CUcontext).cast())
+    })
+}
+
+pub unsafe fn ctx_create_v2(
+    real: sig::cuCtxCreate_v2,
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    create_context(dev, pctx, || real(pctx, flags, dev))
+}
+
+pub unsafe fn ctx_create_v3(
+    real: sig::cuCtxCreate_v3,
+    pctx: *mut CUcontext,
+    params: *mut c_void,
+    num_params: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    create_context(dev, pctx, || real(pctx, params, num_params, flags, dev))
+}
+
+pub unsafe fn ctx_create_v4(
+    real: sig::cuCtxCreate_v4,
+    pctx: *mut CUcontext,
+    params: *mut c_void,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    create_context(dev, pctx, || real(pctx, params, flags, dev))
+}
+
+pub unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
+    let result = real(ctx);
+    memory::on_free(DeviceObject::Context(ctx), result);
+    result
+}
+
+pub unsafe fn primary_ctx_retain(
+    real: sig::cuDevicePrimaryCtxRetain,
+    pctx: *mut CUcontext,
+    dev: CUdevice,
+) -> CUresult {
+    allocate(
+        AllocTarget::Device(dev),
+        0,
+        || real(pctx, dev),
+        || DeviceObject::PrimaryContext(dev),
+    )
+}
+
+pub unsafe fn primary_ctx_release(
+    real: sig::cuDevicePrimaryCtxRelease_v2,
+    dev: CUdevice,
+) -> CUresult {
+    let result = real(dev);
+    memory::on_free(DeviceObject::PrimaryContext(dev), result);
+    result
+}
+
+pub unsafe fn primary_ctx_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> CUresult {
+    let result = real(dev);
+    memory::on_free(DeviceObject::PrimaryContext(dev), result);
+    result
+}
+
+fn grid(gx: c_uint, gy: c_uint, gz: c_uint) -> u64 {
+    u64::from(gx) * u64::from(gy) * u64::from(gz)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_kernel(
+    real: sig::cuLaunchKernel,
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    throttle::before_launch(&Launch {
+        stream,
+        blocks: grid(gx, gy, gz),
+        threads_per_block: bx.saturating_mul(by).saturating_mul(bz),
+    });
+    real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+}
+
+pub unsafe fn launch_kernel_ex(
+    real: sig::cuLaunchKernelEx,
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    if let Some(c) = config.as_ref() {
+        throttle::before_launch(&Launch {
+            stream: c.hStream,
+            blocks: grid(c.gridDimX, c.gridDimY, c.gridDimZ),
+            threads_per_block: c
+                .blockDimX
+                .saturating_mul(c.blockDimY)
+                .saturating_mul(c.blockDimZ),
+        });
+    }
+    real(config, f, params, extra)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_cooperative_kernel(
+    real: sig::cuLaunchCooperativeKernel,
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    throttle::before_launch(&Launch {
+        stream,
+        blocks: grid(gx, gy, gz),
+        threads_per_block: bx.saturating_mul(by).saturating_mul(bz),
+    });
+    real(f, gx, gy, gz, bx, by, bz, shared, stream, params)
+}
+
+pub unsafe fn graph_launch(
+    real: sig::cuGraphLaunch,
+    exec: CUgraphExec,
+    stream: CUstream,
+) -> CUresult {
+    throttle::before_launch(&Launch {
+        stream,
+        blocks: 0,
+        threads_per_block: 0,
+    });
+    real(exec, stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn array_sizes_follow_format_channels_and_extents() {
+        // 1024 x 768 float4: 16 bytes per element.
+        assert_eq!(array_bytes(1024, 768, 0, 0x20, 4), 1024 * 768 * 16);
+        // 1-D array: height 0 counts as 1.
+        assert_eq!(array_bytes(100, 0, 0, 0x01, 1), 100);
+        assert_eq!(array_bytes(100, 10, 10, 0xff, 1), 0, "unknown format");
+    }
+
+    #[test]
+    fn mipmaps_sum_their_levels() {
+        let desc = CUDA_ARRAY3D_DESCRIPTOR {
+            Width: 8,
+            Height: 8,
+            Depth: 0,
+            Format: 0x01,
+            NumChannels: 1,
+            Flags: 0,
+        };
+        assert_eq!(mipmapped_bytes(&desc, 4), 64 + 16 + 4 + 1);
+    }
+}

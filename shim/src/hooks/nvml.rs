@@ -1,0 +1,69 @@
+//! NVML wrappers: memory info reports the slice (what nvidia-smi and pynvml show).
+
+use gpuslice_abi::nvml::ret::NVML_SUCCESS;
+use gpuslice_abi::nvml::*;
+
+use crate::devices;
+use crate::registry::signature as sig;
+use crate::report::{nvml_slice_view, NvmlView};
+use crate::state;
+
+pub unsafe fn device_get_memory_info(
+    real: sig::nvmlDeviceGetMemoryInfo,
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    let result = real(device, memory);
+    if result != NVML_SUCCESS || memory.is_null() {
+        return result;
+    }
+    // SAFETY: `device` was just accepted by the real NVML call above.
+    let Some(limit) =
+        state::slice_config().and_then(|c| unsafe { devices::nvml_memory_limit(c, device) })
+    else {
+        return result;
+    };
+    let m = &mut *memory;
+    // v1 has no reserved field: its `used` includes what v2 calls reserved.
+    let physical = NvmlView {
+        total: m.total,
+        reserved: 0,
+        used: m.used,
+        free: m.free,
+    };
+    let view = nvml_slice_view(physical, limit, None);
+    m.total = view.total;
+    m.used = view.used;
+    m.free = view.free;
+    result
+}
+
+pub unsafe fn device_get_memory_info_v2(
+    real: sig::nvmlDeviceGetMemoryInfo_v2,
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    let result = real(device, memory);
+    if result != NVML_SUCCESS || memory.is_null() {
+        return result;
+    }
+    // SAFETY: `device` was just accepted by the real NVML call above.
+    let Some(limit) =
+        state::slice_config().and_then(|c| unsafe { devices::nvml_memory_limit(c, device) })
+    else {
+        return result;
+    };
+    let m = &mut *memory;
+    let physical = NvmlView {
+        total: m.total,
+        reserved: m.reserved,
+        used: m.used,
+        free: m.free,
+    };
+    let view = nvml_slice_view(physical, limit, None);
+    m.total = view.total;
+    m.reserved = view.reserved;
+    m.used = view.used;
+    m.free = view.free;
+    result
+}

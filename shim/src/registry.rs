@@ -1,0 +1,391 @@
+//! THE registry: every hooked function is declared exactly once, in the `hook_registry!`
+//! invocation at the bottom of this file, as
+//!
+//! ```text
+//! Cuda fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult => cuda::mem_alloc;
+//! Cuda fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult => passthrough;
+//! ```
+//!
+//! (library, exported C name and signature, handler). From that one line the macro generates:
+//! * `signature::NAME`: the C function-pointer type;
+//! * `SLOTS[SlotId::NAME]` + `real::NAME()`: the lazily resolved real function;
+//! * `exports::NAME`: the `#[no_mangle] extern "C"` export (only outside `cfg(test)`), a tiny
+//!   shell: panic boundary -> fail-closed gate -> real slot (missing -> NOT_SUPPORTED /
+//!   FUNCTION_NOT_FOUND) -> handler (`passthrough` calls the real function directly);
+//! * `HOOKS`: name -> wrapper for `dlsym`, and real pointer -> wrapper for `cuGetProcAddress`.
+//!
+//! Handlers are `unsafe fn(real: signature::NAME, args...) -> u32` in `crate::hooks`.
+//! `helpers { ... }` declares real functions the shim calls itself but does not hook.
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use gpuslice_abi::cuda::*;
+use gpuslice_abi::nvml::*;
+
+pub use crate::real::{Library, RealSlot};
+
+impl Library {
+    /// What a wrapper returns when a panic was contained.
+    pub const fn panic_code(self) -> u32 {
+        match self {
+            Library::Cuda => result::CUDA_ERROR_UNKNOWN,
+            Library::Nvml => ret::NVML_ERROR_UNKNOWN,
+        }
+    }
+    /// What a wrapper returns when the real library lacks the function (older driver).
+    pub const fn missing_code(self) -> u32 {
+        match self {
+            Library::Cuda => result::CUDA_ERROR_NOT_SUPPORTED,
+            Library::Nvml => ret::NVML_ERROR_FUNCTION_NOT_FOUND,
+        }
+    }
+    /// What every entry point returns when the configuration is invalid (fail closed).
+    pub const fn fail_closed_code(self) -> u32 {
+        match self {
+            Library::Cuda => result::CUDA_ERROR_NOT_INITIALIZED,
+            Library::Nvml => ret::NVML_ERROR_UNINITIALIZED,
+        }
+    }
+}
+
+/// One hooked function as the lookup paths see it.
+pub struct Hook {
+    pub name: &'static str,
+    pub slot: &'static RealSlot,
+    /// Our export (`exports::NAME`) as an untyped pointer.
+    pub wrapper: *const c_void,
+}
+
+// SAFETY: `wrapper` is the address of a function; it is never written and functions can be
+// called from any thread.
+unsafe impl Sync for Hook {}
+
+impl Hook {
+    pub fn library(&self) -> Library {
+        self.slot.library
+    }
+}
+
+macro_rules! hook_registry {
+    (
+        hooks {
+            $( $lib:ident fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty
+                => $($handler:ident)::+ ; )*
+        }
+        helpers {
+            $( $hlib:ident fn $hname:ident ( $($hty:ty),* $(,)? ) -> $hret:ty ; )*
+        }
+    ) => {
+        /// Position of each function in [`SLOTS`]: hooks first, then helpers.
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum SlotId { $($name,)* $($hname,)* }
+
+        pub const HOOK_COUNT: usize = [$(stringify!($name)),*].len();
+        pub const SLOT_COUNT: usize = HOOK_COUNT + [$(stringify!($hname)),*].len();
+
+        /// The real functions, hooks first (same order as [`HOOKS`]), then helpers.
+        pub static SLOTS: [RealSlot; SLOT_COUNT] = [
+            $( RealSlot::new(Library::$lib, concat!(stringify!($name), "\0").as_bytes()), )*
+            $( RealSlot::new(Library::$hlib, concat!(stringify!($hname), "\0").as_bytes()), )*
+        ];
+
+        /// C signatures of the real functions (and of our exports).
+        #[allow(non_camel_case_types)]
+        pub mod signature {
+            use super::*;
+            $( pub type $name = unsafe extern "C" fn($($ty),*) -> $ret; )*
+            $( pub type $hname = unsafe extern "C" fn($($hty),*) -> $hret; )*
+        }
+
+        /// Typed access to the real functions; `None` = the real library lacks it.
+        #[allow(non_snake_case)]
+        pub mod real {
+            use super::*;
+            $(
+                #[inline]
+                pub fn $name() -> Option<signature::$name> {
+                    let pointer = SLOTS[SlotId::$name as usize].get()?;
+                    // SAFETY: the slot holds what the real library exports under this name,
+                    // whose C signature is the declared one.
+                    Some(unsafe { std::mem::transmute::<*mut c_void, signature::$name>(pointer) })
+                }
+            )*
+            $(
+                #[inline]
+                pub fn $hname() -> Option<signature::$hname> {
+                    let pointer = SLOTS[SlotId::$hname as usize].get()?;
+                    // SAFETY: as above, for a helper.
+                    Some(unsafe { std::mem::transmute::<*mut c_void, signature::$hname>(pointer) })
+                }
+            )*
+        }
+
+        /// The exported wrappers. Unit-test builds keep them mangled so the test binary never
+        /// interposes its own `cu*`/`nvml*` symbols.
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        pub mod exports {
+            use super::*;
+            $(
+                #[cfg_attr(not(test), no_mangle)]
+                pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                    $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
+                        if let Err(code) = $crate::state::admit(Library::$lib) {
+                            return code;
+                        }
+                        let Some(real) = real::$name() else {
+                            return Library::$lib.missing_code();
+                        };
+                        hook_registry!(@call real, [$($arg),*], $($handler)::+)
+                    })
+                }
+            )*
+        }
+
+        /// Every hooked function: the name -> wrapper table of the dlsym path and the source
+        /// of the real-pointer -> wrapper map of the cuGetProcAddress path.
+        pub static HOOKS: [Hook; HOOK_COUNT] = [
+            $( Hook {
+                name: stringify!($name),
+                slot: &SLOTS[SlotId::$name as usize],
+                wrapper: exports::$name as *const c_void,
+            }, )*
+        ];
+
+        /// The hook declared under exactly this name.
+        pub fn hook_by_name(name: &str) -> Option<&'static Hook> {
+            let id = match name {
+                $( stringify!($name) => SlotId::$name, )*
+                _ => return None,
+            };
+            Some(&HOOKS[id as usize])
+        }
+    };
+    (@call $real:ident, [$($a:ident),*], passthrough) => {
+        // SAFETY: the caller's arguments go unchanged to the real function of the same
+        // signature; the caller upholds the C API's contract.
+        unsafe { $real($($a),*) }
+    };
+    (@call $real:ident, [$($a:ident),*], $($handler:ident)::+) => {
+        // SAFETY: handlers take the real function and the caller's arguments unchanged; the
+        // caller upholds the C API's contract for them.
+        unsafe { $($handler)::+($real, $($a),*) }
+    };
+}
+
+use crate::hooks::{cuda, nvml, proc_address};
+
+hook_registry! {
+    hooks {
+        Cuda fn cuInit(flags: c_uint) -> CUresult => passthrough;
+        Cuda fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult => passthrough;
+        Cuda fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
+            flags: cuuint64_t) -> CUresult => proc_address::get_proc_address;
+        Cuda fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
+            flags: cuuint64_t, symbol_status: *mut c_int) -> CUresult => proc_address::get_proc_address_v2;
+        Cuda fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult => cuda::mem_get_info;
+        Cuda fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult => cuda::device_total_mem;
+
+        Cuda fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult => cuda::mem_alloc;
+        Cuda fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width_bytes: usize,
+            height: usize, element_size: c_uint) -> CUresult => cuda::mem_alloc_pitch;
+        Cuda fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult
+            => cuda::mem_alloc_managed;
+        Cuda fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => cuda::mem_free;
+        Cuda fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
+            => cuda::mem_alloc_async;
+        Cuda fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
+            => cuda::mem_alloc_async;
+        Cuda fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult => cuda::mem_free_async;
+        Cuda fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => cuda::mem_free_async;
+        Cuda fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
+            stream: CUstream) -> CUresult => cuda::mem_alloc_from_pool_async;
+        Cuda fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
+            stream: CUstream) -> CUresult => cuda::mem_alloc_from_pool_async;
+        Cuda fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize,
+            prop: *const CUmemAllocationProp, flags: u64) -> CUresult => cuda::mem_create;
+        Cuda fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => cuda::mem_release;
+        Cuda fn cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult
+            => cuda::array_create;
+        Cuda fn cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult
+            => cuda::array_3d_create;
+        Cuda fn cuArrayDestroy(array: CUarray) -> CUresult => cuda::array_destroy;
+        Cuda fn cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+            levels: c_uint) -> CUresult => cuda::mipmapped_array_create;
+        Cuda fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CUresult => cuda::mipmapped_array_destroy;
+        Cuda fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult
+            => cuda::ctx_create_v2;
+        Cuda fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, num_params: c_int, flags: c_uint,
+            dev: CUdevice) -> CUresult => cuda::ctx_create_v3;
+        Cuda fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice)
+            -> CUresult => cuda::ctx_create_v4;
+        Cuda fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => cuda::ctx_destroy;
+        Cuda fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult
+            => cuda::primary_ctx_retain;
+        Cuda fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => cuda::primary_ctx_release;
+        Cuda fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => cuda::primary_ctx_reset;
+
+        Cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
+            bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
+            -> CUresult => cuda::launch_kernel;
+        Cuda fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
+            bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
+            -> CUresult => cuda::launch_kernel;
+        Cuda fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
+            extra: *mut *mut c_void) -> CUresult => cuda::launch_kernel_ex;
+        Cuda fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
+            extra: *mut *mut c_void) -> CUresult => cuda::launch_kernel_ex;
+        Cuda fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+            by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
+            => cuda::launch_cooperative_kernel;
+        Cuda fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+            by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
+            => cuda::launch_cooperative_kernel;
+        Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch;
+        Cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch;
+
+        Nvml fn nvmlInit_v2() -> nvmlReturn_t => passthrough;
+        Nvml fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t => passthrough;
+        Nvml fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t
+            => nvml::device_get_memory_info;
+        Nvml fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t
+            => nvml::device_get_memory_info_v2;
+        Nvml fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
+            infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => passthrough;
+        Nvml fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
+            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => passthrough;
+        Nvml fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
+            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => passthrough;
+        Nvml fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t,
+            samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen: u64) -> nvmlReturn_t
+            => passthrough;
+    }
+    helpers {
+        Cuda fn cuCtxGetDevice(*mut CUdevice) -> CUresult;
+        Cuda fn cuDeviceGetUuid_v2(*mut CUuuid, CUdevice) -> CUresult;
+        Cuda fn cuDeviceGetUuid(*mut CUuuid, CUdevice) -> CUresult;
+        Nvml fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
+        Nvml fn nvmlDeviceGetIndex(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
+    }
+}
+
+/// Pure core of the cuGetProcAddress mapping: the wrapper whose real function is exactly
+/// `real`, by pointer identity (so the driver's choice of ABI version and stream semantics is
+/// kept), or `real` itself for everything we do not hook.
+pub fn map_by_identity(
+    real: *mut c_void,
+    table: impl IntoIterator<Item = (*mut c_void, *const c_void)>,
+) -> *mut c_void {
+    table
+        .into_iter()
+        .find(|(known_real, _)| *known_real == real)
+        .map_or(real, |(_, wrapper)| wrapper as *mut c_void)
+}
+
+static CUDA_SLOTS_RESOLVED: AtomicBool = AtomicBool::new(false);
+
+/// The wrapper for a real CUDA function pointer handed out by the real cuGetProcAddress.
+/// Resolves every CUDA slot once so the map is complete; hooks the real library lacks have no
+/// real pointer and so are never handed out.
+pub fn cuda_wrapper_for_real_pointer(real: *mut c_void) -> *mut c_void {
+    if real.is_null() {
+        return real;
+    }
+    if !CUDA_SLOTS_RESOLVED.load(Ordering::Acquire) {
+        for hook in HOOKS.iter().filter(|h| h.library() == Library::Cuda) {
+            let _ = hook.slot.get();
+        }
+        CUDA_SLOTS_RESOLVED.store(true, Ordering::Release);
+    }
+    map_by_identity(
+        real,
+        HOOKS
+            .iter()
+            .filter(|h| h.library() == Library::Cuda)
+            .filter_map(|h| h.slot.peek().map(|p| (p, h.wrapper))),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_hook_is_found_by_its_exact_name_and_points_at_its_own_export() {
+        for (index, hook) in HOOKS.iter().enumerate() {
+            let found = hook_by_name(hook.name).expect("declared name is found");
+            assert!(std::ptr::eq(found, &HOOKS[index]));
+            assert_eq!(hook.slot.name(), hook.name);
+            assert!(!hook.wrapper.is_null());
+        }
+        let mut wrappers: Vec<_> = HOOKS.iter().map(|h| h.wrapper as usize).collect();
+        wrappers.sort_unstable();
+        wrappers.dedup();
+        assert_eq!(wrappers.len(), HOOK_COUNT, "each hook has its own wrapper");
+    }
+
+    #[test]
+    fn cu_prefixed_names_outside_the_table_are_not_hooked() {
+        for name in [
+            "cudnnCreate",
+            "cublasCreate_v2",
+            "curl_easy_init",
+            "cuMemAlloc", // legacy 32-bit ABI symbol: not ours to wrap
+            "cuInit_",
+            "cuinit",
+            "cuDeviceGetUuid", // a helper, not a hook
+            "nvmlShutdown",
+            "cu",
+            "",
+        ] {
+            assert!(hook_by_name(name).is_none(), "{name} must not be hooked");
+        }
+        assert_eq!(
+            hook_by_name("cuMemAlloc_v2").unwrap().library(),
+            Library::Cuda
+        );
+        assert_eq!(
+            hook_by_name("nvmlInit_v2").unwrap().library(),
+            Library::Nvml
+        );
+    }
+
+    #[test]
+    fn proc_address_mapping_is_by_pointer_identity() {
+        let real_a = 0x1000 as *mut c_void;
+        let real_b = 0x2000 as *mut c_void;
+        let wrap_a = 0x9000 as *const c_void;
+        let table = [(real_a, wrap_a)];
+        assert_eq!(map_by_identity(real_a, table), wrap_a as *mut c_void);
+        assert_eq!(
+            map_by_identity(real_b, table),
+            real_b,
+            "unhooked pointer stays real"
+        );
+        assert_eq!(
+            map_by_identity(std::ptr::null_mut(), table),
+            std::ptr::null_mut()
+        );
+    }
+
+    #[test]
+    fn launch_and_memory_families_including_ptsz_are_registered() {
+        for name in [
+            "cuLaunchKernel_ptsz",
+            "cuLaunchKernelEx_ptsz",
+            "cuLaunchCooperativeKernel_ptsz",
+            "cuGraphLaunch_ptsz",
+            "cuMemAllocAsync_ptsz",
+            "cuMemFreeAsync_ptsz",
+            "cuMemAllocFromPoolAsync_ptsz",
+            "cuMemCreate",
+            "cuMipmappedArrayCreate",
+            "cuCtxCreate_v4",
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+        ] {
+            assert!(hook_by_name(name).is_some(), "{name}");
+        }
+    }
+}
