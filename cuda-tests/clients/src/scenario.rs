@@ -1,0 +1,602 @@
+//! The scenarios (subcommands) all three clients run, written once against [`Gpu`]: the
+//! handful of operations they need. [`Driver`] implements it with raw entry points (linked,
+//! dlsym or cuGetProcAddress); `cudarc-client` implements it with cudarc's API. Each scenario
+//! prints exactly one JSON line on stdout; driver failures are results (named by
+//! cuGetErrorName), not client failures: the exit code is 0 unless the client itself broke
+//! (bad arguments: 2).
+
+use crate::driver::Driver;
+use crate::{AllocPath, Allocation, CUresult, Fail, LaunchPath, Res};
+use gpuslice_abi::cuda::attr;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+/// The operations scenarios need from a driver, however it was reached.
+#[allow(clippy::too_many_arguments)]
+pub trait Gpu: Sync {
+    /// "linked", "cudarc", "procaddr": printed as `client` in every result.
+    fn client(&self) -> &'static str;
+    /// `cuGetErrorName` spelling of `code`.
+    fn code_name(&self, code: CUresult) -> String;
+    fn init(&self) -> Res<()>;
+    fn driver_version(&self) -> Res<i32>;
+    fn device_count(&self) -> Res<i32>;
+    fn device(&self, ordinal: i32) -> Res<i32>;
+    fn device_name(&self, dev: i32) -> Res<String>;
+    fn device_uuid(&self, dev: i32) -> Res<[u8; 16]>;
+    fn device_total_mem(&self, dev: i32) -> Res<usize>;
+    fn device_attribute(&self, dev: i32, attribute: i32) -> Res<i32>;
+    /// Retains `dev`'s primary context and makes it current on the calling thread.
+    fn context(&self, dev: i32) -> Res<()>;
+    fn mem_get_info(&self) -> Res<(usize, usize)>;
+    fn alloc(&self, path: AllocPath, size: usize) -> Res<Allocation>;
+    fn free(&self, allocation: &Allocation) -> Res<()>;
+    fn synchronize(&self) -> Res<()>;
+    /// Loads [`crate::SPIN_PTX`] and returns its `spin` function as an integer handle.
+    fn load_kernel(&self) -> Res<u64>;
+    /// `created == false`: the default (null) stream, 0.
+    fn stream(&self, created: bool) -> Res<u64>;
+    fn stream_synchronize(&self, stream: u64) -> Res<()>;
+    /// Submits `count` launches; one result per launch.
+    fn launch(
+        &self,
+        path: LaunchPath,
+        func: u64,
+        grid: u32,
+        block: u32,
+        stream: u64,
+        ns_per_wave: u64,
+        count: usize,
+    ) -> Vec<Res<()>>;
+    /// The `errors` scenario's checks in order; names are shared by all clients.
+    fn errors(&self) -> Vec<(&'static str, Res<()>)>;
+}
+
+impl Gpu for Driver {
+    fn client(&self) -> &'static str {
+        self.client
+    }
+    fn code_name(&self, code: CUresult) -> String {
+        Driver::code_name(self, code)
+    }
+    fn init(&self) -> Res<()> {
+        Driver::init(self)
+    }
+    fn driver_version(&self) -> Res<i32> {
+        Driver::driver_version(self)
+    }
+    fn device_count(&self) -> Res<i32> {
+        Driver::device_count(self)
+    }
+    fn device(&self, ordinal: i32) -> Res<i32> {
+        Driver::device(self, ordinal)
+    }
+    fn device_name(&self, dev: i32) -> Res<String> {
+        Driver::device_name(self, dev)
+    }
+    fn device_uuid(&self, dev: i32) -> Res<[u8; 16]> {
+        Driver::device_uuid(self, dev)
+    }
+    fn device_total_mem(&self, dev: i32) -> Res<usize> {
+        Driver::device_total_mem(self, dev)
+    }
+    fn device_attribute(&self, dev: i32, attribute: i32) -> Res<i32> {
+        Driver::device_attribute(self, dev, attribute)
+    }
+    fn context(&self, dev: i32) -> Res<()> {
+        Driver::context(self, dev)
+    }
+    fn mem_get_info(&self) -> Res<(usize, usize)> {
+        Driver::mem_get_info(self)
+    }
+    fn alloc(&self, path: AllocPath, size: usize) -> Res<Allocation> {
+        Driver::alloc(self, path, size)
+    }
+    fn free(&self, allocation: &Allocation) -> Res<()> {
+        Driver::free(self, allocation)
+    }
+    fn synchronize(&self) -> Res<()> {
+        Driver::synchronize(self)
+    }
+    fn load_kernel(&self) -> Res<u64> {
+        Driver::load_kernel(self)
+    }
+    fn stream(&self, created: bool) -> Res<u64> {
+        Driver::stream(self, created)
+    }
+    fn stream_synchronize(&self, stream: u64) -> Res<()> {
+        Driver::stream_synchronize(self, stream)
+    }
+    fn launch(
+        &self,
+        path: LaunchPath,
+        func: u64,
+        grid: u32,
+        block: u32,
+        stream: u64,
+        ns_per_wave: u64,
+        count: usize,
+    ) -> Vec<Res<()>> {
+        Driver::launch(self, path, func, grid, block, stream, ns_per_wave, count)
+    }
+    fn errors(&self) -> Vec<(&'static str, Res<()>)> {
+        Driver::errors(self)
+    }
+}
+
+/// The usage text every client prints for bad arguments.
+pub const USAGE: &str = "\
+usage: <client> SCENARIO [ARGS]
+  info
+  meminfo
+  alloc SIZE [--count N] [--path alloc|pitch|managed|async|pool|vmm|array|array3d|mipmap]
+  alloc-until-oom CHUNK [--path P] [--max N]
+  caching-allocator
+  hold SIZE [--path P]
+  launch [--kernels N] [--ns-per-wave NS] [--grid G] [--block B] [--stream default|created]
+         [--path kernel|ex|cooperative|graph] [--duration-s S]
+  threads [--threads N] [--size SIZE] [--iterations N]
+  errors
+  (linked-client only) nvml";
+
+/// A client break: bad arguments. Printed with the usage; exit code 2.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+/// Command-line options after the scenario name: positionals and `--flag value` pairs.
+pub struct Args {
+    pub positional: Vec<String>,
+    pub options: BTreeMap<String, String>,
+}
+
+impl Args {
+    /// Splits `args`; every `--name` takes one value except those in `switches`.
+    pub fn parse(args: &[String], switches: &[&str]) -> Result<Args, Usage> {
+        let mut positional = Vec::new();
+        let mut options = BTreeMap::new();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            if let Some(name) = a.strip_prefix("--") {
+                if switches.contains(&name) {
+                    options.insert(name.to_string(), String::new());
+                } else {
+                    let v = it
+                        .next()
+                        .ok_or_else(|| Usage(format!("--{name} needs a value")))?;
+                    options.insert(name.to_string(), v.clone());
+                }
+            } else {
+                positional.push(a.clone());
+            }
+        }
+        Ok(Args {
+            positional,
+            options,
+        })
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.options.contains_key(name)
+    }
+
+    fn get<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T, Usage> {
+        match self.options.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| Usage(format!("--{name}: cannot parse {v:?}"))),
+        }
+    }
+
+    fn size_at(&self, index: usize, what: &str) -> Result<usize, Usage> {
+        let text = self
+            .positional
+            .get(index)
+            .ok_or_else(|| Usage(format!("missing {what}")))?;
+        crate::parse_size(text).map_err(|e| Usage(format!("{what} {text:?}: {e}")))
+    }
+
+    fn alloc_path(&self) -> Result<AllocPath, Usage> {
+        match self.options.get("path") {
+            None => Ok(AllocPath::Alloc),
+            Some(p) => AllocPath::parse(p).ok_or_else(|| Usage(format!("unknown --path {p}"))),
+        }
+    }
+}
+
+/// Runs scenario `args[0]` on `gpu`, prints its JSON line, returns the exit code.
+pub fn main_with<G: Gpu>(gpu: &G, args: &[String]) -> i32 {
+    match run_gpu(gpu, args) {
+        Ok(value) => {
+            println!("{value}");
+            0
+        }
+        Err(Usage(message)) => {
+            eprintln!("{}: {message}\n{USAGE}", gpu.client());
+            2
+        }
+    }
+}
+
+/// Runs one scenario and returns its JSON (without printing).
+pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
+    let scenario = args
+        .first()
+        .ok_or_else(|| Usage("missing scenario".into()))?
+        .as_str();
+    let rest = Args::parse(&args[1..], &[])?;
+    let mut out = match scenario {
+        "info" => info(gpu),
+        "meminfo" => meminfo(gpu),
+        "alloc" => alloc(gpu, &rest)?,
+        "alloc-until-oom" => alloc_until_oom(gpu, &rest)?,
+        "caching-allocator" => caching_allocator(gpu),
+        "hold" => hold(gpu, &rest)?,
+        "launch" => launch(gpu, &rest)?,
+        "threads" => threads(gpu, &rest)?,
+        "errors" => errors(gpu),
+        other => return Err(Usage(format!("unknown scenario {other:?}"))),
+    };
+    let obj = out.as_object_mut().expect("scenarios return objects");
+    obj.insert("scenario".into(), json!(scenario));
+    obj.insert("client".into(), json!(gpu.client()));
+    Ok(out)
+}
+
+/// Spelling of a failure in results: the driver's name, or `MISSING:<entry point>`.
+pub fn fail_name<G: Gpu + ?Sized>(gpu: &G, fail: Fail) -> String {
+    match fail {
+        Fail::Cu(code) => gpu.code_name(code),
+        Fail::Missing(name) => format!("MISSING:{name}"),
+    }
+}
+
+/// `"CUDA_SUCCESS"` or the failure's name.
+pub fn res_name<G: Gpu + ?Sized, T>(gpu: &G, r: &Res<T>) -> String {
+    match r {
+        Ok(_) => gpu.code_name(0),
+        Err(f) => fail_name(gpu, *f),
+    }
+}
+
+/// A setup call failed: the scenario's result is where and why.
+fn setup_failed<G: Gpu + ?Sized>(gpu: &G, step: &str, fail: Fail) -> Value {
+    eprintln!("{}: {step} failed: {}", gpu.client(), fail_name(gpu, fail));
+    json!({"error": fail_name(gpu, fail), "failed_step": step})
+}
+
+/// cuInit + device 0's primary context current; the start of every memory scenario.
+fn setup<G: Gpu + ?Sized>(gpu: &G) -> Result<(), Value> {
+    gpu.init().map_err(|f| setup_failed(gpu, "cuInit", f))?;
+    let dev = gpu
+        .device(0)
+        .map_err(|f| setup_failed(gpu, "cuDeviceGet", f))?;
+    gpu.context(dev)
+        .map_err(|f| setup_failed(gpu, "context", f))
+}
+
+fn info<G: Gpu>(gpu: &G) -> Value {
+    let body = || -> Result<Value, Value> {
+        gpu.init().map_err(|f| setup_failed(gpu, "cuInit", f))?;
+        let version = gpu
+            .driver_version()
+            .map_err(|f| setup_failed(gpu, "cuDriverGetVersion", f))?;
+        let count = gpu
+            .device_count()
+            .map_err(|f| setup_failed(gpu, "cuDeviceGetCount", f))?;
+        let mut devices = Vec::new();
+        for i in 0..count {
+            let one = || -> Res<Value> {
+                let d = gpu.device(i)?;
+                Ok(json!({
+                    "index": i,
+                    "name": gpu.device_name(d)?,
+                    "uuid": crate::format_uuid(&gpu.device_uuid(d)?),
+                    "total_memory": gpu.device_total_mem(d)?,
+                    "sm_count": gpu.device_attribute(d, attr::MULTIPROCESSOR_COUNT)?,
+                    "max_threads_per_sm": gpu.device_attribute(d, attr::MAX_THREADS_PER_MULTIPROCESSOR)?,
+                    "cc_major": gpu.device_attribute(d, attr::COMPUTE_CAPABILITY_MAJOR)?,
+                    "cc_minor": gpu.device_attribute(d, attr::COMPUTE_CAPABILITY_MINOR)?,
+                }))
+            };
+            devices.push(one().map_err(|f| setup_failed(gpu, &format!("device {i}"), f))?);
+        }
+        Ok(json!({"driver_version": version, "device_count": count, "devices": devices}))
+    };
+    body().unwrap_or_else(|e| e)
+}
+
+fn meminfo<G: Gpu>(gpu: &G) -> Value {
+    if let Err(e) = setup(gpu) {
+        return e;
+    }
+    let info = gpu.mem_get_info();
+    let total = gpu.device_total_mem(0);
+    json!({
+        "result": res_name(gpu, &info),
+        "free": info.map(|i| i.0).ok(),
+        "total": info.map(|i| i.1).ok(),
+        "device_total_result": res_name(gpu, &total),
+        "device_total": total.ok(),
+    })
+}
+
+fn mem_free_now<G: Gpu>(gpu: &G) -> Option<usize> {
+    gpu.mem_get_info().ok().map(|i| i.0)
+}
+
+fn alloc<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let size = args.size_at(0, "SIZE")?;
+    let count: usize = args.get("count", 1)?;
+    let path = args.alloc_path()?;
+    if let Err(e) = setup(gpu) {
+        return Ok(e);
+    }
+    let free_before = mem_free_now(gpu);
+    let attempts: Vec<Res<Allocation>> = (0..count).map(|_| gpu.alloc(path, size)).collect();
+    let free_during = mem_free_now(gpu);
+    let frees: Vec<String> = attempts
+        .iter()
+        .filter_map(|a| a.as_ref().ok())
+        .map(|a| res_name(gpu, &gpu.free(a)))
+        .collect();
+    let free_after = mem_free_now(gpu);
+    Ok(json!({
+        "size": size,
+        "count": count,
+        "path": path.name(),
+        "results": attempts.iter().map(|r| res_name(gpu, r)).collect::<Vec<_>>(),
+        "ok": attempts.iter().filter(|r| r.is_ok()).count(),
+        "free_results": frees,
+        "mem_free_before": free_before,
+        "mem_free_during": free_during,
+        "mem_free_after": free_after,
+    }))
+}
+
+/// Counts of each result name (keeps outputs small when thousands of calls succeed).
+fn tally<G: Gpu>(gpu: &G, results: &[Res<()>]) -> Map<String, Value> {
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    for r in results {
+        *counts.entry(res_name(gpu, r)).or_default() += 1;
+    }
+    counts.into_iter().map(|(k, v)| (k, json!(v))).collect()
+}
+
+fn alloc_until_oom<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let chunk = args.size_at(0, "CHUNK")?;
+    let path = args.alloc_path()?;
+    let max: usize = args.get("max", 1_000_000)?;
+    if let Err(e) = setup(gpu) {
+        return Ok(e);
+    }
+    let mut held = Vec::new();
+    let mut failure = None;
+    while held.len() < max {
+        match gpu.alloc(path, chunk) {
+            Ok(a) => held.push(a),
+            Err(f) => {
+                failure = Some(f);
+                break;
+            }
+        }
+    }
+    let total: usize = held.iter().map(|a| a.size).sum();
+    let free_at_oom = mem_free_now(gpu);
+    let frees: Vec<Res<()>> = held.iter().map(|a| gpu.free(a)).collect();
+    Ok(json!({
+        "chunk": chunk,
+        "path": path.name(),
+        "count": held.len(),
+        "total_bytes": total,
+        "error": failure.map(|f| fail_name(gpu, f)),
+        "mem_free_at_oom": free_at_oom,
+        "free_results": tally(gpu, &frees),
+        "mem_free_after": mem_free_now(gpu),
+    }))
+}
+
+/// PyTorch's caching allocator in miniature: grab 1 GiB blocks until OOM, then keep halving
+/// the request (down to 2 MiB) and grabbing until OOM at the smallest size.
+fn caching_allocator<G: Gpu>(gpu: &G) -> Value {
+    if let Err(e) = setup(gpu) {
+        return e;
+    }
+    const SMALLEST: usize = 2 << 20;
+    let mut held: Vec<Allocation> = Vec::new();
+    let mut blocks: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut errors = Vec::new();
+    let mut size = 1usize << 30;
+    let mut freed_one = false;
+    loop {
+        match gpu.alloc(AllocPath::Alloc, size) {
+            Ok(a) => {
+                held.push(a);
+                *blocks.entry(size).or_default() += 1;
+            }
+            Err(f) => {
+                errors.push(json!({"size": size, "error": fail_name(gpu, f)}));
+                if !freed_one {
+                    // The cache's first reaction to OOM: release one cached block and retry.
+                    freed_one = true;
+                    if let Some(a) = held.pop() {
+                        *blocks.entry(a.size).or_default() -= 1;
+                        if let Err(f) = gpu.free(&a) {
+                            errors.push(json!({"free_size": a.size, "error": fail_name(gpu, f)}));
+                        }
+                    }
+                }
+                if size <= SMALLEST {
+                    break;
+                }
+                size /= 2;
+            }
+        }
+        if held.len() > 1_000_000 {
+            break;
+        }
+    }
+    let total: usize = held.iter().map(|a| a.size).sum();
+    let free_at_oom = mem_free_now(gpu);
+    let frees: Vec<Res<()>> = held.iter().map(|a| gpu.free(a)).collect();
+    json!({
+        "total_held": total,
+        "blocks": blocks.iter().filter(|(_, n)| **n > 0).map(|(s, n)| (s.to_string(), json!(n))).collect::<Map<_, _>>(),
+        "errors": errors,
+        "mem_free_at_oom": free_at_oom,
+        "free_results": tally(gpu, &frees),
+    })
+}
+
+/// Allocates, prints the result, then holds the memory until stdin reaches EOF (the parent
+/// test closes it or kills this process).
+fn hold<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let size = args.size_at(0, "SIZE")?;
+    let path = args.alloc_path()?;
+    if let Err(mut e) = setup(gpu) {
+        e["pid"] = json!(std::process::id());
+        return Ok(e);
+    }
+    let a = gpu.alloc(path, size);
+    let line = json!({
+        "scenario": "hold",
+        "client": gpu.client(),
+        "size": size,
+        "path": path.name(),
+        "result": res_name(gpu, &a),
+        "pid": std::process::id(),
+        "mem_free": mem_free_now(gpu),
+    });
+    println!("{line}");
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    if let Ok(a) = &a {
+        let r = gpu.free(a);
+        eprintln!("{}: hold: free -> {}", gpu.client(), res_name(gpu, &r));
+    }
+    // The line is already out; tell the runner to print nothing more.
+    std::process::exit(0);
+}
+
+fn launch<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let kernels: usize = args.get("kernels", 1)?;
+    let ns: u64 = args.get("ns-per-wave", 1000)?;
+    let grid: u32 = args.get("grid", 1)?;
+    let block: u32 = args.get("block", 1024)?;
+    let duration: f64 = args.get("duration-s", 0.0)?;
+    let created = match args.options.get("stream").map(String::as_str) {
+        None | Some("default") => false,
+        Some("created") => true,
+        Some(other) => return Err(Usage(format!("unknown --stream {other}"))),
+    };
+    let path = match args.options.get("path") {
+        None => LaunchPath::Kernel,
+        Some(p) => LaunchPath::parse(p).ok_or_else(|| Usage(format!("unknown --path {p}")))?,
+    };
+    if let Err(e) = setup(gpu) {
+        return Ok(e);
+    }
+    let prepared = gpu
+        .load_kernel()
+        .map_err(|f| ("load_kernel", f))
+        .and_then(|k| {
+            gpu.stream(created)
+                .map(|s| (k, s))
+                .map_err(|f| ("stream", f))
+        });
+    let (func, stream) = match prepared {
+        Ok(v) => v,
+        Err((step, f)) => return Ok(setup_failed(gpu, step, f)),
+    };
+    let start = Instant::now();
+    let deadline = Duration::from_secs_f64(duration.max(0.0));
+    let mut results = Vec::new();
+    let mut syncs = Vec::new();
+    loop {
+        let batch = gpu.launch(path, func, grid, block, stream, ns, kernels);
+        let failed = batch.iter().any(|r| r.is_err());
+        results.extend(batch);
+        syncs.push(gpu.stream_synchronize(stream));
+        if failed || start.elapsed() >= deadline {
+            break;
+        }
+    }
+    let elapsed = start.elapsed();
+    Ok(json!({
+        "path": path.name(),
+        "stream": if created { "created" } else { "default" },
+        "grid": grid,
+        "block": block,
+        "ns_per_wave": ns,
+        "launches": results.len(),
+        "ok": results.iter().filter(|r| r.is_ok()).count(),
+        "codes": tally(gpu, &results),
+        "sync": tally(gpu, &syncs),
+        "elapsed_ns": elapsed.as_nanos() as u64,
+    }))
+}
+
+/// Many threads of one process allocating and freeing at once (each with the primary context
+/// current), to catch races in whatever sits between client and driver.
+fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let n: usize = args.get("threads", 16)?;
+    let iterations: usize = args.get("iterations", 50)?;
+    let size = match args.options.get("size") {
+        None => 2 << 20,
+        Some(s) => crate::parse_size(s).map_err(|e| Usage(format!("--size: {e}")))?,
+    };
+    if let Err(e) = setup(gpu) {
+        return Ok(e);
+    }
+    let free_before = mem_free_now(gpu);
+    type ThreadResults = (Vec<Res<()>>, Vec<Res<()>>);
+    let per_thread: Vec<ThreadResults> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                scope.spawn(|| {
+                    let (mut allocs, mut frees) = (Vec::new(), Vec::new());
+                    if let Err(f) = gpu.context(0) {
+                        allocs.push(Err(f));
+                        return (allocs, frees);
+                    }
+                    for _ in 0..iterations {
+                        match gpu.alloc(AllocPath::Alloc, size) {
+                            Ok(a) => {
+                                allocs.push(Ok(()));
+                                frees.push(gpu.free(&a));
+                            }
+                            Err(f) => allocs.push(Err(f)),
+                        }
+                    }
+                    (allocs, frees)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client thread panicked"))
+            .collect()
+    });
+    let allocs: Vec<Res<()>> = per_thread.iter().flat_map(|t| t.0.clone()).collect();
+    let frees: Vec<Res<()>> = per_thread.iter().flat_map(|t| t.1.clone()).collect();
+    Ok(json!({
+        "threads": n,
+        "iterations": iterations,
+        "size": size,
+        "alloc_results": tally(gpu, &allocs),
+        "free_results": tally(gpu, &frees),
+        "mem_free_before": free_before,
+        "mem_free_after": mem_free_now(gpu),
+    }))
+}
+
+fn errors<G: Gpu>(gpu: &G) -> Value {
+    let checks: Map<String, Value> = gpu
+        .errors()
+        .into_iter()
+        .map(|(name, r)| (name.to_string(), json!(res_name(gpu, &r))))
+        .collect();
+    json!({"checks": checks})
+}
