@@ -386,3 +386,102 @@ impl Cuda {
 pub fn truth() -> fakegpu::SharedState {
     fakegpu::open_state_at(&child_scratch().join("state")).expect("open the test's state")
 }
+
+/// Set in a helper child started by [`spawn_holder`]: the role it plays.
+const ROLE_ENV: &str = "FAKEGPU_NVML_TEST_ROLE";
+const HOLD_BYTES_ENV: &str = "FAKEGPU_NVML_TEST_HOLD_BYTES";
+
+/// True in a helper child started by [`spawn_holder`]; the test body must then call
+/// [`run_holder`] and return.
+pub fn is_holder() -> bool {
+    std::env::var(ROLE_ENV).as_deref() == Ok("hold")
+}
+
+/// The holder role: a context and an allocation on device 0, then "READY <pid>" on stdout,
+/// then wait until stdin closes (the parent dies) or the parent kills it.
+pub fn run_holder() {
+    let bytes: usize = std::env::var(HOLD_BYTES_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .expect("holder needs its byte count");
+    let cuda = Cuda::load();
+    cuda.init_context(0);
+    cuda.alloc(bytes);
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "READY {}", std::process::id()).unwrap();
+        out.flush().unwrap();
+    }
+    let mut sink = String::new();
+    let _ = std::io::stdin().read_line(&mut sink);
+}
+
+/// Another process holding memory on the fake GPU (a copy of this test binary in the holder
+/// role, same FAKEGPU_* environment). Killed on drop.
+pub struct Holder {
+    child: std::process::Child,
+    pub pid: u32,
+}
+
+/// Starts a holder for the isolated test `name` and returns once its memory is allocated.
+pub fn spawn_holder(name: &str, bytes: u64) -> Holder {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let mut child = Command::new(std::env::current_exe().expect("test binary path"))
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ROLE_ENV, "hold")
+        .env(HOLD_BYTES_ENV, bytes.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn holder");
+    let pid = child.id();
+    let stdout = child.stdout.take().expect("piped stdout");
+    // The holder's READY line is the condition; EOF means it died first.
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.expect("read holder stdout");
+        if let Some(rest) = line.strip_prefix("READY ") {
+            assert_eq!(rest.trim().parse::<u32>().ok(), Some(pid));
+            return Holder { child, pid };
+        }
+    }
+    let status = child.wait().expect("wait holder");
+    panic!("holder exited before allocating ({status})");
+}
+
+impl Holder {
+    /// SIGKILL (no chance to free anything) and reap the zombie, as a crash would.
+    pub fn kill(&mut self) {
+        // SAFETY: plain kill(2) on our own child's PID; it is not reaped yet, so the PID
+        // cannot have been reused.
+        unsafe {
+            libc::kill(self.pid as libc::pid_t, libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
+
+/// `fakegpu smi --json --state PATH`, parsed.
+pub fn smi_json(state: &Path) -> serde_json::Value {
+    let out = Command::new(artifact("fakegpu"))
+        .args(["smi", "--json", "--state"])
+        .arg(state)
+        .output()
+        .expect("run fakegpu smi");
+    assert!(
+        out.status.success(),
+        "fakegpu smi failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("fakegpu smi --json prints JSON")
+}
