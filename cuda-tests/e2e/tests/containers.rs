@@ -1,0 +1,949 @@
+//! Containers, end to end: gpuslice injected through CDI (`gpuslice cdi`) into real podman
+//! containers (rootful, runc), all on one simulated GPU that the host and every container share.
+//!
+//! Each test builds its own root file system from what cargo built (the three clients,
+//! `gpuslice`, `env`, `/bin/sh` and their `ldd` libraries; the fake driver installed next to
+//! libc, where the NVIDIA CDI spec would put the real one), writes its own limit files and a CDI
+//! spec with a unique kind and file name (`/etc/cdi/gpuslice-e2e-<pid>-<n>.json`, removed
+//! afterwards), and bind-mounts the fake's state file at `/tmp/fakegpu-0.state` (the fake's
+//! default path for root, so `env -i` still reaches the same GPU). `fakegpu smi --json` on the
+//! host is the physical truth the containers' views are compared against.
+//!
+//! Skipping: when podman is missing or cannot start a container, each test prints
+//! `SKIPPED: podman cannot start containers here: <reason>` and returns, except with `CI=true`,
+//! where it fails instead. Missing cargo artifacts always fail (build with
+//! `cargo build --workspace`, as `cargo xtask test` does). `.ci/container-setup.sh` installs
+//! podman and runc and writes the containers.conf used here (`$CONTAINERS_CONF`, else
+//! `/etc/gpuslice-ci/containers.conf`, else an equivalent one written by the tests).
+//!
+//! `E2E_GPUSLICE_CDI_BIN` may name another binary that implements `gpuslice cdi` (for running
+//! these tests before the subcommand is wired into the CLI); `gpuslice` itself is still the one
+//! copied into the containers.
+
+use serde_json::Value;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";
+const SUCCESS: &str = "CUDA_SUCCESS";
+/// Where the fake's state file appears in every container: the fake's default for uid 0.
+const STATE_IN_CONTAINER: &str = "/tmp/fakegpu-0.state";
+/// Longest any single podman command may take before the test gives up on it.
+const PODMAN_TIMEOUT: &str = "120";
+const CONTAINERS_CONF: &str = "# gpuslice container tests: runc, cgroupfs, no systemd\n\
+[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = \"runc\"\n\
+cgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n";
+const CLIENTS: [&str; 3] = ["linked-client", "cudarc-client", "procaddr-client"];
+
+// ---------------------------------------------------------------------------------------
+// Artifacts and podman availability
+
+/// The directory cargo built into (target/debug), found from this test binary's path.
+fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test binary path");
+        // target/debug/deps/containers-<hash> -> target/debug
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test binary lives in target/<profile>/deps")
+            .to_path_buf();
+        let mut wanted = vec![
+            "gpuslice",
+            "libgpuslice.so",
+            "fakegpu",
+            "libfakegpu_cuda.so",
+            "libfakegpu_nvml.so",
+        ];
+        wanted.extend(CLIENTS);
+        let missing: Vec<_> = wanted
+            .iter()
+            .filter(|name| !dir.join(name).is_file())
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "container tests need {missing:?} in {}: run `cargo build --workspace` first \
+             (`cargo xtask test` does)",
+            dir.display()
+        );
+        dir
+    })
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("cuda-tests/e2e is two levels below the workspace root")
+        .to_path_buf()
+}
+
+fn ci() -> bool {
+    matches!(
+        std::env::var("CI").as_deref(),
+        Ok("true") | Ok("TRUE") | Ok("1")
+    )
+}
+
+/// How podman is run here: the containers.conf to use.
+struct Podman {
+    conf: PathBuf,
+}
+
+impl Podman {
+    /// `timeout 120 podman ARGS` with the test containers.conf.
+    fn cmd(&self) -> Command {
+        let mut cmd = Command::new("timeout");
+        cmd.args(["-k", "5", PODMAN_TIMEOUT, "podman"])
+            .env("CONTAINERS_CONF", &self.conf);
+        cmd
+    }
+}
+
+/// `Some` when podman can start containers; otherwise prints the loud SKIPPED line (or, with
+/// `CI=true`, fails the test).
+fn podman() -> Option<&'static Podman> {
+    static PROBE: OnceLock<Result<Podman, String>> = OnceLock::new();
+    match PROBE.get_or_init(probe_podman) {
+        Ok(podman) => Some(podman),
+        Err(reason) if ci() => {
+            panic!("podman cannot start containers here: {reason} (CI=true: failing, not skipping)")
+        }
+        Err(reason) => {
+            eprintln!("SKIPPED: podman cannot start containers here: {reason}");
+            None
+        }
+    }
+}
+
+fn probe_podman() -> Result<Podman, String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not running as root (these tests use rootful podman and /etc/cdi)".into());
+    }
+    let version = Command::new("podman")
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("`podman --version`: {e} (run .ci/container-setup.sh)"))?;
+    if !version.status.success() {
+        return Err(format!(
+            "`podman --version` failed: {}",
+            text(&version.stderr)
+        ));
+    }
+    let conf = match std::env::var_os("CONTAINERS_CONF") {
+        Some(conf) => PathBuf::from(conf),
+        None if Path::new("/etc/gpuslice-ci/containers.conf").is_file() => {
+            PathBuf::from("/etc/gpuslice-ci/containers.conf")
+        }
+        None => {
+            let dir =
+                std::env::temp_dir().join(format!("gpuslice-e2e-conf-{}", std::process::id()));
+            fs::create_dir_all(&dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            let conf = dir.join("containers.conf");
+            fs::write(&conf, CONTAINERS_CONF)
+                .map_err(|e| format!("cannot write {}: {e}", conf.display()))?;
+            conf
+        }
+    };
+    fs::create_dir_all("/etc/cdi").map_err(|e| format!("cannot create /etc/cdi: {e}"))?;
+    remove_stale_specs();
+
+    let podman = Podman { conf };
+    let dir = TempDir::new("probe");
+    let rootfs = dir.path().join("rootfs");
+    copy_with_libs(&rootfs, Path::new("/bin/sh"), "/bin/sh");
+    let out = podman
+        .cmd()
+        .args(["run", "--rm", "--network", "none", "--rootfs"])
+        .arg(&rootfs)
+        .args(["/bin/sh", "-c", "echo container-ok"])
+        .output()
+        .map_err(|e| format!("cannot run podman: {e}"))?;
+    if !out.status.success() || text(&out.stdout).trim() != "container-ok" {
+        return Err(format!(
+            "a trivial `podman run --rootfs` failed ({}): {} {}",
+            out.status,
+            text(&out.stdout).trim(),
+            text(&out.stderr).trim()
+        ));
+    }
+    Ok(podman)
+}
+
+/// Specs left in /etc/cdi by test processes that died before cleaning up.
+fn remove_stale_specs() {
+    let Ok(entries) = fs::read_dir("/etc/cdi") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("gpuslice-e2e-") else {
+            continue;
+        };
+        let pid: Option<u32> = rest.split('-').next().and_then(|p| p.parse().ok());
+        if let Some(pid) = pid {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+// ---------------------------------------------------------------------------------------
+// File system helpers
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(what: &str) -> TempDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "gpuslice-e2e-{what}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The libraries `ldd` resolves for `file` (absolute paths, the loader included).
+fn ldd(file: &Path) -> Vec<PathBuf> {
+    let out = Command::new("ldd").arg(file).output().expect("run ldd");
+    text(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            // "name => /path (0x...)", "/path (0x...)"; "name => not found" has no path.
+            line.split_whitespace()
+                .find(|word| word.starts_with('/'))
+                .map(PathBuf::from)
+        })
+        .collect()
+}
+
+/// Copies `file` to `target` under `rootfs` and every library it needs to the same path as
+/// on the host.
+fn copy_with_libs(rootfs: &Path, file: &Path, target: &str) {
+    let dest = rootfs.join(target.trim_start_matches('/'));
+    fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    fs::copy(file, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", file.display()));
+    for lib in ldd(file) {
+        let dest = rootfs.join(lib.strip_prefix("/").unwrap());
+        if !dest.exists() {
+            fs::create_dir_all(dest.parent().unwrap()).unwrap();
+            fs::copy(&lib, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", lib.display()));
+        }
+    }
+}
+
+fn which(program: &str) -> PathBuf {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{program} not found on this machine");
+    PathBuf::from(text(&out.stdout).trim())
+}
+
+// ---------------------------------------------------------------------------------------
+// One test's world: rootfs, fake GPU, slices, CDI spec, containers
+
+struct Bed {
+    podman: &'static Podman,
+    dir: TempDir,
+    id: String,
+    rootfs: PathBuf,
+    /// The fake GPU's state file on the host.
+    state: PathBuf,
+    /// Unique CDI kind of this test's devices.
+    kind: String,
+    spec: Option<PathBuf>,
+    containers: Vec<String>,
+    next_container: usize,
+}
+
+impl Bed {
+    fn new(podman: &'static Podman) -> Bed {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{}-{n}", std::process::id());
+        let dir = TempDir::new("bed");
+        let bin = bin_dir();
+        let rootfs = dir.path().join("rootfs");
+        for client in CLIENTS {
+            copy_with_libs(&rootfs, &bin.join(client), &format!("/usr/bin/{client}"));
+        }
+        copy_with_libs(&rootfs, &bin.join("gpuslice"), "/usr/bin/gpuslice");
+        // The shim's own dependencies must be in every image it is injected into.
+        for lib in ldd(&bin.join("libgpuslice.so")) {
+            let dest = rootfs.join(lib.strip_prefix("/").unwrap());
+            if !dest.exists() {
+                fs::create_dir_all(dest.parent().unwrap()).unwrap();
+                fs::copy(&lib, &dest).unwrap();
+            }
+        }
+        copy_with_libs(&rootfs, Path::new("/bin/sh"), "/bin/sh");
+        copy_with_libs(&rootfs, &which("env"), "/usr/bin/env");
+        copy_with_libs(&rootfs, &which("cat"), "/bin/cat");
+        for sub in ["tmp", "etc", "proc", "sys", "dev", "var/run"] {
+            fs::create_dir_all(rootfs.join(sub)).unwrap();
+        }
+
+        // The fake driver, in the rootfs next to libc: in the loader's default search path (so
+        // `env -i` finds it too), where the NVIDIA CDI spec mounts the real libcuda.so.1.
+        let libc_dir = ldd(&bin.join("linked-client"))
+            .into_iter()
+            .find(|lib| lib.file_name().is_some_and(|n| n == "libc.so.6"))
+            .and_then(|lib| lib.parent().map(Path::to_path_buf))
+            .expect("ldd shows libc.so.6");
+        let host_fake = dir.path().join("fake");
+        for target in [
+            host_fake.clone(),
+            rootfs.join(libc_dir.strip_prefix("/").unwrap()),
+        ] {
+            let out = Command::new(bin.join("fakegpu"))
+                .arg("install")
+                .arg(&target)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "fakegpu install: {}",
+                text(&out.stderr)
+            );
+        }
+        for lib in ["libfakegpu_cuda.so", "libfakegpu_nvml.so"] {
+            for dep in ldd(&bin.join(lib)) {
+                let dest = rootfs.join(dep.strip_prefix("/").unwrap());
+                if !dest.exists() {
+                    fs::create_dir_all(dest.parent().unwrap()).unwrap();
+                    fs::copy(&dep, &dest).unwrap();
+                }
+            }
+        }
+
+        // Create the simulated V100 from the host (an empty state file is initialised by the
+        // first opener, here the host's `fakegpu smi`), so the file exists to be bind-mounted.
+        let state = dir.path().join("fakegpu.state");
+        fs::write(&state, b"").unwrap();
+        let out = Command::new(bin.join("fakegpu"))
+            .args(["smi", "--json", "--state"])
+            .arg(&state)
+            .env("FAKEGPU_DEVICES", "v100")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "creating the fake GPU on the host failed: {} {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+
+        Bed {
+            podman,
+            kind: format!("gpuslice-e2e.dev/t{}", id.replace('-', "x")),
+            id,
+            rootfs,
+            state,
+            spec: None,
+            containers: Vec::new(),
+            next_container: 0,
+            dir,
+        }
+    }
+
+    /// Writes a limit file for slice `name` (device 0 capped at `memory`, region in
+    /// /var/run/gpuslice) and returns its host path.
+    fn limit_file(&self, name: &str, memory: &str) -> PathBuf {
+        let limits = self.dir.path().join("limits");
+        fs::create_dir_all(&limits).unwrap();
+        let path = limits.join(format!("{name}.json"));
+        fs::write(
+            &path,
+            format!(
+                "{{\"version\": 1, \"region\": \"/var/run/gpuslice/{name}.region\", \
+                 \"policy\": \"cap\", \"devices\": [{{\"index\": 0, \"memory\": \"{memory}\"}}]}}\n"
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    /// Runs `gpuslice cdi` for `slices` (name, memory) and returns their CDI device names.
+    fn write_spec(&mut self, slices: &[(&str, &str)]) -> Vec<String> {
+        let cdi_bin = std::env::var_os("E2E_GPUSLICE_CDI_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| bin_dir().join("gpuslice"));
+        let spec_name = format!("gpuslice-e2e-{}.json", self.id);
+        let mut cmd = Command::new(&cdi_bin);
+        cmd.arg("cdi")
+            .args([
+                "--kind",
+                &self.kind,
+                "--name",
+                &spec_name,
+                "--output-dir",
+                "/etc/cdi",
+            ])
+            .arg("--lib")
+            .arg(bin_dir().join("libgpuslice.so"))
+            .arg("--state-dir")
+            .arg(self.dir.path().join("state"));
+        for (name, memory) in slices {
+            let file = self.limit_file(name, memory);
+            cmd.arg("--slice").arg(format!("{name}={}", file.display()));
+        }
+        let out = cmd.output().unwrap();
+        self.spec = Some(PathBuf::from("/etc/cdi").join(&spec_name));
+        assert!(
+            out.status.success(),
+            "`{} cdi` failed ({}): {}{}\n(if `cdi` is an unknown subcommand, ctl/src/cdi.rs is \
+             not wired into main.rs yet; E2E_GPUSLICE_CDI_BIN can point at a binary that has it)",
+            cdi_bin.display(),
+            out.status,
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        let printed: Vec<String> = text(&out.stdout).lines().map(str::to_string).collect();
+        let expected: Vec<String> = slices
+            .iter()
+            .map(|(name, _)| format!("{}={name}", self.kind))
+            .collect();
+        assert_eq!(
+            printed, expected,
+            "gpuslice cdi prints the device names it wrote"
+        );
+        expected
+    }
+
+    fn container_name(&mut self) -> String {
+        self.next_container += 1;
+        let name = format!("gpuslice-e2e-{}-{}", self.id, self.next_container);
+        self.containers.push(name.clone());
+        name
+    }
+
+    /// `podman run` arguments up to (not including) the command, for a container that gets
+    /// `device` (a CDI device name; `None` = no slice at all).
+    fn run_args(&mut self, device: Option<&str>, interactive: bool) -> (String, Vec<String>) {
+        let name = self.container_name();
+        let mut args: Vec<String> = ["run", "--rm", "--network", "none", "--name", &name]
+            .map(String::from)
+            .to_vec();
+        if interactive {
+            args.push("-i".into());
+        }
+        args.push("-v".into());
+        args.push(format!("{}:{STATE_IN_CONTAINER}", self.state.display()));
+        args.push("-e".into());
+        args.push(format!("FAKEGPU_STATE={STATE_IN_CONTAINER}"));
+        if let Some(device) = device {
+            args.push("--device".into());
+            args.push(device.into());
+        }
+        args.push("--rootfs".into());
+        args.push(self.rootfs.display().to_string());
+        (name, args)
+    }
+
+    /// Runs `script` with /bin/sh in a new container; returns each stdout line parsed as JSON.
+    fn run(&mut self, device: Option<&str>, script: &str) -> Vec<Value> {
+        let (_, args) = self.run_args(device, false);
+        let out = self
+            .podman
+            .cmd()
+            .args(&args)
+            .args(["/bin/sh", "-c", script])
+            .output()
+            .unwrap();
+        json_lines(&out, &format!("container {script:?}"))
+    }
+
+    /// Runs `script` in the running container `name` (`podman exec`).
+    fn exec(&self, name: &str, script: &str) -> Vec<Value> {
+        let out = self
+            .podman
+            .cmd()
+            .args(["exec", name, "/bin/sh", "-c", script])
+            .output()
+            .unwrap();
+        json_lines(&out, &format!("exec in {name}: {script:?}"))
+    }
+
+    /// Starts `linked-client hold SIZE` in a new container and waits for its report line.
+    fn hold(&mut self, device: &str, size: &str) -> Holder {
+        let (name, args) = self.run_args(Some(device), true);
+        let mut child = self
+            .podman
+            .cmd()
+            .args(&args)
+            .args(["/usr/bin/linked-client", "hold", size])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let stdin = child.stdin.take();
+        let report: Value = match serde_json::from_str(line.trim()) {
+            Ok(value) => value,
+            Err(_) => {
+                drop(stdin);
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "hold {size} in {name}: no JSON line (got {line:?}); exit {}; stderr: {}",
+                    out.status,
+                    text(&out.stderr)
+                );
+            }
+        };
+        Holder {
+            name,
+            report,
+            stdin,
+            child: Some(child),
+        }
+    }
+
+    /// The host's view: `fakegpu smi --json` on the shared state.
+    fn host_smi(&self) -> Value {
+        let out = Command::new(bin_dir().join("fakegpu"))
+            .args(["smi", "--json", "--state"])
+            .arg(&self.state)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "fakegpu smi: {}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("fakegpu smi --json prints JSON")
+    }
+
+    fn physical_total(&self) -> u64 {
+        u64_at(&self.host_smi(), &["devices", "0", "memory_total"])
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        for name in &self.containers {
+            let _ = self
+                .podman
+                .cmd()
+                .args(["rm", "-f", "-t", "0", name])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        if let Some(spec) = &self.spec {
+            let _ = fs::remove_file(spec);
+        }
+    }
+}
+
+/// A container holding memory until released (stdin closed).
+struct Holder {
+    name: String,
+    /// The hold scenario's JSON line.
+    report: Value,
+    stdin: Option<ChildStdin>,
+    child: Option<Child>,
+}
+
+impl Holder {
+    /// Closes the holder's stdin and waits for its container to exit.
+    fn release(mut self) {
+        self.finish();
+    }
+
+    fn finish(&mut self) {
+        // Closing stdin is the hold scenario's signal to free and exit.
+        drop(self.stdin.take());
+        if let Some(mut child) = self.child.take() {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+fn json_lines(out: &Output, what: &str) -> Vec<Value> {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| {
+                panic!(
+                    "{what}: stdout line {line:?} is not JSON ({e}); stderr: {}",
+                    text(&out.stderr)
+                )
+            })
+        })
+        .collect()
+}
+
+/// The number at `path` (object keys or array indices) in `value`.
+fn u64_at(value: &Value, path: &[&str]) -> u64 {
+    let mut at = value;
+    for key in path {
+        at = match key.parse::<usize>() {
+            Ok(i) if at.is_array() => &at[i],
+            _ => &at[*key],
+        };
+    }
+    at.as_u64()
+        .unwrap_or_else(|| panic!("no number at {path:?} in {value}"))
+}
+
+fn str_at<'a>(value: &'a Value, key: &str) -> &'a str {
+    value[key]
+        .as_str()
+        .unwrap_or_else(|| panic!("no string {key:?} in {value}"))
+}
+
+/// Asserts an `alloc-until-oom` result stayed under `cap_left` and was refused with OOM.
+fn assert_refused_within(result: &Value, cap_left: u64, what: &str) -> u64 {
+    assert_eq!(result["error"], OOM, "{what}: must end in {OOM}: {result}");
+    let total = u64_at(result, &["total_bytes"]);
+    assert!(
+        total <= cap_left,
+        "{what}: got {} MiB, more than the {} MiB left in the slice: {result}",
+        total / MIB,
+        cap_left / MIB
+    );
+    total
+}
+
+// ---------------------------------------------------------------------------------------
+// The tests
+
+/// A client in a container with a 1 GiB slice sees 1 GiB and is refused past it, on every
+/// path the clients use; the same client without the slice sees the whole card; the host's
+/// `fakegpu smi` shows the physical truth while the container holds memory.
+#[test]
+fn container_slice_caps_and_reports_one_gib() {
+    let Some(podman) = podman() else { return };
+    let mut bed = Bed::new(podman);
+    let physical = bed.physical_total();
+    assert!(physical >= 16 * GIB, "the fake V100 has {physical} bytes");
+    let devices = bed.write_spec(&[("one", "1GiB")]);
+    let one = devices[0].as_str();
+
+    // Control: no slice, the container sees the physical card.
+    let control = bed.run(None, "/usr/bin/linked-client meminfo");
+    assert_eq!(
+        u64_at(&control[0], &["total"]),
+        physical,
+        "without a slice the container must see the whole card: {}",
+        control[0]
+    );
+
+    let script = "/usr/bin/linked-client meminfo; \
+        for c in linked-client cudarc-client procaddr-client; do /usr/bin/$c alloc-until-oom 256MiB; done";
+    let lines = bed.run(Some(one), script);
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let meminfo = &lines[0];
+    assert_eq!(str_at(meminfo, "result"), SUCCESS, "{meminfo}");
+    assert_eq!(
+        u64_at(meminfo, &["total"]),
+        GIB,
+        "cuMemGetInfo total: {meminfo}"
+    );
+    assert_eq!(
+        u64_at(meminfo, &["device_total"]),
+        GIB,
+        "cuDeviceTotalMem: {meminfo}"
+    );
+    assert!(u64_at(meminfo, &["free"]) <= GIB, "{meminfo}");
+    for result in &lines[1..] {
+        let client = str_at(result, "client");
+        let total = assert_refused_within(result, GIB, client);
+        assert!(
+            total >= 512 * MIB,
+            "{client}: a 1 GiB slice must still grant 512 MiB in 256 MiB chunks: {result}"
+        );
+    }
+
+    // Host truth while the container holds 512 MiB.
+    let holder = bed.hold(one, "512MiB");
+    assert_eq!(
+        str_at(&holder.report, "result"),
+        SUCCESS,
+        "{}",
+        holder.report
+    );
+    let in_container_free = u64_at(&holder.report, &["mem_free"]);
+    assert!(
+        in_container_free <= GIB - 512 * MIB,
+        "the container's free memory must be the slice's: {}",
+        holder.report
+    );
+    let smi = bed.host_smi();
+    let device = &smi["devices"][0];
+    assert_eq!(u64_at(device, &["memory_total"]), physical, "host: {smi}");
+    assert!(u64_at(device, &["memory_used"]) >= 512 * MIB, "host: {smi}");
+    let holding = device["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["used_memory"].as_u64().unwrap_or(0) >= 512 * MIB);
+    assert!(holding, "host smi must list the container's process: {smi}");
+    assert!(
+        physical - u64_at(device, &["memory_used"]) > 8 * GIB,
+        "the card itself is nowhere near full; only the slice is: {smi}"
+    );
+    holder.release();
+}
+
+/// Two containers with different slices on one GPU, both holding memory at once, are each
+/// held to their own cap.
+#[test]
+fn two_containers_two_slices_each_held_to_its_own_cap() {
+    let Some(podman) = podman() else { return };
+    let mut bed = Bed::new(podman);
+    let devices = bed.write_spec(&[("small", "1GiB"), ("large", "4GiB")]);
+    let small = bed.hold(&devices[0], "512MiB");
+    let large = bed.hold(&devices[1], "1GiB");
+    assert_eq!(str_at(&small.report, "result"), SUCCESS, "{}", small.report);
+    assert_eq!(str_at(&large.report, "result"), SUCCESS, "{}", large.report);
+
+    // Both hold at the same time: the host sees both.
+    let smi = bed.host_smi();
+    assert!(
+        u64_at(&smi, &["devices", "0", "memory_used"]) >= 1536 * MIB,
+        "host must see both holds: {smi}"
+    );
+
+    let small_more = bed.exec(&small.name, "/usr/bin/linked-client alloc-until-oom 128MiB");
+    let large_more = bed.exec(&large.name, "/usr/bin/linked-client alloc-until-oom 128MiB");
+    let small_total = assert_refused_within(&small_more[0], GIB - 512 * MIB, "small slice");
+    let large_total = assert_refused_within(&large_more[0], 3 * GIB, "large slice");
+    assert!(
+        large_total >= 2 * GIB,
+        "the 4 GiB slice with 1 GiB held must still grant 2 GiB: {}",
+        large_more[0]
+    );
+    assert!(large_total > small_total);
+    small.release();
+    large.release();
+}
+
+/// `/etc/ld.so.preload` puts the shim into processes whose environment was cleared:
+/// `env -i` and `env -u LD_PRELOAD -u GPUSLICE_CONFIG` are still held.
+#[test]
+fn cleared_environment_is_still_held_by_ld_so_preload() {
+    let Some(podman) = podman() else { return };
+    let mut bed = Bed::new(podman);
+    let devices = bed.write_spec(&[("one", "1GiB")]);
+    let script = "/bin/cat /etc/ld.so.preload >&2; \
+        env -i /usr/bin/linked-client meminfo; \
+        env -i /usr/bin/linked-client alloc-until-oom 256MiB; \
+        env -u LD_PRELOAD -u GPUSLICE_CONFIG /usr/bin/cudarc-client alloc-until-oom 256MiB; \
+        env -i /usr/bin/procaddr-client alloc-until-oom 256MiB";
+    let lines = bed.run(Some(&devices[0]), script);
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(
+        u64_at(&lines[0], &["total"]),
+        GIB,
+        "env -i meminfo: {}",
+        lines[0]
+    );
+    for result in &lines[1..] {
+        assert_refused_within(result, GIB, str_at(result, "client"));
+    }
+}
+
+/// `gpuslice smi` inside the container shows the slice, not the card.
+#[test]
+fn gpuslice_smi_in_the_container_shows_the_slice() {
+    let Some(podman) = podman() else { return };
+    let mut bed = Bed::new(podman);
+    let physical = bed.physical_total();
+    let devices = bed.write_spec(&[("two", "2GiB")]);
+    let lines = bed.run(Some(&devices[0]), "/usr/bin/gpuslice smi --json");
+    let smi = &lines[0];
+    assert_eq!(
+        u64_at(smi, &["devices", "0", "memory", "total"]),
+        2 * GIB,
+        "{smi}"
+    );
+    assert_ne!(2 * GIB, physical);
+    // The table form runs too (what a user types).
+    let (_, args) = bed.run_args(Some(&devices[0]), false);
+    let out = bed
+        .podman
+        .cmd()
+        .args(&args)
+        .args(["/usr/bin/gpuslice", "smi"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "gpuslice smi: {}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("2048MiB"),
+        "the table shows the 2 GiB slice: {}",
+        text(&out.stdout)
+    );
+}
+
+/// Two containers given the same slice (same region directory) share one cap, each in its
+/// own PID namespace; when one exits, its memory returns to the slice.
+#[test]
+fn two_containers_sharing_one_slice_share_one_cap() {
+    let Some(podman) = podman() else { return };
+    let mut bed = Bed::new(podman);
+    let devices = bed.write_spec(&[("shared", "1GiB")]);
+    let holder = bed.hold(&devices[0], "768MiB");
+    assert_eq!(
+        str_at(&holder.report, "result"),
+        SUCCESS,
+        "{}",
+        holder.report
+    );
+
+    let second = bed.run(
+        Some(&devices[0]),
+        "/usr/bin/linked-client meminfo; /usr/bin/linked-client alloc-until-oom 64MiB",
+    );
+    assert_eq!(u64_at(&second[0], &["total"]), GIB, "{}", second[0]);
+    assert!(
+        u64_at(&second[0], &["free"]) <= 256 * MIB,
+        "the other container's 768 MiB is gone from the shared slice: {}",
+        second[0]
+    );
+    assert_refused_within(&second[1], 256 * MIB, "second container of the slice");
+
+    holder.release();
+    let after = bed.run(
+        Some(&devices[0]),
+        "/usr/bin/linked-client alloc-until-oom 64MiB",
+    );
+    let total = assert_refused_within(&after[0], GIB, "after the holder left");
+    assert!(
+        total >= 512 * MIB,
+        "the departed container's memory must return to the slice: {}",
+        after[0]
+    );
+}
+
+/// The `prebuilt` image (docker/Dockerfile, no registry needed) installs the very binaries
+/// cargo built into a host directory.
+#[test]
+fn prebuilt_installer_image_copies_the_binaries_to_the_host() {
+    let Some(podman) = podman() else { return };
+    let bin = bin_dir();
+    let dir = TempDir::new("image");
+    let context = dir.path().join("context");
+    let out = Command::new("bash")
+        .arg(workspace_root().join("docker/assemble-prebuilt.sh"))
+        .arg(&context)
+        .arg(bin)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "assemble-prebuilt.sh: {}",
+        text(&out.stderr)
+    );
+
+    let tag = format!("localhost/gpuslice-e2e:{}", std::process::id());
+    let build = podman
+        .cmd()
+        .args([
+            "build",
+            "-q",
+            "--network",
+            "none",
+            "--target",
+            "prebuilt",
+            "-t",
+            &tag,
+            "-f",
+        ])
+        .arg(workspace_root().join("docker/Dockerfile"))
+        .arg(&context)
+        .output()
+        .unwrap();
+    let host = dir.path().join("host");
+    fs::create_dir_all(&host).unwrap();
+    let run = build.status.success().then(|| {
+        podman
+            .cmd()
+            .args(["run", "--rm", "--network", "none", "-v"])
+            .arg(format!("{}:/host", host.display()))
+            .arg(&tag)
+            .output()
+            .unwrap()
+    });
+    let _ = podman.cmd().args(["rmi", "-f", &tag]).output();
+    assert!(
+        build.status.success(),
+        "podman build --target prebuilt: {}",
+        text(&build.stderr)
+    );
+    let run = run.unwrap();
+    assert!(run.status.success(), "installer: {}", text(&run.stderr));
+    for file in ["libgpuslice.so", "gpuslice"] {
+        let installed = fs::read(host.join(file))
+            .unwrap_or_else(|e| panic!("{file} did not arrive in the host directory: {e}"));
+        assert!(
+            installed == fs::read(bin.join(file)).unwrap(),
+            "{file} in the host directory differs from the one cargo built"
+        );
+    }
+    // Atomic install leaves no temporary files behind.
+    let mut names: Vec<_> = fs::read_dir(&host)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["gpuslice", "libgpuslice.so"]);
+}
