@@ -385,3 +385,79 @@ pub unsafe fn process_utilization(
     // SAFETY: `count` was checked non-null above; `samples` per the caller's contract.
     unsafe { fill_list(count as *mut c_uint, samples, &list, |s| *s) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_protocol_reports_needed_count_and_never_overruns() {
+        let items = [1u32, 2, 3];
+        let mut buf = [0u32; 4];
+        let mut n: c_uint = 2;
+        // SAFETY: `n` never exceeds the buffer's 4 entries.
+        unsafe {
+            assert_eq!(
+                fill_list(&mut n, buf.as_mut_ptr(), &items, |x| *x),
+                Err(NVML_ERROR_INSUFFICIENT_SIZE)
+            );
+            assert_eq!((n, buf), (3, [0; 4]));
+            n = 0;
+            assert_eq!(
+                fill_list(&mut n, std::ptr::null_mut::<u32>(), &items, |x| *x),
+                Err(NVML_ERROR_INSUFFICIENT_SIZE)
+            );
+            n = 4;
+            assert_eq!(fill_list(&mut n, buf.as_mut_ptr(), &items, |x| *x), Ok(()));
+            assert_eq!((n, buf), (3, [1, 2, 3, 0]));
+            n = 7;
+            let empty: [u32; 0] = [];
+            assert_eq!(
+                fill_list(&mut n, std::ptr::null_mut::<u32>(), &empty, |x| *x),
+                Ok(())
+            );
+            assert_eq!(n, 0);
+            assert_eq!(
+                fill_list(std::ptr::null_mut(), buf.as_mut_ptr(), &items, |x| *x),
+                Err(NVML_ERROR_INVALID_ARGUMENT)
+            );
+        }
+    }
+
+    #[test]
+    fn strings_need_room_for_their_nul() {
+        let mut buf = [0x55 as c_char; 8];
+        // SAFETY: lengths never exceed the 8-byte buffer.
+        unsafe {
+            assert_eq!(
+                write_str(buf.as_mut_ptr(), 3, "abc"),
+                Err(NVML_ERROR_INSUFFICIENT_SIZE)
+            );
+            assert_eq!(buf[0], 0x55);
+            assert_eq!(write_str(buf.as_mut_ptr(), 4, "abc"), Ok(()));
+            assert_eq!(CStr::from_ptr(buf.as_ptr()).to_str(), Ok("abc"));
+        }
+    }
+
+    #[test]
+    fn only_table_entries_are_handles() {
+        assert_eq!(index_of(handle_for(5)), Ok(5));
+        assert_eq!(index_of(handle_for(MAX_DEVICES as u32 - 1)), Ok(63));
+        let inside = (handle_for(1) as usize + 1) as nvmlDevice_t;
+        assert_eq!(index_of(inside), Err(NVML_ERROR_INVALID_ARGUMENT));
+        assert_eq!(
+            index_of(std::ptr::null_mut()),
+            Err(NVML_ERROR_INVALID_ARGUMENT)
+        );
+        let mut other = 0u32;
+        let foreign = (&mut other as *mut u32).cast();
+        assert_eq!(index_of(foreign), Err(NVML_ERROR_INVALID_ARGUMENT));
+    }
+
+    #[test]
+    fn a_panicking_body_becomes_unknown_error() {
+        assert_eq!(guard(|| panic!("boom")), NVML_ERROR_UNKNOWN);
+        assert_eq!(guard(|| Err(NVML_ERROR_NOT_FOUND)), NVML_ERROR_NOT_FOUND);
+        assert_eq!(guard(|| Ok(())), NVML_SUCCESS);
+    }
+}
