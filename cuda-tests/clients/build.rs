@@ -88,10 +88,6 @@ fn main() {
     stub(&out, "libcuda.so", "libcuda.so.1", CUDA_SYMBOLS);
     stub(&out, "libnvidia-ml.so", "libnvidia-ml.so.1", NVML_SYMBOLS);
     println!("cargo:rustc-link-search=native={}", out.display());
-    // Bind driver symbols on first call (as a default gcc/ld build does) instead of rustc's
-    // default `-z now`: a driver lacking one entry point then fails only the scenario that
-    // uses it, not the process start, so tests see which function is missing.
-    println!("cargo:rustc-link-arg-bin=linked-client=-Wl,-z,lazy");
 }
 
 fn stub(dir: &Path, file: &str, soname: &str, symbols: &[&str]) {

@@ -9,7 +9,12 @@ use gpuslice_abi::nvml::*;
 use serde_json::{json, Value};
 
 /// Expands the entry-point table into a `#[link(name = "cuda")]` extern block and a
-/// constructor filling [`Driver`] with the linked symbols.
+/// [`Driver`] holding the imported functions.
+///
+/// Rust calls imported functions through GOT slots that the loader fills at start-up (no
+/// lazy PLT binding), so a driver lacking any of these symbols stops this client before
+/// `main` with "symbol lookup error: undefined symbol: X", as it would a C program linked
+/// with `-lcuda -Wl,-z,now`.
 macro_rules! linked_driver {
     ($($name:ident = $symbol:literal, $version:literal, $pt:ident, ($($arg:ident : $ty:ty),*);)*) => {
         #[link(name = "cuda")]
