@@ -22,7 +22,7 @@ command -v runc >/dev/null 2>&1 || missing+=(runc)
 if [ "${#missing[@]}" -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
-    apt-get install -y -q --no-install-recommends "${missing[@]}"
+    apt-get install -y -q "${missing[@]}"
 fi
 
 want='# Written by .ci/container-setup.sh for the gpuslice container tests.
