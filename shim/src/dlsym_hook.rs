@@ -107,8 +107,8 @@ fn handle_path_is(handle: *mut c_void, library: Library) -> bool {
     is_driver_library_path(path, library)
 }
 
-/// The wrapper to hand out for `dlsym(handle, name)`, or NULL for "forward to the real dlsym
-/// unchanged". Never called with `RTLD_NEXT` (the trampoline forwards that itself).
+/// The wrapper to hand out for `dlsym(handle, name)`, NULL for "forward to the real dlsym
+/// unchanged", or [`ANSWER_NULL`] for "answer NULL". Never called with `RTLD_NEXT` (the trampoline forwards that itself).
 pub extern "C" fn decide_dlsym_answer(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     std::panic::catch_unwind(|| decide(handle, name)).unwrap_or(std::ptr::null_mut())
 }
@@ -128,6 +128,9 @@ fn decide(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     answer_for_hook(handle, name, hook)
 }
 
+/// Returned by the decision function for "answer NULL" (the trampoline turns it into NULL).
+pub const ANSWER_NULL: *mut c_void = std::ptr::dangling_mut::<c_void>();
+
 fn answer_for_hook(handle: *mut c_void, name: *const c_char, hook: &'static Hook) -> *mut c_void {
     let global_scope = handle == libc::RTLD_DEFAULT;
     if !global_scope && !handle_is_library(handle, hook.library()) {
@@ -136,6 +139,18 @@ fn answer_for_hook(handle: *mut c_void, name: *const c_char, hook: &'static Hook
     let Some(dlsym) = real_dlsym() else {
         return std::ptr::null_mut();
     };
+    if global_scope {
+        // Our own export sits in the global scope, so forwarding would always find it. When the
+        // driver is loaded but lacks the function (older driver), answer as the process would
+        // without the shim: NULL, with the driver's own dlerror text for this thread.
+        let library = hook.library().loaded_handle();
+        if !library.is_null() && hook.slot.get().is_none() {
+            // SAFETY: a live handle and the caller's NUL-terminated name; the call fails and
+            // leaves its message for the caller's dlerror().
+            unsafe { dlsym(library, name) };
+            return ANSWER_NULL;
+        }
+    }
     // SAFETY: the caller's own handle and name, passed to the real dlsym.
     let real = unsafe { dlsym(handle, name) };
     if real.is_null() {
@@ -166,6 +181,11 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "pop rdi",
         "test rax, rax",
         "jz 2f",
+        // ANSWER_NULL (1): the answer is NULL.
+        "cmp rax, 1",
+        "jne 5f",
+        "xor eax, eax",
+        "5:",
         "ret",
         "2:",
         "mov rax, qword ptr [rip + {real}]",
@@ -207,7 +227,12 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "ldp x0, x1, [sp, #16]",
         "ldp x29, x30, [sp], #32",
         "cbz x16, 2f",
+        // ANSWER_NULL (1): the answer is NULL.
         "mov x0, x16",
+        "cmp x16, #1",
+        "b.ne 5f",
+        "mov x0, #0",
+        "5:",
         "ret",
         "2:",
         "adrp x16, {real}",

@@ -353,6 +353,27 @@ mod tests {
     }
 
     #[test]
+    fn a_wrapper_whose_real_function_is_missing_answers_not_supported() {
+        // The unit-test process has no driver libraries, like a driver too old for a hook.
+        // SAFETY: NUL-terminated literals; NOLOAD never loads anything.
+        let cuda_loaded =
+            !unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) }
+                .is_null();
+        if cuda_loaded || !matches!(crate::state::mode(), crate::state::Mode::PassThrough) {
+            return;
+        }
+        let mut pointer = 0;
+        // SAFETY: valid out-pointer; the wrapper must not reach any driver.
+        let code = unsafe { exports::cuMemAllocAsync(&mut pointer, 1, std::ptr::null_mut()) };
+        assert_eq!(code, result::CUDA_ERROR_NOT_SUPPORTED);
+        // SAFETY: as above.
+        let code = unsafe { exports::nvmlInit_v2() };
+        if Library::Nvml.loaded_handle().is_null() {
+            assert_eq!(code, ret::NVML_ERROR_FUNCTION_NOT_FOUND);
+        }
+    }
+
+    #[test]
     fn proc_address_mapping_is_by_pointer_identity() {
         let real_a = 0x1000 as *mut c_void;
         let real_b = 0x2000 as *mut c_void;

@@ -1,0 +1,460 @@
+//! libgpuslice.so against a minimal C driver built in the test (tests/shim_c/): every path a
+//! client takes (linked, dlopen+dlsym, cuGetProcAddress v1/v2 at 12080/13000, per-thread),
+//! dlsym semantics that must not change for the host (RTLD_NEXT, repeat lookups, cu-prefixed
+//! non-CUDA names, a malloc interposer calling dlsym from inside malloc), processes that never
+//! touch CUDA, fail-closed configuration, fork and fork+exec.
+//!
+//! The mini driver is deliberately tiny and independent of fakegpu: it pins the shim's own
+//! contract (including an "older driver" that lacks cuMemAllocAsync). The same effects through
+//! fakegpu and the real client programs are in `shim_interception.rs`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use cuda_e2e::{command, run_with_timeout, shim_library, Env, TempDir, DEFAULT_TIMEOUT, GIB};
+
+const SOURCES: &[(&str, &str)] = &[
+    ("mini_cuda.c", include_str!("shim_c/mini_cuda.c")),
+    ("mini_nvml.c", include_str!("shim_c/mini_nvml.c")),
+    ("client.c", include_str!("shim_c/client.c")),
+    ("next.c", include_str!("shim_c/next.c")),
+];
+
+/// The C programs, built once per source version into target/tmp (reused across runs).
+fn programs() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let mut hash: u64 = 0xcbf29ce484222325;
+        for (name, text) in SOURCES {
+            for byte in name.bytes().chain(text.bytes()) {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x100000001b3);
+            }
+        }
+        let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let done = root.join(format!("shim-c-{hash:016x}"));
+        if done.join("next").exists() {
+            return done;
+        }
+        let work = root.join(format!("shim-c-{hash:016x}.{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&work);
+        std::fs::create_dir_all(&work).unwrap();
+        for (name, text) in SOURCES {
+            std::fs::write(work.join(name), text).unwrap();
+        }
+        let cc = |args: &[&str]| {
+            let status = Command::new("cc")
+                .current_dir(&work)
+                .args(args)
+                .status()
+                .expect("a C compiler (cc) is needed for the shim's e2e tests");
+            assert!(status.success(), "cc {args:?} failed");
+        };
+        cc(&[
+            "-shared",
+            "-fPIC",
+            "-o",
+            "libcuda.so.1",
+            "-Wl,-soname,libcuda.so.1",
+            "mini_cuda.c",
+        ]);
+        cc(&[
+            "-shared",
+            "-fPIC",
+            "-o",
+            "libnvidia-ml.so.1",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            "mini_nvml.c",
+        ]);
+        std::os::unix::fs::symlink("libcuda.so.1", work.join("libcuda.so")).unwrap();
+        std::os::unix::fs::symlink("libnvidia-ml.so.1", work.join("libnvidia-ml.so")).unwrap();
+        cc(&[
+            "-DLINKED",
+            "-o",
+            "client_linked",
+            "client.c",
+            "-L.",
+            "-lcuda",
+            "-lnvidia-ml",
+            "-ldl",
+        ]);
+        cc(&["-o", "client_dl", "client.c", "-ldl"]);
+        cc(&["-o", "next", "next.c", "-ldl"]);
+        if std::fs::rename(&work, &done).is_err() {
+            // Another test binary finished first; theirs is identical.
+            let _ = std::fs::remove_dir_all(&work);
+        }
+        done
+    })
+}
+
+struct Run {
+    stdout: String,
+    stderr: String,
+    success: bool,
+}
+
+impl Run {
+    /// The value of `key=` on the first line starting with `prefix`.
+    fn field(&self, prefix: &str, key: &str) -> String {
+        let line = self
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line {prefix:?} in:\n{}\n{}", self.stdout, self.stderr));
+        line.split_whitespace()
+            .find_map(|word| word.strip_prefix(&format!("{key}=")).map(str::to_string))
+            .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+    }
+    fn bytes(&self, prefix: &str, key: &str) -> u64 {
+        self.field(prefix, key).parse().unwrap()
+    }
+    fn line(&self, prefix: &str) -> &str {
+        self.stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line {prefix:?} in:\n{}\n{}", self.stdout, self.stderr))
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Shim {
+    Without,
+    With,
+}
+
+fn run_program(program: &Path, args: &[&str], shim: Shim, extra: &[(&str, String)]) -> Run {
+    let mut env: Env = vec![("LD_LIBRARY_PATH".into(), programs().display().to_string())];
+    if shim == Shim::With {
+        env.push(("LD_PRELOAD".into(), shim_library().display().to_string()));
+    }
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    let output = run_with_timeout(command(program, args, &env), None, DEFAULT_TIMEOUT);
+    Run {
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        success: output.status.success(),
+    }
+}
+
+fn client(args: &[&str], shim: Shim, extra: &[(&str, String)]) -> Run {
+    let binary = if args[0] == "linked" || args[0] == "fork" {
+        "client_linked"
+    } else {
+        "client_dl"
+    };
+    let run = run_program(&programs().join(binary), args, shim, extra);
+    assert!(
+        run.success,
+        "{args:?} failed:\n{}\n{}",
+        run.stdout, run.stderr
+    );
+    run
+}
+
+fn limit_file(dir: &TempDir, text: &str) -> Vec<(&'static str, String)> {
+    let path = dir.path().join("limits.json");
+    std::fs::write(&path, text).unwrap();
+    vec![("GPUSLICE_CONFIG", path.display().to_string())]
+}
+
+const ONE_GIB_ON_INDEX_0: &str = r#"{"version": 1, "devices": [{"index": 0, "memory": "1GiB"}]}"#;
+const CARD: u64 = 32 * GIB;
+
+const PATHS: [&[&str]; 4] = [
+    &["linked"],
+    &["dlopen"],
+    &["procaddr", "12080"],
+    &["procaddr", "13000", "--per-thread"],
+];
+
+#[test]
+fn every_path_reports_the_slice_limit_while_the_card_is_unchanged() {
+    let dir = TempDir::new("shim-paths");
+    let config = limit_file(&dir, ONE_GIB_ON_INDEX_0);
+    for args in PATHS {
+        let label = if args[0] == "procaddr" {
+            "procaddr"
+        } else {
+            args[0]
+        };
+        let truth = client(args, Shim::Without, &config);
+        assert_eq!(truth.bytes(label, "total"), CARD, "{args:?} without shim");
+        assert_eq!(truth.bytes(label, "devtotal"), CARD);
+
+        let sliced = client(args, Shim::With, &config);
+        assert_eq!(sliced.field(label, "init"), "0", "{args:?}");
+        assert_eq!(
+            sliced.bytes(label, "total"),
+            GIB,
+            "{args:?}: cuMemGetInfo_v2 total"
+        );
+        assert_eq!(
+            sliced.bytes(label, "free"),
+            GIB,
+            "{args:?}: free capped by the limit"
+        );
+        assert_eq!(
+            sliced.bytes(label, "devtotal"),
+            GIB,
+            "{args:?}: cuDeviceTotalMem_v2"
+        );
+        assert!(
+            sliced.stderr.is_empty(),
+            "silent by default: {}",
+            sliced.stderr
+        );
+    }
+    for path in ["linked", "dlopen"] {
+        let prefix = format!("{path} nvml");
+        let truth = client(&[path], Shim::Without, &config);
+        assert_eq!(truth.bytes(&prefix, "total"), CARD);
+        let sliced = client(&[path], Shim::With, &config);
+        let (total, used, free) = (
+            sliced.bytes(&prefix, "total"),
+            sliced.bytes(&prefix, "used"),
+            sliced.bytes(&prefix, "free"),
+        );
+        assert_eq!(total, GIB, "{path}: nvmlDeviceGetMemoryInfo total");
+        assert_eq!(used + free, total, "{path}: no wrap, parts add up");
+    }
+}
+
+#[test]
+fn cuda_runtime_path_maps_pointers_by_identity_and_keeps_abi_and_stream_choice() {
+    for (version, per_thread) in [("12080", false), ("13000", true), ("13000", false)] {
+        let mut args = vec!["procaddr", version];
+        if per_thread {
+            args.push("--per-thread");
+        }
+        let real = client(&args, Shim::Without, &[]);
+        let shimmed = client(&args, Shim::With, &[]);
+        // Probes and unknown names behave exactly as without the shim.
+        assert_eq!(shimmed.line("probe"), real.line("probe"));
+        assert_eq!(shimmed.line("missing"), real.line("missing"));
+        // Hooked names: our wrapper for the very ABI the driver chose.
+        assert_eq!(
+            real.line("cuMemAlloc "),
+            "cuMemAlloc -> libcuda.so.1:cuMemAlloc_v2"
+        );
+        assert_eq!(
+            shimmed.line("cuMemAlloc "),
+            "cuMemAlloc -> libgpuslice.so:cuMemAlloc_v2"
+        );
+        let graph = if per_thread {
+            "cuGraphLaunch_ptsz"
+        } else {
+            "cuGraphLaunch"
+        };
+        assert_eq!(
+            real.line("cuGraphLaunch"),
+            format!("cuGraphLaunch -> libcuda.so.1:{graph}")
+        );
+        assert_eq!(
+            shimmed.line("cuGraphLaunch"),
+            format!("cuGraphLaunch -> libgpuslice.so:{graph}")
+        );
+        // Not hooked: the real pointer, identical to dlsym's.
+        assert_eq!(
+            shimmed.line("cuDriverGetVersion ->"),
+            "cuDriverGetVersion -> libcuda.so.1:cuDriverGetVersion"
+        );
+        assert_eq!(
+            shimmed.field("cuDriverGetVersion same_as_dlsym", "same_as_dlsym"),
+            "1"
+        );
+        // Asking for cuGetProcAddress itself yields our matching v1/v2 wrapper.
+        assert_eq!(
+            shimmed.line("cuGetProcAddress ->"),
+            "cuGetProcAddress -> libgpuslice.so:cuGetProcAddress_v2"
+        );
+        assert_eq!(
+            shimmed.line("cuGetProcAddress@11030"),
+            "cuGetProcAddress@11030 -> libgpuslice.so:cuGetProcAddress"
+        );
+    }
+}
+
+#[test]
+fn devices_match_by_uuid_before_index_and_hami_env_works() {
+    let dir = TempDir::new("shim-uuid");
+    let config = limit_file(
+        &dir,
+        r#"{"version": 1, "devices": [
+            {"index": 0, "memory": "1GiB"},
+            {"uuid": "GPU-A0A1A2A3-A4A5-A6A7-A8A9-AAABACADAEAF", "memory": "3GiB"}]}"#,
+    );
+    let run = client(&["linked"], Shim::With, &config);
+    assert_eq!(run.bytes("linked init", "total"), 3 * GIB);
+    assert_eq!(run.bytes("linked nvml", "total"), 3 * GIB);
+
+    let hami = [("CUDA_DEVICE_MEMORY_LIMIT", "2048m".to_string())];
+    let run = client(&["dlopen"], Shim::With, &hami);
+    assert_eq!(run.bytes("dlopen init", "total"), 2 * GIB);
+    assert_eq!(run.bytes("dlopen nvml", "total"), 2 * GIB);
+}
+
+#[test]
+fn dlsym_lookups_keep_their_meaning_for_the_host() {
+    let real = run_program(&programs().join("next"), &[], Shim::Without, &[]);
+    let shimmed = run_program(&programs().join("next"), &[], Shim::With, &[]);
+    assert!(
+        real.success && shimmed.success,
+        "{}\n{}",
+        shimmed.stdout,
+        shimmed.stderr
+    );
+    for (a, b) in real.stdout.lines().zip(shimmed.stdout.lines()) {
+        if a.starts_with("next cuInit") {
+            // RTLD_NEXT from the program: the next definition after it. With the shim that is
+            // the shim's own export, which proves the caller's return address was kept.
+            assert_eq!(a, "next cuInit = NULL");
+            assert!(b.starts_with("next cuInit = libgpuslice.so+"), "{b}");
+        } else {
+            assert_eq!(a, b, "same answer with and without the shim");
+        }
+    }
+    assert_eq!(real.stdout.lines().count(), shimmed.stdout.lines().count());
+    assert!(shimmed.stdout.contains("malloc interposer ok calls=1"));
+    assert!(shimmed.stdout.contains("next malloc = libc.so.6+"));
+
+    let dl = client(&["dlopen"], Shim::With, &[]);
+    assert_eq!(dl.line("repeat"), "repeat same=1 nonnull=1");
+    // A hooked name the driver lacks: NULL plus dlerror, exactly as without the shim.
+    assert_eq!(dl.line("missing"), "missing null=1 dlerror=1");
+    // Through the global scope too, although our own export of that name is there.
+    assert_eq!(dl.line("global missing"), "global missing rc=-2");
+}
+
+#[test]
+fn processes_that_never_touch_cuda_are_unaffected() {
+    let cases: [(&str, &[&str]); 3] = [
+        ("/bin/sh", &["-c", "echo hi | tr a-z A-Z"]),
+        ("python3", &["-c", "import ctypes, json, hashlib; print(json.dumps([hashlib.sha1(b'x').hexdigest(), ctypes.CDLL(None).strlen(b'abc')]))"]),
+        ("/bin/sh", &["-c", "ls / | sort | head -3; echo $?"]),
+    ];
+    for (program, args) in cases {
+        let program = which(program);
+        let real = run_program(&program, args, Shim::Without, &[]);
+        let shimmed = run_program(&program, args, Shim::With, &[]);
+        assert!(real.success, "{program:?} {args:?}: {}", real.stderr);
+        assert_eq!(shimmed.stdout, real.stdout, "{program:?} {args:?}");
+        assert_eq!(shimmed.stderr, real.stderr, "{program:?} {args:?}");
+        assert!(shimmed.success);
+    }
+}
+
+fn which(program: &str) -> PathBuf {
+    if program.starts_with('/') {
+        return PathBuf::from(program);
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join(program))
+                .find(|candidate| candidate.exists())
+        })
+        .unwrap_or_else(|| panic!("{program} not on PATH"))
+}
+
+#[test]
+fn a_malformed_limit_file_fails_closed_with_one_clear_line() {
+    let dir = TempDir::new("shim-bad-config");
+    let config = limit_file(
+        &dir,
+        r#"{"version": 1, "devices": [{"index": 0, "memory": "8XB"}]}"#,
+    );
+    let path = config[0].1.clone();
+    let run = client(&["linked"], Shim::With, &config);
+    assert_eq!(
+        run.field("linked init", "init"),
+        "3",
+        "CUDA_ERROR_NOT_INITIALIZED"
+    );
+    assert_eq!(
+        run.field("linked nvml", "init"),
+        "1",
+        "NVML_ERROR_UNINITIALIZED"
+    );
+    let lines: Vec<_> = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("[gpuslice]"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line per process: {}", run.stderr);
+    assert!(lines[0].contains(&path), "names the file: {}", lines[0]);
+    assert!(
+        lines[0].contains("devices[0].memory"),
+        "names the field: {}",
+        lines[0]
+    );
+
+    for args in &PATHS[1..] {
+        let run = client(args, Shim::With, &config);
+        let label = if args[0] == "procaddr" {
+            "procaddr"
+        } else {
+            args[0]
+        };
+        if args[0] == "procaddr" {
+            // The runtime's very first call is refused: it never gets a single entry point.
+            assert!(run.stdout.contains("probe rc=3"), "{}", run.stdout);
+        } else {
+            assert_eq!(run.field(label, "init"), "3", "{args:?}");
+        }
+    }
+}
+
+#[test]
+fn no_configuration_is_identical_to_no_shim() {
+    assert!(
+        !Path::new(gpuslice_common_default_path()).exists(),
+        "this machine has a system-wide limit file; the test needs none"
+    );
+    for args in PATHS {
+        let real = client(args, Shim::Without, &[]);
+        let shimmed = client(args, Shim::With, &[]);
+        let strip = |s: &str| {
+            s.lines()
+                .filter(|l| !l.contains("libgpuslice.so") && !l.contains("libcuda.so.1:"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert_eq!(strip(&shimmed.stdout), strip(&real.stdout), "{args:?}");
+        assert_eq!(shimmed.stderr, "", "{args:?}");
+    }
+}
+
+fn gpuslice_common_default_path() -> &'static str {
+    "/etc/gpuslice/limits.json"
+}
+
+#[test]
+fn fork_and_fork_exec_children_work_under_the_shim() {
+    let dir = TempDir::new("shim-fork");
+    let mut config = limit_file(&dir, ONE_GIB_ON_INDEX_0);
+    config.push(("GPUSLICE_LOG", "info".to_string()));
+    let run = client(&["fork"], Shim::With, &config);
+    assert_eq!(run.bytes("parent", "total"), GIB);
+    assert_eq!(
+        run.bytes("child init", "total"),
+        GIB,
+        "forked child re-initialises"
+    );
+    assert_eq!(run.line("child exit"), "child exit=0");
+    assert_eq!(
+        run.bytes("linked init", "total"),
+        GIB,
+        "exec'd child inherits the preload"
+    );
+    assert_eq!(run.bytes("linked nvml", "total"), GIB);
+    assert_eq!(run.line("exec child exit"), "exec child exit=0");
+    // Each process initialised once: parent, forked child (clean per-process state), exec'd
+    // child.
+    let inits = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("[gpuslice] enforcing slice"))
+        .count();
+    assert_eq!(inits, 3, "{}", run.stderr);
+}
