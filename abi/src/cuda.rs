@@ -289,3 +289,49 @@ pub struct CUDA_KERNEL_NODE_PARAMS {
     pub kernelParams: *mut *mut c_void,
     pub extra: *mut *mut c_void,
 }
+
+/// `CUipcMemHandle`: 64 opaque bytes passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUipcMemHandle {
+    pub reserved: [c_char; 64],
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2` (what cuGraphAddKernelNode_v2 takes): v1 plus `kern`, `ctx`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_KERNEL_NODE_PARAMS_v2 {
+    pub func: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub kernelParams: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+    pub kern: CUkernel,
+    pub ctx: CUcontext,
+}
+
+/// Stream, event, launch and memory flags used by the fake and its clients.
+pub mod flags {
+    /// `CUstreamCaptureStatus`.
+    pub const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
+    pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
+    /// Special stream handles.
+    pub const CU_STREAM_LEGACY: usize = 0x1;
+    pub const CU_STREAM_PER_THREAD: usize = 0x2;
+    /// `CUevent_flags`.
+    pub const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
+    /// `cuLaunchKernel` `extra` keys.
+    pub const CU_LAUNCH_PARAM_END: usize = 0x00;
+    pub const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 0x01;
+    pub const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 0x02;
+    /// `CUmemAttach_flags`.
+    pub const CU_MEM_ATTACH_GLOBAL: u32 = 0x1;
+    pub const CU_MEM_ATTACH_HOST: u32 = 0x2;
+    /// Highest `CUdevice_attribute` value + 1 in the 12.8 headers.
+    pub const CU_DEVICE_ATTRIBUTE_MAX: i32 = 162;
+}

@@ -246,3 +246,43 @@ fn nvml_additions_match_bindgen() {
     );
     assert_eq!(NVML_DEVICE_MIG_DISABLE, nv::NVML_DEVICE_MIG_DISABLE);
 }
+
+#[test]
+fn cuda_fake_additions_match_bindgen() {
+    same_layout!(CUipcMemHandle, cu::CUipcMemHandle_st, [reserved]);
+    same_layout!(
+        CUDA_KERNEL_NODE_PARAMS_v2,
+        cu::CUDA_KERNEL_NODE_PARAMS_v2_st,
+        [
+            func,
+            gridDimX,
+            gridDimY,
+            gridDimZ,
+            blockDimX,
+            blockDimY,
+            blockDimZ,
+            sharedMemBytes,
+            kernelParams,
+            extra,
+            kern,
+            ctx
+        ]
+    );
+    use gpuslice_abi::cuda::flags::*;
+    assert_eq!(
+        CU_STREAM_CAPTURE_STATUS_ACTIVE,
+        cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE as u32
+    );
+    assert_eq!(
+        CU_EVENT_DISABLE_TIMING,
+        cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+    );
+    assert_eq!(
+        CU_DEVICE_ATTRIBUTE_MAX,
+        cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX as i32
+    );
+    assert_eq!(
+        CU_MEM_ATTACH_GLOBAL,
+        cu::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32
+    );
+}

@@ -1,6 +1,7 @@
 //! The simulated GPU ("fakegpu"): device specs, the state shared by every process through one
 //! mapped file, and the plain-Rust model of the CUDA driver API that `fakegpu-cuda` exports.
 
+pub mod cuda;
 pub mod nvml_view;
 pub mod spec;
 pub mod state;

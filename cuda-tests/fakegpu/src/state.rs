@@ -22,7 +22,7 @@ use std::fmt;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, Once, OnceLock};
 
 pub const MAX_DEVICES: usize = 8;
@@ -136,7 +136,7 @@ pub fn now_ns() -> u64 {
 
 static PID: AtomicU32 = AtomicU32::new(0);
 /// Slot-lock descriptors of this process; closed in a forked child (see `after_fork_child`).
-static LOCK_FDS: [AtomicI32; 16] = [const { AtomicI32::new(-1) }; 16];
+static LOCK_FDS: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
 static ATFORK: Once = Once::new();
 
 extern "C" fn after_fork_child() {
@@ -242,8 +242,11 @@ pub struct SharedState {
     reg: Mutex<()>,
     my_slot: AtomicUsize,
     my_pid: AtomicU32,
-    /// Index into `LOCK_FDS` of this instance's slot-lock descriptor.
-    lock_entry: AtomicUsize,
+    /// This instance's slot-lock descriptor (-1: none), the pid that opened it, and whether
+    /// it is also listed in `LOCK_FDS` (then a fork child has closed its copy already).
+    lock_fd: AtomicI32,
+    lock_pid: AtomicU32,
+    lock_listed: AtomicBool,
 }
 
 // SAFETY: the mapping is only accessed through atomics (or fields written once before the
@@ -382,7 +385,9 @@ fn open_with(
         reg: Mutex::new(()),
         my_slot: AtomicUsize::new(usize::MAX),
         my_pid: AtomicU32::new(0),
-        lock_entry: AtomicUsize::new(usize::MAX),
+        lock_fd: AtomicI32::new(-1),
+        lock_pid: AtomicU32::new(0),
+        lock_listed: AtomicBool::new(false),
     };
     let magic = state.layout().header.magic.load(Ordering::Acquire);
     if magic == 0 {
@@ -708,8 +713,9 @@ impl SharedState {
         let _lock = FileLock::acquire(self.fd, libc::F_WRLCK, REG_LOCK)
             .map_err(|e| StateError::Io(format!("lock: {e}")))?;
         self.reap_locked();
-        let cpath = CString::new(self.path.as_os_str().as_bytes())
-            .map_err(|_| StateError::Io("path contains NUL".into()))?;
+        // Re-opening through /proc gives a new open file description (its own lock owner)
+        // of the very file we mapped, even if the path was since unlinked or replaced.
+        let cpath = CString::new(format!("/proc/self/fd/{}", self.fd)).expect("no NUL");
         for i in 0..MAX_PROCS {
             let s = self.slot(i);
             if s.state.load(Ordering::Acquire) != SLOT_FREE {
@@ -747,12 +753,13 @@ impl SharedState {
             s.start_time
                 .store(process_start_time(pid).unwrap_or(0), Ordering::Relaxed);
             s.state.store(SLOT_LIVE, Ordering::Release);
-            let entry = LOCK_FDS.iter().position(|e| {
+            let listed = LOCK_FDS.iter().any(|e| {
                 e.compare_exchange(-1, lfd, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
             });
-            self.lock_entry
-                .store(entry.unwrap_or(usize::MAX), Ordering::Release);
+            self.lock_listed.store(listed, Ordering::Release);
+            self.lock_pid.store(pid, Ordering::Release);
+            self.lock_fd.store(lfd, Ordering::Release);
             self.my_pid.store(pid, Ordering::Release);
             self.my_slot.store(i, Ordering::Release);
             return Ok(i);
@@ -761,14 +768,24 @@ impl SharedState {
     }
 
     fn close_lock_fd(&self) {
-        let e = self.lock_entry.swap(usize::MAX, Ordering::AcqRel);
-        if let Some(entry) = LOCK_FDS.get(e) {
-            let fd = entry.swap(-1, Ordering::AcqRel);
-            if fd >= 0 {
-                // SAFETY: fd is this instance's slot-lock descriptor.
-                unsafe { libc::close(fd) };
-            }
+        let fd = self.lock_fd.swap(-1, Ordering::AcqRel);
+        if fd < 0 {
+            return;
         }
+        let listed = self.lock_listed.load(Ordering::Acquire);
+        if self.lock_pid.load(Ordering::Acquire) == current_pid() {
+            if listed {
+                for e in &LOCK_FDS {
+                    let _ = e.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
+                }
+            }
+        } else if listed {
+            // A fork child: `after_fork_child` closed it already and the number may have been
+            // reused since.
+            return;
+        }
+        // SAFETY: fd is this instance's slot-lock descriptor, still open in this process.
+        unsafe { libc::close(fd) };
     }
 
     /// Whether the process owning live slot `i` still exists.
