@@ -333,5 +333,5 @@ pub mod flags {
     pub const CU_MEM_ATTACH_GLOBAL: u32 = 0x1;
     pub const CU_MEM_ATTACH_HOST: u32 = 0x2;
     /// Highest `CUdevice_attribute` value + 1 in the 12.8 headers.
-    pub const CU_DEVICE_ATTRIBUTE_MAX: i32 = 162;
+    pub const CU_DEVICE_ATTRIBUTE_MAX: i32 = 144;
 }
