@@ -1,1 +1,651 @@
-//! The fake cuda API.
+//! The fake GPU's `libcuda.so.1`: every export is a thin shell over `fakegpu::cuda::Cuda`.
+//!
+//! All exports are declared once, in the `cuda_api!` table below: exported name, the base
+//! name `cuGetProcAddress` callers ask for, the CUDA version from which that base name maps
+//! to this symbol, and the variant (default, `_ptds`, `_ptsz`). The same table yields the
+//! `#[no_mangle]` functions and the proc-address table, whose pointers are the functions
+//! themselves, i.e. exactly what `dlsym(handle, "<exported name>")` returns.
+//!
+//! `cuGetExportTable` answers CUDA_ERROR_NOT_FOUND: the private export tables of the CUDA
+//! runtime are not simulated, so `libcudart` cannot run on the fake (driver API clients and
+//! cudarc can).
+
+#![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
+
+mod ffi;
+
+use fakegpu::cuda::launch::read_ns_per_wave;
+use fakegpu::cuda::procaddr::{lookup, Lookup, ProcEntry, Variant};
+use fakegpu::cuda::{Cuda, R};
+use ffi::{cstr, get, guard, h, hp, put, put_opt, put_str};
+use gpuslice_abi::cuda::proc_address::*;
+use gpuslice_abi::cuda::result::*;
+use gpuslice_abi::cuda::*;
+use std::ffi::{c_char, c_int, c_uchar, c_uint, c_ulonglong, c_void, CString};
+use std::sync::OnceLock;
+
+#[inline]
+fn cu() -> &'static Cuda {
+    Cuda::global()
+}
+
+macro_rules! cuda_api {
+    ($(
+        fn $name:ident [$base:literal, $ver:literal, $variant:ident] ($($arg:ident : $ty:ty),* $(,)?) $body:block
+    )*) => {
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                guard(|| -> R<()> { $body })
+            }
+        )*
+
+        /// Every export, for `cuGetProcAddress`.
+        fn exports() -> Vec<ProcEntry> {
+            vec![$(ProcEntry {
+                name: stringify!($name),
+                base: $base,
+                min_version: $ver,
+                variant: Variant::$variant,
+                ptr: $name as *const () as usize,
+            }),*]
+        }
+    };
+}
+
+/// Base names that map to an export under another name from some version on.
+const ALIASES: &[(&str, i32, &str)] = &[
+    // 12.x headers define cuGraphInstantiate as cuGraphInstantiateWithFlags.
+    ("cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags"),
+];
+
+pub fn proc_table() -> &'static [ProcEntry] {
+    static TABLE: OnceLock<Vec<ProcEntry>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = exports();
+        for &(base, ver, target) in ALIASES {
+            let e = *t
+                .iter()
+                .find(|e| e.name == target)
+                .expect("alias target exported");
+            t.push(ProcEntry {
+                base,
+                min_version: ver,
+                ..e
+            });
+        }
+        t
+    })
+}
+
+fn launch_common(
+    f: CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    cooperative: bool,
+) -> R<()> {
+    // SAFETY: kernelParams / extra come from the caller with the CUDA API's guarantees.
+    let ns = unsafe { read_ns_per_wave(params, extra) };
+    if cooperative {
+        cu().launch_cooperative(h(f), grid, block, ns, h(stream))
+    } else {
+        cu().launch(h(f), grid, block, ns, h(stream))
+    }
+}
+
+fn launch_ex(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> R<()> {
+    let c = get(config)?;
+    launch_common(
+        f,
+        [c.gridDimX, c.gridDimY, c.gridDimZ],
+        [c.blockDimX, c.blockDimY, c.blockDimZ],
+        c.hStream,
+        params,
+        extra,
+        false,
+    )
+}
+
+fn node_ns(params: *mut *mut c_void, extra: *mut *mut c_void) -> Option<u64> {
+    // SAFETY: node params come from the caller with the CUDA API's guarantees.
+    unsafe { read_ns_per_wave(params, extra) }
+}
+
+fn get_proc_address(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> R<()> {
+    if pfn.is_null() || symbol.is_null() || flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let name = cstr(symbol).unwrap_or("");
+    let r = lookup(proc_table(), name, version, flags, cu().driver_version());
+    let (ptr, st, res) = match r {
+        Lookup::Found(p) => (p, CU_GET_PROC_ADDRESS_SUCCESS, Ok(())),
+        Lookup::NotFound => (
+            0,
+            CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
+            Err(CUDA_ERROR_NOT_FOUND),
+        ),
+        Lookup::VersionNotSufficient => (
+            0,
+            CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
+            Err(CUDA_ERROR_NOT_FOUND),
+        ),
+    };
+    put(pfn, ptr as *mut c_void)?;
+    put_opt(status, st);
+    res
+}
+
+fn error_string(code: CUresult) -> Option<&'static str> {
+    Some(match code {
+        CUDA_SUCCESS => "no error",
+        CUDA_ERROR_INVALID_VALUE => "invalid argument",
+        CUDA_ERROR_OUT_OF_MEMORY => "out of memory",
+        CUDA_ERROR_NOT_INITIALIZED => "initialization error",
+        CUDA_ERROR_DEINITIALIZED => "driver shutting down",
+        CUDA_ERROR_NO_DEVICE => "no CUDA-capable device is detected",
+        CUDA_ERROR_INVALID_DEVICE => "invalid device ordinal",
+        CUDA_ERROR_INVALID_CONTEXT => "invalid device context",
+        CUDA_ERROR_INVALID_HANDLE => "invalid resource handle",
+        CUDA_ERROR_NOT_FOUND => "named symbol not found",
+        CUDA_ERROR_NOT_READY => "device not ready",
+        CUDA_ERROR_FILE_NOT_FOUND => "file not found",
+        CUDA_ERROR_UNKNOWN => "unknown error",
+        _ => return None,
+    })
+}
+
+/// Static C strings for error names and descriptions.
+fn c_static(s: &'static str) -> *const c_char {
+    static CACHE: OnceLock<std::sync::Mutex<std::collections::HashMap<&'static str, CString>>> =
+        OnceLock::new();
+    let mut m = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    m.entry(s)
+        .or_insert_with(|| CString::new(s).expect("no NUL in messages"))
+        .as_ptr()
+}
+
+fn memcpy(dst: u64, dst_dev: bool, src: u64, src_dev: bool, n: usize, sync: bool) -> R<()> {
+    cu().memcpy(dst, dst_dev, src, src_dev, n as u64, sync)
+}
+
+fn memcpy_async(
+    dst: u64,
+    dst_dev: bool,
+    src: u64,
+    src_dev: bool,
+    n: usize,
+    stream: CUstream,
+) -> R<()> {
+    cu().stream_info(h(stream))?;
+    memcpy(dst, dst_dev, src, src_dev, n, false)
+}
+
+fn memset_async(dst: CUdeviceptr, v: u32, elem: u64, n: usize, stream: CUstream) -> R<()> {
+    cu().stream_info(h(stream))?;
+    cu().memset(dst, v, elem, n as u64)
+}
+
+cuda_api! {
+    // ---- init, versions, devices ----
+    fn cuInit["cuInit", 2000, Default](flags: c_uint) { cu().init(flags) }
+    fn cuDriverGetVersion["cuDriverGetVersion", 2020, Default](v: *mut c_int) {
+        put(v, cu().driver_version())
+    }
+    fn cuDeviceGet["cuDeviceGet", 2000, Default](device: *mut CUdevice, ordinal: c_int) {
+        if device.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(device, cu().device_index(ordinal)? as CUdevice)
+    }
+    fn cuDeviceGetCount["cuDeviceGetCount", 2000, Default](count: *mut c_int) {
+        if count.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(count, cu().device_count()?)
+    }
+    fn cuDeviceGetName["cuDeviceGetName", 2000, Default](name: *mut c_char, len: c_int, dev: CUdevice) {
+        let d = cu().device_spec(dev)?;
+        put_str(name, len, &d.name)
+    }
+    fn cuDeviceGetUuid["cuDeviceGetUuid", 9020, Default](uuid: *mut CUuuid, dev: CUdevice) {
+        let d = cu().device_spec(dev)?;
+        put(uuid, CUuuid { bytes: d.uuid_bytes().map(|b| b as c_char) })
+    }
+    fn cuDeviceGetUuid_v2["cuDeviceGetUuid", 11040, Default](uuid: *mut CUuuid, dev: CUdevice) {
+        let d = cu().device_spec(dev)?;
+        put(uuid, CUuuid { bytes: d.uuid_bytes().map(|b| b as c_char) })
+    }
+    fn cuDeviceGetAttribute["cuDeviceGetAttribute", 2000, Default](pi: *mut c_int, attrib: c_int, dev: CUdevice) {
+        if pi.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pi, cu().device_attribute(attrib, dev)?)
+    }
+    fn cuDeviceGetPCIBusId["cuDeviceGetPCIBusId", 4010, Default](id: *mut c_char, len: c_int, dev: CUdevice) {
+        put_str(id, len, &cu().pci_bus_id(dev)?)
+    }
+    fn cuDeviceGetByPCIBusId["cuDeviceGetByPCIBusId", 4010, Default](dev: *mut CUdevice, id: *const c_char) {
+        if dev.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(dev, cu().device_by_pci_bus_id(cstr(id)?)?)
+    }
+    fn cuDeviceTotalMem_v2["cuDeviceTotalMem", 3020, Default](bytes: *mut usize, dev: CUdevice) {
+        if bytes.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(bytes, cu().device_spec(dev)?.total_memory as usize)
+    }
+    fn cuDeviceComputeCapability["cuDeviceComputeCapability", 2000, Default](major: *mut c_int, minor: *mut c_int, dev: CUdevice) {
+        if major.is_null() || minor.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let d = cu().device_spec(dev)?;
+        put(major, d.cc_major as c_int)?;
+        put(minor, d.cc_minor as c_int)
+    }
+
+    // ---- contexts ----
+    fn cuDevicePrimaryCtxRetain["cuDevicePrimaryCtxRetain", 7000, Default](pctx: *mut CUcontext, dev: CUdevice) {
+        if pctx.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pctx, hp(cu().primary_retain(dev)?))
+    }
+    fn cuDevicePrimaryCtxRelease["cuDevicePrimaryCtxRelease", 7000, Default](dev: CUdevice) { cu().primary_release(dev) }
+    fn cuDevicePrimaryCtxRelease_v2["cuDevicePrimaryCtxRelease", 11000, Default](dev: CUdevice) { cu().primary_release(dev) }
+    fn cuDevicePrimaryCtxReset["cuDevicePrimaryCtxReset", 7000, Default](dev: CUdevice) { cu().primary_reset(dev) }
+    fn cuDevicePrimaryCtxReset_v2["cuDevicePrimaryCtxReset", 11000, Default](dev: CUdevice) { cu().primary_reset(dev) }
+    fn cuDevicePrimaryCtxGetState["cuDevicePrimaryCtxGetState", 7000, Default](dev: CUdevice, flags: *mut c_uint, active: *mut c_int) {
+        if flags.is_null() || active.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let (f, a) = cu().primary_state(dev)?;
+        put(flags, f)?;
+        put(active, a as c_int)
+    }
+    fn cuDevicePrimaryCtxSetFlags["cuDevicePrimaryCtxSetFlags", 7000, Default](dev: CUdevice, flags: c_uint) { cu().primary_set_flags(dev, flags) }
+    fn cuDevicePrimaryCtxSetFlags_v2["cuDevicePrimaryCtxSetFlags", 11000, Default](dev: CUdevice, flags: c_uint) { cu().primary_set_flags(dev, flags) }
+    fn cuCtxCreate_v2["cuCtxCreate", 3020, Default](pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) {
+        if pctx.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pctx, hp(cu().ctx_create(flags, dev)?))
+    }
+    fn cuCtxCreate_v3["cuCtxCreate", 11040, Default](pctx: *mut CUcontext, _params: *mut c_void, _num: c_int, flags: c_uint, dev: CUdevice) {
+        if pctx.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pctx, hp(cu().ctx_create(flags, dev)?))
+    }
+    fn cuCtxCreate_v4["cuCtxCreate", 12050, Default](pctx: *mut CUcontext, _params: *mut c_void, flags: c_uint, dev: CUdevice) {
+        if pctx.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pctx, hp(cu().ctx_create(flags, dev)?))
+    }
+    fn cuCtxDestroy_v2["cuCtxDestroy", 4000, Default](ctx: CUcontext) { cu().ctx_destroy(h(ctx)) }
+    fn cuCtxPushCurrent_v2["cuCtxPushCurrent", 4000, Default](ctx: CUcontext) { cu().ctx_push(h(ctx)) }
+    fn cuCtxPopCurrent_v2["cuCtxPopCurrent", 4000, Default](pctx: *mut CUcontext) {
+        let c = cu().ctx_pop()?;
+        put_opt(pctx, hp(c));
+        Ok(())
+    }
+    fn cuCtxSetCurrent["cuCtxSetCurrent", 4000, Default](ctx: CUcontext) { cu().ctx_set_current(h(ctx)) }
+    fn cuCtxGetCurrent["cuCtxGetCurrent", 4000, Default](pctx: *mut CUcontext) {
+        if pctx.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pctx, hp(cu().ctx_get_current()?))
+    }
+    fn cuCtxGetDevice["cuCtxGetDevice", 2000, Default](device: *mut CUdevice) {
+        if device.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(device, cu().ctx_device()?)
+    }
+    fn cuCtxSynchronize["cuCtxSynchronize", 2000, Default]() { cu().ctx_synchronize() }
+    fn cuCtxGetApiVersion["cuCtxGetApiVersion", 3020, Default](ctx: CUcontext, version: *mut c_uint) {
+        if version.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(version, cu().ctx_api_version(h(ctx))?)
+    }
+
+    // ---- memory ----
+    fn cuMemAlloc["cuMemAlloc", 2000, Default](dptr: *mut c_uint, bytesize: c_uint) {
+        if dptr.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(dptr, cu().mem_alloc_legacy(bytesize)?)
+    }
+    fn cuMemAlloc_v2["cuMemAlloc", 3020, Default](dptr: *mut CUdeviceptr, bytesize: usize) {
+        if dptr.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(dptr, cu().mem_alloc(bytesize as u64)?)
+    }
+    fn cuMemAllocPitch_v2["cuMemAllocPitch", 3020, Default](dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) {
+        if dptr.is_null() || pitch.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let (p, pi) = cu().mem_alloc_pitch(width as u64, height as u64, elem)?;
+        put(dptr, p)?;
+        put(pitch, pi as usize)
+    }
+    fn cuMemAllocManaged["cuMemAllocManaged", 6000, Default](dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) {
+        if dptr.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(dptr, cu().mem_alloc_managed(bytesize as u64, flags)?)
+    }
+    fn cuMemFree_v2["cuMemFree", 3020, Default](dptr: CUdeviceptr) { cu().mem_free(dptr) }
+    fn cuMemGetInfo_v2["cuMemGetInfo", 3020, Default](free: *mut usize, total: *mut usize) {
+        if free.is_null() || total.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let (f, t) = cu().mem_get_info()?;
+        put(free, f as usize)?;
+        put(total, t as usize)
+    }
+    fn cuMemGetAddressRange_v2["cuMemGetAddressRange", 3020, Default](pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) {
+        let (b, s) = cu().mem_address_range(dptr)?;
+        put_opt(pbase, b);
+        put_opt(psize, s as usize);
+        Ok(())
+    }
+    fn cuMemAllocHost_v2["cuMemAllocHost", 3020, Default](pp: *mut *mut c_void, bytesize: usize) {
+        if pp.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pp, hp(cu().mem_alloc_host(bytesize as u64)?))
+    }
+    fn cuMemHostAlloc["cuMemHostAlloc", 2020, Default](pp: *mut *mut c_void, bytesize: usize, flags: c_uint) {
+        if pp.is_null() || flags & !0xf != 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pp, hp(cu().mem_alloc_host(bytesize as u64)?))
+    }
+    fn cuMemFreeHost["cuMemFreeHost", 2000, Default](p: *mut c_void) { cu().mem_free_host(h(p)) }
+    fn cuMemcpyHtoD_v2["cuMemcpyHtoD", 3020, Default](dst: CUdeviceptr, src: *const c_void, n: usize) { memcpy(dst, true, src as u64, false, n, true) }
+    fn cuMemcpyHtoD_v2_ptds["cuMemcpyHtoD", 7000, Ptds](dst: CUdeviceptr, src: *const c_void, n: usize) { memcpy(dst, true, src as u64, false, n, true) }
+    fn cuMemcpyDtoH_v2["cuMemcpyDtoH", 3020, Default](dst: *mut c_void, src: CUdeviceptr, n: usize) { memcpy(dst as u64, false, src, true, n, true) }
+    fn cuMemcpyDtoH_v2_ptds["cuMemcpyDtoH", 7000, Ptds](dst: *mut c_void, src: CUdeviceptr, n: usize) { memcpy(dst as u64, false, src, true, n, true) }
+    fn cuMemcpyDtoD_v2["cuMemcpyDtoD", 3020, Default](dst: CUdeviceptr, src: CUdeviceptr, n: usize) { memcpy(dst, true, src, true, n, true) }
+    fn cuMemcpyDtoD_v2_ptds["cuMemcpyDtoD", 7000, Ptds](dst: CUdeviceptr, src: CUdeviceptr, n: usize) { memcpy(dst, true, src, true, n, true) }
+    fn cuMemcpyHtoDAsync_v2["cuMemcpyHtoDAsync", 3020, Default](dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { memcpy_async(dst, true, src as u64, false, n, s) }
+    fn cuMemcpyHtoDAsync_v2_ptsz["cuMemcpyHtoDAsync", 7000, Ptsz](dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) { memcpy_async(dst, true, src as u64, false, n, s) }
+    fn cuMemcpyDtoHAsync_v2["cuMemcpyDtoHAsync", 3020, Default](dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { memcpy_async(dst as u64, false, src, true, n, s) }
+    fn cuMemcpyDtoHAsync_v2_ptsz["cuMemcpyDtoHAsync", 7000, Ptsz](dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) { memcpy_async(dst as u64, false, src, true, n, s) }
+    fn cuMemsetD8_v2["cuMemsetD8", 3020, Default](dst: CUdeviceptr, v: c_uchar, n: usize) { cu().memset(dst, v as u32, 1, n as u64) }
+    fn cuMemsetD8_v2_ptds["cuMemsetD8", 7000, Ptds](dst: CUdeviceptr, v: c_uchar, n: usize) { cu().memset(dst, v as u32, 1, n as u64) }
+    fn cuMemsetD32_v2["cuMemsetD32", 3020, Default](dst: CUdeviceptr, v: c_uint, n: usize) { cu().memset(dst, v, 4, n as u64) }
+    fn cuMemsetD32_v2_ptds["cuMemsetD32", 7000, Ptds](dst: CUdeviceptr, v: c_uint, n: usize) { cu().memset(dst, v, 4, n as u64) }
+    fn cuMemsetD8Async["cuMemsetD8Async", 3020, Default](dst: CUdeviceptr, v: c_uchar, n: usize, s: CUstream) { memset_async(dst, v as u32, 1, n, s) }
+    fn cuMemsetD8Async_ptsz["cuMemsetD8Async", 7000, Ptsz](dst: CUdeviceptr, v: c_uchar, n: usize, s: CUstream) { memset_async(dst, v as u32, 1, n, s) }
+
+    // ---- arrays ----
+    fn cuArrayCreate_v2["cuArrayCreate", 3020, Default](p: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) {
+        if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let d = get(desc)?;
+        let d3 = CUDA_ARRAY3D_DESCRIPTOR { Width: d.Width, Height: d.Height, Depth: 0, Format: d.Format, NumChannels: d.NumChannels, Flags: 0 };
+        put(p, hp(cu().array_create(&d3, None)?))
+    }
+    fn cuArray3DCreate_v2["cuArray3DCreate", 3020, Default](p: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) {
+        if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(p, hp(cu().array_create(&get(desc)?, None)?))
+    }
+    fn cuArrayDestroy["cuArrayDestroy", 2000, Default](a: CUarray) { cu().array_destroy(h(a), false) }
+    fn cuMipmappedArrayCreate["cuMipmappedArrayCreate", 5000, Default](p: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) {
+        if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(p, hp(cu().array_create(&get(desc)?, Some(levels))?))
+    }
+    fn cuMipmappedArrayDestroy["cuMipmappedArrayDestroy", 5000, Default](a: CUmipmappedArray) { cu().array_destroy(h(a), true) }
+
+    // ---- stream-ordered allocation and pools ----
+    fn cuMemAllocAsync["cuMemAllocAsync", 11020, Default](dptr: *mut CUdeviceptr, size: usize, s: CUstream) {
+        if dptr.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(dptr, cu().mem_alloc_async(size as u64, None, h(s))?)
+    }
+    fn cuMemAllocAsync_ptsz["cuMemAllocAsync", 11020, Ptsz](dptr: *mut CUdeviceptr, size: usize, s: CUstream) {
+        if dptr.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(dptr, cu().mem_alloc_async(size as u64, None, h(s))?)
+    }
+    fn cuMemFreeAsync["cuMemFreeAsync", 11020, Default](dptr: CUdeviceptr, s: CUstream) { cu().mem_free_async(dptr, h(s)) }
+    fn cuMemFreeAsync_ptsz["cuMemFreeAsync", 11020, Ptsz](dptr: CUdeviceptr, s: CUstream) { cu().mem_free_async(dptr, h(s)) }
+    fn cuMemAllocFromPoolAsync["cuMemAllocFromPoolAsync", 11020, Default](dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) {
+        if dptr.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(dptr, cu().mem_alloc_async(size as u64, Some(h(pool)), h(s))?)
+    }
+    fn cuMemAllocFromPoolAsync_ptsz["cuMemAllocFromPoolAsync", 11020, Ptsz](dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) {
+        if dptr.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(dptr, cu().mem_alloc_async(size as u64, Some(h(pool)), h(s))?)
+    }
+    fn cuMemPoolCreate["cuMemPoolCreate", 11020, Default](pool: *mut CUmemoryPool, props: *const CUmemPoolProps) {
+        if pool.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pool, hp(cu().pool_create(&get(props)?)?))
+    }
+    fn cuMemPoolDestroy["cuMemPoolDestroy", 11020, Default](pool: CUmemoryPool) { cu().pool_destroy(h(pool)) }
+    fn cuDeviceGetDefaultMemPool["cuDeviceGetDefaultMemPool", 11020, Default](pool: *mut CUmemoryPool, dev: CUdevice) {
+        if pool.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pool, hp(cu().device_default_pool(dev)?))
+    }
+    fn cuDeviceGetMemPool["cuDeviceGetMemPool", 11020, Default](pool: *mut CUmemoryPool, dev: CUdevice) {
+        if pool.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pool, hp(cu().device_get_pool(dev)?))
+    }
+    fn cuDeviceSetMemPool["cuDeviceSetMemPool", 11020, Default](dev: CUdevice, pool: CUmemoryPool) { cu().device_set_pool(dev, h(pool)) }
+    fn cuMemPoolSetAttribute["cuMemPoolSetAttribute", 11020, Default](pool: CUmemoryPool, attr: c_int, value: *mut c_void) {
+        // REUSE_* attributes are ints; the others are cuuint64_t.
+        let v = if (1..=3).contains(&attr) { get(value as *const c_int)? as u64 } else { get(value as *const u64)? };
+        cu().pool_set_attribute(h(pool), attr, v)
+    }
+    fn cuMemPoolGetAttribute["cuMemPoolGetAttribute", 11020, Default](pool: CUmemoryPool, attr: c_int, value: *mut c_void) {
+        if value.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let v = cu().pool_get_attribute(h(pool), attr)?;
+        if (1..=3).contains(&attr) { put(value as *mut c_int, v as c_int) } else { put(value as *mut u64, v) }
+    }
+    fn cuMemPoolTrimTo["cuMemPoolTrimTo", 11020, Default](pool: CUmemoryPool, keep: usize) { cu().pool_trim_to(h(pool), keep as u64) }
+
+    // ---- virtual memory management ----
+    fn cuMemCreate["cuMemCreate", 10020, Default](handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: c_ulonglong) {
+        if handle.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(handle, cu().mem_create(size as u64, &get(prop)?, flags)?)
+    }
+    fn cuMemRelease["cuMemRelease", 10020, Default](handle: CUmemGenericAllocationHandle) { cu().mem_release(handle) }
+    fn cuMemAddressReserve["cuMemAddressReserve", 10020, Default](ptr: *mut CUdeviceptr, size: usize, align: usize, addr: CUdeviceptr, flags: c_ulonglong) {
+        if ptr.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(ptr, cu().mem_address_reserve(size as u64, align as u64, addr, flags)?)
+    }
+    fn cuMemAddressFree["cuMemAddressFree", 10020, Default](ptr: CUdeviceptr, size: usize) { cu().mem_address_free(ptr, size as u64) }
+    fn cuMemMap["cuMemMap", 10020, Default](ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong) {
+        cu().mem_map(ptr, size as u64, offset as u64, handle, flags)
+    }
+    fn cuMemUnmap["cuMemUnmap", 10020, Default](ptr: CUdeviceptr, size: usize) { cu().mem_unmap(ptr, size as u64) }
+    fn cuMemSetAccess["cuMemSetAccess", 10020, Default](ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) {
+        if desc.is_null() || count == 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        // SAFETY: the caller passes `count` descriptors at `desc` (checked non-null).
+        let d = unsafe { std::slice::from_raw_parts(desc, count) };
+        cu().mem_set_access(ptr, size as u64, d)
+    }
+    fn cuMemGetAllocationGranularity["cuMemGetAllocationGranularity", 10020, Default](g: *mut usize, prop: *const CUmemAllocationProp, option: c_int) {
+        if g.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(g, cu().mem_granularity(&get(prop)?, option)? as usize)
+    }
+    fn cuMemGetAllocationPropertiesFromHandle["cuMemGetAllocationPropertiesFromHandle", 10020, Default](prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) {
+        if prop.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(prop, cu().mem_allocation_prop(handle)?)
+    }
+    fn cuMemRetainAllocationHandle["cuMemRetainAllocationHandle", 11000, Default](handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) {
+        if handle.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(handle, cu().mem_retain_handle(addr as u64)?)
+    }
+
+    // ---- IPC ----
+    fn cuIpcGetMemHandle["cuIpcGetMemHandle", 4010, Default](handle: *mut CUipcMemHandle, dptr: CUdeviceptr) {
+        if handle.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let b = cu().ipc_get_handle(dptr)?;
+        put(handle, CUipcMemHandle { reserved: b.map(|x| x as c_char) })
+    }
+    fn cuIpcOpenMemHandle["cuIpcOpenMemHandle", 4010, Default](pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) {
+        if pdptr.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pdptr, cu().ipc_open(&handle.reserved.map(|x| x as u8))?)
+    }
+    fn cuIpcOpenMemHandle_v2["cuIpcOpenMemHandle", 11000, Default](pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) {
+        if pdptr.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pdptr, cu().ipc_open(&handle.reserved.map(|x| x as u8))?)
+    }
+    fn cuIpcCloseMemHandle["cuIpcCloseMemHandle", 4010, Default](dptr: CUdeviceptr) { cu().ipc_close(dptr) }
+
+    // ---- modules, libraries, functions ----
+    fn cuModuleLoadData["cuModuleLoadData", 2000, Default](m: *mut CUmodule, image: *const c_void) {
+        if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(m, hp(cu().module_load(!image.is_null())?))
+    }
+    fn cuModuleLoadDataEx["cuModuleLoadDataEx", 2010, Default](m: *mut CUmodule, image: *const c_void, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) {
+        if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(m, hp(cu().module_load(!image.is_null())?))
+    }
+    fn cuModuleLoad["cuModuleLoad", 2000, Default](m: *mut CUmodule, fname: *const c_char) {
+        if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(m, hp(cu().module_load_file(std::path::Path::new(cstr(fname)?))?))
+    }
+    fn cuModuleUnload["cuModuleUnload", 2000, Default](m: CUmodule) { cu().module_unload(h(m)) }
+    fn cuModuleGetFunction["cuModuleGetFunction", 2000, Default](f: *mut CUfunction, m: CUmodule, name: *const c_char) {
+        if f.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(f, hp(cu().module_get_function(h(m), cstr(name)?)?))
+    }
+    fn cuModuleGetGlobal_v2["cuModuleGetGlobal", 3020, Default](dptr: *mut CUdeviceptr, bytes: *mut usize, m: CUmodule, name: *const c_char) {
+        let (g, s) = cu().module_get_global(h(m), cstr(name)?)?;
+        put_opt(dptr, g);
+        put_opt(bytes, s as usize);
+        Ok(())
+    }
+    fn cuLibraryLoadData["cuLibraryLoadData", 12000, Default](l: *mut CUlibrary, code: *const c_void, _jo: *mut c_int, _jv: *mut *mut c_void, _jn: c_uint, _lo: *mut c_int, _lv: *mut *mut c_void, _ln: c_uint) {
+        if l.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(l, hp(cu().library_load(!code.is_null())?))
+    }
+    fn cuLibraryUnload["cuLibraryUnload", 12000, Default](l: CUlibrary) { cu().library_unload(h(l)) }
+    fn cuLibraryGetKernel["cuLibraryGetKernel", 12000, Default](k: *mut CUkernel, l: CUlibrary, name: *const c_char) {
+        if k.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(k, hp(cu().library_get_kernel(h(l), cstr(name)?)?))
+    }
+    fn cuKernelGetFunction["cuKernelGetFunction", 12000, Default](f: *mut CUfunction, k: CUkernel) {
+        if f.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(f, hp(cu().kernel_get_function(h(k))?))
+    }
+    fn cuFuncGetAttribute["cuFuncGetAttribute", 2020, Default](pi: *mut c_int, attrib: c_int, f: CUfunction) {
+        if pi.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pi, cu().func_attribute(attrib, h(f))?)
+    }
+
+    // ---- launches ----
+    fn cuLaunchKernel["cuLaunchKernel", 4000, Default](f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _shared: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch_common(f, [gx, gy, gz], [bx, by, bz], s, params, extra, false)
+    }
+    fn cuLaunchKernel_ptsz["cuLaunchKernel", 7000, Ptsz](f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _shared: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch_common(f, [gx, gy, gz], [bx, by, bz], s, params, extra, false)
+    }
+    fn cuLaunchKernelEx["cuLaunchKernelEx", 11060, Default](config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch_ex(config, f, params, extra)
+    }
+    fn cuLaunchKernelEx_ptsz["cuLaunchKernelEx", 11060, Ptsz](config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch_ex(config, f, params, extra)
+    }
+    fn cuLaunchCooperativeKernel["cuLaunchCooperativeKernel", 9000, Default](f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _shared: c_uint, s: CUstream, params: *mut *mut c_void) {
+        launch_common(f, [gx, gy, gz], [bx, by, bz], s, params, std::ptr::null_mut(), true)
+    }
+    fn cuLaunchCooperativeKernel_ptsz["cuLaunchCooperativeKernel", 9000, Ptsz](f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _shared: c_uint, s: CUstream, params: *mut *mut c_void) {
+        launch_common(f, [gx, gy, gz], [bx, by, bz], s, params, std::ptr::null_mut(), true)
+    }
+
+    // ---- graphs and capture ----
+    fn cuStreamBeginCapture["cuStreamBeginCapture", 10000, Default](s: CUstream) { cu().stream_begin_capture(h(s), 0) }
+    fn cuStreamBeginCapture_ptsz["cuStreamBeginCapture", 10000, Ptsz](s: CUstream) { cu().stream_begin_capture(h(s), 0) }
+    fn cuStreamBeginCapture_v2["cuStreamBeginCapture", 10010, Default](s: CUstream, mode: c_uint) { cu().stream_begin_capture(h(s), mode) }
+    fn cuStreamBeginCapture_v2_ptsz["cuStreamBeginCapture", 10010, Ptsz](s: CUstream, mode: c_uint) { cu().stream_begin_capture(h(s), mode) }
+    fn cuStreamEndCapture["cuStreamEndCapture", 10000, Default](s: CUstream, g: *mut CUgraph) {
+        if g.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(g, hp(cu().stream_end_capture(h(s))?))
+    }
+    fn cuStreamEndCapture_ptsz["cuStreamEndCapture", 10000, Ptsz](s: CUstream, g: *mut CUgraph) {
+        if g.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(g, hp(cu().stream_end_capture(h(s))?))
+    }
+    fn cuStreamIsCapturing["cuStreamIsCapturing", 10000, Default](s: CUstream, status: *mut c_uint) {
+        if status.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(status, cu().stream_is_capturing(h(s))?)
+    }
+    fn cuStreamIsCapturing_ptsz["cuStreamIsCapturing", 10000, Ptsz](s: CUstream, status: *mut c_uint) {
+        if status.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(status, cu().stream_is_capturing(h(s))?)
+    }
+    fn cuGraphCreate["cuGraphCreate", 10000, Default](g: *mut CUgraph, flags: c_uint) {
+        if g.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(g, hp(cu().graph_create(flags)?))
+    }
+    fn cuGraphAddKernelNode["cuGraphAddKernelNode", 10000, Default](node: *mut CUgraphNode, g: CUgraph, _deps: *const CUgraphNode, _ndeps: usize, params: *const CUDA_KERNEL_NODE_PARAMS) {
+        if node.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let p = get(params)?;
+        let ns = node_ns(p.kernelParams, p.extra);
+        let n = cu().graph_add_kernel_node(h(g), h(p.func), [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], ns)?;
+        put(node, hp(n))
+    }
+    fn cuGraphAddKernelNode_v2["cuGraphAddKernelNode", 12000, Default](node: *mut CUgraphNode, g: CUgraph, _deps: *const CUgraphNode, _ndeps: usize, params: *const CUDA_KERNEL_NODE_PARAMS_v2) {
+        if node.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let p = get(params)?;
+        let f = if p.func.is_null() { p.kern } else { p.func };
+        let ns = node_ns(p.kernelParams, p.extra);
+        let n = cu().graph_add_kernel_node(h(g), h(f), [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], ns)?;
+        put(node, hp(n))
+    }
+    fn cuGraphInstantiate["cuGraphInstantiate", 10000, Default](e: *mut CUgraphExec, g: CUgraph, _err: *mut CUgraphNode, _log: *mut c_char, _n: usize) {
+        if e.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(e, hp(cu().graph_instantiate(h(g), 0)?))
+    }
+    fn cuGraphInstantiate_v2["cuGraphInstantiate", 11000, Default](e: *mut CUgraphExec, g: CUgraph, _err: *mut CUgraphNode, _log: *mut c_char, _n: usize) {
+        if e.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(e, hp(cu().graph_instantiate(h(g), 0)?))
+    }
+    fn cuGraphInstantiateWithFlags["cuGraphInstantiateWithFlags", 11040, Default](e: *mut CUgraphExec, g: CUgraph, flags: c_ulonglong) {
+        if e.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(e, hp(cu().graph_instantiate(h(g), flags)?))
+    }
+    fn cuGraphLaunch["cuGraphLaunch", 10000, Default](e: CUgraphExec, s: CUstream) { cu().graph_launch(h(e), h(s)) }
+    fn cuGraphLaunch_ptsz["cuGraphLaunch", 10000, Ptsz](e: CUgraphExec, s: CUstream) { cu().graph_launch(h(e), h(s)) }
+    fn cuGraphExecDestroy["cuGraphExecDestroy", 10000, Default](e: CUgraphExec) { cu().graph_exec_destroy(h(e)) }
+    fn cuGraphDestroy["cuGraphDestroy", 10000, Default](g: CUgraph) { cu().graph_destroy(h(g)) }
+
+    // ---- streams and events ----
+    fn cuStreamCreate["cuStreamCreate", 2000, Default](s: *mut CUstream, flags: c_uint) {
+        if s.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(s, hp(cu().stream_create(flags, 0)?))
+    }
+    fn cuStreamCreateWithPriority["cuStreamCreateWithPriority", 5050, Default](s: *mut CUstream, flags: c_uint, priority: c_int) {
+        if s.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(s, hp(cu().stream_create(flags, priority)?))
+    }
+    fn cuStreamDestroy_v2["cuStreamDestroy", 4000, Default](s: CUstream) { cu().stream_destroy(h(s)) }
+    fn cuStreamSynchronize["cuStreamSynchronize", 2000, Default](s: CUstream) { cu().stream_synchronize(h(s)) }
+    fn cuStreamSynchronize_ptsz["cuStreamSynchronize", 7000, Ptsz](s: CUstream) { cu().stream_synchronize(h(s)) }
+    fn cuStreamQuery["cuStreamQuery", 2000, Default](s: CUstream) { cu().stream_query(h(s)) }
+    fn cuStreamQuery_ptsz["cuStreamQuery", 7000, Ptsz](s: CUstream) { cu().stream_query(h(s)) }
+    fn cuStreamWaitEvent["cuStreamWaitEvent", 3020, Default](s: CUstream, e: CUevent, flags: c_uint) { cu().stream_wait_event(h(s), h(e), flags) }
+    fn cuStreamWaitEvent_ptsz["cuStreamWaitEvent", 7000, Ptsz](s: CUstream, e: CUevent, flags: c_uint) { cu().stream_wait_event(h(s), h(e), flags) }
+    fn cuEventCreate["cuEventCreate", 2000, Default](e: *mut CUevent, flags: c_uint) {
+        if e.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(e, hp(cu().event_create(flags)?))
+    }
+    fn cuEventRecord["cuEventRecord", 2000, Default](e: CUevent, s: CUstream) { cu().event_record(h(e), h(s)) }
+    fn cuEventRecord_ptsz["cuEventRecord", 7000, Ptsz](e: CUevent, s: CUstream) { cu().event_record(h(e), h(s)) }
+    fn cuEventQuery["cuEventQuery", 2000, Default](e: CUevent) { cu().event_query(h(e)) }
+    fn cuEventSynchronize["cuEventSynchronize", 2000, Default](e: CUevent) { cu().event_synchronize(h(e)) }
+    fn cuEventElapsedTime["cuEventElapsedTime", 2000, Default](ms: *mut f32, a: CUevent, b: CUevent) {
+        if ms.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(ms, cu().event_elapsed(h(a), h(b))?)
+    }
+    fn cuEventElapsedTime_v2["cuEventElapsedTime", 12080, Default](ms: *mut f32, a: CUevent, b: CUevent) {
+        if ms.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(ms, cu().event_elapsed(h(a), h(b))?)
+    }
+    fn cuEventDestroy_v2["cuEventDestroy", 4000, Default](e: CUevent) { cu().event_destroy(h(e)) }
+
+    // ---- lookup and errors (usable before cuInit) ----
+    fn cuGetProcAddress["cuGetProcAddress", 11030, Default](symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
+        get_proc_address(symbol, pfn, version, flags, std::ptr::null_mut())
+    }
+    fn cuGetProcAddress_v2["cuGetProcAddress", 12000, Default](symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) {
+        get_proc_address(symbol, pfn, version, flags, status)
+    }
+    fn cuGetErrorName["cuGetErrorName", 6000, Default](error: CUresult, s: *mut *const c_char) {
+        match result::name(error) {
+            Some(n) => put(s, c_static(n)),
+            None => { put_opt(s, std::ptr::null()); Err(CUDA_ERROR_INVALID_VALUE) }
+        }
+    }
+    fn cuGetErrorString["cuGetErrorString", 6000, Default](error: CUresult, s: *mut *const c_char) {
+        match error_string(error).or_else(|| result::name(error)) {
+            Some(n) => put(s, c_static(n)),
+            None => { put_opt(s, std::ptr::null()); Err(CUDA_ERROR_INVALID_VALUE) }
+        }
+    }
+    fn cuGetExportTable["cuGetExportTable", 3000, Default](table: *mut *const c_void, _id: *const CUuuid) {
+        put_opt(table, std::ptr::null());
+        Err(CUDA_ERROR_NOT_FOUND)
+    }
+}

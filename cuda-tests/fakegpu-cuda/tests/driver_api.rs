@@ -1,0 +1,609 @@
+//! The built `libfakegpu_cuda.so` through the C ABI, as clients see it: proc-address identity,
+//! many threads at once, several processes sharing one simulated GPU, a SIGKILLed process's
+//! memory, fork.
+//!
+//! Scenarios that need their own environment (state file, devices) run in child processes:
+//! this test binary re-executes itself with `FAKEGPU_TEST_ROLE` set, which turns the
+//! `child_role` test into the child's program. Parent and child synchronise over pipes
+//! (lines starting with "@@ "), never with sleeps.
+
+use libloading::{Library, Symbol};
+use std::ffi::{c_char, c_int, c_uint, c_void, CString};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+const SUCCESS: u32 = 0;
+const OOM: u32 = 2;
+const NOT_INITIALIZED: u32 = 3;
+const NOT_FOUND: u32 = 500;
+const MIB: u64 = 1 << 20;
+
+/// Every symbol the library exports (`nm -D --defined-only`).
+const EXPORTS: &str = "
+    cuArray3DCreate_v2 cuArrayCreate_v2 cuArrayDestroy cuCtxCreate_v2 cuCtxCreate_v3 
+    cuCtxCreate_v4 cuCtxDestroy_v2 cuCtxGetApiVersion cuCtxGetCurrent cuCtxGetDevice 
+    cuCtxPopCurrent_v2 cuCtxPushCurrent_v2 cuCtxSetCurrent cuCtxSynchronize 
+    cuDeviceComputeCapability cuDeviceGet cuDeviceGetAttribute cuDeviceGetByPCIBusId 
+    cuDeviceGetCount cuDeviceGetDefaultMemPool cuDeviceGetMemPool cuDeviceGetName 
+    cuDeviceGetPCIBusId cuDeviceGetUuid cuDeviceGetUuid_v2 cuDevicePrimaryCtxGetState 
+    cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2 cuDevicePrimaryCtxReset 
+    cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxRetain cuDevicePrimaryCtxSetFlags 
+    cuDevicePrimaryCtxSetFlags_v2 cuDeviceSetMemPool cuDeviceTotalMem_v2 cuDriverGetVersion 
+    cuEventCreate cuEventDestroy_v2 cuEventElapsedTime cuEventElapsedTime_v2 cuEventQuery 
+    cuEventRecord cuEventRecord_ptsz cuEventSynchronize cuFuncGetAttribute cuGetErrorName 
+    cuGetErrorString cuGetExportTable cuGetProcAddress cuGetProcAddress_v2 cuGraphAddKernelNode 
+    cuGraphAddKernelNode_v2 cuGraphCreate cuGraphDestroy cuGraphExecDestroy cuGraphInstantiate 
+    cuGraphInstantiateWithFlags cuGraphInstantiate_v2 cuGraphLaunch cuGraphLaunch_ptsz cuInit 
+    cuIpcCloseMemHandle cuIpcGetMemHandle cuIpcOpenMemHandle cuIpcOpenMemHandle_v2 
+    cuKernelGetFunction cuLaunchCooperativeKernel cuLaunchCooperativeKernel_ptsz cuLaunchKernel 
+    cuLaunchKernelEx cuLaunchKernelEx_ptsz cuLaunchKernel_ptsz cuLibraryGetKernel 
+    cuLibraryLoadData cuLibraryUnload cuMemAddressFree cuMemAddressReserve cuMemAlloc 
+    cuMemAllocAsync cuMemAllocAsync_ptsz cuMemAllocFromPoolAsync cuMemAllocFromPoolAsync_ptsz 
+    cuMemAllocHost_v2 cuMemAllocManaged cuMemAllocPitch_v2 cuMemAlloc_v2 cuMemCreate 
+    cuMemFreeAsync cuMemFreeAsync_ptsz cuMemFreeHost cuMemFree_v2 cuMemGetAddressRange_v2 
+    cuMemGetAllocationGranularity cuMemGetAllocationPropertiesFromHandle cuMemGetInfo_v2 
+    cuMemHostAlloc cuMemMap cuMemPoolCreate cuMemPoolDestroy cuMemPoolGetAttribute 
+    cuMemPoolSetAttribute cuMemPoolTrimTo cuMemRelease cuMemRetainAllocationHandle cuMemSetAccess 
+    cuMemUnmap cuMemcpyDtoD_v2 cuMemcpyDtoD_v2_ptds cuMemcpyDtoHAsync_v2 cuMemcpyDtoHAsync_v2_ptsz 
+    cuMemcpyDtoH_v2 cuMemcpyDtoH_v2_ptds cuMemcpyHtoDAsync_v2 cuMemcpyHtoDAsync_v2_ptsz 
+    cuMemcpyHtoD_v2 cuMemcpyHtoD_v2_ptds cuMemsetD32_v2 cuMemsetD32_v2_ptds cuMemsetD8Async 
+    cuMemsetD8Async_ptsz cuMemsetD8_v2 cuMemsetD8_v2_ptds cuMipmappedArrayCreate 
+    cuMipmappedArrayDestroy cuModuleGetFunction cuModuleGetGlobal_v2 cuModuleLoad cuModuleLoadData 
+    cuModuleLoadDataEx cuModuleUnload cuStreamBeginCapture cuStreamBeginCapture_ptsz 
+    cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz cuStreamCreate cuStreamCreateWithPriority 
+    cuStreamDestroy_v2 cuStreamEndCapture cuStreamEndCapture_ptsz cuStreamIsCapturing 
+    cuStreamIsCapturing_ptsz cuStreamQuery cuStreamQuery_ptsz cuStreamSynchronize 
+    cuStreamSynchronize_ptsz cuStreamWaitEvent cuStreamWaitEvent_ptsz ";
+
+fn lib_path() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("libfakegpu_cuda.so")
+}
+
+fn load() -> Library {
+    let p = lib_path();
+    // SAFETY: loading our own cdylib; its initialisers are Rust statics only.
+    unsafe { Library::new(&p) }.unwrap_or_else(|e| panic!("load {}: {e}", p.display()))
+}
+
+type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> u32;
+type GetProcV1 = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> u32;
+
+/// The functions the scenarios call.
+struct Api {
+    _lib: &'static Library,
+    init: unsafe extern "C" fn(c_uint) -> u32,
+    device_get_count: unsafe extern "C" fn(*mut c_int) -> u32,
+    retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> u32,
+    set_current: unsafe extern "C" fn(*mut c_void) -> u32,
+    alloc: unsafe extern "C" fn(*mut u64, usize) -> u32,
+    free: unsafe extern "C" fn(u64) -> u32,
+    get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> u32,
+    module_load_data: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> u32,
+    get_function: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> u32,
+    #[allow(clippy::type_complexity)]
+    launch: unsafe extern "C" fn(
+        *mut c_void,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> u32,
+    ctx_sync: unsafe extern "C" fn() -> u32,
+}
+
+fn sym<T: Copy>(lib: &'static Library, name: &str) -> T {
+    // SAFETY: the caller names a symbol whose C signature matches T.
+    let s: Symbol<T> =
+        unsafe { lib.get(name.as_bytes()) }.unwrap_or_else(|e| panic!("{name}: {e}"));
+    *s
+}
+
+impl Api {
+    fn new() -> Api {
+        let lib: &'static Library = Box::leak(Box::new(load()));
+        Api {
+            _lib: lib,
+            init: sym(lib, "cuInit"),
+            device_get_count: sym(lib, "cuDeviceGetCount"),
+            retain: sym(lib, "cuDevicePrimaryCtxRetain"),
+            set_current: sym(lib, "cuCtxSetCurrent"),
+            alloc: sym(lib, "cuMemAlloc_v2"),
+            free: sym(lib, "cuMemFree_v2"),
+            get_info: sym(lib, "cuMemGetInfo_v2"),
+            module_load_data: sym(lib, "cuModuleLoadData"),
+            get_function: sym(lib, "cuModuleGetFunction"),
+            launch: sym(lib, "cuLaunchKernel"),
+            ctx_sync: sym(lib, "cuCtxSynchronize"),
+        }
+    }
+
+    /// cuInit + primary context of device 0, current on the calling thread.
+    fn start(&self) -> *mut c_void {
+        // SAFETY: valid arguments and out-pointers per the CUDA API.
+        unsafe {
+            assert_eq!((self.init)(0), SUCCESS);
+            let mut ctx = std::ptr::null_mut();
+            assert_eq!((self.retain)(&mut ctx, 0), SUCCESS);
+            assert_eq!((self.set_current)(ctx), SUCCESS);
+            ctx
+        }
+    }
+
+    fn mem_info(&self) -> (u64, u64) {
+        let (mut f, mut t) = (0usize, 0usize);
+        // SAFETY: valid out-pointers.
+        assert_eq!(unsafe { (self.get_info)(&mut f, &mut t) }, SUCCESS);
+        (f as u64, t as u64)
+    }
+
+    fn kernel(&self) -> *mut c_void {
+        let mut m = std::ptr::null_mut();
+        let mut f = std::ptr::null_mut();
+        let image = b"any bytes\0";
+        // SAFETY: valid out-pointers, a non-null image and a C string name.
+        unsafe {
+            assert_eq!(
+                (self.module_load_data)(&mut m, image.as_ptr().cast()),
+                SUCCESS
+            );
+            assert_eq!((self.get_function)(&mut f, m, c"spin".as_ptr()), SUCCESS);
+        }
+        f
+    }
+
+    /// One wave of `ns` on the legacy stream.
+    fn launch_ns(&self, f: *mut c_void, ns: u64) {
+        let mut ns = ns;
+        let mut params = [&mut ns as *mut u64 as *mut c_void];
+        // SAFETY: kernelParams[0] points to the u64 ns_per_wave, per the fake's contract.
+        let r = unsafe {
+            (self.launch)(
+                f,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, SUCCESS);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Child processes
+
+struct Kid {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<ChildStdout>,
+}
+
+impl Kid {
+    fn spawn(role: &str, state: &Path, env: &[(&str, String)]) -> Kid {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--exact",
+            "child_role",
+            "--nocapture",
+            "--test-threads=1",
+            "-q",
+        ])
+        .env("FAKEGPU_TEST_ROLE", role)
+        .env("FAKEGPU_STATE", state)
+        .env_remove("FAKEGPU_CONFIG")
+        .env_remove("FAKEGPU_DEVICES")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Kid { child, stdin, out }
+    }
+
+    /// The next protocol line (without "@@ "), skipping the test harness's own output.
+    fn read(&mut self) -> String {
+        loop {
+            let mut line = String::new();
+            let n = self.out.read_line(&mut line).unwrap();
+            assert!(n > 0, "child ended before answering");
+            if let Some(rest) = line.trim_end().strip_prefix("@@ ") {
+                return rest.to_string();
+            }
+        }
+    }
+
+    fn say(&mut self, s: &str) {
+        writeln!(self.stdin, "{s}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn finish(mut self) {
+        drop(self.stdin);
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "child failed: {status}");
+    }
+}
+
+fn state_path(name: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!(
+        "fakegpu-cuda-it-{}-{name}-{}",
+        std::process::id(),
+        fakegpu::now_ns()
+    ));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+fn reply(s: String) {
+    println!("@@ {s}");
+}
+
+fn wait_line() -> String {
+    let mut l = String::new();
+    std::io::stdin().read_line(&mut l).unwrap();
+    l.trim().to_string()
+}
+
+/// The program of a child process (a no-op in a normal test run: no role is set).
+#[test]
+fn child_role() {
+    let Ok(role) = std::env::var("FAKEGPU_TEST_ROLE") else {
+        return;
+    };
+    let api = Api::new();
+    match role.as_str() {
+        "hold" => {
+            api.start();
+            let bytes: u64 = std::env::var("FAKEGPU_TEST_BYTES")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let mut p = 0u64;
+            // SAFETY: valid out-pointer.
+            assert_eq!(unsafe { (api.alloc)(&mut p, bytes as usize) }, SUCCESS);
+            reply(format!("allocated {}", std::process::id()));
+            if wait_line() == "free" {
+                // SAFETY: p came from cuMemAlloc_v2.
+                assert_eq!(unsafe { (api.free)(p) }, SUCCESS);
+                reply("freed".into());
+                wait_line();
+            }
+        }
+        "watch" => {
+            api.start();
+            loop {
+                match wait_line().as_str() {
+                    "q" => {
+                        let (f, t) = api.mem_info();
+                        reply(format!("{f} {t}"));
+                    }
+                    _ => return,
+                }
+            }
+        }
+        "threads" => threads_scenario(&api),
+        "fork" => fork_scenario(&api),
+        other => panic!("unknown role {other}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Scenarios
+
+#[test]
+fn proc_address_returns_the_exported_pointers() {
+    let lib: &'static Library = Box::leak(Box::new(load()));
+    let gpa: GetProc = sym(lib, "cuGetProcAddress_v2");
+    let gpa1: GetProcV1 = sym(lib, "cuGetProcAddress");
+    let dlsym = |name: &str| -> usize {
+        let f: unsafe extern "C" fn() = sym(lib, name);
+        f as usize
+    };
+    let query = |name: &str, version: c_int, flags: u64| -> (u32, usize, c_int) {
+        let c = CString::new(name).unwrap();
+        let mut p = std::ptr::null_mut();
+        let mut status = -1;
+        // SAFETY: valid C string and out-pointers.
+        let r = unsafe { gpa(c.as_ptr(), &mut p, version, flags, &mut status) };
+        (r, p as usize, status)
+    };
+    // (asked name, cudaVersion, flags, expected export)
+    let cases: &[(&str, c_int, u64, &str)] = &[
+        ("cuMemAlloc", 12000, 0, "cuMemAlloc_v2"),
+        ("cuMemAlloc", 3010, 0, "cuMemAlloc"),
+        ("cuCtxCreate", 3020, 0, "cuCtxCreate_v2"),
+        ("cuCtxCreate", 11040, 0, "cuCtxCreate_v3"),
+        ("cuCtxCreate", 12080, 0, "cuCtxCreate_v4"),
+        ("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"),
+        ("cuGetProcAddress", 11030, 0, "cuGetProcAddress"),
+        ("cuLaunchKernel", 12000, 2, "cuLaunchKernel_ptsz"),
+        ("cuLaunchKernel", 12000, 1, "cuLaunchKernel"),
+        ("cuMemcpyHtoD", 12000, 2, "cuMemcpyHtoD_v2_ptds"),
+        ("cuMemcpyHtoD", 12000, 0, "cuMemcpyHtoD_v2"),
+        ("cuMemAllocAsync", 12000, 2, "cuMemAllocAsync_ptsz"),
+        ("cuStreamBeginCapture", 12000, 0, "cuStreamBeginCapture_v2"),
+        (
+            "cuGraphInstantiate",
+            12000,
+            0,
+            "cuGraphInstantiateWithFlags",
+        ),
+        ("cuGraphInstantiate", 11000, 0, "cuGraphInstantiate_v2"),
+        ("cuEventElapsedTime", 12080, 0, "cuEventElapsedTime_v2"),
+        ("cuEventElapsedTime", 12000, 0, "cuEventElapsedTime"),
+        (
+            "cuDevicePrimaryCtxRelease",
+            12000,
+            0,
+            "cuDevicePrimaryCtxRelease_v2",
+        ),
+        ("cuIpcOpenMemHandle", 12000, 0, "cuIpcOpenMemHandle_v2"),
+        ("cuMemFree", 12000, 0, "cuMemFree_v2"),
+        ("cuStreamDestroy", 12000, 0, "cuStreamDestroy_v2"),
+        ("cuDeviceGetUuid", 12000, 0, "cuDeviceGetUuid_v2"),
+    ];
+    for &(name, version, flags, export) in cases {
+        let (r, p, status) = query(name, version, flags);
+        assert_eq!((r, status), (SUCCESS, 0), "{name}@{version}");
+        assert_eq!(
+            p,
+            dlsym(export),
+            "{name}@{version} flags {flags} -> {export}"
+        );
+    }
+    // Unknown, empty, suffixed and too-new names.
+    for name in ["cuNoSuchThing", "", "cuMemAlloc_v2"] {
+        assert_eq!(query(name, 12000, 0), (NOT_FOUND, 0, 1), "{name:?}");
+    }
+    assert_eq!(query("cuMemAllocAsync", 11000, 0), (NOT_FOUND, 0, 2));
+    assert_eq!(
+        query("cuMemAlloc", 12000, 7).0,
+        1,
+        "unknown flags are INVALID_VALUE"
+    );
+    // v1 has no status but the same answers.
+    let mut p = std::ptr::null_mut();
+    // SAFETY: valid C string and out-pointer.
+    let r = unsafe { gpa1(c"cuMemAlloc".as_ptr(), &mut p, 12000, 0) };
+    assert_eq!((r, p as usize), (SUCCESS, dlsym("cuMemAlloc_v2")));
+    // Every export is reachable, and every answer is an export's own pointer.
+    let all: Vec<&str> = EXPORTS.split_whitespace().collect();
+    let pointers: std::collections::HashMap<usize, &str> =
+        all.iter().map(|n| (dlsym(n), *n)).collect();
+    let base_of = |n: &str| -> String {
+        let n = n.trim_end_matches("_ptsz").trim_end_matches("_ptds");
+        match n.rfind("_v") {
+            Some(i) if n[i + 2..].chars().all(|c| c.is_ascii_digit()) => n[..i].to_string(),
+            _ => n.to_string(),
+        }
+    };
+    for name in &all {
+        let base = base_of(name);
+        for flags in [0, 2] {
+            let (r, p, _) = query(&base, 13000, flags);
+            assert_eq!(r, SUCCESS, "{base} (from {name})");
+            let hit = pointers
+                .get(&p)
+                .unwrap_or_else(|| panic!("{base}: not an export"));
+            assert!(
+                base_of(hit) == base || base == "cuGraphInstantiate",
+                "{base} resolved to {hit}"
+            );
+        }
+    }
+}
+
+#[test]
+fn two_processes_see_each_others_memory() {
+    let state = state_path("two");
+    let env = [("FAKEGPU_CTX_OVERHEAD", (100 * MIB).to_string())];
+    let mut a = Kid::spawn(
+        "hold",
+        &state,
+        &[
+            env[0].clone(),
+            ("FAKEGPU_TEST_BYTES", (64 * MIB + 1).to_string()),
+        ],
+    );
+    assert!(a.read().starts_with("allocated"));
+    let mut b = Kid::spawn("watch", &state, &env);
+    b.say("q");
+    let answer = b.read();
+    let v: Vec<u64> = answer.split(' ').map(|x| x.parse().unwrap()).collect();
+    let (free, total) = (v[0], v[1]);
+    assert_eq!(total, 32 << 30);
+    // Two contexts, and A's 64 MiB + 1 byte rounded up to 66 MiB.
+    assert_eq!(total - free, 200 * MIB + 66 * MIB);
+    a.say("free");
+    assert_eq!(a.read(), "freed");
+    b.say("q");
+    let free2: u64 = b.read().split(' ').next().unwrap().parse().unwrap();
+    assert_eq!(free2 - free, 66 * MIB);
+    a.say("exit");
+    a.finish();
+    b.say("q");
+    let free3: u64 = b.read().split(' ').next().unwrap().parse().unwrap();
+    assert_eq!(total - free3, 100 * MIB, "A's context went with A");
+    b.say("exit");
+    b.finish();
+    let _ = std::fs::remove_file(&state);
+}
+
+#[test]
+fn sigkilled_process_memory_is_freed() {
+    let state = state_path("kill");
+    let mut a = Kid::spawn(
+        "hold",
+        &state,
+        &[
+            ("FAKEGPU_CTX_OVERHEAD", (300 * MIB).to_string()),
+            ("FAKEGPU_TEST_BYTES", (1 << 30).to_string()),
+        ],
+    );
+    let pid: u32 = a
+        .read()
+        .strip_prefix("allocated ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let st = fakegpu::open_state_at(&state).unwrap();
+    assert_eq!(st.used_memory(0), (1 << 30) + 300 * MIB);
+    let procs = st.processes(0);
+    assert_eq!(procs.len(), 1);
+    assert_eq!(procs[0].pid, pid);
+    assert_eq!(procs[0].used_memory, (1 << 30) + 300 * MIB);
+    a.child.kill().unwrap(); // SIGKILL
+    a.child.wait().unwrap();
+    assert_eq!(
+        st.used_memory(0),
+        0,
+        "the dead process's memory is released"
+    );
+    assert!(st.processes(0).is_empty());
+    let _ = std::fs::remove_file(&state);
+}
+
+#[test]
+fn sixteen_threads_keep_consistent_totals() {
+    let state = state_path("threads");
+    let cfg = state.with_extension("json");
+    std::fs::write(
+        &cfg,
+        r#"{"devices":[{"name":"Tiny","total_memory":268435456,"sm_count":4}]}"#,
+    )
+    .unwrap();
+    let kid = Kid::spawn(
+        "threads",
+        &state,
+        &[
+            ("FAKEGPU_CONFIG", cfg.display().to_string()),
+            ("FAKEGPU_CTX_OVERHEAD", "0".into()),
+        ],
+    );
+    kid.finish();
+    let _ = std::fs::remove_file(&state);
+    let _ = std::fs::remove_file(&cfg);
+}
+
+const THREADS: usize = 16;
+const LAUNCHES: usize = 50;
+const KERNEL_NS: u64 = 100_000;
+
+fn threads_scenario(api: &Api) {
+    let ctx = api.start() as usize;
+    let f = api.kernel() as usize;
+    let (_, total) = api.mem_info();
+    assert_eq!(total, 256 * MIB);
+    let t0 = fakegpu::now_ns();
+    let barrier = std::sync::Barrier::new(THREADS);
+    let counts: Vec<usize> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    // SAFETY: ctx is the live primary context.
+                    assert_eq!(unsafe { (api.set_current)(ctx as *mut c_void) }, SUCCESS);
+                    let mut mine = Vec::new();
+                    for i in 0.. {
+                        if i < LAUNCHES {
+                            api.launch_ns(f as *mut c_void, KERNEL_NS);
+                        }
+                        let mut p = 0u64;
+                        // SAFETY: valid out-pointer.
+                        match unsafe { (api.alloc)(&mut p, 1) } {
+                            SUCCESS => mine.push(p),
+                            OOM if i >= LAUNCHES => break,
+                            OOM => {}
+                            e => panic!("cuMemAlloc_v2: {e}"),
+                        }
+                    }
+                    barrier.wait();
+                    // Everybody is at OOM now: the card is exactly full.
+                    let n = mine.len();
+                    for p in mine {
+                        // SAFETY: p came from cuMemAlloc_v2.
+                        assert_eq!(unsafe { (api.free)(p) }, SUCCESS);
+                    }
+                    n
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        counts.iter().sum::<usize>(),
+        128,
+        "256 MiB in 2 MiB pieces: {counts:?}"
+    );
+    assert_eq!(api.mem_info().0, 256 * MIB, "all freed");
+    // SAFETY: a context is current.
+    assert_eq!(unsafe { (api.ctx_sync)() }, SUCCESS);
+    let t1 = fakegpu::now_ns();
+    let st = fakegpu::open_state_at(Path::new(&std::env::var("FAKEGPU_STATE").unwrap())).unwrap();
+    let b = fakegpu::timeline::BUCKET_NS;
+    let (from, to) = (t0 / b * b, t1.div_ceil(b) * b);
+    let expected = (THREADS * LAUNCHES) as u64 * KERNEL_NS;
+    assert_eq!(st.busy_ns(0, None, from, to), expected);
+    assert_eq!(st.busy_ns(0, Some(std::process::id()), from, to), expected);
+    assert!(
+        st.busy_until(0) <= t1,
+        "synchronize returned after the last kernel"
+    );
+    assert!(st.busy_until(0) >= t0 + expected, "kernels never overlap");
+}
+
+#[test]
+fn forked_child_starts_uninitialised() {
+    let state = state_path("fork");
+    Kid::spawn("fork", &state, &[]).finish();
+    let _ = std::fs::remove_file(&state);
+}
+
+fn fork_scenario(api: &Api) {
+    api.start();
+    let mut n = 0;
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { (api.device_get_count)(&mut n) }, SUCCESS);
+    // SAFETY: the child only calls into the fake and then _exit()s.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: plain calls with valid out-pointers; _exit never returns.
+        unsafe {
+            let before = (api.device_get_count)(&mut n);
+            let init = (api.init)(0);
+            let after = (api.device_get_count)(&mut n);
+            let ok = before == NOT_INITIALIZED && init == SUCCESS && after == SUCCESS && n == 1;
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "status {status}"
+    );
+    // The parent is still initialised.
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { (api.device_get_count)(&mut n) }, SUCCESS);
+}
