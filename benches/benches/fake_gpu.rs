@@ -80,7 +80,7 @@ fn bench(c: &mut Criterion) {
         assert_eq!(init(0), 0);
         assert_eq!(retain(&mut ctx, 0), 0);
         assert_eq!(set_current(ctx), 0);
-        assert_eq!(load(&mut module, b"x\0".as_ptr().cast()), 0);
+        assert_eq!(load(&mut module, c"x".as_ptr().cast()), 0);
         assert_eq!(get_fn(&mut f, module, c"k".as_ptr()), 0);
     }
     let mut ns_per_wave: u64 = 1;
