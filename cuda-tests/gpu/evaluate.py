@@ -1,0 +1,271 @@
+"""Verdicts of validate.sh: turns the helpers' RESULT lines into PASS/FAIL/SKIP + numbers.
+
+Each subcommand prints ONE line: STATUS<TAB>{numbers json}<TAB>detail. The thresholds are
+arguments (validate.sh passes its env-overridable defaults), so a verdict is reproducible
+from report.json alone. A helper output without a RESULT line is a FAIL naming the file.
+"""
+
+import argparse
+import json
+import sys
+
+MIB = 1 << 20
+
+
+def result_of(path):
+    """The last `RESULT {json}` line of a helper's stdout, or None."""
+    try:
+        with open(path) as f:
+            lines = [l for l in f.read().splitlines() if l.startswith("RESULT ")]
+    except OSError:
+        return None
+    if not lines:
+        return None
+    try:
+        return json.loads(lines[-1][len("RESULT "):])
+    except ValueError:
+        return None
+
+
+def verdict(status, numbers, detail):
+    print("%s\t%s\t%s" % (status, json.dumps(numbers, sort_keys=True), detail.replace("\t", " ")))
+    return 0
+
+
+def mib(x):
+    return None if x is None else round(x / MIB, 1)
+
+
+def cmd_cap(args):
+    """One fill run (check 2/3): cap reported, OOM at the cap, outside view under the cap."""
+    r = result_of(args.file)
+    if r is None:
+        return verdict("FAIL", {}, "no RESULT from %s (crash or timeout; see validate.log)" % args.file)
+    if "skip" in r:
+        return verdict("SKIP", {}, r["skip"])
+    cap = args.cap_mib * MIB
+    steps = r.get("steps") or []
+    smallest = steps[-1]["chunk_mib"] if steps else None
+    outside = r.get("smi_max_own_mib")
+    outside_src = "own pid"
+    if outside is None and r.get("smi_max_any_mib") is not None:
+        outside, outside_src = r["smi_max_any_mib"], "largest process (own pid not listed)"
+    used_at_oom = r["total_at_oom"] - r["free_at_oom"]
+    numbers = {
+        "cap_mib": args.cap_mib,
+        "reported_total_mib": mib(r["total_before"]),
+        "used_before_alloc_mib": mib(r["used_before"]),
+        "allocated_mib": mib(r["allocated_bytes"]),
+        "allocator_reserved_mib": mib(r.get("allocator_reserved")),
+        "slice_used_at_oom_mib": mib(used_at_oom),
+        "slice_free_at_oom_mib": mib(r["free_at_oom"]),
+        "last_chunk_mib": smallest,
+        "fill_fraction": round((r["allocated_bytes"] + r["used_before"]) / cap, 4),
+        "smi_max_process_mib": outside,
+        "smi_samples": r.get("smi_samples"),
+        "oom_type": steps[-1]["oom"]["type"] if steps and steps[-1]["oom"] else None,
+    }
+    bad = []
+    if r["total_before"] != cap:
+        bad.append("reported total %s MiB, want %d" % (mib(r["total_before"]), args.cap_mib))
+    if r.get("unexpected_error"):
+        bad.append("unexpected error: %s" % r["unexpected_error"])
+    elif not r.get("oom_raised"):
+        bad.append("no out-of-memory before %s MiB (cap not enforced)" % mib(r["allocated_bytes"]))
+    if r["allocated_bytes"] + r["used_before"] > cap:
+        bad.append("allocated + context %s MiB > cap" % mib(r["allocated_bytes"] + r["used_before"]))
+    if smallest is not None and r["free_at_oom"] >= (smallest + args.slack_mib) * MIB:
+        bad.append(
+            "refused early: %s MiB still free at the %d MiB refusal" % (mib(r["free_at_oom"]), smallest)
+        )
+    if outside is not None and outside > args.cap_mib:
+        bad.append("nvidia-smi (no shim) saw %d MiB > cap %d MiB" % (outside, args.cap_mib))
+    note = "outside view: %s" % (outside_src if outside is not None else "nvidia-smi listed no process")
+    if bad:
+        return verdict("FAIL", numbers, "; ".join(bad) + "; " + note)
+    return verdict("PASS", numbers, "OOM (%s) within one %d MiB allocation of the cap; %s"
+                   % (numbers["oom_type"], smallest, note))
+
+
+def cmd_two(args):
+    """Check 4: the second process of a slice is refused what the first one holds."""
+    h, t = result_of(args.hold), result_of(args.attempt)
+    if h is None or t is None:
+        return verdict("FAIL", {}, "no RESULT from %s" % (args.hold if h is None else args.attempt))
+    if "skip" in h or "skip" in t:
+        return verdict("SKIP", {}, h.get("skip") or t.get("skip"))
+    numbers = {
+        "cap_mib": args.cap_mib,
+        "first_holds_mib": mib(h["held_bytes"]),
+        "first_smi_mib": h.get("smi_own_mib"),
+        "second_sees_total_mib": mib(t["total"]),
+        "second_sees_free_mib": mib(t["free"]),
+        "second_big_mib": t["big"]["mib"],
+        "second_big_granted": t["big"]["granted"],
+        "second_small_mib": t["small"]["mib"],
+        "second_small_granted": t["small"]["granted"],
+    }
+    bad = []
+    if h["held_bytes"] != h["wanted_bytes"]:
+        bad.append("first process got only %s MiB" % mib(h["held_bytes"]))
+    if t["total"] != args.cap_mib * MIB:
+        bad.append("second process sees total %s MiB" % mib(t["total"]))
+    if t["free"] > args.cap_mib * MIB - h["held_bytes"]:
+        bad.append("second process sees %s MiB free: the first one's memory is not counted"
+                   % mib(t["free"]))
+    if t["big"]["granted"]:
+        bad.append("second process was granted %d MiB beside the first's %s MiB"
+                   % (t["big"]["mib"], mib(h["held_bytes"])))
+    if not t["small"]["granted"]:
+        bad.append("second process refused even %d MiB (the slice has room)" % t["small"]["mib"])
+    if bad:
+        return verdict("FAIL", numbers, "; ".join(bad))
+    return verdict("PASS", numbers, "the second process sees and is refused the first one's memory")
+
+
+def share_numbers(rate_key, base, run, sample, pid_key="pid"):
+    ratio = run[rate_key] / base[rate_key] if base[rate_key] else None
+    util, src = None, None
+    if sample and "per_pid" in sample:
+        own = sample["per_pid"].get(str(run.get(pid_key)))
+        if own:
+            util, src = own["mean_sm"], "process"
+        elif sample.get("device_util_mean") is not None:
+            util, src = sample["device_util_mean"], "device"
+    return ratio, util, src
+
+
+def cmd_share(args):
+    """Check 5 (one workload): throughput and NVML utilisation at each share vs the target."""
+    base = result_of(args.baseline)
+    if base is None:
+        return verdict("FAIL", {}, "no RESULT from the unthrottled baseline %s" % args.baseline)
+    if "skip" in base:
+        return verdict("SKIP", {}, base["skip"])
+    numbers = {"baseline_" + args.rate_key: round(base[args.rate_key], 3)}
+    bad = []
+    for spec in args.run:
+        share, run_file, sample_file = spec.split(":")
+        share = int(share)
+        run, sample = result_of(run_file), result_of(sample_file)
+        if run is None:
+            bad.append("%d%%: no RESULT" % share)
+            continue
+        ratio, util, src = share_numbers(args.rate_key, base, run, sample)
+        target = share / 100.0
+        numbers["share_%d" % share] = {
+            args.rate_key: round(run[args.rate_key], 3),
+            "throughput_ratio": round(ratio, 3),
+            "nvml_util": None if util is None else round(util, 1),
+            "nvml_util_source": src,
+        }
+        low = target - args.tol if share < 100 else 1.0 - args.tol
+        if not (low <= ratio <= target + args.tol):
+            bad.append("%d%%: throughput ratio %.3f outside [%.2f, %.2f]"
+                       % (share, ratio, low, target + args.tol))
+        if util is not None and abs(util - share) > args.tol * 100 + args.util_slack:
+            bad.append("%d%%: NVML %s utilisation %.1f%%" % (share, src, util))
+    if bad:
+        return verdict("FAIL", numbers, "; ".join(bad))
+    return verdict("PASS", numbers, "each share within +-%.2f of its target" % args.tol)
+
+
+def cmd_pair(args):
+    """Check 5 (pair): a throttled process beside an unthrottled neighbour (no shim)."""
+    base = result_of(args.baseline)
+    slow, fast, sample = result_of(args.throttled), result_of(args.neighbour), result_of(args.sample)
+    if base is None or slow is None or fast is None:
+        return verdict("FAIL", {}, "a workload gave no RESULT (see validate.log)")
+    if "skip" in base:
+        return verdict("SKIP", {}, base["skip"])
+    k = args.rate_key
+    r_slow, u_slow, src_slow = share_numbers(k, base, slow, sample)
+    r_fast, u_fast, src_fast = share_numbers(k, base, fast, sample)
+    target = args.share / 100.0
+    numbers = {
+        "share": args.share,
+        "baseline_" + k: round(base[k], 3),
+        "throttled_ratio": round(r_slow, 3),
+        "neighbour_ratio": round(r_fast, 3),
+        "throttled_nvml_util": None if u_slow is None or src_slow != "process" else round(u_slow, 1),
+        "neighbour_nvml_util": None if u_fast is None or src_fast != "process" else round(u_fast, 1),
+        "device_util": None if not sample else sample.get("device_util_mean"),
+    }
+    bad = []
+    if r_slow > target + args.tol:
+        bad.append("throttled process got %.3f of the card (target %.2f)" % (r_slow, target))
+    if r_fast < args.neighbour_min:
+        bad.append("neighbour got only %.3f of its solo throughput" % r_fast)
+    if numbers["throttled_nvml_util"] is not None and u_slow > args.share + args.tol * 100 + args.util_slack:
+        bad.append("NVML shows the throttled process at %.1f%%" % u_slow)
+    if bad:
+        return verdict("FAIL", numbers, "; ".join(bad))
+    return verdict("PASS", numbers, "throttled <= %.2f+%.2f, neighbour >= %.2f of solo"
+                   % (target, args.tol, args.neighbour_min))
+
+
+def cmd_overhead(args):
+    """Check 6: launch and allocation rates under the shim as ratios of the bare rates."""
+    numbers, bad = {}, []
+    for kind, key in (("launch", "launches_per_s"), ("alloc", "pairs_per_s")):
+        files = getattr(args, kind)
+        res = [result_of(f) for f in files]
+        if any(r is None for r in res):
+            bad.append("%s: a run gave no RESULT" % kind)
+            continue
+        bare, unconf, limited = (r[key] for r in res)
+        numbers[kind] = {
+            "bare_per_s": round(bare, 1),
+            "shim_unconfigured_per_s": round(unconf, 1),
+            "shim_limited_per_s": round(limited, 1),
+            "ratio_unconfigured": round(unconf / bare, 3),
+            "ratio_limited": round(limited / bare, 3),
+        }
+        for label in ("ratio_unconfigured", "ratio_limited"):
+            if numbers[kind][label] < args.min_ratio:
+                bad.append("%s %s %.3f < %.2f" % (kind, label, numbers[kind][label], args.min_ratio))
+    if bad:
+        return verdict("FAIL", numbers, "; ".join(bad))
+    return verdict("PASS", numbers, "every rate ratio >= %.2f" % args.min_ratio)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("cap")
+    c.add_argument("file")
+    c.add_argument("--cap-mib", type=int, required=True)
+    c.add_argument("--slack-mib", type=int, default=4)
+    c = sub.add_parser("two")
+    c.add_argument("hold")
+    c.add_argument("attempt")
+    c.add_argument("--cap-mib", type=int, required=True)
+    c = sub.add_parser("share")
+    c.add_argument("--baseline", required=True)
+    c.add_argument("--run", action="append", default=[], help="SHARE:RESULT_FILE:SAMPLE_FILE")
+    c.add_argument("--rate-key", required=True)
+    c.add_argument("--tol", type=float, required=True)
+    c.add_argument("--util-slack", type=float, default=5.0)
+    c = sub.add_parser("pair")
+    for name in ("baseline", "throttled", "neighbour", "sample"):
+        c.add_argument("--" + name, required=True)
+    c.add_argument("--share", type=int, required=True)
+    c.add_argument("--rate-key", required=True)
+    c.add_argument("--tol", type=float, required=True)
+    c.add_argument("--util-slack", type=float, default=5.0)
+    c.add_argument("--neighbour-min", type=float, default=0.5)
+    c = sub.add_parser("overhead")
+    c.add_argument("--launch", nargs=3, required=True, metavar=("BARE", "UNCONF", "LIMITED"))
+    c.add_argument("--alloc", nargs=3, required=True, metavar=("BARE", "UNCONF", "LIMITED"))
+    c.add_argument("--min-ratio", type=float, required=True)
+    args = p.parse_args()
+    try:
+        return {"cap": cmd_cap, "two": cmd_two, "share": cmd_share, "pair": cmd_pair,
+                "overhead": cmd_overhead}[args.cmd](args)
+    except (KeyError, TypeError, ZeroDivisionError, ValueError) as e:
+        # A malformed helper output is a wrong outcome, never a crash of the whole script.
+        return verdict("FAIL", {}, "cannot evaluate (%s: %s)" % (type(e).__name__, e))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
