@@ -257,7 +257,8 @@ mod tests {
             c.launch(0x1234, [1, 1, 1], [1, 1, 1], None, 0),
             Err(CUDA_ERROR_INVALID_HANDLE)
         );
-        let ns = 5_000_000u64;
+        // Long kernels, so that scheduling delays on a loaded machine stay far below them.
+        let ns = 50_000_000u64;
         let t0 = now_ns();
         for _ in 0..4 {
             c.launch(f, [1, 1, 1], [32, 1, 1], Some(ns), 0).unwrap();
