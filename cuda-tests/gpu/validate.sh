@@ -109,8 +109,8 @@ step() {
     [ "$rc" -eq 124 ] && log "   step $name timed out after ${limit}s"
     return "$rc"
 }
-# bg NAME TIMEOUT CMD...: like step, in the background; its pid in BG_LAST.
-bg() {
+# spawn NAME TIMEOUT CMD...: like step, in the background; its pid in BG_LAST.
+spawn() {
     local name=$1 limit=$2
     shift 2
     timeout -k 5 "$limit" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
@@ -305,7 +305,7 @@ check_4() {
     budget_ok 60 || { record "$id" "$name" SKIP '{}' "time budget (${BUDGET_S}s) spent"; return; }
     cfg=$(write_config shared "${CAP_MIB}MiB" "")
     local hold_mib=$((CAP_MIB * 5 / 8 / 256 * 256)) try_mib=$((CAP_MIB * 5 / 8)) small_mib=$((CAP_MIB / 8))
-    bg two-hold 120 "$IN_SLICE" "$cfg" "$PY" "$HERE/$helper" --mode hold --hold-mib "$hold_mib" \
+    spawn two-hold 120 "$IN_SLICE" "$cfg" "$PY" "$HERE/$helper" --mode hold --hold-mib "$hold_mib" \
         --ready "$WORK/two.ready" --release "$WORK/two.release"
     hold_pid=$BG_LAST
     if ! wait_files 90 "$hold_pid" "$WORK/two.ready"; then
@@ -328,13 +328,13 @@ share_series() {
     for share in base 25 50 100; do
         go=$WORK/share-$kind-$share.go ready=$WORK/share-$kind-$share.ready
         if [ "$share" = base ]; then
-            bg "share-$kind-$share" 90 "$OUTSIDE" "$@" --ready "$ready" --go "$go"
+            spawn "share-$kind-$share" 90 "$OUTSIDE" "$@" --ready "$ready" --go "$go"
         else
             cfg=$(write_config "share-$kind-$share" "" "$share")
-            bg "share-$kind-$share" 90 "$IN_SLICE" "$cfg" "$@" --ready "$ready" --go "$go"
+            spawn "share-$kind-$share" 90 "$IN_SLICE" "$cfg" "$@" --ready "$ready" --go "$go"
         fi
         pid=$BG_LAST
-        bg "nvml-$kind-$share" 120 "$OUTSIDE" "$PY" "$HERE/nvml_sample.py" --wait "$go" \
+        spawn "nvml-$kind-$share" 120 "$OUTSIDE" "$PY" "$HERE/nvml_sample.py" --wait "$go" \
             --seconds "$((MEASURE_S - 1))" --interval 0.5
         sampler=$BG_LAST
         wait_files 80 "$pid" "$ready" || log "   $kind $share: the workload never got ready"
@@ -389,9 +389,9 @@ check_5() {
         record 5b "$name: nvcc spin kernel" SKIP '{}' "time budget (${BUDGET_S}s) spent"
     fi
     # The pair: 25% beside an unthrottled neighbour outside every slice, measured together.
-    if [ -f "$WORK/share-torch-base.out" ] && grep -q '^RESULT {"matmuls' "$WORK/share-torch-base.out"; then
+    if [ -f "$WORK/share-torch-base.out" ] && grep -q '^RESULT .*matmuls_per_s' "$WORK/share-torch-base.out"; then
         key=torch pair_cmd=("$PY" "$HERE/compute_share.py" --seconds "$MEASURE_S")
-    elif [ -n "${SPIN:-}" ] && [ -f "$WORK/share-spin-base.out" ]; then
+    elif [ -n "${SPIN:-}" ] && grep -qs '^RESULT .*kernels_per_s' "$WORK/share-spin-base.out"; then
         key=spin pair_cmd=("$SPIN" spin --seconds "$MEASURE_S")
     else
         record 5c "$name: 25% beside a neighbour" SKIP '{}' "no solo baseline (torch or nvcc needed)"
@@ -400,11 +400,11 @@ check_5() {
     budget_ok 30 || { record 5c "$name: 25% beside a neighbour" SKIP '{}' "time budget (${BUDGET_S}s) spent"; return; }
     go=$WORK/pair.go
     cfg=$(write_config pair "" 25)
-    bg pair-slow 90 "$IN_SLICE" "$cfg" "${pair_cmd[@]}" --ready "$WORK/pair-slow.ready" --go "$go"
+    spawn pair-slow 90 "$IN_SLICE" "$cfg" "${pair_cmd[@]}" --ready "$WORK/pair-slow.ready" --go "$go"
     slow=$BG_LAST
-    bg pair-fast 90 "$OUTSIDE" "${pair_cmd[@]}" --ready "$WORK/pair-fast.ready" --go "$go"
+    spawn pair-fast 90 "$OUTSIDE" "${pair_cmd[@]}" --ready "$WORK/pair-fast.ready" --go "$go"
     fast=$BG_LAST
-    bg nvml-pair 120 "$OUTSIDE" "$PY" "$HERE/nvml_sample.py" --wait "$go" --seconds "$((MEASURE_S - 1))" --interval 0.5
+    spawn nvml-pair 120 "$OUTSIDE" "$PY" "$HERE/nvml_sample.py" --wait "$go" --seconds "$((MEASURE_S - 1))" --interval 0.5
     sampler=$BG_LAST
     wait_files 80 0 "$WORK/pair-slow.ready" "$WORK/pair-fast.ready" || log "   pair: a workload never got ready"
     touch "$go"
