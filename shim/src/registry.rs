@@ -176,6 +176,7 @@ macro_rules! hook_registry {
 }
 
 use crate::hooks::{cuda, nvml, proc_address};
+use crate::memory::wrappers as mem;
 
 hook_registry! {
     hooks {
@@ -190,23 +191,31 @@ hook_registry! {
 
         Cuda fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult => cuda::mem_alloc;
         Cuda fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width_bytes: usize,
-            height: usize, element_size: c_uint) -> CUresult => cuda::mem_alloc_pitch;
+            height: usize, element_size: c_uint) -> CUresult => mem::mem_alloc_pitch;
         Cuda fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult
             => cuda::mem_alloc_managed;
         Cuda fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => cuda::mem_free;
         Cuda fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
-            => cuda::mem_alloc_async;
+            => mem::mem_alloc_async;
         Cuda fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
-            => cuda::mem_alloc_async;
+            => mem::mem_alloc_async;
         Cuda fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult => cuda::mem_free_async;
         Cuda fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => cuda::mem_free_async;
         Cuda fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
-            stream: CUstream) -> CUresult => cuda::mem_alloc_from_pool_async;
+            stream: CUstream) -> CUresult => mem::mem_alloc_from_pool_async;
         Cuda fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
-            stream: CUstream) -> CUresult => cuda::mem_alloc_from_pool_async;
+            stream: CUstream) -> CUresult => mem::mem_alloc_from_pool_async;
+        Cuda fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => mem::mem_pool_destroy;
+        Cuda fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult => mem::mem_pool_trim_to;
         Cuda fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize,
             prop: *const CUmemAllocationProp, flags: u64) -> CUresult => cuda::mem_create;
         Cuda fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => cuda::mem_release;
+        Cuda fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle,
+            flags: u64) -> CUresult => mem::mem_map;
+        Cuda fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult => mem::mem_unmap;
+        Cuda fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult => mem::mem_address_free;
+        Cuda fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void)
+            -> CUresult => mem::mem_retain_allocation_handle;
         Cuda fn cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult
             => cuda::array_create;
         Cuda fn cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult
@@ -216,16 +225,16 @@ hook_registry! {
             levels: c_uint) -> CUresult => cuda::mipmapped_array_create;
         Cuda fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CUresult => cuda::mipmapped_array_destroy;
         Cuda fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult
-            => cuda::ctx_create_v2;
+            => mem::ctx_create_v2;
         Cuda fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, num_params: c_int, flags: c_uint,
-            dev: CUdevice) -> CUresult => cuda::ctx_create_v3;
+            dev: CUdevice) -> CUresult => mem::ctx_create_v3;
         Cuda fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice)
-            -> CUresult => cuda::ctx_create_v4;
-        Cuda fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => cuda::ctx_destroy;
+            -> CUresult => mem::ctx_create_v4;
+        Cuda fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => mem::ctx_destroy;
         Cuda fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult
-            => cuda::primary_ctx_retain;
-        Cuda fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => cuda::primary_ctx_release;
-        Cuda fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => cuda::primary_ctx_reset;
+            => mem::primary_ctx_retain;
+        Cuda fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => mem::primary_ctx_release;
+        Cuda fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => mem::primary_ctx_reset;
 
         Cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
             bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
@@ -253,11 +262,11 @@ hook_registry! {
         Nvml fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t
             => nvml::device_get_memory_info_v2;
         Nvml fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
-            infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => passthrough;
+            infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => mem::compute_processes_v1;
         Nvml fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
-            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => passthrough;
+            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::compute_processes_v2;
         Nvml fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
-            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => passthrough;
+            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::compute_processes_v3;
         Nvml fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t,
             samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen: u64) -> nvmlReturn_t
             => passthrough;
@@ -268,6 +277,9 @@ hook_registry! {
         Cuda fn cuDeviceGetUuid(*mut CUuuid, CUdevice) -> CUresult;
         Nvml fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
         Nvml fn nvmlDeviceGetIndex(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
+        Nvml fn nvmlDeviceGetHandleByUUID(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
+        Cuda fn cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice) -> CUresult;
+        Cuda fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
     }
 }
 

@@ -35,8 +35,10 @@ pub struct NvmlView {
     pub free: u64,
 }
 
-/// NVML's numbers for a slice: total/free as [`slice_view`], reserved clamped into what is not
-/// free, used the rest, so `reserved + used + free == total` always holds.
+/// NVML's numbers for a slice: total/free as [`slice_view`]; with the ledger's figure `used`
+/// is the slice's usage (nvidia-smi in the container shows "N MiB / limit"), without it the
+/// driver's reservation is clamped into what is not free; `reserved + used + free == total`
+/// always holds.
 pub fn nvml_slice_view(physical: NvmlView, limit: u64, slice_used: Option<u64>) -> NvmlView {
     let view = slice_view(
         MemoryView {
@@ -47,11 +49,22 @@ pub fn nvml_slice_view(physical: NvmlView, limit: u64, slice_used: Option<u64>) 
         slice_used,
     );
     let not_free = view.total - view.free;
-    let reserved = physical.reserved.min(not_free);
+    let (used, reserved) = match slice_used {
+        // The slice's own use is `used`; what else keeps the slice from its headroom (other
+        // tenants filling the card) shows as `reserved`.
+        Some(used) => {
+            let used = used.min(not_free);
+            (used, not_free - used)
+        }
+        None => {
+            let reserved = physical.reserved.min(not_free);
+            (not_free - reserved, reserved)
+        }
+    };
     NvmlView {
         total: view.total,
         reserved,
-        used: not_free - reserved,
+        used,
         free: view.free,
     }
 }
@@ -151,5 +164,91 @@ mod tests {
             assert!(view.total <= physical.total && view.total <= limit);
             assert!(view.free <= physical.free);
         }
+    }
+
+    #[test]
+    fn nvml_used_is_the_slice_usage_when_known() {
+        let physical = NvmlView {
+            total: 32 * GIB,
+            reserved: 256 << 20,
+            used: 3 * GIB,
+            free: 32 * GIB - 3 * GIB - (256 << 20),
+        };
+        let view = nvml_slice_view(physical, 8 * GIB, Some(GIB));
+        assert_eq!((view.total, view.used, view.free), (8 * GIB, GIB, 7 * GIB));
+        assert_eq!(view.reserved, 0);
+        // Over the limit (limit lowered): no wrap, used clamped to total.
+        let view = nvml_slice_view(physical, GIB, Some(3 * GIB));
+        assert_eq!((view.used, view.free, view.reserved), (GIB, 0, 0));
+    }
+}
+
+/// A process of the slice as NVML should show it: the PID the driver reports (host PID
+/// where the container has its own PID namespace) and the PID the container knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SliceProcess {
+    pub driver_pid: u32,
+    pub container_pid: u32,
+}
+
+/// The slice's part of an NVML process list: only entries whose PID belongs to a process of
+/// the slice, with that PID translated to the one the container sees. Order is kept.
+pub fn slice_process_list<T: Copy>(
+    entries: &[T],
+    members: &[SliceProcess],
+    pid_of: impl Fn(&T) -> u32,
+    with_pid: impl Fn(T, u32) -> T,
+) -> Vec<T> {
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let pid = pid_of(entry);
+            members
+                .iter()
+                .find(|m| m.driver_pid == pid)
+                .map(|m| with_pid(*entry, m.container_pid))
+        })
+        .collect()
+}
+
+/// NVML's list protocol: `Ok(n)` = copy `n` entries and return SUCCESS; `Err(n)` = set
+/// `*count = n` and return INSUFFICIENT_SIZE (the caller's buffer is too small or null).
+pub fn list_fits(entries: usize, capacity: u32, buffer_is_null: bool) -> Result<usize, u32> {
+    if entries == 0 {
+        return Ok(0);
+    }
+    if buffer_is_null || (capacity as usize) < entries {
+        return Err(entries as u32);
+    }
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod process_list_tests {
+    use super::*;
+
+    #[test]
+    fn only_members_remain_with_container_pids() {
+        let entries = [(100_001u32, 5u64), (100_002, 6), (100_003, 7)];
+        let members = [
+            SliceProcess {
+                driver_pid: 100_003,
+                container_pid: 3,
+            },
+            SliceProcess {
+                driver_pid: 100_001,
+                container_pid: 1,
+            },
+        ];
+        let list = slice_process_list(&entries, &members, |e| e.0, |e, pid| (pid, e.1));
+        assert_eq!(list, vec![(1, 5), (3, 7)]);
+    }
+
+    #[test]
+    fn the_count_protocol_matches_nvml() {
+        assert_eq!(list_fits(0, 0, true), Ok(0));
+        assert_eq!(list_fits(2, 0, true), Err(2));
+        assert_eq!(list_fits(2, 1, false), Err(2));
+        assert_eq!(list_fits(2, 5, false), Ok(2));
     }
 }

@@ -123,7 +123,7 @@ fn thread_exists(tid: libc::pid_t) -> bool {
 fn load_mode() -> Mode {
     let loaded = std::panic::catch_unwind(|| config::load(&|key| std::env::var(key).ok()));
     let mode = match loaded {
-        Ok(loaded) => mode_from(loaded),
+        Ok(loaded) => attach_region(mode_from(loaded)),
         Err(_) => Mode::FailClosed(ConfigError {
             origin: "gpuslice".into(),
             field: String::new(),
@@ -144,6 +144,22 @@ fn load_mode() -> Mode {
         Mode::PassThrough => crate::log_debug!("no configuration: pass-through"),
     }
     mode
+}
+
+/// An enforcing process opens the slice's shared region and registers in it (the memory
+/// ledger); a region that cannot be opened fails closed like an invalid configuration.
+fn attach_region(mode: Mode) -> Mode {
+    match mode {
+        Mode::Enforcing(config) => match crate::memory::attach(&config) {
+            Ok(()) => Mode::Enforcing(config),
+            Err(problem) => Mode::FailClosed(ConfigError {
+                origin: crate::memory::describe_region(&config),
+                field: String::new(),
+                problem,
+            }),
+        },
+        other => other,
+    }
 }
 
 /// Pure: what a configuration outcome means for this process (also sets the log level).

@@ -1,7 +1,8 @@
 //! CUDA driver wrappers: memory queries report the slice, allocation paths go through the
-//! `memory` seam, launch paths through the `throttle` seam.
+//! `memory` seam, launch paths through the `throttle` seam. (Pitch, pool, VMM-mapping and
+//! context wrappers, whose real size only the driver knows, live in `memory::wrappers`.)
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_uint, c_void};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
@@ -22,18 +23,18 @@ pub unsafe fn mem_get_info(
     if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
         return result;
     }
-    let Some(config) = state::slice_config() else {
+    if state::slice_config().is_none() {
         return result;
-    };
+    }
     let Some(device) = devices::current_cuda_device() else {
         return result;
     };
-    if let Some(limit) = devices::cuda_memory_limit(config, device) {
+    if let Some((limit, used)) = memory::cuda_slice(device) {
         let physical = MemoryView {
             total: *total as u64,
             free: *free as u64,
         };
-        let view = slice_view(physical, limit, memory::slice_used(device));
+        let view = slice_view(physical, limit, Some(used));
         *total = view.total as usize;
         *free = view.free as usize;
     }
@@ -100,24 +101,6 @@ pub unsafe fn mem_alloc(
     )
 }
 
-pub unsafe fn mem_alloc_pitch(
-    real: sig::cuMemAllocPitch_v2,
-    dptr: *mut CUdeviceptr,
-    pitch: *mut usize,
-    width_bytes: usize,
-    height: usize,
-    element_size: c_uint,
-) -> CUresult {
-    // The driver may pad each row; reserve the unpadded size, the ledger corrects on commit.
-    let bytes = (width_bytes as u64).saturating_mul(height as u64);
-    allocate(
-        AllocTarget::CurrentContext,
-        bytes,
-        || real(dptr, pitch, width_bytes, height, element_size),
-        || DeviceObject::Pointer(read_out(dptr)),
-    )
-}
-
 pub unsafe fn mem_alloc_managed(
     real: sig::cuMemAllocManaged,
     dptr: *mut CUdeviceptr,
@@ -160,21 +143,6 @@ pub unsafe fn mem_free_async(
     let result = real(dptr, stream);
     memory::on_free(DeviceObject::Pointer(dptr), result);
     result
-}
-
-pub unsafe fn mem_alloc_from_pool_async(
-    real: sig::cuMemAllocFromPoolAsync,
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    pool: CUmemoryPool,
-    stream: CUstream,
-) -> CUresult {
-    allocate(
-        AllocTarget::CurrentContext,
-        bytes as u64,
-        || real(dptr, bytes, pool, stream),
-        || DeviceObject::Pointer(read_out(dptr)),
-    )
 }
 
 pub unsafe fn mem_create(
@@ -293,81 +261,6 @@ pub unsafe fn mipmapped_array_destroy(
 ) -> CUresult {
     let result = real(array);
     memory::on_free(DeviceObject::MipmappedArray(array), result);
-    result
-}
-
-/// Contexts cost device memory the ledger charges; the size is the ledger's to know (0 here).
-unsafe fn create_context(
-    device: CUdevice,
-    pctx: *mut CUcontext,
-    call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    allocate(AllocTarget::Device(device), 0, call, || {
-        DeviceObject::Context(read_out(pctx as *const CUcontext).cast())
-    })
-}
-
-pub unsafe fn ctx_create_v2(
-    real: sig::cuCtxCreate_v2,
-    pctx: *mut CUcontext,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    create_context(dev, pctx, || real(pctx, flags, dev))
-}
-
-pub unsafe fn ctx_create_v3(
-    real: sig::cuCtxCreate_v3,
-    pctx: *mut CUcontext,
-    params: *mut c_void,
-    num_params: c_int,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    create_context(dev, pctx, || real(pctx, params, num_params, flags, dev))
-}
-
-pub unsafe fn ctx_create_v4(
-    real: sig::cuCtxCreate_v4,
-    pctx: *mut CUcontext,
-    params: *mut c_void,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    create_context(dev, pctx, || real(pctx, params, flags, dev))
-}
-
-pub unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
-    let result = real(ctx);
-    memory::on_free(DeviceObject::Context(ctx), result);
-    result
-}
-
-pub unsafe fn primary_ctx_retain(
-    real: sig::cuDevicePrimaryCtxRetain,
-    pctx: *mut CUcontext,
-    dev: CUdevice,
-) -> CUresult {
-    allocate(
-        AllocTarget::Device(dev),
-        0,
-        || real(pctx, dev),
-        || DeviceObject::PrimaryContext(dev),
-    )
-}
-
-pub unsafe fn primary_ctx_release(
-    real: sig::cuDevicePrimaryCtxRelease_v2,
-    dev: CUdevice,
-) -> CUresult {
-    let result = real(dev);
-    memory::on_free(DeviceObject::PrimaryContext(dev), result);
-    result
-}
-
-pub unsafe fn primary_ctx_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> CUresult {
-    let result = real(dev);
-    memory::on_free(DeviceObject::PrimaryContext(dev), result);
     result
 }
 

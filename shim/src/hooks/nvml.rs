@@ -1,9 +1,11 @@
-//! NVML wrappers: memory info reports the slice (what nvidia-smi and pynvml show).
+//! NVML wrappers: memory info reports the slice (what nvidia-smi and pynvml show): total =
+//! limit, used = the container's usage from the region, free = the clamped remainder. The
+//! process lists (filtered to the slice, PIDs translated) are in `memory::wrappers`.
 
 use gpuslice_abi::nvml::ret::NVML_SUCCESS;
 use gpuslice_abi::nvml::*;
 
-use crate::devices;
+use crate::memory;
 use crate::registry::signature as sig;
 use crate::report::{nvml_slice_view, NvmlView};
 use crate::state;
@@ -17,10 +19,10 @@ pub unsafe fn device_get_memory_info(
     if result != NVML_SUCCESS || memory.is_null() {
         return result;
     }
-    // SAFETY: `device` was just accepted by the real NVML call above.
-    let Some(limit) =
-        state::slice_config().and_then(|c| unsafe { devices::nvml_memory_limit(c, device) })
-    else {
+    if state::slice_config().is_none() {
+        return result;
+    }
+    let Some((limit, used)) = memory::nvml_slice(device) else {
         return result;
     };
     let m = &mut *memory;
@@ -31,9 +33,10 @@ pub unsafe fn device_get_memory_info(
         used: m.used,
         free: m.free,
     };
-    let view = nvml_slice_view(physical, limit, None);
+    let view = nvml_slice_view(physical, limit, Some(used));
     m.total = view.total;
-    m.used = view.used;
+    // v1: `used` is everything that is not free (what v2 splits into used + reserved).
+    m.used = view.used + view.reserved;
     m.free = view.free;
     result
 }
@@ -47,10 +50,10 @@ pub unsafe fn device_get_memory_info_v2(
     if result != NVML_SUCCESS || memory.is_null() {
         return result;
     }
-    // SAFETY: `device` was just accepted by the real NVML call above.
-    let Some(limit) =
-        state::slice_config().and_then(|c| unsafe { devices::nvml_memory_limit(c, device) })
-    else {
+    if state::slice_config().is_none() {
+        return result;
+    }
+    let Some((limit, used)) = memory::nvml_slice(device) else {
         return result;
     };
     let m = &mut *memory;
@@ -60,7 +63,7 @@ pub unsafe fn device_get_memory_info_v2(
         used: m.used,
         free: m.free,
     };
-    let view = nvml_slice_view(physical, limit, None);
+    let view = nvml_slice_view(physical, limit, Some(used));
     m.total = view.total;
     m.reserved = view.reserved;
     m.used = view.used;

@@ -1,23 +1,66 @@
-//! Memory policy seam: PASS-THROUGH for now. The memory ledger (container-wide accounting in
-//! the shared region) replaces these bodies; the wrappers in `hooks::cuda` already call them at
-//! the right points, with the right sizes, on every allocation path (plain, pitch, managed,
-//! async, pool, VMM `cuMemCreate`, arrays, mipmapped arrays, contexts).
+//! The memory slice: a hard per-device cap for all processes of a container together, kept
+//! in the shared region (`gpuslice_common::region`), and the numbers every view reports.
 //!
-//! Contract for the ledger:
-//! * `before_alloc` reserves `bytes` on the target device atomically (check-and-reserve in one
-//!   step, so two processes cannot pass the check together) and returns the reservation, or
-//!   `Err(CUDA_ERROR_OUT_OF_MEMORY)`; it must never return -1-style codes.
-//! * `after_alloc` commits the reservation under the created object when the driver succeeded,
-//!   and releases it when the driver failed.
-//! * `on_free` forgets an object after the driver freed it successfully; an object the ledger
-//!   never saw is ignored (and still freed by the driver).
-//! * `slice_used` returns the bytes the whole slice uses on a device, for reporting.
-//! * `after_fork_in_child` drops per-process bookkeeping inherited from the parent.
+//! Parts:
+//! * [`ledger`]: sizes as the device spends them and reserve-before-allocate against the
+//!   region (pure, unit-tested with a counter budget);
+//! * [`objects`]: the sharded per-process table object -> (device, bytes, owning context);
+//! * [`pools`], [`vmm`]: when pool and VMM memory really returns to the card;
+//! * [`host_pid`]: which NVML process entry is us (host PID discovery, context cost);
+//! * [`wrappers`]: the FFI handlers for the paths whose size the driver decides (pitch,
+//!   pools, VMM, contexts) and the NVML process lists;
+//! * this file: the process-wide state (region, slot, device bindings) and the seam the plain
+//!   allocation wrappers in `hooks::cuda` call (`before_alloc`, `after_alloc`, `on_free`).
+//!
+//! Lifecycle: `attach` runs once per process from `state`'s lazy init (and again in a forked
+//! child): it opens (or creates) the region — a region that cannot be opened makes the shim
+//! fail closed, like an invalid limit file — and registers this process in a slot. Devices are
+//! bound lazily, by UUID, the first time a hook touches them (`Region::bind_devices`); a
+//! device without a memory limit is pass-through and never charged.
+//!
+//! Region path: the limit file's `region` (or `CUDA_DEVICE_MEMORY_SHARED_CACHE`), else
+//! [`DEFAULT_REGION_PATH`]: `/tmp` is private to a container under Docker/podman/Kubernetes,
+//! so all its processes meet there; users who share a slice across containers must name a
+//! region in a shared directory.
+//!
+//! Context cost: the shim cannot know what a context costs on the device before one exists.
+//! It reserves an upper bound (`GPUSLICE_CONTEXT_OVERHEAD`, default
+//! [`DEFAULT_CONTEXT_BOUND`]) before the first context of the process on a device, then reads
+//! its own entry in NVML's process list right after (see [`host_pid`]) and settles the charge
+//! to that measured figure, which later contexts of the process then use. Where NVML cannot
+//! tell, the bound stays charged (over-counting, the safe direction).
 
+mod host_pid;
+pub mod ledger;
+mod objects;
+mod pools;
+mod vmm;
+pub mod wrappers;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use gpuslice_abi::cuda::result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use gpuslice_abi::cuda::{
     CUarray, CUcontext, CUdevice, CUdeviceptr, CUmemGenericAllocationHandle, CUmipmappedArray,
     CUresult,
 };
+use gpuslice_abi::nvml::nvmlDevice_t;
+use gpuslice_common::config::SliceConfig;
+use gpuslice_common::region::{
+    DeviceId, DeviceLimits, ProcessIdentity, Region, SlotId, MAX_DEVICES,
+};
+
+use ledger::{charge_size, Budget, Ledger, OutOfMemory};
+use objects::{Charged, ObjectKind};
+
+/// Region file when the configuration names none.
+pub const DEFAULT_REGION_PATH: &str = "/tmp/gpuslice.region";
+/// Env variable: upper bound reserved for a context before its real cost is measured.
+pub const CONTEXT_BOUND_ENV: &str = "GPUSLICE_CONTEXT_OVERHEAD";
+/// Default of [`CONTEXT_BOUND_ENV`]: above what current drivers spend per context
+/// (~300-500 MiB) so the first context never under-reserves.
+pub const DEFAULT_CONTEXT_BOUND: u64 = 512 << 20;
 
 /// Where an allocation lands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,34 +87,483 @@ pub enum DeviceObject {
 #[derive(Debug)]
 #[must_use]
 pub struct Reservation {
-    pub target: AllocTarget,
-    pub bytes: u64,
+    /// (device entry, bytes) reserved; `None` = nothing to account (pass-through).
+    charge: Option<(u8, u64)>,
+    /// The context that will own the object.
+    context: u64,
 }
 
-/// Reserve `bytes` on `target` before the driver allocates. Pass-through: always granted.
+impl Reservation {
+    const NONE: Reservation = Reservation {
+        charge: None,
+        context: 0,
+    };
+}
+
+/// The region as the ledger's budget: this process's slot.
+pub struct RegionBudget {
+    region: &'static Region,
+    slot: SlotId,
+}
+
+fn device_id(device: u8) -> DeviceId {
+    DeviceId::from_index(device as usize).expect("device entries come from the region")
+}
+
+impl Budget for RegionBudget {
+    #[inline]
+    fn reserve(&self, device: u8, bytes: u64) -> Result<(), OutOfMemory> {
+        self.region
+            .reserve(self.slot, device_id(device), bytes)
+            .map_err(|_| OutOfMemory)
+    }
+    #[inline]
+    fn release(&self, device: u8, bytes: u64) {
+        self.region.release(self.slot, device_id(device), bytes);
+    }
+    fn reap_dead(&self) {
+        match self.region.reap_dead() {
+            Ok(report) if !report.reclaimed.is_empty() => crate::log_info!(
+                "reclaimed {} bytes of dead processes {:?}",
+                report.bytes_reclaimed(),
+                report.reclaimed.iter().map(|r| r.pid).collect::<Vec<_>>()
+            ),
+            Ok(_) => {}
+            Err(e) => crate::log_error!("{e}"),
+        }
+    }
+}
+
+/// How a device is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Binding {
+    Unlimited,
+    Limited(u8),
+}
+
+const BINDING_UNKNOWN: u32 = 0;
+const BINDING_UNLIMITED: u32 = 1;
+const BINDING_BASE: u32 = 2;
+/// CUDA device ordinals cached (higher ordinals are resolved on every call).
+const CACHED_ORDINALS: usize = 64;
+const CACHED_NVML_HANDLES: usize = 64;
+
+fn encode(binding: Binding) -> u32 {
+    match binding {
+        Binding::Unlimited => BINDING_UNLIMITED,
+        Binding::Limited(d) => BINDING_BASE + u32::from(d),
+    }
+}
+
+fn decode(word: u32) -> Option<Binding> {
+    match word {
+        BINDING_UNKNOWN => None,
+        BINDING_UNLIMITED => Some(Binding::Unlimited),
+        d => Some(Binding::Limited((d - BINDING_BASE) as u8)),
+    }
+}
+
+/// Process-wide state that survives fork (the region mapping and its descriptors must be the
+/// same object in the child, which re-registers through it).
+struct Shared {
+    region: Region,
+    config: SliceConfig,
+    cuda_bindings: [AtomicU32; CACHED_ORDINALS],
+    nvml_handles: [AtomicUsize; CACHED_NVML_HANDLES],
+    nvml_bindings: [AtomicU32; CACHED_NVML_HANDLES],
+    context_bound: u64,
+    /// Measured per-context cost per device entry (0 = not measured yet).
+    context_cost: [AtomicU64; MAX_DEVICES],
+}
+
+/// Per-process state; replaced in a forked child.
+pub struct Process {
+    ledger: Ledger<RegionBudget>,
+    slot: SlotId,
+    /// Host PID (NVML's PID for us); 0 = unknown.
+    host_pid: AtomicU32,
+}
+
+static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+static PROCESS: AtomicPtr<Process> = AtomicPtr::new(std::ptr::null_mut());
+
+#[inline]
+fn shared() -> Option<&'static Shared> {
+    // SAFETY: SHARED holds null or a leaked, never freed Box published with Release.
+    unsafe { SHARED.load(Ordering::Acquire).as_ref() }
+}
+
+#[inline]
+fn process() -> Option<&'static Process> {
+    // SAFETY: PROCESS holds null or a leaked, never freed Box published with Release.
+    unsafe { PROCESS.load(Ordering::Acquire).as_ref() }
+}
+
+/// The region this process is registered in (for the compute throttle and diagnostics).
+pub fn region() -> Option<(&'static Region, SlotId)> {
+    Some((&shared()?.region, process()?.slot))
+}
+
+/// The region path a configuration means.
+pub fn region_path(config: &SliceConfig) -> PathBuf {
+    config
+        .region_path
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_REGION_PATH))
+}
+
+fn context_bound_from_env() -> u64 {
+    match std::env::var(CONTEXT_BOUND_ENV) {
+        Ok(text) if !text.trim().is_empty() => {
+            match gpuslice_common::size::parse_size(text.trim()) {
+                Ok(bytes) if bytes > 0 => bytes,
+                _ => {
+                    crate::log_error!(
+                        "{CONTEXT_BOUND_ENV}={text:?} is not a size; using {DEFAULT_CONTEXT_BOUND} bytes"
+                    );
+                    DEFAULT_CONTEXT_BOUND
+                }
+            }
+        }
+        _ => DEFAULT_CONTEXT_BOUND,
+    }
+}
+
+/// Opens the region and registers this process (called by `state` once per process, and
+/// again in a forked child). `Err` is the one line the shim prints before failing closed.
+pub fn attach(config: &SliceConfig) -> Result<(), String> {
+    let path = region_path(config);
+    let shared = match shared() {
+        Some(existing) if existing.region.path() == path.as_path() => existing,
+        _ => {
+            let region = Region::open_or_create(&path).map_err(|e| e.to_string())?;
+            let fresh: &'static Shared = Box::leak(Box::new(Shared {
+                region,
+                config: config.clone(),
+                cuda_bindings: std::array::from_fn(|_| AtomicU32::new(BINDING_UNKNOWN)),
+                nvml_handles: std::array::from_fn(|_| AtomicUsize::new(0)),
+                nvml_bindings: std::array::from_fn(|_| AtomicU32::new(BINDING_UNKNOWN)),
+                context_bound: context_bound_from_env(),
+                context_cost: std::array::from_fn(|_| AtomicU64::new(0)),
+            }));
+            SHARED.store(fresh as *const Shared as *mut Shared, Ordering::Release);
+            fresh
+        }
+    };
+    let identity = ProcessIdentity::current().ok_or_else(|| {
+        format!(
+            "shared region {}: cannot read /proc/self to register this process",
+            path.display()
+        )
+    })?;
+    let slot = shared
+        .region
+        .register(&identity)
+        .map_err(|e| e.to_string())?;
+    pause_for_tests("GPUSLICE_TEST_PAUSE_AFTER_REGISTER_MS");
+    let process: &'static Process = Box::leak(Box::new(Process {
+        ledger: Ledger::new(RegionBudget {
+            region: &shared.region,
+            slot,
+        }),
+        slot,
+        host_pid: AtomicU32::new(identity.host_pid),
+    }));
+    PROCESS.store(process as *const Process as *mut Process, Ordering::Release);
+    crate::log_debug!(
+        "registered pid {} in slot {} of {}",
+        identity.pid,
+        slot.index(),
+        path.display()
+    );
+    Ok(())
+}
+
+/// Test hook: sleeps the given milliseconds (only when the variable is set), so tests can
+/// SIGKILL a process at a chosen point of registration.
+fn pause_for_tests(variable: &str) {
+    if let Some(ms) = std::env::var(variable)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// The memory limit and region entry of a CUDA device (resolved once, then cached).
+fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, ()> {
+    let cell = usize::try_from(ordinal)
+        .ok()
+        .and_then(|i| shared.cuda_bindings.get(i));
+    if let Some(binding) = cell.and_then(|c| decode(c.load(Ordering::Acquire))) {
+        return Ok(binding);
+    }
+    let uuid = crate::devices::cuda_device_uuid(ordinal);
+    let binding = bind(shared, ordinal.max(0) as u32, &uuid, || {
+        card_total_for_warning(ordinal)
+    })?;
+    if let Some(cell) = cell {
+        cell.store(encode(binding), Ordering::Release);
+    }
+    Ok(binding)
+}
+
+fn card_total_for_warning(ordinal: CUdevice) -> Option<u64> {
+    let total_mem = crate::registry::real::cuDeviceTotalMem_v2()?;
+    let mut bytes = 0usize;
+    // SAFETY: valid out-pointer for the call.
+    (unsafe { total_mem(&mut bytes, ordinal) } == CUDA_SUCCESS).then_some(bytes as u64)
+}
+
+/// Binds `(index, uuid)` in the region when the configuration limits its memory.
+fn bind(
+    shared: &Shared,
+    index: u32,
+    uuid: &str,
+    card_total: impl FnOnce() -> Option<u64>,
+) -> Result<Binding, ()> {
+    let Some(limit) = shared.config.limit_for(index, uuid) else {
+        return Ok(Binding::Unlimited);
+    };
+    let Some(memory_limit) = limit.memory_limit else {
+        return Ok(Binding::Unlimited);
+    };
+    let key = if uuid.is_empty() {
+        format!("index-{index}")
+    } else {
+        uuid.to_string()
+    };
+    let binding = shared.region.bind_devices(&[DeviceLimits {
+        uuid: key.clone(),
+        memory_limit: Some(memory_limit),
+        compute_percent: limit.compute_percent,
+    }]);
+    match binding {
+        Ok(binding) => {
+            for change in &binding.changes {
+                crate::log_info!("limits of {} changed: {change:?}", change.uuid);
+            }
+            if let Some(total) = card_total() {
+                if memory_limit > total {
+                    crate::log_at!(
+                        gpuslice_common::config::LogLevel::Warn,
+                        "memory limit {memory_limit} of device {key} is larger than the card ({total} bytes); reporting the card's size"
+                    );
+                }
+            }
+            Ok(Binding::Limited(binding.ids[0].index() as u8))
+        }
+        Err(e) => {
+            crate::log_error!("{e}; allocations on device {key} are refused");
+            Err(())
+        }
+    }
+}
+
+/// The limit and region entry of an NVML device handle (cached by handle address: NVML's
+/// handles are stable for the life of the library).
+fn nvml_binding(shared: &Shared, device: nvmlDevice_t) -> Result<Binding, ()> {
+    let key = device as usize;
+    for (i, handle) in shared.nvml_handles.iter().enumerate() {
+        match handle.load(Ordering::Acquire) {
+            0 => break,
+            k if k == key => {
+                if let Some(b) = decode(shared.nvml_bindings[i].load(Ordering::Acquire)) {
+                    return Ok(b);
+                }
+            }
+            _ => {}
+        }
+    }
+    let (index, uuid) = wrappers::nvml_identity(device);
+    let binding = bind(shared, index, &uuid, || None)?;
+    for (i, handle) in shared.nvml_handles.iter().enumerate() {
+        let claimed = handle.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire);
+        if claimed.is_ok() || claimed == Err(key) {
+            shared.nvml_bindings[i].store(encode(binding), Ordering::Release);
+            break;
+        }
+    }
+    Ok(binding)
+}
+
+/// The calling thread's current context (0 = none).
+#[inline]
+fn current_context() -> u64 {
+    let Some(get_current) = crate::registry::real::cuCtxGetCurrent() else {
+        return 0;
+    };
+    let mut context: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer for the call.
+    if unsafe { get_current(&mut context) } == CUDA_SUCCESS {
+        context as u64
+    } else {
+        0
+    }
+}
+
+/// Reserve `bytes` (as the device spends them) on `target` before the driver allocates.
+/// Past the cap: `Err(CUDA_ERROR_OUT_OF_MEMORY)` with nothing reserved.
 #[inline]
 pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUresult> {
-    Ok(Reservation { target, bytes })
+    let (Some(shared), Some(process)) = (shared(), process()) else {
+        return Ok(Reservation::NONE);
+    };
+    let ordinal = match target {
+        AllocTarget::Device(d) => d,
+        AllocTarget::CurrentContext => match crate::devices::current_cuda_device() {
+            Some(d) => d,
+            // No current context: the driver will refuse on its own.
+            None => return Ok(Reservation::NONE),
+        },
+    };
+    let device = match cuda_binding(shared, ordinal) {
+        Ok(Binding::Unlimited) => return Ok(Reservation::NONE),
+        Ok(Binding::Limited(device)) => device,
+        Err(()) => return Err(CUDA_ERROR_OUT_OF_MEMORY),
+    };
+    let bytes = charge_size(bytes);
+    charge_or_refuse(process, device, bytes)?;
+    Ok(Reservation {
+        charge: Some((device, bytes)),
+        context: current_context(),
+    })
 }
 
-/// Commit (`result == CUDA_SUCCESS`) or release the reservation. Pass-through: nothing.
+/// `Ledger::charge`, and before refusing, pools' cached memory the driver has already given
+/// back is settled first (it may be what stands in the way).
+fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
+    if process.ledger.charge(device, bytes).is_ok() {
+        return Ok(());
+    }
+    if wrappers::reread_pools(process) && process.ledger.charge(device, bytes).is_ok() {
+        return Ok(());
+    }
+    crate::log_debug!("refusing {bytes} bytes on device entry {device}: slice limit reached");
+    Err(CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+/// Commit (`result == CUDA_SUCCESS`) or release the reservation.
 #[inline]
 pub fn after_alloc(reservation: Reservation, result: CUresult, object: DeviceObject) {
-    let _ = (reservation, result, object);
+    let (Some(process), Some((device, bytes))) = (process(), reservation.charge) else {
+        return;
+    };
+    if result != CUDA_SUCCESS {
+        process.ledger.refund(device, bytes);
+        return;
+    }
+    let charged = Charged {
+        device,
+        bytes,
+        pool: 0,
+        context: reservation.context,
+    };
+    match object {
+        DeviceObject::Pointer(ptr) => process.ledger.track(ObjectKind::Pointer, ptr, charged),
+        DeviceObject::Array(a) => process.ledger.track(ObjectKind::Array, a as u64, charged),
+        DeviceObject::MipmappedArray(a) => {
+            process
+                .ledger
+                .track(ObjectKind::MipmappedArray, a as u64, charged)
+        }
+        DeviceObject::Handle(handle) => {
+            let stale = ledger::lock(&process.ledger.vmm).created(handle, device, bytes);
+            if let Some((d, b)) = stale {
+                process.ledger.refund(d, b);
+            }
+        }
+        DeviceObject::Context(ctx) => {
+            process.ledger.track(
+                ObjectKind::Context,
+                ctx as u64,
+                Charged {
+                    context: 0,
+                    ..charged
+                },
+            );
+        }
+        // Primary contexts are booked by `wrappers::primary_ctx_retain`.
+        DeviceObject::PrimaryContext(_) => process.ledger.refund(device, bytes),
+    }
 }
 
-/// The driver freed `object` with `result`. Pass-through: nothing.
-#[inline]
+/// The driver freed `object` with `result`: give its charge back. Objects the ledger never
+/// charged are ignored (the driver's result is returned unchanged by the wrapper either way).
 pub fn on_free(object: DeviceObject, result: CUresult) {
-    let _ = (object, result);
+    if result != CUDA_SUCCESS {
+        return;
+    }
+    let Some(process) = process() else { return };
+    let ledger = &process.ledger;
+    match object {
+        DeviceObject::Pointer(ptr) => {
+            if ledger.untrack(ObjectKind::Pointer, ptr).is_none() {
+                if let Some(from_pool) = ledger.untrack(ObjectKind::PoolPointer, ptr) {
+                    wrappers::reread_pool(process, from_pool.pool, from_pool.device);
+                }
+            }
+        }
+        DeviceObject::Array(a) => {
+            ledger.untrack(ObjectKind::Array, a as u64);
+        }
+        DeviceObject::MipmappedArray(a) => {
+            ledger.untrack(ObjectKind::MipmappedArray, a as u64);
+        }
+        DeviceObject::Handle(handle) => {
+            let freed = ledger::lock(&ledger.vmm).released(handle);
+            if let Some((d, b)) = freed {
+                ledger.refund(d, b);
+            }
+        }
+        DeviceObject::Context(ctx) => wrappers::context_gone(process, ctx as u64),
+        DeviceObject::PrimaryContext(_) => {}
+    }
 }
 
-/// Bytes the slice uses on `device`; `None` = unknown (reporting then uses the physical free).
-#[inline]
+/// Bytes the whole slice uses on CUDA device `device`; `None` = not limited here.
 pub fn slice_used(device: CUdevice) -> Option<u64> {
-    let _ = device;
-    None
+    cuda_slice(device).map(|(_, used)| used)
 }
 
-/// Child side of fork: per-process state must not be inherited. Pass-through: nothing.
-pub fn after_fork_in_child() {}
+/// (limit, container-wide use) of a CUDA device in the slice; `None` = not limited.
+#[inline]
+pub fn cuda_slice(device: CUdevice) -> Option<(u64, u64)> {
+    let shared = shared()?;
+    match cuda_binding(shared, device) {
+        Ok(Binding::Limited(d)) => usage_of(shared, d),
+        _ => None,
+    }
+}
+
+/// (limit, container-wide use) of an NVML device in the slice; `None` = not limited.
+#[inline]
+pub fn nvml_slice(device: nvmlDevice_t) -> Option<(u64, u64)> {
+    let shared = shared()?;
+    match nvml_binding(shared, device) {
+        Ok(Binding::Limited(d)) => usage_of(shared, d),
+        _ => None,
+    }
+}
+
+#[inline]
+fn usage_of(shared: &Shared, device: u8) -> Option<(u64, u64)> {
+    if let Some(process) = process() {
+        wrappers::reread_pools_if_any(process);
+    }
+    let usage = shared.region.usage(device_id(device));
+    Some((usage.limit.unwrap_or(u64::MAX), usage.used))
+}
+
+/// Child side of fork: the parent's objects, pools and contexts are not the child's. Only
+/// atomics here (async-signal-safe); the child re-registers at its next hooked call, when
+/// `state` runs `attach` again with the same region object.
+pub fn after_fork_in_child() {
+    PROCESS.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+/// Where the region of `config` lives (for messages).
+pub fn describe_region(config: &SliceConfig) -> String {
+    let path = region_path(config);
+    Path::new(&path).display().to_string()
+}

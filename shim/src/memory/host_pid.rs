@@ -1,0 +1,115 @@
+//! Which NVML process-list entry is this process? In a container with its own PID namespace
+//! NVML reports HOST PIDs, which the container cannot see in its /proc. Method, in order:
+//!
+//! 1. the kernel told us (`NSpid` in /proc/self/status lists the outer PID when the host
+//!    namespace is visible): that PID;
+//! 2. otherwise, diff NVML's process list around this process's FIRST context creation on a
+//!    device: the one entry that appeared (and is not already claimed by another slot of the
+//!    region) is us; its `usedGpuMemory` at that moment is also the driver's per-context cost;
+//! 3. otherwise (several processes created contexts in the same instant), later process-list
+//!    reads match the one unclaimed entry whose usage equals what our ledger charged us.
+//!
+//! Failure mode: when no unique candidate exists the host PID stays unknown; the process is
+//! then missing from the slice's process list (never another tenant's process shown in its
+//! place), and the context cost falls back to the configured bound (over-charging).
+
+/// One entry of NVML's process list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListedProcess {
+    pub pid: u32,
+    pub used: u64,
+}
+
+/// Largest per-context cost believed (a bigger reading means something else was counted).
+pub const MAX_PLAUSIBLE_CONTEXT_BYTES: u64 = 8 << 30;
+
+/// Step 1/2: our entry after the first context creation, from the lists before and after.
+pub fn find_after_context_creation(
+    before: &[ListedProcess],
+    after: &[ListedProcess],
+    known_host_pid: u32,
+    claimed_by_others: &[u32],
+) -> Option<ListedProcess> {
+    if known_host_pid != 0 {
+        return after.iter().copied().find(|e| e.pid == known_host_pid);
+    }
+    let mut appeared = after
+        .iter()
+        .copied()
+        .filter(|e| !before.iter().any(|b| b.pid == e.pid) && !claimed_by_others.contains(&e.pid));
+    let first = appeared.next()?;
+    appeared.next().is_none().then_some(first)
+}
+
+/// Step 3: the one unclaimed entry using exactly `expected_used` bytes.
+pub fn find_by_usage(
+    list: &[ListedProcess],
+    expected_used: u64,
+    claimed_by_others: &[u32],
+) -> Option<ListedProcess> {
+    let mut matching = list
+        .iter()
+        .copied()
+        .filter(|e| e.used == expected_used && !claimed_by_others.contains(&e.pid));
+    let first = matching.next()?;
+    matching.next().is_none().then_some(first)
+}
+
+/// The per-context cost an entry shows right after the first context, if plausible.
+pub fn plausible_context_cost(entry: &ListedProcess) -> Option<u64> {
+    (entry.used > 0 && entry.used <= MAX_PLAUSIBLE_CONTEXT_BYTES).then_some(entry.used)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const MIB: u64 = 1 << 20;
+
+    fn p(pid: u32, used: u64) -> ListedProcess {
+        ListedProcess { pid, used }
+    }
+
+    #[test]
+    fn a_known_host_pid_wins() {
+        let after = [p(100, MIB), p(200, 300 * MIB)];
+        assert_eq!(
+            find_after_context_creation(&[], &after, 200, &[]),
+            Some(p(200, 300 * MIB))
+        );
+    }
+
+    #[test]
+    fn the_single_new_entry_is_us() {
+        let before = [p(100, MIB)];
+        let after = [p(100, 5 * MIB), p(100_042, 300 * MIB)];
+        assert_eq!(
+            find_after_context_creation(&before, &after, 0, &[]),
+            Some(p(100_042, 300 * MIB))
+        );
+    }
+
+    #[test]
+    fn two_new_entries_are_ambiguous_unless_one_is_claimed() {
+        let after = [p(1, 300 * MIB), p(2, 300 * MIB)];
+        assert_eq!(find_after_context_creation(&[], &after, 0, &[]), None);
+        assert_eq!(
+            find_after_context_creation(&[], &after, 0, &[1]),
+            Some(p(2, 300 * MIB))
+        );
+    }
+
+    #[test]
+    fn usage_matching_needs_a_unique_unclaimed_entry() {
+        let list = [p(1, 302 * MIB), p(2, 300 * MIB), p(3, 300 * MIB)];
+        assert_eq!(find_by_usage(&list, 302 * MIB, &[]), Some(p(1, 302 * MIB)));
+        assert_eq!(find_by_usage(&list, 300 * MIB, &[]), None);
+        assert_eq!(find_by_usage(&list, 300 * MIB, &[3]), Some(p(2, 300 * MIB)));
+    }
+
+    #[test]
+    fn implausible_context_costs_are_rejected() {
+        assert_eq!(plausible_context_cost(&p(1, 0)), None);
+        assert_eq!(plausible_context_cost(&p(1, 300 * MIB)), Some(300 * MIB));
+        assert_eq!(plausible_context_cost(&p(1, 9 << 30)), None);
+    }
+}

@@ -1,0 +1,286 @@
+//! The ledger's pure core: sizes as the device spends them, and charging against a
+//! container-wide budget (the shared region in production, a counter in tests) with the
+//! reserve-before-allocate discipline:
+//!
+//! 1. [`Ledger::charge`] reserves atomically (check and add in one step, so two processes
+//!    cannot pass the check together); past the cap it reaps dead processes' slots and tries
+//!    once more, then refuses with [`OutOfMemory`] having reserved nothing;
+//! 2. the driver allocates;
+//! 3. on failure the reservation is refunded; on success it is recorded under the object
+//!    (the per-process [`ObjectTable`]) and, where the driver decides the real size (pitch,
+//!    pools, contexts), [`Ledger::settle`] corrects the upper bound to the real figure.
+//!
+//! Sizes: every allocation is charged rounded up to [`GRANULARITY`] (2 MiB, what
+//! `cuMemGetAllocationGranularity` reports and what the device really maps). Real drivers
+//! sub-allocate small sizes out of 2 MiB pages, so for many tiny allocations the ledger
+//! over-charges: the safe direction (the cap can only be reached early, never passed).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+
+use super::objects::{Charged, ObjectKind, ObjectTable};
+use super::pools::PoolBook;
+use super::vmm::VmmBook;
+
+/// The device's allocation granularity: every charge is a multiple of it.
+pub const GRANULARITY: u64 = 2 << 20;
+
+/// Bytes the device really spends on an allocation of `bytes`.
+pub fn charge_size(bytes: u64) -> u64 {
+    bytes.div_ceil(GRANULARITY).saturating_mul(GRANULARITY)
+}
+
+/// Row pitch the driver may pick for `width` bytes: at most the next multiple of 512 (the
+/// texture pitch alignment of every NVIDIA GPU so far). Only an upper bound for the
+/// reservation; the real pitch the driver returns is what is charged.
+pub fn pitch_upper_bound(width: u64) -> u64 {
+    width.div_ceil(512).saturating_mul(512)
+}
+
+/// A reservation would pass the container's cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfMemory;
+
+/// Where charges go: the container-wide budget.
+pub trait Budget {
+    /// Adds `bytes` on `device` unless the total would pass the limit.
+    fn reserve(&self, device: u8, bytes: u64) -> Result<(), OutOfMemory>;
+    /// Gives `bytes` back on `device`.
+    fn release(&self, device: u8, bytes: u64);
+    /// Frees the slots of dead processes (their memory is gone with them).
+    fn reap_dead(&self);
+}
+
+/// Primary-context bookkeeping of one device ordinal.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PrimaryContext {
+    pub refs: u32,
+    pub handle: u64,
+    /// (device entry, bytes) charged for it while active.
+    pub charge: Option<(u8, u64)>,
+}
+
+/// One process's ledger.
+pub struct Ledger<B> {
+    pub budget: B,
+    pub objects: ObjectTable,
+    pub vmm: Mutex<VmmBook>,
+    /// Also serialises pool allocations with their reading (see `pools`).
+    pub pools: Mutex<PoolBook>,
+    /// Primary contexts by device ordinal; also serialises context creation.
+    pub primaries: Mutex<Vec<PrimaryContext>>,
+    /// Set once this process allocated from a pool (reporting then re-reads pools).
+    pub objects_have_pools: AtomicBool,
+}
+
+/// Locks a mutex whose data stays consistent even if a holder panicked (each critical section
+/// is a handful of single-step updates).
+pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<B: Budget> Ledger<B> {
+    pub fn new(budget: B) -> Self {
+        Ledger {
+            budget,
+            objects: ObjectTable::default(),
+            vmm: Mutex::default(),
+            pools: Mutex::default(),
+            primaries: Mutex::new(Vec::new()),
+            objects_have_pools: AtomicBool::new(false),
+        }
+    }
+
+    /// Reserves `bytes` on `device`; past the cap, reaps dead processes and tries once more.
+    pub fn charge(&self, device: u8, bytes: u64) -> Result<(), OutOfMemory> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.budget.reserve(device, bytes).or_else(|_| {
+            self.budget.reap_dead();
+            self.budget.reserve(device, bytes)
+        })
+    }
+
+    pub fn refund(&self, device: u8, bytes: u64) {
+        if bytes > 0 {
+            self.budget.release(device, bytes);
+        }
+    }
+
+    /// Corrects a reservation of `reserved` bytes to the `actual` bytes the driver spent. The
+    /// allocation already exists, so a correction upward that the cap refuses is still
+    /// recorded as far as possible and reported as `Err` (the caller logs it).
+    pub fn settle(&self, device: u8, reserved: u64, actual: u64) -> Result<(), OutOfMemory> {
+        if actual < reserved {
+            self.refund(device, reserved - actual);
+            Ok(())
+        } else if actual > reserved {
+            self.charge(device, actual - reserved)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Records a charged object; a stale entry under the same key is refunded.
+    pub fn track(&self, kind: ObjectKind, key: u64, charged: Charged) {
+        if let Some(stale) = self.objects.insert(kind, key, charged) {
+            self.refund(stale.device, stale.bytes);
+        }
+    }
+
+    /// The driver freed an object: refund what it was charged. Unknown objects (never
+    /// charged, e.g. IPC imports or allocations on unlimited devices) change nothing.
+    pub fn untrack(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
+        let charged = self.objects.remove(kind, key)?;
+        self.refund(charged.device, charged.bytes);
+        Some(charged)
+    }
+
+    /// A context was destroyed: the driver freed every object it owned.
+    pub fn context_destroyed(&self, context: u64) {
+        if context == 0 {
+            return;
+        }
+        for (_, charged) in self.objects.drain_context(context) {
+            self.refund(charged.device, charged.bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+    /// A budget of `limit` bytes on every device, with a count of reaps.
+    pub struct CounterBudget {
+        pub limit: u64,
+        pub used: [AtomicU64; 4],
+        pub reaps: AtomicUsize,
+        /// Bytes a reap frees (a dead process's share).
+        pub freed_by_reap: AtomicU64,
+    }
+
+    impl CounterBudget {
+        pub fn new(limit: u64) -> Self {
+            CounterBudget {
+                limit,
+                used: Default::default(),
+                reaps: AtomicUsize::new(0),
+                freed_by_reap: AtomicU64::new(0),
+            }
+        }
+        pub fn used(&self, d: u8) -> u64 {
+            self.used[d as usize].load(Ordering::SeqCst)
+        }
+    }
+
+    impl Budget for CounterBudget {
+        fn reserve(&self, device: u8, bytes: u64) -> Result<(), OutOfMemory> {
+            self.used[device as usize]
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                    u.checked_add(bytes).filter(|n| *n <= self.limit)
+                })
+                .map(|_| ())
+                .map_err(|_| OutOfMemory)
+        }
+        fn release(&self, device: u8, bytes: u64) {
+            self.used[device as usize].fetch_sub(bytes, Ordering::SeqCst);
+        }
+        fn reap_dead(&self) {
+            self.reaps.fetch_add(1, Ordering::SeqCst);
+            let freed = self.freed_by_reap.swap(0, Ordering::SeqCst);
+            self.used[0].fetch_sub(freed, Ordering::SeqCst);
+        }
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    fn obj(bytes: u64, context: u64) -> Charged {
+        Charged {
+            device: 0,
+            bytes,
+            pool: 0,
+            context,
+        }
+    }
+
+    #[test]
+    fn sizes_round_to_the_granularity_and_pitch_to_512() {
+        assert_eq!(charge_size(0), 0);
+        assert_eq!(charge_size(1), 2 * MIB);
+        assert_eq!(charge_size(2 * MIB), 2 * MIB);
+        assert_eq!(charge_size(2 * MIB + 1), 4 * MIB);
+        assert_eq!(charge_size(u64::MAX), u64::MAX, "saturates: always refused");
+        assert_eq!(pitch_upper_bound(1000), 1024);
+        assert_eq!(pitch_upper_bound(1024), 1024);
+    }
+
+    #[test]
+    fn past_the_cap_reaps_once_then_refuses_with_nothing_reserved() {
+        let ledger = Ledger::new(CounterBudget::new(10 * MIB));
+        ledger.charge(0, 8 * MIB).unwrap();
+        assert_eq!(ledger.charge(0, 4 * MIB), Err(OutOfMemory));
+        assert_eq!(ledger.budget.reaps.load(Ordering::SeqCst), 1);
+        assert_eq!(ledger.budget.used(0), 8 * MIB);
+        // A dead process held 4 MiB of it: the reap makes room and the retry succeeds.
+        ledger.budget.freed_by_reap.store(4 * MIB, Ordering::SeqCst);
+        ledger.charge(0, 4 * MIB).unwrap();
+        assert_eq!(ledger.budget.used(0), 8 * MIB);
+    }
+
+    #[test]
+    fn settle_corrects_an_upper_bound_both_ways() {
+        let ledger = Ledger::new(CounterBudget::new(10 * MIB));
+        ledger.charge(0, 6 * MIB).unwrap();
+        ledger.settle(0, 6 * MIB, 4 * MIB).unwrap();
+        assert_eq!(ledger.budget.used(0), 4 * MIB);
+        ledger.settle(0, 4 * MIB, 8 * MIB).unwrap();
+        assert_eq!(ledger.budget.used(0), 8 * MIB);
+        assert_eq!(ledger.settle(0, 8 * MIB, 12 * MIB), Err(OutOfMemory));
+    }
+
+    #[test]
+    fn frees_refund_known_objects_and_ignore_unknown_ones() {
+        let ledger = Ledger::new(CounterBudget::new(100 * MIB));
+        ledger.charge(0, 4 * MIB).unwrap();
+        ledger.track(ObjectKind::Pointer, 0x20_0000, obj(4 * MIB, 1));
+        assert_eq!(ledger.untrack(ObjectKind::Pointer, 0xdead), None);
+        assert_eq!(ledger.budget.used(0), 4 * MIB);
+        assert!(ledger.untrack(ObjectKind::Pointer, 0x20_0000).is_some());
+        assert_eq!(ledger.budget.used(0), 0);
+    }
+
+    #[test]
+    fn destroying_a_context_refunds_what_it_owned() {
+        let ledger = Ledger::new(CounterBudget::new(100 * MIB));
+        for (key, ctx) in [(1u64, 7u64), (2, 7), (3, 8)] {
+            ledger.charge(0, 2 * MIB).unwrap();
+            ledger.track(ObjectKind::Pointer, key << 21, obj(2 * MIB, ctx));
+        }
+        ledger.context_destroyed(7);
+        assert_eq!(ledger.budget.used(0), 2 * MIB);
+    }
+
+    #[test]
+    fn sixteen_threads_never_pass_the_cap_and_lose_nothing() {
+        let ledger = Ledger::new(CounterBudget::new(64 * MIB));
+        std::thread::scope(|s| {
+            for t in 0..16u64 {
+                let ledger = &ledger;
+                s.spawn(move || {
+                    for i in 0..500u64 {
+                        let key = (t << 40) | (i << 21);
+                        if ledger.charge(0, 6 * MIB).is_ok() {
+                            assert!(ledger.budget.used(0) <= 64 * MIB);
+                            ledger.track(ObjectKind::Pointer, key, obj(6 * MIB, 1));
+                            ledger.untrack(ObjectKind::Pointer, key).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(ledger.budget.used(0), 0);
+    }
+}

@@ -1,0 +1,207 @@
+//! The per-process object table: every live object the ledger charged (device pointer, VMM
+//! handle, array, mipmapped array, created context) -> the region device entry and the bytes
+//! charged for it. Sharded by a hash of the object so 16 threads allocating and freeing at
+//! once rarely meet on the same lock; each shard is a small `HashMap` behind a `Mutex` with a
+//! multiplicative (Fibonacci) hash instead of SipHash, because keys are driver addresses and
+//! handles, not attacker-chosen strings.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Mutex;
+
+/// Which namespace an object key lives in (pointers and handles may share numeric values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ObjectKind {
+    /// cuMemAlloc/Pitch/Managed/Async (not pool) pointers.
+    Pointer,
+    /// A pointer handed out by a memory pool: charged through the pool, 0 bytes here.
+    PoolPointer,
+    Array,
+    MipmappedArray,
+    /// A context from cuCtxCreate.
+    Context,
+}
+
+/// What one charged object holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charged {
+    /// Region device entry index.
+    pub device: u8,
+    pub bytes: u64,
+    /// For `PoolPointer`: the pool (0 otherwise).
+    pub pool: u64,
+    /// The context that owns the object (its destruction frees it); 0 = none/unknown.
+    pub context: u64,
+}
+
+const SHARDS: usize = 64;
+
+/// Fibonacci hashing of the key; the low 21 bits of device pointers are mostly zero
+/// (2 MiB granularity), which the multiplication spreads over the high bits.
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type Shard = Mutex<HashMap<(ObjectKind, u64), Charged, BuildHasherDefault<KeyHasher>>>;
+
+/// The table. `insert` and `remove` touch one shard each.
+pub struct ObjectTable {
+    shards: Box<[Shard]>,
+}
+
+impl Default for ObjectTable {
+    fn default() -> Self {
+        ObjectTable {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+fn shard_of(kind: ObjectKind, key: u64) -> usize {
+    let h = (key ^ ((kind as u64) << 59)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (h >> 58) as usize % SHARDS
+}
+
+impl ObjectTable {
+    fn shard(&self, kind: ObjectKind, key: u64) -> std::sync::MutexGuard<'_, HashMapOf> {
+        // A panic while holding a shard cannot leave a half-written map entry (insert/remove
+        // are single operations), so a poisoned shard is still consistent.
+        self.shards[shard_of(kind, key)]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records an object; returns the entry it replaced (the driver reused a key we never saw
+    /// freed, e.g. a context destroy freed it implicitly) so the caller can give that back.
+    pub fn insert(&self, kind: ObjectKind, key: u64, charged: Charged) -> Option<Charged> {
+        self.shard(kind, key).insert((kind, key), charged)
+    }
+
+    pub fn remove(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
+        self.shard(kind, key).remove(&(kind, key))
+    }
+
+    pub fn get(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
+        self.shard(kind, key).get(&(kind, key)).copied()
+    }
+
+    /// Removes every object owned by `context` (the driver freed them with it).
+    pub fn drain_context(&self, context: u64) -> Vec<((ObjectKind, u64), Charged)> {
+        let mut drained = Vec::new();
+        for shard in self.shards.iter() {
+            let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
+            map.retain(|key, charged| {
+                if charged.context == context {
+                    drained.push((*key, *charged));
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        drained
+    }
+
+    /// Objects and bytes charged on `device` (diagnostics and tests).
+    pub fn total_on(&self, device: u8) -> (usize, u64) {
+        self.shards.iter().fold((0, 0), |(n, bytes), shard| {
+            let map = shard.lock().unwrap_or_else(|p| p.into_inner());
+            map.values()
+                .filter(|c| c.device == device)
+                .fold((n, bytes), |(n, b), c| (n + 1, b + c.bytes))
+        })
+    }
+}
+
+type HashMapOf = HashMap<(ObjectKind, u64), Charged, BuildHasherDefault<KeyHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(bytes: u64) -> Charged {
+        Charged {
+            device: 0,
+            bytes,
+            pool: 0,
+            context: 1,
+        }
+    }
+
+    #[test]
+    fn kinds_are_separate_namespaces() {
+        let table = ObjectTable::default();
+        assert_eq!(table.insert(ObjectKind::Pointer, 0x1000, c(1)), None);
+        assert_eq!(table.insert(ObjectKind::Array, 0x1000, c(2)), None);
+        assert_eq!(table.remove(ObjectKind::Pointer, 0x1000), Some(c(1)));
+        assert_eq!(table.remove(ObjectKind::Pointer, 0x1000), None);
+        assert_eq!(table.get(ObjectKind::Array, 0x1000), Some(c(2)));
+    }
+
+    #[test]
+    fn a_reused_key_returns_the_stale_entry() {
+        let table = ObjectTable::default();
+        table.insert(ObjectKind::Pointer, 0x20_0000, c(5));
+        assert_eq!(
+            table.insert(ObjectKind::Pointer, 0x20_0000, c(7)),
+            Some(c(5))
+        );
+        assert_eq!(table.total_on(0), (1, 7));
+    }
+
+    #[test]
+    fn sixteen_threads_insert_and_remove_without_losing_entries() {
+        let table = ObjectTable::default();
+        std::thread::scope(|s| {
+            for t in 0..16u64 {
+                let table = &table;
+                s.spawn(move || {
+                    for i in 0..2000u64 {
+                        let key = (t << 40) | (i << 21);
+                        table.insert(ObjectKind::Pointer, key, c(2));
+                        if i % 2 == 0 {
+                            assert_eq!(table.remove(ObjectKind::Pointer, key), Some(c(2)));
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(table.total_on(0), (16 * 1000, 16 * 1000 * 2));
+    }
+
+    #[test]
+    fn destroying_a_context_drains_exactly_its_objects() {
+        let table = ObjectTable::default();
+        table.insert(ObjectKind::Pointer, 1 << 21, c(2));
+        table.insert(ObjectKind::Array, 5, Charged { context: 2, ..c(4) });
+        let drained = table.drain_context(1);
+        assert_eq!(drained, vec![((ObjectKind::Pointer, 1 << 21), c(2))]);
+        assert_eq!(table.total_on(0), (1, 4));
+    }
+
+    #[test]
+    fn aligned_pointers_spread_over_shards() {
+        let mut used = [false; SHARDS];
+        for i in 0..1024u64 {
+            used[shard_of(ObjectKind::Pointer, 0x7f00_0000_0000 + (i << 21))] = true;
+        }
+        assert!(used.iter().filter(|u| **u).count() > SHARDS / 2);
+    }
+}

@@ -1,0 +1,794 @@
+//! FFI handlers for the allocation paths whose real size only the driver knows (pitch, pools,
+//! VMM, contexts) and for NVML's process lists. Each is a thin shell: read the arguments,
+//! reserve through the ledger, call the real function, settle with what the driver reports.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+
+use gpuslice_abi::cuda::pool_attr::RESERVED_MEM_CURRENT;
+use gpuslice_abi::cuda::result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
+use gpuslice_abi::cuda::*;
+use gpuslice_abi::nvml::ret::{
+    NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS,
+};
+use gpuslice_abi::nvml::*;
+use gpuslice_common::region::Liveness;
+
+use super::host_pid::{self, ListedProcess};
+use super::ledger::{charge_size, lock, pitch_upper_bound, PrimaryContext};
+use super::objects::{Charged, ObjectKind};
+use super::pools::Settle;
+use super::{
+    charge_or_refuse, cuda_binding, current_context, device_id, nvml_binding, process, shared,
+    Binding, Process, Shared,
+};
+use crate::registry::{real, signature as sig};
+use crate::report::{list_fits, slice_process_list, SliceProcess};
+
+/// The limited device entry of the current context's device, `None` = pass-through.
+fn current_limited_device() -> Option<(CUdevice, u8)> {
+    let shared = shared()?;
+    process()?;
+    let ordinal = crate::devices::current_cuda_device()?;
+    match cuda_binding(shared, ordinal) {
+        Ok(Binding::Limited(d)) => Some((ordinal, d)),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------- pitch
+
+pub unsafe fn mem_alloc_pitch(
+    real: sig::cuMemAllocPitch_v2,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width_bytes: usize,
+    height: usize,
+    element_size: c_uint,
+) -> CUresult {
+    let (Some(process), Some((_, device))) = (process(), current_limited_device()) else {
+        return real(dptr, pitch, width_bytes, height, element_size);
+    };
+    let bound = charge_size(pitch_upper_bound(width_bytes as u64).saturating_mul(height as u64));
+    if let Err(code) = charge_or_refuse(process, device, bound) {
+        return code;
+    }
+    let result = real(dptr, pitch, width_bytes, height, element_size);
+    if result != CUDA_SUCCESS || dptr.is_null() || pitch.is_null() {
+        process.ledger.refund(device, bound);
+        return result;
+    }
+    let actual = charge_size((*pitch as u64).saturating_mul(height as u64));
+    if process.ledger.settle(device, bound, actual).is_err() {
+        crate::log_error!("pitch allocation spent {actual} bytes, above the slice's limit");
+    }
+    process.ledger.track(
+        ObjectKind::Pointer,
+        *dptr,
+        Charged {
+            device,
+            bytes: actual,
+            pool: 0,
+            context: current_context(),
+        },
+    );
+    result
+}
+
+// ---------------------------------------------------------------- pools
+
+/// Reads a pool's reserved bytes; `None` when the pool no longer exists.
+fn pool_reserved(pool: u64) -> Option<u64> {
+    let get_attribute = real::cuMemPoolGetAttribute()?;
+    let mut value: u64 = 0;
+    // SAFETY: RESERVED_MEM_CURRENT writes one cuuint64_t into `value`.
+    let result = unsafe {
+        get_attribute(
+            pool as CUmemoryPool,
+            RESERVED_MEM_CURRENT,
+            (&mut value as *mut u64).cast(),
+        )
+    };
+    (result == CUDA_SUCCESS).then_some(value)
+}
+
+fn apply(process: &Process, settle: Settle) {
+    match settle {
+        Settle::Unchanged => {}
+        Settle::Shrink { device, bytes } => process.ledger.refund(device, bytes),
+        Settle::Grow { device, bytes } => {
+            if process.ledger.charge(device, bytes).is_err() {
+                crate::log_error!("a memory pool grew by {bytes} bytes past the slice's limit");
+            }
+        }
+    }
+}
+
+/// Re-reads one pool and settles its charge.
+pub(super) fn reread_pool(process: &Process, pool: u64, device: u8) {
+    let mut book = lock(&process.ledger.pools);
+    let settle = match pool_reserved(pool) {
+        Some(reserved) => book.settle(pool, device, reserved),
+        None => book.forget(pool),
+    };
+    drop(book);
+    apply(process, settle);
+}
+
+/// Re-reads every known pool; true if any charge went down.
+pub(super) fn reread_pools(process: &Process) -> bool {
+    let known = lock(&process.ledger.pools).known();
+    let mut shrank = false;
+    for (pool, device) in known {
+        let mut book = lock(&process.ledger.pools);
+        let settle = match pool_reserved(pool) {
+            Some(reserved) => book.settle(pool, device, reserved),
+            None => book.forget(pool),
+        };
+        drop(book);
+        shrank |= matches!(settle, Settle::Shrink { .. });
+        apply(process, settle);
+    }
+    shrank
+}
+
+/// For reporting: settle pools only when this process has any (a lock-free check first).
+#[inline]
+pub(super) fn reread_pools_if_any(process: &Process) {
+    if process
+        .ledger
+        .objects_have_pools
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        reread_pools(process);
+    }
+}
+
+/// Allocates from `pool` with the pool's bookkeeping held across the driver call, so the
+/// reading after it is attributed to exactly this allocation.
+unsafe fn pool_alloc(
+    process: &Process,
+    device: u8,
+    pool: u64,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let bound = charge_size(bytes as u64);
+    if let Err(code) = charge_or_refuse(process, device, bound) {
+        return code;
+    }
+    process
+        .ledger
+        .objects_have_pools
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut book = lock(&process.ledger.pools);
+    let result = call();
+    let settle = match pool_reserved(pool) {
+        Some(reserved) => book.settle(pool, device, reserved),
+        None => book.forget(pool),
+    };
+    drop(book);
+    // The bound stood in for the pool's growth: settle it to the real change.
+    let settled = match settle {
+        Settle::Grow { bytes, .. } => process.ledger.settle(device, bound, bytes),
+        Settle::Shrink { bytes, .. } => {
+            process.ledger.refund(device, bound.saturating_add(bytes));
+            Ok(())
+        }
+        Settle::Unchanged => {
+            process.ledger.refund(device, bound);
+            Ok(())
+        }
+    };
+    if settled.is_err() {
+        crate::log_error!("a memory pool grew past the slice's limit");
+    }
+    if result == CUDA_SUCCESS && !dptr.is_null() {
+        process.ledger.track(
+            ObjectKind::PoolPointer,
+            *dptr,
+            Charged {
+                device,
+                bytes: 0,
+                pool,
+                context: 0,
+            },
+        );
+    }
+    result
+}
+
+pub unsafe fn mem_alloc_async(
+    real: sig::cuMemAllocAsync,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> CUresult {
+    let (Some(process), Some((ordinal, device))) = (process(), current_limited_device()) else {
+        return real(dptr, bytes, stream);
+    };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    let found = real::cuDeviceGetMemPool().map(|get| get(&mut pool, ordinal));
+    if found != Some(CUDA_SUCCESS) || pool.is_null() {
+        // No pool to read: charge it like a plain allocation.
+        return crate::hooks::cuda::mem_alloc_async(real, dptr, bytes, stream);
+    }
+    pool_alloc(process, device, pool as u64, dptr, bytes, || {
+        real(dptr, bytes, stream)
+    })
+}
+
+pub unsafe fn mem_alloc_from_pool_async(
+    real: sig::cuMemAllocFromPoolAsync,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    let (Some(process), Some((_, device))) = (process(), current_limited_device()) else {
+        return real(dptr, bytes, pool, stream);
+    };
+    pool_alloc(process, device, pool as u64, dptr, bytes, || {
+        real(dptr, bytes, pool, stream)
+    })
+}
+
+pub unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
+    let result = real(pool);
+    if result == CUDA_SUCCESS {
+        if let Some(process) = process() {
+            let device = lock(&process.ledger.pools).device_of(pool as u64);
+            if let Some(device) = device {
+                reread_pool(process, pool as u64, device);
+            }
+        }
+    }
+    result
+}
+
+pub unsafe fn mem_pool_trim_to(
+    real: sig::cuMemPoolTrimTo,
+    pool: CUmemoryPool,
+    keep: usize,
+) -> CUresult {
+    let result = real(pool, keep);
+    if result == CUDA_SUCCESS {
+        if let Some(process) = process() {
+            let device = lock(&process.ledger.pools).device_of(pool as u64);
+            if let Some(device) = device {
+                reread_pool(process, pool as u64, device);
+            }
+        }
+    }
+    result
+}
+
+// ---------------------------------------------------------------- VMM
+
+pub unsafe fn mem_map(
+    real: sig::cuMemMap,
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> CUresult {
+    let result = real(ptr, size, offset, handle, flags);
+    if result == CUDA_SUCCESS {
+        if let Some(process) = process() {
+            lock(&process.ledger.vmm).mapped(ptr, size as u64, handle);
+        }
+    }
+    result
+}
+
+fn unmapped(ptr: CUdeviceptr, size: usize) {
+    if let Some(process) = process() {
+        let freed = lock(&process.ledger.vmm).unmapped_range(ptr, size as u64);
+        for (device, bytes) in freed {
+            process.ledger.refund(device, bytes);
+        }
+    }
+}
+
+pub unsafe fn mem_unmap(real: sig::cuMemUnmap, ptr: CUdeviceptr, size: usize) -> CUresult {
+    let result = real(ptr, size);
+    if result == CUDA_SUCCESS {
+        unmapped(ptr, size);
+    }
+    result
+}
+
+pub unsafe fn mem_address_free(
+    real: sig::cuMemAddressFree,
+    ptr: CUdeviceptr,
+    size: usize,
+) -> CUresult {
+    let result = real(ptr, size);
+    if result == CUDA_SUCCESS {
+        unmapped(ptr, size);
+    }
+    result
+}
+
+pub unsafe fn mem_retain_allocation_handle(
+    real: sig::cuMemRetainAllocationHandle,
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    let result = real(handle, addr);
+    if result == CUDA_SUCCESS && !handle.is_null() {
+        if let Some(process) = process() {
+            lock(&process.ledger.vmm).retained(*handle);
+        }
+    }
+    result
+}
+
+// ---------------------------------------------------------------- contexts
+
+/// Creates a context on `ordinal` (the caller holds the primaries lock, which serialises
+/// context creation in this process): reserves the context cost, calls the driver, and on
+/// the first context of the process on the device measures the real cost and our host PID
+/// from NVML. Returns the driver's result and what stays charged.
+fn create_context(
+    process: &Process,
+    shared: &Shared,
+    ordinal: CUdevice,
+    call: impl FnOnce() -> CUresult,
+) -> (CUresult, Option<(u8, u64)>) {
+    let device = match cuda_binding(shared, ordinal) {
+        Ok(Binding::Limited(d)) => d,
+        Ok(Binding::Unlimited) => return (call(), None),
+        Err(()) => return (CUDA_ERROR_OUT_OF_MEMORY, None),
+    };
+    let cost_cell = &shared.context_cost[device as usize];
+    let known_cost = cost_cell.load(std::sync::atomic::Ordering::Acquire);
+    let reserved = if known_cost > 0 {
+        known_cost
+    } else {
+        shared.context_bound
+    };
+    if let Err(code) = charge_or_refuse(process, device, reserved) {
+        return (code, None);
+    }
+    let slot_used = shared.region.slot_used(process.slot, device_id(device));
+    // Measuring needs our entry to hold nothing but the new context.
+    let measure = slot_used == reserved
+        && (known_cost == 0 || process.host_pid.load(std::sync::atomic::Ordering::Relaxed) == 0);
+    let nvml = if measure {
+        nvml_for_cuda(ordinal)
+    } else {
+        None
+    };
+    let before = nvml.map(nvml_processes).unwrap_or_default();
+    let result = call();
+    if result != CUDA_SUCCESS {
+        process.ledger.refund(device, reserved);
+        return (result, None);
+    }
+    let mut charged = reserved;
+    if let Some(handle) = nvml {
+        let after = nvml_processes(handle);
+        let claimed = claimed_host_pids(shared, process);
+        let known_host = process.host_pid.load(std::sync::atomic::Ordering::Relaxed);
+        if let Some(me) =
+            host_pid::find_after_context_creation(&before, &after, known_host, &claimed)
+        {
+            record_host_pid(shared, process, me.pid);
+            if let Some(cost) = host_pid::plausible_context_cost(&me) {
+                let _ = cost_cell.compare_exchange(
+                    0,
+                    cost,
+                    std::sync::atomic::Ordering::AcqRel,
+                    std::sync::atomic::Ordering::Acquire,
+                );
+                let cost = cost_cell.load(std::sync::atomic::Ordering::Acquire);
+                if process.ledger.settle(device, reserved, cost).is_ok() {
+                    charged = cost;
+                }
+            }
+        } else {
+            crate::log_info!(
+                "could not tell our entry in NVML's process list; keeping the context bound"
+            );
+        }
+    }
+    shared
+        .region
+        .context_created(process.slot, device_id(device));
+    (result, Some((device, charged)))
+}
+
+fn record_host_pid(shared: &Shared, process: &Process, pid: u32) {
+    if process
+        .host_pid
+        .swap(pid, std::sync::atomic::Ordering::AcqRel)
+        != pid
+    {
+        shared.region.set_host_pid(process.slot, pid);
+    }
+}
+
+fn claimed_host_pids(shared: &Shared, process: &Process) -> Vec<u32> {
+    shared
+        .region
+        .snapshot()
+        .processes
+        .iter()
+        .filter(|p| p.slot != process.slot && p.host_pid != 0)
+        .map(|p| p.host_pid)
+        .collect()
+}
+
+/// The driver destroyed context `ctx` (and every object it owned).
+pub(super) fn context_gone(process: &Process, ctx: u64) {
+    if let Some(charged) = process.ledger.untrack(ObjectKind::Context, ctx) {
+        if let Some(shared) = shared() {
+            shared
+                .region
+                .context_destroyed(process.slot, device_id(charged.device));
+        }
+    }
+    process.ledger.context_destroyed(ctx);
+    reread_pools(process);
+}
+
+unsafe fn ctx_create_with(
+    device: CUdevice,
+    pctx: *mut CUcontext,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let (Some(shared), Some(process)) = (shared(), process()) else {
+        return call();
+    };
+    let _serialised = lock(&process.ledger.primaries);
+    let (result, charge) = create_context(process, shared, device, call);
+    if let (Some((device, bytes)), false) = (charge, pctx.is_null()) {
+        process.ledger.track(
+            ObjectKind::Context,
+            *pctx as u64,
+            Charged {
+                device,
+                bytes,
+                pool: 0,
+                context: 0,
+            },
+        );
+    }
+    result
+}
+
+pub unsafe fn ctx_create_v2(
+    real: sig::cuCtxCreate_v2,
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    ctx_create_with(dev, pctx, || real(pctx, flags, dev))
+}
+
+pub unsafe fn ctx_create_v3(
+    real: sig::cuCtxCreate_v3,
+    pctx: *mut CUcontext,
+    params: *mut c_void,
+    num_params: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    ctx_create_with(dev, pctx, || real(pctx, params, num_params, flags, dev))
+}
+
+pub unsafe fn ctx_create_v4(
+    real: sig::cuCtxCreate_v4,
+    pctx: *mut CUcontext,
+    params: *mut c_void,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    ctx_create_with(dev, pctx, || real(pctx, params, flags, dev))
+}
+
+pub unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
+    let result = real(ctx);
+    if result == CUDA_SUCCESS {
+        if let Some(process) = process() {
+            context_gone(process, ctx as u64);
+        }
+    }
+    result
+}
+
+fn primary_entry(list: &mut Vec<PrimaryContext>, dev: CUdevice) -> Option<&mut PrimaryContext> {
+    let index = usize::try_from(dev).ok()?;
+    if list.len() <= index {
+        list.resize(index + 1, PrimaryContext::default());
+    }
+    list.get_mut(index)
+}
+
+pub unsafe fn primary_ctx_retain(
+    real: sig::cuDevicePrimaryCtxRetain,
+    pctx: *mut CUcontext,
+    dev: CUdevice,
+) -> CUresult {
+    let (Some(shared), Some(process)) = (shared(), process()) else {
+        return real(pctx, dev);
+    };
+    let mut primaries = lock(&process.ledger.primaries);
+    let Some(entry) = primary_entry(&mut primaries, dev) else {
+        return real(pctx, dev);
+    };
+    if entry.refs > 0 {
+        let result = real(pctx, dev);
+        if result == CUDA_SUCCESS {
+            entry.refs += 1;
+        }
+        return result;
+    }
+    let (result, charge) = create_context(process, shared, dev, || real(pctx, dev));
+    if result == CUDA_SUCCESS {
+        entry.refs = 1;
+        entry.charge = charge;
+        entry.handle = if pctx.is_null() { 0 } else { *pctx as u64 };
+    }
+    result
+}
+
+/// The primary context of `dev` was torn down: refund it and what it owned.
+fn primary_gone(process: &Process, entry: PrimaryContext) {
+    if let Some((device, bytes)) = entry.charge {
+        process.ledger.refund(device, bytes);
+        if let Some(shared) = shared() {
+            shared
+                .region
+                .context_destroyed(process.slot, device_id(device));
+        }
+    }
+    process.ledger.context_destroyed(entry.handle);
+}
+
+pub unsafe fn primary_ctx_release(
+    real: sig::cuDevicePrimaryCtxRelease_v2,
+    dev: CUdevice,
+) -> CUresult {
+    let Some(process) = process() else {
+        return real(dev);
+    };
+    let mut primaries = lock(&process.ledger.primaries);
+    let result = real(dev);
+    let mut gone = None;
+    if result == CUDA_SUCCESS {
+        if let Some(entry) = primary_entry(&mut primaries, dev) {
+            entry.refs = entry.refs.saturating_sub(1);
+            if entry.refs == 0 {
+                gone = Some(std::mem::take(entry));
+            }
+        }
+    }
+    drop(primaries);
+    if let Some(entry) = gone {
+        primary_gone(process, entry);
+        reread_pools(process);
+    }
+    result
+}
+
+pub unsafe fn primary_ctx_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> CUresult {
+    let Some(process) = process() else {
+        return real(dev);
+    };
+    let mut primaries = lock(&process.ledger.primaries);
+    let result = real(dev);
+    let mut gone = None;
+    if result == CUDA_SUCCESS {
+        if let Some(entry) = primary_entry(&mut primaries, dev) {
+            if entry.refs > 0 || entry.charge.is_some() {
+                gone = Some(std::mem::take(entry));
+            }
+        }
+    }
+    drop(primaries);
+    if let Some(entry) = gone {
+        primary_gone(process, entry);
+        reread_pools(process);
+    }
+    result
+}
+
+// ---------------------------------------------------------------- NVML
+
+/// (index, UUID) of an NVML device, through the real NVML.
+pub(super) fn nvml_identity(device: nvmlDevice_t) -> (u32, String) {
+    let mut buffer = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    let uuid = match real::nvmlDeviceGetUUID() {
+        // SAFETY: the buffer is writable for its full length, which is what we pass.
+        Some(get)
+            if unsafe { get(device, buffer.as_mut_ptr(), buffer.len() as c_uint) }
+                == NVML_SUCCESS =>
+        {
+            buffer[buffer.len() - 1] = 0;
+            // SAFETY: NUL-terminated by the driver and by the line above.
+            unsafe { CStr::from_ptr(buffer.as_ptr()) }
+                .to_string_lossy()
+                .into_owned()
+        }
+        _ => String::new(),
+    };
+    let mut index: c_uint = u32::MAX;
+    if let Some(get) = real::nvmlDeviceGetIndex() {
+        // SAFETY: valid out-pointer for the call.
+        unsafe { get(device, &mut index) };
+    }
+    (index, uuid)
+}
+
+/// The NVML handle of a CUDA device (by UUID), initialising the real NVML once.
+fn nvml_for_cuda(ordinal: CUdevice) -> Option<nvmlDevice_t> {
+    static NVML_READY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    if NVML_READY.load(std::sync::atomic::Ordering::Acquire) == 0 {
+        let init = real::nvmlInit_v2()?;
+        // SAFETY: no arguments; refcounted by NVML, never shut down by us.
+        let ok = unsafe { init() } == NVML_SUCCESS;
+        NVML_READY.store(if ok { 1 } else { 2 }, std::sync::atomic::Ordering::Release);
+    }
+    if NVML_READY.load(std::sync::atomic::Ordering::Acquire) != 1 {
+        return None;
+    }
+    let uuid = CString::new(crate::devices::cuda_device_uuid(ordinal)).ok()?;
+    let by_uuid = real::nvmlDeviceGetHandleByUUID()?;
+    let mut handle: nvmlDevice_t = std::ptr::null_mut();
+    // SAFETY: NUL-terminated UUID and a valid out-pointer.
+    (unsafe { by_uuid(uuid.as_ptr(), &mut handle) } == NVML_SUCCESS).then_some(handle)
+}
+
+/// NVML's compute process list of `device` through the real library (v3, else v2).
+fn nvml_processes(device: nvmlDevice_t) -> Vec<ListedProcess> {
+    raw_process_list(device)
+        .unwrap_or_default()
+        .iter()
+        .map(|p| ListedProcess {
+            pid: p.pid,
+            used: p.usedGpuMemory,
+        })
+        .collect()
+}
+
+fn raw_process_list(device: nvmlDevice_t) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t> {
+    let get = real::nvmlDeviceGetComputeRunningProcesses_v3()
+        .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)
+        .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    let mut capacity: c_uint = 64;
+    for _ in 0..4 {
+        let mut buffer = vec![nvmlProcessInfo_t::default(); capacity as usize];
+        let mut count = capacity;
+        // SAFETY: `buffer` holds `count` entries of the v2/v3 layout.
+        let result = unsafe { get(device, &mut count, buffer.as_mut_ptr()) };
+        match result {
+            NVML_SUCCESS => {
+                buffer.truncate(count as usize);
+                return Ok(buffer);
+            }
+            NVML_ERROR_INSUFFICIENT_SIZE => capacity = count.max(capacity) + 16,
+            other => return Err(other),
+        }
+    }
+    Err(NVML_ERROR_INSUFFICIENT_SIZE)
+}
+
+/// The processes of the slice: (NVML's PID, the container's PID) of every live slot.
+fn slice_members(shared: &Shared) -> Vec<SliceProcess> {
+    shared
+        .region
+        .snapshot()
+        .processes
+        .iter()
+        .filter(|p| p.liveness != Liveness::Stale)
+        .map(|p| SliceProcess {
+            driver_pid: if p.host_pid != 0 { p.host_pid } else { p.pid },
+            container_pid: p.pid,
+        })
+        .collect()
+}
+
+/// The slice's process list for `device`, or `None` when the device is not sliced.
+fn slice_list(device: nvmlDevice_t) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
+    let shared = shared()?;
+    let Ok(Binding::Limited(entry)) = nvml_binding(shared, device) else {
+        return None;
+    };
+    let raw = match raw_process_list(device) {
+        Ok(raw) => raw,
+        Err(code) => return Some(Err(code)),
+    };
+    if let Some(process) = process() {
+        if process.host_pid.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            let ours = shared.region.slot_used(process.slot, device_id(entry));
+            let listed: Vec<ListedProcess> = raw
+                .iter()
+                .map(|p| ListedProcess {
+                    pid: p.pid,
+                    used: p.usedGpuMemory,
+                })
+                .collect();
+            let claimed = claimed_host_pids(shared, process);
+            if let Some(me) = host_pid::find_by_usage(&listed, ours, &claimed) {
+                record_host_pid(shared, process, me.pid);
+            }
+        }
+    }
+    let members = slice_members(shared);
+    Some(Ok(slice_process_list(
+        &raw,
+        &members,
+        |p| p.pid,
+        |p, pid| nvmlProcessInfo_t { pid, ..p },
+    )))
+}
+
+/// Copies `list` to the caller's buffer under NVML's count protocol.
+unsafe fn answer<T>(
+    list: Vec<nvmlProcessInfo_t>,
+    count: *mut c_uint,
+    infos: *mut T,
+    convert: impl Fn(nvmlProcessInfo_t) -> T,
+) -> nvmlReturn_t {
+    if count.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    match list_fits(list.len(), *count, infos.is_null()) {
+        Err(needed) => {
+            *count = needed;
+            NVML_ERROR_INSUFFICIENT_SIZE
+        }
+        Ok(n) => {
+            for (i, entry) in list.into_iter().enumerate().take(n) {
+                infos.add(i).write(convert(entry));
+            }
+            *count = n as c_uint;
+            NVML_SUCCESS
+        }
+    }
+}
+
+pub unsafe fn compute_processes_v1(
+    real: sig::nvmlDeviceGetComputeRunningProcesses,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    match slice_list(device) {
+        None => real(device, count, infos),
+        Some(Err(code)) => code,
+        Some(Ok(list)) => answer(list, count, infos, |p| nvmlProcessInfo_v1_t {
+            pid: p.pid,
+            usedGpuMemory: p.usedGpuMemory,
+        }),
+    }
+}
+
+pub unsafe fn compute_processes_v2(
+    real: sig::nvmlDeviceGetComputeRunningProcesses_v2,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    match slice_list(device) {
+        None => real(device, count, infos),
+        Some(Err(code)) => code,
+        Some(Ok(list)) => answer(list, count, infos, |p| p),
+    }
+}
+
+pub unsafe fn compute_processes_v3(
+    real: sig::nvmlDeviceGetComputeRunningProcesses_v3,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    match slice_list(device) {
+        None => real(device, count, infos),
+        Some(Err(code)) => code,
+        Some(Ok(list)) => answer(list, count, infos, |p| p),
+    }
+}
