@@ -410,7 +410,8 @@ pub fn run_holder() {
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
-        writeln!(out, "READY {}", std::process::id()).unwrap();
+        // libtest has already printed "test NAME ... " without a newline: start a fresh line.
+        writeln!(out, "\nREADY {}", std::process::id()).unwrap();
         out.flush().unwrap();
     }
     let mut sink = String::new();
@@ -439,16 +440,30 @@ pub fn spawn_holder(name: &str, bytes: u64) -> Holder {
         .expect("spawn holder");
     let pid = child.id();
     let stdout = child.stdout.take().expect("piped stdout");
-    // The holder's READY line is the condition; EOF means it died first.
-    for line in std::io::BufReader::new(stdout).lines() {
-        let line = line.expect("read holder stdout");
-        if let Some(rest) = line.strip_prefix("READY ") {
-            assert_eq!(rest.trim().parse::<u32>().ok(), Some(pid));
-            return Holder { child, pid };
+    // The holder's READY line is the condition. A reader thread forwards it, so that a holder
+    // that hangs before allocating fails the test after a deadline instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(rest) = line.split("READY ").nth(1) {
+                let _ = tx.send(rest.trim().parse::<u32>().ok());
+                return;
+            }
+        }
+        // EOF: dropping `tx` tells the receiver the holder died.
+    });
+    let mut holder = Holder { child, pid };
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(reported) => {
+            assert_eq!(reported, Some(pid), "holder reported another PID");
+            holder
+        }
+        Err(e) => {
+            holder.kill();
+            panic!("holder {pid} never reported READY ({e:?}); see its stderr above");
         }
     }
-    let status = child.wait().expect("wait holder");
-    panic!("holder exited before allocating ({status})");
 }
 
 impl Holder {
