@@ -129,3 +129,72 @@ pub fn from_snapshot(snapshot: &RegionSnapshot) -> View {
         .collect();
     View { devices, processes }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_common::region::{DeviceId, DeviceLimits, ProcessIdentity};
+
+    /// Builds a region with the shim's own API (one device, this process holding 256 MiB) and
+    /// reads it back. Runs on a helper thread with a deadline: a region lock that is never
+    /// released must fail this test, not hang the suite.
+    #[test]
+    fn reads_limits_usage_and_live_processes_of_a_real_region() {
+        let dir = crate::sandbox::TempDir::new("gpuslice-region-view").unwrap();
+        let path = dir.path().join("slice.region");
+        let (done, result) = std::sync::mpsc::channel();
+        let writer_path = path.clone();
+        std::thread::spawn(move || {
+            let outcome = (|| -> Result<(Region, DeviceId, View), String> {
+                let region = Region::open_or_create(&writer_path).map_err(|e| e.to_string())?;
+                let binding = region
+                    .bind_devices(&[DeviceLimits {
+                        uuid: "GPU-test".into(),
+                        memory_limit: Some(1 << 30),
+                        compute_percent: Some(25),
+                    }])
+                    .map_err(|e| e.to_string())?;
+                let device: DeviceId = binding.ids[0];
+                let identity = ProcessIdentity::current().ok_or("no /proc")?;
+                let slot = region.register(&identity).map_err(|e| e.to_string())?;
+                region
+                    .reserve(slot, device, 256 << 20)
+                    .map_err(|e| e.to_string())?;
+                let view = read(&writer_path).map_err(|e| e.message)?;
+                Ok((region, device, view))
+            })();
+            let _ = done.send(outcome);
+        });
+        let (_region, device, view) = result
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the region API did not finish within 10 s (a lock never released?)")
+            .expect("building or reading the region failed");
+        assert_eq!(view.devices.len(), 1);
+        let d = &view.devices[0];
+        assert_eq!(
+            (d.uuid.as_str(), d.limit, d.used, d.compute_percent),
+            ("GPU-test", Some(1 << 30), 256 << 20, Some(25))
+        );
+        assert_eq!(view.processes.len(), 1);
+        let p = &view.processes[0];
+        assert_eq!(p.pid, std::process::id());
+        assert_eq!(p.used, vec![(device.index(), 256 << 20)]);
+        assert_eq!(p.state, ProcessState::Alive);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_region_is_invalid_input() {
+        let dir = crate::sandbox::TempDir::new("gpuslice-region-bad").unwrap();
+        let path = dir.path().join("x.region");
+        std::fs::write(&path, b"{}").unwrap();
+        let err = read(&path).unwrap_err();
+        assert_eq!(err.code, crate::error::EXIT_INVALID);
+        assert!(
+            err.message.contains("not a gpuslice region"),
+            "{}",
+            err.message
+        );
+        let err = read(&dir.path().join("missing")).unwrap_err();
+        assert_eq!(err.code, crate::error::EXIT_INVALID);
+    }
+}

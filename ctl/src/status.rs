@@ -37,7 +37,7 @@ pub struct StatusArgs {
 
 fn parse_interval(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {
-        Ok(secs) if secs.is_finite() && secs >= 0.05 && secs <= 3600.0 => Ok(secs),
+        Ok(secs) if (0.05..=3600.0).contains(&secs) => Ok(secs),
         _ => Err(format!(
             "{text:?} is not an interval; give seconds between 0.05 and 3600"
         )),

@@ -621,7 +621,7 @@ fn run_gives_clients_a_1gib_device_and_refuses_past_it() {
         assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{client}: {v}");
         let got = v["total_bytes"].as_u64().unwrap();
         assert!(
-            got <= GIB && got >= 256 * MIB,
+            (256 * MIB..=GIB).contains(&got),
             "{client} got {got} bytes in a 1 GiB slice: {v}"
         );
     }
