@@ -30,6 +30,7 @@ fn await_idle_timeline(state: &fakegpu::SharedState) {
 
 fn within(actual: u32, expected: f64, what: &str) {
     let diff = (actual as f64 - expected).abs();
+    eprintln!("{what}: NVML {actual}%, timeline {expected:.2}%");
     assert!(
         diff <= TOLERANCE_PCT as f64,
         "{what}: NVML says {actual}%, the timeline says {expected:.1}%"
@@ -159,18 +160,27 @@ fn process_utilization_is_the_process_share_since_last_seen() {
             cuda.launch(kernel, 300 * MS);
             cuda.synchronize();
             await_idle_timeline(&state);
+            // Let the device idle as long again, so the share is about half, not all.
+            let idle_until = state.busy_until(0) + 300 * MS;
+            await_value(Duration::from_secs(2), "300 ms of idle time pass", || {
+                (fakegpu::now_ns() >= idle_until).then_some(())
+            });
             let s = sample(last_seen_us);
             assert_eq!(s.pid, std::process::id() + 300);
             let span_ms = (s.timeStamp - last_seen_us) as f64 / 1000.0;
             let expected = 300.0 / span_ms * 100.0;
             within(s.smUtil, expected, "this process's share since last_seen");
 
-            // Nothing ran since that sample: 0% from its own timestamp (once the clock has
-            // moved past it, or there would be no interval to report on).
-            await_value(Duration::from_secs(1), "clock passes the sample", || {
-                (fakegpu::now_ns() / 1000 > s.timeStamp).then_some(())
-            });
-            let quiet = sample(s.timeStamp);
+            // Nothing ran after the kernel: 0%. The timeline keeps 1 ms buckets and pro-rates
+            // partial ones, so the quiet interval starts on the bucket after the kernel's end.
+            let bucket = fakegpu::timeline::BUCKET_NS;
+            let quiet_from_us = (state.busy_until(0) / bucket + 1) * bucket / 1000;
+            await_value(
+                Duration::from_secs(1),
+                "clock passes the quiet start",
+                || (fakegpu::now_ns() / 1000 > quiet_from_us + 5_000).then_some(()),
+            );
+            let quiet = sample(quiet_from_us);
             assert_eq!(quiet.smUtil, 0);
         },
     );
