@@ -1,0 +1,216 @@
+//! The bytes of a region file: `repr(C)` structs made only of atomics (every field may be read
+//! by one process while another writes it, so plain fields would be data races), their sizes
+//! and offsets, and typed access to a mapping of exactly [`REGION_SIZE`] bytes.
+//!
+//! ```text
+//! offset  size                      what
+//! 0       128                       Header (magic, layout version, sizes, init state)
+//! 128     16 x 320 = 5120           DeviceEntry[MAX_DEVICES]   (limits, used_bytes, throttle)
+//! 5248    1024 x 256 = 262144       ProcessSlot[MAX_PROCESSES] (never move once claimed)
+//! 267392                            end (REGION_SIZE)
+//! ```
+//!
+//! OFD lock bytes (locks only, the bytes' contents are unrelated): byte 0 is the registration
+//! lock; the first byte of each slot is that slot's liveness lock, held by its owner.
+
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+pub use crate::MAX_DEVICES;
+
+/// First 8 bytes of every region file.
+pub const MAGIC: [u8; 8] = *b"GPUSLICE";
+/// Bumped on any incompatible change of the structs below.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Process slots per region (all processes of all containers sharing the slice).
+pub const MAX_PROCESSES: usize = 1024;
+/// Bytes of the NUL-padded device UUID.
+pub const UUID_BYTES: usize = 64;
+/// Words reserved per device for the compute throttle.
+pub const THROTTLE_WORDS: usize = 16;
+
+pub const HEADER_SIZE: usize = 128;
+pub const DEVICE_ENTRY_SIZE: usize = 320;
+pub const SLOT_SIZE: usize = 256;
+pub const DEVICES_OFFSET: usize = HEADER_SIZE;
+pub const SLOTS_OFFSET: usize = DEVICES_OFFSET + MAX_DEVICES * DEVICE_ENTRY_SIZE;
+/// Exact size of a region file; any other size is refused before mapping.
+pub const REGION_SIZE: usize = SLOTS_OFFSET + MAX_PROCESSES * SLOT_SIZE;
+
+/// Byte locked (OFD write lock) while registering, reaping, initialising or resetting.
+pub const REGISTRATION_LOCK_OFFSET: u64 = 0;
+
+/// File offset of slot `index`'s liveness-lock byte.
+pub const fn slot_lock_offset(index: usize) -> u64 {
+    (SLOTS_OFFSET + index * SLOT_SIZE) as u64
+}
+
+/// `Header::init_state` values.
+pub const INIT_EMPTY: u32 = 0;
+pub const INIT_READY: u32 = 0x5245_4459; // "READ"-ish, unlikely in a foreign file
+
+/// `DeviceEntry::memory_limit` meaning "no cap".
+pub const UNLIMITED: u64 = u64::MAX;
+
+/// `ProcessSlot::state` values.
+pub const SLOT_FREE: u32 = 0;
+pub const SLOT_CLAIMED: u32 = 1;
+
+#[repr(C)]
+pub struct Header {
+    /// `MAGIC` as a little-endian u64.
+    pub magic: AtomicU64,
+    pub layout_version: AtomicU32,
+    pub header_size: AtomicU32,
+    pub device_entry_size: AtomicU32,
+    pub slot_size: AtomicU32,
+    pub max_devices: AtomicU32,
+    pub max_processes: AtomicU32,
+    /// `INIT_READY` (stored last, with Release) once every other header field is valid.
+    pub init_state: AtomicU32,
+    _pad0: AtomicU32,
+    pub total_size: AtomicU64,
+    /// Bumped whenever limits are rewritten or the region is reset; lets a reader notice.
+    pub generation: AtomicU64,
+    _reserved: [AtomicU64; 9],
+}
+
+#[repr(C)]
+pub struct DeviceEntry {
+    /// NUL-padded UUID bytes, little-endian in 8 words; all zero = entry unused.
+    pub uuid: [AtomicU64; UUID_BYTES / 8],
+    /// Bytes; `UNLIMITED` = no cap.
+    pub memory_limit: AtomicU64,
+    /// 1..=100; 0 = not throttled.
+    pub compute_percent: AtomicU32,
+    _flags: AtomicU32,
+    _reserved0: [AtomicU64; 6],
+    /// Container-wide bytes reserved on this device (sum of the slots' `used`, plus drift).
+    pub used_bytes: AtomicU64,
+    _reserved1: [AtomicU64; 7],
+    /// Reserved for the compute throttle (token bucket state).
+    pub throttle: [AtomicU64; THROTTLE_WORDS],
+}
+
+#[repr(C)]
+pub struct ProcessSlot {
+    /// `SLOT_FREE` or `SLOT_CLAIMED`.
+    pub state: AtomicU32,
+    /// PID in the owner's PID namespace.
+    pub pid: AtomicU32,
+    /// PID as the host (and NVML) sees it; 0 = not known yet.
+    pub host_pid: AtomicU32,
+    _flags: AtomicU32,
+    /// Process start time, clock ticks after boot (/proc/<pid>/stat field 22).
+    pub start_time: AtomicU64,
+    /// Inode of the owner's PID namespace (/proc/self/ns/pid); 0 = unknown.
+    pub pid_ns: AtomicU64,
+    /// Reserved: last heartbeat, for the throttle.
+    pub heartbeat: AtomicU64,
+    _aux: [AtomicU64; 3],
+    /// Bytes this process holds, per device entry.
+    pub used: [AtomicU64; MAX_DEVICES],
+    /// Live CUDA contexts of this process, per device entry.
+    pub contexts: [AtomicU32; MAX_DEVICES],
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() == HEADER_SIZE);
+const _: () = assert!(std::mem::size_of::<DeviceEntry>() == DEVICE_ENTRY_SIZE);
+const _: () = assert!(std::mem::size_of::<ProcessSlot>() == SLOT_SIZE);
+const _: () = assert!(std::mem::align_of::<Header>() == 8);
+const _: () = assert!(std::mem::align_of::<DeviceEntry>() == 8);
+const _: () = assert!(std::mem::align_of::<ProcessSlot>() == 8);
+
+/// The whole file as one struct; the mapping is page-aligned, so this is well aligned.
+#[repr(C)]
+pub struct RegionLayout {
+    pub header: Header,
+    pub devices: [DeviceEntry; MAX_DEVICES],
+    pub slots: [ProcessSlot; MAX_PROCESSES],
+}
+
+const _: () = assert!(std::mem::size_of::<RegionLayout>() == REGION_SIZE);
+
+pub fn magic_word() -> u64 {
+    u64::from_le_bytes(MAGIC)
+}
+
+/// Packs a UUID (at most `UUID_BYTES - 1` bytes; longer is cut) into NUL-padded words.
+pub fn uuid_to_words(uuid: &str) -> [u64; UUID_BYTES / 8] {
+    let mut bytes = [0u8; UUID_BYTES];
+    let len = uuid.len().min(UUID_BYTES - 1);
+    bytes[..len].copy_from_slice(&uuid.as_bytes()[..len]);
+    let mut words = [0u64; UUID_BYTES / 8];
+    for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+        let mut eight = [0u8; 8];
+        eight.copy_from_slice(chunk);
+        *word = u64::from_le_bytes(eight);
+    }
+    words
+}
+
+/// The UUID stored in `words` (lossy for non-UTF-8 garbage).
+pub fn uuid_from_words(words: &[u64; UUID_BYTES / 8]) -> String {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    #[test]
+    fn sizes_and_offsets_are_stable() {
+        // These numbers are the on-disk contract: changing any means bumping LAYOUT_VERSION.
+        assert_eq!(HEADER_SIZE, 128);
+        assert_eq!(DEVICE_ENTRY_SIZE, 320);
+        assert_eq!(SLOT_SIZE, 256);
+        assert_eq!(SLOTS_OFFSET, 5248);
+        assert_eq!(REGION_SIZE, 267_392);
+        assert_eq!(offset_of!(RegionLayout, devices), DEVICES_OFFSET);
+        assert_eq!(offset_of!(RegionLayout, slots), SLOTS_OFFSET);
+
+        assert_eq!(offset_of!(Header, magic), 0);
+        assert_eq!(offset_of!(Header, layout_version), 8);
+        assert_eq!(offset_of!(Header, header_size), 12);
+        assert_eq!(offset_of!(Header, device_entry_size), 16);
+        assert_eq!(offset_of!(Header, slot_size), 20);
+        assert_eq!(offset_of!(Header, max_devices), 24);
+        assert_eq!(offset_of!(Header, max_processes), 28);
+        assert_eq!(offset_of!(Header, init_state), 32);
+        assert_eq!(offset_of!(Header, total_size), 40);
+        assert_eq!(offset_of!(Header, generation), 48);
+
+        assert_eq!(offset_of!(DeviceEntry, uuid), 0);
+        assert_eq!(offset_of!(DeviceEntry, memory_limit), 64);
+        assert_eq!(offset_of!(DeviceEntry, compute_percent), 72);
+        assert_eq!(offset_of!(DeviceEntry, used_bytes), 128);
+        assert_eq!(offset_of!(DeviceEntry, throttle), 192);
+
+        assert_eq!(offset_of!(ProcessSlot, state), 0);
+        assert_eq!(offset_of!(ProcessSlot, pid), 4);
+        assert_eq!(offset_of!(ProcessSlot, host_pid), 8);
+        assert_eq!(offset_of!(ProcessSlot, start_time), 16);
+        assert_eq!(offset_of!(ProcessSlot, pid_ns), 24);
+        assert_eq!(offset_of!(ProcessSlot, heartbeat), 32);
+        assert_eq!(offset_of!(ProcessSlot, used), 64);
+        assert_eq!(offset_of!(ProcessSlot, contexts), 192);
+    }
+
+    #[test]
+    fn slot_lock_bytes_do_not_touch_the_registration_lock() {
+        assert!(slot_lock_offset(0) > REGISTRATION_LOCK_OFFSET);
+        assert_eq!(slot_lock_offset(1) - slot_lock_offset(0), SLOT_SIZE as u64);
+        assert!(slot_lock_offset(MAX_PROCESSES - 1) < REGION_SIZE as u64);
+    }
+
+    #[test]
+    fn uuid_words_round_trip() {
+        let uuid = "GPU-8a5d1c2e-0000-1111-2222-333344445555";
+        assert_eq!(uuid_from_words(&uuid_to_words(uuid)), uuid);
+        assert_eq!(uuid_from_words(&uuid_to_words("")), "");
+        let long = "x".repeat(100);
+        assert_eq!(uuid_from_words(&uuid_to_words(&long)).len(), UUID_BYTES - 1);
+    }
+}

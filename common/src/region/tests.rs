@@ -1,0 +1,529 @@
+//! Single-process tests of the region: ledger arithmetic, device binding, validation of bad
+//! files, reaping rules. Multi-process behaviour is in `tests/region_processes.rs`.
+
+use super::*;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+
+/// A temp directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("gpuslice-region-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+    fn file(&self) -> PathBuf {
+        self.0.join("slice.region")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn me() -> ProcessIdentity {
+    ProcessIdentity::current().expect("/proc available")
+}
+
+fn limits(uuid: &str, memory: Option<u64>) -> DeviceLimits {
+    DeviceLimits {
+        uuid: uuid.into(),
+        memory_limit: memory,
+        compute_percent: None,
+    }
+}
+
+/// A region with one device limited to `limit` and one registered slot.
+fn region_with(dir: &TempDir, limit: Option<u64>) -> (Region, SlotId, DeviceId) {
+    let region = Region::open_or_create(&dir.file()).unwrap();
+    let device = region.bind_devices(&[limits("GPU-0", limit)]).unwrap().ids[0];
+    let slot = region.register(&me()).unwrap();
+    (region, slot, device)
+}
+
+#[test]
+fn new_file_has_the_exact_size_and_a_valid_header() {
+    let dir = TempDir::new("new");
+    let region = Region::open_or_create(&dir.file()).unwrap();
+    assert_eq!(
+        std::fs::metadata(dir.file()).unwrap().len(),
+        REGION_SIZE as u64
+    );
+    let bytes = std::fs::read(dir.file()).unwrap();
+    assert_eq!(&bytes[..8], b"GPUSLICE");
+    assert_eq!(
+        u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+        LAYOUT_VERSION
+    );
+    let snapshot = region.snapshot();
+    assert!(snapshot.devices.is_empty() && snapshot.processes.is_empty());
+    // A second open validates instead of re-initialising.
+    let generation = snapshot.generation;
+    let again = Region::open_or_create(&dir.file()).unwrap();
+    assert_eq!(again.snapshot().generation, generation);
+}
+
+#[test]
+fn reserve_within_limit_and_refuse_past_it() {
+    let dir = TempDir::new("reserve");
+    let (region, slot, device) = region_with(&dir, Some(100 * MIB));
+    assert_eq!(region.reserve(slot, device, 60 * MIB), Ok(()));
+    assert_eq!(region.reserve(slot, device, 40 * MIB), Ok(()));
+    assert_eq!(
+        region.reserve(slot, device, 1),
+        Err(OverLimit {
+            limit: 100 * MIB,
+            used: 100 * MIB,
+            requested: 1
+        })
+    );
+    assert_eq!(region.usage(device).used, 100 * MIB);
+    assert_eq!(region.slot_used(slot, device), 100 * MIB);
+    assert_eq!(region.release(slot, device, 60 * MIB), 60 * MIB);
+    assert_eq!(
+        region.usage(device),
+        DeviceUsage {
+            limit: Some(100 * MIB),
+            used: 40 * MIB
+        }
+    );
+    assert_eq!(region.reserve(slot, device, 60 * MIB), Ok(()));
+    let message = region.reserve(slot, device, 1).unwrap_err().to_string();
+    assert!(message.contains("exceed"), "{message}");
+}
+
+#[test]
+fn refused_reservation_changes_nothing_and_overflow_is_refused() {
+    let dir = TempDir::new("overflow");
+    let (region, slot, device) = region_with(&dir, None);
+    assert_eq!(region.usage(device).limit, None);
+    assert_eq!(region.reserve(slot, device, u64::MAX - 10), Ok(()));
+    assert!(region.reserve(slot, device, 11).is_err());
+    assert_eq!(region.usage(device).used, u64::MAX - 10);
+    assert_eq!(region.slot_used(slot, device), u64::MAX - 10);
+}
+
+#[test]
+fn release_saturates_at_zero() {
+    let dir = TempDir::new("saturate");
+    let (region, slot, device) = region_with(&dir, Some(100 * MIB));
+    region.reserve(slot, device, 10 * MIB).unwrap();
+    assert_eq!(region.release(slot, device, 25 * MIB), 10 * MIB);
+    assert_eq!(region.usage(device).used, 0);
+    assert_eq!(region.slot_used(slot, device), 0);
+    assert_eq!(region.release(slot, device, 1), 0);
+    assert_eq!(region.usage(device).used, 0);
+}
+
+#[test]
+fn a_slot_releasing_more_than_it_holds_does_not_take_another_slots_bytes() {
+    let dir = TempDir::new("two-slots");
+    let (region, a, device) = region_with(&dir, Some(100 * MIB));
+    let b = region.register(&me()).unwrap();
+    assert_ne!(a, b, "one mapping may hold several registrations (fork)");
+    region.reserve(a, device, 30 * MIB).unwrap();
+    region.reserve(b, device, 5 * MIB).unwrap();
+    assert_eq!(region.release(b, device, 50 * MIB), 5 * MIB);
+    assert_eq!(region.usage(device).used, 30 * MIB);
+}
+
+#[test]
+fn bind_devices_keys_by_uuid_and_the_configuration_wins() {
+    let dir = TempDir::new("bind");
+    let region = Region::open_or_create(&dir.file()).unwrap();
+    let first = region
+        .bind_devices(&[limits("GPU-a", Some(8 * MIB)), limits("GPU-b", None)])
+        .unwrap();
+    assert_eq!(first.ids.len(), 2);
+    assert_ne!(first.ids[0], first.ids[1]);
+    assert!(first.changes.is_empty(), "new entries are not changes");
+
+    // Another process sees the devices in the other order with a changed limit for GPU-a.
+    let other = Region::open_or_create(&dir.file()).unwrap();
+    let second = other
+        .bind_devices(&[
+            limits("GPU-b", None),
+            DeviceLimits {
+                uuid: "GPU-a".into(),
+                memory_limit: Some(4 * MIB),
+                compute_percent: Some(30),
+            },
+        ])
+        .unwrap();
+    assert_eq!(second.ids, vec![first.ids[1], first.ids[0]]);
+    assert_eq!(
+        second.changes,
+        vec![LimitChange {
+            uuid: "GPU-a".into(),
+            old_memory_limit: Some(8 * MIB),
+            new_memory_limit: Some(4 * MIB),
+            old_compute_percent: None,
+            new_compute_percent: Some(30),
+        }]
+    );
+    assert_eq!(region.usage(first.ids[0]).limit, Some(4 * MIB));
+    assert_eq!(region.compute_percent(first.ids[0]), Some(30));
+    let snapshot = region.snapshot();
+    assert_eq!(snapshot.devices.len(), 2);
+    assert_eq!(snapshot.devices[0].uuid, "GPU-a");
+    assert!(snapshot.generation > 1);
+}
+
+#[test]
+fn bind_devices_refuses_an_empty_uuid_and_a_seventeenth_device() {
+    let dir = TempDir::new("bind-full");
+    let region = Region::open_or_create(&dir.file()).unwrap();
+    assert!(matches!(
+        region.bind_devices(&[limits("", None)]),
+        Err(RegionError::NoDeviceEntry { .. })
+    ));
+    let sixteen: Vec<DeviceLimits> = (0..MAX_DEVICES)
+        .map(|i| limits(&format!("GPU-{i}"), None))
+        .collect();
+    region.bind_devices(&sixteen).unwrap();
+    let err = region
+        .bind_devices(&[limits("GPU-extra", None)])
+        .unwrap_err();
+    assert!(err.to_string().contains("GPU-extra"), "{err}");
+}
+
+#[test]
+fn sixteen_threads_near_the_limit_never_exceed_it_and_end_at_zero() {
+    let dir = TempDir::new("threads");
+    let limit = 64 * MIB;
+    let (region, _, device) = region_with(&dir, Some(limit));
+    let region = Arc::new(region);
+    let exceeded = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..16u64)
+        .map(|t| {
+            let region = Arc::clone(&region);
+            let exceeded = Arc::clone(&exceeded);
+            std::thread::spawn(move || {
+                let slot = region.register(&me()).unwrap();
+                let mut held = Vec::new();
+                let mut refusals = 0u32;
+                for i in 0..4000u64 {
+                    let size = MIB * (1 + (t * 7 + i * 13) % 8);
+                    match region.reserve(slot, device, size) {
+                        Ok(()) => held.push(size),
+                        Err(over) => {
+                            refusals += 1;
+                            if over.used + size <= over.limit {
+                                exceeded.store(true, Ordering::Relaxed); // refused wrongly
+                            }
+                        }
+                    }
+                    if region.usage(device).used > limit {
+                        exceeded.store(true, Ordering::Relaxed);
+                    }
+                    if held.len() > 3 || (i % 5 == 0 && !held.is_empty()) {
+                        let size = held.remove(0);
+                        assert_eq!(region.release(slot, device, size), size);
+                    }
+                }
+                for size in held {
+                    assert_eq!(region.release(slot, device, size), size);
+                }
+                assert_eq!(region.slot_used(slot, device), 0);
+                refusals
+            })
+        })
+        .collect();
+    let refusals: u32 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(
+        !exceeded.load(Ordering::Relaxed),
+        "the total passed the limit"
+    );
+    assert!(refusals > 0, "the test never reached the limit");
+    assert_eq!(region.usage(device).used, 0);
+}
+
+#[test]
+fn unregister_returns_the_bytes_and_frees_the_slot() {
+    let dir = TempDir::new("unregister");
+    let (region, slot, device) = region_with(&dir, Some(100 * MIB));
+    region.reserve(slot, device, 70 * MIB).unwrap();
+    region.unregister(slot).unwrap();
+    assert_eq!(region.usage(device).used, 0);
+    assert!(region.snapshot().processes.is_empty());
+    assert!(matches!(
+        region.unregister(slot),
+        Err(RegionError::NotOwner { .. })
+    ));
+    assert_eq!(
+        region.register(&me()).unwrap(),
+        slot,
+        "the freed slot is reused"
+    );
+}
+
+#[test]
+fn reused_pid_with_another_start_time_is_reaped() {
+    let dir = TempDir::new("pid-reuse");
+    let (region, live, device) = region_with(&dir, Some(100 * MIB));
+    region.reserve(live, device, 10 * MIB).unwrap();
+    // Same PID, same namespace, but a start time that is not ours: an earlier process whose
+    // PID we reuse. Its slot lock is even held (by our descriptor), so only the start-time
+    // check can tell.
+    let ghost_identity = ProcessIdentity {
+        start_time: me().start_time.wrapping_sub(1),
+        ..me()
+    };
+    let ghost = region.register(&ghost_identity).unwrap();
+    region.reserve(ghost, device, 30 * MIB).unwrap();
+    let snapshot = region.snapshot();
+    let liveness = |slot: SlotId| {
+        snapshot
+            .processes
+            .iter()
+            .find(|p| p.slot == slot)
+            .unwrap()
+            .liveness
+    };
+    assert_eq!(liveness(live), Liveness::Alive);
+    assert_eq!(liveness(ghost), Liveness::Stale);
+
+    let report = region.reap_dead().unwrap();
+    assert_eq!(
+        report.reclaimed,
+        vec![ReclaimedSlot {
+            slot: ghost,
+            pid: std::process::id(),
+            bytes: 30 * MIB
+        }]
+    );
+    assert_eq!(report.drift_cleared_bytes, 0, "a live slot remains");
+    assert_eq!(region.usage(device).used, 10 * MIB);
+    assert_eq!(region.slot_used(live, device), 10 * MIB);
+}
+
+#[test]
+fn drift_is_cleared_when_no_live_slot_remains() {
+    let dir = TempDir::new("drift");
+    let (region, slot, device) = region_with(&dir, Some(100 * MIB));
+    region.reserve(slot, device, 10 * MIB).unwrap();
+    // What a SIGKILL between the two atomics of `reserve` leaves: device bytes no slot holds.
+    region.map.layout().devices[device.index()]
+        .used_bytes
+        .fetch_add(5 * MIB, Ordering::Relaxed);
+    let report = region.reap_dead().unwrap();
+    assert!(report.reclaimed.is_empty());
+    assert_eq!(report.drift_cleared_bytes, 0, "our slot is live: no reset");
+    assert_eq!(region.usage(device).used, 15 * MIB);
+
+    region.unregister(slot).unwrap();
+    assert_eq!(
+        region.usage(device).used,
+        5 * MIB,
+        "drift survives the unregister"
+    );
+    let report = region.reap_dead().unwrap();
+    assert_eq!(report.drift_cleared_bytes, 5 * MIB);
+    assert_eq!(report.bytes_reclaimed(), 5 * MIB);
+    assert_eq!(region.usage(device).used, 0);
+}
+
+#[test]
+fn slot_whose_lock_is_released_is_stale() {
+    let dir = TempDir::new("released");
+    let (region, slot, device) = region_with(&dir, Some(100 * MIB));
+    region.reserve(slot, device, 20 * MIB).unwrap();
+    // Dropping the Region closes our slot descriptor: what the kernel does when we die.
+    drop(region);
+    let view = Region::open_existing(&dir.file()).unwrap();
+    let snapshot = view.snapshot();
+    assert_eq!(snapshot.processes.len(), 1);
+    assert_eq!(snapshot.processes[0].liveness, Liveness::Stale);
+    assert_eq!(snapshot.processes[0].used_bytes[device.index()], 20 * MIB);
+
+    let region = Region::open_or_create(&dir.file()).unwrap();
+    let report = region.reap_dead().unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(report.reclaimed[0].bytes, 20 * MIB);
+    assert_eq!(region.usage(device).used, 0);
+}
+
+#[test]
+fn snapshot_reports_processes_and_devices() {
+    let dir = TempDir::new("snapshot");
+    let (region, slot, device) = region_with(&dir, Some(100 * MIB));
+    region.reserve(slot, device, 3 * MIB).unwrap();
+    region.context_created(slot, device);
+    region.context_created(slot, device);
+    region.context_destroyed(slot, device);
+    region.set_host_pid(slot, 777_777);
+    let view = Region::open_existing(&dir.file()).unwrap();
+    let snapshot = view.snapshot();
+    assert_eq!(
+        snapshot.devices,
+        vec![DeviceSnapshot {
+            id: device,
+            uuid: "GPU-0".into(),
+            memory_limit: Some(100 * MIB),
+            compute_percent: None,
+            used_bytes: 3 * MIB,
+        }]
+    );
+    let process = &snapshot.processes[0];
+    assert_eq!(process.slot, slot);
+    assert_eq!(process.pid, std::process::id());
+    assert_eq!(process.host_pid, 777_777);
+    assert_eq!(process.start_time, me().start_time);
+    assert_eq!(process.used_bytes[device.index()], 3 * MIB);
+    assert_eq!(process.contexts[device.index()], 1);
+    assert_eq!(process.liveness, Liveness::Alive);
+}
+
+#[test]
+fn truncated_and_empty_files_are_refused_without_mapping() {
+    let dir = TempDir::new("truncated");
+    let path = dir.file();
+    Region::open_or_create(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..4096]).unwrap();
+    let err = Region::open_or_create(&path)
+        .err()
+        .expect("truncated file accepted");
+    assert!(
+        matches!(err, RegionError::WrongSize { found: 4096, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains(path.to_str().unwrap()));
+    assert!(matches!(
+        Region::open_existing(&path).err(),
+        Some(RegionError::WrongSize { .. })
+    ));
+    let mut longer = bytes.clone();
+    longer.extend_from_slice(&[0; 8]);
+    std::fs::write(&path, &longer).unwrap();
+    assert!(matches!(
+        Region::open_or_create(&path).err(),
+        Some(RegionError::WrongSize { .. })
+    ));
+    std::fs::write(&path, b"").unwrap();
+    assert!(matches!(
+        Region::open_existing(&path).err(),
+        Some(RegionError::NotInitialised { .. })
+    ));
+    assert!(matches!(
+        Region::open_existing(&dir.0.join("missing")).err(),
+        Some(RegionError::Io { .. })
+    ));
+}
+
+#[test]
+fn foreign_and_incompatible_files_are_refused_and_reset_repairs_them() {
+    let dir = TempDir::new("foreign");
+    let path = dir.file();
+    let mut foreign = vec![0u8; REGION_SIZE];
+    foreign[..8].copy_from_slice(b"NOTOURS!");
+    std::fs::write(&path, &foreign).unwrap();
+    let err = Region::open_or_create(&path)
+        .err()
+        .expect("foreign accepted");
+    assert!(matches!(err, RegionError::Foreign { .. }), "{err}");
+    assert!(err.to_string().contains("not a gpuslice region"), "{err}");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        foreign,
+        "a foreign file is never overwritten"
+    );
+
+    // Ours, ready, but from another layout version.
+    Region::reset(&path).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8..12].copy_from_slice(&99u32.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Region::open_or_create(&path)
+        .err()
+        .expect("incompatible accepted");
+    assert!(
+        matches!(
+            err,
+            RegionError::Incompatible {
+                what: "layout version",
+                found: 99,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(Region::open_existing(&path).is_err());
+
+    // A wrong-size file too.
+    std::fs::write(&path, b"garbage").unwrap();
+    Region::reset(&path).unwrap();
+    let region = Region::open_or_create(&path).unwrap();
+    assert!(region.snapshot().processes.is_empty());
+}
+
+#[test]
+fn interrupted_initialisation_is_redone() {
+    let dir = TempDir::new("interrupted");
+    let path = dir.file();
+    // Right size, blank: a creator died after sizing the file, before publishing the header.
+    std::fs::write(&path, vec![0u8; REGION_SIZE]).unwrap();
+    assert!(matches!(
+        Region::open_existing(&path).err(),
+        Some(RegionError::NotInitialised { .. })
+    ));
+    Region::open_or_create(&path).unwrap();
+    Region::open_existing(&path).unwrap();
+}
+
+#[test]
+fn reset_refuses_while_a_live_process_holds_a_slot() {
+    let dir = TempDir::new("reset-live");
+    let (region, slot, device) = region_with(&dir, Some(100 * MIB));
+    region.reserve(slot, device, MIB).unwrap();
+    let err = Region::reset(&dir.file()).unwrap_err();
+    assert!(
+        matches!(&err, RegionError::InUse { pids, .. } if pids == &vec![std::process::id()]),
+        "{err}"
+    );
+    assert_eq!(region.usage(device).used, MIB);
+    region.unregister(slot).unwrap();
+    Region::reset(&dir.file()).unwrap();
+    assert!(region.snapshot().devices.is_empty());
+}
+
+#[test]
+fn replaced_file_is_detected() {
+    let dir = TempDir::new("replaced");
+    let (region, _, _) = region_with(&dir, None);
+    std::fs::remove_file(dir.file()).unwrap();
+    Region::open_or_create(&dir.file()).unwrap();
+    assert!(matches!(
+        region.register(&me()),
+        Err(RegionError::Replaced { .. })
+    ));
+}
+
+#[test]
+fn registering_more_than_max_processes_live_is_full() {
+    let dir = TempDir::new("full");
+    let region = Region::open_or_create(&dir.file()).unwrap();
+    let slots: Vec<SlotId> = (0..MAX_PROCESSES)
+        .map(|_| region.register(&me()).unwrap())
+        .collect();
+    let mut distinct = slots.clone();
+    distinct.sort_by_key(|s| s.index());
+    distinct.dedup();
+    assert_eq!(distinct.len(), MAX_PROCESSES);
+    assert!(matches!(
+        region.register(&me()),
+        Err(RegionError::Full { .. })
+    ));
+    region.unregister(slots[7]).unwrap();
+    assert_eq!(region.register(&me()).unwrap(), slots[7]);
+}
