@@ -305,6 +305,8 @@ fn child_role() {
         "fork" => fork_scenario(&api),
         other => panic!("unknown role {other}"),
     }
+    // Proves to the parent that the scenario ran to its end (not filtered out, not skipped).
+    reply("done".into());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -492,7 +494,7 @@ fn sixteen_threads_keep_consistent_totals() {
         r#"{"devices":[{"name":"Tiny","total_memory":268435456,"sm_count":4}]}"#,
     )
     .unwrap();
-    let kid = Kid::spawn(
+    let mut kid = Kid::spawn(
         "threads",
         &state,
         &[
@@ -500,6 +502,7 @@ fn sixteen_threads_keep_consistent_totals() {
             ("FAKEGPU_CTX_OVERHEAD", "0".into()),
         ],
     );
+    assert_eq!(kid.read(), "done");
     kid.finish();
     let _ = std::fs::remove_file(&state);
     let _ = std::fs::remove_file(&cfg);
@@ -575,7 +578,9 @@ fn threads_scenario(api: &Api) {
 #[test]
 fn forked_child_starts_uninitialised() {
     let state = state_path("fork");
-    Kid::spawn("fork", &state, &[]).finish();
+    let mut kid = Kid::spawn("fork", &state, &[]);
+    assert_eq!(kid.read(), "done");
+    kid.finish();
     let _ = std::fs::remove_file(&state);
 }
 
