@@ -303,6 +303,7 @@ fn child_role() {
         }
         "threads" => threads_scenario(&api),
         "fork" => fork_scenario(&api),
+        "errors" => errors_scenario(&api),
         other => panic!("unknown role {other}"),
     }
     // Proves to the parent that the scenario ran to its end (not filtered out, not skipped).
@@ -611,4 +612,45 @@ fn fork_scenario(api: &Api) {
     // The parent is still initialised.
     // SAFETY: valid out-pointer.
     assert_eq!(unsafe { (api.device_get_count)(&mut n) }, SUCCESS);
+}
+
+#[test]
+fn c_abi_error_semantics() {
+    let state = state_path("errors");
+    let mut kid = Kid::spawn("errors", &state, &[]);
+    assert_eq!(kid.read(), "done");
+    kid.finish();
+    let _ = std::fs::remove_file(&state);
+}
+
+fn errors_scenario(api: &Api) {
+    let lib = api._lib;
+    let device_get: unsafe extern "C" fn(*mut c_int, c_int) -> u32 = sym(lib, "cuDeviceGet");
+    let mut n = 0;
+    let mut p = 0u64;
+    // SAFETY: valid or deliberately null out-pointers, as each case says.
+    unsafe {
+        assert_eq!((api.device_get_count)(&mut n), NOT_INITIALIZED);
+        assert_eq!((api.alloc)(&mut p, 1), NOT_INITIALIZED);
+        assert_eq!((api.init)(1), 1, "flags must be 0");
+        assert_eq!((api.init)(0), SUCCESS);
+        assert_eq!((api.device_get_count)(std::ptr::null_mut()), 1);
+        assert_eq!(device_get(&mut n, 1), 101, "INVALID_DEVICE");
+        assert_eq!(
+            (api.alloc)(&mut p, 1),
+            201,
+            "INVALID_CONTEXT without a context"
+        );
+        assert_eq!((api.set_current)(0xdead as *mut c_void), 201);
+        api.start();
+        assert_eq!((api.alloc)(std::ptr::null_mut(), 1), 1, "null out-pointer");
+        assert_eq!((api.alloc)(&mut p, 0), 1, "zero size");
+        assert_eq!((api.free)(0x1234), 1, "not an allocation");
+        let mut f = std::ptr::null_mut();
+        assert_eq!(
+            (api.get_function)(&mut f, 0x99 as *mut c_void, c"k".as_ptr()),
+            400
+        );
+        assert_eq!((api.alloc)(&mut p, 33 << 30), OOM);
+    }
 }

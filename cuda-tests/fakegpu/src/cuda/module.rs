@@ -2,7 +2,6 @@
 //! is a kernel (or a 256-byte global): the fake runs no code, it only models time and memory.
 //! Module images and globals cost no device memory.
 
-use super::context::Current;
 use super::memory::AllocKind;
 use super::{kind, Cuda, Tables, R};
 use gpuslice_abi::cuda::result::*;
@@ -241,12 +240,6 @@ impl Cuda {
             10..=15 => 0,  // cluster attributes
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         })
-    }
-
-    #[allow(dead_code)]
-    pub(crate) fn function_ctx(t: &Tables, f: u64) -> Option<Current> {
-        let func = t.functions.get(&f)?;
-        Self::live_ctx(t, func.ctx).ok()
     }
 }
 
