@@ -24,11 +24,19 @@
 //!
 //! **Limits rule:** the header's device entries hold the limits in force, keyed by device UUID
 //! (indices differ between processes with different `CUDA_VISIBLE_DEVICES`; UUIDs do not).
-//! `Region::bind_devices` writes the caller's configured limits into the entries under the
-//! registration lock: the configuration wins, so a changed limit file takes effect as soon as
-//! one process started with it binds. Every difference from what the entry held is returned as
-//! a `LimitChange` for the shim to log. Lowering a limit below current use evicts nobody: new
-//! reservations fail until use drops under it.
+//! `Region::bind_devices` reconciles the caller's configured limits with them under the
+//! registration lock:
+//! * when no other live process holds a slot, the configuration replaces the entry's limits (a
+//!   changed limit file takes effect with the first process of the next run);
+//! * while other processes live, the stricter of the two stays in force (lower memory limit,
+//!   lower compute share): a tighter limit file applies at once, but one process started with
+//!   a missing or looser configuration (an `ssh` session without the env, an old file) can
+//!   never lift the cap for everyone. A looser limit applies once the others have exited, or
+//!   after `gpuslice` resets the region.
+//!
+//! Every difference between configuration and entry is returned as a `LimitChange` (what was
+//! there, what was asked, what is now in force) for the shim to log. Lowering a limit below
+//! current use evicts nobody: new reservations fail until use drops under it.
 //!
 //! ## Liveness: who owns a slot
 //! The owner of a slot holds an OFD write lock on that slot's first byte, through a descriptor
@@ -258,13 +266,19 @@ pub struct DeviceLimits {
     pub compute_percent: Option<u32>,
 }
 
-/// An entry whose limits `bind_devices` changed (the configuration won).
+/// A device whose configured limits differed from the region's (see the limits rule).
+/// `None` = not limited.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitChange {
     pub uuid: String,
+    /// What the region held before.
     pub old_memory_limit: Option<u64>,
+    /// What the caller's configuration asked for.
+    pub configured_memory_limit: Option<u64>,
+    /// What is in force now.
     pub new_memory_limit: Option<u64>,
     pub old_compute_percent: Option<u32>,
+    pub configured_compute_percent: Option<u32>,
     pub new_compute_percent: Option<u32>,
 }
 
@@ -520,8 +534,9 @@ impl Region {
     /// Finds or creates the entry for each device (by UUID) and writes its configured limits
     /// into it (the configuration wins; see the module doc).
     pub fn bind_devices(&self, devices: &[DeviceLimits]) -> Result<DeviceBinding, RegionError> {
-        let _guard = self.lock_registration()?;
+        let guard = self.lock_registration()?;
         let layout = self.map.layout();
+        let others_live = self.others_live(&guard);
         let mut binding = DeviceBinding {
             ids: Vec::with_capacity(devices.len()),
             changes: Vec::new(),
@@ -535,32 +550,18 @@ impl Region {
                 return Err(no_entry());
             }
             let words = uuid_to_words(&wanted.uuid);
+            let configured_memory = wanted.memory_limit.unwrap_or(UNLIMITED);
+            // 100 and above mean "not throttled", stored as 0.
+            let configured_compute = wanted
+                .compute_percent
+                .filter(|p| (1..=99).contains(p))
+                .unwrap_or(0);
             let existing = layout
                 .devices
                 .iter()
                 .position(|entry| load_uuid(entry) == words);
-            let new_memory = wanted.memory_limit.unwrap_or(UNLIMITED);
-            // 100 and above mean "not throttled", stored as 0.
-            let new_compute = wanted
-                .compute_percent
-                .filter(|p| (1..=99).contains(p))
-                .unwrap_or(0);
             let index = match existing {
-                Some(index) => {
-                    let entry = &layout.devices[index];
-                    let old_memory = entry.memory_limit.load(Ordering::Relaxed);
-                    let old_compute = entry.compute_percent.load(Ordering::Relaxed);
-                    if old_memory != new_memory || old_compute != new_compute {
-                        binding.changes.push(LimitChange {
-                            uuid: wanted.uuid.clone(),
-                            old_memory_limit: limit_option(old_memory),
-                            new_memory_limit: limit_option(new_memory),
-                            old_compute_percent: percent_option(old_compute),
-                            new_compute_percent: percent_option(new_compute),
-                        });
-                    }
-                    index
-                }
+                Some(index) => index,
                 None => {
                     let index = layout
                         .devices
@@ -569,6 +570,12 @@ impl Region {
                         .ok_or_else(no_entry)?;
                     let entry = &layout.devices[index];
                     entry.used_bytes.store(0, Ordering::Relaxed);
+                    entry
+                        .memory_limit
+                        .store(configured_memory, Ordering::Relaxed);
+                    entry
+                        .compute_percent
+                        .store(configured_compute, Ordering::Relaxed);
                     for (slot_word, word) in entry.uuid.iter().zip(words) {
                         slot_word.store(word, Ordering::Relaxed);
                     }
@@ -576,14 +583,46 @@ impl Region {
                 }
             };
             let entry = &layout.devices[index];
-            entry.memory_limit.store(new_memory, Ordering::Relaxed);
-            entry.compute_percent.store(new_compute, Ordering::Relaxed);
+            let old_memory = entry.memory_limit.load(Ordering::Relaxed);
+            let old_compute = entry.compute_percent.load(Ordering::Relaxed);
+            if (old_memory, old_compute) != (configured_memory, configured_compute) {
+                let (new_memory, new_compute) = if others_live {
+                    (
+                        old_memory.min(configured_memory),
+                        stricter_percent(old_compute, configured_compute),
+                    )
+                } else {
+                    (configured_memory, configured_compute)
+                };
+                entry.memory_limit.store(new_memory, Ordering::Relaxed);
+                entry.compute_percent.store(new_compute, Ordering::Relaxed);
+                binding.changes.push(LimitChange {
+                    uuid: wanted.uuid.clone(),
+                    old_memory_limit: limit_option(old_memory),
+                    configured_memory_limit: limit_option(configured_memory),
+                    new_memory_limit: limit_option(new_memory),
+                    old_compute_percent: percent_option(old_compute),
+                    configured_compute_percent: percent_option(configured_compute),
+                    new_compute_percent: percent_option(new_compute),
+                });
+            }
             binding.ids.push(DeviceId(index as u8));
         }
         if !binding.changes.is_empty() {
             layout.header.generation.fetch_add(1, Ordering::Release);
         }
         Ok(binding)
+    }
+
+    /// Whether a live slot exists that this `Region` did not register.
+    fn others_live(&self, guard: &RegistrationGuard) -> bool {
+        let me = std::process::id();
+        claimed_slots(self.map.layout()).any(|(index, slot)| {
+            let held = &self.held[index];
+            let ours = held.fd.load(Ordering::Relaxed) >= 0
+                && held.owner_pid.load(Ordering::Relaxed) == me;
+            !ours && judge(slot, index, Some(&guard.fd)) != Liveness::Stale
+        })
     }
 
     /// Claims a slot for `identity`: a free one, else one whose owner is dead (reclaiming its
@@ -1083,6 +1122,17 @@ fn snapshot(map: &Mapping, probe: Option<&OwnedFd>) -> RegionSnapshot {
 
 fn load_uuid(entry: &DeviceEntry) -> [u64; UUID_BYTES / 8] {
     std::array::from_fn(|i| entry.uuid[i].load(Ordering::Relaxed))
+}
+
+/// The lower of two stored compute shares, where 0 means 100 (not throttled).
+fn stricter_percent(a: u32, b: u32) -> u32 {
+    let effective = |p: u32| if p == 0 { 100 } else { p };
+    let lower = effective(a).min(effective(b));
+    if lower >= 100 {
+        0
+    } else {
+        lower
+    }
 }
 
 fn limit_option(raw: u64) -> Option<u64> {

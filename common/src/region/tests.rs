@@ -138,7 +138,7 @@ fn a_slot_releasing_more_than_it_holds_does_not_take_another_slots_bytes() {
 }
 
 #[test]
-fn bind_devices_keys_by_uuid_and_the_configuration_wins() {
+fn bind_devices_keys_by_uuid_and_the_configuration_wins_when_nobody_else_lives() {
     let dir = TempDir::new("bind");
     let region = Region::open_or_create(&dir.file()).unwrap();
     let first = region
@@ -148,14 +148,15 @@ fn bind_devices_keys_by_uuid_and_the_configuration_wins() {
     assert_ne!(first.ids[0], first.ids[1]);
     assert!(first.changes.is_empty(), "new entries are not changes");
 
-    // Another process sees the devices in the other order with a changed limit for GPU-a.
+    // Another process sees the devices in the other order, with a looser memory limit and
+    // a compute share for GPU-a. Nobody else is registered: its configuration wins.
     let other = Region::open_or_create(&dir.file()).unwrap();
     let second = other
         .bind_devices(&[
             limits("GPU-b", None),
             DeviceLimits {
                 uuid: "GPU-a".into(),
-                memory_limit: Some(4 * MIB),
+                memory_limit: Some(16 * MIB),
                 compute_percent: Some(30),
             },
         ])
@@ -166,17 +167,58 @@ fn bind_devices_keys_by_uuid_and_the_configuration_wins() {
         vec![LimitChange {
             uuid: "GPU-a".into(),
             old_memory_limit: Some(8 * MIB),
-            new_memory_limit: Some(4 * MIB),
+            configured_memory_limit: Some(16 * MIB),
+            new_memory_limit: Some(16 * MIB),
             old_compute_percent: None,
+            configured_compute_percent: Some(30),
             new_compute_percent: Some(30),
         }]
     );
-    assert_eq!(region.usage(first.ids[0]).limit, Some(4 * MIB));
+    assert_eq!(region.usage(first.ids[0]).limit, Some(16 * MIB));
     assert_eq!(region.compute_percent(first.ids[0]), Some(30));
     let snapshot = region.snapshot();
     assert_eq!(snapshot.devices.len(), 2);
     assert_eq!(snapshot.devices[0].uuid, "GPU-a");
     assert!(snapshot.generation > 1);
+}
+
+#[test]
+fn while_others_live_the_stricter_limit_stays_in_force() {
+    let dir = TempDir::new("bind-live");
+    let (region, _slot, device) = region_with(&dir, Some(8 * MIB));
+    // A process with no limit configured (an ssh session without the env) cannot lift it.
+    let loose = Region::open_or_create(&dir.file()).unwrap();
+    let binding = loose.bind_devices(&[limits("GPU-0", None)]).unwrap();
+    assert_eq!(binding.changes.len(), 1);
+    assert_eq!(binding.changes[0].configured_memory_limit, None);
+    assert_eq!(binding.changes[0].new_memory_limit, Some(8 * MIB));
+    assert_eq!(region.usage(device).limit, Some(8 * MIB));
+    // A tighter one applies at once, compute included.
+    let tight = loose
+        .bind_devices(&[DeviceLimits {
+            uuid: "GPU-0".into(),
+            memory_limit: Some(4 * MIB),
+            compute_percent: Some(50),
+        }])
+        .unwrap();
+    assert_eq!(tight.changes[0].new_memory_limit, Some(4 * MIB));
+    assert_eq!(region.usage(device).limit, Some(4 * MIB));
+    assert_eq!(region.compute_percent(device), Some(50));
+    // Our own registration does not count as "others": the registering process's own
+    // configuration replaces the limits.
+    region
+        .bind_devices(&[limits("GPU-0", Some(8 * MIB))])
+        .unwrap();
+    assert_eq!(region.usage(device).limit, Some(8 * MIB));
+    assert_eq!(region.compute_percent(device), None);
+}
+
+#[test]
+fn stricter_percent_treats_zero_as_unthrottled() {
+    assert_eq!(stricter_percent(0, 0), 0);
+    assert_eq!(stricter_percent(0, 30), 30);
+    assert_eq!(stricter_percent(30, 0), 30);
+    assert_eq!(stricter_percent(30, 20), 20);
 }
 
 #[test]
@@ -200,7 +242,9 @@ fn bind_devices_refuses_an_empty_uuid_and_a_seventeenth_device() {
 #[test]
 fn sixteen_threads_near_the_limit_never_exceed_it_and_end_at_zero() {
     let dir = TempDir::new("threads");
-    let limit = 64 * MIB;
+    // Below what one thread alone can hold (4 x up to 8 MiB), so refusals are certain even
+    // if the threads happen to run one after another.
+    let limit = 20 * MIB;
     let (region, _, device) = region_with(&dir, Some(limit));
     let region = Arc::new(region);
     let exceeded = Arc::new(AtomicBool::new(false));

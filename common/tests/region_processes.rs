@@ -1,0 +1,428 @@
+//! Multi-process behaviour of the shared region: real processes share one cap, a SIGKILLed
+//! process's memory comes back, a process killed while holding the registration lock blocks
+//! nobody, a forked child gets its own slot, and 64 processes registering at once all get
+//! distinct slots.
+//!
+//! Children are this test binary re-run with `child_process_entry` selected and
+//! `GPUSLICE_TEST_CHILD` naming the role. They talk to the parent in `CHILD:` lines on stdout
+//! and wait on stdin, so every step is awaited, never slept on.
+
+use gpuslice_common::region::{
+    DeviceLimits, Liveness, ProcessIdentity, Region, RegionError, REGISTRATION_LOCK_OFFSET,
+};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+const ROLE_ENV: &str = "GPUSLICE_TEST_CHILD";
+const PATH_ENV: &str = "GPUSLICE_TEST_REGION";
+const BYTES_ENV: &str = "GPUSLICE_TEST_BYTES";
+/// A failure here means a child or lock hung; it is a failure detector, not synchronisation.
+const HANG: Duration = Duration::from_secs(30);
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("gpuslice-procs-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+    fn file(&self) -> PathBuf {
+        self.0.join("slice.region")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn gpu0(limit: Option<u64>) -> Vec<DeviceLimits> {
+    vec![DeviceLimits {
+        uuid: "GPU-0".into(),
+        memory_limit: limit,
+        compute_percent: None,
+    }]
+}
+
+/// A child process and its `CHILD:` lines.
+struct Kid {
+    child: Child,
+    lines: BufReader<ChildStdout>,
+}
+
+impl Kid {
+    fn spawn(role: &str, region: &Path, bytes: u64) -> Kid {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "child_process_entry",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(ROLE_ENV, role)
+            .env(PATH_ENV, region)
+            .env(BYTES_ENV, bytes.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap());
+        Kid { child, lines }
+    }
+
+    /// The next `CHILD:` line, without the prefix; panics if the child ends first.
+    fn next(&mut self) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.lines.read_line(&mut line).unwrap();
+            assert!(n > 0, "child exited before reporting");
+            // libtest may print "test child_process_entry ... " on the same line first.
+            if let Some(at) = line.find("CHILD: ") {
+                return line[at + "CHILD: ".len()..].trim_end().to_string();
+            }
+        }
+    }
+
+    fn say(&mut self, line: &str) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Closes stdin (the child then exits normally) and waits for it.
+    fn finish(mut self) {
+        drop(self.child.stdin.take());
+        let mut rest = String::new();
+        let _ = self.lines.read_to_string(&mut rest);
+        assert!(self.child.wait().unwrap().success(), "child failed: {rest}");
+    }
+
+    fn kill(mut self) {
+        self.child.kill().unwrap(); // SIGKILL
+        self.child.wait().unwrap();
+    }
+}
+
+fn field(report: &str, key: &str) -> u64 {
+    report
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key} in {report:?}"))
+        .parse()
+        .unwrap()
+}
+
+/// Entry point of child processes; does nothing in a normal test run.
+#[test]
+fn child_process_entry() {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        return;
+    };
+    let path = PathBuf::from(std::env::var(PATH_ENV).unwrap());
+    let bytes: u64 = std::env::var(BYTES_ENV).unwrap().parse().unwrap();
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock().lines();
+    let say = |line: String| {
+        println!("CHILD: {line}");
+        std::io::stdout().flush().unwrap();
+    };
+    match role.as_str() {
+        // Reserve on the shared cap, report, then hold it until stdin closes.
+        "reserve-and-hold" => {
+            let region = Region::open_or_create(&path).unwrap();
+            let device = region.bind_devices(&gpu0(Some(100 * MIB))).unwrap().ids[0];
+            let slot = region
+                .register(&ProcessIdentity::current().unwrap())
+                .unwrap();
+            match region.reserve(slot, device, bytes) {
+                Ok(()) => say(format!("reserved slot={}", slot.index())),
+                Err(over) => say(format!("refused used={} limit={}", over.used, over.limit)),
+            }
+            while input.next().is_some() {}
+        }
+        // Take the registration lock by hand and hold it.
+        "hold-registration-lock" => {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap();
+            let mut lock = ofd_byte_lock(REGISTRATION_LOCK_OFFSET);
+            // SAFETY: the file is open; `lock` is a valid flock.
+            let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLKW, &mut lock) };
+            assert_eq!(rc, 0);
+            say("locked".into());
+            while input.next().is_some() {}
+        }
+        // Open, then register when told "go", report the slot, hold it until stdin closes.
+        "register-on-go" => {
+            let region = Region::open_or_create(&path).unwrap();
+            say("opened".into());
+            assert_eq!(input.next().unwrap().unwrap(), "go");
+            let identity = ProcessIdentity::current().unwrap();
+            let started = std::time::Instant::now();
+            let slot = region.register(&identity).unwrap();
+            say(format!(
+                "slot={} micros={}",
+                slot.index(),
+                started.elapsed().as_micros()
+            ));
+            while input.next().is_some() {}
+        }
+        // Register, reserve, fork; the grandchild registers again and reserves too.
+        "fork" => {
+            let region = Region::open_or_create(&path).unwrap();
+            let device = region.bind_devices(&gpu0(Some(100 * MIB))).unwrap().ids[0];
+            let slot = region
+                .register(&ProcessIdentity::current().unwrap())
+                .unwrap();
+            region.reserve(slot, device, bytes).unwrap();
+            let mut pipe = [0i32; 2];
+            // SAFETY: `pipe` has room for the two descriptors.
+            assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+            // SAFETY: fork in a test child; the grandchild only registers, reserves, writes
+            // one number to the pipe and _exits.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let code = match ProcessIdentity::current()
+                    .ok_or(())
+                    .and_then(|id| region.register(&id).map_err(|_| ()))
+                {
+                    Ok(own) => {
+                        let ok = region.reserve(own, device, bytes / 2).is_ok();
+                        let message = (own.index() as u32).to_le_bytes();
+                        // SAFETY: pipe[1] is open; message is 4 readable bytes.
+                        unsafe { libc::write(pipe[1], message.as_ptr().cast(), 4) };
+                        if ok {
+                            0
+                        } else {
+                            2
+                        }
+                    }
+                    Err(()) => 1,
+                };
+                // SAFETY: leave the forked copy without running the parent's destructors.
+                unsafe { libc::_exit(code) };
+            }
+            let mut message = [0u8; 4];
+            // SAFETY: pipe[0] is open; message has room for 4 bytes.
+            let n = unsafe { libc::read(pipe[0], message.as_mut_ptr().cast(), 4) };
+            assert_eq!(n, 4);
+            let mut status = 0;
+            // SAFETY: pid is our child; status is writable.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+            say(format!(
+                "parent_slot={} child_slot={} child_pid={pid}",
+                slot.index(),
+                u32::from_le_bytes(message)
+            ));
+            while input.next().is_some() {}
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn ofd_byte_lock(offset: u64) -> libc::flock {
+    // SAFETY: flock is plain data; all-zero is valid (l_pid must be 0 for OFD locks).
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = offset as libc::off_t;
+    lock.l_len = 1;
+    lock
+}
+
+fn registration_lock_is_held(path: &Path) -> bool {
+    let file = std::fs::File::open(path).unwrap();
+    let mut lock = ofd_byte_lock(REGISTRATION_LOCK_OFFSET);
+    // SAFETY: the file is open; the kernel overwrites `lock` with the answer.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut lock) };
+    assert_eq!(rc, 0);
+    lock.l_type != libc::F_UNLCK as libc::c_short
+}
+
+#[test]
+fn two_processes_share_one_cap() {
+    let dir = TempDir::new("share");
+    let region = Region::open_or_create(&dir.file()).unwrap();
+    let device = region.bind_devices(&gpu0(Some(100 * MIB))).unwrap().ids[0];
+    let slot = region
+        .register(&ProcessIdentity::current().unwrap())
+        .unwrap();
+    region.reserve(slot, device, 60 * MIB).unwrap();
+
+    // 60 + 60 > 100: the other process is refused and sees our 60.
+    let mut greedy = Kid::spawn("reserve-and-hold", &dir.file(), 60 * MIB);
+    let report = greedy.next();
+    assert!(report.starts_with("refused"), "{report}");
+    assert_eq!(field(&report, "used"), 60 * MIB);
+    assert_eq!(field(&report, "limit"), 100 * MIB);
+    greedy.finish();
+
+    // 60 + 40 fits; then we are refused, seeing its 40.
+    let mut modest = Kid::spawn("reserve-and-hold", &dir.file(), 40 * MIB);
+    let report = modest.next();
+    assert!(report.starts_with("reserved"), "{report}");
+    let over = region.reserve(slot, device, 1).unwrap_err();
+    assert_eq!((over.used, over.limit), (100 * MIB, 100 * MIB));
+    modest.finish();
+
+    // The child exited without unregistering: its 40 come back on reap.
+    let report = region.reap_dead().unwrap();
+    assert_eq!(report.bytes_reclaimed(), 40 * MIB);
+    assert_eq!(region.usage(device).used, 60 * MIB);
+}
+
+#[test]
+fn sigkilled_process_reservation_is_reclaimed() {
+    let dir = TempDir::new("sigkill");
+    let region = Region::open_or_create(&dir.file()).unwrap();
+    let device = region.bind_devices(&gpu0(Some(100 * MIB))).unwrap().ids[0];
+    let mut victim = Kid::spawn("reserve-and-hold", &dir.file(), 70 * MIB);
+    let report = victim.next();
+    let victim_slot = field(&report, "slot") as usize;
+    let victim_pid = victim.child.id();
+    assert_eq!(region.usage(device).used, 70 * MIB);
+    let alive = region.snapshot();
+    assert_eq!(alive.processes.len(), 1);
+    assert_eq!(alive.processes[0].pid, victim_pid);
+    assert_eq!(alive.processes[0].liveness, Liveness::Alive);
+
+    victim.kill();
+    let stale = Region::open_existing(&dir.file()).unwrap().snapshot();
+    assert_eq!(stale.processes[0].liveness, Liveness::Stale);
+    let report = region.reap_dead().unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(report.reclaimed[0].slot.index(), victim_slot);
+    assert_eq!(report.reclaimed[0].pid, victim_pid);
+    assert_eq!(report.reclaimed[0].bytes, 70 * MIB);
+    assert_eq!(region.usage(device).used, 0);
+    let slot = region
+        .register(&ProcessIdentity::current().unwrap())
+        .unwrap();
+    assert_eq!(region.reserve(slot, device, 100 * MIB), Ok(()));
+}
+
+#[test]
+fn process_killed_holding_the_registration_lock_blocks_nobody() {
+    let dir = TempDir::new("lock-holder");
+    Region::open_or_create(&dir.file()).unwrap();
+    let mut holder = Kid::spawn("hold-registration-lock", &dir.file(), 0);
+    assert_eq!(holder.next(), "locked");
+    assert!(registration_lock_is_held(&dir.file()));
+
+    holder.kill();
+    assert!(
+        !registration_lock_is_held(&dir.file()),
+        "the kernel released it"
+    );
+    let path = dir.file();
+    let (done, result) = mpsc::channel();
+    std::thread::spawn(move || {
+        let region = Region::open_or_create(&path).unwrap();
+        let slot = region.register(&ProcessIdentity::current().unwrap());
+        done.send(slot.map(|s| s.index())).unwrap();
+    });
+    let slot = result.recv_timeout(HANG).expect("registration hung");
+    assert!(slot.is_ok(), "{slot:?}");
+}
+
+#[test]
+fn forked_child_registers_its_own_slot() {
+    let dir = TempDir::new("fork");
+    let region = Region::open_or_create(&dir.file()).unwrap();
+    let device = region.bind_devices(&gpu0(Some(100 * MIB))).unwrap().ids[0];
+    let mut parent = Kid::spawn("fork", &dir.file(), 20 * MIB);
+    let report = parent.next();
+    let parent_slot = field(&report, "parent_slot");
+    let child_slot = field(&report, "child_slot");
+    assert_ne!(parent_slot, child_slot);
+    assert_eq!(region.usage(device).used, 30 * MIB);
+
+    // The grandchild has exited: its slot is stale, the forking process's is alive.
+    let snapshot = region.snapshot();
+    let liveness = |slot: u64| {
+        snapshot
+            .processes
+            .iter()
+            .find(|p| p.slot.index() as u64 == slot)
+            .unwrap()
+            .liveness
+    };
+    assert_eq!(liveness(parent_slot), Liveness::Alive);
+    assert_eq!(liveness(child_slot), Liveness::Stale);
+    let report = region.reap_dead().unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(report.reclaimed[0].bytes, 10 * MIB);
+    assert_eq!(region.usage(device).used, 20 * MIB);
+
+    parent.kill();
+    assert_eq!(region.reap_dead().unwrap().bytes_reclaimed(), 20 * MIB);
+    assert_eq!(region.usage(device).used, 0);
+}
+
+#[test]
+fn sixty_four_processes_registering_at_once_get_distinct_slots() {
+    let dir = TempDir::new("sixty-four");
+    Region::open_or_create(&dir.file()).unwrap();
+    let mut kids: Vec<Kid> = (0..64)
+        .map(|_| Kid::spawn("register-on-go", &dir.file(), 0))
+        .collect();
+    for kid in &mut kids {
+        assert_eq!(kid.next(), "opened");
+    }
+    for kid in &mut kids {
+        kid.say("go");
+    }
+    let reports: Vec<String> = kids.iter_mut().map(Kid::next).collect();
+    let mut slots: Vec<u64> = reports.iter().map(|r| field(r, "slot")).collect();
+    let slowest = reports.iter().map(|r| field(r, "micros")).max().unwrap();
+    eprintln!("64 concurrent registrations: slowest took {slowest} us");
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(slots.len(), 64, "two processes got the same slot");
+
+    let snapshot = Region::open_existing(&dir.file()).unwrap().snapshot();
+    let mut pids: Vec<u32> = snapshot.processes.iter().map(|p| p.pid).collect();
+    let mut kid_pids: Vec<u32> = kids.iter().map(|k| k.child.id()).collect();
+    pids.sort_unstable();
+    kid_pids.sort_unstable();
+    assert_eq!(pids, kid_pids);
+    assert!(snapshot
+        .processes
+        .iter()
+        .all(|p| p.liveness == Liveness::Alive));
+    for kid in kids {
+        kid.finish();
+    }
+}
+
+#[test]
+fn truncated_file_gives_an_error_in_a_fresh_process_view() {
+    let dir = TempDir::new("truncate");
+    Region::open_or_create(&dir.file()).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.file())
+        .unwrap();
+    file.set_len(100).unwrap();
+    assert!(matches!(
+        Region::open_existing(&dir.file()),
+        Err(RegionError::WrongSize { found: 100, .. })
+    ));
+    assert!(matches!(
+        Region::open_or_create(&dir.file()),
+        Err(RegionError::WrongSize { found: 100, .. })
+    ));
+}
