@@ -13,7 +13,10 @@ use std::process::{exit, Command};
 /// Test binaries whose tests measure time (throttle accuracy, reaping delays). They are
 /// declared `test = false` in their Cargo.toml and run here serially, so that a loaded
 /// 2-core CI machine does not run two of them against each other.
-const SERIAL_TEST_BINARIES: &[(&str, &str)] = &[("fakegpu-nvml", "nvml_utilization")];
+const SERIAL_TEST_BINARIES: &[(&str, &str)] = &[
+    ("fakegpu-nvml", "nvml_utilization"),
+    ("gpuslice-common", "region_timing"),
+];
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
