@@ -35,6 +35,8 @@ const HOLD: u64 = 6 * GIB;
 const CHUNK: u64 = 256 << 20;
 /// Each compute run's length; NVML's utilisation window is about a second.
 const RUN_SECONDS: f64 = 2.5;
+/// Longest any one client may take before the demo calls it hung.
+const CLIENT_DEADLINE: Duration = Duration::from_secs(20);
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -119,9 +121,7 @@ fn run_client(sandbox: &Sandbox, name: &str, args: &[&str], in_slice: bool) -> C
     } else {
         sandbox.host_view(&mut cmd);
     }
-    let output = cmd
-        .output()
-        .map_err(|e| CliError::runtime(format!("cannot run {name} ({e})")))?;
+    let output = output_within(cmd, name, CLIENT_DEADLINE)?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     last_json_line(&stdout).ok_or_else(|| {
         CliError::runtime(format!(
@@ -131,6 +131,43 @@ fn run_client(sandbox: &Sandbox, name: &str, args: &[&str], in_slice: bool) -> C
             String::from_utf8_lossy(&output.stderr).trim()
         ))
     })
+}
+
+/// Runs `cmd` to completion, killing it after `deadline` so a hung client fails the demo
+/// instead of hanging it.
+fn output_within(
+    mut cmd: Command,
+    name: &str,
+    deadline: Duration,
+) -> CliResult<std::process::Output> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd
+        .spawn()
+        .map_err(|e| CliError::runtime(format!("cannot run {name} ({e})")))?;
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if finished.recv_timeout(deadline).is_err() {
+            // SAFETY: plain kill(2) of our child. It is reaped only when it exits; the window
+            // between that reap and the `done` message is microseconds, far too short for its
+            // pid to be reused.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            return true;
+        }
+        false
+    });
+    let output = child.wait_with_output();
+    let _ = done.send(());
+    let killed = watchdog.join().unwrap_or(false);
+    let output =
+        output.map_err(|e| CliError::runtime(format!("waiting for {name} failed ({e})")))?;
+    if killed {
+        return Err(CliError::runtime(format!(
+            "{name} did not finish within {} s and was killed",
+            deadline.as_secs()
+        )));
+    }
+    Ok(output)
 }
 
 /// The last stdout line that is a JSON object (clients print exactly one).
