@@ -5,7 +5,7 @@
 //! and removes the temporary files.
 
 use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -77,7 +77,7 @@ pub fn run(args: &RunArgs) -> CliResult<i32> {
 }
 
 /// Spawns `cmd` with the forwarded signals blocked here and delivered to the child by a
-/// `sigwait` thread; the child starts with an empty mask (std resets it before exec).
+/// `sigwait` thread; the child gets them unblocked again before exec.
 pub fn run_forwarding_signals(mut cmd: Command, shown: &OsString) -> CliResult<i32> {
     // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -89,6 +89,16 @@ pub fn run_forwarding_signals(mut cmd: Command, shown: &OsString) -> CliResult<i
             libc::sigaddset(&mut set, signal);
         }
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    let unblock = set;
+    // SAFETY: the closure runs in the child between fork and exec and only calls
+    // pthread_sigmask, which is async-signal-safe; it gives the command the signal mask
+    // gpuslice had before blocking (std does not reset the mask on every spawn path).
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &unblock, std::ptr::null_mut());
+            Ok(())
+        });
     }
     let mut child = cmd.spawn().map_err(|e| {
         let code = if e.kind() == std::io::ErrorKind::NotFound {

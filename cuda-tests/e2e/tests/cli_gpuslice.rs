@@ -593,6 +593,41 @@ fn run_forwards_sigterm_to_the_command() {
     );
 }
 
+/// A command that does not touch its signal mask (unlike `sh` with a trap) must still get
+/// the forwarded signal: it dies of SIGTERM and `run` exits 128+15.
+#[test]
+fn run_passes_an_unblocked_signal_mask_to_the_command() {
+    let mut child = gpuslice()
+        .args([
+            "run",
+            "--fake-gpu",
+            "-m",
+            "1g",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; exec sleep 30",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let started = Instant::now();
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "sleep outlived SIGTERM"
+    );
+}
+
 /// NEEDS the shim's memory slice (shim/) and fakegpu's libcuda (cuda-tests/fakegpu-cuda):
 /// fails until both are in place.
 #[test]
