@@ -11,6 +11,7 @@ mod check;
 mod demo;
 mod error;
 mod region_view;
+mod reset;
 mod run;
 mod sandbox;
 mod slice;
@@ -91,6 +92,13 @@ enum Cmd {
 
     /// Write a CDI spec that puts containers under gpuslice slices.
     Cdi(cdi::CdiArgs),
+
+    /// Rebuild a corrupt, truncated or foreign region file (refused while processes use it).
+    #[command(
+        after_help = "Exit codes: 0 rebuilt, 2 no region given or configured, 3 still used by \
+            live processes, 4 cannot open or write the file."
+    )]
+    Reset(reset::ResetArgs),
 }
 
 fn main() {
@@ -103,6 +111,7 @@ fn main() {
         Cmd::Smi(args) => smi::run(args).map(|()| 0),
         Cmd::Run(args) => run::run(args),
         Cmd::Demo(args) => demo::run(args).map(|()| 0),
+        Cmd::Reset(args) => reset::run(args).map(|()| 0),
         Cmd::Cdi(args) => cdi::run(args).map(|()| 0).map_err(|e| CliError {
             code: e.code(),
             message: e.message,

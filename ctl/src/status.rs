@@ -64,10 +64,19 @@ pub fn run(args: &StatusArgs) -> CliResult<()> {
 }
 
 fn region_path(args: &StatusArgs) -> CliResult<PathBuf> {
-    if let Some(path) = &args.region {
+    resolve_region_path(args.region.as_ref(), args.config.as_ref())
+}
+
+/// The region a command means: `--region`, else the one `--config` names, else the one the
+/// shim would use here (limit file or HAMi env).
+pub fn resolve_region_path(
+    region: Option<&PathBuf>,
+    config_file: Option<&PathBuf>,
+) -> CliResult<PathBuf> {
+    if let Some(path) = region {
         return Ok(path.clone());
     }
-    let config = if let Some(file) = &args.config {
+    let config = if let Some(file) = config_file {
         let text = std::fs::read_to_string(file).map_err(|e| {
             CliError::invalid(format!(
                 "cannot read limit file {} ({e}); check the path",

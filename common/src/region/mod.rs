@@ -193,12 +193,12 @@ impl fmt::Display for RegionError {
                 expected,
             } => write!(
                 f,
-                "shared region {}: file is {found} bytes, a region is {expected}; it is truncated or not a gpuslice region (`gpuslice` can reset it)",
+                "shared region {}: file is {found} bytes, a region is {expected}; it is truncated or not a gpuslice region (`gpuslice reset --region PATH` rebuilds it)",
                 path.display()
             ),
             RegionError::Foreign { path, found_magic } => write!(
                 f,
-                "shared region {}: not a gpuslice region (starts with {:?}); refusing to overwrite it",
+                "shared region {}: not a gpuslice region (starts with {:?}); refusing to overwrite it (`gpuslice reset --region PATH` rebuilds it if it really is the slice's file)",
                 path.display(),
                 String::from_utf8_lossy(found_magic)
             ),

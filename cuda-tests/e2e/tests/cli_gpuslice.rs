@@ -815,3 +815,38 @@ fn demo_runs_to_completion() {
         started.elapsed()
     );
 }
+
+#[test]
+fn reset_rebuilds_a_corrupt_region_but_not_one_in_use() {
+    let dir = TempDir::new("reset");
+    let corrupt = dir.s("corrupt.region");
+    std::fs::write(&corrupt, b"definitely not a region").unwrap();
+    let before = run(&["status", "--region", &corrupt]);
+    assert_eq!(before.code, 3, "{}", before.stderr);
+    assert!(
+        before.stderr.contains("gpuslice reset"),
+        "{}",
+        before.stderr
+    );
+
+    let reset = run(&["reset", "--region", &corrupt]);
+    assert_eq!(reset.code, 0, "{}", reset.stderr);
+    let after = run(&["status", "--region", &corrupt, "--json"]);
+    assert_eq!(after.code, 0, "status after reset: {}", after.stderr);
+    assert_eq!(json_line(&after.stdout)["processes"], serde_json::json!([]));
+
+    let holder = start_holder("64MiB");
+    let region = holder.region.to_str().unwrap().to_string();
+    let refused = run(&["reset", "--region", &region]);
+    assert_eq!(
+        refused.code, 3,
+        "reset of a live region: {}",
+        refused.stderr
+    );
+    assert!(
+        refused.stderr.contains(&holder.pid.to_string()),
+        "the refusal names the live pid {}: {}",
+        holder.pid,
+        refused.stderr
+    );
+}
