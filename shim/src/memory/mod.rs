@@ -261,6 +261,11 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
         .register(&identity)
         .map_err(|e| e.to_string())?;
     pause_for_tests("GPUSLICE_TEST_PAUSE_AFTER_REGISTER_MS");
+    // Slots of processes that exited (or were killed) still count until reaped; a starting
+    // process clears them so every view it reports is about live processes only.
+    if let Err(e) = shared.region.reap_dead() {
+        crate::log_error!("{e}");
+    }
     let process: &'static Process = Box::leak(Box::new(Process {
         ledger: Ledger::new(RegionBudget {
             region: &shared.region,

@@ -1,0 +1,328 @@
+//! The memory slice end to end: clients under libgpuslice.so against fakegpu, judged by the
+//! fake's PHYSICAL truth (never by the shim's own numbers). Context cost in the fake: 300 MiB
+//! per context; every allocation rounds to 2 MiB.
+
+use cuda_e2e::{wait_until, Client, ClientKind, FakeGpu, Slice, DEFAULT_TIMEOUT, GIB, MIB};
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+const CONTEXT: u64 = 300 * MIB;
+const PATHS: [&str; 9] = [
+    "alloc", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap",
+];
+
+fn region_used(slice: &Slice) -> u64 {
+    let out = cuda_e2e::run_with_timeout(
+        {
+            let mut cmd = std::process::Command::new(cuda_e2e::gpuslice_binary());
+            cmd.args(["status", "--json", "--region"])
+                .arg(slice.region_path());
+            cmd
+        },
+        None,
+        DEFAULT_TIMEOUT,
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "gpuslice status --json: {e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    // Exited processes keep their slot until someone reaps it (the next process to start,
+    // or a refused allocation): the ledger of the LIVE processes is what must match.
+    v["processes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no processes in {v}"))
+        .iter()
+        .filter(|p| p["alive"] == true)
+        .map(|p| p["used_total"].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn every_path_reaches_the_cap_and_the_next_allocation_is_out_of_memory() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    let env = slice.env(&gpu);
+    for kind in ClientKind::ALL {
+        for path in PATHS {
+            let out = Client::run(kind, &["alloc-until-oom", "64MiB", "--path", path], &env);
+            assert_eq!(
+                out["error"], "CUDA_ERROR_OUT_OF_MEMORY",
+                "{kind:?} {path}: {out}"
+            );
+            // 1 GiB - one context = 724 MiB: eleven 64 MiB chunks fit, the twelfth does not.
+            assert_eq!(out["count"], 11, "{kind:?} {path}: {out}");
+            assert_eq!(out["mem_free_at_oom"], 20 * MIB, "{kind:?} {path}: {out}");
+            let frees = out["free_results"].as_object().unwrap();
+            assert_eq!(frees.keys().collect::<Vec<_>>(), ["CUDA_SUCCESS"], "{out}");
+        }
+    }
+    // Everyone exited: a fresh process reaps them and the physical card is empty again.
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+#[test]
+fn the_cap_is_container_wide_and_usage_returns_to_the_contexts_then_zero() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice.env(&gpu);
+    let a = Client::spawn(ClientKind::Linked, &["hold", "700MiB"], &env);
+    let b = Client::spawn(ClientKind::Cudarc, &["hold", "700MiB"], &env);
+    assert_eq!(a.first["result"], "CUDA_SUCCESS");
+    assert_eq!(b.first["result"], "CUDA_SUCCESS");
+    // 2 GiB - 2 x (300 + 700) MiB = 48 MiB left; a third process cannot even get a context.
+    let c = Client::run(ClientKind::ProcAddr, &["alloc", "64MiB"], &env);
+    assert_eq!(c["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{c}");
+    assert!(gpu.truth().used_memory(0) <= 2 * GIB);
+    assert_eq!(gpu.truth().used_memory(0), 2 * (CONTEXT + 700 * MIB));
+    assert_eq!(region_used(&slice), 2 * (CONTEXT + 700 * MIB));
+    a.release();
+    b.release();
+    assert_eq!(gpu.truth().used_memory(0), 0);
+    let after = Client::run(ClientKind::Linked, &["meminfo"], &env);
+    assert_eq!(after["free"], 2 * GIB - CONTEXT, "{after}");
+    assert_eq!(region_used(&slice), 0, "the meminfo process exited too");
+}
+
+#[test]
+fn a_sigkilled_holder_gives_its_half_back() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice.env(&gpu);
+    let holder = Client::spawn(ClientKind::Linked, &["hold", "1GiB"], &env);
+    assert_eq!(holder.first["result"], "CUDA_SUCCESS");
+    let refused = Client::run(ClientKind::Cudarc, &["alloc", "1GiB"], &env);
+    assert_eq!(
+        refused["results"][0], "CUDA_ERROR_OUT_OF_MEMORY",
+        "{refused}"
+    );
+    holder.kill();
+    let granted = Client::run(ClientKind::Cudarc, &["alloc", "1GiB"], &env);
+    assert_eq!(granted["results"][0], "CUDA_SUCCESS", "{granted}");
+}
+
+#[test]
+fn four_processes_of_sixteen_threads_never_pass_the_cap() {
+    let gpu = FakeGpu::start("v100");
+    let limit = 1600 * MIB;
+    let slice = Slice::builder().device(0, "1600MiB", None).build();
+    let mut env = slice.env(&gpu);
+    // Four processes create their first context at once: reserve the known cost, not the
+    // default bound, so all four contexts fit next to each other.
+    env.push(("GPUSLICE_CONTEXT_OVERHEAD".into(), "300MiB".into()));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (peak, outputs) = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(gpu.truth().used_memory(0));
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            peak
+        });
+        let workers: Vec<_> = (0..4)
+            .map(|i| {
+                let env = &env;
+                s.spawn(move || {
+                    let kind = ClientKind::ALL[i % 3];
+                    Client::run(
+                        kind,
+                        &[
+                            "threads",
+                            "--threads",
+                            "16",
+                            "--size",
+                            "100MiB",
+                            "--iterations",
+                            "100",
+                        ],
+                        env,
+                    )
+                })
+            })
+            .collect();
+        let outputs: Vec<Value> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (sampler.join().unwrap(), outputs)
+    });
+    assert!(peak <= limit, "physical peak {peak} passed the {limit} cap");
+    let mut refused = 0;
+    for out in &outputs {
+        let allocs = out["alloc_results"].as_object().unwrap();
+        for key in allocs.keys() {
+            assert!(
+                key == "CUDA_SUCCESS" || key == "CUDA_ERROR_OUT_OF_MEMORY",
+                "unexpected {key}: {out}"
+            );
+        }
+        refused += allocs
+            .get("CUDA_ERROR_OUT_OF_MEMORY")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        assert_eq!(out["free_results"].as_object().unwrap().len(), 1, "{out}");
+    }
+    // 4 x 300 MiB contexts + 64 x 100 MiB wanted > 1600 MiB: the cap was really contended.
+    assert!(refused > 0, "no contention: {outputs:?}");
+    assert_eq!(gpu.truth().used_memory(0), 0);
+    let probe = Client::run(ClientKind::Linked, &["meminfo"], &env);
+    assert_eq!(probe["free"], limit - CONTEXT, "accounting lost: {probe}");
+}
+
+#[test]
+fn pool_caching_cannot_carry_physical_usage_past_the_cap() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    let env = slice.env(&gpu);
+    for kind in ClientKind::ALL {
+        for path in ["async", "pool", "vmm"] {
+            let out = Client::run(
+                kind,
+                &["alloc", "100MiB", "--count", "9", "--path", path],
+                &env,
+            );
+            let results: Vec<&str> = out["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r.as_str().unwrap())
+                .collect();
+            // 724 MiB of room: seven 100 MiB (rounded to 100) allocations fit.
+            assert_eq!(
+                results.iter().filter(|r| **r == "CUDA_SUCCESS").count(),
+                7,
+                "{kind:?} {path}: {out}"
+            );
+            assert!(results[7..]
+                .iter()
+                .all(|r| *r == "CUDA_ERROR_OUT_OF_MEMORY"));
+        }
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+#[test]
+fn reports_inside_the_slice_show_the_slice_and_smi_matches_the_ledger() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "8GiB", None).build();
+    let mut env = slice.env(&gpu);
+    // NVML reports host PIDs (PID + offset), as for a container in its own PID namespace.
+    env.push(("FAKEGPU_PID_OFFSET".into(), "100000".into()));
+    let other_tenant = Client::spawn(ClientKind::Linked, &["hold", "3GiB"], &gpu.env());
+    let holder = Client::spawn(ClientKind::Linked, &["hold", "1GiB"], &env);
+    assert_eq!(holder.first["result"], "CUDA_SUCCESS");
+    assert_eq!(holder.first["mem_free"], 8 * GIB - CONTEXT - GIB);
+    let info = Client::run(ClientKind::Cudarc, &["meminfo"], &env);
+    assert_eq!(info["total"], 8 * GIB);
+    assert_eq!(info["device_total"], 8 * GIB);
+    assert_eq!(info["free"], 8 * GIB - 2 * CONTEXT - GIB, "{info}");
+    // Host view: physical truth equals the region's ledger for the live holder.
+    let smi = gpu.smi_json();
+    let used = smi["devices"][0]["memory_used"].as_u64().unwrap();
+    assert_eq!(used, 2 * CONTEXT + 4 * GIB, "both tenants, physically");
+    let holder_physical = gpu
+        .truth()
+        .processes(0)
+        .iter()
+        .find(|p| p.pid == holder.pid())
+        .map(|p| p.used_memory);
+    assert_eq!(holder_physical, Some(CONTEXT + GIB));
+    assert_eq!(
+        region_used(&slice),
+        CONTEXT + GIB,
+        "ledger == the slice's physical use"
+    );
+    // pynvml inside the slice (with host PIDs: FAKEGPU_PID_OFFSET).
+    let mut py_env = env.clone();
+    py_env.push(("HOLDER_PID".into(), holder.pid().to_string()));
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/memory_slice_probe.py");
+    let mut cmd = cuda_e2e::command(std::path::Path::new("python3"), &[], &py_env);
+    cmd.arg(&script);
+    let out = cuda_e2e::run_with_timeout(cmd, None, DEFAULT_TIMEOUT);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let probe: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(probe["total"], 8 * GIB, "{probe}");
+    assert_eq!(probe["used"], CONTEXT + GIB, "{probe}");
+    assert_eq!(probe["free"], 8 * GIB - CONTEXT - GIB, "{probe}");
+    assert_eq!(probe["v2_used"], CONTEXT + GIB, "{probe}");
+    // Only the slice's process, under the PID the container knows, with its usage.
+    assert_eq!(
+        probe["processes"],
+        serde_json::json!([[holder.pid(), CONTEXT + GIB]]),
+        "{probe}"
+    );
+    holder.release();
+    other_tenant.release();
+}
+
+#[test]
+fn the_caching_allocator_ends_with_exactly_the_cap_used() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "4GiB", None).build();
+    let env = slice.env(&gpu);
+    for kind in ClientKind::ALL {
+        let out = Client::run(kind, &["caching-allocator"], &env);
+        assert_eq!(out["total_held"], 4 * GIB - CONTEXT, "{kind:?}: {out}");
+        assert_eq!(out["mem_free_at_oom"], 0, "{out}");
+        for error in out["errors"].as_array().unwrap() {
+            assert_eq!(error["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{out}");
+        }
+    }
+}
+
+#[test]
+fn corrupt_regions_and_absurd_limits_give_clear_errors() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    std::fs::write(slice.region_path(), vec![b'x'; 4096]).unwrap();
+    let out = Client::output(ClientKind::Linked, &["meminfo"], &slice.env(&gpu));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("[gpuslice]") && stderr.contains("region"),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("CUDA_ERROR_NOT_INITIALIZED"));
+    for bad in ["0", "\"lots\""] {
+        let slice = Slice::builder()
+            .raw(&format!(
+                r#"{{"version":1,"region":"{{region}}","devices":[{{"index":0,"memory":{bad}}}]}}"#
+            ))
+            .build();
+        let out = Client::output(ClientKind::Linked, &["meminfo"], &slice.env(&gpu));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("invalid configuration"),
+            "{bad}"
+        );
+    }
+    // Larger than the card: the card is what is reported.
+    let slice = Slice::builder().device(0, "64GiB", None).build();
+    let info = Client::run(ClientKind::Linked, &["meminfo"], &slice.env(&gpu));
+    assert_eq!(info["total"], 32 * GIB);
+}
+
+#[test]
+fn sixty_four_processes_register_within_a_second() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "31GiB", None).build();
+    let mut env = slice.env(&gpu);
+    env.push(("FAKEGPU_CTX_OVERHEAD".into(), (64 * MIB).to_string()));
+    let started = Instant::now();
+    let holders: Vec<_> = (0..64)
+        .map(|_| Client::spawn(ClientKind::Linked, &["hold", "2MiB"], &env))
+        .collect();
+    let elapsed = started.elapsed();
+    for h in &holders {
+        assert_eq!(h.first["result"], "CUDA_SUCCESS");
+    }
+    wait_until("64 holders visible", DEFAULT_TIMEOUT, || {
+        gpu.truth().processes(0).len() == 64
+    });
+    eprintln!("64 processes started, registered and allocated in {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+}
