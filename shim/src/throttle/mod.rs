@@ -1,13 +1,37 @@
-//! Compute policy seam: PASS-THROUGH for now. The token-bucket throttle replaces
-//! `before_launch`; every launch path (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, graph,
-//! and their `_ptsz` variants) already calls it before the driver enqueues work.
+//! Compute share: kernel launches are throttled by a token bucket so the slice's GPU
+//! utilisation follows its share (`docs/architecture.md`, "Compute share").
 //!
-//! Contract for the throttle: `before_launch` may block the calling thread until the slice's
-//! share allows the launch (cost from the launch shape, not the block count alone), and must
-//! never fail the launch; it learns the device from the current context itself so a
-//! pass-through build pays nothing for it.
+//! * [`bucket`]: the lock-free shared token bucket (GCRA word in the region's throttle words)
+//!   and the process-local credit the common launch spends;
+//! * [`controller`]: the feedback law (learned per-launch cost, integral correction in log
+//!   space, `burst` bypass);
+//! * [`measure`]: NVML through the real library, host-PID discovery;
+//! * [`watcher`]: the per-process thread (one process of the slice leads and steers).
+//!
+//! Every launch path (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, graph, each with its
+//! `_ptsz` variant, whatever the lookup path) calls [`before_launch`]. It never fails a
+//! launch: at worst the calling thread sleeps until its tokens are due.
+//!
+//! Shared words per device (`Region::throttle_words`), all atomics:
+//! `VTIME` bucket clock · `INV_RATE` refill (32.32) · `COST` per-launch GPU-ns · `LAUNCHES`,
+//! `WAITS` slice-wide counters flushed by every process · `LEADER` lease · `LOG_C` correction
+//! (f64 bits) · `BYPASS` · `UNRESOLVED_UNTIL` (ms; some process could not find its host PID)
+//! · words 9.. the slice's host PIDs on the device (two per word).
 
-use gpuslice_abi::cuda::CUstream;
+pub mod bucket;
+pub mod controller;
+pub mod measure;
+pub mod watcher;
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering};
+
+use gpuslice_abi::cuda::result::CUDA_SUCCESS;
+use gpuslice_abi::cuda::{CUdevice, CUresult, CUstream};
+use gpuslice_common::config::{ComputePolicy, SliceConfig};
+use gpuslice_common::region::{DeviceLimits, Region, THROTTLE_WORDS};
+use gpuslice_common::MAX_DEVICES;
+
+use bucket::{Credit, PidTable};
 
 /// The shape of one launch, as far as the wrapper knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,11 +42,445 @@ pub struct Launch {
     pub threads_per_block: u32,
 }
 
-/// Called before each launch. Pass-through: returns at once.
+pub const W_VTIME: usize = 0;
+pub const W_INV_RATE: usize = 1;
+pub const W_COST: usize = 2;
+pub const W_LAUNCHES: usize = 3;
+pub const W_WAITS: usize = 4;
+pub const W_LEADER: usize = 5;
+pub const W_LOG_C: usize = 6;
+pub const W_BYPASS: usize = 7;
+pub const W_UNRESOLVED_UNTIL: usize = 8;
+pub const W_PIDS: usize = 9;
+
+/// Bucket capacity: an idle slice may start this much wall time of refill at once.
+pub const TOLERANCE_NS: u64 = 30_000_000;
+/// Refill a process takes from the shared bucket at a time (wall time of refill).
+pub const CHUNK_WALL_NS: u64 = 2_000_000;
+/// Longest single sleep (guards against a corrupted bucket word).
+pub const MAX_WAIT_NS: u64 = 2_000_000_000;
+
+const UNINIT: u8 = 0;
+const OFF: u8 = 1;
+const ON: u8 = 2;
+const BUSY: u8 = 3;
+
+static ACTIVE: AtomicU8 = AtomicU8::new(UNINIT);
+/// Visible devices: 0 unknown, 1 one device (no per-launch lookup), 2 several.
+static DEVICE_COUNT_KIND: AtomicU8 = AtomicU8::new(0);
+static DEVICE_STATE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(UNINIT) }; MAX_DEVICES];
+static DEVICES: [AtomicPtr<DeviceThrottle>; MAX_DEVICES] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
+static REGION: AtomicPtr<Region> = AtomicPtr::new(std::ptr::null_mut());
+static REGION_FAILED: AtomicBool = AtomicBool::new(false);
+
+static DEVICE_COUNT: crate::real::RealSlot =
+    crate::real::RealSlot::new(crate::real::Library::Cuda, b"cuDeviceGetCount\0");
+
+/// Per process, per throttled device.
+pub struct DeviceThrottle {
+    pub ordinal: CUdevice,
+    pub uuid: String,
+    /// 0 < share < 1.
+    pub share: f64,
+    pub policy: ComputePolicy,
+    /// The slice-wide words (in the region, or process-local when there is none).
+    pub words: &'static [AtomicU64; THROTTLE_WORDS],
+    pub credit: Credit,
+    /// Local copies refreshed by the watcher, so launches read no shared cache line.
+    pub cost: AtomicU64,
+    pub bypass: AtomicBool,
+    /// Launches / waits since the watcher last flushed them to the shared counters.
+    pub launches: AtomicU64,
+    pub waits: AtomicU64,
+    /// This process does not know yet which NVML PID it is on this device.
+    pub unresolved: AtomicBool,
+}
+
+impl DeviceThrottle {
+    pub fn pid_table(&self) -> PidTable<'static> {
+        PidTable::new(&self.words[W_PIDS..])
+    }
+
+    /// The refill setting in force (the share itself until a leader has written one).
+    pub fn inv_rate(&self) -> u64 {
+        match self.words[W_INV_RATE].load(Ordering::Relaxed) {
+            0 => bucket::inv_rate_fixed(self.share),
+            inv => inv,
+        }
+    }
+}
+
+/// Called before each launch. Free when no share applies; otherwise debits the launch's
+/// estimated GPU time and sleeps while the slice's bucket is empty.
 #[inline]
 pub fn before_launch(launch: &Launch) {
     let _ = launch;
+    match ACTIVE.load(Ordering::Relaxed) {
+        OFF => {}
+        ON => throttle_launch(),
+        _ => {
+            if activate() {
+                throttle_launch()
+            }
+        }
+    }
 }
 
-/// Child side of fork: the bucket and watcher are per process. Pass-through: nothing.
-pub fn after_fork_in_child() {}
+#[inline]
+fn throttle_launch() {
+    let Some(ordinal) = current_ordinal() else {
+        return;
+    };
+    let Some(device) = device_throttle(ordinal) else {
+        return;
+    };
+    device.launches.fetch_add(1, Ordering::Relaxed);
+    if device.bypass.load(Ordering::Relaxed) {
+        return;
+    }
+    let cost = device.cost.load(Ordering::Relaxed);
+    if !device.credit.try_spend(cost) {
+        wait_for_tokens(device);
+    }
+}
+
+/// Reserves a chunk from the shared bucket and sleeps until it is due. No lock is held.
+#[cold]
+#[inline(never)]
+fn wait_for_tokens(device: &DeviceThrottle) {
+    let inv_rate = device.inv_rate();
+    let chunk = bucket::gpu_ns(CHUNK_WALL_NS, inv_rate).max(1);
+    let amount = device.credit.refill_amount(chunk);
+    let now = now_ns();
+    let start = bucket::reserve(&device.words[W_VTIME], now, amount, inv_rate, TOLERANCE_NS);
+    if start > now {
+        device.waits.fetch_add(1, Ordering::Relaxed);
+        sleep_until(start.min(now + MAX_WAIT_NS));
+    }
+    device.credit.add(amount);
+}
+
+fn current_ordinal() -> Option<CUdevice> {
+    match DEVICE_COUNT_KIND.load(Ordering::Relaxed) {
+        1 => Some(0),
+        2 => crate::devices::current_cuda_device(),
+        _ => {
+            let mut count = 0i32;
+            let known = DEVICE_COUNT.get().is_some_and(|pointer| {
+                // SAFETY: the slot holds the real cuDeviceGetCount(int*).
+                let get: unsafe extern "C" fn(*mut i32) -> CUresult =
+                    unsafe { std::mem::transmute(pointer) };
+                // SAFETY: valid out-pointer.
+                unsafe { get(&mut count) == CUDA_SUCCESS }
+            });
+            if known {
+                DEVICE_COUNT_KIND.store(if count == 1 { 1 } else { 2 }, Ordering::Relaxed);
+            }
+            if known && count == 1 {
+                Some(0)
+            } else {
+                crate::devices::current_cuda_device()
+            }
+        }
+    }
+}
+
+/// Whether any device of this process's configuration has a share to enforce.
+#[cold]
+fn activate() -> bool {
+    let on = crate::state::slice_config().is_some_and(config_throttles);
+    let _ = ACTIVE.compare_exchange(
+        UNINIT,
+        if on { ON } else { OFF },
+        Ordering::AcqRel,
+        Ordering::Relaxed,
+    );
+    on
+}
+
+/// Pure: whether `config` asks for any compute throttling.
+pub fn config_throttles(config: &SliceConfig) -> bool {
+    config.policy != ComputePolicy::Off
+        && config
+            .devices
+            .iter()
+            .any(|d| matches!(d.compute_percent, Some(1..=99)))
+}
+
+/// The throttle of device `ordinal`, initialising it on first use; `None` = not throttled
+/// (or being initialised by another thread right now: that launch passes).
+#[inline]
+pub fn device_throttle(ordinal: CUdevice) -> Option<&'static DeviceThrottle> {
+    let index = usize::try_from(ordinal).ok().filter(|&i| i < MAX_DEVICES)?;
+    match DEVICE_STATE[index].load(Ordering::Acquire) {
+        ON => {
+            // SAFETY: ON is published (Release) after DEVICES[index] holds a leaked Box.
+            Some(unsafe { &*DEVICES[index].load(Ordering::Acquire) })
+        }
+        UNINIT => init_device(index, ordinal),
+        _ => None,
+    }
+}
+
+#[cold]
+fn init_device(index: usize, ordinal: CUdevice) -> Option<&'static DeviceThrottle> {
+    if DEVICE_STATE[index]
+        .compare_exchange(UNINIT, BUSY, Ordering::AcqRel, Ordering::Relaxed)
+        .is_err()
+    {
+        return None;
+    }
+    let built = crate::state::slice_config().and_then(|c| build_device(c, ordinal));
+    match built {
+        Some(device) => {
+            let leaked: &'static DeviceThrottle = Box::leak(Box::new(device));
+            DEVICES[index].store(leaked as *const _ as *mut _, Ordering::Release);
+            DEVICE_STATE[index].store(ON, Ordering::Release);
+            watcher::ensure_started();
+            Some(leaked)
+        }
+        None => {
+            DEVICE_STATE[index].store(OFF, Ordering::Release);
+            None
+        }
+    }
+}
+
+fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottle> {
+    if config.policy == ComputePolicy::Off {
+        return None;
+    }
+    let uuid = crate::devices::cuda_device_uuid(ordinal);
+    let limit = config.limit_for(ordinal as u32, &uuid)?;
+    let percent = limit.compute_percent.filter(|p| (1..=99).contains(p))?;
+    let words = shared_words(config, &uuid, limit.memory_limit, percent);
+    crate::log_info!(
+        "compute share {percent}% ({}) on device {ordinal} {uuid}",
+        config.policy
+    );
+    Some(DeviceThrottle {
+        ordinal,
+        uuid,
+        share: f64::from(percent) / 100.0,
+        policy: config.policy,
+        words,
+        credit: Credit::new(),
+        cost: AtomicU64::new(controller::INITIAL_COST_NS as u64),
+        bypass: AtomicBool::new(false),
+        launches: AtomicU64::new(0),
+        waits: AtomicU64::new(0),
+        unresolved: AtomicBool::new(true),
+    })
+}
+
+/// The device's throttle words in the slice's region; process-local words (one line logged)
+/// when the region cannot be used, so throttling still applies to this process.
+fn shared_words(
+    config: &SliceConfig,
+    uuid: &str,
+    memory_limit: Option<u64>,
+    percent: u32,
+) -> &'static [AtomicU64; THROTTLE_WORDS] {
+    let local = || -> &'static [AtomicU64; THROTTLE_WORDS] {
+        Box::leak(Box::new([const { AtomicU64::new(0) }; THROTTLE_WORDS]))
+    };
+    let Some(region) = region(config) else {
+        return local();
+    };
+    // The memory ledger usually bound the entry already: find it without the registration lock.
+    if let Some(entry) = region
+        .snapshot()
+        .devices
+        .iter()
+        .find(|d| d.uuid.eq_ignore_ascii_case(uuid))
+    {
+        return region.throttle_words(entry.id);
+    }
+    match region.bind_devices(&[DeviceLimits {
+        uuid: uuid.to_string(),
+        memory_limit,
+        compute_percent: Some(percent),
+    }]) {
+        Ok(binding) => region.throttle_words(binding.ids[0]),
+        Err(error) => {
+            crate::log_error!("{error}; compute share enforced per process only");
+            local()
+        }
+    }
+}
+
+fn region(config: &SliceConfig) -> Option<&'static Region> {
+    let known = REGION.load(Ordering::Acquire);
+    if !known.is_null() {
+        // SAFETY: REGION only ever holds a leaked, never freed Region.
+        return Some(unsafe { &*known });
+    }
+    if let Some((shared, _)) = crate::memory::region() {
+        // The memory ledger's mapping: one mapping and one registration per process.
+        REGION.store(shared as *const Region as *mut Region, Ordering::Release);
+        return Some(shared);
+    }
+    if REGION_FAILED.load(Ordering::Relaxed) {
+        return None;
+    }
+    let path = crate::memory::region_path(config);
+    match Region::open_or_create(&path) {
+        Ok(region) => {
+            let leaked = Box::into_raw(Box::new(region));
+            match REGION.compare_exchange(
+                std::ptr::null_mut(),
+                leaked,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                // SAFETY: just leaked; never freed.
+                Ok(_) => Some(unsafe { &*leaked }),
+                Err(winner) => {
+                    // SAFETY: `leaked` was never shared; `winner` is a leaked Region.
+                    drop(unsafe { Box::from_raw(leaked) });
+                    Some(unsafe { &*winner })
+                }
+            }
+        }
+        Err(error) => {
+            crate::log_error!("{error}; compute share enforced per process only");
+            REGION_FAILED.store(true, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+/// Pure: which NVML PID is this process, from the running list on the device, the host PID
+/// the kernel told us (0 = none), the one the slice's region recorded for us (0 = none) and
+/// our own PID (right when NVML and we share a PID namespace).
+pub fn discover_pid(listed: &[u32], kernel: u32, region: u32, me: u32) -> Option<u32> {
+    [kernel, region, me]
+        .into_iter()
+        .find(|&pid| pid != 0 && listed.contains(&pid))
+}
+
+/// The host PID the region's slot of this process records (the memory ledger's discovery).
+pub fn region_host_pid() -> u32 {
+    let region = REGION.load(Ordering::Acquire);
+    if region.is_null() {
+        return 0;
+    }
+    // SAFETY: REGION only ever holds a leaked, never freed Region.
+    let region = unsafe { &*region };
+    let Some(me) = gpuslice_common::region::ProcessIdentity::current() else {
+        return 0;
+    };
+    region
+        .snapshot()
+        .processes
+        .iter()
+        .find(|p| p.pid == me.pid && p.pid_ns == me.pid_ns && p.start_time == me.start_time)
+        .map_or(0, |p| p.host_pid)
+}
+
+/// Host PIDs the region records for the slice's processes.
+pub fn region_host_pids() -> Vec<u32> {
+    let region = REGION.load(Ordering::Acquire);
+    if region.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: as above.
+    let region = unsafe { &*region };
+    region
+        .snapshot()
+        .processes
+        .iter()
+        .map(|p| p.host_pid)
+        .filter(|&p| p != 0)
+        .collect()
+}
+
+/// Child side of fork: the bucket credit, the watcher and the device state are per process;
+/// the child starts them again at its next launch. Only atomic stores (async-signal-safe).
+pub fn after_fork_in_child() {
+    ACTIVE.store(UNINIT, Ordering::Relaxed);
+    for (state, device) in DEVICE_STATE.iter().zip(&DEVICES) {
+        state.store(UNINIT, Ordering::Relaxed);
+        device.store(std::ptr::null_mut(), Ordering::Relaxed);
+    }
+    watcher::after_fork_in_child();
+}
+
+/// CLOCK_MONOTONIC in ns (vDSO).
+#[inline]
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sleeps until the absolute CLOCK_MONOTONIC instant `deadline_ns` (restarting on signals).
+pub fn sleep_until(deadline_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
+    };
+    loop {
+        // SAFETY: `ts` is a valid timespec; a null remainder is allowed with TIMER_ABSTIME.
+        let rc = unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_MONOTONIC,
+                libc::TIMER_ABSTIME,
+                &ts,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc != libc::EINTR {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_common::config::{ConfigSource, DeviceLimit, DeviceSelector};
+
+    #[test]
+    fn discovery_prefers_the_kernel_then_the_region_then_our_own_pid() {
+        assert_eq!(discover_pid(&[1, 900, 5], 900, 0, 5), Some(900));
+        assert_eq!(discover_pid(&[1, 1005, 5], 0, 1005, 5), Some(1005));
+        assert_eq!(discover_pid(&[1, 5], 0, 0, 5), Some(5));
+        assert_eq!(
+            discover_pid(&[1, 1005], 0, 0, 5),
+            None,
+            "offset PIDs, nothing known"
+        );
+        assert_eq!(
+            discover_pid(&[1, 1005], 900, 0, 5),
+            None,
+            "not listed: not trusted"
+        );
+    }
+
+    #[test]
+    fn only_a_share_below_100_with_a_policy_other_than_off_throttles() {
+        let device = |p| DeviceLimit {
+            selector: DeviceSelector::Index(0),
+            memory_limit: None,
+            compute_percent: p,
+        };
+        let config = |policy, p| SliceConfig {
+            source: ConfigSource::Env,
+            devices: vec![device(p)],
+            region_path: None,
+            policy,
+            log_level: None,
+        };
+        assert!(config_throttles(&config(ComputePolicy::Cap, Some(25))));
+        assert!(config_throttles(&config(ComputePolicy::Burst, Some(99))));
+        assert!(!config_throttles(&config(ComputePolicy::Cap, Some(100))));
+        assert!(!config_throttles(&config(ComputePolicy::Cap, None)));
+        assert!(!config_throttles(&config(ComputePolicy::Off, Some(25))));
+    }
+}

@@ -1,0 +1,206 @@
+//! The measurement side of the throttle: NVML through the REAL `libnvidia-ml` (the shim's
+//! real-function slots, never our own filtered wrappers), and discovery of this process's
+//! host PID as NVML reports it.
+//!
+//! * `process_busy`: `nvmlDeviceGetProcessUtilization` since the previous call's newest
+//!   timestamp, turned into busy nanoseconds per PID (`smUtil` % of the span; several samples
+//!   of one PID are averaged). Timestamps are NVML's own, never mixed with our clock.
+//! * `running_pids`: `nvmlDeviceGetComputeRunningProcesses_v3` (v2 on older drivers).
+//! * host-PID discovery (see `throttle::after_context`): the PIDs that appear in the running
+//!   list across this process's context creation.
+
+use std::ffi::{c_char, c_uint, CString};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use gpuslice_abi::nvml::ret::{NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS};
+use gpuslice_abi::nvml::{nvmlDevice_t, nvmlProcessInfo_t, nvmlProcessUtilizationSample_t};
+
+use crate::real::{Library, RealSlot};
+use crate::registry::real;
+
+static HANDLE_BY_UUID: RealSlot = RealSlot::new(Library::Nvml, b"nvmlDeviceGetHandleByUUID\0");
+static HANDLE_BY_INDEX: RealSlot = RealSlot::new(Library::Nvml, b"nvmlDeviceGetHandleByIndex_v2\0");
+
+type HandleByUuid = unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> u32;
+type HandleByIndex = unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> u32;
+
+const INIT_UNKNOWN: u8 = 0;
+const INIT_OK: u8 = 1;
+const INIT_FAILED: u8 = 2;
+static NVML_STATE: AtomicU8 = AtomicU8::new(INIT_UNKNOWN);
+
+/// Initialises the real NVML once for the shim's own use (never shut down: the application's
+/// own init/shutdown pairs stay balanced on top of ours).
+pub fn nvml_ready() -> bool {
+    match NVML_STATE.load(Ordering::Acquire) {
+        INIT_OK => return true,
+        INIT_FAILED => return false,
+        _ => {}
+    }
+    let ok = match real::nvmlInit_v2() {
+        // SAFETY: nvmlInit_v2 takes no arguments and may be called from any thread.
+        Some(init) => (unsafe { init() }) == NVML_SUCCESS,
+        None => false,
+    };
+    NVML_STATE.store(if ok { INIT_OK } else { INIT_FAILED }, Ordering::Release);
+    ok
+}
+
+/// The real NVML handle of a device, by UUID first, else by index.
+pub fn device_handle(uuid: &str, index: u32) -> Option<nvmlDevice_t> {
+    if !nvml_ready() {
+        return None;
+    }
+    let mut handle: nvmlDevice_t = std::ptr::null_mut();
+    if let (Some(pointer), Ok(c_uuid)) = (HANDLE_BY_UUID.get(), CString::new(uuid)) {
+        // SAFETY: the slot holds the real nvmlDeviceGetHandleByUUID, whose C signature is
+        // `HandleByUuid`.
+        let by_uuid: HandleByUuid = unsafe { std::mem::transmute(pointer) };
+        // SAFETY: NUL-terminated string and a valid out-pointer.
+        if !uuid.is_empty() && unsafe { by_uuid(c_uuid.as_ptr(), &mut handle) } == NVML_SUCCESS {
+            return Some(handle);
+        }
+    }
+    let pointer = HANDLE_BY_INDEX.get()?;
+    // SAFETY: as above, for nvmlDeviceGetHandleByIndex_v2.
+    let by_index: HandleByIndex = unsafe { std::mem::transmute(pointer) };
+    // SAFETY: valid out-pointer.
+    (unsafe { by_index(index, &mut handle) } == NVML_SUCCESS).then_some(handle)
+}
+
+/// PIDs (as NVML reports them) of the processes holding a context on the device.
+pub fn running_pids(handle: nvmlDevice_t) -> Option<Vec<u32>> {
+    let list = real::nvmlDeviceGetComputeRunningProcesses_v3()
+        .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)?;
+    let mut capacity: c_uint = 16;
+    for _ in 0..4 {
+        let mut buffer = vec![nvmlProcessInfo_t::default(); capacity as usize];
+        let mut count = capacity;
+        // SAFETY: `buffer` holds `count` entries of the v2/v3 layout both functions write.
+        let code = unsafe { list(handle, &mut count, buffer.as_mut_ptr()) };
+        match code {
+            NVML_SUCCESS => {
+                buffer.truncate(count as usize);
+                return Some(buffer.iter().map(|p| p.pid).collect());
+            }
+            NVML_ERROR_INSUFFICIENT_SIZE => capacity = count.max(capacity) + 8,
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// Busy time per PID since `last_seen_us` (NVML's clock), and the newest timestamp to pass
+/// next time. `Ok((vec![], last_seen))` = no sample newer than `last_seen_us`.
+pub struct Busy {
+    /// (pid, busy ns) over `span_ns`.
+    pub per_pid: Vec<(u32, u64)>,
+    pub span_ns: u64,
+    pub newest_us: u64,
+}
+
+/// Per-PID busy ns from NVML process samples; `None` when NVML cannot answer.
+pub fn process_busy(handle: nvmlDevice_t, last_seen_us: u64) -> Option<Busy> {
+    let get = real::nvmlDeviceGetProcessUtilization()?;
+    let mut capacity: c_uint = 32;
+    for _ in 0..4 {
+        let mut buffer = vec![empty_sample(); capacity as usize];
+        let mut count = capacity;
+        // SAFETY: `buffer` holds `count` writable samples.
+        let code = unsafe { get(handle, buffer.as_mut_ptr(), &mut count, last_seen_us) };
+        match code {
+            NVML_SUCCESS => {
+                buffer.truncate(count as usize);
+                return Some(busy_from_samples(&buffer, last_seen_us));
+            }
+            NVML_ERROR_INSUFFICIENT_SIZE => capacity = count.max(capacity) + 16,
+            // NOT_FOUND: nothing newer than last_seen (or no process): an empty tick.
+            gpuslice_abi::nvml::ret::NVML_ERROR_NOT_FOUND => {
+                return Some(Busy {
+                    per_pid: Vec::new(),
+                    span_ns: 0,
+                    newest_us: last_seen_us,
+                })
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+fn empty_sample() -> nvmlProcessUtilizationSample_t {
+    nvmlProcessUtilizationSample_t {
+        pid: 0,
+        timeStamp: 0,
+        smUtil: 0,
+        memUtil: 0,
+        encUtil: 0,
+        decUtil: 0,
+    }
+}
+
+/// Pure: samples -> busy ns per PID over `[last_seen, newest]`.
+pub fn busy_from_samples(samples: &[nvmlProcessUtilizationSample_t], last_seen_us: u64) -> Busy {
+    let newest_us = samples
+        .iter()
+        .map(|s| s.timeStamp)
+        .max()
+        .unwrap_or(last_seen_us);
+    let span_ns = newest_us.saturating_sub(last_seen_us).saturating_mul(1000);
+    let mut sums: Vec<(u32, u64, u64)> = Vec::new(); // pid, sum of smUtil, samples
+    for sample in samples {
+        match sums.iter_mut().find(|(pid, _, _)| *pid == sample.pid) {
+            Some(entry) => {
+                entry.1 += u64::from(sample.smUtil.min(100));
+                entry.2 += 1;
+            }
+            None => sums.push((sample.pid, u64::from(sample.smUtil.min(100)), 1)),
+        }
+    }
+    Busy {
+        per_pid: sums
+            .into_iter()
+            .map(|(pid, sum, n)| {
+                (
+                    pid,
+                    (span_ns as u128 * sum as u128 / (100 * n as u128)) as u64,
+                )
+            })
+            .collect(),
+        span_ns,
+        newest_us,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(pid: u32, ts: u64, sm: u32) -> nvmlProcessUtilizationSample_t {
+        nvmlProcessUtilizationSample_t {
+            pid,
+            timeStamp: ts,
+            smUtil: sm,
+            ..empty_sample()
+        }
+    }
+
+    #[test]
+    fn samples_become_busy_nanoseconds_over_the_span() {
+        let busy = busy_from_samples(
+            &[sample(7, 1_100_000, 25), sample(8, 1_100_000, 50)],
+            1_000_000,
+        );
+        assert_eq!(busy.span_ns, 100_000_000);
+        assert_eq!(busy.newest_us, 1_100_000);
+        assert_eq!(busy.per_pid, vec![(7, 25_000_000), (8, 50_000_000)]);
+        // Several samples of one process average; out-of-range values are clipped.
+        let busy = busy_from_samples(
+            &[sample(7, 1_050_000, 20), sample(7, 1_100_000, 400)],
+            1_000_000,
+        );
+        assert_eq!(busy.per_pid, vec![(7, 60_000_000)]);
+        let none = busy_from_samples(&[], 5);
+        assert_eq!((none.span_ns, none.newest_us), (0, 5));
+    }
+}

@@ -1,0 +1,303 @@
+//! The watcher thread: one per process, started at the first throttled launch (never in a
+//! process without a share below 100). Every tick it flushes this process's launch and wait
+//! counts into the slice-wide words, refreshes the local copies launches read, and takes part
+//! in the leader election; the leader (one process of the slice per device, by a lease in
+//! the shared words) measures the slice's utilisation and runs the controller.
+//!
+//! Liveness: the lease names a random per-process token and expires `LEASE_MS` after the
+//! last renewal, so a SIGKILLed leader is replaced within a few ticks. The thread never
+//! holds a lock, sleeps between ticks, and is never joined: exit is never delayed by it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use gpuslice_common::region::ProcessIdentity;
+
+use super::controller::{Controller, Tick, INITIAL_COST_NS};
+use super::{
+    bucket, measure, now_ns, DeviceThrottle, DEVICES, DEVICE_STATE, ON, W_BYPASS, W_COST,
+    W_INV_RATE, W_LAUNCHES, W_LEADER, W_LOG_C, W_UNRESOLVED_UNTIL, W_WAITS,
+};
+use gpuslice_common::MAX_DEVICES;
+
+pub const TICK_NS: u64 = 50_000_000;
+pub const LEASE_MS: u32 = 250;
+
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Starts the watcher once per process.
+pub fn ensure_started() {
+    if STARTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("gpuslice-watch".into())
+        .stack_size(256 << 10)
+        .spawn(run);
+    if let Err(error) = spawned {
+        crate::log_error!(
+            "cannot start the compute watcher ({error}): the share is enforced without feedback"
+        );
+    }
+}
+
+pub fn after_fork_in_child() {
+    STARTED.store(false, Ordering::Relaxed);
+}
+
+/// What the leader remembers between ticks for one device.
+#[derive(Default)]
+struct LeaderState {
+    handle: Option<usize>,
+    last_seen_us: u64,
+    last_launches: u64,
+    last_waits: u64,
+    leading: bool,
+    warned_no_nvml: bool,
+    resolve_attempts: u32,
+    slice_pids: Vec<u32>,
+    ticks: u64,
+}
+
+/// Looks for this process in NVML's running list (see `discover_pid`); logs one line when it
+/// is still not found after a second.
+fn resolve(device: &DeviceThrottle, state: &mut LeaderState) {
+    state.resolve_attempts += 1;
+    let listed = measure::device_handle(&device.uuid, device.ordinal as u32)
+        .and_then(measure::running_pids)
+        .unwrap_or_default();
+    let kernel = ProcessIdentity::current().map_or(0, |i| i.host_pid);
+    let found = super::discover_pid(
+        &listed,
+        kernel,
+        super::region_host_pid(),
+        std::process::id(),
+    );
+    if let Some(pid) = found {
+        let table = device.pid_table();
+        if !table.insert(pid) {
+            table.retain(|p| listed.contains(&p));
+        }
+        if table.insert(pid) {
+            device.unresolved.store(false, Ordering::Relaxed);
+            crate::log_debug!("device {}: this process is NVML PID {pid}", device.ordinal);
+            return;
+        }
+    }
+    if state.resolve_attempts == 20 {
+        crate::log_error!(
+            "cannot tell this process's host PID on device {}; the compute share is steered by the whole device's utilisation until it is known",
+            device.ordinal
+        );
+    }
+}
+
+fn run() {
+    let token = process_token();
+    let mut leaders: Vec<LeaderState> = (0..MAX_DEVICES).map(|_| LeaderState::default()).collect();
+    let mut next = now_ns();
+    loop {
+        next += TICK_NS;
+        let now = now_ns();
+        if next < now {
+            next = now + TICK_NS; // fell behind (stopped, overloaded): no catch-up burst
+        }
+        super::sleep_until(next);
+        for (index, state) in leaders.iter_mut().enumerate() {
+            if DEVICE_STATE[index].load(Ordering::Acquire) != ON {
+                continue;
+            }
+            // SAFETY: ON is published after DEVICES[index] holds a leaked, never freed Box.
+            let device = unsafe { &*DEVICES[index].load(Ordering::Acquire) };
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                tick(device, state, token)
+            }));
+        }
+    }
+}
+
+fn process_token() -> u32 {
+    let seed = now_ns() ^ (u64::from(std::process::id()) << 20);
+    let mixed = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ((mixed >> 32) as u32).max(1)
+}
+
+fn now_ms() -> u32 {
+    (now_ns() / 1_000_000) as u32
+}
+
+/// Pure: the lease word after `token` tries to lead at `now_ms` (`None` = someone else leads).
+pub fn lease_step(current: u64, token: u32, now_ms: u32) -> Option<u64> {
+    let holder = (current >> 32) as u32;
+    let expiry = current as u32;
+    let expired = current == 0 || (now_ms.wrapping_sub(expiry) as i32) >= 0;
+    (holder == token || expired)
+        .then_some((u64::from(token) << 32) | u64::from(now_ms.wrapping_add(LEASE_MS)))
+}
+
+fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
+    let words = device.words;
+    let launches = device.launches.swap(0, Ordering::Relaxed);
+    if launches > 0 {
+        words[W_LAUNCHES].fetch_add(launches, Ordering::Relaxed);
+    }
+    let waits = device.waits.swap(0, Ordering::Relaxed);
+    if waits > 0 {
+        words[W_WAITS].fetch_add(waits, Ordering::Relaxed);
+    }
+    if device.unresolved.load(Ordering::Relaxed) {
+        resolve(device, state);
+    }
+    if device.unresolved.load(Ordering::Relaxed) {
+        // Until this process is found in NVML's list, the leader measures the whole device
+        // (over-counts neighbours: errs on the side of the cap).
+        words[W_UNRESOLVED_UNTIL].fetch_max(
+            u64::from(now_ms()) + 4 * u64::from(LEASE_MS),
+            Ordering::Relaxed,
+        );
+    }
+    let cost = words[W_COST].load(Ordering::Relaxed);
+    device.cost.store(
+        if cost == 0 {
+            INITIAL_COST_NS as u64
+        } else {
+            cost
+        },
+        Ordering::Relaxed,
+    );
+    device.bypass.store(
+        words[W_BYPASS].load(Ordering::Relaxed) == 1,
+        Ordering::Relaxed,
+    );
+
+    let current = words[W_LEADER].load(Ordering::Acquire);
+    let leading = match lease_step(current, token, now_ms()) {
+        Some(next) => words[W_LEADER]
+            .compare_exchange(current, next, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok(),
+        None => false,
+    };
+    if !leading {
+        state.leading = false;
+        return;
+    }
+    if !state.leading {
+        // Newly elected: start the measurement afresh.
+        state.leading = true;
+        state.last_seen_us = 0;
+        state.last_launches = words[W_LAUNCHES].load(Ordering::Relaxed);
+        state.last_waits = words[W_WAITS].load(Ordering::Relaxed);
+    }
+    lead(device, state);
+}
+
+fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
+    let words = device.words;
+    if state.handle.is_none() {
+        state.handle =
+            measure::device_handle(&device.uuid, device.ordinal as u32).map(|h| h as usize);
+    }
+    let busy = state.handle.and_then(|h| {
+        measure::process_busy(h as gpuslice_abi::nvml::nvmlDevice_t, state.last_seen_us)
+    });
+    let Some(busy) = busy else {
+        if !state.warned_no_nvml {
+            state.warned_no_nvml = true;
+            crate::log_error!(
+                "NVML cannot report utilisation on device {}: the compute share is enforced from the launch accounting alone (no feedback)",
+                device.ordinal
+            );
+        }
+        return;
+    };
+    let first = state.last_seen_us == 0;
+    if busy.newest_us > state.last_seen_us {
+        state.last_seen_us = busy.newest_us;
+    }
+    let launches_total = words[W_LAUNCHES].load(Ordering::Relaxed);
+    let waits_total = words[W_WAITS].load(Ordering::Relaxed);
+    let launches = launches_total.wrapping_sub(state.last_launches);
+    let waited = waits_total != state.last_waits;
+    if first || busy.span_ns == 0 {
+        if first {
+            state.last_launches = launches_total;
+            state.last_waits = waits_total;
+        }
+        return;
+    }
+    state.last_launches = launches_total;
+    state.last_waits = waits_total;
+
+    let device_busy: u64 = busy.per_pid.iter().map(|(_, b)| b).sum();
+    let unresolved = words[W_UNRESOLVED_UNTIL].load(Ordering::Relaxed) > u64::from(now_ms());
+    state.ticks += 1;
+    if state.ticks % 10 == 1 {
+        state.slice_pids = super::region_host_pids();
+    }
+    let slice_busy = if unresolved {
+        device_busy
+    } else {
+        let mut pids = device.pid_table().pids();
+        pids.extend_from_slice(&state.slice_pids);
+        busy.per_pid
+            .iter()
+            .filter(|(pid, _)| pids.contains(pid))
+            .map(|(_, b)| b)
+            .sum()
+    };
+    let mut controller = Controller {
+        log_c: f64::from_bits(words[W_LOG_C].load(Ordering::Relaxed)),
+        cost_ns: match words[W_COST].load(Ordering::Relaxed) {
+            0 => INITIAL_COST_NS,
+            c => c as f64,
+        },
+        bypass: words[W_BYPASS].load(Ordering::Relaxed) == 1,
+    };
+    let learned = words[W_COST].load(Ordering::Relaxed) != 0;
+    let tick = Tick {
+        share: device.share,
+        span_ns: busy.span_ns,
+        slice_busy_ns: Some(slice_busy),
+        device_busy_ns: Some(device_busy),
+        launches,
+        waited,
+    };
+    if !learned && launches > 0 && slice_busy > 0 {
+        // The first measurement replaces the conservative guess outright.
+        controller.cost_ns = slice_busy as f64 / launches as f64;
+    }
+    let out = controller.step(&tick, device.policy);
+    words[W_LOG_C].store(controller.log_c.to_bits(), Ordering::Relaxed);
+    if launches > 0 && slice_busy > 0 {
+        words[W_COST].store(out.cost_ns, Ordering::Relaxed);
+    }
+    words[W_BYPASS].store(u64::from(out.bypass), Ordering::Relaxed);
+    words[W_INV_RATE].store(bucket::inv_rate_fixed(out.rate), Ordering::Relaxed);
+    crate::log_debug!(
+        "device {}: U={:.3} S={:.2} D={:.3} launches={launches} waited={waited} c={:.3} cost={}ns bypass={}",
+        device.ordinal,
+        slice_busy as f64 / busy.span_ns as f64,
+        device.share,
+        device_busy as f64 / busy.span_ns as f64,
+        controller.log_c.exp(),
+        out.cost_ns,
+        out.bypass
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_is_kept_by_its_holder_and_taken_over_only_when_expired() {
+        let mine = lease_step(0, 7, 1_000).expect("free lease");
+        assert_eq!(mine, (7u64 << 32) | u64::from(1_000 + LEASE_MS));
+        assert!(lease_step(mine, 7, 1_100).is_some(), "renewal");
+        assert!(lease_step(mine, 9, 1_100).is_none(), "held by 7");
+        assert!(lease_step(mine, 9, 1_000 + LEASE_MS).is_some(), "expired");
+        // Wrap-around of the millisecond clock.
+        let near_wrap = lease_step(0, 7, u32::MAX - 10).unwrap();
+        assert!(lease_step(near_wrap, 9, 5).is_none());
+        assert!(lease_step(near_wrap, 9, LEASE_MS).is_some());
+    }
+}
