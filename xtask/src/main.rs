@@ -16,6 +16,7 @@ use std::process::{exit, Command};
 const SERIAL_TEST_BINARIES: &[(&str, &str)] = &[
     ("fakegpu-nvml", "nvml_utilization"),
     ("gpuslice-common", "region_timing"),
+    ("cuda-e2e", "throttle"),
 ];
 
 fn main() {

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cost  <- cost + a * (busy_container / launches - cost)        (EMA, a = 0.5)
-//! log c <- clamp(log c + k * (S - U) / S, log 1/8, log 8)      (k = 0.3)
+//! log c <- clamp(log c + clamp(k * (S - U) / S, ±0.5), log 1/8, log 8)   (k = 0.3)
 //! rate   = S * c   GPU-ns of tokens per wall-ns
 //! ```
 //!
@@ -34,6 +34,8 @@ use gpuslice_common::config::ComputePolicy;
 pub const GAIN: f64 = 0.3;
 /// `c` stays within [1/8, 8].
 pub const LOG_C_LIMIT: f64 = 2.079_441_541_679_835_7; // ln 8
+/// Largest change of log c in one tick.
+pub const MAX_STEP: f64 = 0.5;
 /// Weight of a new cost sample.
 pub const COST_ALPHA: f64 = 0.5;
 /// The first estimate before anything was measured: conservative (1 ms of GPU time).

@@ -93,6 +93,8 @@ pub struct DeviceThrottle {
     /// Launches / waits since the watcher last flushed them to the shared counters.
     pub launches: AtomicU64,
     pub waits: AtomicU64,
+    /// Launches asleep right now (a long wait spans ticks: still demand).
+    pub sleeping: AtomicU64,
     /// This process does not know yet which NVML PID it is on this device.
     pub unresolved: AtomicBool,
 }
@@ -156,7 +158,9 @@ fn wait_for_tokens(device: &DeviceThrottle) {
     let start = bucket::reserve(&device.words[W_VTIME], now, amount, inv_rate, TOLERANCE_NS);
     if start > now {
         device.waits.fetch_add(1, Ordering::Relaxed);
+        device.sleeping.fetch_add(1, Ordering::Relaxed);
         sleep_until(start.min(now + MAX_WAIT_NS));
+        device.sleeping.fetch_sub(1, Ordering::Relaxed);
     }
     device.credit.add(amount);
 }
@@ -270,6 +274,7 @@ fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottl
         bypass: AtomicBool::new(false),
         launches: AtomicU64::new(0),
         waits: AtomicU64::new(0),
+        sleeping: AtomicU64::new(0),
         unresolved: AtomicBool::new(true),
     })
 }

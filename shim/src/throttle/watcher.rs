@@ -140,7 +140,8 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
     if launches > 0 {
         words[W_LAUNCHES].fetch_add(launches, Ordering::Relaxed);
     }
-    let waits = device.waits.swap(0, Ordering::Relaxed);
+    let waits = device.waits.swap(0, Ordering::Relaxed)
+        + u64::from(device.sleeping.load(Ordering::Relaxed) > 0);
     if waits > 0 {
         words[W_WAITS].fetch_add(waits, Ordering::Relaxed);
     }
