@@ -106,7 +106,10 @@ pub struct ProcessSlot {
     pub pid_ns: AtomicU64,
     /// Reserved: last heartbeat, for the throttle.
     pub heartbeat: AtomicU64,
-    _aux: [AtomicU64; 3],
+    /// CLOCK_MONOTONIC nanoseconds at which a reap first found the owner dead while the
+    /// driver may still hold its memory (0 = not seen dead). Zeroed when the slot is claimed.
+    pub dead_since: AtomicU64,
+    _aux: [AtomicU64; 2],
     /// Bytes this process holds, per device entry.
     pub used: [AtomicU64; MAX_DEVICES],
     /// Live CUDA contexts of this process, per device entry.
@@ -194,6 +197,7 @@ mod tests {
         assert_eq!(offset_of!(ProcessSlot, start_time), 16);
         assert_eq!(offset_of!(ProcessSlot, pid_ns), 24);
         assert_eq!(offset_of!(ProcessSlot, heartbeat), 32);
+        assert_eq!(offset_of!(ProcessSlot, dead_since), 40);
         assert_eq!(offset_of!(ProcessSlot, used), 64);
         assert_eq!(offset_of!(ProcessSlot, contexts), 192);
     }

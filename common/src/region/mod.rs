@@ -55,7 +55,23 @@
 //! device. A SIGKILL between the two atomics of either leaves the device total *higher* than
 //! the sum of the slots (drift always over-counts, so the cap is never exceeded). Reaping a
 //! dead slot subtracts its counters (saturating); when a reap finds no live slot at all, the
-//! device totals are reset to 0, which clears any drift.
+//! device totals are reset to what the still-pending dead slots hold (0 when none), which
+//! clears any drift.
+//!
+//! ## Reaping: a dead slot's bytes return only once the driver has let go
+//! The slot lock is one descriptor among the process's others: the kernel closes them one by
+//! one as the process exits, and the driver frees the process's device memory when ITS
+//! descriptors close (a real driver may even defer that teardown). So "the slot lock is free"
+//! can be seen while the driver still holds the dead process's memory; giving its budget back
+//! then would let another process allocate it while it is still physically in use, and the
+//! slice's physical usage would pass the cap. Reaping is therefore two-phase
+//! ([`Region::reap_dead_if`]): each stale slot is described as a [`DeadSlot`] (its bytes, host
+//! PID, how far its owner has got in exiting per /proc, how long it has been seen dead) and
+//! the caller decides whether the driver has released it (the shim asks NVML's process list).
+//! Undecided slots stay claimed and charged (`ReapReport::pending`), so the budget never
+//! exceeds what the driver really has free. [`Region::reap_dead`] uses the region's own
+//! evidence: the owner is gone or a zombie (after all its descriptors are closed) in our PID
+//! namespace. Every rule is bounded by [`RELEASE_TIMEOUT`] so nothing stays unavailable for good.
 //!
 //! Registration, reaping, binding and unregistering take the registration lock (byte 0); the
 //! lock is per open description, and each acquisition opens its own, so threads of one
@@ -298,11 +314,70 @@ pub struct ReclaimedSlot {
     pub bytes: u64,
 }
 
+/// A slot whose owner is dead but whose memory the driver may still hold: it stays claimed,
+/// and its bytes stay charged, until a reap finds the memory released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingSlot {
+    pub slot: SlotId,
+    pub pid: u32,
+    /// Bytes still charged for it, all devices together.
+    pub bytes: u64,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReapReport {
     pub reclaimed: Vec<ReclaimedSlot>,
+    /// Dead slots kept charged because the driver may still hold their memory.
+    pub pending: Vec<PendingSlot>,
     /// Bytes cleared from the device totals because no live slot remained (drift).
     pub drift_cleared_bytes: u64,
+}
+
+/// How far a dead slot's owner has got in exiting, as this process's /proc shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitState {
+    /// Gone, a zombie, or its PID reused: the kernel has closed every descriptor it had,
+    /// the driver's included, so the driver has been told to free its memory.
+    Exited,
+    /// Still running with the same start time: it is closing its descriptors (our lock went
+    /// first, the driver's may still be open), or it exec'd (close-on-exec dropped both).
+    Exiting,
+    /// Another PID namespace (or no /proc): cannot tell.
+    Unknown,
+}
+
+/// A dead slot offered to the caller of [`Region::reap_dead_if`], which decides whether the
+/// driver has released its memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadSlot {
+    pub slot: SlotId,
+    pub pid: u32,
+    /// PID as NVML reports it; 0 = never learnt.
+    pub host_pid: u32,
+    /// Bytes still charged per device entry.
+    pub used_bytes: [u64; MAX_DEVICES],
+    pub exit: ExitState,
+    /// Time since a reap first found it dead (0 on that first reap).
+    pub dead_for: std::time::Duration,
+}
+
+/// How long a dead slot stays charged at most while nothing proves the driver released its
+/// memory (another PID namespace without NVML evidence, an exec'd process, a driver that is
+/// slow to tear down). Bounded so a dead process's budget is never lost for good.
+pub const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl DeadSlot {
+    /// The region's own evidence: the owner has finished exiting (every descriptor closed,
+    /// the driver's included), or [`RELEASE_TIMEOUT`] has passed.
+    pub fn exited_or_timed_out(&self) -> bool {
+        self.exit == ExitState::Exited || self.dead_for >= RELEASE_TIMEOUT
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.used_bytes
+            .iter()
+            .fold(0u64, |sum, b| sum.saturating_add(*b))
+    }
 }
 
 impl ReapReport {
@@ -635,7 +710,7 @@ impl Region {
                 return Ok(slot);
             }
             if attempt == 0 {
-                self.reap_locked(&guard);
+                self.reap_locked(&guard, DeadSlot::exited_or_timed_out);
             }
         }
         Err(RegionError::Full {
@@ -659,11 +734,27 @@ impl Region {
         Ok(())
     }
 
-    /// Frees every slot whose owner is dead and returns its memory (see the module doc for
-    /// the drift rule). The shim calls this before refusing an allocation.
+    /// Frees every slot whose owner is dead AND has finished exiting (or has been dead for
+    /// [`RELEASE_TIMEOUT`]), returning its memory; see "Reaping" in the module doc.
     pub fn reap_dead(&self) -> Result<ReapReport, RegionError> {
+        self.reap_dead_if(DeadSlot::exited_or_timed_out)
+    }
+
+    /// Two-phase reap: every slot whose owner is dead is offered to `released`, which says
+    /// whether the driver no longer holds that process's memory. Only those slots are freed
+    /// and their bytes given back; the others stay claimed and charged (`pending`) until a
+    /// later reap. The shim calls this before refusing an allocation.
+    pub fn reap_dead_if(
+        &self,
+        released: impl FnMut(&DeadSlot) -> bool,
+    ) -> Result<ReapReport, RegionError> {
         let guard = self.lock_registration()?;
-        Ok(self.reap_locked(&guard))
+        Ok(self.reap_locked(&guard, released))
+    }
+
+    /// The UUID a device entry is bound to (empty for an unused entry).
+    pub fn device_uuid(&self, device: DeviceId) -> String {
+        uuid_from_words(&load_uuid(&self.map.layout().devices[device.index()]))
     }
 
     /// Reserves `bytes` on `device` for `slot`, or refuses without changing anything when the
@@ -807,6 +898,7 @@ impl Region {
                 .store(identity.start_time, Ordering::Relaxed);
             slot.pid_ns.store(identity.pid_ns, Ordering::Relaxed);
             slot.heartbeat.store(0, Ordering::Relaxed);
+            slot.dead_since.store(0, Ordering::Relaxed);
             for (used, contexts) in slot.used.iter().zip(&slot.contexts) {
                 used.store(0, Ordering::Relaxed);
                 contexts.store(0, Ordering::Relaxed);
@@ -820,27 +912,46 @@ impl Region {
         Ok(None)
     }
 
-    fn reap_locked(&self, guard: &RegistrationGuard) -> ReapReport {
+    fn reap_locked(
+        &self,
+        guard: &RegistrationGuard,
+        mut released: impl FnMut(&DeadSlot) -> bool,
+    ) -> ReapReport {
         let layout = self.map.layout();
         let mut report = ReapReport::default();
         let mut live = 0usize;
+        let mut pending_bytes = [0u64; MAX_DEVICES];
+        let now = monotonic_ns();
         for (index, slot) in claimed_slots(layout) {
             match judge(slot, index, Some(&guard.fd)) {
                 Liveness::Stale => {
-                    let pid = slot.pid.load(Ordering::Relaxed);
-                    let bytes = self.reclaim_slot(index);
-                    report.reclaimed.push(ReclaimedSlot {
-                        slot: SlotId(index as u16),
-                        pid,
-                        bytes,
-                    });
+                    let dead = dead_slot(slot, index, now);
+                    if released(&dead) {
+                        let bytes = self.reclaim_slot(index);
+                        report.reclaimed.push(ReclaimedSlot {
+                            slot: dead.slot,
+                            pid: dead.pid,
+                            bytes,
+                        });
+                    } else {
+                        for (sum, bytes) in pending_bytes.iter_mut().zip(dead.used_bytes) {
+                            *sum = sum.saturating_add(bytes);
+                        }
+                        report.pending.push(PendingSlot {
+                            slot: dead.slot,
+                            pid: dead.pid,
+                            bytes: dead.bytes(),
+                        });
+                    }
                 }
                 Liveness::Alive | Liveness::Unknown => live += 1,
             }
         }
         if live == 0 {
-            for entry in &layout.devices {
-                report.drift_cleared_bytes += entry.used_bytes.swap(0, Ordering::AcqRel);
+            // Nobody can be reserving: the totals must be exactly what pending slots hold.
+            for (entry, keep) in layout.devices.iter().zip(pending_bytes) {
+                let before = entry.used_bytes.swap(keep, Ordering::AcqRel);
+                report.drift_cleared_bytes += before.saturating_sub(keep);
             }
         }
         report
@@ -1141,6 +1252,56 @@ fn limit_option(raw: u64) -> Option<u64> {
 
 fn percent_option(raw: u32) -> Option<u32> {
     (1..=99).contains(&raw).then_some(raw)
+}
+
+/// Describes a stale slot for `reap_dead_if`, stamping when it was first found dead.
+fn dead_slot(slot: &ProcessSlot, index: usize, now: u64) -> DeadSlot {
+    let identity = ProcessIdentity {
+        pid: slot.pid.load(Ordering::Relaxed),
+        host_pid: slot.host_pid.load(Ordering::Relaxed),
+        start_time: slot.start_time.load(Ordering::Relaxed),
+        pid_ns: slot.pid_ns.load(Ordering::Relaxed),
+    };
+    let exit = if !identity.same_namespace_as_current() {
+        ExitState::Unknown
+    } else if identity.is_alive() {
+        ExitState::Exiting
+    } else {
+        ExitState::Exited
+    };
+    // First sighting wins; a stamp from the future (another time namespace) restarts the
+    // clock rather than counting as expired.
+    let seen = match slot
+        .dead_since
+        .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+    {
+        Ok(_) => now,
+        Err(stamp) if stamp > now => {
+            slot.dead_since.store(now, Ordering::Relaxed);
+            now
+        }
+        Err(stamp) => stamp,
+    };
+    DeadSlot {
+        slot: SlotId(index as u16),
+        pid: identity.pid,
+        host_pid: identity.host_pid,
+        used_bytes: std::array::from_fn(|d| slot.used[d].load(Ordering::Relaxed)),
+        exit,
+        dead_for: std::time::Duration::from_nanos(now - seen),
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds, never 0 (0 marks "not seen dead").
+fn monotonic_ns() -> u64 {
+    // SAFETY: an all-zero timespec is valid to be overwritten.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: valid clock id and out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+        .max(1)
 }
 
 /// Subtracts up to `amount` from `counter` without going below zero; returns what was taken.

@@ -391,9 +391,108 @@ fn slot_whose_lock_is_released_is_stale() {
     assert_eq!(snapshot.processes[0].used_bytes[device.index()], 20 * MIB);
 
     let region = Region::open_or_create(&dir.file()).unwrap();
+    // We still run with the slot's identity: to the region that is an owner still closing its
+    // descriptors (or one that exec'd), so by default its bytes stay charged...
     let report = region.reap_dead().unwrap();
+    assert!(report.reclaimed.is_empty(), "{report:?}");
+    assert_eq!(
+        report.pending,
+        vec![PendingSlot {
+            slot,
+            pid: std::process::id(),
+            bytes: 20 * MIB
+        }]
+    );
+    assert_eq!(region.usage(device).used, 20 * MIB);
+    // ...until the caller knows the driver let go.
+    let report = region.reap_dead_if(|_| true).unwrap();
     assert_eq!(report.reclaimed.len(), 1);
     assert_eq!(report.reclaimed[0].bytes, 20 * MIB);
+    assert_eq!(region.usage(device).used, 0);
+}
+
+#[test]
+fn a_dead_slot_stays_charged_until_the_caller_says_the_driver_released_it() {
+    let dir = TempDir::new("two-phase");
+    let path = dir.file();
+    let (region, live, device) = region_with(&dir, Some(100 * MIB));
+    region.reserve(live, device, 10 * MIB).unwrap();
+    // A second Region object of ours plays the dead process: dropping it frees its lock.
+    let dying = Region::open_or_create(&path).unwrap();
+    let dead = dying.register(&me()).unwrap();
+    dying.set_host_pid(dead, 4242);
+    dying.reserve(dead, device, 60 * MIB).unwrap();
+    drop(dying);
+
+    let mut offered = Vec::new();
+    let report = region
+        .reap_dead_if(|d| {
+            offered.push(d.clone());
+            false
+        })
+        .unwrap();
+    assert_eq!(offered.len(), 1);
+    let first = &offered[0];
+    assert_eq!((first.slot, first.host_pid), (dead, 4242));
+    assert_eq!(first.used_bytes[device.index()], 60 * MIB);
+    assert_eq!(first.bytes(), 60 * MIB);
+    assert_eq!(
+        first.exit,
+        ExitState::Exiting,
+        "same identity, still running"
+    );
+    assert!(report.reclaimed.is_empty());
+    assert_eq!(report.pending.len(), 1);
+    // Still charged: the 30 MiB of room left is all another reservation can get.
+    assert!(region.reserve(live, device, 30 * MIB).is_ok());
+    assert!(region.reserve(live, device, MIB).is_err());
+    region.release(live, device, 30 * MIB);
+    // A slot that stays pending is not handed to a new process either.
+    let other = Region::open_or_create(&path).unwrap();
+    assert_ne!(other.register(&me()).unwrap(), dead);
+
+    // The clock of "dead for" runs from the first sighting.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let mut later = None;
+    region
+        .reap_dead_if(|d| {
+            later = Some(d.dead_for);
+            false
+        })
+        .unwrap();
+    assert!(
+        later.unwrap() >= std::time::Duration::from_millis(20),
+        "{later:?}"
+    );
+    let timed_out = DeadSlot {
+        dead_for: RELEASE_TIMEOUT,
+        ..first.clone()
+    };
+    assert!(timed_out.exited_or_timed_out());
+    assert!(!first.exited_or_timed_out());
+
+    let report = region.reap_dead_if(|d| d.slot == dead).unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(report.reclaimed[0].bytes, 60 * MIB);
+    assert_eq!(region.usage(device).used, 10 * MIB);
+}
+
+#[test]
+fn with_no_live_slot_the_totals_keep_what_pending_slots_hold() {
+    let dir = TempDir::new("pending-drift");
+    let path = dir.file();
+    let (region, slot, device) = region_with(&dir, Some(100 * MIB));
+    region.reserve(slot, device, 30 * MIB).unwrap();
+    region.map.layout().devices[device.index()]
+        .used_bytes
+        .fetch_add(5 * MIB, Ordering::Relaxed);
+    drop(region);
+    let region = Region::open_or_create(&path).unwrap();
+    let report = region.reap_dead_if(|_| false).unwrap();
+    assert_eq!(report.pending.len(), 1);
+    assert_eq!(report.drift_cleared_bytes, 5 * MIB);
+    assert_eq!(region.usage(device).used, 30 * MIB);
+    region.reap_dead_if(|_| true).unwrap();
     assert_eq!(region.usage(device).used, 0);
 }
 

@@ -122,11 +122,10 @@ impl<B: Budget> Ledger<B> {
         }
     }
 
-    /// Records a charged object; a stale entry under the same key is refunded.
+    /// Records a charged object. An entry still under the same key is kept: its free is in
+    /// flight and will take it (see `objects`, "Address reuse").
     pub fn track(&self, kind: ObjectKind, key: u64, charged: Charged) {
-        if let Some(stale) = self.objects.insert(kind, key, charged) {
-            self.refund(stale.device, stale.bytes);
-        }
+        self.objects.insert(kind, key, charged);
     }
 
     /// The driver freed an object: refund what it was charged. Unknown objects (never

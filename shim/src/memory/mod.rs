@@ -122,15 +122,37 @@ impl Budget for RegionBudget {
         self.region.release(self.slot, device_id(device), bytes);
     }
     fn reap_dead(&self) {
-        match self.region.reap_dead() {
-            Ok(report) if !report.reclaimed.is_empty() => crate::log_info!(
-                "reclaimed {} bytes of dead processes {:?}",
-                report.bytes_reclaimed(),
-                report.reclaimed.iter().map(|r| r.pid).collect::<Vec<_>>()
-            ),
-            Ok(_) => {}
-            Err(e) => crate::log_error!("{e}"),
+        // A dead process's budget returns only once the driver has freed its memory.
+        let report = match shared() {
+            Some(shared) => self
+                .region
+                .reap_dead_if(|dead| wrappers::driver_released(shared, dead)),
+            None => self.region.reap_dead(),
+        };
+        log_reap(report);
+    }
+}
+
+fn log_reap(
+    report: Result<gpuslice_common::region::ReapReport, gpuslice_common::region::RegionError>,
+) {
+    match report {
+        Ok(report) => {
+            if !report.reclaimed.is_empty() {
+                crate::log_info!(
+                    "reclaimed {} bytes of dead processes {:?}",
+                    report.bytes_reclaimed(),
+                    report.reclaimed.iter().map(|r| r.pid).collect::<Vec<_>>()
+                );
+            }
+            if !report.pending.is_empty() {
+                crate::log_debug!(
+                    "dead processes whose memory the driver still holds: {:?}",
+                    report.pending
+                );
+            }
         }
+        Err(e) => crate::log_error!("{e}"),
     }
 }
 
@@ -262,10 +284,9 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     pause_for_tests("GPUSLICE_TEST_PAUSE_AFTER_REGISTER_MS");
     // Slots of processes that exited (or were killed) still count until reaped; a starting
-    // process clears them so every view it reports is about live processes only.
-    if let Err(e) = shared.region.reap_dead() {
-        crate::log_error!("{e}");
-    }
+    // process clears those that have finished exiting. (NVML is not asked here: this runs
+    // inside the first hooked call; the charge path asks it before refusing.)
+    log_reap(shared.region.reap_dead());
     let process: &'static Process = Box::leak(Box::new(Process {
         ledger: Ledger::new(RegionBudget {
             region: &shared.region,

@@ -4,7 +4,17 @@
 //! once rarely meet on the same lock; each shard is a small `HashMap` behind a `Mutex` with a
 //! multiplicative (Fibonacci) hash instead of SipHash, because keys are driver addresses and
 //! handles, not attacker-chosen strings.
+//!
+//! **Address reuse.** The ledger learns of a free only AFTER the driver has freed (the refund
+//! must never precede the physical release). In that window another thread may allocate and
+//! get the very same address from the driver, and record it first. So a key holds a FIFO of
+//! entries, oldest first: a free takes the OLDEST entry (the one whose free is in flight), a
+//! new allocation queues behind it. Replacing the entry instead (and refunding the old one)
+//! would let the late free remove the NEW allocation's charge while it lives: physical use
+//! past the cap by up to one allocation (seen in the 4 x 16-thread race). Invariant: entries
+//! under a key >= live allocations at that address, and a live one is always the newest.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
@@ -59,7 +69,15 @@ impl Hasher for KeyHasher {
     }
 }
 
-type Shard = Mutex<HashMap<(ObjectKind, u64), Charged, BuildHasherDefault<KeyHasher>>>;
+/// The entries under one key, oldest first (almost always exactly one; `later` only holds
+/// entries while a free of the same address is in flight, and never allocates otherwise).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Queue {
+    oldest: Charged,
+    later: Vec<Charged>,
+}
+
+type Shard = Mutex<HashMapOf>;
 
 /// The table. `insert` and `remove` touch one shard each.
 pub struct ObjectTable {
@@ -88,18 +106,35 @@ impl ObjectTable {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Records an object; returns the entry it replaced (the driver reused a key we never saw
-    /// freed, e.g. a context destroy freed it implicitly) so the caller can give that back.
-    pub fn insert(&self, kind: ObjectKind, key: u64, charged: Charged) -> Option<Charged> {
-        self.shard(kind, key).insert((kind, key), charged)
+    /// Records an object, behind any entry still under the same key (module doc).
+    pub fn insert(&self, kind: ObjectKind, key: u64, charged: Charged) {
+        match self.shard(kind, key).entry((kind, key)) {
+            Entry::Occupied(mut queue) => queue.get_mut().later.push(charged),
+            Entry::Vacant(slot) => {
+                slot.insert(Queue {
+                    oldest: charged,
+                    later: Vec::new(),
+                });
+            }
+        }
     }
 
+    /// Takes the oldest entry under the key.
     pub fn remove(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
-        self.shard(kind, key).remove(&(kind, key))
+        let mut shard = self.shard(kind, key);
+        let Entry::Occupied(mut queue) = shard.entry((kind, key)) else {
+            return None;
+        };
+        if queue.get().later.is_empty() {
+            return Some(queue.remove().oldest);
+        }
+        let next = queue.get_mut().later.remove(0);
+        Some(std::mem::replace(&mut queue.get_mut().oldest, next))
     }
 
+    /// The oldest entry under the key.
     pub fn get(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
-        self.shard(kind, key).get(&(kind, key)).copied()
+        self.shard(kind, key).get(&(kind, key)).map(|q| q.oldest)
     }
 
     /// Removes every object owned by `context` (the driver freed them with it).
@@ -107,13 +142,21 @@ impl ObjectTable {
         let mut drained = Vec::new();
         for shard in self.shards.iter() {
             let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
-            map.retain(|key, charged| {
-                if charged.context == context {
-                    drained.push((*key, *charged));
-                    false
-                } else {
-                    true
+            map.retain(|key, queue| {
+                let mut kept = Vec::new();
+                for charged in std::iter::once(queue.oldest).chain(queue.later.drain(..)) {
+                    if charged.context == context {
+                        drained.push((*key, charged));
+                    } else {
+                        kept.push(charged);
+                    }
                 }
+                if kept.is_empty() {
+                    return false;
+                }
+                queue.oldest = kept.remove(0);
+                queue.later = kept;
+                true
             });
         }
         drained
@@ -124,13 +167,14 @@ impl ObjectTable {
         self.shards.iter().fold((0, 0), |(n, bytes), shard| {
             let map = shard.lock().unwrap_or_else(|p| p.into_inner());
             map.values()
+                .flat_map(|q| std::iter::once(&q.oldest).chain(q.later.iter()))
                 .filter(|c| c.device == device)
                 .fold((n, bytes), |(n, b), c| (n + 1, b + c.bytes))
         })
     }
 }
 
-type HashMapOf = HashMap<(ObjectKind, u64), Charged, BuildHasherDefault<KeyHasher>>;
+type HashMapOf = HashMap<(ObjectKind, u64), Queue, BuildHasherDefault<KeyHasher>>;
 
 #[cfg(test)]
 mod tests {
@@ -148,22 +192,49 @@ mod tests {
     #[test]
     fn kinds_are_separate_namespaces() {
         let table = ObjectTable::default();
-        assert_eq!(table.insert(ObjectKind::Pointer, 0x1000, c(1)), None);
-        assert_eq!(table.insert(ObjectKind::Array, 0x1000, c(2)), None);
+        table.insert(ObjectKind::Pointer, 0x1000, c(1));
+        table.insert(ObjectKind::Array, 0x1000, c(2));
         assert_eq!(table.remove(ObjectKind::Pointer, 0x1000), Some(c(1)));
         assert_eq!(table.remove(ObjectKind::Pointer, 0x1000), None);
         assert_eq!(table.get(ObjectKind::Array, 0x1000), Some(c(2)));
     }
 
     #[test]
-    fn a_reused_key_returns_the_stale_entry() {
+    fn a_reused_address_queues_behind_the_free_in_flight() {
         let table = ObjectTable::default();
+        // Thread A's 5 is freed by the driver; before A's free reaches the table, thread B
+        // gets the same address for 7 and records it.
         table.insert(ObjectKind::Pointer, 0x20_0000, c(5));
+        table.insert(ObjectKind::Pointer, 0x20_0000, c(7));
+        assert_eq!(table.total_on(0), (2, 12));
+        // A's late free takes A's entry; B's live allocation stays charged.
+        assert_eq!(table.remove(ObjectKind::Pointer, 0x20_0000), Some(c(5)));
+        assert_eq!(table.get(ObjectKind::Pointer, 0x20_0000), Some(c(7)));
+        assert_eq!(table.remove(ObjectKind::Pointer, 0x20_0000), Some(c(7)));
+        assert_eq!(table.remove(ObjectKind::Pointer, 0x20_0000), None);
+    }
+
+    #[test]
+    fn draining_a_context_keeps_other_entries_of_a_shared_key_in_order() {
+        let table = ObjectTable::default();
+        let in_ctx = |bytes, context| Charged {
+            context,
+            ..c(bytes)
+        };
+        table.insert(ObjectKind::Pointer, 1 << 21, in_ctx(1, 9));
+        table.insert(ObjectKind::Pointer, 1 << 21, in_ctx(2, 1));
+        table.insert(ObjectKind::Pointer, 1 << 21, in_ctx(3, 9));
+        table.insert(ObjectKind::Pointer, 1 << 21, in_ctx(4, 1));
+        assert_eq!(table.drain_context(9).len(), 2);
         assert_eq!(
-            table.insert(ObjectKind::Pointer, 0x20_0000, c(7)),
-            Some(c(5))
+            table.remove(ObjectKind::Pointer, 1 << 21),
+            Some(in_ctx(2, 1))
         );
-        assert_eq!(table.total_on(0), (1, 7));
+        assert_eq!(
+            table.remove(ObjectKind::Pointer, 1 << 21),
+            Some(in_ctx(4, 1))
+        );
+        assert_eq!(table.total_on(0), (0, 0));
     }
 
     #[test]

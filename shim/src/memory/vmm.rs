@@ -25,6 +25,8 @@ pub struct VmmBook {
     handles: HashMap<u64, Handle>,
     /// Mapped ranges of charged handles: start -> (size, handle).
     maps: BTreeMap<u64, (u64, u64)>,
+    /// Releases of a previous handle with the same value, still to arrive (see `created`).
+    late_releases: HashMap<u64, u32>,
 }
 
 impl VmmBook {
@@ -39,8 +41,15 @@ impl VmmBook {
                 maps: 0,
             },
         );
-        // A reused handle value we still tracked: the old one is certainly gone.
-        stale.map(|h| (h.device, h.bytes))
+        // A reused handle value we still tracked: the old one is certainly gone. Its
+        // outstanding references are `cuMemRelease` calls the driver already served whose
+        // bookkeeping is still on its way (another thread): they must not count against the
+        // new handle, which would free its charge while it lives.
+        let stale = stale?;
+        if stale.refs > 0 {
+            *self.late_releases.entry(handle).or_insert(0) += stale.refs;
+        }
+        Some((stale.device, stale.bytes))
     }
 
     pub fn retained(&mut self, handle: u64) {
@@ -51,6 +60,13 @@ impl VmmBook {
 
     /// `cuMemRelease` succeeded.
     pub fn released(&mut self, handle: u64) -> Freed {
+        if let Some(late) = self.late_releases.get_mut(&handle) {
+            *late -= 1;
+            if *late == 0 {
+                self.late_releases.remove(&handle);
+            }
+            return None;
+        }
         let h = self.handles.get_mut(&handle)?;
         h.refs = h.refs.saturating_sub(1);
         self.free_if_unused(handle)
@@ -100,6 +116,21 @@ impl VmmBook {
 mod tests {
     use super::*;
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_late_release_of_a_reused_handle_value_does_not_free_the_new_one() {
+        let mut book = VmmBook::default();
+        assert_eq!(book.created(7, 0, 4 * MIB), None);
+        // The driver served cuMemRelease(7) and handed 7 out again before the releasing
+        // thread's bookkeeping arrived.
+        assert_eq!(book.created(7, 0, 6 * MIB), Some((0, 4 * MIB)));
+        assert_eq!(
+            book.released(7),
+            None,
+            "the late release is the old handle's"
+        );
+        assert_eq!(book.released(7), Some((0, 6 * MIB)));
+    }
 
     #[test]
     fn release_of_an_unmapped_handle_frees_at_once() {

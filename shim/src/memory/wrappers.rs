@@ -11,7 +11,7 @@ use gpuslice_abi::nvml::ret::{
     NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS,
 };
 use gpuslice_abi::nvml::*;
-use gpuslice_common::region::Liveness;
+use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_TIMEOUT};
 
 use super::host_pid::{self, ListedProcess};
 use super::ledger::{charge_size, lock, pitch_upper_bound, PrimaryContext};
@@ -623,16 +623,84 @@ pub(super) fn nvml_identity(device: nvmlDevice_t) -> (u32, String) {
     (index, uuid)
 }
 
-/// The NVML handle of a CUDA device (by UUID), initialising the real NVML once.
-fn nvml_for_cuda(ordinal: CUdevice) -> Option<nvmlDevice_t> {
+/// Initialises the real NVML once; false when it is missing or refuses.
+fn nvml_ready() -> bool {
     static NVML_READY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
     if NVML_READY.load(std::sync::atomic::Ordering::Acquire) == 0 {
-        let init = real::nvmlInit_v2()?;
+        let Some(init) = real::nvmlInit_v2() else {
+            NVML_READY.store(2, std::sync::atomic::Ordering::Release);
+            return false;
+        };
         // SAFETY: no arguments; refcounted by NVML, never shut down by us.
         let ok = unsafe { init() } == NVML_SUCCESS;
         NVML_READY.store(if ok { 1 } else { 2 }, std::sync::atomic::Ordering::Release);
     }
-    if NVML_READY.load(std::sync::atomic::Ordering::Acquire) != 1 {
+    NVML_READY.load(std::sync::atomic::Ordering::Acquire) == 1
+}
+
+/// The real NVML handle of the device with `uuid`.
+fn nvml_by_uuid(uuid: &str) -> Option<nvmlDevice_t> {
+    if !nvml_ready() {
+        return None;
+    }
+    let uuid = CString::new(uuid).ok()?;
+    let by_uuid = real::nvmlDeviceGetHandleByUUID()?;
+    let mut handle: nvmlDevice_t = std::ptr::null_mut();
+    // SAFETY: NUL-terminated UUID and a valid out-pointer.
+    (unsafe { by_uuid(uuid.as_ptr(), &mut handle) } == NVML_SUCCESS).then_some(handle)
+}
+
+/// Whether the driver no longer holds the memory of a dead slot's process, so its budget may
+/// be given back (the region's two-phase reap; see "Reaping" in `gpuslice_common::region`).
+///
+/// Evidence, strongest first:
+/// 1. the driver's own word: with the host PID known and the real NVML answering for every
+///    device the slot holds bytes on, released = the PID is in none of their process lists
+///    (a process that is still tearing down, or whose driver defers the teardown, is listed);
+/// 2. /proc, in our PID namespace: released = the owner is gone or a zombie, i.e. the kernel
+///    has closed all its descriptors, the driver's included (our slot lock may close first);
+/// 3. nothing can tell (another PID namespace and no NVML or host PID; or the owner exec'd and
+///    runs on): released after [`RELEASE_TIMEOUT`], so no budget is lost for good.
+pub(super) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bool {
+    if dead.bytes() == 0 {
+        return true;
+    }
+    if dead.dead_for >= RELEASE_TIMEOUT {
+        crate::log_info!(
+            "giving back {} bytes of dead pid {}: nothing showed the driver releasing them within {:?}",
+            dead.bytes(),
+            dead.pid,
+            RELEASE_TIMEOUT
+        );
+        return true;
+    }
+    if dead.host_pid != 0 {
+        if let Some(listed) = nvml_lists(shared, dead) {
+            return !listed;
+        }
+    }
+    dead.exit == ExitState::Exited
+}
+
+/// Whether NVML lists the dead slot's host PID on a device it holds bytes on; `None` when
+/// NVML cannot answer for one of them.
+fn nvml_lists(shared: &Shared, dead: &DeadSlot) -> Option<bool> {
+    for (index, bytes) in dead.used_bytes.iter().enumerate() {
+        if *bytes == 0 {
+            continue;
+        }
+        let uuid = shared.region.device_uuid(DeviceId::from_index(index)?);
+        let list = raw_process_list(nvml_by_uuid(&uuid)?).ok()?;
+        if list.iter().any(|p| p.pid == dead.host_pid) {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+/// The NVML handle of a CUDA device (by UUID), initialising the real NVML once.
+fn nvml_for_cuda(ordinal: CUdevice) -> Option<nvmlDevice_t> {
+    if !nvml_ready() {
         return None;
     }
     let uuid = CString::new(crate::devices::cuda_device_uuid(ordinal)).ok()?;
