@@ -151,6 +151,11 @@ fn four_processes_of_sixteen_threads_never_pass_the_cap() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         (sampler.join().unwrap(), outputs)
     });
+    eprintln!(
+        "race: physical peak {} MiB, cap {} MiB",
+        peak / MIB,
+        limit / MIB
+    );
     assert!(peak <= limit, "physical peak {peak} passed the {limit} cap");
     let mut refused = 0;
     for out in &outputs {
