@@ -703,10 +703,21 @@ impl Region {
     /// Claims a slot for `identity`: a free one, else one whose owner is dead (reclaiming its
     /// memory). Call again in a forked child: it gets its own slot.
     pub fn register(&self, identity: &ProcessIdentity) -> Result<SlotId, RegionError> {
+        self.register_with(identity, |_| {})
+    }
+
+    /// `register`, running `while_locked` with the claimed slot before the registration lock
+    /// is released (tests use it to die at the worst moment).
+    pub fn register_with(
+        &self,
+        identity: &ProcessIdentity,
+        while_locked: impl FnOnce(SlotId),
+    ) -> Result<SlotId, RegionError> {
         let guard = self.lock_registration()?;
         self.close_inherited_slot_locks();
         for attempt in 0..2 {
             if let Some(slot) = self.claim_free_slot(identity)? {
+                while_locked(slot);
                 return Ok(slot);
             }
             if attempt == 0 {

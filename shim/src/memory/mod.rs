@@ -280,9 +280,8 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
     })?;
     let slot = shared
         .region
-        .register(&identity)
+        .register_with(&identity, |_| pause_in_registration())
         .map_err(|e| e.to_string())?;
-    pause_for_tests("GPUSLICE_TEST_PAUSE_AFTER_REGISTER_MS");
     // Slots of processes that exited (or were killed) still count until reaped; a starting
     // process clears those that have finished exiting. (NVML is not asked here: this runs
     // inside the first hooked call; the charge path asks it before refusing.)
@@ -305,14 +304,18 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// Test hook: sleeps the given milliseconds (only when the variable is set), so tests can
-/// SIGKILL a process at a chosen point of registration.
-fn pause_for_tests(variable: &str) {
-    if let Some(ms) = std::env::var(variable)
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
+/// Env variable of the test hook below.
+pub const PAUSE_IN_REGISTRATION_ENV: &str = "GPUSLICE_TEST_PAUSE_IN_REGISTRATION";
+
+/// Test hook, inert unless [`PAUSE_IN_REGISTRATION_ENV`] names a file: creates that file, then
+/// blocks (at most 60 s) while holding the region's registration lock with a slot claimed, so
+/// a test can SIGKILL the process at the worst moment and show the others carry on.
+fn pause_in_registration() {
+    let Some(marker) = std::env::var_os(PAUSE_IN_REGISTRATION_ENV) else {
+        return;
+    };
+    if std::fs::write(&marker, b"holding the registration lock\n").is_ok() {
+        std::thread::sleep(std::time::Duration::from_secs(60));
     }
 }
 
