@@ -174,8 +174,18 @@ pub unsafe fn mem_release(
     result
 }
 
-/// Bytes of a `width x height x depth` array of `channels` elements of `format` (0 when the
-/// format is unknown: the ledger then relies on the driver's numbers).
+/// Bytes per texel charged for a format this build does not know (packed, block-compressed,
+/// NV12, future formats): no CUDA array format spends more than 16 bytes (4 x 32-bit
+/// channels) per texel. The driver cannot be asked afterwards: cuArrayGetMemoryRequirements
+/// answers only for arrays created with CUDA_ARRAY3D_DEFERRED_MAPPING.
+pub const UNKNOWN_FORMAT_TEXEL_BYTES: u64 = 16;
+
+/// `CUDA_ARRAY3D_SPARSE` and `CUDA_ARRAY3D_DEFERRED_MAPPING`: such arrays own no memory; it is
+/// mapped into them later from `cuMemCreate` handles, which are charged themselves.
+const ARRAY3D_WITHOUT_MEMORY: c_uint = 0x40 | 0x80;
+
+/// Bytes of a `width x height x depth` array of `channels` elements of `format`; an unknown
+/// format is charged the upper bound [`UNKNOWN_FORMAT_TEXEL_BYTES`] per texel.
 pub fn array_bytes(
     width: usize,
     height: usize,
@@ -183,7 +193,10 @@ pub fn array_bytes(
     format: c_uint,
     channels: c_uint,
 ) -> u64 {
-    let element = array_format_bytes(format).unwrap_or(0) as u64 * u64::from(channels);
+    let element = match array_format_bytes(format) {
+        Some(bytes) => bytes as u64 * u64::from(channels),
+        None => UNKNOWN_FORMAT_TEXEL_BYTES,
+    };
     [width, height, depth].iter().fold(element, |acc, &extent| {
         acc.saturating_mul(extent.max(1) as u64)
     })
@@ -224,7 +237,11 @@ pub unsafe fn array_3d_create(
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
 ) -> CUresult {
     let bytes = desc.as_ref().map_or(0, |d| {
-        array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)
+        if d.Flags & ARRAY3D_WITHOUT_MEMORY != 0 {
+            0
+        } else {
+            array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)
+        }
     });
     allocate(
         AllocTarget::CurrentContext,
@@ -246,7 +263,13 @@ pub unsafe fn mipmapped_array_create(
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
     levels: c_uint,
 ) -> CUresult {
-    let bytes = desc.as_ref().map_or(0, |d| mipmapped_bytes(d, levels));
+    let bytes = desc.as_ref().map_or(0, |d| {
+        if d.Flags & ARRAY3D_WITHOUT_MEMORY != 0 {
+            0
+        } else {
+            mipmapped_bytes(d, levels)
+        }
+    });
     allocate(
         AllocTarget::CurrentContext,
         bytes,
@@ -356,7 +379,11 @@ mod tests {
         assert_eq!(array_bytes(1024, 768, 0, 0x20, 4), 1024 * 768 * 16);
         // 1-D array: height 0 counts as 1.
         assert_eq!(array_bytes(100, 0, 0, 0x01, 1), 100);
-        assert_eq!(array_bytes(100, 10, 10, 0xff, 1), 0, "unknown format");
+        assert_eq!(
+            array_bytes(100, 10, 10, 0xff, 1),
+            100 * 10 * 10 * UNKNOWN_FORMAT_TEXEL_BYTES,
+            "unknown format: the per-texel upper bound"
+        );
     }
 
     #[test]
