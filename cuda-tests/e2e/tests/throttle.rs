@@ -1,14 +1,24 @@
 //! Compute share on the fake GPU (serial binary: `test = false`, run by `cargo xtask test`).
-//! Every figure comes from fakegpu's truth (the device timeline), never from the shim. A
-//! representative matrix; the full one is in `docs/performance.md`. Tolerance: the issue's
-//! 5 percentage points around the target, measured over 2 s after 2 s of settling.
+//! Every figure comes from fakegpu's truth (the device timeline), never from the shim.
+//!
+//! Each case runs its clients for `RUN_S` seconds and measures the `WINDOW_NS` after
+//! `SETTLE_NS` (the issue: steady state within 2 s of start). Independent cases run at the
+//! same time on separate simulated GPUs (their timelines do not interact), which keeps the
+//! binary at about a minute and loads the 2-core machine as CI does.
+//!
+//! Tolerance: the issue's ±5 percentage points around the target. Measured figures (unloaded
+//! and with two `yes > /dev/null` hogs) are in `docs/performance.md`; the full matrix is
+//! printed by `cargo test -p cuda-e2e --test throttle -- --ignored --nocapture print_table`.
 
-use cuda_e2e::{Client, ClientKind, FakeGpu, Slice};
-use std::time::Duration;
+use cuda_e2e::{Client, ClientKind, Env, FakeGpu, Slice};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 const SETTLE_NS: u64 = 2_000_000_000;
 const WINDOW_NS: u64 = 2_000_000_000;
-const RUN_S: &str = "4.3";
+const RUN_S: f64 = 4.3;
+/// The issue's steady-state tolerance, in percentage points.
+const TOLERANCE: f64 = 5.0;
 
 fn now() -> u64 {
     fakegpu::state::now_ns()
@@ -22,181 +32,495 @@ fn until(deadline: u64) {
     }
 }
 
-fn launch_args(ns_per_wave: &str, kernels: &str, path: &str) -> Vec<String> {
-    [
-        "launch",
-        "--kernels",
-        kernels,
-        "--ns-per-wave",
-        ns_per_wave,
-        "--path",
-        path,
-        "--duration-s",
-        RUN_S,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+/// Kernels per batch (the client synchronises after each): ~10-40 ms of work.
+fn batch(ns: u64) -> u64 {
+    (20_000_000 / ns).clamp(4, 200)
 }
 
-/// Starts `n` clients in the background; returns their join handles.
-fn start(
-    n: usize,
+fn launch_args(ns: u64, path: &str, run_s: f64) -> Vec<String> {
+    let args = [
+        "launch".to_string(),
+        "--kernels".into(),
+        batch(ns).to_string(),
+        "--ns-per-wave".into(),
+        ns.to_string(),
+        "--path".into(),
+        path.into(),
+        "--duration-s".into(),
+        format!("{run_s}"),
+    ];
+    args.to_vec()
+}
+
+/// One client process started in the background.
+fn start(kind: ClientKind, args: Vec<String>, env: Env) -> JoinHandle<serde_json::Value> {
+    std::thread::spawn(move || {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Client::run(kind, &refs, &env)
+    })
+}
+
+/// Starts a client and waits until the fake GPU registers it; returns its PID.
+fn start_awaited(
+    gpu: &FakeGpu,
     kind: ClientKind,
     args: Vec<String>,
-    env: cuda_e2e::Env,
-) -> Vec<std::thread::JoinHandle<serde_json::Value>> {
-    (0..n)
-        .map(|_| {
-            let (args, env) = (args.clone(), env.clone());
-            std::thread::spawn(move || {
-                let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-                Client::run(kind, &refs, &env)
-            })
-        })
-        .collect()
+    env: Env,
+) -> (JoinHandle<serde_json::Value>, u32) {
+    let before: Vec<u32> = gpu.truth().processes(0).iter().map(|p| p.pid).collect();
+    let handle = start(kind, args, env);
+    let mut pid = None;
+    cuda_e2e::wait_until("the client registered", cuda_e2e::DEFAULT_TIMEOUT, || {
+        pid = gpu
+            .truth()
+            .processes(0)
+            .iter()
+            .map(|p| p.pid)
+            .find(|p| !before.contains(p));
+        pid.is_some()
+    });
+    (handle, pid.expect("awaited"))
 }
 
-/// Percent of the window the device (or `pid`) was busy.
-fn busy_percent(gpu: &FakeGpu, pid: Option<u32>, from: u64) -> f64 {
-    gpu.truth().busy_ns(0, pid, from, from + WINDOW_NS) as f64 * 100.0 / WINDOW_NS as f64
-}
-
-fn finish(handles: Vec<std::thread::JoinHandle<serde_json::Value>>) {
+/// Joins clients and checks every throttled launch returned the driver's success.
+fn finish(handles: Vec<JoinHandle<serde_json::Value>>) {
     for h in handles {
         let out = h.join().expect("client thread");
         assert_eq!(
             out["ok"], out["launches"],
             "throttled launches keep their results: {out}"
         );
+        assert!(out["launches"].as_u64().unwrap_or(0) > 0, "{out}");
     }
 }
 
-fn capped(target: u32, kind: ClientKind, processes: usize, ns: &str, kernels: &str, path: &str) {
+/// Percent of the window `[from, from + WINDOW_NS)` the device (or `pid`) was busy.
+fn busy_percent(gpu: &FakeGpu, pid: Option<u32>, from: u64, window: u64) -> f64 {
+    gpu.truth().busy_ns(0, pid, from, from + window) as f64 * 100.0 / window as f64
+}
+
+/// What runs in one case: processes of the slice (kernel ns each) and unthrottled neighbours.
+#[derive(Clone)]
+struct Case {
+    name: String,
+    target: u32,
+    slice_kernels: Vec<u64>,
+    neighbours: usize,
+    path: &'static str,
+    pid_offset: bool,
+}
+
+impl Case {
+    fn new(target: u32, slice_kernels: &[u64]) -> Case {
+        Case {
+            name: format!("{target}% x{} {:?}", slice_kernels.len(), slice_kernels),
+            target,
+            slice_kernels: slice_kernels.to_vec(),
+            neighbours: 0,
+            path: "kernel",
+            pid_offset: false,
+        }
+    }
+    fn named(mut self, name: &str) -> Case {
+        self.name = format!("{}% {name}", self.target);
+        self
+    }
+    fn neighbour(mut self) -> Case {
+        self.neighbours = 1;
+        self
+    }
+    fn path(mut self, path: &'static str) -> Case {
+        self.path = path;
+        self
+    }
+    fn pid_offset(mut self) -> Case {
+        self.pid_offset = true;
+        self
+    }
+}
+
+/// The measured outcome of a case: the slice's busy percent, the device's.
+#[derive(Debug, Clone, Copy)]
+struct Outcome {
+    slice: f64,
+    device: f64,
+}
+
+const KINDS: [ClientKind; 3] = [ClientKind::Linked, ClientKind::Cudarc, ClientKind::ProcAddr];
+
+fn run_case(case: &Case) -> Outcome {
     let gpu = FakeGpu::start("v100");
-    let slice = Slice::builder().device(0, "8GiB", Some(target)).build();
+    let slice = Slice::builder()
+        .device(0, "8GiB", Some(case.target))
+        .build();
+    let offset = |mut env: Env| {
+        if case.pid_offset {
+            env.push(("FAKEGPU_PID_OFFSET".into(), "100000".into()));
+        }
+        env
+    };
+    let mut neighbour_pids = Vec::new();
+    let mut neighbours = Vec::new();
+    for _ in 0..case.neighbours {
+        let (handle, pid) = start_awaited(
+            &gpu,
+            ClientKind::Linked,
+            launch_args(1_000_000, "kernel", RUN_S + 0.5),
+            offset(gpu.env()),
+        );
+        neighbours.push(handle);
+        neighbour_pids.push(pid);
+    }
     let t0 = now();
-    let handles = start(
-        processes,
-        kind,
-        launch_args(ns, kernels, path),
-        slice.env(&gpu),
-    );
+    let throttled: Vec<_> = case
+        .slice_kernels
+        .iter()
+        .enumerate()
+        .map(|(i, &ns)| {
+            start(
+                KINDS[i % KINDS.len()],
+                launch_args(ns, case.path, RUN_S),
+                offset(slice.env(&gpu)),
+            )
+        })
+        .collect();
     until(t0 + SETTLE_NS + WINDOW_NS);
-    let used = busy_percent(&gpu, None, t0 + SETTLE_NS);
-    finish(handles);
-    eprintln!("target {target}% x{processes} {ns}ns/{path}: {used:.1}%");
+    let from = t0 + SETTLE_NS;
+    let device = busy_percent(&gpu, None, from, WINDOW_NS);
+    let neighbour_busy: f64 = neighbour_pids
+        .iter()
+        .map(|&pid| busy_percent(&gpu, Some(pid), from, WINDOW_NS))
+        .sum();
+    finish(neighbours);
+    finish(throttled);
+    Outcome {
+        slice: device - neighbour_busy,
+        device,
+    }
+}
+
+/// Runs cases at the same time (each on its own GPU) and returns their outcomes in order.
+fn run_all(cases: &[Case]) -> Vec<Outcome> {
+    let handles: Vec<_> = cases
+        .iter()
+        .cloned()
+        .map(|c| std::thread::spawn(move || run_case(&c)))
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("case thread"))
+        .collect()
+}
+
+fn check(cases: &[Case], margin: f64) {
+    let outcomes = run_all(cases);
+    let mut failures = Vec::new();
+    for (case, out) in cases.iter().zip(&outcomes) {
+        eprintln!(
+            "{:<40} target {:>3}%  slice {:>5.1}%  device {:>5.1}%",
+            case.name, case.target, out.slice, out.device
+        );
+        if (out.slice - f64::from(case.target)).abs() > margin {
+            failures.push(format!("{}: {:.1}%", case.name, out.slice));
+        }
+        if case.neighbours > 0 {
+            assert!(out.device > 90.0, "{}: neighbour fills the rest", case.name);
+        }
+    }
     assert!(
-        (used - f64::from(target)).abs() <= 5.0,
-        "target {target}%, {processes} process(es), {ns} ns kernels, {path}: used {used:.1}%"
+        failures.is_empty(),
+        "off target by more than {margin}: {failures:?}"
     );
 }
+
+const US10: u64 = 10_000;
+const MS1: u64 = 1_000_000;
+const MS10: u64 = 10_000_000;
 
 #[test]
 fn one_process_follows_its_share_for_small_and_large_kernels() {
-    capped(25, ClientKind::Linked, 1, "1000000", "10", "kernel");
-    capped(75, ClientKind::Cudarc, 1, "10000", "200", "kernel");
-    // Known gap (docs/performance.md): 10 ms kernels at 10 % settle far below the share.
-    capped(25, ClientKind::ProcAddr, 1, "1000000", "10", "ex");
+    check(
+        &[
+            // The case that once settled at 1 %: 10 ms kernels at 10 %.
+            Case::new(10, &[MS10]),
+            Case::new(25, &[MS1]).path("ex"),
+            Case::new(75, &[US10]),
+            Case::new(90, &[MS1]),
+        ],
+        TOLERANCE,
+    );
 }
 
 #[test]
-fn graph_launches_are_gated() {
-    capped(50, ClientKind::Linked, 1, "1000000", "10", "graph");
+fn graph_mixed_and_four_process_slices_follow_their_share() {
+    check(
+        &[
+            Case::new(50, &[MS1]).path("graph"),
+            Case::new(40, &[US10, MS1, MS10]).named("mixed 10us+1ms+10ms"),
+            Case::new(50, &[MS1, MS1, MS1, MS1]),
+        ],
+        TOLERANCE,
+    );
 }
 
+/// NVML reports host PIDs (`FAKEGPU_PID_OFFSET`): the throttle must find the slice's own
+/// samples among them. Were discovery to fail, it would steer on the whole device (the
+/// neighbour included) and the slice would sink far below its share.
 #[test]
-fn four_processes_share_one_share() {
-    capped(50, ClientKind::Linked, 4, "1000000", "10", "kernel");
+fn a_slice_next_to_a_busy_neighbour_keeps_its_share_with_host_pids() {
+    check(
+        &[
+            Case::new(30, &[MS1]).neighbour().pid_offset(),
+            Case::new(10, &[MS10]).neighbour(),
+        ],
+        TOLERANCE,
+    );
 }
 
+/// Two containers on one GPU with shares 30 and 70: throughput 3:7 within 10 %.
 #[test]
-fn a_throttled_slice_next_to_a_busy_neighbour_keeps_its_share() {
+fn two_containers_at_30_and_70_split_the_device_3_to_7() {
     let gpu = FakeGpu::start("v100");
-    let slice = Slice::builder().device(0, "8GiB", Some(30)).build();
-    let t0 = now();
-    let neighbour = start(
-        1,
+    let small = Slice::builder().device(0, "8GiB", Some(30)).build();
+    let large = Slice::builder().device(0, "8GiB", Some(70)).build();
+    let (a, pid_a) = start_awaited(
+        &gpu,
         ClientKind::Linked,
-        launch_args("1000000", "10", "kernel"),
-        gpu.env(),
+        launch_args(MS1, "kernel", RUN_S),
+        small.env(&gpu),
     );
-    let throttled = start(
-        1,
+    let (b, pid_b) = start_awaited(
+        &gpu,
         ClientKind::Cudarc,
-        launch_args("1000000", "10", "kernel"),
-        slice.env(&gpu),
+        launch_args(MS1, "kernel", RUN_S),
+        large.env(&gpu),
     );
+    let t0 = now();
     until(t0 + SETTLE_NS + WINDOW_NS);
-    let device = busy_percent(&gpu, None, t0 + SETTLE_NS);
-    // The slice's own share: device minus the neighbour, found by PID in the truth.
-    let procs = gpu.truth().processes(0);
-    let shares: Vec<f64> = procs
-        .iter()
-        .map(|p| busy_percent(&gpu, Some(p.pid), t0 + SETTLE_NS))
-        .collect();
-    finish(neighbour);
-    finish(throttled);
-    eprintln!("device {device:.1}%, per process {shares:?}");
-    assert!(device > 90.0, "the neighbour fills the rest: {device:.1}%");
+    let x = busy_percent(&gpu, Some(pid_a), t0 + SETTLE_NS, WINDOW_NS);
+    let y = busy_percent(&gpu, Some(pid_b), t0 + SETTLE_NS, WINDOW_NS);
+    finish(vec![a, b]);
+    let ratio = x / y;
+    eprintln!("30:70 -> {x:.1}% : {y:.1}% (ratio {ratio:.3}, target 0.429)");
     assert!(
-        shares.iter().any(|s| (s - 30.0).abs() <= 5.0),
-        "one process (the slice) at 30 % +- 5: {shares:?}"
+        (ratio / (3.0 / 7.0) - 1.0).abs() <= 0.10,
+        "3:7 within 10 %: {x:.1}% : {y:.1}%"
     );
 }
 
 #[test]
-fn burst_uses_an_idle_device_and_gives_it_back_when_a_neighbour_starts() {
+fn burst_uses_an_idle_device_and_gives_it_back_within_200_ms() {
     let gpu = FakeGpu::start("v100");
     let slice = Slice::builder()
         .device(0, "8GiB", Some(25))
         .policy("burst")
         .build();
     let t0 = now();
-    let args = [
-        "launch",
-        "--kernels",
-        "10",
-        "--ns-per-wave",
-        "1000000",
-        "--duration-s",
-        "5",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let bursting = start(1, ClientKind::Linked, args, slice.env(&gpu));
-    until(t0 + 1_500_000_000 + 1_000_000_000);
-    let alone = gpu
-        .truth()
-        .busy_ns(0, None, t0 + 1_500_000_000, t0 + 2_500_000_000) as f64
-        / 1e7;
-    let t1 = now();
-    let neighbour = start(
-        1,
+    let (bursting, slice_pid) = start_awaited(
+        &gpu,
+        ClientKind::Linked,
+        launch_args(MS1, "kernel", 5.0),
+        slice.env(&gpu),
+    );
+    until(t0 + 2_500_000_000);
+    let alone = busy_percent(&gpu, None, t0 + 1_500_000_000, 1_000_000_000);
+    let (neighbour, neighbour_pid) = start_awaited(
+        &gpu,
         ClientKind::Cudarc,
-        launch_args("1000000", "10", "kernel"),
+        launch_args(MS1, "kernel", 2.0),
         gpu.env(),
     );
-    until(t1 + 200_000_000 + 1_000_000_000);
-    let procs = gpu.truth().processes(0);
-    let shares: Vec<f64> = procs
-        .iter()
-        .map(|p| {
-            gpu.truth()
-                .busy_ns(0, Some(p.pid), t1 + 200_000_000, t1 + 1_200_000_000) as f64
-                / 1e7
+    // The neighbour's start is its first kernel on the timeline, not when we spawned it.
+    let mut first_kernel = 0;
+    cuda_e2e::wait_until("the neighbour runs", cuda_e2e::DEFAULT_TIMEOUT, || {
+        let t = now();
+        let ran = gpu
+            .truth()
+            .busy_ns(0, Some(neighbour_pid), t - 20_000_000, t)
+            > 0;
+        if ran {
+            first_kernel = t - 20_000_000;
+        }
+        ran
+    });
+    let from = first_kernel + 200_000_000;
+    until(from + 1_000_000_000);
+    let shared = busy_percent(&gpu, Some(slice_pid), from, 1_000_000_000);
+    finish(vec![bursting, neighbour]);
+    eprintln!("burst: alone {alone:.1}%, 200 ms after a neighbour started {shared:.1}%");
+    assert!(
+        alone > 90.0,
+        "alone, burst uses the idle device: {alone:.1}%"
+    );
+    assert!(
+        (shared - 25.0).abs() <= TOLERANCE,
+        "200 ms after the neighbour starts the slice is back at 25 % +- 5: {shared:.1}%"
+    );
+}
+
+/// No share: the shim must not change what the device does (within noise), and a throttled
+/// process exits as soon as its work is done (the watcher never delays exit).
+#[test]
+fn no_share_is_free_throttled_processes_exit_promptly_and_keep_driver_codes() {
+    let gpu = FakeGpu::start("v100");
+    // 10 us kernels: launch-bound, so any per-launch cost would show.
+    let run = |env: Env| {
+        let t0 = now();
+        let out = Client::run(
+            ClientKind::Linked,
+            &launch_args(US10, "kernel", 1.0)
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            &env,
+        );
+        (busy_percent(&gpu, None, t0, 1_000_000_000), out)
+    };
+    let no_share = Slice::builder().device(0, "8GiB", None).build();
+    let (plain, plain_out) = run(gpu.env());
+    let (shimmed, shim_out) = run(no_share.env(&gpu));
+    eprintln!(
+        "no share: {plain:.1}% / {} launches without the shim, {shimmed:.1}% / {} with it",
+        plain_out["launches"], shim_out["launches"]
+    );
+    assert!(
+        (plain - shimmed).abs() <= TOLERANCE,
+        "{plain:.1}% vs {shimmed:.1}%"
+    );
+
+    // A throttled process whose work is done exits at once, although its watcher thread is
+    // asleep and one launch may still be waiting for tokens.
+    let slice = Slice::builder().device(0, "8GiB", Some(10)).build();
+    let started = Instant::now();
+    let out = Client::run(
+        ClientKind::Cudarc,
+        &[
+            "launch",
+            "--kernels",
+            "2",
+            "--ns-per-wave",
+            "10000000",
+            "--duration-s",
+            "0.5",
+        ],
+        &slice.env(&gpu),
+    );
+    let wall = started.elapsed();
+    let elapsed = Duration::from_nanos(out["elapsed_ns"].as_u64().expect("elapsed"));
+    eprintln!("throttled client: scenario {elapsed:?}, process {wall:?}");
+    assert!(
+        wall < elapsed + Duration::from_millis(1500),
+        "exit is not delayed: scenario {elapsed:?}, process {wall:?}"
+    );
+
+    // Launch errors pass through the throttle unchanged.
+    let out = Client::run(
+        ClientKind::Linked,
+        &[
+            "launch",
+            "--path",
+            "cooperative",
+            "--grid",
+            "100000",
+            "--kernels",
+            "3",
+        ],
+        &slice.env(&gpu),
+    );
+    assert_eq!(
+        out["codes"]["CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"], out["launches"],
+        "the driver's code, not the throttle's: {out}"
+    );
+}
+
+/// The watcher thread's CPU time, from /proc: under 1 % of a core.
+#[test]
+fn the_watcher_thread_uses_under_one_percent_of_a_core() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "8GiB", Some(25)).build();
+    let (client, pid) = start_awaited(
+        &gpu,
+        ClientKind::Linked,
+        launch_args(MS1, "kernel", 4.0),
+        slice.env(&gpu),
+    );
+    let mut found = None;
+    cuda_e2e::wait_until(
+        "the watcher thread exists",
+        cuda_e2e::DEFAULT_TIMEOUT,
+        || {
+            found = watcher_tid(pid);
+            found.is_some()
+        },
+    );
+    let tid = found.expect("found");
+    let ticks_per_s = clock_ticks();
+    let (cpu0, t0) = (thread_cpu_ticks(pid, tid), Instant::now());
+    std::thread::sleep(Duration::from_secs(3)); // the measurement window
+    let (cpu1, t1) = (thread_cpu_ticks(pid, tid), Instant::now());
+    finish(vec![client]);
+    let cpu_s = (cpu1 - cpu0) as f64 / ticks_per_s;
+    let percent = cpu_s * 100.0 / (t1 - t0).as_secs_f64();
+    eprintln!(
+        "watcher CPU: {cpu_s:.3} s over {:?} = {percent:.2} % of a core",
+        t1 - t0
+    );
+    assert!(percent < 1.0, "{percent:.2} %");
+}
+
+fn watcher_tid(pid: u32) -> Option<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+        .find_map(|task| {
+            let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            (comm.trim() == "gpuslice-watch")
+                .then(|| task.file_name().to_str()?.parse().ok())
+                .flatten()
         })
-        .collect();
-    finish(bursting);
-    finish(neighbour);
-    eprintln!("alone {alone:.1}%, with neighbour {shares:?}");
-    assert!(
-        alone > 50.0,
-        "alone, burst uses more than its 25 %: {alone:.1}%"
-    );
-    assert!(
-        shares.iter().any(|s| (s - 25.0).abs() <= 7.0),
-        "200 ms after the neighbour starts the slice is back near 25 %: {shares:?}"
-    );
+}
+
+/// utime + stime of one thread, in clock ticks.
+fn thread_cpu_ticks(pid: u32, tid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).expect("stat");
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no memory effects.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
+/// The full matrix for `docs/performance.md` (about a minute and a half).
+#[test]
+#[ignore]
+fn print_table() {
+    let mut cases = Vec::new();
+    for target in [10, 25, 50, 75, 90] {
+        cases.push(Case::new(target, &[MS1]).named("1 process, 1 ms"));
+        cases.push(Case::new(target, &[MS1, MS1, MS1, MS1]).named("4 processes, 1 ms"));
+        cases.push(
+            Case::new(target, &[MS1])
+                .neighbour()
+                .named("next to a neighbour, 1 ms"),
+        );
+        cases.push(Case::new(target, &[US10]).named("10 us"));
+        cases.push(Case::new(target, &[MS10]).named("10 ms"));
+        cases.push(Case::new(target, &[US10, MS1, MS10]).named("mixed 10us+1ms+10ms"));
+        cases.push(
+            Case::new(target, &[MS1])
+                .path("graph")
+                .named("graph launches, 1 ms"),
+        );
+    }
+    println!("| case | target | achieved (slice busy, fake GPU truth) |");
+    println!("|---|---|---|");
+    for group in cases.chunks(3) {
+        for (case, out) in group.iter().zip(run_all(group)) {
+            println!("| {} | {}% | {:.1}% |", case.name, case.target, out.slice);
+        }
+    }
 }

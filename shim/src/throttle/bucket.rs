@@ -65,6 +65,22 @@ pub fn reserve(vtime: &AtomicU64, now: u64, gpu: u64, inv_rate: u64, tolerance: 
     }
 }
 
+/// Charges (`gpu > 0`) or refunds (`gpu < 0`) tokens on the shared word after the fact: the
+/// launches they concern were debited at a cost estimate that has since changed. A charge
+/// starts from `now - tolerance` at the earliest (an idle bucket's refill pays first); a
+/// refund never moves the word below that floor (it could not be spent anyway).
+pub fn adjust(vtime: &AtomicU64, now: u64, gpu: i64, inv_rate: u64, tolerance: u64) {
+    let wall = wall_ns(gpu.unsigned_abs(), inv_rate);
+    let floor = now.saturating_sub(tolerance);
+    let _ = vtime.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |current| {
+        Some(if gpu >= 0 {
+            current.max(floor).saturating_add(wall)
+        } else {
+            current.saturating_sub(wall).max(floor.min(current))
+        })
+    });
+}
+
 /// A process's local credit on one device, in GPU-ns. A launch debits its estimated cost; it
 /// goes ahead while the credit before the debit was positive (so one launch may overdraw, the
 /// debt is repaid by the next chunk). When the credit is exhausted the caller reserves a chunk
@@ -240,6 +256,21 @@ mod tests {
         assert!(reserve(&vtime, later, 5 * MS, inv, 5 * MS) <= later);
         assert!(reserve(&vtime, later, MS, inv, 5 * MS) == later);
         assert!(reserve(&vtime, later, MS, inv, 5 * MS) > later);
+    }
+
+    #[test]
+    fn adjust_charges_from_the_floor_and_refunds_no_further_than_it() {
+        let inv = inv_rate_fixed(0.5);
+        let now = 1_000 * MS;
+        let vtime = AtomicU64::new(0);
+        adjust(&vtime, now, MS as i64, inv, 10 * MS);
+        assert_eq!(vtime.load(Ordering::Relaxed), now - 10 * MS + 2 * MS);
+        adjust(&vtime, now, 4 * MS as i64, inv, 10 * MS);
+        assert_eq!(vtime.load(Ordering::Relaxed), now);
+        adjust(&vtime, now, -(MS as i64), inv, 10 * MS);
+        assert_eq!(vtime.load(Ordering::Relaxed), now - 2 * MS);
+        adjust(&vtime, now, -(100 * MS as i64), inv, 10 * MS);
+        assert_eq!(vtime.load(Ordering::Relaxed), now - 10 * MS);
     }
 
     #[test]

@@ -1,27 +1,35 @@
 //! The feedback law, as plain arithmetic (no FFI, no clock): one tick in, the bucket's new
-//! refill rate and per-launch cost estimate out. Unit-tested against a simulated plant.
+//! refill rate, per-launch cost estimate and any re-debit out. Unit-tested against a simulated
+//! plant with a launch queue and measurement noise.
 //!
 //! Control law (per device, once per tick, computed by the slice's leader process):
 //!
 //! ```text
-//! cost  <- cost + a * (busy_container / launches - cost)        (EMA, a = 0.5)
-//! log c <- clamp(log c + clamp(k * (S - U) / S, ±0.5), log 1/8, log 8)   (k = 0.3)
+//! B, L  <- B * d + busy,  L * d + launches                     (d = 0.9: ~500 ms memory)
+//! cost   = B / L                       GPU-ns per launch (the first sample replaces the guess)
+//! debit += (cost_new - cost_old) * launches_at_cost_old        (re-debit / refund)
+//! U      = slice busy / span over the last WINDOW ticks
+//! log c <- clamp(log c + clamp(k * (S - U) / S, ±MAX_STEP), ±ln 8)     (k = 0.3)
 //! rate   = S * c   GPU-ns of tokens per wall-ns
 //! ```
 //!
-//! `U` is the slice's measured utilisation of the device over the tick, `S` its share. A tick
-//! where the slice launched nothing, or used less than its share without ever waiting for the
-//! bucket (it did not want more), leaves `c` alone (no wind-up while idle).
+//! `U` is the slice's measured utilisation of the device, `S` its share. `c` stays put:
+//! * until the per-launch cost has been learned, and while the slice repays the re-debit of
+//!   its start-up (launches debited at the 1 ms guess are charged their measured cost on the
+//!   shared bucket, so a start-up overshoot is paid back in tokens, not by driving `c` down);
+//! * on ticks where the slice launched nothing, or used less than its share without ever
+//!   waiting for the bucket (it did not want more): no wind-up while idle.
 //!
 //! Why it is stable and SM-independent: tokens are GPU-time nanoseconds and the cost is
 //! learned in the same unit from the measurement, so in steady state `U = min(demand,
 //! S * c * g)` where `g = true cost / estimated cost` (≈ 1 once learned). In log space the
 //! plant is `log U = log S + log c + log g`: gain 1, whatever the GPU. With
-//! `(S - U)/S ≈ -(log U - log S)` the loop is `x' = x - k x_delayed` (one tick of measurement
-//! delay), characteristic `z² - z + k = 0`, whose roots have modulus `sqrt(k) < 1` for any
-//! `k < 1`; k = 0.3 settles a factor-2 error to 5 % in about five ticks. Nothing in the loop
-//! scales with the number of SMs (the trap HAMi-core fell into, where the correction step grew
-//! with SMs²).
+//! `(S - U)/S ≈ -(log U - log S)` and `U` averaged over the last `W` ticks (one tick of
+//! measurement delay) the loop is `x' = x - k * mean(x[-1..-W])`; for k = 0.3 and W = 4 its
+//! roots lie inside the unit circle (checked numerically in the tests) and a factor-2 error
+//! settles to 5 % in about ten ticks (0.5 s). Nothing in the loop scales with the number of
+//! SMs (the trap HAMi-core fell into, where the correction step grew with SMs²): a bigger GPU
+//! only makes kernels shorter, which the learned cost absorbs.
 //!
 //! `burst`: when the rest of the device (device utilisation minus the slice's) was below
 //! [`NEIGHBOUR_IDLE`] over the tick, the bucket is bypassed; as soon as a tick sees a
@@ -35,9 +43,16 @@ pub const GAIN: f64 = 0.3;
 /// `c` stays within [1/8, 8].
 pub const LOG_C_LIMIT: f64 = 2.079_441_541_679_835_7; // ln 8
 /// Largest change of log c in one tick.
-pub const MAX_STEP: f64 = 0.5;
-/// Weight of a new cost sample.
-pub const COST_ALPHA: f64 = 0.5;
+pub const MAX_STEP: f64 = 0.25;
+/// Per-tick decay of the cost estimator's sums.
+pub const COST_DECAY: f64 = 0.9;
+/// Fewest ticks the utilisation fed to the integral is averaged over.
+pub const WINDOW: usize = 4;
+/// Most ticks of that window (2 s at 50 ms ticks).
+pub const MAX_WINDOW: usize = 40;
+/// Launches the window should hold at the share: long kernels at a small share launch a few
+/// times a second, and a window shorter than that sees only bursts and gaps.
+pub const WINDOW_LAUNCHES: f64 = 8.0;
 /// The first estimate before anything was measured: conservative (1 ms of GPU time).
 pub const INITIAL_COST_NS: f64 = 1_000_000.0;
 /// Below this share of the device, the neighbours are taken to be idle (burst).
@@ -56,6 +71,8 @@ pub struct Tick {
     pub device_busy_ns: Option<u64>,
     /// Launches the slice made during the tick.
     pub launches: u64,
+    /// Launches the slice made since it started (all debited at the guess until learned).
+    pub launches_total: u64,
     /// Whether any launch of the slice had to wait for the bucket during the tick.
     pub waited: bool,
 }
@@ -69,32 +86,67 @@ pub struct Output {
     pub cost_ns: u64,
     /// `burst` with idle neighbours: launches skip the bucket.
     pub bypass: bool,
+    /// GPU-ns to charge (> 0) or refund (< 0) on the shared bucket: launches debited at a
+    /// cost estimate that has since changed.
+    pub redebit_ns: i64,
 }
 
-/// Controller state (persisted in the shared words so a new leader continues).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Controller state. `log_c` and the cost are also kept in the shared words so a new leader
+/// continues from them; the sums and the window are the leader's own.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Controller {
     pub log_c: f64,
     pub cost_ns: f64,
+    pub learned: bool,
     pub bypass: bool,
+    busy_sum: f64,
+    launch_sum: f64,
+    /// Busy measured on ticks without launches, not yet in the sums.
+    pending_busy: f64,
+    /// (busy, span) of the last ticks, newest last.
+    window: Vec<(u64, u64)>,
+    /// Wall ns during which `c` is held (start-up debt being repaid).
+    hold_ns: u64,
 }
 
 impl Default for Controller {
     fn default() -> Self {
-        Controller {
-            log_c: 0.0,
-            cost_ns: INITIAL_COST_NS,
-            bypass: false,
-        }
+        Controller::resume(0.0, None, false)
     }
 }
 
 impl Controller {
-    pub fn output(&self, share: f64) -> Output {
+    /// A controller continuing from the shared words (`cost` = `None`: not learned yet).
+    pub fn resume(log_c: f64, cost: Option<f64>, bypass: bool) -> Controller {
+        let log_c = if log_c.is_finite() {
+            log_c.clamp(-LOG_C_LIMIT, LOG_C_LIMIT)
+        } else {
+            0.0
+        };
+        let (cost_ns, learned) = match cost {
+            Some(c) if c.is_finite() && c > 0.0 => (c, true),
+            _ => (INITIAL_COST_NS, false),
+        };
+        Controller {
+            log_c,
+            cost_ns,
+            learned,
+            bypass,
+            // A resumed estimate weighs like one tick of launches.
+            busy_sum: if learned { cost_ns } else { 0.0 },
+            launch_sum: if learned { 1.0 } else { 0.0 },
+            pending_busy: 0.0,
+            window: Vec::with_capacity(WINDOW + 1),
+            hold_ns: 0,
+        }
+    }
+
+    pub fn output(&self, share: f64, redebit_ns: i64) -> Output {
         Output {
             rate: share * self.log_c.exp(),
             cost_ns: self.cost_ns.round().max(1.0) as u64,
             bypass: self.bypass,
+            redebit_ns,
         }
     }
 
@@ -102,37 +154,112 @@ impl Controller {
     pub fn step(&mut self, tick: &Tick, policy: ComputePolicy) -> Output {
         let share = tick.share.clamp(0.001, 1.0);
         let (Some(busy), true) = (tick.slice_busy_ns, tick.span_ns > 0) else {
-            return self.output(share);
+            return self.output(share, 0);
         };
-        if tick.launches > 0 && busy > 0 {
-            let sample = busy as f64 / tick.launches as f64;
-            if self.cost_ns == INITIAL_COST_NS {
-                // The first measurement replaces the conservative guess outright.
-                self.cost_ns = sample;
-            } else {
-                self.cost_ns += COST_ALPHA * (sample - self.cost_ns);
-            }
-            self.cost_ns = self.cost_ns.clamp(100.0, 10e9);
-        }
-        let used = busy as f64 / tick.span_ns as f64;
+        let was_bypassing = self.bypass;
+        let mut redebit = self.learn_cost(tick, busy, share);
         if policy == ComputePolicy::Burst {
             let neighbours = tick
                 .device_busy_ns
                 .map(|d| d.saturating_sub(busy) as f64 / tick.span_ns as f64);
             self.bypass = matches!(neighbours, Some(n) if n < NEIGHBOUR_IDLE);
+            if self.bypass || was_bypassing {
+                // Launches skipped the bucket: nothing was debited at the old estimate.
+                redebit = 0;
+            }
             if self.bypass {
-                return self.output(share);
+                // What the slice did alone says nothing about its share next to others.
+                self.window.clear();
+                return self.output(share, redebit);
             }
         } else {
             self.bypass = false;
         }
-        let idle = tick.launches == 0 && busy == 0;
+        if self.hold_ns > 0 || !self.learned {
+            self.hold_ns = self.hold_ns.saturating_sub(tick.span_ns);
+            self.window.clear();
+            return self.output(share, redebit);
+        }
+        let window = self.window_ticks(share, tick.span_ns);
+        self.window.push((busy, tick.span_ns));
+        while self.window.len() > window {
+            self.window.remove(0);
+        }
+        let (window_busy, window_span) = self
+            .window
+            .iter()
+            .fold((0u64, 0u64), |(b, s), &(wb, ws)| (b + wb, s + ws));
+        let used = window_busy as f64 / window_span.max(1) as f64;
+        // A tick without launches is idle only if nobody waited: a slice of long kernels at a
+        // small share spends most ticks asleep on the bucket, and those ticks are demand.
+        let idle = tick.launches == 0 && busy == 0 && !tick.waited;
         let satisfied = used < share && !tick.waited;
         if !idle && !satisfied {
-            self.log_c =
-                (self.log_c + GAIN * (share - used) / share).clamp(-LOG_C_LIMIT, LOG_C_LIMIT);
+            // The gain shrinks as the window grows: k * W stays constant, so the loop keeps
+            // the same shape (and margin) on the slower time scale.
+            let gain = GAIN * WINDOW as f64 / window as f64;
+            let step = (gain * (share - used) / share).clamp(-MAX_STEP, MAX_STEP);
+            self.log_c = (self.log_c + step).clamp(-LOG_C_LIMIT, LOG_C_LIMIT);
         }
-        self.output(share)
+        self.output(share, redebit)
+    }
+
+    /// Ticks to average over: enough for [`WINDOW_LAUNCHES`] launches at the share.
+    pub fn window_ticks(&self, share: f64, span_ns: u64) -> usize {
+        let per_launch = self.cost_ns / share.max(1e-3);
+        let ticks = (WINDOW_LAUNCHES * per_launch / span_ns.max(1) as f64).ceil();
+        (ticks as usize).clamp(WINDOW, MAX_WINDOW)
+    }
+
+    /// Updates the per-launch cost from the tick; returns the GPU-ns to re-debit (> 0) or
+    /// refund (< 0) for launches already debited at the previous estimate.
+    fn learn_cost(&mut self, tick: &Tick, busy: u64, share: f64) -> i64 {
+        let old = self.cost_ns;
+        if !self.learned {
+            if tick.launches == 0 {
+                return 0;
+            }
+            if busy == 0 {
+                // NVML reports whole percent: launches that left no trace cost less than half
+                // a percent of the span between them. Lower the guess to that bound (without
+                // calling it learned), or tiny kernels at a small share would stay starved.
+                // At most a factor 4 a tick, so the launches this lets through stay measurable.
+                let bound = 0.005 * tick.span_ns as f64 / tick.launches as f64;
+                self.cost_ns = self.cost_ns.min(bound).max(self.cost_ns / 4.0).max(100.0);
+                return 0;
+            }
+            // The first measurement replaces the conservative guess outright, and every
+            // launch so far was debited at the guess: charge (or refund) the difference, at
+            // most half a second of the share, so the start-up overshoot is repaid in tokens.
+            self.cost_ns = (busy as f64 / tick.launches as f64).clamp(100.0, 1e9);
+            self.busy_sum = busy as f64;
+            self.launch_sum = tick.launches as f64;
+            self.learned = true;
+            let owed = (self.cost_ns - old) * tick.launches_total.max(tick.launches) as f64;
+            let owed = owed.min(share * 0.5e9);
+            // Hold c while the debt is repaid (its measurements still show the overshoot)
+            // and for one window after.
+            let debt_wall = owed.max(0.0) / (share * self.log_c.exp());
+            self.hold_ns = debt_wall as u64 + WINDOW as u64 * tick.span_ns;
+            return owed as i64;
+        }
+        if tick.launches == 0 {
+            // Busy without launches is queued work draining: it is carried to the next tick
+            // with launches (a sample of zero launches would only decay the sums, and an
+            // estimate could then never come down again).
+            self.pending_busy += busy as f64;
+            return 0;
+        }
+        let busy = busy as f64 + std::mem::take(&mut self.pending_busy);
+        self.busy_sum = self.busy_sum * COST_DECAY + busy;
+        self.launch_sum = self.launch_sum * COST_DECAY + tick.launches as f64;
+        if self.busy_sum <= 0.0 {
+            return 0;
+        }
+        // At most a factor 2 per tick: a draining queue skews single ticks.
+        self.cost_ns = (self.busy_sum / self.launch_sum).clamp(old / 2.0, old * 2.0);
+        self.cost_ns = self.cost_ns.clamp(100.0, 1e9);
+        ((self.cost_ns - old) * tick.launches as f64) as i64
     }
 }
 
@@ -140,58 +267,119 @@ impl Controller {
 mod tests {
     use super::*;
 
-    /// Long simulated ticks so a 10 ms kernel at 10 % is not quantised to whole launches.
-    const TICK: u64 = 1_000_000_000;
+    const TICK: u64 = 50_000_000;
 
-    /// A slice with unlimited demand whose real kernels cost `true_cost`: over a tick it gets
-    /// `rate * span` tokens, i.e. `rate * span / est` launches, busy = launches * true_cost.
-    fn simulate(share: f64, true_cost: f64, ticks: usize) -> Vec<f64> {
+    /// A slice with unlimited demand: each tick the bucket hands out `rate * span` tokens
+    /// (minus re-debits), the slice launches `tokens / estimated cost` kernels that really cost
+    /// `true_cost` (no more than ~100 ms of work queued: the client synchronises), and the
+    /// device runs them one tick later, at most `span` per tick. The
+    /// measurement is NVML's: whole percent of the span. Returns the utilisation per tick.
+    fn simulate(share: f64, true_cost: f64, ticks: usize) -> (Vec<f64>, Controller) {
         let mut ctl = Controller::default();
-        let mut out = ctl.output(share);
+        let mut out = ctl.output(share, 0);
+        let span = TICK as f64;
+        let (mut tokens, mut queue, mut total) = (span * share * 0.6, 0.0f64, 0u64);
         let mut used = Vec::new();
         for _ in 0..ticks {
-            let launches = (out.rate * TICK as f64 / out.cost_ns as f64).max(1.0);
-            let busy = (launches * true_cost).min(TICK as f64);
-            used.push(busy / TICK as f64);
+            // An idle bucket banks at most its tolerance (30 ms of refill).
+            tokens = tokens.min(0.03e9 * share) + out.rate * span - out.redebit_ns as f64;
+            let mut launches = 0u64;
+            // The client synchronises after ~100 ms of queued work (a batch).
+            while tokens > 0.0 && queue + launches as f64 * true_cost < 0.1e9 {
+                tokens -= out.cost_ns as f64;
+                launches += 1;
+            }
+            total += launches;
+            let run = queue.min(span);
+            queue = queue - run + launches as f64 * true_cost;
+            let busy = ((run / span * 100.0).round() / 100.0 * span) as u64;
+            used.push(run / span);
             out = ctl.step(
                 &Tick {
                     share,
                     span_ns: TICK,
-                    slice_busy_ns: Some(busy as u64),
-                    device_busy_ns: Some(busy as u64),
-                    launches: launches as u64,
+                    slice_busy_ns: Some(busy),
+                    device_busy_ns: Some(busy),
+                    launches,
+                    launches_total: total,
                     waited: true,
                 },
                 ComputePolicy::Cap,
             );
         }
-        used
+        (used, ctl)
+    }
+
+    fn mean(v: &[f64]) -> f64 {
+        v.iter().sum::<f64>() / v.len() as f64
     }
 
     #[test]
     fn converges_to_the_share_for_small_and_large_kernels() {
         for share in [0.1, 0.25, 0.5, 0.75, 0.9] {
             for cost in [10_000.0, 1_000_000.0, 10_000_000.0] {
-                let used = simulate(share, cost, 40);
-                let last = used[used.len() - 1];
+                let (used, ctl) = simulate(share, cost, 120);
+                // From 2 s (40 ticks) on, averaged over 2 s as the e2e test does: within the
+                // issue's 5 points; later within 2.
+                let early = mean(&used[40..80]);
                 assert!(
-                    (last - share).abs() < 0.01,
-                    "share {share} cost {cost}: {used:?}"
+                    (early - share).abs() < 0.05,
+                    "share {share} cost {cost}: {early} {used:?}"
                 );
-                // Settled within 20 ticks even when the first ticks saturate the device.
-                assert!((used[20] - share).abs() < 0.05, "{share} {cost}: {used:?}");
+                let late = mean(&used[80..]);
+                assert!((late - share).abs() < 0.02, "{share} {cost}: {late}");
+                assert!(ctl.log_c > -1.0, "c is not driven to its floor: {ctl:?}");
             }
         }
     }
 
     #[test]
+    fn the_start_up_guess_is_repaid_in_tokens_not_by_the_correction() {
+        // 10 ms kernels at 10 %: the 1 ms guess lets ten times too much through at first.
+        let (_, ctl) = simulate(0.1, 10_000_000.0, 8);
+        assert!(ctl.learned);
+        assert_eq!(ctl.log_c, 0.0, "held while the start-up debt is repaid");
+        let (_, ctl) = simulate(0.1, 10_000_000.0, 100);
+        assert!((ctl.cost_ns - 10e6).abs() < 3e6, "{ctl:?}");
+    }
+
+    #[test]
+    fn first_measurement_rebills_launches_made_at_the_guess() {
+        let mut ctl = Controller::default();
+        let tick = Tick {
+            share: 0.5,
+            span_ns: TICK,
+            slice_busy_ns: Some(10_000_000),
+            device_busy_ns: Some(10_000_000),
+            launches: 5,
+            launches_total: 8,
+            waited: true,
+        };
+        let out = ctl.step(&tick, ComputePolicy::Cap);
+        assert_eq!(out.cost_ns, 2_000_000);
+        assert_eq!(out.redebit_ns, 8 * 1_000_000);
+        // A later estimate change re-bills only the tick's launches.
+        let out = ctl.step(
+            &Tick {
+                slice_busy_ns: Some(5_000_000),
+                launches: 5,
+                ..tick
+            },
+            ComputePolicy::Cap,
+        );
+        assert!(out.cost_ns < 2_000_000);
+        let expected = (out.cost_ns as f64 - 2e6) * 5.0;
+        assert!((out.redebit_ns as f64 - expected).abs() < 10.0, "{out:?}");
+    }
+
+    #[test]
     fn a_biased_measurement_is_absorbed_by_the_integral() {
         // The bucket over-delivers by 30% (e.g. sleeps overshoot): c must settle below 1.
-        let mut ctl = Controller::default();
+        let mut ctl = Controller::resume(0.0, Some(1e6), false);
         let share = 0.5;
-        let mut out = ctl.output(share);
+        let mut out = ctl.output(share, 0);
         let mut used = 0.0;
-        for _ in 0..60 {
+        for _ in 0..80 {
             used = (out.rate * 1.3).min(1.0);
             let busy = (used * TICK as f64) as u64;
             out = ctl.step(
@@ -201,6 +389,7 @@ mod tests {
                     slice_busy_ns: Some(busy),
                     device_busy_ns: Some(busy),
                     launches: 100,
+                    launches_total: 0,
                     waited: true,
                 },
                 ComputePolicy::Cap,
@@ -212,7 +401,7 @@ mod tests {
 
     #[test]
     fn no_wind_up_while_the_slice_wants_less_than_its_share() {
-        let mut ctl = Controller::default();
+        let mut ctl = Controller::resume(0.0, Some(1e6), false);
         for _ in 0..100 {
             ctl.step(
                 &Tick {
@@ -220,7 +409,8 @@ mod tests {
                     span_ns: TICK,
                     slice_busy_ns: Some(TICK / 10),
                     device_busy_ns: Some(TICK / 10),
-                    launches: 10,
+                    launches: 5,
+                    launches_total: 0,
                     waited: false,
                 },
                 ComputePolicy::Cap,
@@ -228,7 +418,7 @@ mod tests {
         }
         assert_eq!(ctl.log_c, 0.0);
         // Idle ticks (no launches, nothing busy) change nothing either.
-        let before = ctl;
+        let before = ctl.log_c;
         ctl.step(
             &Tick {
                 share: 0.5,
@@ -236,39 +426,38 @@ mod tests {
                 slice_busy_ns: Some(0),
                 device_busy_ns: Some(0),
                 launches: 0,
+                launches_total: 0,
                 waited: false,
             },
             ComputePolicy::Cap,
         );
-        assert_eq!(ctl, before);
+        assert_eq!(ctl.log_c, before);
     }
 
     #[test]
-    fn correction_is_clamped_and_missing_measurements_change_nothing() {
-        let mut ctl = Controller::default();
+    fn correction_is_bounded_per_tick_and_overall_and_missing_measurements_change_nothing() {
+        let mut ctl = Controller::resume(0.0, Some(1e6), false);
+        let full = Tick {
+            share: 0.5,
+            span_ns: TICK,
+            slice_busy_ns: Some(TICK),
+            device_busy_ns: Some(TICK),
+            launches: 50,
+            launches_total: 0,
+            waited: true,
+        };
+        ctl.step(&full, ComputePolicy::Cap);
+        assert_eq!(ctl.log_c, -MAX_STEP);
         for _ in 0..200 {
-            ctl.step(
-                &Tick {
-                    share: 0.5,
-                    span_ns: TICK,
-                    slice_busy_ns: Some(TICK),
-                    device_busy_ns: Some(TICK),
-                    launches: 1,
-                    waited: true,
-                },
-                ComputePolicy::Cap,
-            );
+            ctl.step(&full, ComputePolicy::Cap);
         }
         assert_eq!(ctl.log_c, -LOG_C_LIMIT);
-        let before = ctl;
+        let before = ctl.clone();
         ctl.step(
             &Tick {
-                share: 0.5,
-                span_ns: TICK,
                 slice_busy_ns: None,
                 device_busy_ns: None,
-                launches: 5,
-                waited: true,
+                ..full
             },
             ComputePolicy::Cap,
         );
@@ -276,25 +465,50 @@ mod tests {
     }
 
     #[test]
+    fn the_windowed_loop_is_stable() {
+        // x' = x - k * mean(x[-1..-W]): iterate from a unit error, it must decay.
+        let mut history = vec![1.0f64; WINDOW + 1];
+        for _ in 0..200 {
+            let n = history.len();
+            let avg: f64 = history[n - 1 - WINDOW..n - 1].iter().sum::<f64>() / WINDOW as f64;
+            let next = history[n - 1] - GAIN * avg;
+            history.push(next);
+        }
+        let tail = history[history.len() - 20..]
+            .iter()
+            .fold(0.0f64, |m, x| m.max(x.abs()));
+        assert!(tail < 1e-3, "{tail}");
+        let ten = history[WINDOW + 10..WINDOW + 30]
+            .iter()
+            .fold(0.0f64, |m, x| m.max(x.abs()));
+        assert!(ten < 0.5, "settles quickly: {ten}");
+    }
+
+    #[test]
     fn burst_bypasses_while_neighbours_are_idle_and_caps_when_one_appears() {
-        let mut ctl = Controller::default();
+        let mut ctl = Controller::resume(0.0, Some(1e6), false);
         let alone = Tick {
             share: 0.25,
             span_ns: TICK,
             slice_busy_ns: Some(TICK * 9 / 10),
             device_busy_ns: Some(TICK * 9 / 10),
-            launches: 90,
+            launches: 45,
+            launches_total: 0,
             waited: false,
         };
-        assert!(ctl.step(&alone, ComputePolicy::Burst).bypass);
+        let out = ctl.step(&alone, ComputePolicy::Burst);
+        assert!(out.bypass);
         assert_eq!(ctl.log_c, 0.0, "bursting does not move c");
         let neighbour = Tick {
             device_busy_ns: Some(TICK),
             slice_busy_ns: Some(TICK / 2),
+            launches: 25,
             ..alone
         };
         let out = ctl.step(&neighbour, ComputePolicy::Burst);
         assert!(!out.bypass);
+        assert_eq!(out.redebit_ns, 0, "bypassed launches were never debited");
+        let out = ctl.step(&neighbour, ComputePolicy::Burst);
         assert!(out.rate < 0.25, "above its share: c goes down");
         // `cap` never bypasses.
         assert!(

@@ -46,8 +46,13 @@ pub fn nvml_ready() -> bool {
     ok
 }
 
+/// A device handle the real NVML gave us (valid for the process's life: the shim never shuts
+/// NVML down). Only the functions below use it, so no caller can hand them a stray pointer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handle(nvmlDevice_t);
+
 /// The real NVML handle of a device, by UUID first, else by index.
-pub fn device_handle(uuid: &str, index: u32) -> Option<nvmlDevice_t> {
+pub fn device_handle(uuid: &str, index: u32) -> Option<Handle> {
     if !nvml_ready() {
         return None;
     }
@@ -58,18 +63,18 @@ pub fn device_handle(uuid: &str, index: u32) -> Option<nvmlDevice_t> {
         let by_uuid: HandleByUuid = unsafe { std::mem::transmute(pointer) };
         // SAFETY: NUL-terminated string and a valid out-pointer.
         if !uuid.is_empty() && unsafe { by_uuid(c_uuid.as_ptr(), &mut handle) } == NVML_SUCCESS {
-            return Some(handle);
+            return Some(Handle(handle));
         }
     }
     let pointer = HANDLE_BY_INDEX.get()?;
     // SAFETY: as above, for nvmlDeviceGetHandleByIndex_v2.
     let by_index: HandleByIndex = unsafe { std::mem::transmute(pointer) };
     // SAFETY: valid out-pointer.
-    (unsafe { by_index(index, &mut handle) } == NVML_SUCCESS).then_some(handle)
+    (unsafe { by_index(index, &mut handle) } == NVML_SUCCESS).then_some(Handle(handle))
 }
 
 /// PIDs (as NVML reports them) of the processes holding a context on the device.
-pub fn running_pids(handle: nvmlDevice_t) -> Option<Vec<u32>> {
+pub fn running_pids(Handle(handle): Handle) -> Option<Vec<u32>> {
     let list = real::nvmlDeviceGetComputeRunningProcesses_v3()
         .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)?;
     let mut capacity: c_uint = 16;
@@ -100,7 +105,7 @@ pub struct Busy {
 }
 
 /// Per-PID busy ns from NVML process samples; `None` when NVML cannot answer.
-pub fn process_busy(handle: nvmlDevice_t, last_seen_us: u64) -> Option<Busy> {
+pub fn process_busy(Handle(handle): Handle, last_seen_us: u64) -> Option<Busy> {
     let get = real::nvmlDeviceGetProcessUtilization()?;
     let mut capacity: c_uint = 32;
     for _ in 0..4 {

@@ -13,7 +13,8 @@
 //! launch: at worst the calling thread sleeps until its tokens are due.
 //!
 //! Shared words per device (`Region::throttle_words`), all atomics:
-//! `VTIME` bucket clock · `INV_RATE` refill (32.32) · `COST` per-launch GPU-ns · `LAUNCHES`,
+//! `VTIME` bucket clock · `INV_RATE` refill (32.32) · `COST` per-launch GPU-ns (bit 63: measured,
+//! not just bounded) · `LAUNCHES`,
 //! `WAITS` slice-wide counters flushed by every process · `LEADER` lease · `LOG_C` correction
 //! (f64 bits) · `BYPASS` · `UNRESOLVED_UNTIL` (ms; some process could not find its host PID)
 //! · words 9.. the slice's host PIDs on the device (two per word).

@@ -15,11 +15,13 @@ use gpuslice_common::region::ProcessIdentity;
 use super::controller::{Controller, Tick, INITIAL_COST_NS};
 use super::{
     bucket, measure, now_ns, DeviceThrottle, DEVICES, DEVICE_STATE, ON, W_BYPASS, W_COST,
-    W_INV_RATE, W_LAUNCHES, W_LEADER, W_LOG_C, W_UNRESOLVED_UNTIL, W_WAITS,
+    W_INV_RATE, W_LAUNCHES, W_LEADER, W_LOG_C, W_UNRESOLVED_UNTIL, W_VTIME, W_WAITS,
 };
 use gpuslice_common::MAX_DEVICES;
 
 pub const TICK_NS: u64 = 50_000_000;
+/// Set in the `COST` word once the cost was measured (not just bounded from above).
+pub const COST_LEARNED: u64 = 1 << 63;
 pub const LEASE_MS: u32 = 250;
 
 static STARTED: AtomicBool = AtomicBool::new(false);
@@ -47,7 +49,7 @@ pub fn after_fork_in_child() {
 /// What the leader remembers between ticks for one device.
 #[derive(Default)]
 struct LeaderState {
-    handle: Option<usize>,
+    handle: Option<measure::Handle>,
     last_seen_us: u64,
     last_launches: u64,
     last_waits: u64,
@@ -56,6 +58,8 @@ struct LeaderState {
     resolve_attempts: u32,
     slice_pids: Vec<u32>,
     ticks: u64,
+    /// The controller while this process leads (resumed from the shared words on election).
+    controller: Option<Controller>,
 }
 
 /// Looks for this process in NVML's running list (see `discover_pid`); logs one line when it
@@ -156,7 +160,7 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
             Ordering::Relaxed,
         );
     }
-    let cost = words[W_COST].load(Ordering::Relaxed);
+    let cost = words[W_COST].load(Ordering::Relaxed) & !COST_LEARNED;
     device.cost.store(
         if cost == 0 {
             INITIAL_COST_NS as u64
@@ -179,6 +183,7 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
     };
     if !leading {
         state.leading = false;
+        state.controller = None;
         return;
     }
     if !state.leading {
@@ -194,12 +199,11 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
 fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
     let words = device.words;
     if state.handle.is_none() {
-        state.handle =
-            measure::device_handle(&device.uuid, device.ordinal as u32).map(|h| h as usize);
+        state.handle = measure::device_handle(&device.uuid, device.ordinal as u32);
     }
-    let busy = state.handle.and_then(|h| {
-        measure::process_busy(h as gpuslice_abi::nvml::nvmlDevice_t, state.last_seen_us)
-    });
+    let busy = state
+        .handle
+        .and_then(|h| measure::process_busy(h, state.last_seen_us));
     let Some(busy) = busy else {
         if !state.warned_no_nvml {
             state.warned_no_nvml = true;
@@ -245,34 +249,42 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
             .map(|(_, b)| b)
             .sum()
     };
-    let mut controller = Controller {
-        log_c: f64::from_bits(words[W_LOG_C].load(Ordering::Relaxed)),
-        cost_ns: match words[W_COST].load(Ordering::Relaxed) {
-            0 => INITIAL_COST_NS,
-            c => c as f64,
-        },
-        bypass: words[W_BYPASS].load(Ordering::Relaxed) == 1,
-    };
-    let learned = words[W_COST].load(Ordering::Relaxed) != 0;
+    let cost_word = words[W_COST].load(Ordering::Relaxed);
+    let controller = state.controller.get_or_insert_with(|| {
+        Controller::resume(
+            f64::from_bits(words[W_LOG_C].load(Ordering::Relaxed)),
+            (cost_word & COST_LEARNED != 0).then_some((cost_word & !COST_LEARNED) as f64),
+            words[W_BYPASS].load(Ordering::Relaxed) == 1,
+        )
+    });
     let tick = Tick {
         share: device.share,
         span_ns: busy.span_ns,
         slice_busy_ns: Some(slice_busy),
         device_busy_ns: Some(device_busy),
         launches,
+        launches_total,
         waited,
     };
-    if !learned && launches > 0 && slice_busy > 0 {
-        // The first measurement replaces the conservative guess outright.
-        controller.cost_ns = slice_busy as f64 / launches as f64;
-    }
     let out = controller.step(&tick, device.policy);
     words[W_LOG_C].store(controller.log_c.to_bits(), Ordering::Relaxed);
-    if launches > 0 && slice_busy > 0 {
-        words[W_COST].store(out.cost_ns, Ordering::Relaxed);
-    }
+    // Published learned or not: a guess lowered by a measurement must reach the launches.
+    let learned = if controller.learned { COST_LEARNED } else { 0 };
+    words[W_COST].store(out.cost_ns | learned, Ordering::Relaxed);
+    device.cost.store(out.cost_ns, Ordering::Relaxed);
     words[W_BYPASS].store(u64::from(out.bypass), Ordering::Relaxed);
-    words[W_INV_RATE].store(bucket::inv_rate_fixed(out.rate), Ordering::Relaxed);
+    device.bypass.store(out.bypass, Ordering::Relaxed);
+    let inv_rate = bucket::inv_rate_fixed(out.rate);
+    words[W_INV_RATE].store(inv_rate, Ordering::Relaxed);
+    if out.redebit_ns != 0 {
+        bucket::adjust(
+            &words[W_VTIME],
+            now_ns(),
+            out.redebit_ns,
+            inv_rate,
+            super::TOLERANCE_NS,
+        );
+    }
     crate::log_debug!(
         "device {}: U={:.3} S={:.2} D={:.3} launches={launches} waited={waited} c={:.3} cost={}ns bypass={}",
         device.ordinal,
