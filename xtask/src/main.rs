@@ -66,13 +66,15 @@ fn run(mut cmd: Command) -> Result<(), String> {
 
 fn build(root: &Path) -> Result<(), String> {
     let mut cmd = cargo();
-    cmd.current_dir(root).args(["build", "--workspace", "--all-targets"]);
+    cmd.current_dir(root)
+        .args(["build", "--workspace", "--all-targets"]);
     run(cmd)
 }
 
 fn demo(root: &Path, extra: &[String]) -> Result<(), String> {
     let mut cmd = cargo();
-    cmd.current_dir(root).args(["build", "--workspace", "--quiet"]);
+    cmd.current_dir(root)
+        .args(["build", "--workspace", "--quiet"]);
     run(cmd)?;
     let mut demo = Command::new(root.join("target/debug/gpuslice"));
     demo.arg("demo").args(extra);
@@ -102,9 +104,7 @@ fn test(root: &Path, extra: &[String]) -> Result<(), String> {
 /// tools use. Install it when missing; if that is impossible, say exactly what to do.
 fn ensure_python_nvml() -> Result<(), String> {
     let python = python();
-    let probe = Command::new(&python)
-        .args(["-c", "import pynvml"])
-        .output();
+    let probe = Command::new(&python).args(["-c", "import pynvml"]).output();
     match probe {
         Ok(out) if out.status.success() => return Ok(()),
         Ok(_) => {}
