@@ -1,0 +1,174 @@
+//! Compute-share overhead of libgpuslice.so on the launch path (criterion):
+//! * `launch_share/{driver,shim}`: `cuLaunchKernel` on the fake directly vs through the
+//!   shim's export under a 90 % share, with tokens available (the common launch: one local
+//!   atomic debit; a chunk refill from the shared bucket every ~2 ms of refill);
+//! * `launch_no_share/{driver,shim}`: the same with a memory-only slice (no share: one
+//!   relaxed load decides nothing is to be done).
+//!
+//! The shim reads its configuration once per process, so the bench re-runs itself once per
+//! scenario (`GPUSLICE_BENCH_THROTTLE=share|none`), passing criterion's arguments on.
+//! Kernels take 1 ns on the fake (`ns_per_wave` = 1), so its timeline never backs up.
+//!
+//! Run: `cargo build --release -p fakegpu-cuda -p fakegpu-nvml -p gpuslice-shim &&
+//! cargo bench -p gpuslice-benches --bench throttle`.
+
+use std::ffi::{c_uint, c_void, CStr};
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+
+type InitFn = unsafe extern "C" fn(u32) -> u32;
+type RetainFn = unsafe extern "C" fn(*mut *mut c_void, i32) -> u32;
+type SetCurrentFn = unsafe extern "C" fn(*mut c_void) -> u32;
+type ModuleLoadFn = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> u32;
+type GetFunctionFn = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> u32;
+type LaunchFn = unsafe extern "C" fn(
+    *mut c_void,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> u32;
+
+const SCENARIO_ENV: &str = "GPUSLICE_BENCH_THROTTLE";
+
+fn artifact_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("bench path");
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn open(path: &std::path::Path) -> *mut c_void {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: NUL-terminated path.
+    let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    assert!(!handle.is_null(), "cannot load {}", path.display());
+    handle
+}
+
+fn symbol<T>(handle: *mut c_void, name: &CStr) -> T {
+    // SAFETY: live handle, NUL-terminated name.
+    let pointer = unsafe { libc::dlsym(handle, name.as_ptr()) };
+    assert!(!pointer.is_null(), "{name:?} not found");
+    // SAFETY: the caller names the C signature of the symbol.
+    unsafe { std::mem::transmute_copy(&pointer) }
+}
+
+/// One kernel launch of 1 ns on the default stream.
+fn launch(f: LaunchFn, function: *mut c_void, params: &mut [*mut c_void; 1]) {
+    // SAFETY: a loaded function, grid 1x1x1 of 1 thread, kernelParams[0] -> u64.
+    let rc = unsafe {
+        f(
+            function,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(black_box(rc), 0);
+}
+
+fn scenario(c: &mut Criterion, share: bool) {
+    let dir = artifact_dir();
+    let scratch = std::env::temp_dir().join(format!(
+        "gpuslice-bench-throttle-{}-{}",
+        std::process::id(),
+        share
+    ));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let limits = scratch.join("limits.json");
+    let compute = if share { r#","compute":90"# } else { "" };
+    std::fs::write(
+        &limits,
+        format!(
+            r#"{{"version":1,"region":"{}","devices":[{{"index":0,"memory":"30GiB"{compute}}}]}}"#,
+            scratch.join("region").display()
+        ),
+    )
+    .unwrap();
+    std::env::set_var("FAKEGPU_STATE", scratch.join("state"));
+    std::env::set_var("GPUSLICE_CONFIG", &limits);
+    let driver = open(&dir.join("libfakegpu_cuda.so"));
+    let _nvml = open(&dir.join("libfakegpu_nvml.so"));
+    let shim = open(&dir.join("libgpuslice.so"));
+
+    let init: InitFn = symbol(shim, c"cuInit");
+    let retain: RetainFn = symbol(shim, c"cuDevicePrimaryCtxRetain");
+    let set_current: SetCurrentFn = symbol(driver, c"cuCtxSetCurrent");
+    let load: ModuleLoadFn = symbol(driver, c"cuModuleLoadData");
+    let get_function: GetFunctionFn = symbol(driver, c"cuModuleGetFunction");
+    let direct: LaunchFn = symbol(driver, c"cuLaunchKernel");
+    let sliced: LaunchFn = symbol(shim, c"cuLaunchKernel");
+    let (mut context, mut module, mut function) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    let image = b"bench\0";
+    // SAFETY: valid out-pointers and NUL-terminated strings; the fake accepts any image.
+    unsafe {
+        assert_eq!(init(0), 0);
+        assert_eq!(retain(&mut context, 0), 0);
+        assert_eq!(set_current(context), 0);
+        assert_eq!(load(&mut module, image.as_ptr().cast()), 0);
+        assert_eq!(get_function(&mut function, module, c"k".as_ptr()), 0);
+    }
+    let mut ns_per_wave: u64 = 1;
+    let mut params = [(&mut ns_per_wave as *mut u64).cast::<c_void>()];
+    if share {
+        // Let the watcher learn the cost of these kernels (from the 1 ms guess) so the bench
+        // measures the launch with tokens available, not the start-up.
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(2) {
+            launch(sliced, function, &mut params);
+        }
+    }
+
+    let name = if share {
+        "launch_share"
+    } else {
+        "launch_no_share"
+    };
+    let mut group = c.benchmark_group(name);
+    group.bench_function("driver", |b| {
+        b.iter(|| launch(direct, function, &mut params))
+    });
+    group.bench_function("shim", |b| b.iter(|| launch(sliced, function, &mut params)));
+    group.finish();
+}
+
+fn throttle(c: &mut Criterion) {
+    match std::env::var(SCENARIO_ENV).as_deref() {
+        Ok("share") => scenario(c, true),
+        Ok("none") => scenario(c, false),
+        _ => {
+            // One child per scenario: each loads the shim under its own configuration.
+            let exe = std::env::current_exe().expect("bench path");
+            for which in ["none", "share"] {
+                let status = std::process::Command::new(&exe)
+                    .args(std::env::args_os().skip(1))
+                    .env(SCENARIO_ENV, which)
+                    .status()
+                    .expect("run the scenario");
+                assert!(status.success(), "scenario {which} failed: {status}");
+            }
+        }
+    }
+}
+
+criterion_group!(benches, throttle);
+criterion_main!(benches);
