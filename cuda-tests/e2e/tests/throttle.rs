@@ -363,29 +363,32 @@ fn burst_uses_an_idle_device_and_gives_it_back_within_200_ms() {
 #[test]
 fn no_share_is_free_throttled_processes_exit_promptly_and_keep_driver_codes() {
     let gpu = FakeGpu::start("v100");
-    // 10 us kernels: launch-bound, so any per-launch cost would show.
-    let run = |env: Env| {
-        let t0 = now();
+    // 10 us kernels: launch-bound, so any per-launch cost would show. Throughput is the
+    // client's kernels per second; runs alternate and the best of three counts on each side,
+    // so a burst of unrelated load on the machine hits both.
+    let throughput = |env: &Env| {
         let out = Client::run(
             ClientKind::Linked,
-            &launch_args(US10, "kernel", 1.0)
+            &launch_args(US10, "kernel", 0.5)
                 .iter()
                 .map(String::as_str)
                 .collect::<Vec<_>>(),
-            &env,
+            env,
         );
-        (busy_percent(&gpu, None, t0, 1_000_000_000), out)
+        let launches = out["launches"].as_u64().expect("launches") as f64;
+        launches * 1e9 / out["elapsed_ns"].as_u64().expect("elapsed") as f64
     };
     let no_share = Slice::builder().device(0, "8GiB", None).build();
-    let (plain, plain_out) = run(gpu.env());
-    let (shimmed, shim_out) = run(no_share.env(&gpu));
-    eprintln!(
-        "no share: {plain:.1}% / {} launches without the shim, {shimmed:.1}% / {} with it",
-        plain_out["launches"], shim_out["launches"]
-    );
+    let (mut plain, mut shimmed) = (0.0f64, 0.0f64);
+    for _ in 0..3 {
+        plain = plain.max(throughput(&gpu.env()));
+        shimmed = shimmed.max(throughput(&no_share.env(&gpu)));
+    }
+    let ratio = shimmed / plain;
+    eprintln!("no share: {plain:.0} kernels/s without the shim, {shimmed:.0} with it ({ratio:.3})");
     assert!(
-        (plain - shimmed).abs() <= TOLERANCE,
-        "{plain:.1}% vs {shimmed:.1}%"
+        (ratio - 1.0).abs() <= 0.05,
+        "no share, same throughput within 5 %: {plain:.0} vs {shimmed:.0} kernels/s"
     );
 
     // A throttled process whose work is done exits at once, although its watcher thread is
