@@ -84,20 +84,34 @@ fn demo(root: &Path, extra: &[String]) -> Result<(), String> {
 fn test(root: &Path, extra: &[String]) -> Result<(), String> {
     ensure_python_nvml()?;
     build(root)?;
+    // Run every binary even after a failure, so one run shows every broken test.
+    let mut failures = Vec::new();
     let mut all = cargo();
     all.current_dir(root)
-        .args(["test", "--workspace"])
+        .args(["test", "--workspace", "--no-fail-fast"])
         .args(extra);
-    run(all)?;
+    if let Err(e) = run(all) {
+        failures.push(e);
+    }
     for (package, binary) in SERIAL_TEST_BINARIES {
         let mut serial = cargo();
         serial
             .current_dir(root)
             .args(["test", "--package", package, "--test", binary, "--"])
             .arg("--test-threads=1");
-        run(serial)?;
+        if let Err(e) = run(serial) {
+            failures.push(e);
+        }
     }
-    Ok(())
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} test run(s) failed:\n  {}",
+            failures.len(),
+            failures.join("\n  ")
+        ))
+    }
 }
 
 /// The NVML tests drive the shim through `nvidia-ml-py` (pynvml), the client most Python
