@@ -224,7 +224,14 @@ fn check(cases: &[Case], margin: f64) {
             failures.push(format!("{}: {:.1}%", case.name, out.slice));
         }
         if case.neighbours > 0 {
-            assert!(out.device > 90.0, "{}: neighbour fills the rest", case.name);
+            // Unloaded 98.6-100 %, loaded as low as 90.8 % (the neighbour's own launch loop
+            // competes for the 2 cores): a margin below that measurement.
+            assert!(
+                out.device > 85.0,
+                "{}: the neighbour fills the rest: {:.1}%",
+                case.name,
+                out.device
+            );
         }
     }
     assert!(
@@ -363,13 +370,16 @@ fn burst_uses_an_idle_device_and_gives_it_back_within_200_ms() {
 #[test]
 fn no_share_is_free_throttled_processes_exit_promptly_and_keep_driver_codes() {
     let gpu = FakeGpu::start("v100");
-    // 10 us kernels: launch-bound, so any per-launch cost would show. Throughput is the
-    // client's kernels per second; runs alternate and the best of three counts on each side,
-    // so a burst of unrelated load on the machine hits both.
+    // 10 us kernels: launch-bound, so a per-launch cost would show. Throughput is the
+    // client's kernels per second; runs alternate and the best of five counts on each side.
+    // Margin, measured: unloaded the two sides were within 0.6 %; with two `yes` hogs on the
+    // 2-core machine identical runs were up to 13 % apart, either way (the launch loop waits
+    // for a core), so the test allows 15 %. The per-launch cost itself is the criterion
+    // bench's (`launch_no_share`: ~0 ns added, docs/performance.md).
     let throughput = |env: &Env| {
         let out = Client::run(
             ClientKind::Linked,
-            &launch_args(US10, "kernel", 0.5)
+            &launch_args(US10, "kernel", 0.4)
                 .iter()
                 .map(String::as_str)
                 .collect::<Vec<_>>(),
@@ -380,15 +390,15 @@ fn no_share_is_free_throttled_processes_exit_promptly_and_keep_driver_codes() {
     };
     let no_share = Slice::builder().device(0, "8GiB", None).build();
     let (mut plain, mut shimmed) = (0.0f64, 0.0f64);
-    for _ in 0..3 {
+    for _ in 0..5 {
         plain = plain.max(throughput(&gpu.env()));
         shimmed = shimmed.max(throughput(&no_share.env(&gpu)));
     }
     let ratio = shimmed / plain;
     eprintln!("no share: {plain:.0} kernels/s without the shim, {shimmed:.0} with it ({ratio:.3})");
     assert!(
-        (ratio - 1.0).abs() <= 0.05,
-        "no share, same throughput within 5 %: {plain:.0} vs {shimmed:.0} kernels/s"
+        (ratio - 1.0).abs() <= 0.15,
+        "no share, same throughput: {plain:.0} vs {shimmed:.0} kernels/s"
     );
 
     // A throttled process whose work is done exits at once, although its watcher thread is
@@ -526,4 +536,40 @@ fn print_table() {
             println!("| {} | {}% | {:.1}% |", case.name, case.target, out.slice);
         }
     }
+}
+
+/// Host-PID discovery that fails (NVML shows offset PIDs and, with no memory limit, no ledger
+/// learns ours) logs one line and falls back to steering on the whole device: throttling
+/// stays on.
+#[test]
+fn failed_host_pid_discovery_logs_once_and_still_throttles() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder()
+        .raw(
+            r#"{"version":1,"region":"{region}","policy":"cap","devices":[{"index":0,"compute":30}]}"#,
+        )
+        .build();
+    let mut env = slice.env(&gpu);
+    env.push(("FAKEGPU_PID_OFFSET".into(), "100000".into()));
+    let t0 = now();
+    let client = std::thread::spawn(move || {
+        let args = launch_args(MS1, "kernel", RUN_S);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Client::output(ClientKind::Linked, &refs, &env)
+    });
+    until(t0 + SETTLE_NS + WINDOW_NS);
+    let used = busy_percent(&gpu, None, t0 + SETTLE_NS, WINDOW_NS);
+    let output = client.join().expect("client thread");
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines = stderr
+        .lines()
+        .filter(|l| l.contains("cannot tell this process's host PID"))
+        .count();
+    eprintln!("discovery failed: {lines} line(s), {used:.1}% at a 30 % share");
+    assert_eq!(lines, 1, "one line, once: {stderr}");
+    assert!(
+        (used - 30.0).abs() <= TOLERANCE,
+        "still throttled: {used:.1}%"
+    );
 }
