@@ -6,8 +6,9 @@
 //!   timestamp, turned into busy nanoseconds per PID (`smUtil` % of the span; several samples
 //!   of one PID are averaged). Timestamps are NVML's own, never mixed with our clock.
 //! * `running_pids`: `nvmlDeviceGetComputeRunningProcesses_v3` (v2 on older drivers).
-//! * host-PID discovery (see `throttle::after_context`): the PIDs that appear in the running
-//!   list across this process's context creation.
+//! * host-PID discovery uses `running_pids` (see `throttle::discover_pid` and
+//!   `watcher::resolve`): the kernel's `NSpid`, the host PID the memory ledger recorded in the
+//!   region, or our own PID, whichever NVML lists.
 
 use std::ffi::{c_char, c_uint, CString};
 use std::sync::atomic::{AtomicU8, Ordering};
