@@ -369,10 +369,16 @@ fn launches_advance_the_fake_busy_time_on_every_path() {
     let gpu = FakeGpu::start("v100");
     let truth = gpu.truth();
     // V100: 80 SMs x (2048 / 1024) blocks per SM = 160 blocks per wave. Grid 160 = one wave,
-    // grid 161 = two waves.
+    // grid 161 = two waves. A cooperative grid must be resident all at once, so it never has a
+    // second wave (the driver refuses it; checked below).
     for kind in ClientKind::ALL {
         for path in ["kernel", "ex", "cooperative", "graph"] {
-            for (grid, waves) in [("160", 1u64), ("161", 2)] {
+            let shapes: &[(&str, u64)] = if path == "cooperative" {
+                &[("160", 1)]
+            } else {
+                &[("160", 1), ("161", 2)]
+            };
+            for &(grid, waves) in shapes {
                 for stream in ["default", "created"] {
                     let from = fakegpu::now_ns();
                     let r = Client::run(
@@ -412,6 +418,35 @@ fn launches_advance_the_fake_busy_time_on_every_path() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn a_cooperative_grid_larger_than_the_device_is_refused_on_every_path() {
+    let gpu = FakeGpu::start("v100");
+    for kind in ClientKind::ALL {
+        let r = Client::run(
+            kind,
+            &[
+                "launch",
+                "--kernels",
+                "1",
+                "--ns-per-wave",
+                "1000",
+                "--grid",
+                "161",
+                "--block",
+                "1024",
+                "--path",
+                "cooperative",
+            ],
+            &gpu.env(),
+        );
+        assert_eq!(
+            r["codes"],
+            serde_json::json!({"CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE": 1}),
+            "{kind:?}: {r}"
+        );
     }
 }
 
