@@ -58,18 +58,13 @@ pub fn cuda_memory_limit(config: &SliceConfig, device: CUdevice) -> Option<u64> 
     memory_limit(config, device as u32, &cuda_device_uuid(device))
 }
 
-/// The memory limit of an NVML device under `config` (UUID via `nvmlDeviceGetUUID`, index via
-/// `nvmlDeviceGetIndex`).
-///
-/// # Safety
-/// `device` must be an NVML handle the real library gave out (or one it rejects cleanly).
-pub unsafe fn nvml_memory_limit(config: &SliceConfig, device: nvmlDevice_t) -> Option<u64> {
-    if config.devices.is_empty() {
-        return None;
-    }
+/// (index, UUID) of an NVML device, through the real `nvmlDeviceGetIndex` and
+/// `nvmlDeviceGetUUID`; `u32::MAX` / empty when NVML cannot say.
+pub(crate) fn nvml_identity(device: nvmlDevice_t) -> (u32, String) {
     let mut buffer = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     let uuid = match real::nvmlDeviceGetUUID() {
-        // SAFETY: the buffer is writable for its full length, which is what we pass.
+        // SAFETY: the buffer is writable for its full length, which is what we pass; NVML
+        // rejects a handle it did not give out.
         Some(get_uuid)
             if unsafe { get_uuid(device, buffer.as_mut_ptr(), buffer.len() as c_uint) }
                 == NVML_SUCCESS =>
@@ -87,7 +82,7 @@ pub unsafe fn nvml_memory_limit(config: &SliceConfig, device: nvmlDevice_t) -> O
         // SAFETY: `index` is a valid out-pointer for the duration of the call.
         unsafe { get_index(device, &mut index) };
     }
-    memory_limit(config, index, &uuid)
+    (index, uuid)
 }
 
 #[cfg(test)]

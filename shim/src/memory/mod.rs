@@ -404,7 +404,7 @@ fn nvml_binding(shared: &Shared, device: nvmlDevice_t) -> Result<Binding, ()> {
             _ => {}
         }
     }
-    let (index, uuid) = wrappers::nvml_identity(device);
+    let (index, uuid) = crate::devices::nvml_identity(device);
     let binding = bind(shared, index, &uuid, || None)?;
     for (i, handle) in shared.nvml_handles.iter().enumerate() {
         let claimed = handle.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire);

@@ -2,7 +2,7 @@
 //! VMM, contexts) and for NVML's process lists. Each is a thin shell: read the arguments,
 //! reserve through the ledger, call the real function, settle with what the driver reports.
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::ffi::{c_int, c_uint, c_void, CString};
 
 use gpuslice_abi::cuda::pool_attr::RESERVED_MEM_CURRENT;
 use gpuslice_abi::cuda::result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
@@ -598,30 +598,6 @@ pub unsafe fn primary_ctx_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUde
 
 // ---------------------------------------------------------------- NVML
 
-/// (index, UUID) of an NVML device, through the real NVML.
-pub(super) fn nvml_identity(device: nvmlDevice_t) -> (u32, String) {
-    let mut buffer = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
-    let uuid = match real::nvmlDeviceGetUUID() {
-        // SAFETY: the buffer is writable for its full length, which is what we pass.
-        Some(get)
-            if unsafe { get(device, buffer.as_mut_ptr(), buffer.len() as c_uint) }
-                == NVML_SUCCESS =>
-        {
-            buffer[buffer.len() - 1] = 0;
-            // SAFETY: NUL-terminated by the driver and by the line above.
-            unsafe { CStr::from_ptr(buffer.as_ptr()) }
-                .to_string_lossy()
-                .into_owned()
-        }
-        _ => String::new(),
-    };
-    let mut index: c_uint = u32::MAX;
-    if let Some(get) = real::nvmlDeviceGetIndex() {
-        // SAFETY: valid out-pointer for the call.
-        unsafe { get(device, &mut index) };
-    }
-    (index, uuid)
-}
 
 /// Initialises the real NVML once; false when it is missing or refuses.
 fn nvml_ready() -> bool {
