@@ -598,7 +598,6 @@ pub unsafe fn primary_ctx_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUde
 
 // ---------------------------------------------------------------- NVML
 
-
 /// Initialises the real NVML once; false when it is missing or refuses.
 fn nvml_ready() -> bool {
     static NVML_READY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
