@@ -12,7 +12,7 @@ use crate::memory::{self, AllocTarget, DeviceObject};
 use crate::registry::signature as sig;
 use crate::report::{slice_view, MemoryView};
 use crate::state;
-use crate::throttle::{self, Launch};
+use crate::throttle;
 
 pub unsafe fn mem_get_info(
     real: sig::cuMemGetInfo_v2,
@@ -287,10 +287,6 @@ pub unsafe fn mipmapped_array_destroy(
     result
 }
 
-fn grid(gx: c_uint, gy: c_uint, gz: c_uint) -> u64 {
-    u64::from(gx) * u64::from(gy) * u64::from(gz)
-}
-
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn launch_kernel(
     real: sig::cuLaunchKernel,
@@ -306,11 +302,7 @@ pub unsafe fn launch_kernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    throttle::before_launch(&Launch {
-        stream,
-        blocks: grid(gx, gy, gz),
-        threads_per_block: bx.saturating_mul(by).saturating_mul(bz),
-    });
+    throttle::before_launch();
     real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
 }
 
@@ -321,15 +313,9 @@ pub unsafe fn launch_kernel_ex(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    if let Some(c) = config.as_ref() {
-        throttle::before_launch(&Launch {
-            stream: c.hStream,
-            blocks: grid(c.gridDimX, c.gridDimY, c.gridDimZ),
-            threads_per_block: c
-                .blockDimX
-                .saturating_mul(c.blockDimY)
-                .saturating_mul(c.blockDimZ),
-        });
+    // A NULL config is the driver's INVALID_VALUE to return; it enqueues nothing to gate.
+    if !config.is_null() {
+        throttle::before_launch();
     }
     real(config, f, params, extra)
 }
@@ -348,11 +334,7 @@ pub unsafe fn launch_cooperative_kernel(
     stream: CUstream,
     params: *mut *mut c_void,
 ) -> CUresult {
-    throttle::before_launch(&Launch {
-        stream,
-        blocks: grid(gx, gy, gz),
-        threads_per_block: bx.saturating_mul(by).saturating_mul(bz),
-    });
+    throttle::before_launch();
     real(f, gx, gy, gz, bx, by, bz, shared, stream, params)
 }
 
@@ -361,11 +343,7 @@ pub unsafe fn graph_launch(
     exec: CUgraphExec,
     stream: CUstream,
 ) -> CUresult {
-    throttle::before_launch(&Launch {
-        stream,
-        blocks: 0,
-        threads_per_block: 0,
-    });
+    throttle::before_launch();
     real(exec, stream)
 }
 

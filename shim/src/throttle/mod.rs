@@ -27,21 +27,12 @@ pub mod watcher;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
-use gpuslice_abi::cuda::{CUdevice, CUresult, CUstream};
+use gpuslice_abi::cuda::{CUdevice, CUresult};
 use gpuslice_common::config::{ComputePolicy, SliceConfig};
 use gpuslice_common::region::{DeviceLimits, Region, THROTTLE_WORDS};
 use gpuslice_common::MAX_DEVICES;
 
 use bucket::{Credit, PidTable};
-
-/// The shape of one launch, as far as the wrapper knows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Launch {
-    pub stream: CUstream,
-    /// Grid blocks (x*y*z); 0 for graph launches (the graph's own shape is not visible here).
-    pub blocks: u64,
-    pub threads_per_block: u32,
-}
 
 pub const W_VTIME: usize = 0;
 pub const W_INV_RATE: usize = 1;
@@ -117,8 +108,7 @@ impl DeviceThrottle {
 /// Called before each launch. Free when no share applies; otherwise debits the launch's
 /// estimated GPU time and sleeps while the slice's bucket is empty.
 #[inline]
-pub fn before_launch(launch: &Launch) {
-    let _ = launch;
+pub fn before_launch() {
     match ACTIVE.load(Ordering::Relaxed) {
         OFF => {}
         ON => throttle_launch(),
