@@ -10,6 +10,14 @@ use crate::registry::signature as sig;
 use crate::report::{nvml_slice_view, NvmlView};
 use crate::state;
 
+/// The slice's view of `device` given the driver's physical one; `None` when the device
+/// is not limited (or no slice is configured), so the driver's answer stands.
+fn slice_view_of(device: nvmlDevice_t, physical: NvmlView) -> Option<NvmlView> {
+    state::slice_config()?;
+    let (limit, used) = memory::nvml_slice(device)?;
+    Some(nvml_slice_view(physical, limit, Some(used)))
+}
+
 pub unsafe fn device_get_memory_info(
     real: sig::nvmlDeviceGetMemoryInfo,
     device: nvmlDevice_t,
@@ -19,12 +27,6 @@ pub unsafe fn device_get_memory_info(
     if result != NVML_SUCCESS || memory.is_null() {
         return result;
     }
-    if state::slice_config().is_none() {
-        return result;
-    }
-    let Some((limit, used)) = memory::nvml_slice(device) else {
-        return result;
-    };
     let m = &mut *memory;
     // v1 has no reserved field: its `used` includes what v2 calls reserved.
     let physical = NvmlView {
@@ -33,11 +35,11 @@ pub unsafe fn device_get_memory_info(
         used: m.used,
         free: m.free,
     };
-    let view = nvml_slice_view(physical, limit, Some(used));
-    m.total = view.total;
-    // v1: `used` is everything that is not free (what v2 splits into used + reserved).
-    m.used = view.used + view.reserved;
-    m.free = view.free;
+    if let Some(view) = slice_view_of(device, physical) {
+        m.total = view.total;
+        m.used = view.used + view.reserved;
+        m.free = view.free;
+    }
     result
 }
 
@@ -50,12 +52,6 @@ pub unsafe fn device_get_memory_info_v2(
     if result != NVML_SUCCESS || memory.is_null() {
         return result;
     }
-    if state::slice_config().is_none() {
-        return result;
-    }
-    let Some((limit, used)) = memory::nvml_slice(device) else {
-        return result;
-    };
     let m = &mut *memory;
     let physical = NvmlView {
         total: m.total,
@@ -63,10 +59,11 @@ pub unsafe fn device_get_memory_info_v2(
         used: m.used,
         free: m.free,
     };
-    let view = nvml_slice_view(physical, limit, Some(used));
-    m.total = view.total;
-    m.reserved = view.reserved;
-    m.used = view.used;
-    m.free = view.free;
+    if let Some(view) = slice_view_of(device, physical) {
+        m.total = view.total;
+        m.reserved = view.reserved;
+        m.used = view.used;
+        m.free = view.free;
+    }
     result
 }
