@@ -31,11 +31,7 @@ fn lib_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAKEGPU_CUDA_LIB") {
         return p.into();
     }
-    let exe = std::env::current_exe().expect("bench binary path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps")
-        .join("libfakegpu_cuda.so")
+    gpuslice_benches::artifact_dir().join("libfakegpu_cuda.so")
 }
 
 fn sym<T: Copy>(lib: &'static Library, name: &[u8]) -> T {

@@ -11,40 +11,15 @@
 //! `GPUSLICE_BENCH_LIBCUDA` names another libcuda. It is loaded first by path, so the shim's
 //! `dlopen("libcuda.so.1", RTLD_NOLOAD)` finds it by SONAME.
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void};
 use std::hint::black_box;
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use gpuslice_benches::{artifact_dir, open, symbol_address};
 
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 type CtxGetCurrentFn = unsafe extern "C" fn(*mut *mut c_void) -> u32;
-
-fn artifact_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("bench path");
-    let deps = exe.parent().expect("deps dir");
-    deps.parent().expect("profile dir").to_path_buf()
-}
-
-fn open(path: &std::path::Path, flags: i32) -> *mut c_void {
-    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: NUL-terminated path; dlopen runs the library's (empty) initialisers.
-    let handle = unsafe { libc::dlopen(c_path.as_ptr(), flags) };
-    if handle.is_null() {
-        // SAFETY: dlerror returns a NUL-terminated message after a failed dlopen.
-        let message = unsafe { CStr::from_ptr(libc::dlerror()) };
-        panic!("cannot load {}: {message:?}", path.display());
-    }
-    handle
-}
-
-fn symbol(handle: *mut c_void, name: &CStr) -> *mut c_void {
-    // SAFETY: a live handle and a NUL-terminated name (glibc's own dlsym: the bench binary
-    // binds its dlsym to libc before the shim is loaded).
-    let pointer = unsafe { libc::dlsym(handle, name.as_ptr()) };
-    assert!(!pointer.is_null(), "{name:?} not found");
-    pointer
-}
 
 fn hooks(c: &mut Criterion) {
     let dir = artifact_dir();
@@ -58,9 +33,10 @@ fn hooks(c: &mut Criterion) {
     );
 
     // SAFETY: both pointers are dlsym implementations with the C signature of dlsym.
-    let real_dlsym: DlsymFn = unsafe { std::mem::transmute(symbol(libc::RTLD_DEFAULT, c"dlsym")) };
+    let real_dlsym: DlsymFn =
+        unsafe { std::mem::transmute(symbol_address(libc::RTLD_DEFAULT, c"dlsym")) };
     // SAFETY: as above.
-    let shim_dlsym: DlsymFn = unsafe { std::mem::transmute(symbol(shim, c"dlsym")) };
+    let shim_dlsym: DlsymFn = unsafe { std::mem::transmute(symbol_address(shim, c"dlsym")) };
     let libc_handle = open(
         std::path::Path::new("libc.so.6"),
         libc::RTLD_NOW | libc::RTLD_NOLOAD,
@@ -80,10 +56,10 @@ fn hooks(c: &mut Criterion) {
 
     // SAFETY: cuCtxGetCurrent's C signature, from the driver and from the shim's export.
     let real_ctx: CtxGetCurrentFn =
-        unsafe { std::mem::transmute(symbol(driver, c"cuCtxGetCurrent")) };
+        unsafe { std::mem::transmute(symbol_address(driver, c"cuCtxGetCurrent")) };
     // SAFETY: as above.
     let shim_ctx: CtxGetCurrentFn =
-        unsafe { std::mem::transmute(symbol(shim, c"cuCtxGetCurrent")) };
+        unsafe { std::mem::transmute(symbol_address(shim, c"cuCtxGetCurrent")) };
     let mut ctx = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the first call initialises the shim (pass-through: no config).
     let (real_rc, shim_rc) = unsafe { (real_ctx(&mut ctx), shim_ctx(&mut ctx)) };

@@ -10,12 +10,12 @@
 //! cargo bench -p gpuslice-benches --bench memory`. The fake's state, the limit file and the
 //! region live in a fresh temp directory.
 
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use gpuslice_benches::{artifact_dir, open_global, symbol};
 
 type AllocFn = unsafe extern "C" fn(*mut u64, usize) -> u32;
 type FreeFn = unsafe extern "C" fn(u64) -> u32;
@@ -26,27 +26,6 @@ type SetCurrentFn = unsafe extern "C" fn(*mut c_void) -> u32;
 type NvmlInitFn = unsafe extern "C" fn() -> u32;
 type NvmlHandleFn = unsafe extern "C" fn(u32, *mut *mut c_void) -> u32;
 type NvmlMemFn = unsafe extern "C" fn(*mut c_void, *mut [u64; 3]) -> u32;
-
-fn artifact_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("bench path");
-    exe.parent().unwrap().parent().unwrap().to_path_buf()
-}
-
-fn open(path: &std::path::Path) -> *mut c_void {
-    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: NUL-terminated path.
-    let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-    assert!(!handle.is_null(), "cannot load {}", path.display());
-    handle
-}
-
-fn symbol<T>(handle: *mut c_void, name: &CStr) -> T {
-    // SAFETY: live handle, NUL-terminated name.
-    let pointer = unsafe { libc::dlsym(handle, name.as_ptr()) };
-    assert!(!pointer.is_null(), "{name:?} not found");
-    // SAFETY: the caller names the C signature of the symbol.
-    unsafe { std::mem::transmute_copy(&pointer) }
-}
 
 struct Api {
     alloc: AllocFn,
@@ -59,11 +38,11 @@ struct Api {
 /// `handle` answers the hooked names; `driver` the rest (cuCtxSetCurrent is not hooked).
 fn api(handle: *mut c_void, nvml: *mut c_void, driver: *mut c_void) -> Api {
     Api {
-        alloc: symbol(handle, c"cuMemAlloc_v2"),
-        free: symbol(handle, c"cuMemFree_v2"),
-        info: symbol(handle, c"cuMemGetInfo_v2"),
-        set_current: symbol(driver, c"cuCtxSetCurrent"),
-        nvml_memory: symbol(nvml, c"nvmlDeviceGetMemoryInfo"),
+        alloc: unsafe { symbol(handle, c"cuMemAlloc_v2") },
+        free: unsafe { symbol(handle, c"cuMemFree_v2") },
+        info: unsafe { symbol(handle, c"cuMemGetInfo_v2") },
+        set_current: unsafe { symbol(driver, c"cuCtxSetCurrent") },
+        nvml_memory: unsafe { symbol(nvml, c"nvmlDeviceGetMemoryInfo") },
     }
 }
 
@@ -92,16 +71,16 @@ fn memory(c: &mut Criterion) {
     .unwrap();
     std::env::set_var("FAKEGPU_STATE", scratch.join("state"));
     std::env::set_var("GPUSLICE_CONFIG", &limits);
-    let driver = open(&dir.join("libfakegpu_cuda.so"));
-    let nvml = open(&dir.join("libfakegpu_nvml.so"));
-    let shim = open(&dir.join("libgpuslice.so"));
+    let driver = open_global(&dir.join("libfakegpu_cuda.so"));
+    let nvml = open_global(&dir.join("libfakegpu_nvml.so"));
+    let shim = open_global(&dir.join("libgpuslice.so"));
     let direct = api(driver, nvml, driver);
     let sliced = api(shim, shim, driver);
 
-    let init: InitFn = symbol(shim, c"cuInit");
-    let retain: RetainFn = symbol(shim, c"cuDevicePrimaryCtxRetain");
-    let nvml_init: NvmlInitFn = symbol(shim, c"nvmlInit_v2");
-    let nvml_handle: NvmlHandleFn = symbol(nvml, c"nvmlDeviceGetHandleByIndex_v2");
+    let init: InitFn = unsafe { symbol(shim, c"cuInit") };
+    let retain: RetainFn = unsafe { symbol(shim, c"cuDevicePrimaryCtxRetain") };
+    let nvml_init: NvmlInitFn = unsafe { symbol(shim, c"nvmlInit_v2") };
+    let nvml_handle: NvmlHandleFn = unsafe { symbol(nvml, c"nvmlDeviceGetHandleByIndex_v2") };
     let mut context = std::ptr::null_mut();
     let mut device = std::ptr::null_mut();
     // SAFETY: valid out-pointers; the fake driver and NVML are loaded.

@@ -12,12 +12,12 @@
 //! Run: `cargo build --release -p fakegpu-cuda -p fakegpu-nvml -p gpuslice-shim &&
 //! cargo bench -p gpuslice-benches --bench throttle`.
 
-use std::ffi::{c_uint, c_void, CStr};
+use std::ffi::{c_uint, c_void};
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use gpuslice_benches::{artifact_dir, open_global, symbol};
 
 type InitFn = unsafe extern "C" fn(u32) -> u32;
 type RetainFn = unsafe extern "C" fn(*mut *mut c_void, i32) -> u32;
@@ -39,27 +39,6 @@ type LaunchFn = unsafe extern "C" fn(
 ) -> u32;
 
 const SCENARIO_ENV: &str = "GPUSLICE_BENCH_THROTTLE";
-
-fn artifact_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("bench path");
-    exe.parent().unwrap().parent().unwrap().to_path_buf()
-}
-
-fn open(path: &std::path::Path) -> *mut c_void {
-    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: NUL-terminated path.
-    let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-    assert!(!handle.is_null(), "cannot load {}", path.display());
-    handle
-}
-
-fn symbol<T>(handle: *mut c_void, name: &CStr) -> T {
-    // SAFETY: live handle, NUL-terminated name.
-    let pointer = unsafe { libc::dlsym(handle, name.as_ptr()) };
-    assert!(!pointer.is_null(), "{name:?} not found");
-    // SAFETY: the caller names the C signature of the symbol.
-    unsafe { std::mem::transmute_copy(&pointer) }
-}
 
 /// One kernel launch of 1 ns on the default stream.
 fn launch(f: LaunchFn, function: *mut c_void, params: &mut [*mut c_void; 1]) {
@@ -102,17 +81,17 @@ fn scenario(c: &mut Criterion, share: bool) {
     .unwrap();
     std::env::set_var("FAKEGPU_STATE", scratch.join("state"));
     std::env::set_var("GPUSLICE_CONFIG", &limits);
-    let driver = open(&dir.join("libfakegpu_cuda.so"));
-    let _nvml = open(&dir.join("libfakegpu_nvml.so"));
-    let shim = open(&dir.join("libgpuslice.so"));
+    let driver = open_global(&dir.join("libfakegpu_cuda.so"));
+    let _nvml = open_global(&dir.join("libfakegpu_nvml.so"));
+    let shim = open_global(&dir.join("libgpuslice.so"));
 
-    let init: InitFn = symbol(shim, c"cuInit");
-    let retain: RetainFn = symbol(shim, c"cuDevicePrimaryCtxRetain");
-    let set_current: SetCurrentFn = symbol(driver, c"cuCtxSetCurrent");
-    let load: ModuleLoadFn = symbol(driver, c"cuModuleLoadData");
-    let get_function: GetFunctionFn = symbol(driver, c"cuModuleGetFunction");
-    let direct: LaunchFn = symbol(driver, c"cuLaunchKernel");
-    let sliced: LaunchFn = symbol(shim, c"cuLaunchKernel");
+    let init: InitFn = unsafe { symbol(shim, c"cuInit") };
+    let retain: RetainFn = unsafe { symbol(shim, c"cuDevicePrimaryCtxRetain") };
+    let set_current: SetCurrentFn = unsafe { symbol(driver, c"cuCtxSetCurrent") };
+    let load: ModuleLoadFn = unsafe { symbol(driver, c"cuModuleLoadData") };
+    let get_function: GetFunctionFn = unsafe { symbol(driver, c"cuModuleGetFunction") };
+    let direct: LaunchFn = unsafe { symbol(driver, c"cuLaunchKernel") };
+    let sliced: LaunchFn = unsafe { symbol(shim, c"cuLaunchKernel") };
     let (mut context, mut module, mut function) = (
         std::ptr::null_mut(),
         std::ptr::null_mut(),
