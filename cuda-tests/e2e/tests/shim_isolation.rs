@@ -458,3 +458,32 @@ fn fork_and_fork_exec_children_work_under_the_shim() {
         .count();
     assert_eq!(inits, 3, "{}", run.stderr);
 }
+
+/// A driver answer the shim cannot map to a wrapper, for a function family it hooks, is a path
+/// around the slice: with a slice configured it is reported once at error level, never
+/// passed silently; without one the shim stays silent (pure pass-through).
+#[test]
+fn an_unmappable_proc_address_answer_for_a_hooked_family_is_reported() {
+    let dir = TempDir::new("shim-unmapped");
+    let config = limit_file(&dir, ONE_GIB_ON_INDEX_0);
+    let sliced = client(&["procaddr-legacy"], Shim::With, &config);
+    assert_eq!(sliced.line("legacy"), "legacy rc=0 status=0");
+    assert_eq!(
+        sliced.line("cuMemAlloc@3010"),
+        "cuMemAlloc@3010 -> libcuda.so.1:cuMemAlloc",
+        "the driver's own choice is handed through"
+    );
+    assert_eq!(
+        sliced
+            .stderr
+            .matches("cuGetProcAddress(\"cuMemAlloc\")")
+            .count(),
+        1,
+        "reported once: {}",
+        sliced.stderr
+    );
+    assert!(sliced.stderr.contains("NOT limited"), "{}", sliced.stderr);
+
+    let unconfigured = client(&["procaddr-legacy"], Shim::With, &[]);
+    assert!(unconfigured.stderr.is_empty(), "{}", unconfigured.stderr);
+}

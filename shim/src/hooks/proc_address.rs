@@ -4,17 +4,62 @@
 //! swap the returned pointer for our wrapper by pointer identity. Asking for
 //! "cuGetProcAddress" itself yields the real v1/v2 pointer, which maps to our matching
 //! wrapper. Probes (empty name, version 0) fail in the driver exactly as without the shim.
+//!
+//! Identity relies on the driver handing out its exported entry points (the fake does, and
+//! so do the drivers peers were written against). If a driver ever returned another pointer
+//! for a function we hook, calls through it would bypass the slice: with a slice configured
+//! that is reported once, at error level, instead of passing silently.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::{cuuint64_t, CUresult};
 
-use crate::registry::{cuda_wrapper_for_real_pointer, signature as sig};
+use crate::registry::{cuda_wrapper_for_real_pointer, signature as sig, HOOKS};
+use crate::state;
 
-unsafe fn redirect(result: CUresult, pfn: *mut *mut c_void) {
-    if result == CUDA_SUCCESS && !pfn.is_null() {
-        *pfn = cuda_wrapper_for_real_pointer(*pfn);
+static UNMAPPED_REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Does `requested` (a cuGetProcAddress name: no `_v2`/`_ptsz` suffix) name a function we
+/// hook in some ABI or stream variant? `cuMemAlloc` -> `cuMemAlloc_v2`; `cuLaunchKernel` ->
+/// itself and `_ptsz`; `cuMemAllocHost` is not `cuMemAlloc`'s family.
+fn is_hooked_family<'a>(requested: &str, hooked: impl IntoIterator<Item = &'a str>) -> bool {
+    !requested.is_empty()
+        && hooked.into_iter().any(|name| {
+            name == requested
+                || name
+                    .strip_prefix(requested)
+                    .is_some_and(|rest| rest.starts_with('_'))
+        })
+}
+
+unsafe fn redirect(result: CUresult, symbol: *const c_char, pfn: *mut *mut c_void) {
+    if result != CUDA_SUCCESS || pfn.is_null() || (*pfn).is_null() {
+        return;
+    }
+    let real = *pfn;
+    *pfn = cuda_wrapper_for_real_pointer(real);
+    if *pfn == real && !symbol.is_null() && state::slice_config().is_some() {
+        report_unmapped(CStr::from_ptr(symbol), real);
+    }
+}
+
+#[cold]
+fn report_unmapped(symbol: &CStr, pointer: *mut c_void) {
+    // A driver whose own references to its exports are not bound at link time hands out
+    // whatever the dynamic linker resolved them to: our export, i.e. already the wrapper.
+    if HOOKS.iter().any(|h| std::ptr::eq(h.wrapper, pointer)) {
+        return;
+    }
+    let name = symbol.to_string_lossy();
+    if is_hooked_family(&name, HOOKS.iter().map(|h| h.name))
+        && !UNMAPPED_REPORTED.swap(true, Ordering::Relaxed)
+    {
+        crate::log_error!(
+            "cuGetProcAddress(\"{name}\") returned a driver function that is not its exported \
+             symbol: calls through it are NOT limited by the slice (please report this driver)"
+        );
     }
 }
 
@@ -26,7 +71,7 @@ pub unsafe fn get_proc_address(
     flags: cuuint64_t,
 ) -> CUresult {
     let result = real(symbol, pfn, cuda_version, flags);
-    redirect(result, pfn);
+    redirect(result, symbol, pfn);
     result
 }
 
@@ -39,6 +84,35 @@ pub unsafe fn get_proc_address_v2(
     symbol_status: *mut c_int,
 ) -> CUresult {
     let result = real(symbol, pfn, cuda_version, flags, symbol_status);
-    redirect(result, pfn);
+    redirect(result, symbol, pfn);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_hooked_family;
+
+    const HOOKED: [&str; 4] = [
+        "cuMemAlloc_v2",
+        "cuLaunchKernel",
+        "cuLaunchKernel_ptsz",
+        "cuGetProcAddress_v2",
+    ];
+
+    #[test]
+    fn families_match_abi_and_stream_variants_only() {
+        assert!(is_hooked_family("cuMemAlloc", HOOKED));
+        assert!(is_hooked_family("cuLaunchKernel", HOOKED));
+        assert!(is_hooked_family("cuGetProcAddress", HOOKED));
+        assert!(
+            !is_hooked_family("cuMemAllocHost", HOOKED),
+            "a longer name is another family"
+        );
+        assert!(!is_hooked_family("cuLaunchKernelEx", HOOKED));
+        assert!(!is_hooked_family("cuDriverGetVersion", HOOKED));
+        assert!(
+            !is_hooked_family("", HOOKED),
+            "the runtime's empty-name probe"
+        );
+    }
 }

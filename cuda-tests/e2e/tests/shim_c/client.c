@@ -136,6 +136,17 @@ int main(int argc, char **argv) {
         printf("missing rc=%d p=%p status=%d\n", rc, missing, status);
         return 0;
     }
+    if (!strcmp(mode, "procaddr-legacy")) {
+        /* Below 3020 the driver answers "cuMemAlloc" with the legacy 32-bit ABI, a function
+         * the shim does not hook: a pointer it cannot map to a wrapper. */
+        gpa2_fn gpa = (gpa2_fn)dlsym(cuda, "cuGetProcAddress_v2");
+        void *p = 0;
+        int status = -7;
+        int rc = gpa("cuMemAlloc", &p, 3010, 0, &status);
+        printf("legacy rc=%d status=%d\n", rc, status);
+        where("cuMemAlloc@3010", p);
+        return 0;
+    }
     printf("unknown mode %s\n", mode);
     return 2;
 }
