@@ -233,8 +233,8 @@ pub unsafe fn mem_alloc_from_pool_async(
     })
 }
 
-pub unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
-    let result = real(pool);
+/// After the driver shrank or destroyed `pool`: charge what it holds now.
+fn reread_pool_after(result: CUresult, pool: CUmemoryPool) -> CUresult {
     if result == CUDA_SUCCESS {
         if let Some(process) = process() {
             let device = lock(&process.ledger.pools).device_of(pool as u64);
@@ -246,21 +246,16 @@ pub unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) 
     result
 }
 
+pub unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
+    reread_pool_after(real(pool), pool)
+}
+
 pub unsafe fn mem_pool_trim_to(
     real: sig::cuMemPoolTrimTo,
     pool: CUmemoryPool,
     keep: usize,
 ) -> CUresult {
-    let result = real(pool, keep);
-    if result == CUDA_SUCCESS {
-        if let Some(process) = process() {
-            let device = lock(&process.ledger.pools).device_of(pool as u64);
-            if let Some(device) = device {
-                reread_pool(process, pool as u64, device);
-            }
-        }
-    }
-    result
+    reread_pool_after(real(pool, keep), pool)
 }
 
 // ---------------------------------------------------------------- VMM
