@@ -8,6 +8,10 @@ use gpuslice_common::region::{Liveness, Region, RegionSnapshot};
 
 use crate::error::{CliError, CliResult};
 
+/// A published utilisation older than this is left out: the throttle's leader publishes
+/// every 50 ms while the slice runs, so an older figure describes a slice that has stopped.
+pub const UTILIZATION_FRESH_NS: u64 = 2_000_000_000;
+
 /// One device entry of the slice.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceView {
@@ -18,7 +22,8 @@ pub struct DeviceView {
     pub used: u64,
     /// Target compute share in percent; `None` = not throttled.
     pub compute_percent: Option<u32>,
-    /// Measured utilisation in percent, when the region records it.
+    /// The slice's measured utilisation in percent, as the compute throttle last published
+    /// it; `None` when never measured or older than [`UTILIZATION_FRESH_NS`].
     pub utilization: Option<f64>,
 }
 
@@ -89,11 +94,23 @@ fn snapshot(path: &Path) -> CliResult<View> {
             path.display()
         ))
     })?;
-    Ok(from_snapshot(&region.snapshot()))
+    Ok(from_snapshot(&region.snapshot(), monotonic_now_ns()))
 }
 
-/// The display view of a region snapshot.
-pub fn from_snapshot(snapshot: &RegionSnapshot) -> View {
+/// CLOCK_MONOTONIC, the clock the shim stamps its measurements with (shared by every
+/// container of the host).
+fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The display view of a region snapshot taken at `now_ns` (CLOCK_MONOTONIC).
+pub fn from_snapshot(snapshot: &RegionSnapshot, now_ns: u64) -> View {
     let devices = snapshot
         .devices
         .iter()
@@ -103,8 +120,10 @@ pub fn from_snapshot(snapshot: &RegionSnapshot) -> View {
             limit: d.memory_limit,
             used: d.used_bytes,
             compute_percent: d.compute_percent.filter(|p| *p < 100),
-            // The region has no measured utilisation yet (the throttle's words will carry it).
-            utilization: None,
+            utilization: d
+                .measured_utilization
+                .filter(|m| now_ns.saturating_sub(m.at_ns) <= UTILIZATION_FRESH_NS)
+                .map(|m| f64::from(m.basis_points) / 100.0),
         })
         .collect();
     let processes = snapshot
@@ -133,7 +152,44 @@ pub fn from_snapshot(snapshot: &RegionSnapshot) -> View {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuslice_common::region::{DeviceId, DeviceLimits, ProcessIdentity};
+    use gpuslice_common::region::{
+        DeviceId, DeviceLimits, DeviceSnapshot, MeasuredUtilization, ProcessIdentity,
+    };
+
+    #[test]
+    fn a_measured_utilisation_is_shown_while_fresh_only() {
+        let at_ns = 5_000_000_000;
+        let snapshot = RegionSnapshot {
+            generation: 1,
+            devices: vec![DeviceSnapshot {
+                id: DeviceId::from_index(0).unwrap(),
+                uuid: "GPU-x".into(),
+                memory_limit: None,
+                compute_percent: Some(25),
+                used_bytes: 0,
+                measured_utilization: Some(MeasuredUtilization {
+                    basis_points: 2_475,
+                    at_ns,
+                }),
+            }],
+            processes: vec![],
+        };
+        let fresh = from_snapshot(&snapshot, at_ns + UTILIZATION_FRESH_NS);
+        assert_eq!(fresh.devices[0].utilization, Some(24.75));
+        let stale = from_snapshot(&snapshot, at_ns + UTILIZATION_FRESH_NS + 1);
+        assert_eq!(
+            stale.devices[0].utilization, None,
+            "a stopped slice shows none"
+        );
+        let never = RegionSnapshot {
+            devices: vec![DeviceSnapshot {
+                measured_utilization: None,
+                ..snapshot.devices[0].clone()
+            }],
+            ..snapshot
+        };
+        assert_eq!(from_snapshot(&never, at_ns).devices[0].utilization, None);
+    }
 
     /// Builds a region with the shim's own API (one device, this process holding 256 MiB) and
     /// reads it back. Runs on a helper thread with a deadline: a region lock that is never

@@ -83,7 +83,12 @@ pub struct DeviceEntry {
     /// 1..=100; 0 = not throttled.
     pub compute_percent: AtomicU32,
     _flags: AtomicU32,
-    _reserved0: [AtomicU64; 6],
+    /// The slice's utilisation of this device as the compute throttle last measured it, in
+    /// basis points plus one (0 = never measured), and when (CLOCK_MONOTONIC ns). Written by
+    /// the throttle's leader each tick; read by `gpuslice status`.
+    pub measured_utilization: AtomicU64,
+    pub measured_at_ns: AtomicU64,
+    _reserved0: [AtomicU64; 4],
     /// Container-wide bytes reserved on this device (sum of the slots' `used`, plus drift).
     pub used_bytes: AtomicU64,
     _reserved1: [AtomicU64; 7],

@@ -410,6 +410,19 @@ pub struct DeviceSnapshot {
     pub memory_limit: Option<u64>,
     pub compute_percent: Option<u32>,
     pub used_bytes: u64,
+    /// The slice's last measured utilisation of the device, if the compute throttle has
+    /// published one.
+    pub measured_utilization: Option<MeasuredUtilization>,
+}
+
+/// A utilisation the compute throttle measured (`Region::publish_utilization`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeasuredUtilization {
+    /// Percent x 100 (2500 = 25 %).
+    pub basis_points: u32,
+    /// When it was measured, CLOCK_MONOTONIC nanoseconds (the same clock in every container
+    /// of the host), so readers can tell a live figure from one left by an idle slice.
+    pub at_ns: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -835,6 +848,17 @@ impl Region {
     }
 
     /// The words reserved for the compute throttle of `device`.
+    /// Records the slice's measured utilisation of `device` (`basis_points` = percent x 100)
+    /// at `at_ns` (CLOCK_MONOTONIC), for `gpuslice status`.
+    pub fn publish_utilization(&self, device: DeviceId, basis_points: u32, at_ns: u64) {
+        let entry = &self.map.layout().devices[device.index()];
+        // Time first: a reader that sees the new figure also sees a time at least as new.
+        entry.measured_at_ns.store(at_ns, Ordering::Relaxed);
+        entry
+            .measured_utilization
+            .store(u64::from(basis_points) + 1, Ordering::Release);
+    }
+
     pub fn throttle_words(&self, device: DeviceId) -> &[AtomicU64; THROTTLE_WORDS] {
         &self.map.layout().devices[device.index()].throttle
     }
@@ -1220,6 +1244,13 @@ fn snapshot(map: &Mapping, probe: Option<&OwnedFd>) -> RegionSnapshot {
                 memory_limit: limit_option(entry.memory_limit.load(Ordering::Relaxed)),
                 compute_percent: percent_option(entry.compute_percent.load(Ordering::Relaxed)),
                 used_bytes: entry.used_bytes.load(Ordering::Relaxed),
+                measured_utilization: match entry.measured_utilization.load(Ordering::Acquire) {
+                    0 => None,
+                    stored => Some(MeasuredUtilization {
+                        basis_points: u32::try_from(stored - 1).unwrap_or(u32::MAX),
+                        at_ns: entry.measured_at_ns.load(Ordering::Relaxed),
+                    }),
+                },
             })
         })
         .collect();

@@ -506,6 +506,12 @@ fn snapshot_reports_processes_and_devices() {
     region.context_destroyed(slot, device);
     region.set_host_pid(slot, 777_777);
     let view = Region::open_existing(&dir.file()).unwrap();
+    assert_eq!(
+        view.snapshot().devices[0].measured_utilization,
+        None,
+        "never measured"
+    );
+    region.publish_utilization(device, 2_475, 123_456_789);
     let snapshot = view.snapshot();
     assert_eq!(
         snapshot.devices,
@@ -515,6 +521,10 @@ fn snapshot_reports_processes_and_devices() {
             memory_limit: Some(100 * MIB),
             compute_percent: None,
             used_bytes: 3 * MIB,
+            measured_utilization: Some(MeasuredUtilization {
+                basis_points: 2_475,
+                at_ns: 123_456_789,
+            }),
         }]
     );
     let process = &snapshot.processes[0];

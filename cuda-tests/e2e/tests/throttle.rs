@@ -448,7 +448,7 @@ fn no_share_is_free_throttled_processes_exit_promptly_and_keep_driver_codes() {
 
 /// The watcher thread's CPU time, from /proc: under 1 % of a core.
 #[test]
-fn the_watcher_thread_uses_under_one_percent_of_a_core() {
+fn the_watcher_uses_under_one_percent_of_a_core_and_status_shows_its_measurement() {
     let gpu = FakeGpu::start("v100");
     let slice = Slice::builder().device(0, "8GiB", Some(25)).build();
     let (client, pid) = start_awaited(
@@ -471,7 +471,30 @@ fn the_watcher_thread_uses_under_one_percent_of_a_core() {
     let (cpu0, t0) = (thread_cpu_ticks(pid, tid), Instant::now());
     std::thread::sleep(Duration::from_secs(3)); // the measurement window
     let (cpu1, t1) = (thread_cpu_ticks(pid, tid), Instant::now());
+
+    // While the slice still runs, `gpuslice status` shows the utilisation the throttle
+    // measured: near the share, and near what the device's own timeline says.
+    let status = std::process::Command::new(cuda_e2e::gpuslice_binary())
+        .args(["status", "--json", "--region"])
+        .arg(slice.region_path())
+        .output()
+        .expect("run gpuslice status");
+    let truth = busy_percent(&gpu, None, now() - 1_000_000_000, 1_000_000_000);
     finish(vec![client]);
+    assert!(status.status.success(), "{status:?}");
+    let view: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status JSON");
+    let shown = view["devices"][0]["utilization"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("status shows no utilisation: {view}"));
+    eprintln!("status: {shown:.1} %, device timeline over the last second: {truth:.1} %");
+    assert!(
+        (shown - 25.0).abs() <= 2.0 * TOLERANCE,
+        "status {shown} vs share 25"
+    );
+    assert!(
+        (shown - truth).abs() <= 2.0 * TOLERANCE,
+        "status {shown} vs truth {truth}"
+    );
     let cpu_s = (cpu1 - cpu0) as f64 / ticks_per_s;
     let percent = cpu_s * 100.0 / (t1 - t0).as_secs_f64();
     eprintln!(

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering};
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::{CUdevice, CUresult};
 use gpuslice_common::config::{ComputePolicy, SliceConfig};
-use gpuslice_common::region::{DeviceLimits, Region, THROTTLE_WORDS};
+use gpuslice_common::region::{DeviceId, DeviceLimits, Region, THROTTLE_WORDS};
 use gpuslice_common::MAX_DEVICES;
 
 use bucket::{Credit, PidTable};
@@ -78,6 +78,9 @@ pub struct DeviceThrottle {
     pub policy: ComputePolicy,
     /// The slice-wide words (in the region, or process-local when there is none).
     pub words: &'static [AtomicU64; THROTTLE_WORDS],
+    /// The region entry the leader publishes its measured utilisation to (for
+    /// `gpuslice status`); `None` without a usable region.
+    pub region_entry: Option<(&'static Region, DeviceId)>,
     pub credit: Credit,
     /// Local copies refreshed by the watcher, so launches read no shared cache line.
     pub cost: AtomicU64,
@@ -249,7 +252,7 @@ fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottl
     let uuid = crate::devices::cuda_device_uuid(ordinal);
     let limit = config.limit_for(ordinal as u32, &uuid)?;
     let percent = limit.compute_percent.filter(|p| (1..=99).contains(p))?;
-    let words = shared_words(config, &uuid, limit.memory_limit, percent);
+    let (words, region_entry) = shared_words(config, &uuid, limit.memory_limit, percent);
     crate::log_info!(
         "compute share {percent}% ({}) on device {ordinal} {uuid}",
         config.policy
@@ -260,6 +263,7 @@ fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottl
         share: f64::from(percent) / 100.0,
         policy: config.policy,
         words,
+        region_entry,
         credit: Credit::new(),
         cost: AtomicU64::new(controller::INITIAL_COST_NS as u64),
         bypass: AtomicBool::new(false),
@@ -277,9 +281,10 @@ fn shared_words(
     uuid: &str,
     memory_limit: Option<u64>,
     percent: u32,
-) -> &'static [AtomicU64; THROTTLE_WORDS] {
-    let local = || -> &'static [AtomicU64; THROTTLE_WORDS] {
-        Box::leak(Box::new([const { AtomicU64::new(0) }; THROTTLE_WORDS]))
+) -> (&'static [AtomicU64; THROTTLE_WORDS], Option<(&'static Region, DeviceId)>) {
+    let local = || -> (&'static [AtomicU64; THROTTLE_WORDS], _) {
+        let words = Box::leak(Box::new([const { AtomicU64::new(0) }; THROTTLE_WORDS]));
+        (&*words, None)
     };
     let Some(region) = region(config) else {
         return local();
@@ -291,14 +296,17 @@ fn shared_words(
         .iter()
         .find(|d| d.uuid.eq_ignore_ascii_case(uuid))
     {
-        return region.throttle_words(entry.id);
+        return (region.throttle_words(entry.id), Some((region, entry.id)));
     }
     match region.bind_devices(&[DeviceLimits {
         uuid: uuid.to_string(),
         memory_limit,
         compute_percent: Some(percent),
     }]) {
-        Ok(binding) => region.throttle_words(binding.ids[0]),
+        Ok(binding) => (
+            region.throttle_words(binding.ids[0]),
+            Some((region, binding.ids[0])),
+        ),
         Err(error) => {
             crate::log_error!("{error}; compute share enforced per process only");
             local()

@@ -285,6 +285,10 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
             super::TOLERANCE_NS,
         );
     }
+    if let Some((region, entry)) = device.region_entry {
+        let basis_points = (slice_busy as f64 / busy.span_ns as f64 * 10_000.0).round();
+        region.publish_utilization(entry, basis_points.min(10_000.0) as u32, now_ns());
+    }
     crate::log_debug!(
         "device {}: U={:.3} S={:.2} D={:.3} launches={launches} waited={waited} c={:.3} cost={}ns bypass={}",
         device.ordinal,
