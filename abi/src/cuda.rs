@@ -22,79 +22,58 @@ pub type CUmemoryPool = *mut c_void;
 pub type CUarray = *mut c_void;
 pub type CUmipmappedArray = *mut c_void;
 
-/// Result codes (`cudaError_enum`).
+/// Result codes (`cudaError_enum`), each declared once: the constant and its
+/// `cuGetErrorName` spelling come from the same line.
 pub mod result {
     use super::CUresult;
-    pub const CUDA_SUCCESS: CUresult = 0;
-    pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
-    pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
-    pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
-    pub const CUDA_ERROR_DEINITIALIZED: CUresult = 4;
-    pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
-    pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
-    pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
-    pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
-    pub const CUDA_ERROR_ALREADY_MAPPED: CUresult = 208;
-    pub const CUDA_ERROR_ALREADY_ACQUIRED: CUresult = 210;
-    pub const CUDA_ERROR_NOT_MAPPED: CUresult = 211;
-    pub const CUDA_ERROR_CONTEXT_ALREADY_IN_USE: CUresult = 216;
-    pub const CUDA_ERROR_INVALID_SOURCE: CUresult = 300;
-    pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
-    pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
-    pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
-    pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
-    pub const CUDA_ERROR_NOT_READY: CUresult = 600;
-    pub const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
-    pub const CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: CUresult = 708;
-    pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: CUresult = 709;
-    pub const CUDA_ERROR_LAUNCH_FAILED: CUresult = 719;
-    pub const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
-    pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
-    pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
-    pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
-    pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
-    pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
-    pub const CUDA_ERROR_STREAM_CAPTURE_UNJOINED: CUresult = 904;
-    pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: CUresult = 908;
-    pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
-    /// `cuGetErrorName` spelling of a code, `None` for codes this crate does not know.
-    pub fn name(code: CUresult) -> Option<&'static str> {
-        Some(match code {
-            CUDA_SUCCESS => "CUDA_SUCCESS",
-            CUDA_ERROR_INVALID_VALUE => "CUDA_ERROR_INVALID_VALUE",
-            CUDA_ERROR_OUT_OF_MEMORY => "CUDA_ERROR_OUT_OF_MEMORY",
-            CUDA_ERROR_NOT_INITIALIZED => "CUDA_ERROR_NOT_INITIALIZED",
-            CUDA_ERROR_DEINITIALIZED => "CUDA_ERROR_DEINITIALIZED",
-            CUDA_ERROR_NO_DEVICE => "CUDA_ERROR_NO_DEVICE",
-            CUDA_ERROR_INVALID_DEVICE => "CUDA_ERROR_INVALID_DEVICE",
-            CUDA_ERROR_INVALID_IMAGE => "CUDA_ERROR_INVALID_IMAGE",
-            CUDA_ERROR_INVALID_CONTEXT => "CUDA_ERROR_INVALID_CONTEXT",
-            CUDA_ERROR_ALREADY_MAPPED => "CUDA_ERROR_ALREADY_MAPPED",
-            CUDA_ERROR_ALREADY_ACQUIRED => "CUDA_ERROR_ALREADY_ACQUIRED",
-            CUDA_ERROR_NOT_MAPPED => "CUDA_ERROR_NOT_MAPPED",
-            CUDA_ERROR_CONTEXT_ALREADY_IN_USE => "CUDA_ERROR_CONTEXT_ALREADY_IN_USE",
-            CUDA_ERROR_INVALID_SOURCE => "CUDA_ERROR_INVALID_SOURCE",
-            CUDA_ERROR_FILE_NOT_FOUND => "CUDA_ERROR_FILE_NOT_FOUND",
-            CUDA_ERROR_INVALID_HANDLE => "CUDA_ERROR_INVALID_HANDLE",
-            CUDA_ERROR_ILLEGAL_STATE => "CUDA_ERROR_ILLEGAL_STATE",
-            CUDA_ERROR_NOT_FOUND => "CUDA_ERROR_NOT_FOUND",
-            CUDA_ERROR_NOT_READY => "CUDA_ERROR_NOT_READY",
-            CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES => "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
-            CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE => "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE",
-            CUDA_ERROR_CONTEXT_IS_DESTROYED => "CUDA_ERROR_CONTEXT_IS_DESTROYED",
-            CUDA_ERROR_LAUNCH_FAILED => "CUDA_ERROR_LAUNCH_FAILED",
-            CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE => "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
-            CUDA_ERROR_NOT_PERMITTED => "CUDA_ERROR_NOT_PERMITTED",
-            CUDA_ERROR_NOT_SUPPORTED => "CUDA_ERROR_NOT_SUPPORTED",
-            CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
-            CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
-            CUDA_ERROR_STREAM_CAPTURE_UNMATCHED => "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED",
-            CUDA_ERROR_STREAM_CAPTURE_UNJOINED => "CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
-            CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
-            CUDA_ERROR_UNKNOWN => "CUDA_ERROR_UNKNOWN",
-            _ => return None,
-        })
+    macro_rules! result_codes {
+        ($($name:ident = $value:literal,)*) => {
+            $(pub const $name: CUresult = $value;)*
+
+            /// `cuGetErrorName` spelling of a code, `None` for codes this crate does not know.
+            pub fn name(code: CUresult) -> Option<&'static str> {
+                match code {
+                    $($name => Some(stringify!($name)),)*
+                    _ => None,
+                }
+            }
+        };
+    }
+
+    result_codes! {
+        CUDA_SUCCESS = 0,
+        CUDA_ERROR_INVALID_VALUE = 1,
+        CUDA_ERROR_OUT_OF_MEMORY = 2,
+        CUDA_ERROR_NOT_INITIALIZED = 3,
+        CUDA_ERROR_DEINITIALIZED = 4,
+        CUDA_ERROR_NO_DEVICE = 100,
+        CUDA_ERROR_INVALID_DEVICE = 101,
+        CUDA_ERROR_INVALID_IMAGE = 200,
+        CUDA_ERROR_INVALID_CONTEXT = 201,
+        CUDA_ERROR_ALREADY_MAPPED = 208,
+        CUDA_ERROR_ALREADY_ACQUIRED = 210,
+        CUDA_ERROR_NOT_MAPPED = 211,
+        CUDA_ERROR_CONTEXT_ALREADY_IN_USE = 216,
+        CUDA_ERROR_INVALID_SOURCE = 300,
+        CUDA_ERROR_FILE_NOT_FOUND = 301,
+        CUDA_ERROR_INVALID_HANDLE = 400,
+        CUDA_ERROR_ILLEGAL_STATE = 401,
+        CUDA_ERROR_NOT_FOUND = 500,
+        CUDA_ERROR_NOT_READY = 600,
+        CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+        CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE = 708,
+        CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
+        CUDA_ERROR_LAUNCH_FAILED = 719,
+        CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720,
+        CUDA_ERROR_NOT_PERMITTED = 800,
+        CUDA_ERROR_NOT_SUPPORTED = 801,
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+        CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+        CUDA_ERROR_STREAM_CAPTURE_UNMATCHED = 903,
+        CUDA_ERROR_STREAM_CAPTURE_UNJOINED = 904,
+        CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
+        CUDA_ERROR_UNKNOWN = 999,
     }
 }
 

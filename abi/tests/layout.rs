@@ -286,3 +286,16 @@ fn cuda_fake_additions_match_bindgen() {
         cu::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32
     );
 }
+
+#[test]
+fn error_names_are_the_constants_own_spelling() {
+    assert_eq!(
+        result::name(result::CUDA_ERROR_OUT_OF_MEMORY),
+        Some("CUDA_ERROR_OUT_OF_MEMORY")
+    );
+    assert_eq!(
+        result::name(cu::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED as u32),
+        Some(format!("{:?}", cu::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED).as_str())
+    );
+    assert_eq!(result::name(123_456), None, "an unknown code has no name");
+}
