@@ -281,7 +281,10 @@ fn shared_words(
     uuid: &str,
     memory_limit: Option<u64>,
     percent: u32,
-) -> (&'static [AtomicU64; THROTTLE_WORDS], Option<(&'static Region, DeviceId)>) {
+) -> (
+    &'static [AtomicU64; THROTTLE_WORDS],
+    Option<(&'static Region, DeviceId)>,
+) {
     let local = || -> (&'static [AtomicU64; THROTTLE_WORDS], _) {
         let words = Box::leak(Box::new([const { AtomicU64::new(0) }; THROTTLE_WORDS]));
         (&*words, None)
