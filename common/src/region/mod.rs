@@ -814,6 +814,24 @@ impl Region {
         Ok(())
     }
 
+    /// Adds `bytes` on `device` for `slot` even past the limit: for memory the driver already
+    /// holds and could not be made to give back, so the total matches the card and later
+    /// reservations are refused. Lock-free.
+    #[inline]
+    pub fn reserve_past_limit(&self, slot: SlotId, device: DeviceId, bytes: u64) {
+        let layout = self.map.layout();
+        let _ = layout.devices[device.index()].used_bytes.fetch_update(
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+            |used| Some(used.saturating_add(bytes)),
+        );
+        let _ = layout.slots[slot.index()].used[device.index()].fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |used| Some(used.saturating_add(bytes)),
+        );
+    }
+
     /// Returns up to `bytes` of `slot`'s reservation on `device` (never below zero) and gives
     /// the same amount back to the device total. Returns the bytes actually released.
     #[inline]

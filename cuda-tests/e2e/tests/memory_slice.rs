@@ -392,3 +392,77 @@ fn a_process_sigkilled_while_holding_the_registration_lock_blocks_nobody() {
         "nothing charged for the dead registrant"
     );
 }
+
+/// Contexts of 700 MiB: more than the shim's default 512 MiB bound for a first context.
+fn big_context_env(slice: &Slice, gpu: &FakeGpu) -> cuda_e2e::Env {
+    let mut env = slice.env(gpu);
+    env.push(("FAKEGPU_CTX_OVERHEAD".into(), (700 * MIB).to_string()));
+    env
+}
+
+#[test]
+fn a_context_bigger_than_the_bound_that_does_not_fit_is_undone_and_refused() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = big_context_env(&slice, &gpu);
+    let holder = Client::spawn(ClientKind::Linked, &["hold", "700MiB"], &env);
+    assert_eq!(holder.first["result"], "CUDA_SUCCESS", "{}", holder.first);
+    let held = 2 * 700 * MIB;
+    assert_eq!(gpu.truth().used_memory(0), held);
+    // 648 MiB left: the 512 MiB bound fits, the real 700 MiB context does not. The context is
+    // undone and refused, and stays refused while the process lives on.
+    let refused = Client::spawn(ClientKind::Cudarc, &["hold", "64MiB"], &env);
+    assert_eq!(
+        refused.first["error"], "CUDA_ERROR_OUT_OF_MEMORY",
+        "{}",
+        refused.first
+    );
+    assert_eq!(refused.first["failed_step"], "context", "{}", refused.first);
+    assert!(gpu.truth().used_memory(0) <= 2 * GIB);
+    assert_eq!(gpu.truth().used_memory(0), held, "nothing of it is left");
+    assert_eq!(region_used(&slice), held, "nothing of it is charged");
+    refused.release();
+    for kind in ClientKind::ALL {
+        let out = Client::run(kind, &["meminfo"], &env);
+        assert_eq!(out["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{kind:?}: {out}");
+        assert_eq!(out["failed_step"], "context", "{kind:?}: {out}");
+        assert!(gpu.truth().used_memory(0) <= 2 * GIB);
+    }
+    assert_eq!(gpu.truth().used_memory(0), held);
+    holder.release();
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+#[test]
+fn a_context_bigger_than_the_bound_that_fits_is_charged_what_it_costs() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = big_context_env(&slice, &gpu);
+    let out = Client::run(ClientKind::Linked, &["meminfo"], &env);
+    assert_eq!(out["free"], 2 * GIB - 700 * MIB, "{out}");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let peak = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(gpu.truth().used_memory(0));
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            peak
+        });
+        for kind in ClientKind::ALL {
+            let out = Client::run(kind, &["alloc-until-oom", "64MiB"], &env);
+            assert_eq!(out["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{kind:?}: {out}");
+            // 2048 - 700 = 1348 MiB: twenty-one 64 MiB chunks fit, the twenty-second does not.
+            assert_eq!(out["count"], 21, "{kind:?}: {out}");
+            assert_eq!(out["mem_free_at_oom"], 4 * MIB, "{kind:?}: {out}");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        sampler.join().unwrap()
+    });
+    assert!(peak <= 2 * GIB, "physical peak {peak} past the cap");
+    assert!(
+        peak >= 2 * GIB - 4 * MIB,
+        "the sampler saw the slice full: {peak}"
+    );
+}

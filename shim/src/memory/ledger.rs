@@ -8,7 +8,9 @@
 //! 2. the driver allocates;
 //! 3. on failure the reservation is refunded; on success it is recorded under the object
 //!    (the per-process [`ObjectTable`]) and, where the driver decides the real size (pitch,
-//!    pools, contexts), [`Ledger::settle`] corrects the upper bound to the real figure.
+//!    pools, contexts), [`Ledger::settle`] corrects the upper bound to the real figure; for
+//!    pitch and contexts [`Ledger::settle_or_undo`] gives the object back to the driver when
+//!    the real figure does not fit.
 //!
 //! Sizes: every allocation is charged rounded up to [`GRANULARITY`] (2 MiB, what
 //! `cuMemGetAllocationGranularity` reports and what the device really maps). Real drivers
@@ -47,8 +49,23 @@ pub trait Budget {
     fn reserve(&self, device: u8, bytes: u64) -> Result<(), OutOfMemory>;
     /// Gives `bytes` back on `device`.
     fn release(&self, device: u8, bytes: u64);
+    /// Adds `bytes` on `device` even past the limit (memory the driver holds regardless).
+    fn reserve_past_limit(&self, device: u8, bytes: u64);
     /// Frees the slots of dead processes (their memory is gone with them).
     fn reap_dead(&self);
+}
+
+/// How [`Ledger::settle_or_undo`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The object stays, charged its real size.
+    Charged,
+    /// The real size did not fit: the object was undone and nothing stays reserved; the
+    /// caller answers `CUDA_ERROR_OUT_OF_MEMORY`.
+    Undone,
+    /// The real size did not fit and the undo failed: the object stays, charged its real
+    /// size past the limit (the ledger matches what the driver holds; the caller logs it).
+    PastLimit,
 }
 
 /// Primary-context bookkeeping of one device ordinal.
@@ -122,6 +139,31 @@ impl<B: Budget> Ledger<B> {
         }
     }
 
+    /// Settles an object created under a reservation of `reserved` bytes that really costs
+    /// `actual`. When the cap refuses the difference, `undo` gives the object back to the
+    /// driver (true = done) and the reservation is refunded; if the undo fails, the excess is
+    /// charged past the limit. The reservation is held until the undo is over, so no one else
+    /// can take its room in the meantime.
+    pub fn settle_or_undo(
+        &self,
+        device: u8,
+        reserved: u64,
+        actual: u64,
+        undo: impl FnOnce() -> bool,
+    ) -> Settled {
+        if self.settle(device, reserved, actual).is_ok() {
+            return Settled::Charged;
+        }
+        if undo() {
+            self.refund(device, reserved);
+            Settled::Undone
+        } else {
+            self.budget
+                .reserve_past_limit(device, actual.saturating_sub(reserved));
+            Settled::PastLimit
+        }
+    }
+
     /// Records a charged object. An entry still under the same key is kept: its free is in
     /// flight and will take it (see `objects`, "Address reuse").
     pub fn track(&self, kind: ObjectKind, key: u64, charged: Charged) {
@@ -187,6 +229,9 @@ pub mod tests {
         fn release(&self, device: u8, bytes: u64) {
             self.used[device as usize].fetch_sub(bytes, Ordering::SeqCst);
         }
+        fn reserve_past_limit(&self, device: u8, bytes: u64) {
+            self.used[device as usize].fetch_add(bytes, Ordering::SeqCst);
+        }
         fn reap_dead(&self) {
             self.reaps.fetch_add(1, Ordering::SeqCst);
             let freed = self.freed_by_reap.swap(0, Ordering::SeqCst);
@@ -238,6 +283,43 @@ pub mod tests {
         ledger.settle(0, 4 * MIB, 8 * MIB).unwrap();
         assert_eq!(ledger.budget.used(0), 8 * MIB);
         assert_eq!(ledger.settle(0, 8 * MIB, 12 * MIB), Err(OutOfMemory));
+    }
+
+    #[test]
+    fn a_real_size_past_the_cap_is_undone_or_else_charged_past_the_limit() {
+        let ledger = Ledger::new(CounterBudget::new(10 * MIB));
+        // Fits: charged the real size, the object is not touched.
+        ledger.charge(0, 4 * MIB).unwrap();
+        let settled = ledger.settle_or_undo(0, 4 * MIB, 6 * MIB, || panic!("no undo"));
+        assert_eq!(settled, Settled::Charged);
+        assert_eq!(ledger.budget.used(0), 6 * MIB);
+        // Smaller than the bound: the difference goes back.
+        ledger.charge(0, 4 * MIB).unwrap();
+        let settled = ledger.settle_or_undo(0, 4 * MIB, 2 * MIB, || panic!("no undo"));
+        assert_eq!(settled, Settled::Charged);
+        assert_eq!(ledger.budget.used(0), 8 * MIB);
+        // Past the cap: undone, with the reservation held until the undo is over, then
+        // refunded; the cap's reap was tried first.
+        ledger.charge(0, 2 * MIB).unwrap();
+        let reaps = ledger.budget.reaps.load(Ordering::SeqCst);
+        let settled = ledger.settle_or_undo(0, 2 * MIB, 4 * MIB, || {
+            assert_eq!(
+                ledger.budget.used(0),
+                10 * MIB,
+                "still reserved during the undo"
+            );
+            true
+        });
+        assert_eq!(settled, Settled::Undone);
+        assert_eq!(ledger.budget.reaps.load(Ordering::SeqCst), reaps + 1);
+        assert_eq!(ledger.budget.used(0), 8 * MIB, "nothing stays reserved");
+        // The undo fails: the ledger matches what the driver holds, past the cap, and the
+        // next reservation is refused.
+        ledger.charge(0, 2 * MIB).unwrap();
+        let settled = ledger.settle_or_undo(0, 2 * MIB, 6 * MIB, || false);
+        assert_eq!(settled, Settled::PastLimit);
+        assert_eq!(ledger.budget.used(0), 14 * MIB);
+        assert_eq!(ledger.charge(0, 2 * MIB), Err(OutOfMemory));
     }
 
     #[test]

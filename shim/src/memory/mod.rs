@@ -121,6 +121,10 @@ impl Budget for RegionBudget {
     fn release(&self, device: u8, bytes: u64) {
         self.region.release(self.slot, device_id(device), bytes);
     }
+    fn reserve_past_limit(&self, device: u8, bytes: u64) {
+        self.region
+            .reserve_past_limit(self.slot, device_id(device), bytes);
+    }
     fn reap_dead(&self) {
         // A dead process's budget returns only once the driver has freed its memory.
         let report = match shared() {

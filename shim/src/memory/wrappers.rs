@@ -14,7 +14,7 @@ use gpuslice_abi::nvml::*;
 use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_TIMEOUT};
 
 use super::host_pid::{self, ListedProcess};
-use super::ledger::{charge_size, lock, pitch_upper_bound, PrimaryContext};
+use super::ledger::{charge_size, lock, pitch_upper_bound, PrimaryContext, Settled};
 use super::objects::{Charged, ObjectKind};
 use super::pools::Settle;
 use super::{
@@ -58,8 +58,22 @@ pub unsafe fn mem_alloc_pitch(
         return result;
     }
     let actual = charge_size((*pitch as u64).saturating_mul(height as u64));
-    if process.ledger.settle(device, bound, actual).is_err() {
-        crate::log_error!("pitch allocation spent {actual} bytes, above the slice's limit");
+    let allocated = *dptr;
+    let settled = process.ledger.settle_or_undo(device, bound, actual, || {
+        // SAFETY: `allocated` is the allocation the driver just made, not yet handed out.
+        real::cuMemFree_v2().is_some_and(|free| unsafe { free(allocated) } == CUDA_SUCCESS)
+    });
+    match settled {
+        Settled::Charged => {}
+        Settled::Undone => {
+            // What the driver leaves behind on failure.
+            *dptr = 0;
+            *pitch = 0;
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        Settled::PastLimit => crate::log_error!(
+            "pitch allocation spent {actual} bytes, past the slice's limit, and could not be freed; charged in full"
+        ),
     }
     process.ledger.track(
         ObjectKind::Pointer,
@@ -325,12 +339,15 @@ pub unsafe fn mem_retain_allocation_handle(
 /// Creates a context on `ordinal` (the caller holds the primaries lock, which serialises
 /// context creation in this process): reserves the context cost, calls the driver, and on
 /// the first context of the process on the device measures the real cost and our host PID
-/// from NVML. Returns the driver's result and what stays charged.
+/// from NVML. When that real cost does not fit in the slice, `undo` gives the new context back
+/// to the real driver (true = done) and the answer is `CUDA_ERROR_OUT_OF_MEMORY` with nothing
+/// charged. Returns the driver's result and what stays charged.
 fn create_context(
     process: &Process,
     shared: &Shared,
     ordinal: CUdevice,
     call: impl FnOnce() -> CUresult,
+    undo: impl FnOnce() -> bool,
 ) -> (CUresult, Option<(u8, u64)>) {
     let device = match cuda_binding(shared, ordinal) {
         Ok(Binding::Limited(d)) => d,
@@ -379,8 +396,20 @@ fn create_context(
                     std::sync::atomic::Ordering::Acquire,
                 );
                 let cost = cost_cell.load(std::sync::atomic::Ordering::Acquire);
-                if process.ledger.settle(device, reserved, cost).is_ok() {
-                    charged = cost;
+                match process.ledger.settle_or_undo(device, reserved, cost, undo) {
+                    Settled::Charged => charged = cost,
+                    Settled::Undone => {
+                        crate::log_debug!(
+                            "refusing a context of {cost} bytes on device entry {device}: slice limit reached"
+                        );
+                        return (CUDA_ERROR_OUT_OF_MEMORY, None);
+                    }
+                    Settled::PastLimit => {
+                        crate::log_error!(
+                            "a context of {cost} bytes does not fit in the slice and could not be destroyed; charged in full, past the limit"
+                        );
+                        charged = cost;
+                    }
                 }
             }
         } else {
@@ -438,7 +467,20 @@ unsafe fn ctx_create_with(
         return call();
     };
     let _serialised = lock(&process.ledger.primaries);
-    let (result, charge) = create_context(process, shared, device, call);
+    let undo = || {
+        if pctx.is_null() {
+            return false;
+        }
+        // SAFETY: the context the driver just created (and pushed), not yet handed out; the
+        // real cuCtxDestroy_v2 pops it. On success the out-pointer is cleared as on failure.
+        let destroyed = real::cuCtxDestroy_v2()
+            .is_some_and(|destroy| unsafe { destroy(*pctx) } == CUDA_SUCCESS);
+        if destroyed {
+            *pctx = std::ptr::null_mut();
+        }
+        destroyed
+    };
+    let (result, charge) = create_context(process, shared, device, call, undo);
     if let (Some((device, bytes)), false) = (charge, pctx.is_null()) {
         process.ledger.track(
             ObjectKind::Context,
@@ -521,7 +563,18 @@ pub unsafe fn primary_ctx_retain(
         }
         return result;
     }
-    let (result, charge) = create_context(process, shared, dev, || real(pctx, dev));
+    // The first retain made the primary context: the real release (not our hook, whose
+    // bookkeeping has no entry for it yet) drops it again.
+    let undo = || {
+        // SAFETY: plain by-value call; drops the one reference the retain above took.
+        let released = real::cuDevicePrimaryCtxRelease_v2()
+            .is_some_and(|release| unsafe { release(dev) } == CUDA_SUCCESS);
+        if released && !pctx.is_null() {
+            *pctx = std::ptr::null_mut();
+        }
+        released
+    };
+    let (result, charge) = create_context(process, shared, dev, || real(pctx, dev), undo);
     if result == CUDA_SUCCESS {
         entry.refs = 1;
         entry.charge = charge;
