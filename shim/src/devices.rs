@@ -1,12 +1,19 @@
 //! Which limit applies to which device: by UUID first (stable under `CUDA_VISIBLE_DEVICES`
 //! reordering), then by index, through `SliceConfig::limit_for`. The UUID comes from the real
 //! `cuDeviceGetUuid_v2` (or `cuDeviceGetUuid`) for CUDA devices and `nvmlDeviceGetUUID` for
-//! NVML handles; both spell it `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+//! NVML handles; both spell it `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`. Also the one read
+//! of a device's process list through the REAL NVML (the memory ledger's host-PID discovery
+//! and process lists, the throttle's measurement), never through our filtering wrappers.
 
 use std::ffi::{c_char, c_uint, CStr};
 
 use gpuslice_abi::cuda::{result::CUDA_SUCCESS, CUdevice, CUuuid};
-use gpuslice_abi::nvml::{nvmlDevice_t, ret::NVML_SUCCESS, NVML_DEVICE_UUID_V2_BUFFER_SIZE};
+use gpuslice_abi::nvml::ret::{
+    NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS,
+};
+use gpuslice_abi::nvml::{
+    nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_t, NVML_DEVICE_UUID_V2_BUFFER_SIZE,
+};
 use gpuslice_common::config::SliceConfig;
 
 use crate::registry::real;
@@ -83,6 +90,34 @@ pub(crate) fn nvml_identity(device: nvmlDevice_t) -> (u32, String) {
         unsafe { get_index(device, &mut index) };
     }
     (index, uuid)
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v3` (v2 on older drivers) of the real NVML, growing
+/// the buffer as the INSUFFICIENT_SIZE protocol asks (a few retries: the list can grow between
+/// two calls).
+pub(crate) fn nvml_compute_processes(
+    device: nvmlDevice_t,
+) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t> {
+    let get = real::nvmlDeviceGetComputeRunningProcesses_v3()
+        .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)
+        .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    let mut capacity: c_uint = 64;
+    for _ in 0..4 {
+        let mut buffer = vec![nvmlProcessInfo_t::default(); capacity as usize];
+        let mut count = capacity;
+        // SAFETY: `buffer` holds `count` entries of the v2/v3 layout both functions write;
+        // NVML rejects a handle it did not give out.
+        let result = unsafe { get(device, &mut count, buffer.as_mut_ptr()) };
+        match result {
+            NVML_SUCCESS => {
+                buffer.truncate(count as usize);
+                return Ok(buffer);
+            }
+            NVML_ERROR_INSUFFICIENT_SIZE => capacity = count.max(capacity) + 16,
+            other => return Err(other),
+        }
+    }
+    Err(NVML_ERROR_INSUFFICIENT_SIZE)
 }
 
 #[cfg(test)]

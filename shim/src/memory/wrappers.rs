@@ -713,7 +713,7 @@ fn nvml_lists(shared: &Shared, dead: &DeadSlot) -> Option<bool> {
             continue;
         }
         let uuid = shared.region.device_uuid(DeviceId::from_index(index)?);
-        let list = raw_process_list(nvml_by_uuid(&uuid)?).ok()?;
+        let list = crate::devices::nvml_compute_processes(nvml_by_uuid(&uuid)?).ok()?;
         if list.iter().any(|p| p.pid == dead.host_pid) {
             return Some(true);
         }
@@ -735,7 +735,7 @@ fn nvml_for_cuda(ordinal: CUdevice) -> Option<nvmlDevice_t> {
 
 /// NVML's compute process list of `device` through the real library (v3, else v2).
 fn nvml_processes(device: nvmlDevice_t) -> Vec<ListedProcess> {
-    raw_process_list(device)
+    crate::devices::nvml_compute_processes(device)
         .unwrap_or_default()
         .iter()
         .map(|p| ListedProcess {
@@ -743,28 +743,6 @@ fn nvml_processes(device: nvmlDevice_t) -> Vec<ListedProcess> {
             used: p.usedGpuMemory,
         })
         .collect()
-}
-
-fn raw_process_list(device: nvmlDevice_t) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t> {
-    let get = real::nvmlDeviceGetComputeRunningProcesses_v3()
-        .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)
-        .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-    let mut capacity: c_uint = 64;
-    for _ in 0..4 {
-        let mut buffer = vec![nvmlProcessInfo_t::default(); capacity as usize];
-        let mut count = capacity;
-        // SAFETY: `buffer` holds `count` entries of the v2/v3 layout.
-        let result = unsafe { get(device, &mut count, buffer.as_mut_ptr()) };
-        match result {
-            NVML_SUCCESS => {
-                buffer.truncate(count as usize);
-                return Ok(buffer);
-            }
-            NVML_ERROR_INSUFFICIENT_SIZE => capacity = count.max(capacity) + 16,
-            other => return Err(other),
-        }
-    }
-    Err(NVML_ERROR_INSUFFICIENT_SIZE)
 }
 
 /// The processes of the slice: (NVML's PID, the container's PID) of every live slot.
@@ -788,7 +766,7 @@ fn slice_list(device: nvmlDevice_t) -> Option<Result<Vec<nvmlProcessInfo_t>, nvm
     let Ok(Binding::Limited(entry)) = nvml_binding(shared, device) else {
         return None;
     };
-    let raw = match raw_process_list(device) {
+    let raw = match crate::devices::nvml_compute_processes(device) {
         Ok(raw) => raw,
         Err(code) => return Some(Err(code)),
     };

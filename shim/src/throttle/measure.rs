@@ -14,7 +14,7 @@ use std::ffi::{c_char, c_uint, CString};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use gpuslice_abi::nvml::ret::{NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS};
-use gpuslice_abi::nvml::{nvmlDevice_t, nvmlProcessInfo_t, nvmlProcessUtilizationSample_t};
+use gpuslice_abi::nvml::{nvmlDevice_t, nvmlProcessUtilizationSample_t};
 
 use crate::real::{Library, RealSlot};
 use crate::registry::real;
@@ -76,24 +76,8 @@ pub fn device_handle(uuid: &str, index: u32) -> Option<Handle> {
 
 /// PIDs (as NVML reports them) of the processes holding a context on the device.
 pub fn running_pids(Handle(handle): Handle) -> Option<Vec<u32>> {
-    let list = real::nvmlDeviceGetComputeRunningProcesses_v3()
-        .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)?;
-    let mut capacity: c_uint = 16;
-    for _ in 0..4 {
-        let mut buffer = vec![nvmlProcessInfo_t::default(); capacity as usize];
-        let mut count = capacity;
-        // SAFETY: `buffer` holds `count` entries of the v2/v3 layout both functions write.
-        let code = unsafe { list(handle, &mut count, buffer.as_mut_ptr()) };
-        match code {
-            NVML_SUCCESS => {
-                buffer.truncate(count as usize);
-                return Some(buffer.iter().map(|p| p.pid).collect());
-            }
-            NVML_ERROR_INSUFFICIENT_SIZE => capacity = count.max(capacity) + 8,
-            _ => return None,
-        }
-    }
-    None
+    let list = crate::devices::nvml_compute_processes(handle).ok()?;
+    Some(list.iter().map(|p| p.pid).collect())
 }
 
 /// Busy time per PID since `last_seen_us` (NVML's clock), and the newest timestamp to pass
