@@ -561,19 +561,11 @@ fn region_from_stderr(stderr: &str) -> PathBuf {
     PathBuf::from(rest.split_whitespace().next().unwrap())
 }
 
-#[test]
-fn run_forwards_sigterm_to_the_command() {
+/// `gpuslice run` of a shell `script` under a 1 GiB fake slice, returned once the script has
+/// printed its first line, `ready` (so a signal sent next reaches a running command).
+fn run_until_ready(script: &str) -> Child {
     let mut child = gpuslice()
-        .args([
-            "run",
-            "--fake-gpu",
-            "-m",
-            "1g",
-            "--",
-            "sh",
-            "-c",
-            "trap 'exit 42' TERM; echo ready; while :; do sleep 0.05; done",
-        ])
+        .args(["run", "--fake-gpu", "-m", "1g", "--", "sh", "-c", script])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -583,6 +575,13 @@ fn run_forwards_sigterm_to_the_command() {
         .read_line(&mut line)
         .unwrap();
     assert_eq!(line.trim(), "ready");
+    child
+}
+
+#[test]
+fn run_forwards_sigterm_to_the_command() {
+    let mut child =
+        run_until_ready("trap 'exit 42' TERM; echo ready; while :; do sleep 0.05; done");
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = child.wait().unwrap();
@@ -597,26 +596,7 @@ fn run_forwards_sigterm_to_the_command() {
 /// the forwarded signal: it dies of SIGTERM and `run` exits 128+15.
 #[test]
 fn run_passes_an_unblocked_signal_mask_to_the_command() {
-    let mut child = gpuslice()
-        .args([
-            "run",
-            "--fake-gpu",
-            "-m",
-            "1g",
-            "--",
-            "sh",
-            "-c",
-            "echo ready; exec sleep 30",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
+    let mut child = run_until_ready("echo ready; exec sleep 30");
     let started = Instant::now();
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
