@@ -28,7 +28,7 @@ use std::sync::{Mutex, Once, OnceLock};
 pub const MAX_DEVICES: usize = 8;
 pub const MAX_PROCS: usize = 64;
 const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU1");
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Byte locked (exclusively) while creating the file or changing the slot table.
 const REG_LOCK: i64 = 0;
 /// Slot `i` is alive while someone holds a lock on byte `SLOT_LOCK_BASE + i`.
@@ -57,6 +57,9 @@ struct DeviceRecord {
     cc_major: u32,
     cc_minor: u32,
     used: AtomicU64,
+    /// The most `used` has ever been (the hardware's high-water mark): tests read it instead
+    /// of sampling `used`, which can miss a short-lived peak on a loaded machine.
+    peak_used: AtomicU64,
     busy_until: AtomicU64,
     ring: [AtomicU64; RING],
 }
@@ -449,6 +452,7 @@ impl SharedState {
             rec.cc_major = d.cc_major;
             rec.cc_minor = d.cc_minor;
             *rec.used.get_mut() = 0;
+            *rec.peak_used.get_mut() = 0;
             *rec.busy_until.get_mut() = 0;
         }
         // SAFETY: as above, for the header's plain fields.
@@ -520,6 +524,25 @@ impl SharedState {
             .map(|i| self.slot(i).used[index as usize].load(Ordering::Relaxed))
             .sum();
         r.used.load(Ordering::Acquire).saturating_sub(dead)
+    }
+
+    /// The most physical memory the device has ever held at once since the state file was
+    /// created (or since the last `reset_peak_memory`): exact, unlike sampling `used_memory`.
+    pub fn peak_memory(&self, index: u32) -> u64 {
+        self.dev(index)
+            .map_or(0, |r| r.peak_used.load(Ordering::Acquire))
+    }
+
+    /// Restarts the high-water mark from what the device holds now; returns the old mark.
+    pub fn reset_peak_memory(&self, index: u32) -> u64 {
+        let Some(r) = self.dev(index) else { return 0 };
+        let old = r
+            .peak_used
+            .swap(r.used.load(Ordering::Acquire), Ordering::AcqRel);
+        // A charge that landed between the load and the swap is re-applied.
+        r.peak_used
+            .fetch_max(r.used.load(Ordering::Acquire), Ordering::AcqRel);
+        old
     }
 
     /// Raw physical counter, no reaping (hot path).
@@ -635,6 +658,7 @@ impl SharedState {
                     .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
                 {
                     Ok(_) => {
+                        r.peak_used.fetch_max(next, Ordering::AcqRel);
                         if slot < MAX_PROCS {
                             self.slot(slot).used[index as usize].fetch_add(bytes, Ordering::AcqRel);
                         }
@@ -924,6 +948,27 @@ mod tests {
         b.uncharge(0, sb, 48 << 20);
         assert_eq!(b.used_memory(0), 0);
         drop(b);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn the_high_water_mark_keeps_the_largest_use_until_reset() {
+        let p = tmp("peak");
+        let a = open_state_with(&p, &small()).unwrap();
+        let b = open_state_with(&p, &small()).unwrap();
+        let s = a.register_current_process().unwrap();
+        assert_eq!(b.peak_memory(0), 0);
+        assert!(a.try_charge(0, s, 40 << 20));
+        a.uncharge(0, s, 30 << 20);
+        assert!(a.try_charge(0, s, 4 << 20));
+        // Other processes see it; a refused charge leaves it alone.
+        assert_eq!(b.peak_memory(0), 40 << 20);
+        assert!(!a.try_charge(0, s, 60 << 20));
+        assert_eq!(b.peak_memory(0), 40 << 20);
+        assert_eq!(b.peak_memory(1), 0, "per device");
+        assert_eq!(b.reset_peak_memory(0), 40 << 20);
+        assert_eq!(b.peak_memory(0), 14 << 20, "restarts from what is held now");
+        drop((a, b));
         std::fs::remove_file(&p).unwrap();
     }
 
