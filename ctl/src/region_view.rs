@@ -25,6 +25,8 @@ pub struct DeviceView {
     /// The slice's measured utilisation in percent, as the compute throttle last published
     /// it; `None` when never measured or older than [`UTILIZATION_FRESH_NS`].
     pub utilization: Option<f64>,
+    /// Bytes one CUDA context costs on the device, as a process of the slice measured it.
+    pub context_cost: Option<u64>,
 }
 
 /// One process slot.
@@ -124,6 +126,7 @@ pub fn from_snapshot(snapshot: &RegionSnapshot, now_ns: u64) -> View {
                 .measured_utilization
                 .filter(|m| now_ns.saturating_sub(m.at_ns) <= UTILIZATION_FRESH_NS)
                 .map(|m| f64::from(m.basis_points) / 100.0),
+            context_cost: d.context_cost,
         })
         .collect();
     let processes = snapshot
@@ -171,6 +174,7 @@ mod tests {
                     basis_points: 2_475,
                     at_ns,
                 }),
+                context_cost: None,
             }],
             processes: vec![],
         };

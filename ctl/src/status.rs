@@ -122,6 +122,7 @@ pub fn to_json(path: &std::path::Path, view: &View) -> serde_json::Value {
             "free": d.limit.map(|limit| limit.saturating_sub(d.used)),
             "compute_percent": d.compute_percent,
             "utilization": d.utilization,
+            "context_cost": d.context_cost,
         })).collect::<Vec<_>>(),
         "processes": view.processes.iter().map(|p| json!({
             "pid": p.pid,
@@ -198,6 +199,7 @@ mod tests {
                 used: 3 << 30,
                 compute_percent: Some(25),
                 utilization: Some(24.6),
+                context_cost: Some(300 << 20),
             }],
             processes: vec![ProcessView {
                 pid: 7,
@@ -217,6 +219,7 @@ mod tests {
         assert!(text.contains("1007") && text.contains("stale"), "{text}");
         let json = to_json(Path::new("/r"), &view());
         assert_eq!(json["devices"][0]["free"], 0);
+        assert_eq!(json["devices"][0]["context_cost"], 300u64 << 20);
         assert_eq!(json["processes"][0]["used_total"], 512u64 << 20);
     }
 

@@ -88,7 +88,12 @@ pub struct DeviceEntry {
     /// the throttle's leader each tick; read by `gpuslice status`.
     pub measured_utilization: AtomicU64,
     pub measured_at_ns: AtomicU64,
-    _reserved0: [AtomicU64; 4],
+    /// Bytes one CUDA context costs on this device, the largest figure a process of the slice
+    /// measured from NVML (0 = none yet). A new process reserves this instead of the upper
+    /// bound before its first context. Was reserved (zero) in files written before it existed,
+    /// which reads as "none yet", so the layout version did not change.
+    pub context_cost: AtomicU64,
+    _reserved0: [AtomicU64; 3],
     /// Container-wide bytes reserved on this device (sum of the slots' `used`, plus drift).
     pub used_bytes: AtomicU64,
     _reserved1: [AtomicU64; 7],

@@ -413,6 +413,8 @@ pub struct DeviceSnapshot {
     /// The slice's last measured utilisation of the device, if the compute throttle has
     /// published one.
     pub measured_utilization: Option<MeasuredUtilization>,
+    /// What one context costs on the device, as a process of the slice measured it.
+    pub context_cost: Option<u64>,
 }
 
 /// A utilisation the compute throttle measured (`Region::publish_utilization`).
@@ -658,6 +660,7 @@ impl Region {
                         .ok_or_else(no_entry)?;
                     let entry = &layout.devices[index];
                     entry.used_bytes.store(0, Ordering::Relaxed);
+                    entry.context_cost.store(0, Ordering::Relaxed);
                     entry
                         .memory_limit
                         .store(configured_memory, Ordering::Relaxed);
@@ -875,6 +878,26 @@ impl Region {
         entry
             .measured_utilization
             .store(u64::from(basis_points) + 1, Ordering::Release);
+    }
+
+    /// Records that a context on `device` was measured to cost `bytes`; the entry keeps the
+    /// largest figure, so a process that reserves it rarely has to settle upwards.
+    pub fn record_context_cost(&self, device: DeviceId, bytes: u64) {
+        self.map.layout().devices[device.index()]
+            .context_cost
+            .fetch_max(bytes, Ordering::AcqRel);
+    }
+
+    /// What a context on `device` costs as a process of the slice measured it; `None` until
+    /// one has.
+    pub fn context_cost(&self, device: DeviceId) -> Option<u64> {
+        match self.map.layout().devices[device.index()]
+            .context_cost
+            .load(Ordering::Acquire)
+        {
+            0 => None,
+            bytes => Some(bytes),
+        }
     }
 
     pub fn throttle_words(&self, device: DeviceId) -> &[AtomicU64; THROTTLE_WORDS] {
@@ -1268,6 +1291,10 @@ fn snapshot(map: &Mapping, probe: Option<&OwnedFd>) -> RegionSnapshot {
                         basis_points: u32::try_from(stored - 1).unwrap_or(u32::MAX),
                         at_ns: entry.measured_at_ns.load(Ordering::Relaxed),
                     }),
+                },
+                context_cost: match entry.context_cost.load(Ordering::Acquire) {
+                    0 => None,
+                    bytes => Some(bytes),
                 },
             })
         })

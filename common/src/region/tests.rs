@@ -512,6 +512,14 @@ fn snapshot_reports_processes_and_devices() {
         "never measured"
     );
     region.publish_utilization(device, 2_475, 123_456_789);
+    assert_eq!(region.context_cost(device), None, "never measured");
+    region.record_context_cost(device, 300 * MIB);
+    region.record_context_cost(device, 290 * MIB);
+    assert_eq!(
+        region.context_cost(device),
+        Some(300 * MIB),
+        "the largest measurement stays"
+    );
     let snapshot = view.snapshot();
     assert_eq!(
         snapshot.devices,
@@ -525,6 +533,7 @@ fn snapshot_reports_processes_and_devices() {
                 basis_points: 2_475,
                 at_ns: 123_456_789,
             }),
+            context_cost: Some(300 * MIB),
         }]
     );
     let process = &snapshot.processes[0];

@@ -24,11 +24,14 @@
 //! region in a shared directory.
 //!
 //! Context cost: the shim cannot know what a context costs on the device before one exists.
-//! It reserves an upper bound (`GPUSLICE_CONTEXT_OVERHEAD`, default
-//! [`DEFAULT_CONTEXT_BOUND`]) before the first context of the process on a device, then reads
-//! its own entry in NVML's process list right after (see [`host_pid`]) and settles the charge
-//! to that measured figure, which later contexts of the process then use. Where NVML cannot
-//! tell, the bound stays charged (over-counting, the safe direction).
+//! Before the first context of the process on a device it reserves what a process of the
+//! slice already measured there (the region's per-device `context_cost`, the largest figure
+//! seen), or, when none has, an upper bound (`GPUSLICE_CONTEXT_OVERHEAD`, default
+//! [`DEFAULT_CONTEXT_BOUND`]). Right after, it reads its own entry in NVML's process list
+//! (see [`host_pid`]), settles the charge to that measured figure (undoing the context when
+//! the real cost does not fit) and publishes it; later contexts of the process use it. So
+//! only the slice's first process needs room for the bound. Where NVML cannot tell, what was
+//! reserved stays charged.
 
 mod host_pid;
 pub mod ledger;

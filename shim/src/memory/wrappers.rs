@@ -356,10 +356,15 @@ fn create_context(
     };
     let cost_cell = &shared.context_cost[device as usize];
     let known_cost = cost_cell.load(std::sync::atomic::Ordering::Acquire);
+    // This process's own measurement, else what another process of the slice measured on
+    // the device, else the upper bound. The latter two are still measured and settled below.
     let reserved = if known_cost > 0 {
         known_cost
     } else {
-        shared.context_bound
+        shared
+            .region
+            .context_cost(device_id(device))
+            .unwrap_or(shared.context_bound)
     };
     if let Err(code) = charge_or_refuse(process, device, reserved) {
         return (code, None);
@@ -396,6 +401,7 @@ fn create_context(
                     std::sync::atomic::Ordering::Acquire,
                 );
                 let cost = cost_cell.load(std::sync::atomic::Ordering::Acquire);
+                shared.region.record_context_cost(device_id(device), cost);
                 match process.ledger.settle_or_undo(device, reserved, cost, undo) {
                     Settled::Charged => charged = cost,
                     Settled::Undone => {
@@ -414,7 +420,7 @@ fn create_context(
             }
         } else {
             crate::log_info!(
-                "could not tell our entry in NVML's process list; keeping the context bound"
+                "could not tell our entry in NVML's process list; keeping the {reserved} bytes reserved for the context"
             );
         }
     }
