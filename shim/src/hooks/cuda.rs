@@ -56,48 +56,16 @@ pub unsafe fn device_total_mem(
     result
 }
 
-/// Reserve, call the driver, commit or release: the shape every allocation path shares.
-#[inline]
-unsafe fn allocate(
-    target: AllocTarget,
-    bytes: u64,
-    call: impl FnOnce() -> CUresult,
-    created: impl FnOnce() -> DeviceObject,
-) -> CUresult {
-    let reservation = match memory::before_alloc(target, bytes) {
-        Ok(reservation) => reservation,
-        Err(code) => return code,
-    };
-    let result = call();
-    let object = if result == CUDA_SUCCESS {
-        created()
-    } else {
-        DeviceObject::Pointer(0)
-    };
-    memory::after_alloc(reservation, result, object);
-    result
-}
-
-/// Reads an out-pointer the driver just filled (0 if the caller passed NULL).
-#[inline]
-unsafe fn read_out<T: Copy + Default>(pointer: *const T) -> T {
-    if pointer.is_null() {
-        T::default()
-    } else {
-        *pointer
-    }
-}
-
 pub unsafe fn mem_alloc(
     real: sig::cuMemAlloc_v2,
     dptr: *mut CUdeviceptr,
     bytes: usize,
 ) -> CUresult {
-    allocate(
+    memory::allocate(
         AllocTarget::CurrentContext,
         bytes as u64,
         || real(dptr, bytes),
-        || DeviceObject::Pointer(read_out(dptr)),
+        || DeviceObject::Pointer(memory::read_out(dptr)),
     )
 }
 
@@ -107,11 +75,11 @@ pub unsafe fn mem_alloc_managed(
     bytes: usize,
     flags: c_uint,
 ) -> CUresult {
-    allocate(
+    memory::allocate(
         AllocTarget::CurrentContext,
         bytes as u64,
         || real(dptr, bytes, flags),
-        || DeviceObject::Pointer(read_out(dptr)),
+        || DeviceObject::Pointer(memory::read_out(dptr)),
     )
 }
 
@@ -119,20 +87,6 @@ pub unsafe fn mem_free(real: sig::cuMemFree_v2, dptr: CUdeviceptr) -> CUresult {
     let result = real(dptr);
     memory::on_free(DeviceObject::Pointer(dptr), result);
     result
-}
-
-pub unsafe fn mem_alloc_async(
-    real: sig::cuMemAllocAsync,
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    stream: CUstream,
-) -> CUresult {
-    allocate(
-        AllocTarget::CurrentContext,
-        bytes as u64,
-        || real(dptr, bytes, stream),
-        || DeviceObject::Pointer(read_out(dptr)),
-    )
 }
 
 pub unsafe fn mem_free_async(
@@ -157,11 +111,11 @@ pub unsafe fn mem_create(
     } else {
         AllocTarget::Device((*prop).location.id)
     };
-    allocate(
+    memory::allocate(
         target,
         size as u64,
         || real(handle, size, prop, flags),
-        || DeviceObject::Handle(read_out(handle)),
+        || DeviceObject::Handle(memory::read_out(handle)),
     )
 }
 
@@ -223,11 +177,11 @@ pub unsafe fn array_create(
     let bytes = desc.as_ref().map_or(0, |d| {
         array_bytes(d.Width, d.Height, 0, d.Format, d.NumChannels)
     });
-    allocate(
+    memory::allocate(
         AllocTarget::CurrentContext,
         bytes,
         || real(array, desc),
-        || DeviceObject::Array(read_out(array as *const CUarray).cast()),
+        || DeviceObject::Array(memory::read_out(array as *const CUarray).cast()),
     )
 }
 
@@ -243,11 +197,11 @@ pub unsafe fn array_3d_create(
             array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)
         }
     });
-    allocate(
+    memory::allocate(
         AllocTarget::CurrentContext,
         bytes,
         || real(array, desc),
-        || DeviceObject::Array(read_out(array as *const CUarray).cast()),
+        || DeviceObject::Array(memory::read_out(array as *const CUarray).cast()),
     )
 }
 
@@ -270,11 +224,11 @@ pub unsafe fn mipmapped_array_create(
             mipmapped_bytes(d, levels)
         }
     });
-    allocate(
+    memory::allocate(
         AllocTarget::CurrentContext,
         bytes,
         || real(array, desc, levels),
-        || DeviceObject::MipmappedArray(read_out(array as *const CUmipmappedArray).cast()),
+        || DeviceObject::MipmappedArray(memory::read_out(array as *const CUmipmappedArray).cast()),
     )
 }
 

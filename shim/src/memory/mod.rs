@@ -10,7 +10,8 @@
 //! * [`wrappers`]: the FFI handlers for the paths whose size the driver decides (pitch,
 //!   pools, VMM, contexts) and the NVML process lists;
 //! * this file: the process-wide state (region, slot, device bindings) and the seam the plain
-//!   allocation wrappers in `hooks::cuda` call (`before_alloc`, `after_alloc`, `on_free`).
+//!   allocation wrappers in `hooks::cuda` call (`allocate`, over `before_alloc` and
+//!   `after_alloc`; `on_free`).
 //!
 //! Lifecycle: `attach` runs once per process from `state`'s lazy init (and again in a forked
 //! child): it opens (or creates) the region — a region that cannot be opened makes the shim
@@ -435,6 +436,44 @@ fn current_context() -> u64 {
         context as u64
     } else {
         0
+    }
+}
+
+/// Reserve, call the driver, commit or release: the shape every allocation path whose size
+/// the caller decides shares. `created` names the object the driver made (read only after
+/// success).
+#[inline]
+pub fn allocate(
+    target: AllocTarget,
+    bytes: u64,
+    call: impl FnOnce() -> CUresult,
+    created: impl FnOnce() -> DeviceObject,
+) -> CUresult {
+    let reservation = match before_alloc(target, bytes) {
+        Ok(reservation) => reservation,
+        Err(code) => return code,
+    };
+    let result = call();
+    let object = if result == CUDA_SUCCESS {
+        created()
+    } else {
+        DeviceObject::Pointer(0)
+    };
+    after_alloc(reservation, result, object);
+    result
+}
+
+/// Reads an out-pointer the driver just filled (the default if the caller passed NULL).
+///
+/// # Safety
+/// `pointer` is null or valid for reads of a `T`.
+#[inline]
+pub unsafe fn read_out<T: Copy + Default>(pointer: *const T) -> T {
+    if pointer.is_null() {
+        T::default()
+    } else {
+        // SAFETY: non-null, and valid for reads by the caller's contract.
+        *pointer
     }
 }
 

@@ -225,7 +225,12 @@ pub unsafe fn mem_alloc_async(
     let found = real::cuDeviceGetMemPool().map(|get| get(&mut pool, ordinal));
     if found != Some(CUDA_SUCCESS) || pool.is_null() {
         // No pool to read: charge it like a plain allocation.
-        return crate::hooks::cuda::mem_alloc_async(real, dptr, bytes, stream);
+        return super::allocate(
+            super::AllocTarget::CurrentContext,
+            bytes as u64,
+            || real(dptr, bytes, stream),
+            || super::DeviceObject::Pointer(super::read_out(dptr)),
+        );
     }
     pool_alloc(process, device, pool as u64, dptr, bytes, || {
         real(dptr, bytes, stream)
