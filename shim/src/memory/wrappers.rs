@@ -611,38 +611,41 @@ pub unsafe fn primary_ctx_release(
     real: sig::cuDevicePrimaryCtxRelease_v2,
     dev: CUdevice,
 ) -> CUresult {
-    let Some(process) = process() else {
-        return real(dev);
-    };
-    let mut primaries = lock(&process.ledger.primaries);
-    let result = real(dev);
-    let mut gone = None;
-    if result == CUDA_SUCCESS {
-        if let Some(entry) = primary_entry(&mut primaries, dev) {
+    end_primary(
+        dev,
+        || real(dev),
+        |entry| {
             entry.refs = entry.refs.saturating_sub(1);
-            if entry.refs == 0 {
-                gone = Some(std::mem::take(entry));
-            }
-        }
-    }
-    drop(primaries);
-    if let Some(entry) = gone {
-        primary_gone(process, entry);
-        reread_pools(process);
-    }
-    result
+            entry.refs == 0
+        },
+    )
 }
 
 pub unsafe fn primary_ctx_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> CUresult {
+    end_primary(
+        dev,
+        || real(dev),
+        |entry| entry.refs > 0 || entry.charge.is_some(),
+    )
+}
+
+/// Runs the driver's release or reset of `dev`'s primary context under the primaries lock;
+/// when it succeeded and `ends` says it ended the context, books the context and what it
+/// owned as gone.
+fn end_primary(
+    dev: CUdevice,
+    call: impl FnOnce() -> CUresult,
+    ends: impl FnOnce(&mut PrimaryContext) -> bool,
+) -> CUresult {
     let Some(process) = process() else {
-        return real(dev);
+        return call();
     };
     let mut primaries = lock(&process.ledger.primaries);
-    let result = real(dev);
+    let result = call();
     let mut gone = None;
     if result == CUDA_SUCCESS {
         if let Some(entry) = primary_entry(&mut primaries, dev) {
-            if entry.refs > 0 || entry.charge.is_some() {
+            if ends(entry) {
                 gone = Some(std::mem::take(entry));
             }
         }
