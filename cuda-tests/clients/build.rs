@@ -9,8 +9,9 @@
 use std::path::Path;
 use std::process::Command;
 
-/// Every driver symbol `linked-client` imports; a symbol missing here fails the link, so this
-/// list cannot drift from the extern block in src/bin/linked-client.rs.
+/// Every driver symbol `linked-client` imports: the `exported_symbol`s of
+/// `for_each_entry_point!` in src/driver.rs (its extern block is expanded from that table).
+/// A symbol missing here fails the link, so this list cannot drift from the table.
 const CUDA_SYMBOLS: &[&str] = &[
     "cuGetErrorName",
     "cuInit",
@@ -23,6 +24,8 @@ const CUDA_SYMBOLS: &[&str] = &[
     "cuDeviceGetAttribute",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxCreate_v2",
+    "cuCtxDestroy_v2",
     "cuCtxSetCurrent",
     "cuCtxSynchronize",
     "cuMemGetInfo_v2",

@@ -5,15 +5,21 @@
 //! runtime's path). The scenarios then run unchanged on any of them.
 
 use crate::ffi::*;
-use crate::{check, AllocPath, Allocation, Fail, LaunchPath, Res};
+use crate::{check, AllocPath, Allocation, ContextMode, Fail, LaunchPath, Res};
 use std::ffi::CStr;
 
 /// Calls `$callback!` with every entry point the clients use, one per line:
-/// `name = "exported_symbol", min_cuda_version, ptsz|legacy, (arg: Type, ...);`
+/// `name = "exported_symbol", min_cuda_version, ptsz|legacy|pinned, (arg: Type, ...);`
 /// where `name` is the un-suffixed name cuGetProcAddress takes, `exported_symbol` what a
-/// program built against cuda.h 12.x/13.x links (`cuMemAlloc` -> `cuMemAlloc_v2`), and
-/// `ptsz` marks functions that have a per-thread-default-stream variant. Every function
-/// returns `CUresult`. Types are spelled as `cuda_clients::ffi` exports them.
+/// program built against cuda.h 12.x/13.x links (`cuMemAlloc` -> `cuMemAlloc_v2`), `ptsz`
+/// marks functions that have a per-thread-default-stream variant, and `pinned` functions
+/// whose name took another signature in a later version (`cuCtxCreate`: `_v3` at 11040,
+/// `_v4` at 12050), so cuGetProcAddress must be asked for exactly `min_cuda_version` (as a
+/// runtime program does with `cudaGetDriverEntryPointByVersion`). Every function returns
+/// `CUresult`. Types are spelled as `cuda_clients::ffi` exports them.
+///
+/// `linked-client` links every `exported_symbol`: a new one must also be added to the stub
+/// list in build.rs.
 #[macro_export]
 macro_rules! for_each_entry_point {
     ($callback:ident) => {
@@ -29,6 +35,8 @@ macro_rules! for_each_entry_point {
             cuDeviceGetAttribute = "cuDeviceGetAttribute", 2000, legacy, (pi: *mut c_int, attrib: c_int, dev: CUdevice);
             cuDevicePrimaryCtxRetain = "cuDevicePrimaryCtxRetain", 7000, legacy, (pctx: *mut CUcontext, dev: CUdevice);
             cuDevicePrimaryCtxRelease = "cuDevicePrimaryCtxRelease_v2", 11000, legacy, (dev: CUdevice);
+            cuCtxCreate = "cuCtxCreate_v2", 3020, pinned, (pctx: *mut CUcontext, flags: c_uint, dev: CUdevice);
+            cuCtxDestroy = "cuCtxDestroy_v2", 4000, legacy, (ctx: CUcontext);
             cuCtxSetCurrent = "cuCtxSetCurrent", 4000, legacy, (ctx: CUcontext);
             cuCtxSynchronize = "cuCtxSynchronize", 2000, legacy, ();
             cuMemGetInfo = "cuMemGetInfo_v2", 3020, legacy, (free: *mut usize, total: *mut usize);
@@ -84,6 +92,21 @@ pub struct EntryPoint {
     pub min_version: i32,
     /// Has a `_ptsz` variant that CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM selects.
     pub per_thread: bool,
+    /// Later versions of the name have another signature: look it up at `min_version`.
+    pub pinned: bool,
+}
+
+impl EntryPoint {
+    /// The version to ask cuGetProcAddress for on behalf of a runtime of `cuda_version`:
+    /// that version, or `min_version` for a pinned entry point (whose signature the table
+    /// describes only at that version).
+    pub fn lookup_version(&self, cuda_version: i32) -> i32 {
+        if self.pinned {
+            self.min_version
+        } else {
+            cuda_version
+        }
+    }
 }
 
 macro_rules! is_ptsz {
@@ -91,6 +114,18 @@ macro_rules! is_ptsz {
         true
     };
     (legacy) => {
+        false
+    };
+    (pinned) => {
+        false
+    };
+}
+
+macro_rules! is_pinned {
+    (pinned) => {
+        true
+    };
+    ($other:ident) => {
         false
     };
 }
@@ -107,7 +142,7 @@ macro_rules! define_driver {
 
         /// Every entry point in table order.
         pub const ENTRY_POINTS: &[EntryPoint] = &[
-            $(EntryPoint { name: stringify!($name), symbol: $symbol, min_version: $version, per_thread: is_ptsz!($pt) },)*
+            $(EntryPoint { name: stringify!($name), symbol: $symbol, min_version: $version, per_thread: is_ptsz!($pt), pinned: is_pinned!($pt) },)*
         ];
 
         impl Driver {
@@ -124,7 +159,7 @@ macro_rules! define_driver {
                 Driver {
                     client,
                     $($name: {
-                        let entry = EntryPoint { name: stringify!($name), symbol: $symbol, min_version: $version, per_thread: is_ptsz!($pt) };
+                        let entry = EntryPoint { name: stringify!($name), symbol: $symbol, min_version: $version, per_thread: is_ptsz!($pt), pinned: is_pinned!($pt) };
                         let address = lookup(&entry);
                         if address.is_null() {
                             None
@@ -308,10 +343,45 @@ impl Driver {
         Ok(v)
     }
 
+    /// Makes a context on `dev` current on the calling thread. By default the primary
+    /// context (one more retain per call); with `CLIENT_CONTEXT=created` the process's
+    /// created context on `dev`: the first call makes it with `cuCtxCreate_v2` (which makes
+    /// it current), later calls (other threads) make that one current.
     pub fn context(&self, dev: CUdevice) -> Res<()> {
+        if ContextMode::current() == ContextMode::Primary {
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            call!(self, cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
+            return call!(self, cuCtxSetCurrent(ctx));
+        }
+        let mut created = lock_created();
+        if let Some(&(_, ctx)) = created.iter().find(|(d, _)| *d == dev) {
+            // A live context: entries leave CREATED when `destroy_context` destroys them.
+            return call!(self, cuCtxSetCurrent(ctx as CUcontext));
+        }
         let mut ctx: CUcontext = std::ptr::null_mut();
-        call!(self, cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
-        call!(self, cuCtxSetCurrent(ctx))
+        call!(self, cuCtxCreate(&mut ctx, 0, dev))?;
+        created.push((dev, ctx as u64));
+        Ok(())
+    }
+
+    /// Ends what [`Driver::context`] made on `dev`: `cuCtxDestroy_v2` of the created
+    /// context, or one `cuDevicePrimaryCtxRelease_v2` (the last release destroys the primary
+    /// context). Either way the driver frees everything the context owned.
+    pub fn destroy_context(&self, dev: CUdevice) -> Res<()> {
+        if ContextMode::current() == ContextMode::Primary {
+            return call!(self, cuDevicePrimaryCtxRelease(dev));
+        }
+        let mut created = lock_created();
+        let Some(index) = created.iter().position(|(d, _)| *d == dev) else {
+            return Err(Fail::Cu(
+                gpuslice_abi::cuda::result::CUDA_ERROR_INVALID_CONTEXT,
+            ));
+        };
+        let (_, ctx) = created[index];
+        // A live context this process created, destroyed once (the lock is held throughout).
+        call!(self, cuCtxDestroy(ctx as CUcontext))?;
+        created.remove(index);
+        Ok(())
     }
 
     pub fn mem_get_info(&self) -> Res<(usize, usize)> {
@@ -660,6 +730,16 @@ impl Driver {
         out.push(("mem_free_twice", call!(self, cuMemFree(p))));
         out
     }
+}
+
+/// The contexts [`Driver::context`] created (`CLIENT_CONTEXT=created`) as (device, handle):
+/// one per device and process, shared by its threads like cudarc-client's.
+static CREATED: std::sync::Mutex<Vec<(CUdevice, u64)>> = std::sync::Mutex::new(Vec::new());
+
+fn lock_created() -> std::sync::MutexGuard<'static, Vec<(CUdevice, u64)>> {
+    CREATED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Pool properties for a pinned device pool on `device`.

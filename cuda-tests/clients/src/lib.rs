@@ -114,6 +114,41 @@ pub struct Allocation {
     pub stream: u64,
 }
 
+/// Which context the scenarios run in, from the environment variable `CLIENT_CONTEXT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContextMode {
+    /// Unset or `primary`: the device's primary context (`cuDevicePrimaryCtxRetain`), what
+    /// the CUDA runtime and most frameworks use.
+    Primary,
+    /// `created`: a non-primary context (`cuCtxCreate*`), one per device and process.
+    Created,
+}
+
+/// The variable that selects the [`ContextMode`].
+pub const CONTEXT_VARIABLE: &str = "CLIENT_CONTEXT";
+
+impl ContextMode {
+    /// Reads [`CONTEXT_VARIABLE`]; any value but `primary` and `created` is an error.
+    pub fn from_env() -> Result<ContextMode, String> {
+        match std::env::var(CONTEXT_VARIABLE) {
+            Err(std::env::VarError::NotPresent) => Ok(ContextMode::Primary),
+            Ok(v) if v == "primary" => Ok(ContextMode::Primary),
+            Ok(v) if v == "created" => Ok(ContextMode::Created),
+            Ok(v) => Err(format!(
+                "{CONTEXT_VARIABLE}={v:?}: expected \"primary\" or \"created\""
+            )),
+            Err(e) => Err(format!("{CONTEXT_VARIABLE}: {e}")),
+        }
+    }
+
+    /// [`ContextMode::from_env`], read once per process; an invalid value reads as
+    /// `Primary` here (the scenario runner refuses it before any driver call).
+    pub fn current() -> ContextMode {
+        static MODE: std::sync::OnceLock<ContextMode> = std::sync::OnceLock::new();
+        *MODE.get_or_init(|| ContextMode::from_env().unwrap_or(ContextMode::Primary))
+    }
+}
+
 /// How the `launch` scenario submits kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LaunchPath {

@@ -28,8 +28,14 @@ pub trait Gpu: Sync {
     fn device_uuid(&self, dev: i32) -> Res<[u8; 16]>;
     fn device_total_mem(&self, dev: i32) -> Res<usize>;
     fn device_attribute(&self, dev: i32, attribute: i32) -> Res<i32>;
-    /// Retains `dev`'s primary context and makes it current on the calling thread.
+    /// Makes a context on `dev` current on the calling thread: the primary context
+    /// (retained), or with `CLIENT_CONTEXT=created` the process's one created context on
+    /// `dev` (created by the first call).
     fn context(&self, dev: i32) -> Res<()>;
+    /// Ends what `context` made on `dev` (destroys the created context; releases the
+    /// primary context once, which destroys it after its last retain). The driver frees
+    /// everything the context owned.
+    fn destroy_context(&self, dev: i32) -> Res<()>;
     fn mem_get_info(&self) -> Res<(usize, usize)>;
     fn alloc(&self, path: AllocPath, size: usize) -> Res<Allocation>;
     fn free(&self, allocation: &Allocation) -> Res<()>;
@@ -88,6 +94,9 @@ impl Gpu for Driver {
     fn context(&self, dev: i32) -> Res<()> {
         Driver::context(self, dev)
     }
+    fn destroy_context(&self, dev: i32) -> Res<()> {
+        Driver::destroy_context(self, dev)
+    }
     fn mem_get_info(&self) -> Res<(usize, usize)> {
         Driver::mem_get_info(self)
     }
@@ -135,11 +144,18 @@ usage: <client> SCENARIO [ARGS]
   alloc-until-oom CHUNK [--path P] [--max N]
   caching-allocator
   hold SIZE [--path P]
+  context-cycle SIZE [--path P]
   launch [--kernels N] [--ns-per-wave NS] [--grid G] [--block B] [--stream default|created]
          [--path kernel|ex|cooperative|graph] [--duration-s S]
   threads [--threads N] [--size SIZE] [--iterations N]
   errors
-  (linked-client only) nvml";
+  (linked-client only) nvml
+hold and context-cycle print their line, then keep the process alive until stdin closes.
+context-cycle: SIZE allocated in the context, the context destroyed without freeing it (the
+driver frees what a context owned), a context made again, mem_free read in it.
+Environment: CLIENT_CONTEXT=primary (default: device primary contexts, cuDevicePrimaryCtxRetain)
+  or created (one non-primary context per device and process, cuCtxCreate; shared by the
+  process's threads; cudarc-client makes it with cuCtxCreate_v4, the others with _v2).";
 
 /// A client break: bad arguments. Printed with the usage; exit code 2.
 #[derive(Debug)]
@@ -227,6 +243,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         .ok_or_else(|| Usage("missing scenario".into()))?
         .as_str();
     let rest = Args::parse(&args[1..], &[])?;
+    crate::ContextMode::from_env().map_err(Usage)?;
     let mut out = match scenario {
         "info" => info(gpu),
         "meminfo" => meminfo(gpu),
@@ -234,6 +251,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "alloc-until-oom" => alloc_until_oom(gpu, &rest)?,
         "caching-allocator" => caching_allocator(gpu),
         "hold" => hold(gpu, &rest)?,
+        "context-cycle" => context_cycle(gpu, &rest)?,
         "launch" => launch(gpu, &rest)?,
         "threads" => threads(gpu, &rest)?,
         "errors" => errors(gpu),
@@ -267,14 +285,16 @@ fn setup_failed<G: Gpu + ?Sized>(gpu: &G, step: &str, fail: Fail) -> Value {
     json!({"error": fail_name(gpu, fail), "failed_step": step})
 }
 
-/// cuInit + device 0's primary context current; the start of every memory scenario.
-fn setup<G: Gpu + ?Sized>(gpu: &G) -> Result<(), Value> {
+/// cuInit + a context on device 0 current (primary, or created: `CLIENT_CONTEXT`); the start
+/// of every memory scenario. Returns the device.
+fn setup<G: Gpu + ?Sized>(gpu: &G) -> Result<i32, Value> {
     gpu.init().map_err(|f| setup_failed(gpu, "cuInit", f))?;
     let dev = gpu
         .device(0)
         .map_err(|f| setup_failed(gpu, "cuDeviceGet", f))?;
     gpu.context(dev)
-        .map_err(|f| setup_failed(gpu, "context", f))
+        .map_err(|f| setup_failed(gpu, "context", f))?;
+    Ok(dev)
 }
 
 fn info<G: Gpu>(gpu: &G) -> Value {
@@ -480,6 +500,43 @@ fn hold<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     std::process::exit(0);
 }
 
+/// Allocates SIZE in the context, reads mem_free, destroys the context WITHOUT freeing the
+/// allocation (the driver frees what a context owned), makes a context again and reads
+/// mem_free in it. Prints the result (or where setup failed), then keeps the process alive
+/// until stdin reaches EOF (like `hold`), so a test can look at the card and the ledger
+/// while the process lives.
+fn context_cycle<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let size = args.size_at(0, "SIZE")?;
+    let path = args.alloc_path()?;
+    let mut line = match setup(gpu) {
+        Err(e) => e,
+        Ok(dev) => {
+            let a = gpu.alloc(path, size);
+            let free_held = mem_free_now(gpu);
+            let destroyed = gpu.destroy_context(dev);
+            let again = gpu.context(dev);
+            let free_again = again.ok().and_then(|_| mem_free_now(gpu));
+            json!({
+                "size": size,
+                "path": path.name(),
+                "result": res_name(gpu, &a),
+                "mem_free_held": free_held,
+                "destroy_result": res_name(gpu, &destroyed),
+                "context_result": res_name(gpu, &again),
+                "mem_free": free_again,
+            })
+        }
+    };
+    line["scenario"] = json!("context-cycle");
+    line["client"] = json!(gpu.client());
+    line["pid"] = json!(std::process::id());
+    println!("{line}");
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    // The line is already out; tell the runner to print nothing more.
+    std::process::exit(0);
+}
+
 fn launch<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let kernels: usize = args.get("kernels", 1)?;
     let ns: u64 = args.get("ns-per-wave", 1000)?;
@@ -538,8 +595,9 @@ fn launch<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     }))
 }
 
-/// Many threads of one process allocating and freeing at once (each with the primary context
-/// current), to catch races in whatever sits between client and driver.
+/// Many threads of one process allocating and freeing at once (each with the process's
+/// context current: `Gpu::context` per thread), to catch races in whatever sits between
+/// client and driver.
 fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let n: usize = args.get("threads", 16)?;
     let iterations: usize = args.get("iterations", 50)?;

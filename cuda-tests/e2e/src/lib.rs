@@ -26,8 +26,8 @@
 //!
 //! Child processes get an explicit environment: the caller's `Env` on top of the test's own
 //! environment minus every variable that would change what a client sees (LD_PRELOAD,
-//! GPUSLICE_*, FAKEGPU_*, HAMi's CUDA_DEVICE_*), so a developer's shell cannot leak a slice
-//! or a state file into a test.
+//! GPUSLICE_*, FAKEGPU_*, HAMi's CUDA_DEVICE_*, the clients' CLIENT_CONTEXT), so a
+//! developer's shell cannot leak a slice, a state file or a context mode into a test.
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
@@ -54,6 +54,7 @@ const SCRUBBED_PREFIXES: &[&str] = &[
     "GPU_CORE_UTILIZATION_POLICY",
     "LIBCUDA_LOG_LEVEL",
     "CUDA_VISIBLE_DEVICES",
+    "CLIENT_CONTEXT",
 ];
 
 /// `target/<profile>`: the directory holding this test binary's `deps/` folder.

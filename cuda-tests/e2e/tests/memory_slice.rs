@@ -480,3 +480,184 @@ fn a_context_bigger_than_the_bound_that_fits_is_charged_what_it_costs() {
     }
     assert_eq!(gpu.truth().used_memory(0), 0);
 }
+
+/// `env` with the clients in created (non-primary) contexts: `CLIENT_CONTEXT=created`.
+/// linked-client and procaddr-client make them with cuCtxCreate_v2 (driver.rs),
+/// cudarc-client with cuCtxCreate_v4 (`CudaContext::new_non_primary`).
+fn created_context_env(mut env: cuda_e2e::Env) -> cuda_e2e::Env {
+    env.push(("CLIENT_CONTEXT".into(), "created".into()));
+    env
+}
+
+/// What the card holds for process `pid` on device 0 (0 when it holds nothing).
+fn physical_use_of(gpu: &FakeGpu, pid: u32) -> u64 {
+    gpu.truth()
+        .processes(0)
+        .iter()
+        .find(|p| p.pid == pid)
+        .map_or(0, |p| p.used_memory)
+}
+
+#[test]
+fn a_created_context_bigger_than_the_bound_that_does_not_fit_is_destroyed_and_refused() {
+    // One slice per client: a slice that saw a 700 MiB context may reserve that much for the
+    // next one up front, which would refuse it without ever calling the driver.
+    for kind in ClientKind::ALL {
+        let gpu = FakeGpu::start("v100");
+        let slice = Slice::builder().device(0, "2GiB", None).build();
+        // The holder's primary context costs 300 MiB; the created context below costs
+        // 700 MiB, more than the 512 MiB the shim reserves for a first context before it
+        // can measure it.
+        let holder = Client::spawn(ClientKind::Linked, &["hold", "1100MiB"], &slice.env(&gpu));
+        assert_eq!(holder.first["result"], "CUDA_SUCCESS", "{}", holder.first);
+        let held = CONTEXT + 1100 * MIB;
+        assert_eq!(gpu.truth().used_memory(0), held);
+        gpu.truth().reset_peak_memory(0);
+        // 648 MiB left: what the shim reserves before the driver call fits, the real 700 MiB
+        // context does not. cuCtxCreate is answered CUDA_ERROR_OUT_OF_MEMORY and the context
+        // given back to the driver (the real cuCtxDestroy_v2), while the process lives on.
+        let env = created_context_env(big_context_env(&slice, &gpu));
+        let refused = Client::spawn(kind, &["context-cycle", "64MiB"], &env);
+        assert_eq!(
+            refused.first["error"], "CUDA_ERROR_OUT_OF_MEMORY",
+            "{kind:?}: {}",
+            refused.first
+        );
+        assert_eq!(refused.first["failed_step"], "context", "{}", refused.first);
+        // The context really existed (the card held it for an instant), and nothing of it is
+        // left on the card or charged in the region while its process is still alive.
+        assert_eq!(
+            gpu.truth().peak_memory(0),
+            held + 700 * MIB,
+            "{kind:?}: the refused context was created, then undone"
+        );
+        assert_eq!(physical_use_of(&gpu, refused.pid()), 0, "{kind:?}");
+        assert_eq!(gpu.truth().used_memory(0), held, "{kind:?}: nothing left");
+        assert_eq!(region_used(&slice), held, "{kind:?}: nothing charged");
+        refused.release();
+        assert_eq!(gpu.truth().used_memory(0), held);
+        holder.release();
+        assert_eq!(gpu.truth().used_memory(0), 0);
+    }
+}
+
+#[test]
+fn a_created_context_bigger_than_the_bound_that_fits_is_charged_what_it_costs() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = created_context_env(big_context_env(&slice, &gpu));
+    for kind in ClientKind::ALL {
+        // The card and the region agree on the 700 MiB context, not the 512 MiB bound.
+        let holder = Client::spawn(kind, &["hold", "1GiB"], &env);
+        assert_eq!(
+            holder.first["result"], "CUDA_SUCCESS",
+            "{kind:?}: {}",
+            holder.first
+        );
+        assert_eq!(holder.first["mem_free"], GIB - 700 * MIB, "{kind:?}");
+        assert_eq!(
+            physical_use_of(&gpu, holder.pid()),
+            700 * MIB + GIB,
+            "{kind:?}"
+        );
+        assert_eq!(region_used(&slice), 700 * MIB + GIB, "{kind:?}");
+        holder.release();
+
+        let out = Client::run(kind, &["meminfo"], &env);
+        assert_eq!(out["free"], 2 * GIB - 700 * MIB, "{kind:?}: {out}");
+        gpu.truth().reset_peak_memory(0);
+        let out = Client::run(kind, &["alloc-until-oom", "64MiB"], &env);
+        assert_eq!(out["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{kind:?}: {out}");
+        // 2048 - 700 = 1348 MiB: twenty-one 64 MiB chunks fit, the twenty-second does not.
+        assert_eq!(out["count"], 21, "{kind:?}: {out}");
+        assert_eq!(out["mem_free_at_oom"], 4 * MIB, "{kind:?}: {out}");
+        assert_eq!(
+            gpu.truth().peak_memory(0),
+            700 * MIB + 21 * 64 * MIB,
+            "{kind:?}: the card's high-water mark is the cap, filled"
+        );
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+#[test]
+fn destroying_a_created_context_gives_back_its_cost_and_what_it_owned() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = created_context_env(slice.env(&gpu));
+    // The paths whose objects belong to the context (pools and VMM handles outlive it).
+    for path in ["alloc", "pitch", "managed", "array", "array3d", "mipmap"] {
+        for kind in ClientKind::ALL {
+            gpu.truth().reset_peak_memory(0);
+            // A context, 512 MiB in it, cuCtxDestroy (the allocation never freed), a new
+            // context; the process then stays alive holding only that new context.
+            let cycle = Client::spawn(kind, &["context-cycle", "512MiB", "--path", path], &env);
+            let line = &cycle.first;
+            assert_eq!(line["result"], "CUDA_SUCCESS", "{kind:?} {path}: {line}");
+            assert_eq!(
+                line["destroy_result"], "CUDA_SUCCESS",
+                "{kind:?} {path}: {line}"
+            );
+            assert_eq!(
+                line["context_result"], "CUDA_SUCCESS",
+                "{kind:?} {path}: {line}"
+            );
+            assert_eq!(
+                line["mem_free_held"],
+                2 * GIB - CONTEXT - 512 * MIB,
+                "{line}"
+            );
+            assert_eq!(
+                line["mem_free"],
+                2 * GIB - CONTEXT,
+                "{kind:?} {path}: {line}"
+            );
+            // The card: the first context and its 512 MiB were gone before the second
+            // context came, and now only that one is held. The ledger says the same.
+            assert_eq!(
+                gpu.truth().peak_memory(0),
+                CONTEXT + 512 * MIB,
+                "{kind:?} {path}"
+            );
+            assert_eq!(
+                physical_use_of(&gpu, cycle.pid()),
+                CONTEXT,
+                "{kind:?} {path}"
+            );
+            assert_eq!(gpu.truth().used_memory(0), CONTEXT, "{kind:?} {path}");
+            assert_eq!(region_used(&slice), CONTEXT, "{kind:?} {path}: the region");
+            cycle.release();
+        }
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+#[test]
+fn after_a_created_context_is_destroyed_pool_and_vmm_memory_is_charged_as_the_card_holds_it() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = created_context_env(slice.env(&gpu));
+    // Pools and VMM handles are not objects of the context: what of them the driver keeps
+    // or frees when the context goes is its business; the ledger must follow the card.
+    for path in ["async", "pool", "vmm"] {
+        for kind in ClientKind::ALL {
+            let cycle = Client::spawn(kind, &["context-cycle", "512MiB", "--path", path], &env);
+            let line = &cycle.first;
+            assert_eq!(line["result"], "CUDA_SUCCESS", "{kind:?} {path}: {line}");
+            assert_eq!(
+                line["destroy_result"], "CUDA_SUCCESS",
+                "{kind:?} {path}: {line}"
+            );
+            assert_eq!(
+                line["context_result"], "CUDA_SUCCESS",
+                "{kind:?} {path}: {line}"
+            );
+            let physical = physical_use_of(&gpu, cycle.pid());
+            assert!(physical >= CONTEXT, "{kind:?} {path}: {physical}");
+            assert_eq!(gpu.truth().used_memory(0), physical, "{kind:?} {path}");
+            assert_eq!(region_used(&slice), physical, "{kind:?} {path}: the region");
+            cycle.release();
+        }
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}

@@ -5,7 +5,7 @@
 //! and `sys::*` where cudarc has no wrapper. Prints the same JSON as the other clients.
 
 use cuda_clients::scenario::Gpu;
-use cuda_clients::{AllocPath, Allocation, CUresult, Fail, LaunchPath, Res};
+use cuda_clients::{AllocPath, Allocation, CUresult, ContextMode, Fail, LaunchPath, Res};
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use gpuslice_abi::cuda as abi;
 use std::ffi::{c_char, c_void, CStr};
@@ -18,8 +18,11 @@ fn cu<T>(r: Result<T, DriverError>) -> Res<T> {
 }
 
 struct Cudarc {
-    /// Primary contexts by ordinal, created on first use and kept for the process lifetime
-    /// (dropping one releases the primary context, which frees its memory).
+    /// Contexts by ordinal, made on first use: primary (`CudaContext::new`), or with
+    /// `CLIENT_CONTEXT=created` non-primary (`CudaContext::new_non_primary`, which calls
+    /// cuCtxCreate_v4). Kept until `destroy_context`, else for the process lifetime;
+    /// dropping one releases the primary context or destroys the created one, which frees
+    /// its memory.
     contexts: Mutex<Vec<Option<Arc<CudaContext>>>>,
     /// Modules loaded by `load_kernel` stay loaded for the process lifetime.
     modules: Mutex<Vec<u64>>,
@@ -120,10 +123,34 @@ impl Gpu for Cudarc {
             // Another thread made it: bind it here too (contexts are per-thread current).
             Some(ctx) => cu(ctx.bind_to_thread()),
             None => {
-                let ctx = cu(CudaContext::new(ordinal))?;
+                let ctx = match ContextMode::current() {
+                    ContextMode::Primary => cu(CudaContext::new(ordinal))?,
+                    ContextMode::Created => cu(CudaContext::new_non_primary(ordinal, 0))?,
+                };
                 contexts[ordinal] = Some(ctx);
                 Ok(())
             }
+        }
+    }
+
+    fn destroy_context(&self, dev: i32) -> Res<()> {
+        let ctx = self
+            .contexts
+            .lock()
+            .expect("context lock")
+            .get_mut(dev as usize)
+            .and_then(Option::take)
+            .ok_or(Fail::Cu(abi::result::CUDA_ERROR_INVALID_CONTEXT))?;
+        // The only reference (no stream or module object of cudarc's holds one): dropping it
+        // runs cudarc's Drop, cuCtxDestroy_v2 or cuDevicePrimaryCtxRelease_v2. cudarc keeps
+        // that call's result to itself, so success here means "dropped"; the tests judge the
+        // outcome by the card.
+        match Arc::try_unwrap(ctx) {
+            Ok(ctx) => {
+                drop(ctx);
+                Ok(())
+            }
+            Err(_) => Err(Fail::Cu(abi::result::CUDA_ERROR_CONTEXT_ALREADY_IN_USE)),
         }
     }
 

@@ -2,7 +2,9 @@
 //! `dlopen("libcuda.so.1")`, `dlsym` of `cuGetProcAddress_v2` and nothing else, the runtime's
 //! start-up probes, then every entry point through `cuGetProcAddress_v2` with the runtime's
 //! version (`--cuda-version`, default 12080) and flags (`--per-thread` selects
-//! CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, i.e. the `_ptsz` variants).
+//! CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, i.e. the `_ptsz` variants). Entry points
+//! the table pins (`cuCtxCreate`) are asked for at the version of their signature instead,
+//! as a runtime program does with `cudaGetDriverEntryPointByVersion`.
 //!
 //! Besides the shared scenarios, `resolve` prints what the lookups answered: the probes, each
 //! entry point's result and status, and whether per-thread lookups returned a different
@@ -52,11 +54,13 @@ fn main() {
     eprintln!("procaddr-client: probes {probes}");
     let mut answers = Map::new();
     // SAFETY: cuGetProcAddress_v2 answers, for each name, the function of that name with the
-    // ABI of `cuda_version`; the table's signatures are those of the versions the client
-    // supports (12.x, 13.0).
+    // ABI of the version asked for: `cuda_version`, whose signatures the table's are for the
+    // versions the client supports (12.x, 13.0), or the table's own version for the pinned
+    // entry points (cuCtxCreate at 3020 is cuCtxCreate_v2, not 12.x's _v4).
     let driver = unsafe {
         Driver::from_lookup("procaddr", |entry| {
-            let a = driver::get_proc_address(get, entry.name, cuda_version, flags);
+            let version = entry.lookup_version(cuda_version);
+            let a = driver::get_proc_address(get, entry.name, version, flags);
             answers.insert(entry.name.to_string(), answer_json(&a));
             if a.result == 0 && a.status == CU_GET_PROC_ADDRESS_SUCCESS {
                 a.address
