@@ -24,6 +24,7 @@ const CUDA_SYMBOLS: &[&str] = &[
     "cuDeviceGetAttribute",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
+    "cuDevicePrimaryCtxReset_v2",
     "cuCtxCreate_v2",
     "cuCtxDestroy_v2",
     "cuCtxSetCurrent",

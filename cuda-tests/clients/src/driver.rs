@@ -35,6 +35,7 @@ macro_rules! for_each_entry_point {
             cuDeviceGetAttribute = "cuDeviceGetAttribute", 2000, legacy, (pi: *mut c_int, attrib: c_int, dev: CUdevice);
             cuDevicePrimaryCtxRetain = "cuDevicePrimaryCtxRetain", 7000, legacy, (pctx: *mut CUcontext, dev: CUdevice);
             cuDevicePrimaryCtxRelease = "cuDevicePrimaryCtxRelease_v2", 11000, legacy, (dev: CUdevice);
+            cuDevicePrimaryCtxReset = "cuDevicePrimaryCtxReset_v2", 11000, legacy, (dev: CUdevice);
             cuCtxCreate = "cuCtxCreate_v2", 3020, pinned, (pctx: *mut CUcontext, flags: c_uint, dev: CUdevice);
             cuCtxDestroy = "cuCtxDestroy_v2", 4000, legacy, (ctx: CUcontext);
             cuCtxSetCurrent = "cuCtxSetCurrent", 4000, legacy, (ctx: CUcontext);
@@ -382,6 +383,19 @@ impl Driver {
         call!(self, cuCtxDestroy(ctx as CUcontext))?;
         created.remove(index);
         Ok(())
+    }
+
+    /// Takes one more reference to `dev`'s primary context (`cuDevicePrimaryCtxRetain`),
+    /// without changing the current context; kept until the process exits or a reset.
+    pub fn retain_primary(&self, dev: CUdevice) -> Res<()> {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        call!(self, cuDevicePrimaryCtxRetain(&mut ctx, dev))
+    }
+
+    /// `cuDevicePrimaryCtxReset_v2`: ends `dev`'s primary context whatever its references
+    /// and frees everything it owned; the next retain makes it again.
+    pub fn reset_primary(&self, dev: CUdevice) -> Res<()> {
+        call!(self, cuDevicePrimaryCtxReset(dev))
     }
 
     pub fn mem_get_info(&self) -> Res<(usize, usize)> {

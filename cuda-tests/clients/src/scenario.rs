@@ -36,6 +36,13 @@ pub trait Gpu: Sync {
     /// primary context once, which destroys it after its last retain). The driver frees
     /// everything the context owned.
     fn destroy_context(&self, dev: i32) -> Res<()>;
+    /// Primary contexts only: takes one more reference to `dev`'s primary context
+    /// (`cuDevicePrimaryCtxRetain`), kept until the process exits or a reset ends it.
+    fn retain_primary(&self, dev: i32) -> Res<()>;
+    /// Primary contexts only: `cuDevicePrimaryCtxReset_v2`, which ends `dev`'s primary
+    /// context whatever its references and frees everything it owned. The client forgets
+    /// its references without releasing them; the next `context` retains the context again.
+    fn reset_primary(&self, dev: i32) -> Res<()>;
     fn mem_get_info(&self) -> Res<(usize, usize)>;
     fn alloc(&self, path: AllocPath, size: usize) -> Res<Allocation>;
     fn free(&self, allocation: &Allocation) -> Res<()>;
@@ -97,6 +104,12 @@ impl Gpu for Driver {
     fn destroy_context(&self, dev: i32) -> Res<()> {
         Driver::destroy_context(self, dev)
     }
+    fn retain_primary(&self, dev: i32) -> Res<()> {
+        Driver::retain_primary(self, dev)
+    }
+    fn reset_primary(&self, dev: i32) -> Res<()> {
+        Driver::reset_primary(self, dev)
+    }
     fn mem_get_info(&self) -> Res<(usize, usize)> {
         Driver::mem_get_info(self)
     }
@@ -144,15 +157,21 @@ usage: <client> SCENARIO [ARGS]
   alloc-until-oom CHUNK [--path P] [--max N]
   caching-allocator
   hold SIZE [--path P]
-  context-cycle SIZE [--path P]
+  context-cycle SIZE [--path P] [--end release|reset|destroy] [--retains N]
   launch [--kernels N] [--ns-per-wave NS] [--grid G] [--block B] [--stream default|created]
          [--path kernel|ex|cooperative|graph] [--duration-s S]
   threads [--threads N] [--size SIZE] [--iterations N]
   errors
   (linked-client only) nvml
 hold and context-cycle print their line, then keep the process alive until stdin closes.
-context-cycle: SIZE allocated in the context, the context destroyed without freeing it (the
-driver frees what a context owned), a context made again, mem_free read in it.
+context-cycle: SIZE allocated in the context, the context ended without freeing it (the
+driver frees what a context owned), a context made again, mem_free read in it. --end:
+  release (primary contexts, their default): one cuDevicePrimaryCtxRelease, which ends the
+    context only if it drops the last reference;
+  reset (primary contexts): cuDevicePrimaryCtxReset, which ends it whatever its references;
+  destroy (created contexts, their default and only end): cuCtxDestroy.
+  --retains N (primary contexts, default 1): the process holds N references to the primary
+  context before it allocates.
 Environment: CLIENT_CONTEXT=primary (default: device primary contexts, cuDevicePrimaryCtxRetain)
   or created (one non-primary context per device and process, cuCtxCreate; shared by the
   process's threads; cudarc-client makes it with cuCtxCreate_v4, the others with _v2).";
@@ -500,32 +519,96 @@ fn hold<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     std::process::exit(0);
 }
 
-/// Allocates SIZE in the context, reads mem_free, destroys the context WITHOUT freeing the
-/// allocation (the driver frees what a context owned), makes a context again and reads
-/// mem_free in it. Prints the result (or where setup failed), then keeps the process alive
-/// until stdin reaches EOF (like `hold`), so a test can look at the card and the ledger
-/// while the process lives.
+/// How `context-cycle` ends its context (`--end`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ContextEnd {
+    /// One `cuDevicePrimaryCtxRelease_v2` (primary contexts; ends it on the last reference).
+    Release,
+    /// `cuDevicePrimaryCtxReset_v2` (primary contexts; ends it whatever its references).
+    Reset,
+    /// `cuCtxDestroy_v2` (created contexts).
+    Destroy,
+}
+
+impl ContextEnd {
+    fn name(self) -> &'static str {
+        match self {
+            ContextEnd::Release => "release",
+            ContextEnd::Reset => "reset",
+            ContextEnd::Destroy => "destroy",
+        }
+    }
+
+    /// `--end`, defaulting to what ends the `CLIENT_CONTEXT` mode's context; an end of the
+    /// other mode is a usage error.
+    fn from_args(args: &Args) -> Result<ContextEnd, Usage> {
+        let primary = crate::ContextMode::current() == crate::ContextMode::Primary;
+        let end = match args.options.get("end").map(String::as_str) {
+            None if primary => return Ok(ContextEnd::Release),
+            None => return Ok(ContextEnd::Destroy),
+            Some("release") => ContextEnd::Release,
+            Some("reset") => ContextEnd::Reset,
+            Some("destroy") => ContextEnd::Destroy,
+            Some(other) => return Err(Usage(format!("unknown --end {other}"))),
+        };
+        let ends_primary = end != ContextEnd::Destroy;
+        if ends_primary != primary {
+            let needs = if ends_primary { "primary" } else { "created" };
+            return Err(Usage(format!(
+                "--end {} ends {needs} contexts: it needs {}={needs}",
+                end.name(),
+                crate::CONTEXT_VARIABLE
+            )));
+        }
+        Ok(end)
+    }
+}
+
+/// Allocates SIZE in the context (after taking `--retains` references to a primary
+/// context), reads mem_free, ends the context as `--end` says WITHOUT freeing the allocation
+/// (the driver frees what a context owned), makes a context again and reads mem_free in it.
+/// Prints the result (or where setup failed; `destroy_result` is the `--end` call's), then
+/// keeps the process alive until stdin reaches EOF (like `hold`), so a test can look at the
+/// card and the ledger while the process lives.
 fn context_cycle<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let size = args.size_at(0, "SIZE")?;
     let path = args.alloc_path()?;
+    let end = ContextEnd::from_args(args)?;
+    let retains: usize = args.get("retains", 1)?;
+    if retains == 0 {
+        return Err(Usage("--retains must be at least 1".into()));
+    }
+    if retains > 1 && crate::ContextMode::current() != crate::ContextMode::Primary {
+        return Err(Usage(
+            "--retains counts primary-context references: it needs primary contexts".into(),
+        ));
+    }
     let mut line = match setup(gpu) {
         Err(e) => e,
-        Ok(dev) => {
-            let a = gpu.alloc(path, size);
-            let free_held = mem_free_now(gpu);
-            let destroyed = gpu.destroy_context(dev);
-            let again = gpu.context(dev);
-            let free_again = again.ok().and_then(|_| mem_free_now(gpu));
-            json!({
-                "size": size,
-                "path": path.name(),
-                "result": res_name(gpu, &a),
-                "mem_free_held": free_held,
-                "destroy_result": res_name(gpu, &destroyed),
-                "context_result": res_name(gpu, &again),
-                "mem_free": free_again,
-            })
-        }
+        Ok(dev) => match (1..retains).try_for_each(|_| gpu.retain_primary(dev)) {
+            Err(f) => setup_failed(gpu, "retain", f),
+            Ok(()) => {
+                let a = gpu.alloc(path, size);
+                let free_held = mem_free_now(gpu);
+                let ended = match end {
+                    ContextEnd::Reset => gpu.reset_primary(dev),
+                    ContextEnd::Release | ContextEnd::Destroy => gpu.destroy_context(dev),
+                };
+                let again = gpu.context(dev);
+                let free_again = again.ok().and_then(|_| mem_free_now(gpu));
+                json!({
+                    "size": size,
+                    "path": path.name(),
+                    "end": end.name(),
+                    "retains": retains,
+                    "result": res_name(gpu, &a),
+                    "mem_free_held": free_held,
+                    "destroy_result": res_name(gpu, &ended),
+                    "context_result": res_name(gpu, &again),
+                    "mem_free": free_again,
+                })
+            }
+        },
     };
     line["scenario"] = json!("context-cycle");
     line["client"] = json!(gpu.client());

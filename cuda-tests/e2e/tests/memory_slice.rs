@@ -661,3 +661,170 @@ fn after_a_created_context_is_destroyed_pool_and_vmm_memory_is_charged_as_the_ca
     }
     assert_eq!(gpu.truth().used_memory(0), 0);
 }
+
+/// Spawns `context-cycle 512MiB --path PATH` plus `extra` in the primary context and checks
+/// that every step of the cycle succeeded.
+fn primary_cycle(
+    kind: ClientKind,
+    path: &str,
+    extra: &[&str],
+    env: &cuda_e2e::Env,
+) -> cuda_e2e::Running {
+    let mut args = vec!["context-cycle", "512MiB", "--path", path];
+    args.extend_from_slice(extra);
+    let cycle = Client::spawn(kind, &args, env);
+    let line = &cycle.first;
+    for step in ["result", "destroy_result", "context_result"] {
+        assert_eq!(
+            line[step], "CUDA_SUCCESS",
+            "{kind:?} {args:?}: {step}: {line}"
+        );
+    }
+    assert_eq!(
+        line["mem_free_held"],
+        2 * GIB - CONTEXT - 512 * MIB,
+        "{kind:?} {args:?}: {line}"
+    );
+    cycle
+}
+
+/// The card and the region after a cycle whose end took the primary context down: the
+/// context and its 512 MiB were gone before the context was retained again, and now only
+/// that new context is held and charged.
+fn assert_only_the_new_context_is_held(
+    gpu: &FakeGpu,
+    slice: &Slice,
+    cycle: &cuda_e2e::Running,
+    what: &str,
+) {
+    assert_eq!(gpu.truth().peak_memory(0), CONTEXT + 512 * MIB, "{what}");
+    assert_eq!(physical_use_of(gpu, cycle.pid()), CONTEXT, "{what}");
+    assert_eq!(gpu.truth().used_memory(0), CONTEXT, "{what}");
+    assert_eq!(region_used(slice), CONTEXT, "{what}: the region");
+    assert_eq!(
+        cycle.first["mem_free"],
+        2 * GIB - CONTEXT,
+        "{what}: {}",
+        cycle.first
+    );
+}
+
+#[test]
+fn the_last_primary_release_gives_back_the_context_and_what_it_owned() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice.env(&gpu);
+    // The paths whose objects belong to the context (pools and VMM handles outlive it).
+    for path in ["alloc", "pitch", "managed", "array", "array3d", "mipmap"] {
+        for kind in ClientKind::ALL {
+            gpu.truth().reset_peak_memory(0);
+            // The primary context retained once, 512 MiB in it, its one release (the
+            // allocation never freed), a retain again; the process then stays alive.
+            let cycle = primary_cycle(kind, path, &["--end", "release"], &env);
+            assert_eq!(cycle.first["end"], "release", "{}", cycle.first);
+            assert_only_the_new_context_is_held(&gpu, &slice, &cycle, &format!("{kind:?} {path}"));
+            cycle.release();
+        }
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+#[test]
+fn a_primary_release_that_is_not_the_last_gives_back_nothing() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice.env(&gpu);
+    for kind in ClientKind::ALL {
+        gpu.truth().reset_peak_memory(0);
+        // Two references, one released: the context and its 512 MiB live on, and the
+        // retain after the release is the same context again (one context cost, not two).
+        let cycle = primary_cycle(kind, "alloc", &["--retains", "2"], &env);
+        let held = CONTEXT + 512 * MIB;
+        assert_eq!(cycle.first["end"], "release", "{kind:?}: {}", cycle.first);
+        assert_eq!(gpu.truth().peak_memory(0), held, "{kind:?}");
+        assert_eq!(physical_use_of(&gpu, cycle.pid()), held, "{kind:?}");
+        assert_eq!(gpu.truth().used_memory(0), held, "{kind:?}");
+        assert_eq!(region_used(&slice), held, "{kind:?}: the region");
+        assert_eq!(
+            cycle.first["mem_free"],
+            2 * GIB - held,
+            "{kind:?}: {}",
+            cycle.first
+        );
+        cycle.release();
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+#[test]
+fn a_primary_reset_gives_back_the_context_and_what_it_owned_whatever_its_references() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice.env(&gpu);
+    for retains in ["1", "2"] {
+        for path in ["alloc", "pitch", "managed", "array", "array3d", "mipmap"] {
+            for kind in ClientKind::ALL {
+                gpu.truth().reset_peak_memory(0);
+                // cuDevicePrimaryCtxReset with `retains` references held: the context and
+                // its 512 MiB are gone at once; the next retain makes a new context.
+                let extra = ["--end", "reset", "--retains", retains];
+                let cycle = primary_cycle(kind, path, &extra, &env);
+                assert_eq!(cycle.first["end"], "reset", "{}", cycle.first);
+                let what = format!("{kind:?} {path}, {retains} references");
+                assert_only_the_new_context_is_held(&gpu, &slice, &cycle, &what);
+                cycle.release();
+            }
+        }
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+#[test]
+fn after_a_primary_reset_pool_and_vmm_memory_is_charged_as_the_card_holds_it() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice.env(&gpu);
+    for end in ["release", "reset"] {
+        for path in ["async", "pool", "vmm"] {
+            for kind in ClientKind::ALL {
+                let cycle = primary_cycle(kind, path, &["--end", end], &env);
+                let physical = physical_use_of(&gpu, cycle.pid());
+                let what = format!("{kind:?} {path} {end}");
+                assert!(physical >= CONTEXT, "{what}: {physical}");
+                assert_eq!(gpu.truth().used_memory(0), physical, "{what}");
+                assert_eq!(region_used(&slice), physical, "{what}: the region");
+                cycle.release();
+            }
+        }
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+#[test]
+fn context_cycle_refuses_an_end_of_the_other_context_mode() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let primary = slice.env(&gpu);
+    let created = created_context_env(slice.env(&gpu));
+    let refused: [(&cuda_e2e::Env, &[&str]); 6] = [
+        (&primary, &["--end", "destroy"]),
+        (&primary, &["--end", "twice"]),
+        (&primary, &["--retains", "0"]),
+        (&created, &["--end", "reset"]),
+        (&created, &["--end", "release"]),
+        (&created, &["--retains", "2"]),
+    ];
+    for kind in ClientKind::ALL {
+        for (env, extra) in refused {
+            let mut args = vec!["context-cycle", "64MiB"];
+            args.extend_from_slice(extra);
+            let out = Client::output(kind, &args, env);
+            assert_eq!(out.status.code(), Some(2), "{kind:?} {args:?}: {out:?}");
+        }
+    }
+    assert_eq!(
+        gpu.truth().used_memory(0),
+        0,
+        "no usage error reached the driver"
+    );
+}

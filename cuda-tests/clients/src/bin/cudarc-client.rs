@@ -24,6 +24,9 @@ struct Cudarc {
     /// dropping one releases the primary context or destroys the created one, which frees
     /// its memory.
     contexts: Mutex<Vec<Option<Arc<CudaContext>>>>,
+    /// More references to primary contexts (`retain_primary`: `CudaContext::new` again, one
+    /// more cuDevicePrimaryCtxRetain each), kept like `contexts`.
+    retained: Mutex<Vec<Arc<CudaContext>>>,
     /// Modules loaded by `load_kernel` stay loaded for the process lifetime.
     modules: Mutex<Vec<u64>>,
 }
@@ -152,6 +155,31 @@ impl Gpu for Cudarc {
             }
             Err(_) => Err(Fail::Cu(abi::result::CUDA_ERROR_CONTEXT_ALREADY_IN_USE)),
         }
+    }
+
+    fn retain_primary(&self, dev: i32) -> Res<()> {
+        let ctx = cu(CudaContext::new(dev as usize))?;
+        self.retained.lock().expect("retained lock").push(ctx);
+        Ok(())
+    }
+
+    fn reset_primary(&self, dev: i32) -> Res<()> {
+        // cudarc has no wrapper for the reset; its sys binding is the driver's symbol.
+        let mut contexts = self.contexts.lock().expect("context lock");
+        let mut retained = self.retained.lock().expect("retained lock");
+        // SAFETY: by-value call with a device handle (an invalid one is rejected).
+        cu(unsafe { sys::cuDevicePrimaryCtxReset_v2(dev) }.result())?;
+        // The reset ended the context: forget cudarc's objects for it without running their
+        // Drop (one cuDevicePrimaryCtxRelease each), so that this client makes the same
+        // driver calls as the others, which release nothing after a reset.
+        let mut gone: Vec<Arc<CudaContext>> = Vec::new();
+        gone.extend(contexts.get_mut(dev as usize).and_then(Option::take));
+        let (of_dev, others): (Vec<_>, Vec<_>) =
+            retained.drain(..).partition(|ctx| ctx.cu_device() == dev);
+        *retained = others;
+        gone.extend(of_dev);
+        gone.into_iter().for_each(std::mem::forget);
+        Ok(())
     }
 
     fn mem_get_info(&self) -> Res<(usize, usize)> {
@@ -558,6 +586,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let gpu = Cudarc {
         contexts: Mutex::new(Vec::new()),
+        retained: Mutex::new(Vec::new()),
         modules: Mutex::new(Vec::new()),
     };
     let code = cuda_clients::scenario::main_with(&gpu, &args);
