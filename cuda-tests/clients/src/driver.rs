@@ -393,9 +393,14 @@ impl Driver {
     }
 
     /// `cuDevicePrimaryCtxReset_v2`: ends `dev`'s primary context whatever its references
-    /// and frees everything it owned; the next retain makes it again.
+    /// and frees everything it owned; the references stay, the next retain makes it again.
     pub fn reset_primary(&self, dev: CUdevice) -> Res<()> {
         call!(self, cuDevicePrimaryCtxReset(dev))
+    }
+
+    /// One `cuDevicePrimaryCtxRelease_v2` of `dev`'s primary context.
+    pub fn release_primary(&self, dev: CUdevice) -> Res<()> {
+        call!(self, cuDevicePrimaryCtxRelease(dev))
     }
 
     pub fn mem_get_info(&self) -> Res<(usize, usize)> {

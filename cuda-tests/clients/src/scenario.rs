@@ -40,9 +40,13 @@ pub trait Gpu: Sync {
     /// (`cuDevicePrimaryCtxRetain`), kept until the process exits or a reset ends it.
     fn retain_primary(&self, dev: i32) -> Res<()>;
     /// Primary contexts only: `cuDevicePrimaryCtxReset_v2`, which ends `dev`'s primary
-    /// context whatever its references and frees everything it owned. The client forgets
-    /// its references without releasing them; the next `context` retains the context again.
+    /// context whatever its references and frees everything it owned. The references stay
+    /// (a reset does not release them): `release_primary` drops them one by one; the next
+    /// `context` retains the context again, which makes it anew.
     fn reset_primary(&self, dev: i32) -> Res<()>;
+    /// Primary contexts only: drops one reference taken before the last `reset_primary` with
+    /// `cuDevicePrimaryCtxRelease_v2`.
+    fn release_primary(&self, dev: i32) -> Res<()>;
     fn mem_get_info(&self) -> Res<(usize, usize)>;
     fn alloc(&self, path: AllocPath, size: usize) -> Res<Allocation>;
     fn free(&self, allocation: &Allocation) -> Res<()>;
@@ -110,6 +114,9 @@ impl Gpu for Driver {
     fn reset_primary(&self, dev: i32) -> Res<()> {
         Driver::reset_primary(self, dev)
     }
+    fn release_primary(&self, dev: i32) -> Res<()> {
+        Driver::release_primary(self, dev)
+    }
     fn mem_get_info(&self) -> Res<(usize, usize)> {
         Driver::mem_get_info(self)
     }
@@ -157,7 +164,7 @@ usage: <client> SCENARIO [ARGS]
   alloc-until-oom CHUNK [--path P] [--max N]
   caching-allocator
   hold SIZE [--path P]
-  context-cycle SIZE [--path P] [--end release|reset|destroy] [--retains N]
+  context-cycle SIZE [--path P] [--end release|reset|destroy] [--retains N] [--release-after N]
   launch [--kernels N] [--ns-per-wave NS] [--grid G] [--block B] [--stream default|created]
          [--path kernel|ex|cooperative|graph] [--duration-s S]
   threads [--threads N] [--size SIZE] [--iterations N]
@@ -168,10 +175,13 @@ context-cycle: SIZE allocated in the context, the context ended without freeing 
 driver frees what a context owned), a context made again, mem_free read in it. --end:
   release (primary contexts, their default): one cuDevicePrimaryCtxRelease, which ends the
     context only if it drops the last reference;
-  reset (primary contexts): cuDevicePrimaryCtxReset, which ends it whatever its references;
+  reset (primary contexts): cuDevicePrimaryCtxReset, which ends it whatever its references
+    but keeps them (the next retain makes the context anew);
   destroy (created contexts, their default and only end): cuCtxDestroy.
   --retains N (primary contexts, default 1): the process holds N references to the primary
   context before it allocates.
+  --release-after N (with --end reset): after the context is made anew, N releases of
+  references the reset kept (late_releases, mem_free_after_releases).
 Environment: CLIENT_CONTEXT=primary (default: device primary contexts, cuDevicePrimaryCtxRetain)
   or created (one non-primary context per device and process, cuCtxCreate; shared by the
   process's threads; cudarc-client makes it with cuCtxCreate_v4, the others with _v2).";
@@ -583,6 +593,12 @@ fn context_cycle<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
             "--retains counts primary-context references: it needs primary contexts".into(),
         ));
     }
+    let late_releases: usize = args.get("release-after", 0)?;
+    if late_releases > 0 && end != ContextEnd::Reset {
+        return Err(Usage(
+            "--release-after releases references a reset kept: it needs --end reset".into(),
+        ));
+    }
     let mut line = match setup(gpu) {
         Err(e) => e,
         Ok(dev) => match (1..retains).try_for_each(|_| gpu.retain_primary(dev)) {
@@ -596,7 +612,13 @@ fn context_cycle<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
                 };
                 let again = gpu.context(dev);
                 let free_again = again.ok().and_then(|_| mem_free_now(gpu));
+                // References from before the reset, released after the context was made anew.
+                let released: Vec<Res<()>> = (0..late_releases)
+                    .map(|_| gpu.release_primary(dev))
+                    .collect();
                 json!({
+                    "late_releases": released.iter().map(|r| res_name(gpu, r)).collect::<Vec<_>>(),
+                    "mem_free_after_releases": again.ok().and_then(|_| mem_free_now(gpu)),
                     "size": size,
                     "path": path.name(),
                     "end": end.name(),

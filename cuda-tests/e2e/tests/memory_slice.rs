@@ -780,6 +780,37 @@ fn a_primary_reset_gives_back_the_context_and_what_it_owned_whatever_its_referen
 }
 
 #[test]
+fn references_a_reset_kept_are_released_without_losing_the_new_context() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice.env(&gpu);
+    // "Resetting the primary context does not release it": with 2 references, a reset, a
+    // retain (which makes the context anew: 3 references) and late releases of the old ones.
+    // While one reference is left the new context lives and must stay charged; the last
+    // release ends it. (A ledger that zeroed its count at the reset refunded the live context
+    // at the first late release.)
+    for (late, left) in [("1", CONTEXT), ("2", CONTEXT), ("3", 0)] {
+        for kind in ClientKind::ALL {
+            let extra = ["--end", "reset", "--retains", "2", "--release-after", late];
+            let cycle = primary_cycle(kind, "alloc", &extra, &env);
+            let what = format!("{kind:?}, {late} late releases");
+            let releases = cycle.first["late_releases"].as_array().unwrap().clone();
+            assert_eq!(releases.len(), late.parse::<usize>().unwrap(), "{what}");
+            assert!(
+                releases.iter().all(|r| r == "CUDA_SUCCESS"),
+                "{what}: {}",
+                cycle.first
+            );
+            assert_eq!(physical_use_of(&gpu, cycle.pid()), left, "{what}");
+            assert_eq!(gpu.truth().used_memory(0), left, "{what}");
+            assert_eq!(region_used(&slice), left, "{what}: the region");
+            cycle.release();
+        }
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+#[test]
 fn after_a_primary_reset_pool_and_vmm_memory_is_charged_as_the_card_holds_it() {
     let gpu = FakeGpu::start("v100");
     let slice = Slice::builder().device(0, "2GiB", None).build();

@@ -68,13 +68,63 @@ pub enum Settled {
     PastLimit,
 }
 
-/// Primary-context bookkeeping of one device ordinal.
+/// Primary-context bookkeeping of one device ordinal, following the driver's rules: a retain
+/// of an inactive context makes it (and must be charged); the last release of an active one
+/// ends it; a reset ends it but keeps the references ("resetting the primary context does
+/// not release it"), so a retain after a reset makes it anew while the old references are
+/// still released one by one.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PrimaryContext {
     pub refs: u32,
+    /// Whether the context exists on the device (it holds memory).
+    pub active: bool,
     pub handle: u64,
     /// (device entry, bytes) charged for it while active.
     pub charge: Option<(u8, u64)>,
+}
+
+impl PrimaryContext {
+    /// Whether the next retain makes the context (so it must be reserved and measured).
+    pub fn retain_creates(&self) -> bool {
+        !self.active
+    }
+
+    /// A retain succeeded. `made` = what the driver made when [`Self::retain_creates`]:
+    /// its handle and what stays charged for it.
+    pub fn retained(&mut self, made: Option<(u64, Option<(u8, u64)>)>) {
+        self.refs = self.refs.saturating_add(1);
+        if let Some((handle, charge)) = made {
+            self.active = true;
+            self.handle = handle;
+            self.charge = charge;
+        }
+    }
+
+    /// A release succeeded: the context it ended (to refund), if it was the last reference
+    /// of an active context.
+    pub fn released(&mut self) -> Option<PrimaryContext> {
+        self.refs = self.refs.saturating_sub(1);
+        if self.refs == 0 {
+            self.end()
+        } else {
+            None
+        }
+    }
+
+    /// A reset succeeded: the context it ended, if active. The references stay.
+    pub fn reset(&mut self) -> Option<PrimaryContext> {
+        self.end()
+    }
+
+    fn end(&mut self) -> Option<PrimaryContext> {
+        if !self.active {
+            return None;
+        }
+        let ended = *self;
+        self.active = false;
+        self.charge = None;
+        Some(ended)
+    }
 }
 
 /// One process's ledger.
@@ -331,6 +381,38 @@ pub mod tests {
         assert_eq!(ledger.budget.used(0), 4 * MIB);
         assert!(ledger.untrack(ObjectKind::Pointer, 0x20_0000).is_some());
         assert_eq!(ledger.budget.used(0), 0);
+    }
+
+    #[test]
+    fn primary_contexts_follow_the_drivers_retain_release_and_reset_rules() {
+        let charge = Some((0u8, 300 * MIB));
+        let mut p = PrimaryContext::default();
+        assert!(p.retain_creates());
+        p.retained(Some((0xc0, charge)));
+        assert!(!p.retain_creates());
+        p.retained(None);
+        assert_eq!(p.released(), None, "one reference left");
+        let ended = p.released().expect("the last release ends it");
+        assert_eq!((ended.handle, ended.charge), (0xc0, charge));
+        assert!(p.retain_creates());
+        assert_eq!(p.released(), None, "a stray release ends nothing");
+
+        // Retain, reset, retain, release: the driver's context is alive again with one
+        // reference, so it must stay charged.
+        p.retained(Some((0xc0, charge)));
+        assert_eq!(p.reset().map(|e| e.charge), Some(charge));
+        assert_eq!(p.reset(), None, "already ended");
+        assert!(p.retain_creates(), "a retain after a reset makes it anew");
+        p.retained(Some((0xc0, charge)));
+        assert_eq!(p.released(), None, "the reference from before the reset");
+        assert_eq!(p.charge, charge);
+        assert!(p.released().is_some(), "the last one ends it");
+
+        // Reset, then the old reference released: nothing more to end.
+        p.retained(Some((0xc0, charge)));
+        assert!(p.reset().is_some());
+        assert_eq!(p.released(), None);
+        assert_eq!((p.refs, p.active, p.charge), (0, false, None));
     }
 
     #[test]

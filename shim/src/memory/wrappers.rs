@@ -567,29 +567,36 @@ pub unsafe fn primary_ctx_retain(
     let Some(entry) = primary_entry(&mut primaries, dev) else {
         return real(pctx, dev);
     };
-    if entry.refs > 0 {
+    if !entry.retain_creates() {
         let result = real(pctx, dev);
         if result == CUDA_SUCCESS {
-            entry.refs += 1;
+            entry.retained(None);
         }
         return result;
     }
-    // The first retain made the primary context: the real release (not our hook, whose
-    // bookkeeping has no entry for it yet) drops it again.
+    // This retain makes the primary context; undoing it takes it down again through the real
+    // driver (not our hooks, whose bookkeeping has no context yet). With no reference before,
+    // the release does that. After a reset, older references keep it alive through a release,
+    // so it is reset first (it was made just now: nothing else lives in it), then released.
+    let references_before = entry.refs;
     let undo = || {
-        // SAFETY: plain by-value call; drops the one reference the retain above took.
+        // SAFETY: plain by-value calls on the device ordinal the retain just succeeded for.
+        let ended = references_before == 0
+            || real::cuDevicePrimaryCtxReset_v2()
+                .is_some_and(|reset| unsafe { reset(dev) } == CUDA_SUCCESS);
+        // SAFETY: as above; drops the one reference the retain took.
         let released = real::cuDevicePrimaryCtxRelease_v2()
             .is_some_and(|release| unsafe { release(dev) } == CUDA_SUCCESS);
-        if released && !pctx.is_null() {
+        let undone = ended && (released || references_before > 0);
+        if undone && !pctx.is_null() {
             *pctx = std::ptr::null_mut();
         }
-        released
+        undone
     };
     let (result, charge) = create_context(process, shared, dev, || real(pctx, dev), undo);
     if result == CUDA_SUCCESS {
-        entry.refs = 1;
-        entry.charge = charge;
-        entry.handle = if pctx.is_null() { 0 } else { *pctx as u64 };
+        let handle = if pctx.is_null() { 0 } else { *pctx as u64 };
+        entry.retained(Some((handle, charge)));
     }
     result
 }
@@ -611,48 +618,34 @@ pub unsafe fn primary_ctx_release(
     real: sig::cuDevicePrimaryCtxRelease_v2,
     dev: CUdevice,
 ) -> CUresult {
-    end_primary(
-        dev,
-        || real(dev),
-        |entry| {
-            entry.refs = entry.refs.saturating_sub(1);
-            entry.refs == 0
-        },
-    )
+    end_primary(dev, || real(dev), PrimaryContext::released)
 }
 
 pub unsafe fn primary_ctx_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> CUresult {
-    end_primary(
-        dev,
-        || real(dev),
-        |entry| entry.refs > 0 || entry.charge.is_some(),
-    )
+    end_primary(dev, || real(dev), PrimaryContext::reset)
 }
 
 /// Runs the driver's release or reset of `dev`'s primary context under the primaries lock;
-/// when it succeeded and `ends` says it ended the context, books the context and what it
+/// when it succeeded and `ends` says which context it ended, books that context and what it
 /// owned as gone.
 fn end_primary(
     dev: CUdevice,
     call: impl FnOnce() -> CUresult,
-    ends: impl FnOnce(&mut PrimaryContext) -> bool,
+    ends: impl FnOnce(&mut PrimaryContext) -> Option<PrimaryContext>,
 ) -> CUresult {
     let Some(process) = process() else {
         return call();
     };
     let mut primaries = lock(&process.ledger.primaries);
     let result = call();
-    let mut gone = None;
-    if result == CUDA_SUCCESS {
-        if let Some(entry) = primary_entry(&mut primaries, dev) {
-            if ends(entry) {
-                gone = Some(std::mem::take(entry));
-            }
-        }
-    }
+    let gone = if result == CUDA_SUCCESS {
+        primary_entry(&mut primaries, dev).and_then(ends)
+    } else {
+        None
+    };
     drop(primaries);
-    if let Some(entry) = gone {
-        primary_gone(process, entry);
+    if let Some(ended) = gone {
+        primary_gone(process, ended);
         reread_pools(process);
     }
     result

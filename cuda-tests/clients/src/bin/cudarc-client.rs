@@ -27,6 +27,8 @@ struct Cudarc {
     /// More references to primary contexts (`retain_primary`: `CudaContext::new` again, one
     /// more cuDevicePrimaryCtxRetain each), kept like `contexts`.
     retained: Mutex<Vec<Arc<CudaContext>>>,
+    /// References a reset kept (see `reset_primary`), released by `release_primary`.
+    stale: Mutex<Vec<Arc<CudaContext>>>,
     /// Modules loaded by `load_kernel` stay loaded for the process lifetime.
     modules: Mutex<Vec<u64>>,
 }
@@ -169,17 +171,40 @@ impl Gpu for Cudarc {
         let mut retained = self.retained.lock().expect("retained lock");
         // SAFETY: by-value call with a device handle (an invalid one is rejected).
         cu(unsafe { sys::cuDevicePrimaryCtxReset_v2(dev) }.result())?;
-        // The reset ended the context: forget cudarc's objects for it without running their
-        // Drop (one cuDevicePrimaryCtxRelease each), so that this client makes the same
-        // driver calls as the others, which release nothing after a reset.
-        let mut gone: Vec<Arc<CudaContext>> = Vec::new();
-        gone.extend(contexts.get_mut(dev as usize).and_then(Option::take));
+        // The reset ended the context but kept its references: cudarc's objects for it move
+        // to `stale`, where each drop (cudarc's Drop: one cuDevicePrimaryCtxRelease_v2) is
+        // `release_primary`, as the other clients release by hand.
+        let mut stale = self.stale.lock().expect("stale lock");
+        stale.extend(contexts.get_mut(dev as usize).and_then(Option::take));
         let (of_dev, others): (Vec<_>, Vec<_>) =
             retained.drain(..).partition(|ctx| ctx.cu_device() == dev);
         *retained = others;
-        gone.extend(of_dev);
-        gone.into_iter().for_each(std::mem::forget);
+        stale.extend(of_dev);
         Ok(())
+    }
+
+    fn release_primary(&self, dev: i32) -> Res<()> {
+        // References the reset kept first, then the one `context` took since.
+        let kept = {
+            let mut stale = self.stale.lock().expect("stale lock");
+            let index = stale.iter().position(|ctx| ctx.cu_device() == dev);
+            index.map(|i| stale.swap_remove(i))
+        };
+        let ctx = kept
+            .or_else(|| {
+                let mut contexts = self.contexts.lock().expect("context lock");
+                contexts.get_mut(dev as usize).and_then(Option::take)
+            })
+            .ok_or(Fail::Cu(abi::result::CUDA_ERROR_INVALID_CONTEXT))?;
+        // cudarc keeps the release's result to itself: success means "dropped"; the tests
+        // judge the outcome by the card.
+        match Arc::try_unwrap(ctx) {
+            Ok(ctx) => {
+                drop(ctx);
+                Ok(())
+            }
+            Err(_) => Err(Fail::Cu(abi::result::CUDA_ERROR_CONTEXT_ALREADY_IN_USE)),
+        }
     }
 
     fn mem_get_info(&self) -> Res<(usize, usize)> {
@@ -587,6 +612,7 @@ fn main() {
     let gpu = Cudarc {
         contexts: Mutex::new(Vec::new()),
         retained: Mutex::new(Vec::new()),
+        stale: Mutex::new(Vec::new()),
         modules: Mutex::new(Vec::new()),
     };
     let code = cuda_clients::scenario::main_with(&gpu, &args);

@@ -1,7 +1,9 @@
 //! Contexts: primary contexts (retain/release/reset), created contexts, and each thread's
 //! current-context stack. A context costs `FAKEGPU_CTX_OVERHEAD` bytes of device memory from
-//! creation until it is destroyed (or the primary context's last release/reset), and taking
-//! it down frees everything allocated in it, as the real driver does.
+//! creation until it is destroyed (or the primary context's last release, or a reset), and
+//! taking it down frees everything allocated in it, as the real driver does. A reset keeps the
+//! primary context's references: the next retain makes it anew, and the old references are
+//! still released one by one (the last release of an inactive context ends nothing).
 
 use super::{kind, sleep_until, with_stack, Cuda, Tables, R};
 use gpuslice_abi::cuda::result::*;
@@ -136,7 +138,8 @@ impl Cuda {
         let mut t = self.lock();
         let h = self.primary_handle(&mut t, dev);
         let c = t.contexts.get_mut(&h).expect("primary exists");
-        if c.refcount == 0 {
+        // Inactive with references left is the state after a reset: a retain makes it anew.
+        if !c.active {
             self.charge_ctx(dev)?;
             c.active = true;
         }
@@ -153,7 +156,7 @@ impl Cuda {
             return Err(CUDA_ERROR_INVALID_CONTEXT);
         }
         c.refcount -= 1;
-        if c.refcount == 0 {
+        if c.refcount == 0 && c.active {
             c.active = false;
             self.teardown(&mut t, h, dev);
         }
@@ -165,9 +168,10 @@ impl Cuda {
         let mut t = self.lock();
         let h = self.primary_handle(&mut t, dev);
         let c = t.contexts.get_mut(&h).expect("primary exists");
+        // "Resetting the primary context does not release it": the references stay, and
+        // releasing them afterwards is legal (cuDevicePrimaryCtxReset in the driver API docs).
         if c.active {
             c.active = false;
-            c.refcount = 0;
             self.teardown(&mut t, h, dev);
         }
         Ok(())
@@ -304,6 +308,22 @@ mod tests {
         c.primary_retain(0).unwrap();
         c.primary_reset(0).unwrap();
         assert_eq!(c.primary_state(0).unwrap(), (0, false));
+        assert_eq!(st.used_memory(0), 0);
+        // The reset kept that reference: a retain makes the context anew (one more
+        // reference), releasing the old reference leaves it active, the last one ends it.
+        c.primary_retain(0).unwrap();
+        assert_eq!(st.used_memory(0), 10 << 20);
+        c.primary_release(0).unwrap();
+        assert_eq!(c.primary_state(0).unwrap(), (0, true));
+        assert_eq!(st.used_memory(0), 10 << 20);
+        c.primary_release(0).unwrap();
+        assert_eq!(c.primary_state(0).unwrap(), (0, false));
+        assert_eq!(st.used_memory(0), 0);
+        // A release after a reset, with no retain in between, is legal and ends nothing more.
+        c.primary_retain(0).unwrap();
+        c.primary_reset(0).unwrap();
+        c.primary_release(0).unwrap();
+        assert_eq!(c.primary_release(0), Err(CUDA_ERROR_INVALID_CONTEXT));
         assert_eq!(st.used_memory(0), 0);
     }
 
