@@ -464,21 +464,31 @@ fn a_context_bigger_than_the_bound_that_fits_is_charged_what_it_costs() {
     let out = Client::run(ClientKind::Linked, &["meminfo"], &env);
     assert_eq!(out["free"], 2 * GIB - 700 * MIB, "{out}");
     for kind in ClientKind::ALL {
-        gpu.truth().reset_peak_memory(0);
-        let out = Client::run(kind, &["alloc-until-oom", "64MiB"], &env);
-        assert_eq!(out["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{kind:?}: {out}");
-        // 2048 - 700 = 1348 MiB: twenty-one 64 MiB chunks fit, the twenty-second does not.
-        assert_eq!(out["count"], 21, "{kind:?}: {out}");
-        assert_eq!(out["mem_free_at_oom"], 4 * MIB, "{kind:?}: {out}");
-        // The card itself held the 700 MiB context and the 21 chunks at once, never more:
-        // the context was charged what it really cost, not the 512 MiB bound.
-        assert_eq!(
-            gpu.truth().peak_memory(0),
-            700 * MIB + 21 * 64 * MIB,
-            "{kind:?}: the card's high-water mark"
-        );
+        fills_a_2_gib_slice_after_a_700_mib_context(&gpu, kind, &env);
     }
     assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+/// alloc-until-oom in 64 MiB chunks in a 2 GiB slice whose contexts cost 700 MiB: the slice
+/// is filled exactly, judged by the card's high-water mark.
+fn fills_a_2_gib_slice_after_a_700_mib_context(
+    gpu: &FakeGpu,
+    kind: ClientKind,
+    env: &cuda_e2e::Env,
+) {
+    gpu.truth().reset_peak_memory(0);
+    let out = Client::run(kind, &["alloc-until-oom", "64MiB"], env);
+    assert_eq!(out["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{kind:?}: {out}");
+    // 2048 - 700 = 1348 MiB: twenty-one 64 MiB chunks fit, the twenty-second does not.
+    assert_eq!(out["count"], 21, "{kind:?}: {out}");
+    assert_eq!(out["mem_free_at_oom"], 4 * MIB, "{kind:?}: {out}");
+    // The card itself held the 700 MiB context and the 21 chunks at once, never more: the
+    // context was charged what it really cost, not the 512 MiB bound.
+    assert_eq!(
+        gpu.truth().peak_memory(0),
+        700 * MIB + 21 * 64 * MIB,
+        "{kind:?}: the card's high-water mark is the cap, filled"
+    );
 }
 
 /// `env` with the clients in created (non-primary) contexts: `CLIENT_CONTEXT=created`.
@@ -565,17 +575,7 @@ fn a_created_context_bigger_than_the_bound_that_fits_is_charged_what_it_costs() 
 
         let out = Client::run(kind, &["meminfo"], &env);
         assert_eq!(out["free"], 2 * GIB - 700 * MIB, "{kind:?}: {out}");
-        gpu.truth().reset_peak_memory(0);
-        let out = Client::run(kind, &["alloc-until-oom", "64MiB"], &env);
-        assert_eq!(out["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{kind:?}: {out}");
-        // 2048 - 700 = 1348 MiB: twenty-one 64 MiB chunks fit, the twenty-second does not.
-        assert_eq!(out["count"], 21, "{kind:?}: {out}");
-        assert_eq!(out["mem_free_at_oom"], 4 * MIB, "{kind:?}: {out}");
-        assert_eq!(
-            gpu.truth().peak_memory(0),
-            700 * MIB + 21 * 64 * MIB,
-            "{kind:?}: the card's high-water mark is the cap, filled"
-        );
+        fills_a_2_gib_slice_after_a_700_mib_context(&gpu, kind, &env);
     }
     assert_eq!(gpu.truth().used_memory(0), 0);
 }

@@ -33,6 +33,20 @@ struct Cudarc {
     modules: Mutex<Vec<u64>>,
 }
 
+/// Drops `ctx`, which must be the only reference (no stream or module object of cudarc's
+/// holds one): cudarc's Drop runs cuCtxDestroy_v2 or cuDevicePrimaryCtxRelease_v2. cudarc
+/// keeps that call's result to itself, so success here means "dropped"; the tests judge the
+/// outcome by the card.
+fn drop_last_reference(ctx: Arc<CudaContext>) -> Res<()> {
+    match Arc::try_unwrap(ctx) {
+        Ok(ctx) => {
+            drop(ctx);
+            Ok(())
+        }
+        Err(_) => Err(Fail::Cu(abi::result::CUDA_ERROR_CONTEXT_ALREADY_IN_USE)),
+    }
+}
+
 /// A symbol from cudarc's own library handle, for calls whose arguments its typed wrappers
 /// cannot express (an out-of-range error code would be an invalid enum value).
 fn raw<T: Copy>(name: &str) -> Option<T> {
@@ -146,17 +160,7 @@ impl Gpu for Cudarc {
             .get_mut(dev as usize)
             .and_then(Option::take)
             .ok_or(Fail::Cu(abi::result::CUDA_ERROR_INVALID_CONTEXT))?;
-        // The only reference (no stream or module object of cudarc's holds one): dropping it
-        // runs cudarc's Drop, cuCtxDestroy_v2 or cuDevicePrimaryCtxRelease_v2. cudarc keeps
-        // that call's result to itself, so success here means "dropped"; the tests judge the
-        // outcome by the card.
-        match Arc::try_unwrap(ctx) {
-            Ok(ctx) => {
-                drop(ctx);
-                Ok(())
-            }
-            Err(_) => Err(Fail::Cu(abi::result::CUDA_ERROR_CONTEXT_ALREADY_IN_USE)),
-        }
+        drop_last_reference(ctx)
     }
 
     fn retain_primary(&self, dev: i32) -> Res<()> {
@@ -196,15 +200,7 @@ impl Gpu for Cudarc {
                 contexts.get_mut(dev as usize).and_then(Option::take)
             })
             .ok_or(Fail::Cu(abi::result::CUDA_ERROR_INVALID_CONTEXT))?;
-        // cudarc keeps the release's result to itself: success means "dropped"; the tests
-        // judge the outcome by the card.
-        match Arc::try_unwrap(ctx) {
-            Ok(ctx) => {
-                drop(ctx);
-                Ok(())
-            }
-            Err(_) => Err(Fail::Cu(abi::result::CUDA_ERROR_CONTEXT_ALREADY_IN_USE)),
-        }
+        drop_last_reference(ctx)
     }
 
     fn mem_get_info(&self) -> Res<(usize, usize)> {
