@@ -3,6 +3,7 @@
 Each subcommand prints ONE line: STATUS<TAB>{numbers json}<TAB>detail. The thresholds are
 arguments (validate.sh passes its env-overridable defaults), so a verdict is reproducible
 from report.json alone. A helper output without a RESULT line is a FAIL naming the file.
+Check 8's driver_facts.py judges itself and prints one JSON object; `facts` relays it.
 """
 
 import argparse
@@ -229,6 +230,62 @@ def cmd_overhead(args):
     return verdict("PASS", numbers, "every rate ratio >= %.2f" % args.min_ratio)
 
 
+def facts_of(path):
+    """driver_facts.py's JSON object: the last stdout line that is one with a verdict."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and "verdict" in value:
+            return value
+    return None
+
+
+def cmd_facts(args):
+    """Check 8: driver_facts.py judges itself (PASS, FAIL, ERROR = could not run); this
+    relays its verdict with the numbers worth a table row."""
+    f = facts_of(args.file)
+    if f is None:
+        return verdict("FAIL", {}, "no JSON from driver_facts.py in %s (crash or timeout; see "
+                       "validate.log)" % args.file)
+    pa = f.get("proc_address") or {}
+    reset = f.get("primary_reset") or {}
+    cost = f.get("context_cost") or {}
+    mismatches = pa.get("mismatches") or []
+    active = [o.get("active") for o in reset.get("observed") or []]
+    numbers = {
+        "cuda_driver_version": f.get("cuda_driver_version"),
+        "procaddr_lookups": pa.get("checked"),
+        "procaddr_mismatches": len(mismatches) if pa else None,
+        "procaddr_not_offered": len(pa.get("not_offered") or []) if pa else None,
+        "primary_active_sequence": ",".join(str(a) for a in active) or None,
+        "release_past_zero": (reset.get("release_past_zero") or {}).get("result"),
+        "context_mib": cost.get("context_mib"),
+        "context_source": cost.get("context_source"),
+        "reset_frees_mib": cost.get("reset_frees_mib"),
+        "alloc_1_byte_mib": cost.get("alloc_1_byte_mib"),
+        "granularity_min_bytes": cost.get("granularity_min_bytes"),
+    }
+    if mismatches:
+        numbers["procaddr_mismatched"] = sorted({m.get("name") for m in mismatches})
+    reasons = "; ".join(f.get("reasons") or []) or "no reason given"
+    if f["verdict"] == "FAIL":
+        return verdict("FAIL", numbers, reasons)
+    if f["verdict"] != "PASS":
+        return verdict("SKIP", numbers, "driver_facts.py could not run: " + reasons)
+    return verdict("PASS", numbers,
+                   "%s cuGetProcAddress lookups are the hooked exports; primary context active %s "
+                   "as documented; a context costs %s MiB (%s)"
+                   % (pa.get("checked"), numbers["primary_active_sequence"],
+                      numbers["context_mib"], numbers["context_source"] or "NVML could not tell"))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -258,10 +315,12 @@ def main():
     c.add_argument("--launch", nargs=3, required=True, metavar=("BARE", "UNCONF", "LIMITED"))
     c.add_argument("--alloc", nargs=3, required=True, metavar=("BARE", "UNCONF", "LIMITED"))
     c.add_argument("--min-ratio", type=float, required=True)
+    c = sub.add_parser("facts")
+    c.add_argument("file")
     args = p.parse_args()
     try:
         return {"cap": cmd_cap, "two": cmd_two, "share": cmd_share, "pair": cmd_pair,
-                "overhead": cmd_overhead}[args.cmd](args)
+                "overhead": cmd_overhead, "facts": cmd_facts}[args.cmd](args)
     except (KeyError, TypeError, ZeroDivisionError, ValueError) as e:
         # A malformed helper output is a wrong outcome, never a crash of the whole script.
         return verdict("FAIL", {}, "cannot evaluate (%s: %s)" % (type(e).__name__, e))

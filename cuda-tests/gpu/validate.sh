@@ -4,12 +4,12 @@
 #
 #   bash cuda-tests/gpu/validate.sh              # every check (about 4-5 minutes on an H200)
 #   bash cuda-tests/gpu/validate.sh --dry-run    # explain what would run; runs nothing
-#   bash cuda-tests/gpu/validate.sh --only 1,7   # chosen checks only
+#   bash cuda-tests/gpu/validate.sh --only 1,7   # chosen checks only (7 and 8 need no nvidia-smi)
 #
 # Needs target/release/libgpuslice.so (cargo build --release -p gpuslice-shim -p gpuslice-ctl),
-# or GPUSLICE_LIB=path. Writes $OUT/report.json, $OUT/report.md and $OUT/validate.log
-# (OUT defaults to ./gpu-report) and prints a PASS/FAIL table last. Exit: 0 no FAIL, 1 a FAIL,
-# 2 bad usage or no shim. Without nvidia-smi on PATH it behaves as --dry-run.
+# or GPUSLICE_LIB=path (--only 8 does not). Writes $OUT/report.json, $OUT/report.md and
+# $OUT/validate.log (OUT defaults to ./gpu-report) and prints a PASS/FAIL table last. Exit: 0 no
+# FAIL, 1 a FAIL, 2 bad usage or no shim. Without nvidia-smi on PATH it behaves as --dry-run.
 # Each check SKIPs (never FAILs) when its tool is absent; every GPU step runs under `timeout`,
 # and a total budget (GPUSLICE_VALIDATE_BUDGET_S, default 330 s) skips what would not fit.
 # cuda-tests/gpu/README.md says what each check proves.
@@ -174,7 +174,7 @@ chmod +x "$IN_SLICE" "$OUTSIDE"
 # ---------------------------------------------------------------------------------------------
 # Plan (printed by --dry-run, and logged on a real run)
 # ---------------------------------------------------------------------------------------------
-CHECK_IDS=(1 2 3 4 5 6 7)
+CHECK_IDS=(1 2 3 4 5 6 7 8)
 declare -A TITLE=(
     [1]="nvidia-smi shows the slice"
     [2]="PyTorch memory cap"
@@ -183,6 +183,7 @@ declare -A TITLE=(
     [5]="compute share"
     [6]="shim overhead"
     [7]="non-CUDA processes unaffected"
+    [8]="driver facts the shim relies on"
 )
 declare -A PLAN=(
     [1]="nvidia-smi (table, --query-gpu=memory.total,memory.used, -q -d MEMORY) with and without the shim under a ${CAP_MIB} MiB limit: ${CAP_MIB}MiB inside, the whole card outside"
@@ -192,6 +193,7 @@ declare -A PLAN=(
     [5]="compute_share.py (bf16 8192^3 matmul loop) and spin (nvcc, full-GPU spin kernels) alone at 100% without the shim, then at 25/50/100% under the shim: throughput ratio and NVML process utilisation (pynvml, outside the shim) vs target +-${TOL}; then 25% beside an unthrottled neighbour"
     [6]="spin launch (empty kernels/s) and alloc (cudaMalloc+cudaFree pairs/s): bare, shim with no limit file, shim with limits (memory cap, compute 100); ratios >= ${MIN_RATIO}"
     [7]="python3, bash and ls (exit codes 3/5/2, stdout and stderr) bare vs under the shim with a valid, a missing and an invalid limit file: byte-identical"
+    [8]="driver_facts.py without the shim (ctypes on libcuda.so.1, libnvidia-ml.so.1): cuGetProcAddress_v2 at 12080 and the driver's version, default and per-thread stream, returns dlsym of every export the shim hooks; primary context active 0/1/0/1/1/0 over retain, reset, retain, release, release; reports the context's NVML cost, the VMM granularity and a 1-byte cuMemAlloc's cost"
 )
 
 detect_tools() {
@@ -478,6 +480,14 @@ check_7() {
     fi
 }
 
+check_8() {
+    local id=8 name=${TITLE[8]}
+    budget_ok 20 || { record "$id" "$name" SKIP '{}' "time budget (${BUDGET_S}s) spent"; return; }
+    # Its exit code (0 PASS, 1 FAIL, 2 could not run) repeats the verdict in its JSON.
+    step facts 60 "$OUTSIDE" "$PY" "$HERE/driver_facts.py"
+    "$PY" "$HERE/evaluate.py" facts "$WORK/facts.out" | record_eval "$id" "$name"
+}
+
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
@@ -513,7 +523,12 @@ if [ "$MODE" = dry-run ]; then
     exit 0
 fi
 
-if [ "$HAVE_SHIM" -eq 0 ]; then
+# Check 8 runs without the shim; every other check needs it.
+NEEDS_SHIM=0
+for id in "${CHECK_IDS[@]}"; do
+    if [ "$id" != 8 ] && selected "$id"; then NEEDS_SHIM=1; fi
+done
+if [ "$HAVE_SHIM" -eq 0 ] && [ "$NEEDS_SHIM" -eq 1 ]; then
     log "validate.sh: $SHIM not found: build it (cargo build --release -p gpuslice-shim -p gpuslice-ctl) or set GPUSLICE_LIB"
     exit 2
 fi
@@ -530,10 +545,11 @@ if [ -x "$CLI" ]; then
     envinfo gpuslice_check "rc $? $(head -1 "$WORK/gpuslice-check.out")"
 fi
 
-# Longest last, so the budget guard cuts the least.
-for id in 1 2 3 4 7 6 5; do
+# Longest last, so the budget guard cuts the least; 8 first: the facts the others rest on.
+for id in 8 1 2 3 4 7 6 5; do
     selected "$id" || continue
-    if [ "$id" != 7 ] && [ "$HAVE_SMI" -eq 0 ]; then
+    # 7 needs no GPU; 8 needs only a libcuda.so.1 (it says so itself when there is none).
+    if [ "$id" != 7 ] && [ "$id" != 8 ] && [ "$HAVE_SMI" -eq 0 ]; then
         record "$id" "${TITLE[$id]}" SKIP '{}' "no nvidia-smi: no NVIDIA GPU here"
         continue
     fi
