@@ -214,4 +214,15 @@ fn install_lays_out_the_driver_under_its_real_names() {
         !scratch.dir.join("other").exists(),
         "nothing half-installed"
     );
+
+    // An option is never taken for DIR (`install --help` once created `./--help`).
+    for (option, code) in [("--help", Some(0)), ("--force", Some(2))] {
+        let out = Command::new(artifact("fakegpu"))
+            .current_dir(&scratch.dir)
+            .args(["install", option])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), code, "install {option}");
+        assert!(!scratch.dir.join(option).exists(), "install {option}");
+    }
 }

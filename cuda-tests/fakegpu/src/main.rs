@@ -48,6 +48,14 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Some("install") => match &args[1..] {
+            [flag] if matches!(flag.as_str(), "--help" | "-h") => {
+                print!("{HELP}");
+                return ExitCode::SUCCESS;
+            }
+            // An option is never a directory name: `install --help` once made `./--help`.
+            [dir] if dir.starts_with('-') => {
+                Err(usage(&format!("install: unknown option `{dir}`")))
+            }
             [dir] => install(Path::new(dir)),
             _ => Err(usage("install takes exactly one DIR")),
         },
