@@ -3,9 +3,11 @@
 //! `cuDeviceGetUuid_v2` (or `cuDeviceGetUuid`) for CUDA devices and `nvmlDeviceGetUUID` for
 //! NVML handles; both spell it `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`. Also the one read
 //! of a device's process list through the REAL NVML (the memory ledger's host-PID discovery
-//! and process lists, the throttle's measurement), never through our filtering wrappers.
+//! and process lists, the throttle's measurement), never through our filtering wrappers, and
+//! the one initialisation of the real NVML and device-handle lookup those reads use.
 
-use std::ffi::{c_char, c_uint, CStr};
+use std::ffi::{c_char, c_uint, CStr, CString};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use gpuslice_abi::cuda::{result::CUDA_SUCCESS, CUdevice, CUuuid};
 use gpuslice_abi::nvml::ret::{
@@ -90,6 +92,47 @@ pub(crate) fn nvml_identity(device: nvmlDevice_t) -> (u32, String) {
         unsafe { get_index(device, &mut index) };
     }
     (index, uuid)
+}
+
+/// Initialises the real NVML once for the shim's own reads (the memory ledger's host-PID
+/// discovery and reaping, the throttle's measurement); false when it is missing or refuses.
+/// Never shut down: NVML counts inits, so the application's own init/shutdown pairs stay
+/// balanced on top of ours.
+pub(crate) fn real_nvml_ready() -> bool {
+    const UNKNOWN: u8 = 0;
+    const READY: u8 = 1;
+    const FAILED: u8 = 2;
+    static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+    match STATE.load(Ordering::Acquire) {
+        READY => return true,
+        FAILED => return false,
+        _ => {}
+    }
+    // SAFETY: nvmlInit_v2 takes no arguments and may be called from any thread.
+    let ready = real::nvmlInit_v2().is_some_and(|init| unsafe { init() } == NVML_SUCCESS);
+    STATE.store(if ready { READY } else { FAILED }, Ordering::Release);
+    ready
+}
+
+/// The real NVML's handle of the device with `uuid`, else (when given) of `index`.
+pub(crate) fn real_nvml_handle(uuid: &str, index: Option<u32>) -> Option<nvmlDevice_t> {
+    if !real_nvml_ready() {
+        return None;
+    }
+    let mut handle: nvmlDevice_t = std::ptr::null_mut();
+    if let (false, Some(by_uuid), Ok(c_uuid)) = (
+        uuid.is_empty(),
+        real::nvmlDeviceGetHandleByUUID(),
+        CString::new(uuid),
+    ) {
+        // SAFETY: NUL-terminated UUID and a valid out-pointer.
+        if unsafe { by_uuid(c_uuid.as_ptr(), &mut handle) } == NVML_SUCCESS {
+            return Some(handle);
+        }
+    }
+    let by_index = real::nvmlDeviceGetHandleByIndex_v2()?;
+    // SAFETY: a valid out-pointer; NVML rejects an index it does not have.
+    (unsafe { by_index(index?, &mut handle) } == NVML_SUCCESS).then_some(handle)
 }
 
 /// `nvmlDeviceGetComputeRunningProcesses_v3` (v2 on older drivers) of the real NVML, growing

@@ -2,7 +2,7 @@
 //! VMM, contexts) and for NVML's process lists. Each is a thin shell: read the arguments,
 //! reserve through the ledger, call the real function, settle with what the driver reports.
 
-use std::ffi::{c_int, c_uint, c_void, CString};
+use std::ffi::{c_int, c_uint, c_void};
 
 use gpuslice_abi::cuda::pool_attr::RESERVED_MEM_CURRENT;
 use gpuslice_abi::cuda::result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
@@ -653,33 +653,6 @@ fn end_primary(
 
 // ---------------------------------------------------------------- NVML
 
-/// Initialises the real NVML once; false when it is missing or refuses.
-fn nvml_ready() -> bool {
-    static NVML_READY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-    if NVML_READY.load(std::sync::atomic::Ordering::Acquire) == 0 {
-        let Some(init) = real::nvmlInit_v2() else {
-            NVML_READY.store(2, std::sync::atomic::Ordering::Release);
-            return false;
-        };
-        // SAFETY: no arguments; refcounted by NVML, never shut down by us.
-        let ok = unsafe { init() } == NVML_SUCCESS;
-        NVML_READY.store(if ok { 1 } else { 2 }, std::sync::atomic::Ordering::Release);
-    }
-    NVML_READY.load(std::sync::atomic::Ordering::Acquire) == 1
-}
-
-/// The real NVML handle of the device with `uuid`.
-fn nvml_by_uuid(uuid: &str) -> Option<nvmlDevice_t> {
-    if !nvml_ready() {
-        return None;
-    }
-    let uuid = CString::new(uuid).ok()?;
-    let by_uuid = real::nvmlDeviceGetHandleByUUID()?;
-    let mut handle: nvmlDevice_t = std::ptr::null_mut();
-    // SAFETY: NUL-terminated UUID and a valid out-pointer.
-    (unsafe { by_uuid(uuid.as_ptr(), &mut handle) } == NVML_SUCCESS).then_some(handle)
-}
-
 /// Whether the driver no longer holds the memory of a dead slot's process, so its budget may
 /// be given back (the region's two-phase reap; see "Reaping" in `gpuslice_common::region`).
 ///
@@ -720,7 +693,9 @@ fn nvml_lists(shared: &Shared, dead: &DeadSlot) -> Option<bool> {
             continue;
         }
         let uuid = shared.region.device_uuid(DeviceId::from_index(index)?);
-        let list = crate::devices::nvml_compute_processes(nvml_by_uuid(&uuid)?).ok()?;
+        let list =
+            crate::devices::nvml_compute_processes(crate::devices::real_nvml_handle(&uuid, None)?)
+                .ok()?;
         if list.iter().any(|p| p.pid == dead.host_pid) {
             return Some(true);
         }
@@ -728,16 +703,9 @@ fn nvml_lists(shared: &Shared, dead: &DeadSlot) -> Option<bool> {
     Some(false)
 }
 
-/// The NVML handle of a CUDA device (by UUID), initialising the real NVML once.
+/// The real NVML handle of a CUDA device (by UUID: NVML's index order may differ).
 fn nvml_for_cuda(ordinal: CUdevice) -> Option<nvmlDevice_t> {
-    if !nvml_ready() {
-        return None;
-    }
-    let uuid = CString::new(crate::devices::cuda_device_uuid(ordinal)).ok()?;
-    let by_uuid = real::nvmlDeviceGetHandleByUUID()?;
-    let mut handle: nvmlDevice_t = std::ptr::null_mut();
-    // SAFETY: NUL-terminated UUID and a valid out-pointer.
-    (unsafe { by_uuid(uuid.as_ptr(), &mut handle) } == NVML_SUCCESS).then_some(handle)
+    crate::devices::real_nvml_handle(&crate::devices::cuda_device_uuid(ordinal), None)
 }
 
 /// NVML's compute process list of `device` through the real library (v3, else v2).

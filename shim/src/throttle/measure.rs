@@ -10,42 +10,12 @@
 //!   `watcher::resolve`): the kernel's `NSpid`, the host PID the memory ledger recorded in the
 //!   region, or our own PID, whichever NVML lists.
 
-use std::ffi::{c_char, c_uint, CString};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::ffi::c_uint;
 
 use gpuslice_abi::nvml::ret::{NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS};
 use gpuslice_abi::nvml::{nvmlDevice_t, nvmlProcessUtilizationSample_t};
 
-use crate::real::{Library, RealSlot};
 use crate::registry::real;
-
-static HANDLE_BY_UUID: RealSlot = RealSlot::new(Library::Nvml, b"nvmlDeviceGetHandleByUUID\0");
-static HANDLE_BY_INDEX: RealSlot = RealSlot::new(Library::Nvml, b"nvmlDeviceGetHandleByIndex_v2\0");
-
-type HandleByUuid = unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> u32;
-type HandleByIndex = unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> u32;
-
-const INIT_UNKNOWN: u8 = 0;
-const INIT_OK: u8 = 1;
-const INIT_FAILED: u8 = 2;
-static NVML_STATE: AtomicU8 = AtomicU8::new(INIT_UNKNOWN);
-
-/// Initialises the real NVML once for the shim's own use (never shut down: the application's
-/// own init/shutdown pairs stay balanced on top of ours).
-pub fn nvml_ready() -> bool {
-    match NVML_STATE.load(Ordering::Acquire) {
-        INIT_OK => return true,
-        INIT_FAILED => return false,
-        _ => {}
-    }
-    let ok = match real::nvmlInit_v2() {
-        // SAFETY: nvmlInit_v2 takes no arguments and may be called from any thread.
-        Some(init) => (unsafe { init() }) == NVML_SUCCESS,
-        None => false,
-    };
-    NVML_STATE.store(if ok { INIT_OK } else { INIT_FAILED }, Ordering::Release);
-    ok
-}
 
 /// A device handle the real NVML gave us (valid for the process's life: the shim never shuts
 /// NVML down). Only the functions below use it, so no caller can hand them a stray pointer.
@@ -54,24 +24,7 @@ pub struct Handle(nvmlDevice_t);
 
 /// The real NVML handle of a device, by UUID first, else by index.
 pub fn device_handle(uuid: &str, index: u32) -> Option<Handle> {
-    if !nvml_ready() {
-        return None;
-    }
-    let mut handle: nvmlDevice_t = std::ptr::null_mut();
-    if let (Some(pointer), Ok(c_uuid)) = (HANDLE_BY_UUID.get(), CString::new(uuid)) {
-        // SAFETY: the slot holds the real nvmlDeviceGetHandleByUUID, whose C signature is
-        // `HandleByUuid`.
-        let by_uuid: HandleByUuid = unsafe { std::mem::transmute(pointer) };
-        // SAFETY: NUL-terminated string and a valid out-pointer.
-        if !uuid.is_empty() && unsafe { by_uuid(c_uuid.as_ptr(), &mut handle) } == NVML_SUCCESS {
-            return Some(Handle(handle));
-        }
-    }
-    let pointer = HANDLE_BY_INDEX.get()?;
-    // SAFETY: as above, for nvmlDeviceGetHandleByIndex_v2.
-    let by_index: HandleByIndex = unsafe { std::mem::transmute(pointer) };
-    // SAFETY: valid out-pointer.
-    (unsafe { by_index(index, &mut handle) } == NVML_SUCCESS).then_some(Handle(handle))
+    crate::devices::real_nvml_handle(uuid, Some(index)).map(Handle)
 }
 
 /// PIDs (as NVML reports them) of the processes holding a context on the device.

@@ -27,7 +27,7 @@ pub mod watcher;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
-use gpuslice_abi::cuda::{CUdevice, CUresult};
+use gpuslice_abi::cuda::CUdevice;
 use gpuslice_common::config::{ComputePolicy, SliceConfig};
 use gpuslice_common::region::{DeviceId, DeviceLimits, Region, THROTTLE_WORDS};
 use gpuslice_common::MAX_DEVICES;
@@ -65,9 +65,6 @@ static DEVICES: [AtomicPtr<DeviceThrottle>; MAX_DEVICES] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
 static REGION: AtomicPtr<Region> = AtomicPtr::new(std::ptr::null_mut());
 static REGION_FAILED: AtomicBool = AtomicBool::new(false);
-
-static DEVICE_COUNT: crate::real::RealSlot =
-    crate::real::RealSlot::new(crate::real::Library::Cuda, b"cuDeviceGetCount\0");
 
 /// Per process, per throttled device.
 pub struct DeviceThrottle {
@@ -165,13 +162,9 @@ fn current_ordinal() -> Option<CUdevice> {
         2 => crate::devices::current_cuda_device(),
         _ => {
             let mut count = 0i32;
-            let known = DEVICE_COUNT.get().is_some_and(|pointer| {
-                // SAFETY: the slot holds the real cuDeviceGetCount(int*).
-                let get: unsafe extern "C" fn(*mut i32) -> CUresult =
-                    unsafe { std::mem::transmute(pointer) };
-                // SAFETY: valid out-pointer.
-                unsafe { get(&mut count) == CUDA_SUCCESS }
-            });
+            // SAFETY: `count` is a valid out-pointer for the duration of the call.
+            let known = crate::registry::real::cuDeviceGetCount()
+                .is_some_and(|get| unsafe { get(&mut count) } == CUDA_SUCCESS);
             if known {
                 DEVICE_COUNT_KIND.store(if count == 1 { 1 } else { 2 }, Ordering::Relaxed);
             }
