@@ -9,7 +9,8 @@
 use std::ffi::{c_char, c_uint, CStr, CString};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use gpuslice_abi::cuda::{result::CUDA_SUCCESS, CUdevice, CUuuid};
+use gpuslice_abi::cuda::result::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
+use gpuslice_abi::cuda::{CUdevice, CUresult, CUuuid};
 use gpuslice_abi::nvml::ret::{
     NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS,
 };
@@ -48,14 +49,20 @@ pub fn current_cuda_device() -> Option<CUdevice> {
 
 /// The UUID string of a CUDA device, empty when the driver cannot say (index matching only).
 pub fn cuda_device_uuid(device: CUdevice) -> String {
+    try_cuda_device_uuid(device).unwrap_or_default()
+}
+
+/// The UUID string of a CUDA device, or the driver's answer when it would not give one
+/// (`CUDA_ERROR_NOT_FOUND` when it has no UUID function at all).
+pub fn try_cuda_device_uuid(device: CUdevice) -> Result<String, CUresult> {
     let mut uuid = CUuuid::default();
-    let get_uuid = real::cuDeviceGetUuid_v2().or_else(real::cuDeviceGetUuid);
-    match get_uuid {
-        // SAFETY: `uuid` is a valid out-pointer for the duration of the call.
-        Some(get_uuid) if unsafe { get_uuid(&mut uuid, device) } == CUDA_SUCCESS => {
-            format_cuda_uuid(&uuid)
-        }
-        _ => String::new(),
+    let get_uuid = real::cuDeviceGetUuid_v2()
+        .or_else(real::cuDeviceGetUuid)
+        .ok_or(CUDA_ERROR_NOT_FOUND)?;
+    // SAFETY: `uuid` is a valid out-pointer for the duration of the call.
+    match unsafe { get_uuid(&mut uuid, device) } {
+        CUDA_SUCCESS => Ok(format_cuda_uuid(&uuid)),
+        code => Err(code),
     }
 }
 

@@ -161,7 +161,7 @@ usage: <client> SCENARIO [ARGS]
   info
   meminfo
   alloc SIZE [--count N] [--path alloc|pitch|managed|async|pool|vmm|array|array3d|mipmap]
-  alloc-until-oom CHUNK [--path P] [--max N]
+  alloc-until-oom CHUNK [--path P] [--max N] [--before-init context]
   caching-allocator
   hold SIZE [--path P]
   context-cycle SIZE [--path P] [--end release|reset|destroy] [--retains N] [--release-after N]
@@ -418,7 +418,15 @@ fn alloc_until_oom<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let chunk = args.size_at(0, "CHUNK")?;
     let path = args.alloc_path()?;
     let max: usize = args.get("max", 1_000_000)?;
-    if let Err(e) = setup(gpu) {
+    // `--before-init context`: ask for device 0's context before cuInit, as a careless
+    // program (or a library initialising itself early) may; the driver refuses it.
+    let before_init = match args.options.get("before-init").map(String::as_str) {
+        None => None,
+        Some("context") => Some(res_name(gpu, &gpu.context(0))),
+        Some(other) => return Err(Usage(format!("unknown --before-init {other}"))),
+    };
+    if let Err(mut e) = setup(gpu) {
+        e["before_init"] = json!(before_init);
         return Ok(e);
     }
     let mut held = Vec::new();
@@ -444,6 +452,7 @@ fn alloc_until_oom<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         "mem_free_at_oom": free_at_oom,
         "free_results": tally(gpu, &frees),
         "mem_free_after": mem_free_now(gpu),
+        "before_init": before_init,
     }))
 }
 

@@ -41,6 +41,48 @@ fn region_used(slice: &Slice) -> u64 {
 }
 
 #[test]
+fn a_context_asked_for_before_cu_init_does_not_unbind_the_cap() {
+    // The driver refuses a context before cuInit, and so cannot name the device's UUID then.
+    // The shim used to match the device by index at that moment and cache the answer: a
+    // UUID-keyed slice became unlimited, an index-keyed one got a second budget.
+    for by_uuid in [true, false] {
+        let gpu = FakeGpu::start("v100");
+        let uuid = gpu.truth().device(0).unwrap().uuid;
+        let slice = if by_uuid {
+            Slice::builder().device_uuid(&uuid, "1GiB", None).build()
+        } else {
+            Slice::builder().device(0, "1GiB", None).build()
+        };
+        let env = slice.env(&gpu);
+        // A process of the slice already holds half of it, in the device's (UUID) entry.
+        let holder = Client::spawn(ClientKind::Cudarc, &["hold", "212MiB"], &env);
+        assert_eq!(holder.first["result"], "CUDA_SUCCESS", "{}", holder.first);
+        let held = CONTEXT + 212 * MIB;
+        // cudarc initialises the driver itself before any context: only the other two can
+        // ask too early.
+        for kind in [ClientKind::Linked, ClientKind::ProcAddr] {
+            gpu.truth().reset_peak_memory(0);
+            let args = ["alloc-until-oom", "64MiB", "--before-init", "context"];
+            let out = Client::run(kind, &args, &env);
+            let what = format!(
+                "{kind:?}, slice by {}",
+                if by_uuid { "UUID" } else { "index" }
+            );
+            assert_eq!(
+                out["before_init"], "CUDA_ERROR_NOT_INITIALIZED",
+                "{what}: {out}"
+            );
+            assert_eq!(out["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{what}: {out}");
+            // 1024 - 512 held - 300 (this context) = 212 MiB: three 64 MiB chunks.
+            assert_eq!(out["count"], 3, "{what}: {out}");
+            assert!(gpu.truth().peak_memory(0) <= GIB, "{what}: past the cap");
+            assert_eq!(gpu.truth().used_memory(0), held, "{what}: all given back");
+        }
+        holder.release();
+    }
+}
+
+#[test]
 fn every_path_reaches_the_cap_and_the_next_allocation_is_out_of_memory() {
     let gpu = FakeGpu::start("v100");
     let slice = Slice::builder().device(0, "1GiB", None).build();

@@ -44,7 +44,10 @@ pub mod wrappers;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use gpuslice_abi::cuda::result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
+use gpuslice_abi::cuda::result::{
+    CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_NOT_INITIALIZED,
+    CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+};
 use gpuslice_abi::cuda::{
     CUarray, CUcontext, CUdevice, CUdeviceptr, CUmemGenericAllocationHandle, CUmipmappedArray,
     CUresult,
@@ -327,18 +330,34 @@ fn pause_in_registration() {
     }
 }
 
-/// The memory limit and region entry of a CUDA device (resolved once, then cached).
-fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, ()> {
+/// The memory limit and region entry of a CUDA device (resolved once, then cached). `Err` is
+/// the code the caller answers instead of calling the driver: `CUDA_ERROR_OUT_OF_MEMORY` when
+/// the slice cannot be bound, or the driver's own refusal to name the device.
+fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult> {
     let cell = usize::try_from(ordinal)
         .ok()
         .and_then(|i| shared.cuda_bindings.get(i));
     if let Some(binding) = cell.and_then(|c| decode(c.load(Ordering::Acquire))) {
         return Ok(binding);
     }
-    let uuid = crate::devices::cuda_device_uuid(ordinal);
+    let uuid = match crate::devices::try_cuda_device_uuid(ordinal) {
+        Ok(uuid) => uuid,
+        // Before cuInit (or for a device that does not exist) the driver refuses every call
+        // naming the device: so do we, binding and caching nothing. Matching the device by
+        // index here instead would cache "unlimited" for a UUID-keyed slice, or give an
+        // index-keyed one a second budget for the same card.
+        Err(
+            code @ (CUDA_ERROR_NOT_INITIALIZED
+            | CUDA_ERROR_DEINITIALIZED
+            | CUDA_ERROR_INVALID_DEVICE),
+        ) => return Err(code),
+        // A driver without device UUIDs: match by index only.
+        Err(_) => String::new(),
+    };
     let binding = bind(shared, ordinal.max(0) as u32, &uuid, || {
         card_total_for_warning(ordinal)
-    })?;
+    })
+    .map_err(|()| CUDA_ERROR_OUT_OF_MEMORY)?;
     if let Some(cell) = cell {
         cell.store(encode(binding), Ordering::Release);
     }
@@ -495,7 +514,7 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
     let device = match cuda_binding(shared, ordinal) {
         Ok(Binding::Unlimited) => return Ok(Reservation::NONE),
         Ok(Binding::Limited(device)) => device,
-        Err(()) => return Err(CUDA_ERROR_OUT_OF_MEMORY),
+        Err(code) => return Err(code),
     };
     let bytes = charge_size(bytes);
     charge_or_refuse(process, device, bytes)?;

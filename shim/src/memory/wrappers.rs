@@ -357,7 +357,7 @@ fn create_context(
     let device = match cuda_binding(shared, ordinal) {
         Ok(Binding::Limited(d)) => d,
         Ok(Binding::Unlimited) => return (call(), None),
-        Err(()) => return (CUDA_ERROR_OUT_OF_MEMORY, None),
+        Err(code) => return (code, None),
     };
     let cost_cell = &shared.context_cost[device as usize];
     let known_cost = cost_cell.load(std::sync::atomic::Ordering::Acquire);
