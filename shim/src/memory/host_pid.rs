@@ -11,7 +11,11 @@
 //!
 //! Failure mode: when no unique candidate exists the host PID stays unknown; the process is
 //! then missing from the slice's process list (never another tenant's process shown in its
-//! place), and the context cost falls back to the configured bound (over-charging).
+//! place), and the context keeps what was reserved for it (the slice's measured cost, or
+//! the configured bound).
+//!
+//! The same lists say when a DEAD process's memory has really gone back to the card
+//! ([`release_evidence`]): NVML's word beats the kernel's and any timer.
 
 /// One entry of NVML's process list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +57,41 @@ pub fn find_by_usage(
         .filter(|e| e.used == expected_used && !claimed_by_others.contains(&e.pid));
     let first = matching.next()?;
     matching.next().is_none().then_some(first)
+}
+
+/// How long NVML may go on listing a dead process's host PID before its bytes go back to
+/// the slice anyway: a PID the host reused for another GPU process must not hold them for
+/// good.
+pub const STILL_LISTED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Why a dead process's bytes may go back to the slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// NVML lists its host PID on none of the devices it held bytes on.
+    Unlisted,
+    /// NVML kept listing it for [`STILL_LISTED_TIMEOUT`].
+    ListedTooLong,
+    /// NVML could not tell; the kernel says every descriptor is closed.
+    Exited,
+    /// Nothing could tell within `timeout` (the region's release timeout).
+    TimedOut,
+}
+
+/// Pure: whether a process dead for `dead_for` has released its memory. `listed` is NVML's
+/// answer (`None`: no host PID or no NVML), `exited` the kernel's.
+pub fn release_evidence(
+    listed: Option<bool>,
+    exited: bool,
+    dead_for: std::time::Duration,
+    timeout: std::time::Duration,
+) -> Option<Released> {
+    match listed {
+        Some(false) => Some(Released::Unlisted),
+        // The driver still holds it (a slow teardown): that outranks the kernel and timers.
+        Some(true) => (dead_for >= STILL_LISTED_TIMEOUT).then_some(Released::ListedTooLong),
+        None if exited => Some(Released::Exited),
+        None => (dead_for >= timeout).then_some(Released::TimedOut),
+    }
 }
 
 /// The per-context cost an entry shows right after the first context, if plausible.
@@ -104,6 +143,33 @@ mod tests {
         assert_eq!(find_by_usage(&list, 302 * MIB, &[]), Some(p(1, 302 * MIB)));
         assert_eq!(find_by_usage(&list, 300 * MIB, &[]), None);
         assert_eq!(find_by_usage(&list, 300 * MIB, &[3]), Some(p(2, 300 * MIB)));
+    }
+
+    #[test]
+    fn nvml_decides_when_a_dead_process_released_its_memory() {
+        use std::time::Duration;
+        let timeout = Duration::from_secs(10);
+        let s = Duration::from_secs;
+        // NVML still lists it: neither the kernel nor the short timer gives the bytes back.
+        assert_eq!(release_evidence(Some(true), true, s(30), timeout), None);
+        assert_eq!(
+            release_evidence(Some(true), true, STILL_LISTED_TIMEOUT, timeout),
+            Some(Released::ListedTooLong)
+        );
+        assert_eq!(
+            release_evidence(Some(false), false, s(0), timeout),
+            Some(Released::Unlisted)
+        );
+        // NVML cannot tell: the kernel, else the timer.
+        assert_eq!(
+            release_evidence(None, true, s(0), timeout),
+            Some(Released::Exited)
+        );
+        assert_eq!(release_evidence(None, false, s(9), timeout), None);
+        assert_eq!(
+            release_evidence(None, false, s(10), timeout),
+            Some(Released::TimedOut)
+        );
     }
 
     #[test]

@@ -656,10 +656,11 @@ fn end_primary(
 /// Whether the driver no longer holds the memory of a dead slot's process, so its budget may
 /// be given back (the region's two-phase reap; see "Reaping" in `gpuslice_common::region`).
 ///
-/// Evidence, strongest first:
+/// Evidence, strongest first ([`host_pid::release_evidence`]):
 /// 1. the driver's own word: with the host PID known and the real NVML answering for every
 ///    device the slot holds bytes on, released = the PID is in none of their process lists
-///    (a process that is still tearing down, or whose driver defers the teardown, is listed);
+///    (a process that is still tearing down, or whose driver defers the teardown, is listed;
+///    after [`host_pid::STILL_LISTED_TIMEOUT`] a listed PID is taken to be a reused one);
 /// 2. /proc, in our PID namespace: released = the owner is gone or a zombie, i.e. the kernel
 ///    has closed all its descriptors, the driver's included (our slot lock may close first);
 /// 3. nothing can tell (another PID namespace and no NVML or host PID; or the owner exec'd and
@@ -668,21 +669,33 @@ pub(super) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bool {
     if dead.bytes() == 0 {
         return true;
     }
-    if dead.dead_for >= RELEASE_TIMEOUT {
-        crate::log_info!(
-            "giving back {} bytes of dead pid {}: nothing showed the driver releasing them within {:?}",
-            dead.bytes(),
-            dead.pid,
-            RELEASE_TIMEOUT
-        );
-        return true;
-    }
-    if dead.host_pid != 0 {
-        if let Some(listed) = nvml_lists(shared, dead) {
-            return !listed;
+    let listed = (dead.host_pid != 0)
+        .then(|| nvml_lists(shared, dead))
+        .flatten();
+    let exited = dead.exit == ExitState::Exited;
+    match host_pid::release_evidence(listed, exited, dead.dead_for, RELEASE_TIMEOUT) {
+        Some(host_pid::Released::ListedTooLong) => {
+            crate::log_info!(
+                "giving back {} bytes of dead pid {}: NVML still lists host pid {} after {:?} (taken for a reused pid)",
+                dead.bytes(),
+                dead.pid,
+                dead.host_pid,
+                host_pid::STILL_LISTED_TIMEOUT
+            );
+            true
         }
+        Some(host_pid::Released::TimedOut) => {
+            crate::log_info!(
+                "giving back {} bytes of dead pid {}: nothing showed the driver releasing them within {:?}",
+                dead.bytes(),
+                dead.pid,
+                RELEASE_TIMEOUT
+            );
+            true
+        }
+        Some(host_pid::Released::Unlisted | host_pid::Released::Exited) => true,
+        None => false,
     }
-    dead.exit == ExitState::Exited
 }
 
 /// Whether NVML lists the dead slot's host PID on a device it holds bytes on; `None` when
