@@ -548,6 +548,16 @@ impl Driver {
         }
     }
 
+    pub fn pool_destroy(&self, pool: u64) -> Res<()> {
+        call!(self, cuMemPoolDestroy(pool as CUmemoryPool))
+    }
+
+    pub fn free_async(&self, ptr: u64) -> Res<()> {
+        let null_stream: CUstream = std::ptr::null_mut();
+        call!(self, cuMemFreeAsync(ptr, null_stream))?;
+        call!(self, cuStreamSynchronize(null_stream))
+    }
+
     pub fn load_kernel(&self) -> Res<u64> {
         let mut module: CUmodule = std::ptr::null_mut();
         call!(

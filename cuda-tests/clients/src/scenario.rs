@@ -50,6 +50,10 @@ pub trait Gpu: Sync {
     fn mem_get_info(&self) -> Res<(usize, usize)>;
     fn alloc(&self, path: AllocPath, size: usize) -> Res<Allocation>;
     fn free(&self, allocation: &Allocation) -> Res<()>;
+    /// `cuMemPoolDestroy(pool)`, whatever is still allocated from it.
+    fn pool_destroy(&self, pool: u64) -> Res<()>;
+    /// `cuMemFreeAsync(ptr)` on the default stream, then `cuStreamSynchronize`.
+    fn free_async(&self, ptr: u64) -> Res<()>;
     fn synchronize(&self) -> Res<()>;
     /// Loads [`crate::SPIN_PTX`] and returns its `spin` function as an integer handle.
     fn load_kernel(&self) -> Res<u64>;
@@ -126,6 +130,12 @@ impl Gpu for Driver {
     fn free(&self, allocation: &Allocation) -> Res<()> {
         Driver::free(self, allocation)
     }
+    fn pool_destroy(&self, pool: u64) -> Res<()> {
+        Driver::pool_destroy(self, pool)
+    }
+    fn free_async(&self, ptr: u64) -> Res<()> {
+        Driver::free_async(self, ptr)
+    }
     fn synchronize(&self) -> Res<()> {
         Driver::synchronize(self)
     }
@@ -165,12 +175,18 @@ usage: <client> SCENARIO [ARGS]
   caching-allocator
   hold SIZE [--path P]
   context-cycle SIZE [--path P] [--end release|reset|destroy] [--retains N] [--release-after N]
+  pool-destroy-held SIZE [--max N]
   launch [--kernels N] [--ns-per-wave NS] [--grid G] [--block B] [--stream default|created]
          [--path kernel|ex|cooperative|graph] [--duration-s S]
   threads [--threads N] [--size SIZE] [--iterations N]
   errors
   (linked-client only) nvml
-hold and context-cycle print their line, then keep the process alive until stdin closes.
+hold, context-cycle and pool-destroy-held print their line, then keep the process alive until
+stdin closes.
+pool-destroy-held: until an allocation fails (or N succeeded), creates a pool, allocates SIZE
+from it and destroys the pool with that allocation outstanding (the driver releases the
+pool's memory once its allocations are freed); then frees every allocation
+(cuMemFreeAsync + cuStreamSynchronize) and reads mem_free.
 context-cycle: SIZE allocated in the context, the context ended without freeing it (the
 driver frees what a context owned), a context made again, mem_free read in it. --end:
   release (primary contexts, their default): one cuDevicePrimaryCtxRelease, which ends the
@@ -281,6 +297,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "caching-allocator" => caching_allocator(gpu),
         "hold" => hold(gpu, &rest)?,
         "context-cycle" => context_cycle(gpu, &rest)?,
+        "pool-destroy-held" => pool_destroy_held(gpu, &rest)?,
         "launch" => launch(gpu, &rest)?,
         "threads" => threads(gpu, &rest)?,
         "errors" => errors(gpu),
@@ -642,6 +659,53 @@ fn context_cycle<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         },
     };
     line["scenario"] = json!("context-cycle");
+    line["client"] = json!(gpu.client());
+    line["pid"] = json!(std::process::id());
+    println!("{line}");
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    // The line is already out; tell the runner to print nothing more.
+    std::process::exit(0);
+}
+
+/// Allocates SIZE from a new pool and destroys the pool with the allocation outstanding,
+/// until an allocation fails or `--max` succeeded; then frees every allocation. Prints the
+/// result, then keeps the process alive until stdin reaches EOF (like `hold`).
+fn pool_destroy_held<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let size = args.size_at(0, "SIZE")?;
+    let max: usize = args.get("max", 1_000_000)?;
+    let mut line = match setup(gpu) {
+        Err(e) => e,
+        Ok(_) => {
+            let mut held = Vec::new();
+            let mut destroys = Vec::new();
+            let mut failure = None;
+            while held.len() < max {
+                match gpu.alloc(AllocPath::Pool, size) {
+                    Ok(a) => {
+                        destroys.push(gpu.pool_destroy(a.handle));
+                        held.push(a);
+                    }
+                    Err(f) => {
+                        failure = Some(f);
+                        break;
+                    }
+                }
+            }
+            let free_at_oom = mem_free_now(gpu);
+            let frees: Vec<Res<()>> = held.iter().map(|a| gpu.free_async(a.ptr)).collect();
+            json!({
+                "size": size,
+                "count": held.len(),
+                "error": failure.map(|f| fail_name(gpu, f)),
+                "destroy_results": tally(gpu, &destroys),
+                "mem_free_at_oom": free_at_oom,
+                "free_results": tally(gpu, &frees),
+                "mem_free_after": mem_free_now(gpu),
+            })
+        }
+    };
+    line["scenario"] = json!("pool-destroy-held");
     line["client"] = json!(gpu.client());
     line["pid"] = json!(std::process::id());
     println!("{line}");

@@ -250,6 +250,96 @@ fn pool_caching_cannot_carry_physical_usage_past_the_cap() {
 }
 
 #[test]
+fn a_pool_destroyed_with_allocations_outstanding_stays_charged_until_they_are_freed() {
+    // cuMemPoolDestroy with pointers outstanding returns at once; the driver releases the
+    // pool once they are freed, and its handle names nothing meanwhile (the fake refuses to
+    // read it). The shim used to read the dead handle, fail, and refund the whole pool while
+    // its memory was still held: create, allocate, destroy, repeat went past the cap.
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    let env = slice.env(&gpu);
+    for kind in ClientKind::ALL {
+        gpu.truth().reset_peak_memory(0);
+        let run = Client::spawn(kind, &["pool-destroy-held", "100MiB", "--max", "20"], &env);
+        let line = &run.first;
+        // 724 MiB of room: seven 100 MiB allocations, each from a pool destroyed under it.
+        assert_eq!(line["count"], 7, "{kind:?}: {line}");
+        assert_eq!(
+            line["error"], "CUDA_ERROR_OUT_OF_MEMORY",
+            "{kind:?}: {line}"
+        );
+        assert_eq!(
+            line["destroy_results"],
+            serde_json::json!({"CUDA_SUCCESS": 7}),
+            "{kind:?}: {line}"
+        );
+        assert_eq!(line["mem_free_at_oom"], 24 * MIB, "{kind:?}: {line}");
+        let peak = gpu.truth().peak_memory(0);
+        assert!(peak <= GIB, "{kind:?}: physical peak {peak} passed the cap");
+        // Each free was its pool's last allocation: the driver released the pools, and the
+        // ledger with them.
+        assert_eq!(
+            line["free_results"],
+            serde_json::json!({"CUDA_SUCCESS": 7}),
+            "{kind:?}: {line}"
+        );
+        assert_eq!(line["mem_free_after"], GIB - CONTEXT, "{kind:?}: {line}");
+        assert_eq!(gpu.truth().used_memory(0), CONTEXT, "{kind:?}: the card");
+        assert_eq!(region_used(&slice), CONTEXT, "{kind:?}: the region");
+        run.release();
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+#[test]
+fn a_pool_growing_past_the_cap_by_more_than_the_request_is_undone_and_refused() {
+    // A pool takes memory in OS allocations coarser than the request (64 MiB here): a 2 MiB
+    // allocation can grow it by 64 MiB. When that does not fit, the shim gives the allocation
+    // back (cuMemFreeAsync on its stream, cuMemPoolTrimTo) and answers out of memory. It used
+    // to keep it, physically past the cap, charged only the 2 MiB it had reserved.
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    let mut env = slice.env(&gpu);
+    let chunk = 64 * MIB;
+    env.push(("FAKEGPU_POOL_CHUNK".into(), chunk.to_string()));
+    // 724 MiB of room = eleven 64 MiB chunks (704 MiB): eleven pools of one allocation each,
+    // or one default pool of 11 x 32 allocations.
+    // The procaddr client also through the `_ptsz` entry points (the undo frees on the
+    // per-thread stream then).
+    let clients = ClientKind::ALL
+        .map(|kind| (kind, None))
+        .into_iter()
+        .chain([(ClientKind::ProcAddr, Some("--per-thread"))]);
+    for (path, fits) in [("pool", 11), ("async", 352)] {
+        for (kind, flag) in clients.clone() {
+            gpu.truth().reset_peak_memory(0);
+            let mut args: Vec<&str> = flag.into_iter().collect();
+            args.extend(["alloc-until-oom", "2MiB", "--path", path, "--max", "400"]);
+            let out = Client::run(kind, &args, &env);
+            let kind = (kind, flag);
+            assert_eq!(
+                out["error"], "CUDA_ERROR_OUT_OF_MEMORY",
+                "{kind:?} {path}: {out}"
+            );
+            assert_eq!(out["count"], fits, "{kind:?} {path}: {out}");
+            assert_eq!(out["mem_free_at_oom"], 20 * MIB, "{kind:?} {path}: {out}");
+            let frees = out["free_results"].as_object().unwrap();
+            assert_eq!(frees.keys().collect::<Vec<_>>(), ["CUDA_SUCCESS"], "{out}");
+            // The refused allocation's chunk existed for the instant between the driver's
+            // allocation and the undo (as a context dearer than measured does), never longer.
+            let peak = gpu.truth().peak_memory(0);
+            assert!(
+                peak <= GIB + chunk,
+                "{kind:?} {path}: physical peak {peak} passed the cap by more than a chunk"
+            );
+        }
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+    let probe = Client::run(ClientKind::Linked, &["meminfo"], &env);
+    assert_eq!(probe["free"], GIB - CONTEXT, "accounting lost: {probe}");
+}
+
+#[test]
 fn reports_inside_the_slice_show_the_slice_and_smi_matches_the_ledger() {
     let gpu = FakeGpu::start("v100");
     let slice = Slice::builder().device(0, "8GiB", None).build();

@@ -21,7 +21,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
 use super::objects::{Charged, ObjectKind, ObjectTable};
-use super::pools::PoolBook;
+use super::pools::{Freed, PoolBook, Settle};
 use super::vmm::VmmBook;
 
 /// The device's allocation granularity: every charge is a multiple of it.
@@ -228,13 +228,32 @@ impl<B: Budget> Ledger<B> {
         Some(charged)
     }
 
-    /// A context was destroyed: the driver freed every object it owned.
+    /// Charges `bytes` the driver already holds on `device`: within the cap when they fit,
+    /// else past it, so the ledger matches the card and a later refund never gives back bytes
+    /// that were not charged. False when it went past the cap (the caller logs it).
+    pub fn charge_held(&self, device: u8, bytes: u64) -> bool {
+        if self.charge(device, bytes).is_ok() {
+            return true;
+        }
+        self.budget.reserve_past_limit(device, bytes);
+        false
+    }
+
+    /// A context was destroyed: the driver freed every object it owned. A pool destroyed
+    /// with allocations outstanding is released with the last of them (see `pools`); live
+    /// pools are re-read by the caller.
     pub fn context_destroyed(&self, context: u64) {
         if context == 0 {
             return;
         }
-        for (_, charged) in self.objects.drain_context(context) {
+        for ((kind, _), charged) in self.objects.drain_context(context) {
             self.refund(charged.device, charged.bytes);
+            if kind == ObjectKind::PoolPointer {
+                let freed = lock(&self.pools).freed(charged.pool);
+                if let Freed::Settled(Settle::Shrink { device, bytes }) = freed {
+                    self.refund(device, bytes);
+                }
+            }
         }
     }
 }
@@ -424,6 +443,45 @@ pub mod tests {
         }
         ledger.context_destroyed(7);
         assert_eq!(ledger.budget.used(0), 2 * MIB);
+    }
+
+    #[test]
+    fn destroying_a_context_releases_a_destroyed_pool_with_its_last_allocation() {
+        let ledger = Ledger::new(CounterBudget::new(100 * MIB));
+        let pool = |context| Charged {
+            device: 0,
+            bytes: 0,
+            pool: 0x90,
+            context,
+        };
+        ledger.charge(0, 64 * MIB).unwrap();
+        {
+            let mut book = lock(&ledger.pools);
+            book.settle(0x90, 0, 64 * MIB);
+            book.allocated(0x90, 0);
+            book.allocated(0x90, 0);
+            assert_eq!(book.destroyed(0x90), Settle::Unchanged);
+        }
+        ledger.track(ObjectKind::PoolPointer, 1 << 21, pool(7));
+        ledger.track(ObjectKind::PoolPointer, 2 << 21, pool(8));
+        ledger.context_destroyed(7);
+        assert_eq!(
+            ledger.budget.used(0),
+            64 * MIB,
+            "one allocation still holds it"
+        );
+        ledger.context_destroyed(8);
+        assert_eq!(ledger.budget.used(0), 0);
+    }
+
+    #[test]
+    fn memory_the_driver_holds_is_charged_past_the_cap_if_need_be() {
+        let ledger = Ledger::new(CounterBudget::new(10 * MIB));
+        assert!(ledger.charge_held(0, 8 * MIB));
+        assert!(!ledger.charge_held(0, 4 * MIB));
+        assert_eq!(ledger.budget.used(0), 12 * MIB);
+        ledger.refund(0, 12 * MIB);
+        assert_eq!(ledger.budget.used(0), 0, "refunds match what was charged");
     }
 
     #[test]

@@ -594,7 +594,7 @@ pub fn on_free(object: DeviceObject, result: CUresult) {
         DeviceObject::Pointer(ptr) => {
             if ledger.untrack(ObjectKind::Pointer, ptr).is_none() {
                 if let Some(from_pool) = ledger.untrack(ObjectKind::PoolPointer, ptr) {
-                    wrappers::reread_pool(process, from_pool.pool, from_pool.device);
+                    wrappers::pool_pointer_freed(process, from_pool.pool);
                 }
             }
         }

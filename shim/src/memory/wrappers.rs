@@ -5,7 +5,9 @@
 use std::ffi::{c_int, c_uint, c_void};
 
 use gpuslice_abi::cuda::pool_attr::RESERVED_MEM_CURRENT;
-use gpuslice_abi::cuda::result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
+use gpuslice_abi::cuda::result::{
+    CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+};
 use gpuslice_abi::cuda::*;
 use gpuslice_abi::nvml::ret::{
     NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS,
@@ -16,7 +18,7 @@ use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_T
 use super::host_pid::{self, ListedProcess};
 use super::ledger::{charge_size, lock, pitch_upper_bound, PrimaryContext, Settled};
 use super::objects::{Charged, ObjectKind};
-use super::pools::Settle;
+use super::pools::{cover, Cover, Freed, PoolBook, Settle};
 use super::{
     charge_or_refuse, cuda_binding, current_context, device_id, nvml_binding, process, shared,
     Binding, Process, Shared,
@@ -90,7 +92,7 @@ pub unsafe fn mem_alloc_pitch(
 
 // ---------------------------------------------------------------- pools
 
-/// Reads a pool's reserved bytes; `None` when the pool no longer exists.
+/// Reads a pool's reserved bytes; `None` when the driver does not answer for the handle.
 fn pool_reserved(pool: u64) -> Option<u64> {
     let get_attribute = real::cuMemPoolGetAttribute()?;
     let mut value: u64 = 0;
@@ -110,39 +112,58 @@ fn apply(process: &Process, settle: Settle) {
         Settle::Unchanged => {}
         Settle::Shrink { device, bytes } => process.ledger.refund(device, bytes),
         Settle::Grow { device, bytes } => {
-            if process.ledger.charge(device, bytes).is_err() {
-                crate::log_error!("a memory pool grew by {bytes} bytes past the slice's limit");
+            // The driver holds it already: charged past the cap if need be, so a later
+            // shrink never refunds bytes that were not charged.
+            if !process.ledger.charge_held(device, bytes) {
+                crate::log_error!(
+                    "a memory pool grew by {bytes} bytes past the slice's limit; charged in full"
+                );
             }
         }
     }
 }
 
-/// Re-reads one pool and settles its charge.
-pub(super) fn reread_pool(process: &Process, pool: u64, device: u8) {
-    let mut book = lock(&process.ledger.pools);
+/// Reads one live pool and settles its charge (the book locked by the caller).
+fn reread_locked(process: &Process, book: &mut PoolBook, pool: u64, device: u8) -> Settle {
     let settle = match pool_reserved(pool) {
         Some(reserved) => book.settle(pool, device, reserved),
-        None => book.forget(pool),
+        None => book.unreadable(pool),
     };
-    drop(book);
     apply(process, settle);
+    settle
 }
 
-/// Re-reads every known pool; true if any charge went down.
-pub(super) fn reread_pools(process: &Process) -> bool {
-    let known = lock(&process.ledger.pools).known();
+/// Re-reads every live pool but `skip` (the book locked by the caller); true if any charge
+/// went down.
+fn reread_all_locked(process: &Process, book: &mut PoolBook, skip: Option<u64>) -> bool {
     let mut shrank = false;
-    for (pool, device) in known {
-        let mut book = lock(&process.ledger.pools);
-        let settle = match pool_reserved(pool) {
-            Some(reserved) => book.settle(pool, device, reserved),
-            None => book.forget(pool),
-        };
-        drop(book);
-        shrank |= matches!(settle, Settle::Shrink { .. });
-        apply(process, settle);
+    for (pool, device) in book.known() {
+        if Some(pool) != skip {
+            shrank |= matches!(
+                reread_locked(process, book, pool, device),
+                Settle::Shrink { .. }
+            );
+        }
     }
     shrank
+}
+
+/// One allocation from `pool` was freed: re-read the pool, or, for a pool destroyed with
+/// allocations outstanding, release it with the last of them.
+pub(super) fn pool_pointer_freed(process: &Process, pool: u64) {
+    let mut book = lock(&process.ledger.pools);
+    match book.freed(pool) {
+        Freed::Reread { device } => {
+            reread_locked(process, &mut book, pool, device);
+        }
+        Freed::Settled(settle) => apply(process, settle),
+        Freed::Unknown => {}
+    }
+}
+
+/// Re-reads every live pool; true if any charge went down.
+pub(super) fn reread_pools(process: &Process) -> bool {
+    reread_all_locked(process, &mut lock(&process.ledger.pools), None)
 }
 
 /// For reporting: settle pools only when this process has any (a lock-free check first).
@@ -157,8 +178,47 @@ pub(super) fn reread_pools_if_any(process: &Process) {
     }
 }
 
+/// Charges `bytes` more for a pool allocation whose pool grew past its reservation; before
+/// refusing, the other pools' released memory is settled (it may be what stands in the way).
+fn charge_growth(
+    process: &Process,
+    book: &mut PoolBook,
+    pool: u64,
+    device: u8,
+    bytes: u64,
+) -> bool {
+    process.ledger.charge(device, bytes).is_ok()
+        || (reread_all_locked(process, book, Some(pool))
+            && process.ledger.charge(device, bytes).is_ok())
+}
+
+/// Gives a pool allocation the slice cannot hold back to the driver: frees `ptr` on the
+/// allocation's stream (`free`), then trims the pool to what it reserved before. True when
+/// the free succeeded (the caller's pointer is gone).
+fn undo_pool_alloc(
+    pool: u64,
+    keep: u64,
+    ptr: CUdeviceptr,
+    free: impl FnOnce(CUdeviceptr) -> CUresult,
+) -> bool {
+    if free(ptr) != CUDA_SUCCESS {
+        return false;
+    }
+    if let Some(trim) = real::cuMemPoolTrimTo() {
+        // SAFETY: a live pool the driver just allocated from; by-value arguments.
+        let trimmed = unsafe { trim(pool as CUmemoryPool, keep as usize) };
+        if trimmed != CUDA_SUCCESS {
+            crate::log_debug!("cuMemPoolTrimTo after an undone pool allocation: {trimmed}");
+        }
+    }
+    true
+}
+
 /// Allocates from `pool` with the pool's bookkeeping held across the driver call, so the
-/// reading after it is attributed to exactly this allocation.
+/// reading after it is attributed to exactly this allocation. The pool may grow by more than
+/// the request (its OS allocations are coarser): when that does not fit in the slice, the
+/// allocation is freed with `free` (on its stream), the pool trimmed back, and the answer is
+/// `CUDA_ERROR_OUT_OF_MEMORY`; only if that free fails is the growth charged past the limit.
 unsafe fn pool_alloc(
     process: &Process,
     device: u8,
@@ -166,6 +226,7 @@ unsafe fn pool_alloc(
     dptr: *mut CUdeviceptr,
     bytes: usize,
     call: impl FnOnce() -> CUresult,
+    free: impl FnOnce(CUdeviceptr) -> CUresult,
 ) -> CUresult {
     let bound = charge_size(bytes as u64);
     if let Err(code) = charge_or_refuse(process, device, bound) {
@@ -177,39 +238,86 @@ unsafe fn pool_alloc(
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let mut book = lock(&process.ledger.pools);
     let result = call();
-    let settle = match pool_reserved(pool) {
-        Some(reserved) => book.settle(pool, device, reserved),
-        None => book.forget(pool),
+    let allocated = (result == CUDA_SUCCESS && !dptr.is_null()).then(|| *dptr);
+    // A destroyed pool's handle is not read (the driver refused the allocation anyway).
+    let reading = if allocated.is_some() || !book.is_destroyed(pool) {
+        pool_reserved(pool)
+    } else {
+        None
     };
-    drop(book);
-    // The bound stood in for the pool's growth: settle it to the real change.
-    let settled = match settle {
-        Settle::Grow { bytes, .. } => process.ledger.settle(device, bound, bytes),
-        Settle::Shrink { bytes, .. } => {
-            process.ledger.refund(device, bound.saturating_add(bytes));
-            Ok(())
-        }
-        Settle::Unchanged => {
-            process.ledger.refund(device, bound);
-            Ok(())
-        }
+    let before = book.charged(pool);
+    // An unreadable pool that served an allocation: the bound stands for its growth.
+    let reading = reading.or(allocated.map(|_| before.saturating_add(bound)));
+    let Some(reserved) = reading else {
+        process.ledger.refund(device, bound);
+        return result;
     };
-    if settled.is_err() {
-        crate::log_error!("a memory pool grew past the slice's limit");
+    let mut answer = result;
+    match cover(bound, book.change(pool, device, reserved)) {
+        Cover::Refund(unused) => {
+            process.ledger.refund(device, unused);
+            book.record(pool, device, reserved);
+        }
+        Cover::Short(extra) if charge_growth(process, &mut book, pool, device, extra) => {
+            book.record(pool, device, reserved);
+        }
+        Cover::Short(extra) => {
+            let undone = allocated.is_some_and(|ptr| undo_pool_alloc(pool, before, ptr, free));
+            if undone {
+                *dptr = 0;
+                answer = CUDA_ERROR_OUT_OF_MEMORY;
+                crate::log_debug!(
+                    "refusing a pool allocation of {bytes} bytes: its pool grew {extra} bytes past the reservation and the slice limit is reached"
+                );
+            }
+            // What the pool holds now (still grown if the undo failed), charged as held.
+            let now = if undone { pool_reserved(pool) } else { None }.unwrap_or(reserved);
+            match cover(bound, book.change(pool, device, now)) {
+                Cover::Refund(unused) => process.ledger.refund(device, unused),
+                Cover::Short(extra) => {
+                    if !process.ledger.charge_held(device, extra) {
+                        crate::log_error!(
+                            "a memory pool grew by {extra} bytes past the slice's limit and could not be given back; charged in full"
+                        );
+                    }
+                }
+            }
+            book.record(pool, device, now);
+        }
     }
-    if result == CUDA_SUCCESS && !dptr.is_null() {
-        process.ledger.track(
-            ObjectKind::PoolPointer,
-            *dptr,
-            Charged {
-                device,
-                bytes: 0,
-                pool,
-                context: 0,
-            },
-        );
+    if answer == CUDA_SUCCESS {
+        if let Some(ptr) = allocated {
+            book.allocated(pool, device);
+            drop(book);
+            process.ledger.track(
+                ObjectKind::PoolPointer,
+                ptr,
+                Charged {
+                    device,
+                    bytes: 0,
+                    pool,
+                    context: current_context(),
+                },
+            );
+        }
     }
-    result
+    answer
+}
+
+/// The real stream-ordered free matching an allocation entry point: the `_ptsz` one for a
+/// `_ptsz` allocation (where the NULL stream is the per-thread stream), else the legacy one.
+fn free_async_like(per_thread: bool) -> impl FnOnce(CUstream, CUdeviceptr) -> CUresult {
+    move |stream, ptr| {
+        let free = if per_thread {
+            real::cuMemFreeAsync_ptsz()
+        } else {
+            real::cuMemFreeAsync()
+        };
+        // SAFETY: the allocation the driver just made on `stream`, not yet handed out.
+        free.map_or(CUDA_ERROR_NOT_SUPPORTED, |free| unsafe {
+            free(ptr, stream)
+        })
+    }
 }
 
 pub unsafe fn mem_alloc_async(
@@ -232,9 +340,17 @@ pub unsafe fn mem_alloc_async(
             || super::DeviceObject::Pointer(super::read_out(dptr)),
         );
     }
-    pool_alloc(process, device, pool as u64, dptr, bytes, || {
-        real(dptr, bytes, stream)
-    })
+    let per_thread = real::cuMemAllocAsync_ptsz().is_some_and(|p| p as usize == real as usize);
+    let free = free_async_like(per_thread);
+    pool_alloc(
+        process,
+        device,
+        pool as u64,
+        dptr,
+        bytes,
+        || real(dptr, bytes, stream),
+        |ptr| free(stream, ptr),
+    )
 }
 
 pub unsafe fn mem_alloc_from_pool_async(
@@ -247,26 +363,38 @@ pub unsafe fn mem_alloc_from_pool_async(
     let (Some(process), Some((_, device))) = (process(), current_limited_device()) else {
         return real(dptr, bytes, pool, stream);
     };
-    pool_alloc(process, device, pool as u64, dptr, bytes, || {
-        real(dptr, bytes, pool, stream)
-    })
+    let per_thread =
+        real::cuMemAllocFromPoolAsync_ptsz().is_some_and(|p| p as usize == real as usize);
+    let free = free_async_like(per_thread);
+    pool_alloc(
+        process,
+        device,
+        pool as u64,
+        dptr,
+        bytes,
+        || real(dptr, bytes, pool, stream),
+        |ptr| free(stream, ptr),
+    )
 }
 
-/// After the driver shrank or destroyed `pool`: charge what it holds now.
-fn reread_pool_after(result: CUresult, pool: CUmemoryPool) -> CUresult {
+/// cuMemPoolDestroy: the pool is read one last time before (its handle names nothing after);
+/// then it is refunded at once if nothing is allocated from it, else when the last of its
+/// allocations is freed (the driver releases it then).
+pub unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
+    let Some(process) = process() else {
+        return real(pool);
+    };
+    let mut book = lock(&process.ledger.pools);
+    if let Some(device) = book.device_of(pool as u64) {
+        reread_locked(process, &mut book, pool as u64, device);
+    }
+    let result = real(pool);
     if result == CUDA_SUCCESS {
-        if let Some(process) = process() {
-            let device = lock(&process.ledger.pools).device_of(pool as u64);
-            if let Some(device) = device {
-                reread_pool(process, pool as u64, device);
-            }
-        }
+        let settle = book.destroyed(pool as u64);
+        drop(book);
+        apply(process, settle);
     }
     result
-}
-
-pub unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
-    reread_pool_after(real(pool), pool)
 }
 
 pub unsafe fn mem_pool_trim_to(
@@ -274,7 +402,16 @@ pub unsafe fn mem_pool_trim_to(
     pool: CUmemoryPool,
     keep: usize,
 ) -> CUresult {
-    reread_pool_after(real(pool, keep), pool)
+    let result = real(pool, keep);
+    if result == CUDA_SUCCESS {
+        if let Some(process) = process() {
+            let mut book = lock(&process.ledger.pools);
+            if let Some(device) = book.device_of(pool as u64) {
+                reread_locked(process, &mut book, pool as u64, device);
+            }
+        }
+    }
+    result
 }
 
 // ---------------------------------------------------------------- VMM

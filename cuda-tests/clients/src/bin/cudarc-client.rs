@@ -372,6 +372,20 @@ impl Gpu for Cudarc {
         }
     }
 
+    fn pool_destroy(&self, pool: u64) -> Res<()> {
+        // SAFETY: a pool handle `alloc` created; destroyed once.
+        unsafe { cu(result::mem_pool::destroy(pool as sys::CUmemoryPool)) }
+    }
+
+    fn free_async(&self, ptr: u64) -> Res<()> {
+        let null = std::ptr::null_mut();
+        // SAFETY: a pool pointer `alloc` made, freed once on the default stream.
+        unsafe {
+            cu(result::free_async(ptr, null))?;
+            cu(result::stream::synchronize(null))
+        }
+    }
+
     fn synchronize(&self) -> Res<()> {
         cu(result::ctx::synchronize())
     }

@@ -8,6 +8,17 @@
 //! cuMemPoolTrimTo releases down to max(minBytesToKeep, used) at once. Sizes are rounded to
 //! 2 MiB like every device allocation. Stream order is not modelled: memory freed with
 //! cuMemFreeAsync is reusable immediately.
+//!
+//! A pool takes memory from the card in whole OS allocations ("The OS allocations may happen
+//! at different granularity from the user allocations", cuMemPoolTrimTo): `FAKEGPU_POOL_CHUNK`
+//! bytes (default and minimum 2 MiB, rounded up to 2 MiB), so a pool may grow by more than a
+//! request; releases keep `max(target, used)` rounded up to a chunk.
+//!
+//! A destroyed pool's handle is invalid at once for every call (attributes, trim, allocation),
+//! while its memory stays until its last allocation is freed ("the resources associated with
+//! the pool will be released automatically once there are no more outstanding allocations").
+//! The driver API promises nothing about using the handle after cuMemPoolDestroy, so the fake
+//! takes the strictest reading.
 
 use super::memory::AllocKind;
 use super::{kind, round_up, Cuda, Tables, ALLOC_GRANULARITY, R};
@@ -28,6 +39,31 @@ pub struct Pool {
     /// Destroyed with allocations outstanding: goes away when they are freed.
     pub destroyed: bool,
     pub reuse: [u64; 3],
+    /// Size of the pool's OS allocations: it grows and releases in whole chunks.
+    pub chunk: u64,
+}
+
+/// Environment variable: the size of a pool's OS allocations, in bytes.
+pub const POOL_CHUNK_ENV: &str = "FAKEGPU_POOL_CHUNK";
+
+/// `FAKEGPU_POOL_CHUNK` rounded up to the allocation granularity (default: the granularity).
+fn pool_chunk() -> u64 {
+    std::env::var(POOL_CHUNK_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(ALLOC_GRANULARITY, |c| round_up(c.max(1), ALLOC_GRANULARITY))
+}
+
+impl Pool {
+    fn new(dev: u32, is_default: bool) -> Pool {
+        Pool {
+            dev,
+            is_default,
+            reuse: [1, 1, 1],
+            chunk: pool_chunk(),
+            ..Pool::default()
+        }
+    }
 }
 
 impl Cuda {
@@ -36,15 +72,7 @@ impl Cuda {
             return p;
         }
         let h = t.handle(kind::POOL);
-        t.pools.insert(
-            h,
-            Pool {
-                dev,
-                is_default: true,
-                reuse: [1, 1, 1],
-                ..Pool::default()
-            },
-        );
+        t.pools.insert(h, Pool::new(dev, true));
         t.default_pool[dev as usize] = Some(h);
         h
     }
@@ -86,14 +114,7 @@ impl Cuda {
             .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
         let mut t = self.lock();
         let h = t.handle(kind::POOL);
-        t.pools.insert(
-            h,
-            Pool {
-                dev,
-                reuse: [1, 1, 1],
-                ..Pool::default()
-            },
-        );
+        t.pools.insert(h, Pool::new(dev, false));
         Ok(h)
     }
 
@@ -113,12 +134,13 @@ impl Cuda {
         Ok(())
     }
 
-    /// Releases reserved-but-unused memory of one pool down to max(keep, used).
+    /// Releases reserved-but-unused memory of one pool down to max(keep, used), in whole
+    /// chunks (an OS allocation goes back only whole).
     fn trim_pool(&self, t: &mut Tables, pool: u64, keep: u64) {
         let Some(p) = t.pools.get_mut(&pool) else {
             return;
         };
-        let target = keep.max(p.used);
+        let target = round_up(keep.max(p.used), p.chunk.max(1));
         if p.reserved > target {
             let release = p.reserved - target;
             p.reserved = target;
@@ -161,9 +183,7 @@ impl Cuda {
     pub fn pool_trim_to(&self, pool: u64, keep: u64) -> R<()> {
         self.check()?;
         let mut t = self.lock();
-        if !t.pools.contains_key(&pool) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
+        Self::live_pool(&mut t, pool)?;
         self.trim_pool(&mut t, pool, keep);
         Ok(())
     }
@@ -199,7 +219,7 @@ impl Cuda {
         let need = round_up(size, ALLOC_GRANULARITY);
         let p = t.pools.get_mut(&pool).expect("checked above");
         let on = super::context::Current { dev: p.dev, ..cur };
-        let grow = need.saturating_sub(p.reserved - p.used);
+        let grow = round_up(need.saturating_sub(p.reserved - p.used), p.chunk.max(1));
         if grow > 0 && !st.try_charge(p.dev, self.slot(), grow) {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
@@ -231,10 +251,18 @@ impl Cuda {
         Ok(())
     }
 
+    /// A pool the caller may still name: created and not destroyed.
+    fn live_pool(t: &mut Tables, pool: u64) -> R<&mut Pool> {
+        match t.pools.get_mut(&pool) {
+            Some(p) if !p.destroyed => Ok(p),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
     pub fn pool_get_attribute(&self, pool: u64, attr: i32) -> R<u64> {
         self.check()?;
-        let t = self.lock();
-        let p = t.pools.get(&pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let mut t = self.lock();
+        let p = Self::live_pool(&mut t, pool)?;
         Ok(match attr {
             REUSE_FOLLOW_EVENT_DEPENDENCIES
             | REUSE_ALLOW_OPPORTUNISTIC
@@ -252,7 +280,7 @@ impl Cuda {
     pub fn pool_set_attribute(&self, pool: u64, attr: i32, value: u64) -> R<()> {
         self.check()?;
         let mut t = self.lock();
-        let p = t.pools.get_mut(&pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let p = Self::live_pool(&mut t, pool)?;
         match attr {
             REUSE_FOLLOW_EVENT_DEPENDENCIES
             | REUSE_ALLOW_OPPORTUNISTIC
@@ -372,6 +400,23 @@ mod tests {
             2 * MIB,
             "outstanding allocation survives"
         );
+        // The handle is gone for the caller, although its memory is not.
+        for attr in [RESERVED_MEM_CURRENT, USED_MEM_CURRENT, RELEASE_THRESHOLD] {
+            assert_eq!(
+                c.pool_get_attribute(pool, attr),
+                Err(CUDA_ERROR_INVALID_VALUE)
+            );
+        }
+        assert_eq!(
+            c.pool_set_attribute(pool, RELEASE_THRESHOLD, 0),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(c.pool_trim_to(pool, 0), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(c.pool_destroy(pool), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(
+            c.mem_alloc_async(MIB, Some(pool), 0),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
         assert_eq!(
             c.device_get_pool(0).unwrap(),
             c.device_default_pool(0).unwrap()
@@ -382,5 +427,46 @@ mod tests {
         assert_eq!(c.pool_destroy(default), Err(CUDA_ERROR_INVALID_VALUE));
         props.location.id = 9;
         assert_eq!(c.pool_create(&props), Err(CUDA_ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn pools_grow_and_release_in_whole_chunks() {
+        let c = driver(small_overhead());
+        let st = c.check().unwrap();
+        c.ctx_create(0, 0).unwrap();
+        let base = st.used_memory(0);
+        let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type_ = CU_MEM_LOCATION_TYPE_DEVICE;
+        let pool = c.pool_create(&props).unwrap();
+        assert_eq!(c.lock().pools[&pool].chunk, ALLOC_GRANULARITY, "default");
+        c.lock().pools.get_mut(&pool).unwrap().chunk = 16 * MIB;
+        // A 2 MiB request takes a whole 16 MiB OS allocation from the card.
+        let a = c.mem_alloc_async(MIB, Some(pool), 0).unwrap();
+        assert_eq!(st.used_memory(0) - base, 16 * MIB);
+        assert_eq!(
+            c.pool_get_attribute(pool, RESERVED_MEM_CURRENT).unwrap(),
+            16 * MIB
+        );
+        assert_eq!(
+            c.pool_get_attribute(pool, USED_MEM_CURRENT).unwrap(),
+            2 * MIB
+        );
+        // The rest of the chunk serves the next requests; 15 MiB more needs a second chunk.
+        let b = c.mem_alloc_async(14 * MIB, Some(pool), 0).unwrap();
+        assert_eq!(st.used_memory(0) - base, 16 * MIB);
+        let d = c.mem_alloc_async(15 * MIB, Some(pool), 0).unwrap();
+        assert_eq!(st.used_memory(0) - base, 32 * MIB);
+        // Releases keep every chunk still in use, even partly.
+        c.mem_free_async(b, 0).unwrap();
+        c.mem_free_async(d, 0).unwrap();
+        c.ctx_synchronize().unwrap();
+        assert_eq!(st.used_memory(0) - base, 16 * MIB, "a's chunk stays");
+        c.mem_free_async(a, 0).unwrap();
+        c.pool_trim_to(pool, MIB).unwrap();
+        assert_eq!(st.used_memory(0) - base, 16 * MIB, "keeps a whole chunk");
+        c.pool_trim_to(pool, 0).unwrap();
+        assert_eq!(st.used_memory(0), base);
+        c.pool_destroy(pool).unwrap();
     }
 }
