@@ -96,6 +96,21 @@ fn launch_common(
     }
 }
 
+/// The deprecated launches (`cuLaunch`, `cuLaunchGrid[Async]`). Simplified: the old API's
+/// per-function state (`cuFuncSetBlockShape`, `cuParamSet*`) is not modelled, so every such
+/// launch runs blocks of one thread for the default `ns_per_wave`; the duration formula
+/// then makes the grid's size alone decide the kernel's time (v100: 163,840 blocks a wave).
+fn launch_legacy(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> R<()> {
+    let dim = |d: c_int| u32::try_from(d).map_err(|_| CUDA_ERROR_INVALID_VALUE);
+    let grid = [dim(width)?, dim(height)?, 1];
+    cu().launch(h(f), grid, [1, 1, 1], None, h(stream))
+}
+
+/// A byte count as the pre-3.2 ABI reports it: clamped to 32 bits, never wrapped.
+fn clamp_u32(bytes: u64) -> c_uint {
+    bytes.min(u64::from(c_uint::MAX)) as c_uint
+}
+
 fn launch_ex(
     config: *const CUlaunchConfig,
     f: CUfunction,
@@ -239,6 +254,10 @@ cuda_api! {
         if dev.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         put(dev, cu().device_by_pci_bus_id(cstr(id)?)?)
     }
+    fn cuDeviceTotalMem["cuDeviceTotalMem", 2000, Default](bytes: *mut c_uint, dev: CUdevice) {
+        if bytes.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(bytes, clamp_u32(cu().device_spec(dev)?.total_memory))
+    }
     fn cuDeviceTotalMem_v2["cuDeviceTotalMem", 3020, Default](bytes: *mut usize, dev: CUdevice) {
         if bytes.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         put(bytes, cu().device_spec(dev)?.total_memory as usize)
@@ -267,6 +286,10 @@ cuda_api! {
     }
     fn cuDevicePrimaryCtxSetFlags["cuDevicePrimaryCtxSetFlags", 7000, Default](dev: CUdevice, flags: c_uint) { cu().primary_set_flags(dev, flags) }
     fn cuDevicePrimaryCtxSetFlags_v2["cuDevicePrimaryCtxSetFlags", 11000, Default](dev: CUdevice, flags: c_uint) { cu().primary_set_flags(dev, flags) }
+    fn cuCtxCreate["cuCtxCreate", 2000, Default](pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) {
+        if pctx.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pctx, hp(cu().ctx_create(flags, dev)?))
+    }
     fn cuCtxCreate_v2["cuCtxCreate", 3020, Default](pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) {
         if pctx.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         put(pctx, hp(cu().ctx_create(flags, dev)?))
@@ -279,6 +302,7 @@ cuda_api! {
         if pctx.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         put(pctx, hp(cu().ctx_create(flags, dev)?))
     }
+    fn cuCtxDestroy["cuCtxDestroy", 2000, Default](ctx: CUcontext) { cu().ctx_destroy(h(ctx)) }
     fn cuCtxDestroy_v2["cuCtxDestroy", 4000, Default](ctx: CUcontext) { cu().ctx_destroy(h(ctx)) }
     fn cuCtxPushCurrent_v2["cuCtxPushCurrent", 4000, Default](ctx: CUcontext) { cu().ctx_push(h(ctx)) }
     fn cuCtxPopCurrent_v2["cuCtxPopCurrent", 4000, Default](pctx: *mut CUcontext) {
@@ -310,6 +334,12 @@ cuda_api! {
         if dptr.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         put(dptr, cu().mem_alloc(bytesize as u64)?)
     }
+    fn cuMemAllocPitch["cuMemAllocPitch", 2000, Default](dptr: *mut c_uint, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint) {
+        if dptr.is_null() || pitch.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let (p, pi) = cu().mem_alloc_pitch_legacy(width, height, elem)?;
+        put(dptr, p)?;
+        put(pitch, pi)
+    }
     fn cuMemAllocPitch_v2["cuMemAllocPitch", 3020, Default](dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) {
         if dptr.is_null() || pitch.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         let (p, pi) = cu().mem_alloc_pitch(width as u64, height as u64, elem)?;
@@ -320,7 +350,14 @@ cuda_api! {
         if dptr.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         put(dptr, cu().mem_alloc_managed(bytesize as u64, flags)?)
     }
+    fn cuMemFree["cuMemFree", 2000, Default](dptr: c_uint) { cu().mem_free(dptr.into()) }
     fn cuMemFree_v2["cuMemFree", 3020, Default](dptr: CUdeviceptr) { cu().mem_free(dptr) }
+    fn cuMemGetInfo["cuMemGetInfo", 2000, Default](free: *mut c_uint, total: *mut c_uint) {
+        if free.is_null() || total.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let (f, t) = cu().mem_get_info()?;
+        put(free, clamp_u32(f))?;
+        put(total, clamp_u32(t))
+    }
     fn cuMemGetInfo_v2["cuMemGetInfo", 3020, Default](free: *mut usize, total: *mut usize) {
         if free.is_null() || total.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         let (f, t) = cu().mem_get_info()?;
@@ -360,10 +397,22 @@ cuda_api! {
     fn cuMemsetD8Async_ptsz["cuMemsetD8Async", 7000, Ptsz](dst: CUdeviceptr, v: c_uchar, n: usize, s: CUstream) { memset_async(dst, v as u32, 1, n, s) }
 
     // ---- arrays ----
+    fn cuArrayCreate["cuArrayCreate", 2000, Default](p: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) {
+        if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let d = get(desc)?;
+        let d3 = CUDA_ARRAY3D_DESCRIPTOR { Width: d.Width as usize, Height: d.Height as usize, Depth: 0, Format: d.Format, NumChannels: d.NumChannels, Flags: 0 };
+        put(p, hp(cu().array_create(&d3, None)?))
+    }
     fn cuArrayCreate_v2["cuArrayCreate", 3020, Default](p: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) {
         if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         let d = get(desc)?;
         let d3 = CUDA_ARRAY3D_DESCRIPTOR { Width: d.Width, Height: d.Height, Depth: 0, Format: d.Format, NumChannels: d.NumChannels, Flags: 0 };
+        put(p, hp(cu().array_create(&d3, None)?))
+    }
+    fn cuArray3DCreate["cuArray3DCreate", 2000, Default](p: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) {
+        if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let d = get(desc)?;
+        let d3 = CUDA_ARRAY3D_DESCRIPTOR { Width: d.Width as usize, Height: d.Height as usize, Depth: d.Depth as usize, Format: d.Format, NumChannels: d.NumChannels, Flags: d.Flags };
         put(p, hp(cu().array_create(&d3, None)?))
     }
     fn cuArray3DCreate_v2["cuArray3DCreate", 3020, Default](p: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) {
@@ -515,6 +564,9 @@ cuda_api! {
     }
 
     // ---- launches ----
+    fn cuLaunch["cuLaunch", 2000, Default](f: CUfunction) { launch_legacy(f, 1, 1, std::ptr::null_mut()) }
+    fn cuLaunchGrid["cuLaunchGrid", 2000, Default](f: CUfunction, gw: c_int, gh: c_int) { launch_legacy(f, gw, gh, std::ptr::null_mut()) }
+    fn cuLaunchGridAsync["cuLaunchGridAsync", 2000, Default](f: CUfunction, gw: c_int, gh: c_int, s: CUstream) { launch_legacy(f, gw, gh, s) }
     fn cuLaunchKernel["cuLaunchKernel", 4000, Default](f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _shared: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
         launch_common(f, [gx, gy, gz], [bx, by, bz], s, params, extra, false)
     }

@@ -21,40 +21,43 @@ const MIB: u64 = 1 << 20;
 
 /// Every symbol the library exports (`nm -D --defined-only`).
 const EXPORTS: &str = "
-    cuArray3DCreate_v2 cuArrayCreate_v2 cuArrayDestroy cuCtxCreate_v2 cuCtxCreate_v3 
-    cuCtxCreate_v4 cuCtxDestroy_v2 cuCtxGetApiVersion cuCtxGetCurrent cuCtxGetDevice 
-    cuCtxPopCurrent_v2 cuCtxPushCurrent_v2 cuCtxSetCurrent cuCtxSynchronize 
-    cuDeviceComputeCapability cuDeviceGet cuDeviceGetAttribute cuDeviceGetByPCIBusId 
-    cuDeviceGetCount cuDeviceGetDefaultMemPool cuDeviceGetMemPool cuDeviceGetName 
-    cuDeviceGetPCIBusId cuDeviceGetUuid cuDeviceGetUuid_v2 cuDevicePrimaryCtxGetState 
-    cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2 cuDevicePrimaryCtxReset 
-    cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxRetain cuDevicePrimaryCtxSetFlags 
-    cuDevicePrimaryCtxSetFlags_v2 cuDeviceSetMemPool cuDeviceTotalMem_v2 cuDriverGetVersion 
-    cuEventCreate cuEventDestroy_v2 cuEventElapsedTime cuEventElapsedTime_v2 cuEventQuery 
-    cuEventRecord cuEventRecord_ptsz cuEventSynchronize cuFuncGetAttribute cuGetErrorName 
-    cuGetErrorString cuGetExportTable cuGetProcAddress cuGetProcAddress_v2 cuGraphAddKernelNode 
-    cuGraphAddKernelNode_v2 cuGraphCreate cuGraphDestroy cuGraphExecDestroy cuGraphInstantiate 
+    cuArray3DCreate cuArray3DCreate_v2 cuArrayCreate cuArrayCreate_v2 cuArrayDestroy 
+    cuCtxCreate cuCtxCreate_v2 cuCtxCreate_v3 cuCtxCreate_v4 cuCtxDestroy cuCtxDestroy_v2 
+    cuCtxGetApiVersion cuCtxGetCurrent cuCtxGetDevice cuCtxPopCurrent_v2 cuCtxPushCurrent_v2 
+    cuCtxSetCurrent cuCtxSynchronize cuDeviceComputeCapability cuDeviceGet cuDeviceGetAttribute 
+    cuDeviceGetByPCIBusId cuDeviceGetCount cuDeviceGetDefaultMemPool cuDeviceGetMemPool 
+    cuDeviceGetName cuDeviceGetPCIBusId cuDeviceGetUuid cuDeviceGetUuid_v2 
+    cuDevicePrimaryCtxGetState cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2 
+    cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxRetain 
+    cuDevicePrimaryCtxSetFlags cuDevicePrimaryCtxSetFlags_v2 cuDeviceSetMemPool 
+    cuDeviceTotalMem cuDeviceTotalMem_v2 cuDriverGetVersion cuEventCreate cuEventDestroy_v2 
+    cuEventElapsedTime cuEventElapsedTime_v2 cuEventQuery cuEventRecord cuEventRecord_ptsz 
+    cuEventSynchronize cuFuncGetAttribute cuGetErrorName cuGetErrorString cuGetExportTable 
+    cuGetProcAddress cuGetProcAddress_v2 cuGraphAddKernelNode cuGraphAddKernelNode_v2 
+    cuGraphCreate cuGraphDestroy cuGraphExecDestroy cuGraphInstantiate 
     cuGraphInstantiateWithFlags cuGraphInstantiate_v2 cuGraphLaunch cuGraphLaunch_ptsz cuInit 
     cuIpcCloseMemHandle cuIpcGetMemHandle cuIpcOpenMemHandle cuIpcOpenMemHandle_v2 
-    cuKernelGetFunction cuLaunchCooperativeKernel cuLaunchCooperativeKernel_ptsz cuLaunchKernel 
-    cuLaunchKernelEx cuLaunchKernelEx_ptsz cuLaunchKernel_ptsz cuLibraryGetKernel 
-    cuLibraryLoadData cuLibraryUnload cuMemAddressFree cuMemAddressReserve cuMemAlloc 
-    cuMemAllocAsync cuMemAllocAsync_ptsz cuMemAllocFromPoolAsync cuMemAllocFromPoolAsync_ptsz 
-    cuMemAllocHost_v2 cuMemAllocManaged cuMemAllocPitch_v2 cuMemAlloc_v2 cuMemCreate 
-    cuMemFreeAsync cuMemFreeAsync_ptsz cuMemFreeHost cuMemFree_v2 cuMemGetAddressRange_v2 
-    cuMemGetAllocationGranularity cuMemGetAllocationPropertiesFromHandle cuMemGetInfo_v2 
-    cuMemHostAlloc cuMemMap cuMemPoolCreate cuMemPoolDestroy cuMemPoolGetAttribute 
-    cuMemPoolSetAttribute cuMemPoolTrimTo cuMemRelease cuMemRetainAllocationHandle cuMemSetAccess 
-    cuMemUnmap cuMemcpyDtoD_v2 cuMemcpyDtoD_v2_ptds cuMemcpyDtoHAsync_v2 cuMemcpyDtoHAsync_v2_ptsz 
+    cuKernelGetFunction cuLaunch cuLaunchCooperativeKernel cuLaunchCooperativeKernel_ptsz 
+    cuLaunchGrid cuLaunchGridAsync cuLaunchKernel cuLaunchKernelEx cuLaunchKernelEx_ptsz 
+    cuLaunchKernel_ptsz cuLibraryGetKernel cuLibraryLoadData cuLibraryUnload cuMemAddressFree 
+    cuMemAddressReserve cuMemAlloc cuMemAllocAsync cuMemAllocAsync_ptsz cuMemAllocFromPoolAsync 
+    cuMemAllocFromPoolAsync_ptsz cuMemAllocHost_v2 cuMemAllocManaged cuMemAllocPitch 
+    cuMemAllocPitch_v2 cuMemAlloc_v2 cuMemCreate cuMemFree cuMemFreeAsync cuMemFreeAsync_ptsz 
+    cuMemFreeHost cuMemFree_v2 cuMemGetAddressRange_v2 cuMemGetAllocationGranularity 
+    cuMemGetAllocationPropertiesFromHandle cuMemGetInfo cuMemGetInfo_v2 cuMemHostAlloc cuMemMap 
+    cuMemPoolCreate cuMemPoolDestroy cuMemPoolGetAttribute cuMemPoolSetAttribute 
+    cuMemPoolTrimTo cuMemRelease cuMemRetainAllocationHandle cuMemSetAccess cuMemUnmap 
+    cuMemcpyDtoD_v2 cuMemcpyDtoD_v2_ptds cuMemcpyDtoHAsync_v2 cuMemcpyDtoHAsync_v2_ptsz 
     cuMemcpyDtoH_v2 cuMemcpyDtoH_v2_ptds cuMemcpyHtoDAsync_v2 cuMemcpyHtoDAsync_v2_ptsz 
     cuMemcpyHtoD_v2 cuMemcpyHtoD_v2_ptds cuMemsetD32_v2 cuMemsetD32_v2_ptds cuMemsetD8Async 
     cuMemsetD8Async_ptsz cuMemsetD8_v2 cuMemsetD8_v2_ptds cuMipmappedArrayCreate 
-    cuMipmappedArrayDestroy cuModuleGetFunction cuModuleGetGlobal_v2 cuModuleLoad cuModuleLoadData 
-    cuModuleLoadDataEx cuModuleUnload cuStreamBeginCapture cuStreamBeginCapture_ptsz 
-    cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz cuStreamCreate cuStreamCreateWithPriority 
-    cuStreamDestroy_v2 cuStreamEndCapture cuStreamEndCapture_ptsz cuStreamIsCapturing 
-    cuStreamIsCapturing_ptsz cuStreamQuery cuStreamQuery_ptsz cuStreamSynchronize 
-    cuStreamSynchronize_ptsz cuStreamWaitEvent cuStreamWaitEvent_ptsz ";
+    cuMipmappedArrayDestroy cuModuleGetFunction cuModuleGetGlobal_v2 cuModuleLoad 
+    cuModuleLoadData cuModuleLoadDataEx cuModuleUnload cuStreamBeginCapture 
+    cuStreamBeginCapture_ptsz cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz 
+    cuStreamCreate cuStreamCreateWithPriority cuStreamDestroy_v2 cuStreamEndCapture 
+    cuStreamEndCapture_ptsz cuStreamIsCapturing cuStreamIsCapturing_ptsz cuStreamQuery 
+    cuStreamQuery_ptsz cuStreamSynchronize cuStreamSynchronize_ptsz cuStreamWaitEvent 
+    cuStreamWaitEvent_ptsz ";
 
 fn lib_path() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -304,6 +307,7 @@ fn child_role() {
         "threads" => threads_scenario(&api),
         "fork" => fork_scenario(&api),
         "errors" => errors_scenario(&api),
+        "legacy" => legacy_scenario(&api),
         other => panic!("unknown role {other}"),
     }
     // Proves to the parent that the scenario ran to its end (not filtered out, not skipped).
@@ -334,6 +338,31 @@ fn proc_address_returns_the_exported_pointers() {
     let cases: &[(&str, c_int, u64, &str)] = &[
         ("cuMemAlloc", 12000, 0, "cuMemAlloc_v2"),
         ("cuMemAlloc", 3010, 0, "cuMemAlloc"),
+        ("cuMemFree", 3010, 0, "cuMemFree"),
+        ("cuMemGetInfo", 3010, 0, "cuMemGetInfo"),
+        ("cuMemGetInfo", 3020, 0, "cuMemGetInfo_v2"),
+        ("cuDeviceTotalMem", 2000, 0, "cuDeviceTotalMem"),
+        ("cuMemAllocPitch", 3010, 0, "cuMemAllocPitch"),
+        ("cuArrayCreate", 3010, 0, "cuArrayCreate"),
+        ("cuArray3DCreate", 3010, 0, "cuArray3DCreate"),
+        ("cuCtxCreate", 2000, 0, "cuCtxCreate"),
+        ("cuCtxDestroy", 3020, 0, "cuCtxDestroy"),
+        ("cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2"),
+        (
+            "cuDevicePrimaryCtxRelease",
+            7000,
+            0,
+            "cuDevicePrimaryCtxRelease",
+        ),
+        (
+            "cuDevicePrimaryCtxReset",
+            7000,
+            0,
+            "cuDevicePrimaryCtxReset",
+        ),
+        ("cuLaunch", 12000, 0, "cuLaunch"),
+        ("cuLaunchGrid", 12000, 2, "cuLaunchGrid"),
+        ("cuLaunchGridAsync", 12000, 0, "cuLaunchGridAsync"),
         ("cuCtxCreate", 3020, 0, "cuCtxCreate_v2"),
         ("cuCtxCreate", 11040, 0, "cuCtxCreate_v3"),
         ("cuCtxCreate", 12080, 0, "cuCtxCreate_v4"),
@@ -612,6 +641,136 @@ fn fork_scenario(api: &Api) {
     // The parent is still initialised.
     // SAFETY: valid out-pointer.
     assert_eq!(unsafe { (api.device_get_count)(&mut n) }, SUCCESS);
+}
+
+/// The pre-3.2 entry points: 32-bit pointers from the low 4 GiB, sizes clamped (never
+/// wrapped) on a 32 GiB card, the same accounting as the 64-bit ones, and the deprecated
+/// launches on the timeline with the grid deciding their length.
+#[test]
+fn legacy_entry_points_use_the_32_bit_abi() {
+    let state = state_path("legacy");
+    let mut kid = Kid::spawn("legacy", &state, &[]);
+    assert_eq!(kid.read(), "done");
+    kid.finish();
+    let _ = std::fs::remove_file(&state);
+}
+
+#[allow(clippy::type_complexity)]
+fn legacy_scenario(api: &Api) {
+    let lib = api._lib;
+    let ctx_create: unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> u32 =
+        sym(lib, "cuCtxCreate");
+    let ctx_destroy: unsafe extern "C" fn(*mut c_void) -> u32 = sym(lib, "cuCtxDestroy");
+    let alloc: unsafe extern "C" fn(*mut c_uint, c_uint) -> u32 = sym(lib, "cuMemAlloc");
+    let free: unsafe extern "C" fn(c_uint) -> u32 = sym(lib, "cuMemFree");
+    let get_info: unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> u32 = sym(lib, "cuMemGetInfo");
+    let total_mem: unsafe extern "C" fn(*mut c_uint, c_int) -> u32 = sym(lib, "cuDeviceTotalMem");
+    let pitch: unsafe extern "C" fn(*mut c_uint, *mut c_uint, c_uint, c_uint, c_uint) -> u32 =
+        sym(lib, "cuMemAllocPitch");
+    let array: unsafe extern "C" fn(*mut *mut c_void, *const [c_uint; 4]) -> u32 =
+        sym(lib, "cuArrayCreate");
+    let array3d: unsafe extern "C" fn(*mut *mut c_void, *const [c_uint; 6]) -> u32 =
+        sym(lib, "cuArray3DCreate");
+    let array_destroy: unsafe extern "C" fn(*mut c_void) -> u32 = sym(lib, "cuArrayDestroy");
+    let launch: unsafe extern "C" fn(*mut c_void) -> u32 = sym(lib, "cuLaunch");
+    let grid: unsafe extern "C" fn(*mut c_void, c_int, c_int) -> u32 = sym(lib, "cuLaunchGrid");
+    let grid_async: unsafe extern "C" fn(*mut c_void, c_int, c_int, *mut c_void) -> u32 =
+        sym(lib, "cuLaunchGridAsync");
+    let stream_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> u32 =
+        sym(lib, "cuStreamCreate");
+    let event_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> u32 =
+        sym(lib, "cuEventCreate");
+    let event_record: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 =
+        sym(lib, "cuEventRecord");
+    let event_sync: unsafe extern "C" fn(*mut c_void) -> u32 = sym(lib, "cuEventSynchronize");
+    let elapsed: unsafe extern "C" fn(*mut f32, *mut c_void, *mut c_void) -> u32 =
+        sym(lib, "cuEventElapsedTime");
+    let used = || {
+        let (free, total) = api.mem_info();
+        total - free
+    };
+    let base;
+    // SAFETY: every call gets valid out-pointers and handles the fake handed out, or the
+    // deliberately invalid arguments each case names.
+    unsafe {
+        assert_eq!((api.init)(0), SUCCESS);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), SUCCESS);
+        base = used();
+        assert!(base > 0, "the context costs memory");
+        // A 32 GiB card: 32-bit sizes are clamped, never wrapped.
+        let (mut f32_, mut t32) = (0, 0);
+        assert_eq!(get_info(&mut f32_, &mut t32), SUCCESS);
+        assert_eq!((f32_, t32), (u32::MAX, u32::MAX));
+        let mut total = 0;
+        assert_eq!(total_mem(&mut total, 0), SUCCESS);
+        assert_eq!(total, u32::MAX);
+        assert_eq!(get_info(std::ptr::null_mut(), &mut t32), 1);
+
+        let mut p = 0;
+        assert_eq!(alloc(&mut p, 4096), SUCCESS);
+        assert!(p != 0, "a 32-bit device pointer");
+        assert_eq!(used() - base, 2 * MIB, "charged like cuMemAlloc_v2");
+        assert_eq!(free(p), SUCCESS);
+        assert_eq!(free(p), 1, "freed once");
+        assert_eq!(used(), base);
+
+        let (mut pp, mut pi) = (0, 0);
+        assert_eq!(pitch(&mut pp, &mut pi, 1000, 3000, 4), SUCCESS);
+        assert_eq!(pi, 1024);
+        assert_eq!(used() - base, 4 * MIB, "1024 x 3000 rounded to 2 MiB");
+        assert_eq!(
+            (api.free)(u64::from(pp)),
+            SUCCESS,
+            "the same address in 64 bits"
+        );
+        assert_eq!(used(), base);
+
+        // float4 (0x20, 4 channels): 16 bytes a texel.
+        let mut a = std::ptr::null_mut();
+        assert_eq!(array(&mut a, &[1024, 1024, 0x20, 4]), SUCCESS);
+        assert_eq!(used() - base, 16 * MIB);
+        assert_eq!(array_destroy(a), SUCCESS);
+        assert_eq!(array3d(&mut a, &[256, 256, 16, 0x01, 1, 0]), SUCCESS);
+        assert_eq!(used() - base, 2 * MIB);
+        assert_eq!(array_destroy(a), SUCCESS);
+        assert_eq!(used(), base);
+
+        // Deprecated launches: blocks of one thread, 1 us a wave; a V100 wave is 80 SMs x
+        // 2048 blocks, so a 163840 x 1000 grid is 1000 waves: at least 1 ms between events
+        // recorded around it.
+        let f = api.kernel();
+        let (mut e0, mut e1) = (std::ptr::null_mut(), std::ptr::null_mut());
+        assert_eq!(event_create(&mut e0, 0), SUCCESS);
+        assert_eq!(event_create(&mut e1, 0), SUCCESS);
+        assert_eq!(launch(f), SUCCESS);
+        assert_eq!(event_record(e0, std::ptr::null_mut()), SUCCESS);
+        assert_eq!(grid(f, 163_840, 1000), SUCCESS);
+        assert_eq!(event_record(e1, std::ptr::null_mut()), SUCCESS);
+        assert_eq!(event_sync(e1), SUCCESS);
+        let mut ms = 0f32;
+        assert_eq!(elapsed(&mut ms, e0, e1), SUCCESS);
+        assert!(ms >= 1.0, "the grid decides the length: {ms} ms");
+        let mut s = std::ptr::null_mut();
+        assert_eq!(stream_create(&mut s, 0), SUCCESS);
+        assert_eq!(event_record(e0, s), SUCCESS);
+        assert_eq!(grid_async(f, 163_840, 2000, s), SUCCESS);
+        assert_eq!(event_record(e1, s), SUCCESS);
+        assert_eq!(event_sync(e1), SUCCESS);
+        assert_eq!(elapsed(&mut ms, e0, e1), SUCCESS);
+        assert!(ms >= 2.0, "on its stream: {ms} ms");
+        assert_eq!(grid(f, -1, 1), 1, "a negative grid is INVALID_VALUE");
+        assert_eq!(grid(f, 1, 65536), 1, "grid height above 65535");
+        assert_eq!(launch(0x99 as *mut c_void), 400, "not a function");
+        assert_eq!((api.ctx_sync)(), SUCCESS);
+
+        assert_eq!(ctx_destroy(ctx), SUCCESS);
+        assert_eq!(ctx_destroy(ctx), 201, "destroyed once");
+    }
+    // Everything, the destroyed context included, is gone: with the primary context retained
+    // the card holds exactly one context again.
+    api.start();
+    assert_eq!(used(), base);
 }
 
 #[test]

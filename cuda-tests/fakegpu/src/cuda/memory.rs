@@ -273,6 +273,23 @@ impl Cuda {
 
     /// Pitch rounded up to 512 bytes; pitch * height charged.
     pub fn mem_alloc_pitch(&self, width: u64, height: u64, elem: u32) -> R<(u64, u64)> {
+        self.alloc_pitch(width, height, elem, false)
+    }
+
+    /// The pre-3.2 ABI of [`Cuda::mem_alloc_pitch`]: 32-bit extents, pointer and pitch,
+    /// served from the low reservation like [`Cuda::mem_alloc_legacy`].
+    pub fn mem_alloc_pitch_legacy(&self, width: u32, height: u32, elem: u32) -> R<(u32, u32)> {
+        let (p, pitch) = self.alloc_pitch(width.into(), height.into(), elem, true)?;
+        match (u32::try_from(p), u32::try_from(pitch)) {
+            (Ok(p), Ok(pitch)) => Ok((p, pitch)),
+            _ => {
+                self.free_alloc(&mut self.lock(), p);
+                Err(CUDA_ERROR_OUT_OF_MEMORY)
+            }
+        }
+    }
+
+    fn alloc_pitch(&self, width: u64, height: u64, elem: u32, low: bool) -> R<(u64, u64)> {
         let cur = self.current()?;
         if width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -281,7 +298,7 @@ impl Cuda {
         let size = pitch.checked_mul(height).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let mut t = self.lock();
         let charge = round_up(size, ALLOC_GRANULARITY);
-        let p = self.alloc_in(&mut t, &cur, size, charge, AllocKind::Device, false)?;
+        let p = self.alloc_in(&mut t, &cur, size, charge, AllocKind::Device, low)?;
         Ok((p, pitch))
     }
 
@@ -628,6 +645,11 @@ mod tests {
         let l = c.mem_alloc_legacy(4096).unwrap();
         assert_eq!(st.used_memory(0) - base, 2 * MIB);
         c.mem_free(l as u64).unwrap();
+        let (l, pitch) = c.mem_alloc_pitch_legacy(1000, 3000, 4).unwrap();
+        assert_eq!(pitch, 1024);
+        assert_eq!(st.used_memory(0) - base, round_up(1024 * 3000, 2 * MIB));
+        c.mem_free(l as u64).unwrap();
+        assert_eq!(st.used_memory(0), base);
         let m = c.mem_alloc_managed(3 * MIB, CU_MEM_ATTACH_GLOBAL).unwrap();
         assert_eq!(st.used_memory(0) - base, 4 * MIB);
         c.mem_free(m).unwrap();
