@@ -174,6 +174,28 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR {
     pub Flags: c_uint,
 }
 
+/// `CUDA_ARRAY_DESCRIPTOR` of the pre-3.2 ABI (`cuArrayCreate`, unsuffixed): 32-bit extents.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_ARRAY_DESCRIPTOR_v1 {
+    pub Width: c_uint,
+    pub Height: c_uint,
+    pub Format: c_uint,
+    pub NumChannels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` of the pre-3.2 ABI (`cuArray3DCreate`, unsuffixed).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
+    pub Width: c_uint,
+    pub Height: c_uint,
+    pub Depth: c_uint,
+    pub Format: c_uint,
+    pub NumChannels: c_uint,
+    pub Flags: c_uint,
+}
+
 /// Bytes per channel element of a `CUarray_format`, `None` for formats the fake rejects.
 pub fn array_format_bytes(format: c_uint) -> Option<usize> {
     Some(match format {
@@ -313,4 +335,20 @@ pub mod flags {
     pub const CU_MEM_ATTACH_HOST: u32 = 0x2;
     /// Highest `CUdevice_attribute` value + 1 in the 12.8 headers.
     pub const CU_DEVICE_ATTRIBUTE_MAX: i32 = 144;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legacy_array_descriptors_have_the_32_bit_layout() {
+        assert_eq!(std::mem::size_of::<CUDA_ARRAY_DESCRIPTOR_v1>(), 16);
+        assert_eq!(std::mem::offset_of!(CUDA_ARRAY_DESCRIPTOR_v1, Format), 8);
+        assert_eq!(std::mem::size_of::<CUDA_ARRAY3D_DESCRIPTOR_v1>(), 24);
+        assert_eq!(std::mem::offset_of!(CUDA_ARRAY3D_DESCRIPTOR_v1, Flags), 20);
+        // The 64-bit ones, for contrast.
+        assert_eq!(std::mem::size_of::<CUDA_ARRAY_DESCRIPTOR>(), 24);
+        assert_eq!(std::mem::size_of::<CUDA_ARRAY3D_DESCRIPTOR>(), 40);
+    }
 }

@@ -255,6 +255,31 @@ hook_registry! {
         Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch;
         Cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch;
 
+        // The legacy unsuffixed entry points: what a binary built against pre-3.2 headers (or
+        // with CUDA_FORCE_API_VERSION) links, what dlsym of the bare name finds, and what
+        // cuGetProcAddress answers below the version of the suffixed ABI (NVIDIA's own loaders
+        // ask for "cuDevicePrimaryCtxRelease" at 7000 and get the v1 function). Same ABI as
+        // the suffixed function: the same handler. 32-bit ABI: a `_v1` handler.
+        Cuda fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult => cuda::mem_get_info_v1;
+        Cuda fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult => cuda::device_total_mem_v1;
+        Cuda fn cuMemAlloc(dptr: *mut c_uint, bytesize: c_uint) -> CUresult => cuda::mem_alloc_v1;
+        Cuda fn cuMemAllocPitch(dptr: *mut c_uint, pitch: *mut c_uint, width_bytes: c_uint, height: c_uint,
+            element_size: c_uint) -> CUresult => cuda::mem_alloc_pitch_v1;
+        Cuda fn cuMemFree(dptr: c_uint) -> CUresult => cuda::mem_free_v1;
+        Cuda fn cuArrayCreate(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult
+            => cuda::array_create_v1;
+        Cuda fn cuArray3DCreate(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult
+            => cuda::array_3d_create_v1;
+        Cuda fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult => mem::ctx_create_v2;
+        Cuda fn cuCtxDestroy(ctx: CUcontext) -> CUresult => mem::ctx_destroy;
+        Cuda fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult => mem::primary_ctx_release;
+        Cuda fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => mem::primary_ctx_reset;
+        Cuda fn cuLaunch(f: CUfunction) -> CUresult => cuda::launch;
+        Cuda fn cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int) -> CUresult
+            => cuda::launch_grid;
+        Cuda fn cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, stream: CUstream)
+            -> CUresult => cuda::launch_grid_async;
+
         Nvml fn nvmlInit_v2() -> nvmlReturn_t => passthrough;
         Nvml fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t => passthrough;
         Nvml fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t
@@ -346,7 +371,9 @@ mod tests {
             "cudnnCreate",
             "cublasCreate_v2",
             "curl_easy_init",
-            "cuMemAlloc", // legacy 32-bit ABI symbol: not ours to wrap
+            "cuMemAlloc_v1",  // no such symbol: the 32-bit ABI is the bare name
+            "cuMemAllocHost", // not cuMemAlloc's family
+            "cuLaunchGridAsync_ptsz",
             "cuInit_",
             "cuinit",
             "cuDeviceGetUuid", // a helper, not a hook
@@ -403,6 +430,59 @@ mod tests {
             map_by_identity(std::ptr::null_mut(), table),
             std::ptr::null_mut()
         );
+    }
+
+    #[test]
+    fn legacy_unsuffixed_entry_points_are_hooked() {
+        for name in [
+            "cuMemAlloc",
+            "cuMemAllocPitch",
+            "cuMemFree",
+            "cuMemGetInfo",
+            "cuDeviceTotalMem",
+            "cuArrayCreate",
+            "cuArray3DCreate",
+            "cuCtxCreate",
+            "cuCtxDestroy",
+            "cuDevicePrimaryCtxRelease",
+            "cuDevicePrimaryCtxReset",
+            "cuLaunch",
+            "cuLaunchGrid",
+            "cuLaunchGridAsync",
+        ] {
+            let hook = hook_by_name(name).unwrap_or_else(|| panic!("{name} is hooked"));
+            assert_eq!(hook.library(), Library::Cuda, "{name}");
+            assert_eq!(hook.slot.name(), name, "{name}: its own real slot");
+        }
+    }
+
+    #[test]
+    fn a_legacy_pointer_from_cu_get_proc_address_maps_to_its_own_wrapper() {
+        // Pretend the driver resolved every CUDA slot to a distinct address: the v1 answer
+        // (cuGetProcAddress below 3020) maps to the v1 wrapper, the v2 answer to the v2 one.
+        let table = || {
+            HOOKS
+                .iter()
+                .enumerate()
+                .filter(|(_, h)| h.library() == Library::Cuda)
+                .map(|(i, h)| ((0x10_0000 + i * 16) as *mut c_void, h.wrapper))
+        };
+        let fake_real = |name: &str| {
+            let index = HOOKS.iter().position(|h| h.name == name).unwrap();
+            (0x10_0000 + index * 16) as *mut c_void
+        };
+        for (v1, v2) in [
+            ("cuMemAlloc", "cuMemAlloc_v2"),
+            ("cuMemFree", "cuMemFree_v2"),
+            ("cuCtxDestroy", "cuCtxDestroy_v2"),
+            ("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"),
+        ] {
+            let mapped_v1 = map_by_identity(fake_real(v1), table());
+            let mapped_v2 = map_by_identity(fake_real(v2), table());
+            assert_eq!(mapped_v1, hook_by_name(v1).unwrap().wrapper as *mut c_void);
+            assert_eq!(mapped_v2, hook_by_name(v2).unwrap().wrapper as *mut c_void);
+            assert_ne!(mapped_v1, mapped_v2, "{v1}: each ABI keeps its own wrapper");
+        }
     }
 
     #[test]

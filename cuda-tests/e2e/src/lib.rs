@@ -556,6 +556,64 @@ pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> 
     }
 }
 
+/// Builds C test programs once per source version: `sources` (file name, text) are written
+/// to a fresh directory under `root` (a test binary's `CARGO_TARGET_TMPDIR`), `build` compiles
+/// them there (see [`cc`]), and the directory is renamed to `<label>-<hash of the sources>`,
+/// which later runs and other test binaries reuse. Returns that directory.
+pub fn build_c_once(
+    root: &Path,
+    label: &str,
+    sources: &[(&str, &str)],
+    build: impl FnOnce(&Path),
+) -> PathBuf {
+    let mut hash: u64 = 0xcbf29ce484222325;
+    for (name, text) in sources {
+        for byte in name.bytes().chain(text.bytes()) {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x100000001b3);
+        }
+    }
+    let done = root.join(format!("{label}-{hash:016x}"));
+    if done.is_dir() {
+        return done;
+    }
+    let work = root.join(format!("{label}-{hash:016x}.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("create C build dir");
+    for (name, text) in sources {
+        std::fs::write(work.join(name), text).expect("write C source");
+    }
+    build(&work);
+    if std::fs::rename(&work, &done).is_err() {
+        // Another test binary finished first; theirs is identical.
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    done
+}
+
+/// Runs the C compiler (`cc`) in `dir` with `args`; panics when it fails.
+pub fn cc(dir: &Path, args: &[&str]) {
+    let status = Command::new("cc")
+        .current_dir(dir)
+        .args(args)
+        .status()
+        .expect("a C compiler (cc) is needed for the C test programs");
+    assert!(status.success(), "cc {args:?} failed");
+}
+
+/// The legacy-ABI C client (tests/shim_c/legacy.c: the pre-3.2 entry points by their bare
+/// names through dlsym or cuGetProcAddress_v2), built once under `root` (the calling test
+/// binary's `CARGO_TARGET_TMPDIR`).
+pub fn legacy_client(root: &Path) -> PathBuf {
+    let sources = [("legacy.c", include_str!("../tests/shim_c/legacy.c"))];
+    let dir = build_c_once(root, "legacy-c", &sources, |work| {
+        cc(
+            work,
+            &["-Wall", "-Werror", "-o", "legacy", "legacy.c", "-ldl"],
+        );
+    });
+    dir.join("legacy")
+}
+
 /// Sizes in bytes, for readable assertions.
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;

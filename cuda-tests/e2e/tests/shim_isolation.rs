@@ -9,10 +9,11 @@
 //! fakegpu and the real client programs are in `shim_interception.rs`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
-use cuda_e2e::{command, run_with_timeout, shim_library, Env, TempDir, DEFAULT_TIMEOUT, GIB};
+use cuda_e2e::{
+    build_c_once, cc, command, run_with_timeout, shim_library, Env, TempDir, DEFAULT_TIMEOUT, GIB,
+};
 
 const SOURCES: &[(&str, &str)] = &[
     ("mini_cuda.c", include_str!("shim_c/mini_cuda.c")),
@@ -25,66 +26,40 @@ const SOURCES: &[(&str, &str)] = &[
 fn programs() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let mut hash: u64 = 0xcbf29ce484222325;
-        for (name, text) in SOURCES {
-            for byte in name.bytes().chain(text.bytes()) {
-                hash = (hash ^ u64::from(byte)).wrapping_mul(0x100000001b3);
-            }
-        }
-        let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let done = root.join(format!("shim-c-{hash:016x}"));
-        if done.join("next").exists() {
-            return done;
-        }
-        let work = root.join(format!("shim-c-{hash:016x}.{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&work);
-        std::fs::create_dir_all(&work).unwrap();
-        for (name, text) in SOURCES {
-            std::fs::write(work.join(name), text).unwrap();
-        }
-        let cc = |args: &[&str]| {
-            let status = Command::new("cc")
-                .current_dir(&work)
-                .args(args)
-                .status()
-                .expect("a C compiler (cc) is needed for the shim's e2e tests");
-            assert!(status.success(), "cc {args:?} failed");
-        };
-        cc(&[
-            "-shared",
-            "-fPIC",
-            "-o",
-            "libcuda.so.1",
-            "-Wl,-soname,libcuda.so.1",
-            "mini_cuda.c",
-        ]);
-        cc(&[
-            "-shared",
-            "-fPIC",
-            "-o",
-            "libnvidia-ml.so.1",
-            "-Wl,-soname,libnvidia-ml.so.1",
-            "mini_nvml.c",
-        ]);
-        std::os::unix::fs::symlink("libcuda.so.1", work.join("libcuda.so")).unwrap();
-        std::os::unix::fs::symlink("libnvidia-ml.so.1", work.join("libnvidia-ml.so")).unwrap();
-        cc(&[
-            "-DLINKED",
-            "-o",
-            "client_linked",
-            "client.c",
-            "-L.",
-            "-lcuda",
-            "-lnvidia-ml",
-            "-ldl",
-        ]);
-        cc(&["-o", "client_dl", "client.c", "-ldl"]);
-        cc(&["-o", "next", "next.c", "-ldl"]);
-        if std::fs::rename(&work, &done).is_err() {
-            // Another test binary finished first; theirs is identical.
-            let _ = std::fs::remove_dir_all(&work);
-        }
-        done
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        build_c_once(root, "shim-c", SOURCES, |work| {
+            let cc = |args: &[&str]| cc(work, args);
+            cc(&[
+                "-shared",
+                "-fPIC",
+                "-o",
+                "libcuda.so.1",
+                "-Wl,-soname,libcuda.so.1",
+                "mini_cuda.c",
+            ]);
+            cc(&[
+                "-shared",
+                "-fPIC",
+                "-o",
+                "libnvidia-ml.so.1",
+                "-Wl,-soname,libnvidia-ml.so.1",
+                "mini_nvml.c",
+            ]);
+            std::os::unix::fs::symlink("libcuda.so.1", work.join("libcuda.so")).unwrap();
+            std::os::unix::fs::symlink("libnvidia-ml.so.1", work.join("libnvidia-ml.so")).unwrap();
+            cc(&[
+                "-DLINKED",
+                "-o",
+                "client_linked",
+                "client.c",
+                "-L.",
+                "-lcuda",
+                "-lnvidia-ml",
+                "-ldl",
+            ]);
+            cc(&["-o", "client_dl", "client.c", "-ldl"]);
+            cc(&["-o", "next", "next.c", "-ldl"]);
+        })
     })
 }
 
@@ -466,17 +441,24 @@ fn fork_and_fork_exec_children_work_under_the_shim() {
 fn an_unmappable_proc_address_answer_for_a_hooked_family_is_reported() {
     let dir = TempDir::new("shim-unmapped");
     let config = limit_file(&dir, ONE_GIB_ON_INDEX_0);
-    let sliced = client(&["procaddr-legacy"], Shim::With, &config);
-    assert_eq!(sliced.line("legacy"), "legacy rc=0 status=0");
+    let sliced = client(&["procaddr-unmapped"], Shim::With, &config);
+    assert_eq!(sliced.line("unmapped rc"), "unmapped rc=0 status=0");
     assert_eq!(
-        sliced.line("cuMemAlloc@3010"),
-        "cuMemAlloc@3010 -> libcuda.so.1:cuMemAlloc",
-        "the driver's own choice is handed through"
+        sliced.line("unmapped is_dlsym_answer"),
+        "unmapped is_dlsym_answer=0",
+        "the driver's own (unexported) choice is handed through"
+    );
+    assert!(
+        sliced
+            .line("cuMemAllocManaged ->")
+            .starts_with("cuMemAllocManaged -> libcuda.so.1:"),
+        "{}",
+        sliced.stdout
     );
     assert_eq!(
         sliced
             .stderr
-            .matches("cuGetProcAddress(\"cuMemAlloc\")")
+            .matches("cuGetProcAddress(\"cuMemAllocManaged\")")
             .count(),
         1,
         "reported once: {}",
@@ -484,6 +466,32 @@ fn an_unmappable_proc_address_answer_for_a_hooked_family_is_reported() {
     );
     assert!(sliced.stderr.contains("NOT limited"), "{}", sliced.stderr);
 
-    let unconfigured = client(&["procaddr-legacy"], Shim::With, &[]);
+    let unconfigured = client(&["procaddr-unmapped"], Shim::With, &[]);
     assert!(unconfigured.stderr.is_empty(), "{}", unconfigured.stderr);
+}
+
+/// The legacy 32-bit `cuMemAlloc` that cuGetProcAddress answers below version 3020 is the
+/// driver's exported symbol of that name, which the shim hooks: it maps to the wrapper of
+/// the same name by identity, and nothing is reported (the slice covers it).
+#[test]
+fn a_legacy_proc_address_answer_maps_to_the_legacy_wrapper() {
+    let dir = TempDir::new("shim-legacy");
+    let config = limit_file(&dir, ONE_GIB_ON_INDEX_0);
+    let real = client(&["procaddr-legacy"], Shim::Without, &config);
+    assert_eq!(
+        real.line("cuMemAlloc@3010"),
+        "cuMemAlloc@3010 -> libcuda.so.1:cuMemAlloc"
+    );
+    let sliced = client(&["procaddr-legacy"], Shim::With, &config);
+    assert_eq!(sliced.line("legacy"), "legacy rc=0 status=0");
+    assert_eq!(
+        sliced.line("cuMemAlloc@3010"),
+        "cuMemAlloc@3010 -> libgpuslice.so:cuMemAlloc",
+        "the driver's v1 choice, wrapped by the v1 wrapper"
+    );
+    assert!(
+        sliced.stderr.is_empty(),
+        "nothing to report: {}",
+        sliced.stderr
+    );
 }

@@ -284,6 +284,68 @@ fn a_slice_next_to_a_busy_neighbour_keeps_its_share_with_host_pids() {
     );
 }
 
+/// The deprecated launches (`cuLaunchGrid`, `cuLaunchGridAsync`: the legacy C client,
+/// tests/shim_c/legacy.c) follow the share like every launch path: 1 ms grid kernels in
+/// batches of 20 at 25 %, each path on its own GPU at the same time. Margin: twice the
+/// issue's tolerance (unthrottled, the device would be ~100 % busy).
+#[test]
+fn deprecated_grid_launches_follow_their_share() {
+    let program = cuda_e2e::legacy_client(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let target = 25.0;
+    let handles: Vec<_> = ["grid", "grid-async"]
+        .into_iter()
+        .map(|path| {
+            let program = program.clone();
+            std::thread::spawn(move || {
+                let gpu = FakeGpu::start("v100");
+                let slice = Slice::builder().device(0, "8GiB", Some(25)).build();
+                let env = slice.env(&gpu);
+                let t0 = now();
+                let client = std::thread::spawn(move || {
+                    let run_s = format!("{RUN_S}");
+                    let args = ["launch", path, "20", run_s.as_str()];
+                    let cmd = cuda_e2e::command(&program, &args, &env);
+                    cuda_e2e::run_with_timeout(cmd, None, cuda_e2e::DEFAULT_TIMEOUT)
+                });
+                until(t0 + SETTLE_NS + WINDOW_NS);
+                let busy = busy_percent(&gpu, None, t0 + SETTLE_NS, WINDOW_NS);
+                let out = client.join().expect("client thread");
+                let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+                assert!(
+                    out.status.success(),
+                    "{path}: {stdout}{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                (path, busy, stdout)
+            })
+        })
+        .collect();
+    for handle in handles {
+        let (path, busy, stdout) = handle.join().expect("case thread");
+        eprintln!("deprecated {path:<12} target {target:>3}%  device {busy:>5.1}%");
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("launch "))
+            .unwrap_or_else(|| panic!("{path}: no launch line: {stdout}"));
+        let count = |key: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{path}: no {key} in {line}"))
+        };
+        assert!(count("launches=") > 0, "{path}: {line}");
+        assert_eq!(
+            count("ok="),
+            count("launches="),
+            "{path}: driver codes kept"
+        );
+        assert!(
+            (busy - target).abs() <= 2.0 * TOLERANCE,
+            "{path}: {busy:.1}% for a {target}% share"
+        );
+    }
+}
+
 /// Two containers on one GPU with shares 30 and 70: throughput 3:7 within 10 %.
 #[test]
 fn two_containers_at_30_and_70_split_the_device_3_to_7() {

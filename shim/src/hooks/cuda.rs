@@ -1,18 +1,43 @@
 //! CUDA driver wrappers: memory queries report the slice, allocation paths go through the
 //! `memory` seam, launch paths through the `throttle` seam. (Pitch, pool, VMM-mapping and
 //! context wrappers, whose real size only the driver knows, live in `memory::wrappers`.)
+//!
+//! The legacy entry points of the pre-3.2 ABI (`cuMemAlloc`, `cuMemFree`, `cuMemGetInfo`,
+//! `cuDeviceTotalMem`, `cuMemAllocPitch`, `cuArrayCreate`, `cuArray3DCreate`: 32-bit device
+//! pointers, sizes and descriptor extents) have `_v1` handlers here that widen what they are
+//! given and take the same paths; the deprecated launches (`cuLaunch`, `cuLaunchGrid[Async]`)
+//! pass the throttle like every launch.
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
-use gpuslice_abi::cuda::result::CUDA_SUCCESS;
+use gpuslice_abi::cuda::result::{CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS};
 use gpuslice_abi::cuda::*;
 
 use crate::devices;
-use crate::memory::{self, AllocTarget, DeviceObject};
-use crate::registry::signature as sig;
+use crate::memory::{self, wrappers as mem, AllocTarget, DeviceObject};
+use crate::registry::{real, signature as sig};
 use crate::report::{slice_view, MemoryView};
 use crate::state;
 use crate::throttle;
+
+/// The slice's view of the current context's device given the driver's `physical` figures;
+/// `None` when no slice limits that device.
+fn current_slice_view(physical: impl FnOnce() -> MemoryView) -> Option<MemoryView> {
+    state::slice_config()?;
+    let device = devices::current_cuda_device()?;
+    let (limit, used) = memory::cuda_slice(device)?;
+    Some(slice_view(physical(), limit, Some(used)))
+}
+
+/// The memory limit of `device` in the slice, `None` when unlimited.
+fn device_limit(device: CUdevice) -> Option<u64> {
+    state::slice_config().and_then(|c| devices::cuda_memory_limit(c, device))
+}
+
+/// A byte count as the 32-bit ABI reports it: clamped, as the driver clamps, never wrapped.
+pub fn clamp_u32(bytes: u64) -> c_uint {
+    bytes.min(u64::from(c_uint::MAX)) as c_uint
+}
 
 pub unsafe fn mem_get_info(
     real: sig::cuMemGetInfo_v2,
@@ -23,20 +48,49 @@ pub unsafe fn mem_get_info(
     if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
         return result;
     }
-    if state::slice_config().is_none() {
-        return result;
-    }
-    let Some(device) = devices::current_cuda_device() else {
-        return result;
+    let physical = || MemoryView {
+        total: *total as u64,
+        free: *free as u64,
     };
-    if let Some((limit, used)) = memory::cuda_slice(device) {
-        let physical = MemoryView {
-            total: *total as u64,
-            free: *free as u64,
-        };
-        let view = slice_view(physical, limit, Some(used));
+    if let Some(view) = current_slice_view(physical) {
         *total = view.total as usize;
         *free = view.free as usize;
+    }
+    result
+}
+
+/// The card's (free, total) in full through the real 64-bit `cuMemGetInfo_v2`.
+fn physical_mem_info() -> Option<MemoryView> {
+    let get = real::cuMemGetInfo_v2()?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-pointers for the call.
+    (unsafe { get(&mut free, &mut total) } == CUDA_SUCCESS).then_some(MemoryView {
+        total: total as u64,
+        free: free as u64,
+    })
+}
+
+/// `cuMemGetInfo` of the 32-bit ABI: the slice, clamped to 32 bits. The slice is computed
+/// from the card's full figures (a clamped free minus the slice's use would come out wrong
+/// for slices above 4 GiB), the 32-bit ones serving only when the 64-bit call is missing.
+pub unsafe fn mem_get_info_v1(
+    real: sig::cuMemGetInfo,
+    free: *mut c_uint,
+    total: *mut c_uint,
+) -> CUresult {
+    let result = real(free, total);
+    if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
+        return result;
+    }
+    let physical = || {
+        physical_mem_info().unwrap_or(MemoryView {
+            total: u64::from(*total),
+            free: u64::from(*free),
+        })
+    };
+    if let Some(view) = current_slice_view(physical) {
+        *total = clamp_u32(view.total);
+        *free = clamp_u32(view.free);
     }
     result
 }
@@ -50,8 +104,30 @@ pub unsafe fn device_total_mem(
     if result != CUDA_SUCCESS || bytes.is_null() {
         return result;
     }
-    if let Some(limit) = state::slice_config().and_then(|c| devices::cuda_memory_limit(c, device)) {
+    if let Some(limit) = device_limit(device) {
         *bytes = (limit as usize).min(*bytes);
+    }
+    result
+}
+
+/// `cuDeviceTotalMem` of the 32-bit ABI: min(limit, card), clamped to 32 bits (the card's
+/// full size from `cuDeviceTotalMem_v2` where the driver has it).
+pub unsafe fn device_total_mem_v1(
+    real: sig::cuDeviceTotalMem,
+    bytes: *mut c_uint,
+    device: CUdevice,
+) -> CUresult {
+    let result = real(bytes, device);
+    if result != CUDA_SUCCESS || bytes.is_null() {
+        return result;
+    }
+    if let Some(limit) = device_limit(device) {
+        let mut full = 0usize;
+        let card = real::cuDeviceTotalMem_v2()
+            // SAFETY: valid out-pointer for the call.
+            .filter(|total| unsafe { total(&mut full, device) } == CUDA_SUCCESS)
+            .map_or(u64::from(*bytes), |_| full as u64);
+        *bytes = clamp_u32(limit.min(card));
     }
     result
 }
@@ -67,6 +143,75 @@ pub unsafe fn mem_alloc(
         || real(dptr, bytes),
         || DeviceObject::Pointer(memory::read_out(dptr)),
     )
+}
+
+/// `cuMemAlloc` of the 32-bit ABI (a device pointer and size of 32 bits, from the low 4 GiB
+/// of the address space): charged like `cuMemAlloc_v2`; the pointer is the same address.
+pub unsafe fn mem_alloc_v1(real: sig::cuMemAlloc, dptr: *mut c_uint, bytes: c_uint) -> CUresult {
+    memory::allocate(
+        AllocTarget::CurrentContext,
+        u64::from(bytes),
+        || real(dptr, bytes),
+        || DeviceObject::Pointer(CUdeviceptr::from(memory::read_out(dptr))),
+    )
+}
+
+/// The 32-bit `cuMemAllocPitch` behind the 64-bit signature, so that one pitch handler
+/// (reserve the bound, settle to the pitch the driver chose, undo through `cuMemFree_v2`)
+/// serves both ABIs. Extents come from a 32-bit caller and fit.
+unsafe extern "C" fn legacy_pitch_as_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width_bytes: usize,
+    height: usize,
+    element_size: c_uint,
+) -> CUresult {
+    let Some(real) = real::cuMemAllocPitch() else {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    };
+    let (mut pointer, mut pitch32): (c_uint, c_uint) = (0, 0);
+    let result = real(
+        &mut pointer,
+        &mut pitch32,
+        width_bytes as c_uint,
+        height as c_uint,
+        element_size,
+    );
+    if result == CUDA_SUCCESS {
+        *dptr = CUdeviceptr::from(pointer);
+        *pitch = pitch32 as usize;
+    }
+    result
+}
+
+/// `cuMemAllocPitch` of the 32-bit ABI: the `cuMemAllocPitch_v2` handler over
+/// [`legacy_pitch_as_v2`], its answers narrowed back (they come from 32-bit ones).
+pub unsafe fn mem_alloc_pitch_v1(
+    real: sig::cuMemAllocPitch,
+    dptr: *mut c_uint,
+    pitch: *mut c_uint,
+    width_bytes: c_uint,
+    height: c_uint,
+    element_size: c_uint,
+) -> CUresult {
+    if dptr.is_null() || pitch.is_null() {
+        // The driver's INVALID_VALUE to return; nothing is allocated.
+        return real(dptr, pitch, width_bytes, height, element_size);
+    }
+    let (mut pointer, mut pitch64): (CUdeviceptr, usize) = (0, 0);
+    let result = mem::mem_alloc_pitch(
+        legacy_pitch_as_v2,
+        &mut pointer,
+        &mut pitch64,
+        width_bytes as usize,
+        height as usize,
+        element_size,
+    );
+    if result == CUDA_SUCCESS {
+        *dptr = pointer as c_uint;
+        *pitch = pitch64 as c_uint;
+    }
+    result
 }
 
 pub unsafe fn mem_alloc_managed(
@@ -86,6 +231,13 @@ pub unsafe fn mem_alloc_managed(
 pub unsafe fn mem_free(real: sig::cuMemFree_v2, dptr: CUdeviceptr) -> CUresult {
     let result = real(dptr);
     memory::on_free(DeviceObject::Pointer(dptr), result);
+    result
+}
+
+/// `cuMemFree` of the 32-bit ABI: the same address as the 64-bit pointer it was charged as.
+pub unsafe fn mem_free_v1(real: sig::cuMemFree, dptr: c_uint) -> CUresult {
+    let result = real(dptr);
+    memory::on_free(DeviceObject::Pointer(CUdeviceptr::from(dptr)), result);
     result
 }
 
@@ -205,6 +357,56 @@ pub unsafe fn array_3d_create(
     )
 }
 
+/// `cuArrayCreate` of the 32-bit ABI (32-bit extents in the descriptor): charged like v2.
+pub unsafe fn array_create_v1(
+    real: sig::cuArrayCreate,
+    array: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR_v1,
+) -> CUresult {
+    let bytes = desc.as_ref().map_or(0, |d| {
+        array_bytes(
+            d.Width as usize,
+            d.Height as usize,
+            0,
+            d.Format,
+            d.NumChannels,
+        )
+    });
+    memory::allocate(
+        AllocTarget::CurrentContext,
+        bytes,
+        || real(array, desc),
+        || DeviceObject::Array(memory::read_out(array as *const CUarray).cast()),
+    )
+}
+
+/// `cuArray3DCreate` of the 32-bit ABI: charged like v2.
+pub unsafe fn array_3d_create_v1(
+    real: sig::cuArray3DCreate,
+    array: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1,
+) -> CUresult {
+    let bytes = desc.as_ref().map_or(0, |d| {
+        if d.Flags & ARRAY3D_WITHOUT_MEMORY != 0 {
+            0
+        } else {
+            array_bytes(
+                d.Width as usize,
+                d.Height as usize,
+                d.Depth as usize,
+                d.Format,
+                d.NumChannels,
+            )
+        }
+    });
+    memory::allocate(
+        AllocTarget::CurrentContext,
+        bytes,
+        || real(array, desc),
+        || DeviceObject::Array(memory::read_out(array as *const CUarray).cast()),
+    )
+}
+
 pub unsafe fn array_destroy(real: sig::cuArrayDestroy, array: CUarray) -> CUresult {
     let result = real(array);
     memory::on_free(DeviceObject::Array(array), result);
@@ -301,6 +503,35 @@ pub unsafe fn graph_launch(
     real(exec, stream)
 }
 
+/// `cuLaunch` (deprecated): a 1x1 grid of the function's block shape, on the legacy stream.
+pub unsafe fn launch(real: sig::cuLaunch, f: CUfunction) -> CUresult {
+    throttle::before_launch();
+    real(f)
+}
+
+/// `cuLaunchGrid` (deprecated).
+pub unsafe fn launch_grid(
+    real: sig::cuLaunchGrid,
+    f: CUfunction,
+    grid_width: c_int,
+    grid_height: c_int,
+) -> CUresult {
+    throttle::before_launch();
+    real(f, grid_width, grid_height)
+}
+
+/// `cuLaunchGridAsync` (deprecated).
+pub unsafe fn launch_grid_async(
+    real: sig::cuLaunchGridAsync,
+    f: CUfunction,
+    grid_width: c_int,
+    grid_height: c_int,
+    stream: CUstream,
+) -> CUresult {
+    throttle::before_launch();
+    real(f, grid_width, grid_height, stream)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,5 +560,14 @@ mod tests {
             Flags: 0,
         };
         assert_eq!(mipmapped_bytes(&desc, 4), 64 + 16 + 4 + 1);
+    }
+
+    #[test]
+    fn the_32_bit_abi_clamps_and_never_wraps() {
+        assert_eq!(clamp_u32(0), 0);
+        assert_eq!(clamp_u32(1 << 30), 1 << 30);
+        assert_eq!(clamp_u32(u64::from(u32::MAX)), u32::MAX);
+        assert_eq!(clamp_u32(4 << 30), u32::MAX, "4 GiB does not wrap to 0");
+        assert_eq!(clamp_u32(80 << 30), u32::MAX);
     }
 }

@@ -137,14 +137,26 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(mode, "procaddr-legacy")) {
-        /* Below 3020 the driver answers "cuMemAlloc" with the legacy 32-bit ABI, a function
-         * the shim does not hook: a pointer it cannot map to a wrapper. */
+        /* Below 3020 the driver answers "cuMemAlloc" with the legacy 32-bit ABI, its exported
+         * symbol "cuMemAlloc": the shim maps it to its own wrapper of that name. */
         gpa2_fn gpa = (gpa2_fn)dlsym(cuda, "cuGetProcAddress_v2");
         void *p = 0;
         int status = -7;
         int rc = gpa("cuMemAlloc", &p, 3010, 0, &status);
         printf("legacy rc=%d status=%d\n", rc, status);
         where("cuMemAlloc@3010", p);
+        return 0;
+    }
+    if (!strcmp(mode, "procaddr-unmapped")) {
+        /* The mini driver answers "cuMemAllocManaged" with a function it does not export: a
+         * pointer the shim cannot map to a wrapper. */
+        gpa2_fn gpa = (gpa2_fn)dlsym(cuda, "cuGetProcAddress_v2");
+        void *p = 0;
+        int status = -7;
+        int rc = gpa("cuMemAllocManaged", &p, 12080, 0, &status);
+        printf("unmapped rc=%d status=%d\n", rc, status);
+        printf("unmapped is_dlsym_answer=%d\n", p == dlsym(cuda, "cuMemAllocManaged"));
+        where("cuMemAllocManaged", p);
         return 0;
     }
     printf("unknown mode %s\n", mode);

@@ -32,8 +32,13 @@ CUresult cuMemGetInfo_v2(size_t *f, size_t *t) {
 }
 CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { if (d != 0) return 101; *b = TOTAL; return 0; }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { allocated += n; *p = 0x7f0000000000ULL + allocated; return 0; }
-/* Legacy 32-bit ABI symbol: present in real drivers, never hooked. */
+/* Legacy 32-bit ABI symbol: present in real drivers; cuGetProcAddress answers it below 3020. */
 CUresult cuMemAlloc(unsigned *p, unsigned n) { (void)p; (void)n; return 801; }
+/* Not exported: what a driver would hand out if its cuGetProcAddress answered a hooked
+ * family (cuMemAllocManaged) with an internal entry point instead of its exported symbol. */
+static CUresult internal_alloc_managed(CUdeviceptr *p, size_t n, unsigned flags) {
+    (void)flags; allocated += n; *p = 0x7f0000000000ULL + allocated; return 0;
+}
 CUresult cuMemFree_v2(CUdeviceptr p) { (void)p; return 0; }
 CUresult cuGraphLaunch(void *g, void *s) { (void)g; (void)s; return 0; }
 CUresult cuGraphLaunch_ptsz(void *g, void *s) { (void)g; (void)s; return 0; }
@@ -52,6 +57,7 @@ static void *lookup(const char *sym, int ver, unsigned long long flags) {
     if (!strcmp(sym, "cuDeviceTotalMem")) return ver >= 3020 ? (void *)cuDeviceTotalMem_v2 : NULL;
     if (!strcmp(sym, "cuMemAlloc")) return ver >= 3020 ? (void *)cuMemAlloc_v2 : (void *)cuMemAlloc;
     if (!strcmp(sym, "cuMemFree")) return (void *)cuMemFree_v2;
+    if (!strcmp(sym, "cuMemAllocManaged")) return (void *)internal_alloc_managed;
     if (!strcmp(sym, "cuGraphLaunch")) return per_thread ? (void *)cuGraphLaunch_ptsz : (void *)cuGraphLaunch;
     if (!strcmp(sym, "cuGetProcAddress")) return ver >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
     return NULL;
