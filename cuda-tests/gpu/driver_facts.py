@@ -76,6 +76,10 @@ HOOKED = [
     ("cuLaunchKernelEx", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"),
     ("cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"),
     ("cuGraphLaunch", "cuGraphLaunch", "cuGraphLaunch_ptsz"),
+    # The deprecated launches: one ABI, no per-thread variant.
+    ("cuLaunch", "cuLaunch", None),
+    ("cuLaunchGrid", "cuLaunchGrid", None),
+    ("cuLaunchGridAsync", "cuLaunchGridAsync", None),
     # The rest of the shim's CUDA hooks.
     ("cuInit", "cuInit", None),
     ("cuCtxGetCurrent", "cuCtxGetCurrent", None),
@@ -87,8 +91,25 @@ HOOKED = [
     ("cuArrayDestroy", "cuArrayDestroy", None),
     ("cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", None),
 ]
-# Queries at a fixed version: (name, version, export).
-FIXED = [("cuCtxCreate", 3020, "cuCtxCreate_v2")]
+# Queries at a fixed version: (name, version, export(s)). Below the version of the suffixed
+# ABI the driver answers the legacy (v1) export, which the shim hooks too (so does the _v2 one:
+# either answer is covered; anything else bypasses the slice). NVIDIA's own loaders ask for
+# the primary-context release/reset at 7000.
+FIXED = [
+    ("cuCtxCreate", 3020, "cuCtxCreate_v2"),
+    ("cuCtxCreate", 3010, ("cuCtxCreate", "cuCtxCreate_v2")),
+    ("cuCtxDestroy", 3020, ("cuCtxDestroy", "cuCtxDestroy_v2")),
+    ("cuMemAlloc", 3010, ("cuMemAlloc", "cuMemAlloc_v2")),
+    ("cuMemAllocPitch", 3010, ("cuMemAllocPitch", "cuMemAllocPitch_v2")),
+    ("cuMemFree", 3010, ("cuMemFree", "cuMemFree_v2")),
+    ("cuMemGetInfo", 3010, ("cuMemGetInfo", "cuMemGetInfo_v2")),
+    ("cuDeviceTotalMem", 3010, ("cuDeviceTotalMem", "cuDeviceTotalMem_v2")),
+    ("cuArrayCreate", 3010, ("cuArrayCreate", "cuArrayCreate_v2")),
+    ("cuArray3DCreate", 3010, ("cuArray3DCreate", "cuArray3DCreate_v2")),
+    ("cuDevicePrimaryCtxRelease", 7000,
+     ("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2")),
+    ("cuDevicePrimaryCtxReset", 7000, ("cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2")),
+]
 # Documented primary-context sequence: (step, active afterwards).
 RESET_SEQUENCE = [
     ("initial", 0),
