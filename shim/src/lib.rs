@@ -13,6 +13,7 @@
 //! * [`devices`]: which limit applies to which device (UUID, then index).
 //! * [`report`]: the reporting math (slice view of memory numbers: clamping, no wrap).
 //! * [`memory`], [`throttle`]: policy seams, pass-through for now.
+//! * [`nesting`]: hooks never nest on a thread (a driver calling its own exports).
 //! * [`ffi_boundary`], [`log`]: panic containment and `[gpuslice]` logging.
 //!
 //! Exports are compiled only outside `cfg(test)`: a unit-test binary must never interpose its
@@ -28,6 +29,7 @@ pub mod devices;
 pub mod dlsym_hook;
 pub mod hooks;
 pub mod memory;
+pub mod nesting;
 pub mod real;
 #[macro_use]
 pub mod registry;

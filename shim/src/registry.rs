@@ -11,7 +11,9 @@
 //! * `SLOTS[SlotId::NAME]` + `real::NAME()`: the lazily resolved real function;
 //! * `exports::NAME`: the `#[no_mangle] extern "C"` export (only outside `cfg(test)`), a tiny
 //!   shell: panic boundary -> fail-closed gate -> real slot (missing -> NOT_SUPPORTED /
-//!   FUNCTION_NOT_FOUND) -> handler (`passthrough` calls the real function directly);
+//!   FUNCTION_NOT_FOUND) -> handler (`passthrough` calls the real function directly), run
+//!   only by the outermost hook on the thread ([`crate::nesting`]; a handler marked `[hot]`,
+//!   the launch paths, skips that check);
 //! * `HOOKS`: name -> wrapper for `dlsym`, and real pointer -> wrapper for `cuGetProcAddress`.
 //!
 //! Handlers are `unsafe fn(real: signature::NAME, args...) -> u32` in `crate::hooks`.
@@ -71,7 +73,7 @@ macro_rules! hook_registry {
     (
         hooks {
             $( $lib:ident fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty
-                => $($handler:ident)::+ ; )*
+                => $($handler:ident)::+ $([$hot:ident])? ; )*
         }
         helpers {
             $( $hlib:ident fn $hname:ident ( $($hty:ty),* $(,)? ) -> $hret:ty ; )*
@@ -138,7 +140,7 @@ macro_rules! hook_registry {
                         let Some(real) = real::$name() else {
                             return Library::$lib.missing_code();
                         };
-                        hook_registry!(@call real, [$($arg),*], $($handler)::+)
+                        hook_registry!(@call real, [$($arg),*], $($handler)::+ ; $($hot)?)
                     })
                 }
             )*
@@ -163,15 +165,29 @@ macro_rules! hook_registry {
             Some(&HOOKS[id as usize])
         }
     };
-    (@call $real:ident, [$($a:ident),*], passthrough) => {
+    (@call $real:ident, [$($a:ident),*], passthrough ;) => {
         // SAFETY: the caller's arguments go unchanged to the real function of the same
         // signature; the caller upholds the C API's contract.
         unsafe { $real($($a),*) }
     };
-    (@call $real:ident, [$($a:ident),*], $($handler:ident)::+) => {
+    (@call $real:ident, [$($a:ident),*], $($handler:ident)::+ ; hot) => {
+        // `[hot]`: the launch paths, where a thread-local lookup per call would cost more than
+        // the whole gate; a nested launch (a driver calling its own exported launch) would be
+        // billed twice, which only throttles harder.
         // SAFETY: handlers take the real function and the caller's arguments unchanged; the
         // caller upholds the C API's contract for them.
         unsafe { $($handler)::+($real, $($a),*) }
+    };
+    (@call $real:ident, [$($a:ident),*], $($handler:ident)::+ ;) => {
+        $crate::nesting::outermost(
+            // SAFETY: handlers take the real function and the caller's arguments unchanged;
+            // the caller upholds the C API's contract for them.
+            || unsafe { $($handler)::+($real, $($a),*) },
+            // Called back from inside another hook's driver call on this thread (a driver that
+            // calls its own exports): the outer hook accounts for it; see `nesting`.
+            // SAFETY: as for pass-through.
+            || unsafe { $real($($a),*) },
+        )
     };
 }
 
@@ -238,22 +254,22 @@ hook_registry! {
 
         Cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
             bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-            -> CUresult => cuda::launch_kernel;
+            -> CUresult => cuda::launch_kernel [hot];
         Cuda fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
             bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-            -> CUresult => cuda::launch_kernel;
+            -> CUresult => cuda::launch_kernel [hot];
         Cuda fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
-            extra: *mut *mut c_void) -> CUresult => cuda::launch_kernel_ex;
+            extra: *mut *mut c_void) -> CUresult => cuda::launch_kernel_ex [hot];
         Cuda fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
-            extra: *mut *mut c_void) -> CUresult => cuda::launch_kernel_ex;
+            extra: *mut *mut c_void) -> CUresult => cuda::launch_kernel_ex [hot];
         Cuda fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
             by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
-            => cuda::launch_cooperative_kernel;
+            => cuda::launch_cooperative_kernel [hot];
         Cuda fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
             by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
-            => cuda::launch_cooperative_kernel;
-        Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch;
-        Cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch;
+            => cuda::launch_cooperative_kernel [hot];
+        Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch [hot];
+        Cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch [hot];
 
         // The legacy unsuffixed entry points: what a binary built against pre-3.2 headers (or
         // with CUDA_FORCE_API_VERSION) links, what dlsym of the bare name finds, and what
@@ -274,11 +290,11 @@ hook_registry! {
         Cuda fn cuCtxDestroy(ctx: CUcontext) -> CUresult => mem::ctx_destroy;
         Cuda fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult => mem::primary_ctx_release;
         Cuda fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => mem::primary_ctx_reset;
-        Cuda fn cuLaunch(f: CUfunction) -> CUresult => cuda::launch;
+        Cuda fn cuLaunch(f: CUfunction) -> CUresult => cuda::launch [hot];
         Cuda fn cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int) -> CUresult
-            => cuda::launch_grid;
+            => cuda::launch_grid [hot];
         Cuda fn cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, stream: CUstream)
-            -> CUresult => cuda::launch_grid_async;
+            -> CUresult => cuda::launch_grid_async [hot];
 
         Nvml fn nvmlInit_v2() -> nvmlReturn_t => passthrough;
         Nvml fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t => passthrough;

@@ -470,6 +470,29 @@ fn an_unmappable_proc_address_answer_for_a_hooked_family_is_reported() {
     assert!(unconfigured.stderr.is_empty(), "{}", unconfigured.stderr);
 }
 
+/// A driver whose functions call its own exports (the mini driver's 32-bit `cuMemAlloc` calls
+/// the exported `cuMemAlloc_v2` through the PLT) reaches the shim twice on one thread: only
+/// the outer wrapper may account for it, or one allocation is charged twice.
+#[test]
+fn a_driver_calling_its_own_exports_is_charged_once() {
+    let dir = TempDir::new("shim-nested");
+    let config = limit_file(
+        &dir,
+        r#"{"version": 1, "devices": [{"index": 0, "memory": "4GiB"}]}"#,
+    );
+    let sliced = client(&["legacy-nested"], Shim::With, &config);
+    assert_eq!(
+        sliced.line("nested"),
+        format!(
+            "nested alloc=0 meminfo=0 free={} total={}",
+            3 * GIB,
+            4 * GIB
+        ),
+        "{}",
+        sliced.stderr
+    );
+}
+
 /// The legacy 32-bit `cuMemAlloc` that cuGetProcAddress answers below version 3020 is the
 /// driver's exported symbol of that name, which the shim hooks: it maps to the wrapper of
 /// the same name by identity, and nothing is reported (the slice covers it).

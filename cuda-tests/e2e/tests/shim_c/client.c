@@ -147,6 +147,20 @@ int main(int argc, char **argv) {
         where("cuMemAlloc@3010", p);
         return 0;
     }
+    if (!strcmp(mode, "legacy-nested")) {
+        /* The mini driver's 32-bit cuMemAlloc calls its exported cuMemAlloc_v2: one 1 GiB
+         * allocation must be charged once, not once per wrapper it passes through. */
+        init_fn init = (init_fn)dlsym(cuda, "cuInit");
+        int (*alloc_v1)(unsigned *, unsigned) = (int (*)(unsigned *, unsigned))dlsym(cuda, "cuMemAlloc");
+        meminfo_fn meminfo = (meminfo_fn)dlsym(cuda, "cuMemGetInfo_v2");
+        unsigned p = 0;
+        size_t free = 0, total = 0;
+        int rc = init(0);
+        int rc2 = rc ? -1 : alloc_v1(&p, 1u << 30);
+        int rc3 = rc2 ? -1 : meminfo(&free, &total);
+        printf("nested alloc=%d meminfo=%d free=%zu total=%zu\n", rc2, rc3, free, total);
+        return 0;
+    }
     if (!strcmp(mode, "procaddr-unmapped")) {
         /* The mini driver answers "cuMemAllocManaged" with a function it does not export: a
          * pointer the shim cannot map to a wrapper. */

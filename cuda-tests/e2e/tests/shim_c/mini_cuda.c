@@ -32,8 +32,15 @@ CUresult cuMemGetInfo_v2(size_t *f, size_t *t) {
 }
 CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { if (d != 0) return 101; *b = TOTAL; return 0; }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { allocated += n; *p = 0x7f0000000000ULL + allocated; return 0; }
-/* Legacy 32-bit ABI symbol: present in real drivers; cuGetProcAddress answers it below 3020. */
-CUresult cuMemAlloc(unsigned *p, unsigned n) { (void)p; (void)n; return 801; }
+/* Legacy 32-bit ABI symbol: present in real drivers; cuGetProcAddress answers it below 3020.
+ * Built on the EXPORTED cuMemAlloc_v2, called through the PLT (-fPIC keeps it interposable):
+ * a driver whose functions call its own exports, so a preloaded shim sees the inner call. */
+CUresult cuMemAlloc(unsigned *p, unsigned n) {
+    CUdeviceptr d = 0;
+    CUresult r = cuMemAlloc_v2(&d, n);
+    if (r == 0) *p = (unsigned)d;
+    return r;
+}
 /* Not exported: what a driver would hand out if its cuGetProcAddress answered a hooked
  * family (cuMemAllocManaged) with an internal entry point instead of its exported symbol. */
 static CUresult internal_alloc_managed(CUdeviceptr *p, size_t n, unsigned flags) {
