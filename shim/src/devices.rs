@@ -142,21 +142,29 @@ pub(crate) fn real_nvml_handle(uuid: &str, index: Option<u32>) -> Option<nvmlDev
     (unsafe { by_index(index?, &mut handle) } == NVML_SUCCESS).then_some(handle)
 }
 
-/// `nvmlDeviceGetComputeRunningProcesses_v3` (v2 on older drivers) of the real NVML, growing
-/// the buffer as the INSUFFICIENT_SIZE protocol asks (a few retries: the list can grow between
-/// two calls).
+/// `nvmlDeviceGetComputeRunningProcesses_v3` (v2 on older drivers) of the real NVML.
 pub(crate) fn nvml_compute_processes(
     device: nvmlDevice_t,
 ) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t> {
     let get = real::nvmlDeviceGetComputeRunningProcesses_v3()
         .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)
         .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    read_process_list(get, device)
+}
+
+/// One of NVML's process lists (`get`: any `nvmlDeviceGet*RunningProcesses*` of the real
+/// library, whose entries are `T`), growing the buffer as the INSUFFICIENT_SIZE protocol asks
+/// (a few retries: the list can grow between two calls).
+pub(crate) fn read_process_list<T: Copy + Default>(
+    get: unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut T) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+) -> Result<Vec<T>, nvmlReturn_t> {
     let mut capacity: c_uint = 64;
     for _ in 0..4 {
-        let mut buffer = vec![nvmlProcessInfo_t::default(); capacity as usize];
+        let mut buffer = vec![T::default(); capacity as usize];
         let mut count = capacity;
-        // SAFETY: `buffer` holds `count` entries of the v2/v3 layout both functions write;
-        // NVML rejects a handle it did not give out.
+        // SAFETY: `buffer` holds `count` entries of the layout `get` writes; NVML rejects a
+        // handle it did not give out.
         let result = unsafe { get(device, &mut count, buffer.as_mut_ptr()) };
         match result {
             NVML_SUCCESS => {

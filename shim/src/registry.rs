@@ -308,6 +308,18 @@ hook_registry! {
             infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::compute_processes_v2;
         Nvml fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
             infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::compute_processes_v3;
+        Nvml fn nvmlDeviceGetGraphicsRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
+            infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => mem::other_processes_v1;
+        Nvml fn nvmlDeviceGetGraphicsRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
+            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+        Nvml fn nvmlDeviceGetGraphicsRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
+            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+        Nvml fn nvmlDeviceGetMPSComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
+            infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => mem::other_processes_v1;
+        Nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
+            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+        Nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
+            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
         Nvml fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t,
             samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen: u64) -> nvmlReturn_t
             => passthrough;

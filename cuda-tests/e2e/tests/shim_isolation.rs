@@ -470,6 +470,43 @@ fn an_unmappable_proc_address_answer_for_a_hooked_family_is_reported() {
     assert!(unconfigured.stderr.is_empty(), "{}", unconfigured.stderr);
 }
 
+/// NVML's graphics and MPS process lists (every layout) show only the slice's processes:
+/// another tenant's PID and memory are not disclosed. Without a slice they are untouched.
+#[test]
+fn graphics_and_mps_process_lists_hide_other_tenants() {
+    let dir = TempDir::new("shim-lists");
+    let config = limit_file(&dir, ONE_GIB_ON_INDEX_0);
+    let names = [
+        "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses_v2",
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlDeviceGetMPSComputeRunningProcesses",
+        "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    ];
+    let real = client(&["nvml-lists"], Shim::Without, &config);
+    let sliced = client(&["nvml-lists"], Shim::With, &config);
+    assert_eq!(
+        sliced.line("lists"),
+        "lists init=0 handle=0",
+        "{}",
+        sliced.stderr
+    );
+    for name in names {
+        assert_eq!(
+            real.line(&format!("{name} ")),
+            format!("{name} query=7 need=2 rc=0 n=2 pids=4242,0,"),
+            "the mini driver lists both"
+        );
+        assert_eq!(
+            sliced.line(&format!("{name} ")),
+            format!("{name} query=7 need=1 rc=0 n=1 pids=0,"),
+            "{name}: only this process, under its own pid\n{}",
+            sliced.stderr
+        );
+    }
+}
+
 /// A driver whose functions call its own exports (the mini driver's 32-bit `cuMemAlloc` calls
 /// the exported `cuMemAlloc_v2` through the PLT) reaches the shim twice on one thread: only
 /// the outer wrapper may account for it, or one allocation is charged twice.

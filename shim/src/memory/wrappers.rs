@@ -885,32 +885,45 @@ fn slice_members(shared: &Shared) -> Vec<SliceProcess> {
         .collect()
 }
 
-/// The slice's process list for `device`, or `None` when the device is not sliced.
+/// The slice's compute process list for `device`, or `None` when the device is not sliced.
+/// Also where a process whose host PID is still unknown finds itself, by its charged bytes.
 fn slice_list(device: nvmlDevice_t) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
+    members_only(device, |shared, entry| {
+        let raw = crate::devices::nvml_compute_processes(device)?;
+        if let Some(process) = process() {
+            if process.host_pid.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                let ours = shared.region.slot_used(process.slot, device_id(entry));
+                let listed: Vec<ListedProcess> = raw
+                    .iter()
+                    .map(|p| ListedProcess {
+                        pid: p.pid,
+                        used: p.usedGpuMemory,
+                    })
+                    .collect();
+                let claimed = claimed_host_pids(shared, process);
+                if let Some(me) = host_pid::find_by_usage(&listed, ours, &claimed) {
+                    record_host_pid(shared, process, me.pid);
+                }
+            }
+        }
+        Ok(raw)
+    })
+}
+
+/// `read`'s process list of a sliced `device` with only the slice's processes left, under
+/// the PIDs the container knows; `None` when the device is not sliced.
+fn members_only(
+    device: nvmlDevice_t,
+    read: impl FnOnce(&Shared, u8) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>,
+) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
     let shared = shared()?;
     let Ok(Binding::Limited(entry)) = nvml_binding(shared, device) else {
         return None;
     };
-    let raw = match crate::devices::nvml_compute_processes(device) {
+    let raw = match read(shared, entry) {
         Ok(raw) => raw,
         Err(code) => return Some(Err(code)),
     };
-    if let Some(process) = process() {
-        if process.host_pid.load(std::sync::atomic::Ordering::Relaxed) == 0 {
-            let ours = shared.region.slot_used(process.slot, device_id(entry));
-            let listed: Vec<ListedProcess> = raw
-                .iter()
-                .map(|p| ListedProcess {
-                    pid: p.pid,
-                    used: p.usedGpuMemory,
-                })
-                .collect();
-            let claimed = claimed_host_pids(shared, process);
-            if let Some(me) = host_pid::find_by_usage(&listed, ours, &claimed) {
-                record_host_pid(shared, process, me.pid);
-            }
-        }
-    }
     let members = slice_members(shared);
     Some(Ok(slice_process_list(
         &raw,
@@ -942,6 +955,59 @@ unsafe fn answer<T>(
             *count = n as c_uint;
             NVML_SUCCESS
         }
+    }
+}
+
+/// The signature every v2/v3 process list of NVML shares.
+type ProcessList =
+    unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
+
+/// Graphics and MPS process lists (v2/v3): only the slice's processes, as in the compute
+/// lists, so other tenants' PIDs and memory are not disclosed (gpustat, Ray and nvidia-smi
+/// merge these lists with the compute one).
+pub unsafe fn other_processes(
+    real: ProcessList,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    let read = |_: &Shared, _| crate::devices::read_process_list(real, device);
+    match members_only(device, read) {
+        None => real(device, count, infos),
+        Some(Err(code)) => code,
+        Some(Ok(list)) => answer(list, count, infos, |p| p),
+    }
+}
+
+/// The v1 layouts of the graphics and MPS lists, filtered as [`other_processes`].
+pub unsafe fn other_processes_v1(
+    real: unsafe extern "C" fn(
+        nvmlDevice_t,
+        *mut c_uint,
+        *mut nvmlProcessInfo_v1_t,
+    ) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    let read = |_: &Shared, _| {
+        let v1 = crate::devices::read_process_list(real, device)?;
+        Ok(v1
+            .into_iter()
+            .map(|p| nvmlProcessInfo_t {
+                pid: p.pid,
+                usedGpuMemory: p.usedGpuMemory,
+                ..Default::default()
+            })
+            .collect())
+    };
+    match members_only(device, read) {
+        None => real(device, count, infos),
+        Some(Err(code)) => code,
+        Some(Ok(list)) => answer(list, count, infos, |p| nvmlProcessInfo_v1_t {
+            pid: p.pid,
+            usedGpuMemory: p.usedGpuMemory,
+        }),
     }
 }
 

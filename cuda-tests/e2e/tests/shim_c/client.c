@@ -147,6 +147,39 @@ int main(int argc, char **argv) {
         where("cuMemAlloc@3010", p);
         return 0;
     }
+    if (!strcmp(mode, "nvml-lists")) {
+        /* Every graphics and MPS process list, as gpustat/Ray/nvidia-smi read them: the count
+         * query first, then the entries. Prints "NAME n=N pids=..." with 0 for our own pid. */
+        void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+        if (!nvml) { printf("no nvml\n"); return 2; }
+        void *dev = 0;
+        int rc = ((nvinit_fn)dlsym(nvml, "nvmlInit_v2"))();
+        int rc2 = rc ? -1 : ((nvhandle_fn)dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2"))(0, &dev);
+        printf("lists init=%d handle=%d\n", rc, rc2);
+        const char *names[] = {
+            "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2",
+            "nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses",
+            "nvmlDeviceGetMPSComputeRunningProcesses_v2", "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+        };
+        for (int i = 0; i < 6; i++) {
+            int v1 = strchr(names[i] + 30, '_') == NULL;
+            size_t size = v1 ? 16 : 24; /* {u32 pid; u64 used} / + {u32 gi, ci} */
+            unsigned char buf[8 * 24];
+            int (*list)(void *, unsigned *, void *) = (int (*)(void *, unsigned *, void *))dlsym(nvml, names[i]);
+            unsigned count = 0;
+            int q = list(dev, &count, NULL);
+            unsigned got = 8;
+            int r = list(dev, &got, buf);
+            printf("%s query=%d need=%u rc=%d n=%u pids=", names[i], q, count, r, got);
+            for (unsigned k = 0; k < got && r == 0; k++) {
+                unsigned pid;
+                memcpy(&pid, buf + k * size, sizeof pid);
+                printf("%u,", pid == (unsigned)getpid() ? 0 : pid);
+            }
+            printf("\n");
+        }
+        return 0;
+    }
     if (!strcmp(mode, "legacy-nested")) {
         /* The mini driver's 32-bit cuMemAlloc calls its exported cuMemAlloc_v2: one 1 GiB
          * allocation must be charged once, not once per wrapper it passes through. */

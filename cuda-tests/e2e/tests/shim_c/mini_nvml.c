@@ -1,5 +1,6 @@
 /* A minimal stand-in libnvidia-ml.so.1: one device, same UUID as mini_cuda.c. */
 #include <string.h>
+#include <unistd.h>
 typedef int nvmlReturn_t;
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct { unsigned version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
@@ -34,3 +35,26 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *d, nvmlMemory_v2_t *m) {
     m->total = 32 * GIB; m->reserved = 300ULL << 20; m->used = 2 * GIB - (300ULL << 20); m->free = 30 * GIB;
     return 0;
 }
+
+/* Process lists the shim must filter: another tenant (pid 4242, 1 GiB) and the caller itself
+ * (512 MiB), in every layout of the graphics and MPS lists, with the count protocol. */
+typedef struct { unsigned pid; unsigned long long used; } info_v1;
+typedef struct { unsigned pid; unsigned long long used; unsigned gi, ci; } info_v2;
+#define LIST(name, T)                                                                    \
+    nvmlReturn_t name(void *d, unsigned *count, T *infos) {                              \
+        (void)d;                                                                         \
+        if (!inited) return 1;                                                           \
+        if (!count) return 2;                                                            \
+        if (!infos || *count < 2) { *count = 2; return 7; }                              \
+        memset(infos, 0, 2 * sizeof(T));                                                \
+        infos[0].pid = 4242; infos[0].used = GIB;                                        \
+        infos[1].pid = (unsigned)getpid(); infos[1].used = GIB / 2;                      \
+        *count = 2;                                                                      \
+        return 0;                                                                        \
+    }
+LIST(nvmlDeviceGetGraphicsRunningProcesses, info_v1)
+LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, info_v2)
+LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, info_v2)
+LIST(nvmlDeviceGetMPSComputeRunningProcesses, info_v1)
+LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, info_v2)
+LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, info_v2)
