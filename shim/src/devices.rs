@@ -15,7 +15,8 @@ use gpuslice_abi::nvml::ret::{
     NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS,
 };
 use gpuslice_abi::nvml::{
-    nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_t, NVML_DEVICE_UUID_V2_BUFFER_SIZE,
+    nvmlDevice_t, nvmlProcessInfo_t, nvmlProcessUtilizationSample_t, nvmlReturn_t,
+    NVML_DEVICE_UUID_V2_BUFFER_SIZE,
 };
 use gpuslice_common::config::SliceConfig;
 
@@ -150,6 +151,38 @@ pub(crate) fn nvml_compute_processes(
         .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)
         .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
     read_process_list(get, device)
+}
+
+/// `nvmlDeviceGetProcessUtilization` (`get`: the real one) since `last_seen_us`, growing the
+/// buffer as the INSUFFICIENT_SIZE protocol asks. `Err(NVML_ERROR_NOT_FOUND)` is NVML's "no
+/// sample newer than `last_seen_us`".
+pub(crate) fn read_utilization_samples(
+    get: unsafe extern "C" fn(
+        nvmlDevice_t,
+        *mut nvmlProcessUtilizationSample_t,
+        *mut c_uint,
+        u64,
+    ) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    last_seen_us: u64,
+) -> Result<Vec<nvmlProcessUtilizationSample_t>, nvmlReturn_t> {
+    let mut capacity: c_uint = 32;
+    for _ in 0..4 {
+        let mut buffer = vec![nvmlProcessUtilizationSample_t::default(); capacity as usize];
+        let mut count = capacity;
+        // SAFETY: `buffer` holds `count` writable samples; NVML rejects a handle it did not
+        // give out.
+        let code = unsafe { get(device, buffer.as_mut_ptr(), &mut count, last_seen_us) };
+        match code {
+            NVML_SUCCESS => {
+                buffer.truncate(count as usize);
+                return Ok(buffer);
+            }
+            NVML_ERROR_INSUFFICIENT_SIZE => capacity = count.max(capacity) + 16,
+            other => return Err(other),
+        }
+    }
+    Err(NVML_ERROR_INSUFFICIENT_SIZE)
 }
 
 /// One of NVML's process lists (`get`: any `nvmlDeviceGet*RunningProcesses*` of the real

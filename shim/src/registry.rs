@@ -322,7 +322,7 @@ hook_registry! {
             infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
         Nvml fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t,
             samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen: u64) -> nvmlReturn_t
-            => passthrough;
+            => mem::process_utilization;
     }
     helpers {
         Cuda fn cuCtxGetDevice(*mut CUdevice) -> CUresult;

@@ -114,6 +114,54 @@ fn procaddr_lookups_answer_like_the_driver_and_probes_are_untouched() {
     }
 }
 
+/// `py/nvml_probe.py` (pynvml) in `env`: every device's memory, processes and samples.
+fn pynvml_probe(env: &Env) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/nvml_probe.py");
+    let output = run_with_timeout(
+        command(std::path::Path::new("python3"), &[script], env),
+        None,
+        DEFAULT_TIMEOUT,
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "nvml_probe.py failed (pynvml: `cargo xtask test` installs it): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&stdout).expect("probe JSON")
+}
+
+#[test]
+fn per_process_utilisation_samples_show_only_the_slice() {
+    let gpu = FakeGpu::start("v100");
+    let slice = one_gib_slice();
+    let neighbour = Client::spawn(ClientKind::Linked, &["hold", "64MiB"], &gpu.env());
+    let member = Client::spawn(ClientKind::Linked, &["hold", "64MiB"], &slice.env(&gpu));
+    let pids = |probe: &Value| -> Vec<u64> {
+        let mut pids: Vec<u64> = probe["devices"][0]["process_utilization"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no samples: {probe}"))
+            .iter()
+            .map(|s| s["pid"].as_u64().unwrap())
+            .collect();
+        pids.sort_unstable();
+        pids
+    };
+    let (neighbour_pid, member_pid) = (u64::from(neighbour.pid()), u64::from(member.pid()));
+    let mut both = vec![neighbour_pid, member_pid];
+    both.sort_unstable();
+    // The probe runs without memory of its own: the card lists exactly the two holders.
+    assert_eq!(pids(&pynvml_probe(&gpu.env())), both, "the host sees both");
+    let sliced = pynvml_probe(&slice.env(&gpu));
+    assert_eq!(
+        pids(&sliced),
+        vec![member_pid],
+        "inside the slice, no other tenant: {sliced}"
+    );
+    neighbour.release();
+    member.release();
+}
+
 #[test]
 fn nvml_reports_the_slice_through_the_linked_client_and_pynvml() {
     let gpu = FakeGpu::start("v100");
@@ -130,23 +178,8 @@ fn nvml_reports_the_slice_through_the_linked_client_and_pynvml() {
     );
     assert_eq!(used + free, GIB, "no wrap, parts add up: {sliced}");
 
-    let probe = |env: &Env| -> Value {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/nvml_probe.py");
-        let output = run_with_timeout(
-            command(std::path::Path::new("python3"), &[script], env),
-            None,
-            DEFAULT_TIMEOUT,
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "nvml_probe.py failed (pynvml: `cargo xtask test` installs it): {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        serde_json::from_str(&stdout).expect("probe JSON")
-    };
-    let direct = probe(&gpu.env());
-    let sliced = probe(&slice.env(&gpu));
+    let direct = pynvml_probe(&gpu.env());
+    let sliced = pynvml_probe(&slice.env(&gpu));
     assert_eq!(direct["devices"][0]["memory"]["total"], CARD, "{direct}");
     assert_eq!(
         sliced["devices"][0]["memory"]["total"], GIB,

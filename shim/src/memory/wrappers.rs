@@ -10,7 +10,7 @@ use gpuslice_abi::cuda::result::{
 };
 use gpuslice_abi::cuda::*;
 use gpuslice_abi::nvml::ret::{
-    NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS,
+    NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND, NVML_SUCCESS,
 };
 use gpuslice_abi::nvml::*;
 use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_TIMEOUT};
@@ -916,6 +916,21 @@ fn members_only(
     device: nvmlDevice_t,
     read: impl FnOnce(&Shared, u8) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>,
 ) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
+    members_only_by(
+        device,
+        read,
+        |p| p.pid,
+        |p, pid| nvmlProcessInfo_t { pid, ..p },
+    )
+}
+
+/// [`members_only`] for any per-PID entry (`pid_of` reads its PID, `with_pid` rewrites it).
+fn members_only_by<T: Copy>(
+    device: nvmlDevice_t,
+    read: impl FnOnce(&Shared, u8) -> Result<Vec<T>, nvmlReturn_t>,
+    pid_of: impl Fn(&T) -> u32,
+    with_pid: impl Fn(T, u32) -> T,
+) -> Option<Result<Vec<T>, nvmlReturn_t>> {
     let shared = shared()?;
     let Ok(Binding::Limited(entry)) = nvml_binding(shared, device) else {
         return None;
@@ -925,20 +940,15 @@ fn members_only(
         Err(code) => return Some(Err(code)),
     };
     let members = slice_members(shared);
-    Some(Ok(slice_process_list(
-        &raw,
-        &members,
-        |p| p.pid,
-        |p, pid| nvmlProcessInfo_t { pid, ..p },
-    )))
+    Some(Ok(slice_process_list(&raw, &members, pid_of, with_pid)))
 }
 
 /// Copies `list` to the caller's buffer under NVML's count protocol.
-unsafe fn answer<T>(
-    list: Vec<nvmlProcessInfo_t>,
+unsafe fn answer<S, T>(
+    list: Vec<S>,
     count: *mut c_uint,
     infos: *mut T,
-    convert: impl Fn(nvmlProcessInfo_t) -> T,
+    convert: impl Fn(S) -> T,
 ) -> nvmlReturn_t {
     if count.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -955,6 +965,30 @@ unsafe fn answer<T>(
             *count = n as c_uint;
             NVML_SUCCESS
         }
+    }
+}
+
+/// Per-process utilisation samples: only the slice's processes, under the PIDs the container
+/// knows; `NVML_ERROR_NOT_FOUND` (the driver's "no sample") when none of them has one. The
+/// compute throttle reads the real samples through `real::`, unaffected.
+pub unsafe fn process_utilization(
+    real: sig::nvmlDeviceGetProcessUtilization,
+    device: nvmlDevice_t,
+    samples: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    last_seen: u64,
+) -> nvmlReturn_t {
+    let read = |_: &Shared, _| crate::devices::read_utilization_samples(real, device, last_seen);
+    match members_only_by(
+        device,
+        read,
+        |s| s.pid,
+        |s, pid| nvmlProcessUtilizationSample_t { pid, ..s },
+    ) {
+        None => real(device, samples, count, last_seen),
+        Some(Err(code)) => code,
+        Some(Ok(list)) if list.is_empty() => NVML_ERROR_NOT_FOUND,
+        Some(Ok(list)) => answer(list, count, samples, |s| s),
     }
 }
 

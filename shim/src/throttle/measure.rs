@@ -10,9 +10,6 @@
 //!   `watcher::resolve`): the kernel's `NSpid`, the host PID the memory ledger recorded in the
 //!   region, or our own PID, whichever NVML lists.
 
-use std::ffi::c_uint;
-
-use gpuslice_abi::nvml::ret::{NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS};
 use gpuslice_abi::nvml::{nvmlDevice_t, nvmlProcessUtilizationSample_t};
 
 use crate::registry::real;
@@ -45,40 +42,15 @@ pub struct Busy {
 /// Per-PID busy ns from NVML process samples; `None` when NVML cannot answer.
 pub fn process_busy(Handle(handle): Handle, last_seen_us: u64) -> Option<Busy> {
     let get = real::nvmlDeviceGetProcessUtilization()?;
-    let mut capacity: c_uint = 32;
-    for _ in 0..4 {
-        let mut buffer = vec![empty_sample(); capacity as usize];
-        let mut count = capacity;
-        // SAFETY: `buffer` holds `count` writable samples.
-        let code = unsafe { get(handle, buffer.as_mut_ptr(), &mut count, last_seen_us) };
-        match code {
-            NVML_SUCCESS => {
-                buffer.truncate(count as usize);
-                return Some(busy_from_samples(&buffer, last_seen_us));
-            }
-            NVML_ERROR_INSUFFICIENT_SIZE => capacity = count.max(capacity) + 16,
-            // NOT_FOUND: nothing newer than last_seen (or no process): an empty tick.
-            gpuslice_abi::nvml::ret::NVML_ERROR_NOT_FOUND => {
-                return Some(Busy {
-                    per_pid: Vec::new(),
-                    span_ns: 0,
-                    newest_us: last_seen_us,
-                })
-            }
-            _ => return None,
-        }
-    }
-    None
-}
-
-fn empty_sample() -> nvmlProcessUtilizationSample_t {
-    nvmlProcessUtilizationSample_t {
-        pid: 0,
-        timeStamp: 0,
-        smUtil: 0,
-        memUtil: 0,
-        encUtil: 0,
-        decUtil: 0,
+    match crate::devices::read_utilization_samples(get, handle, last_seen_us) {
+        Ok(samples) => Some(busy_from_samples(&samples, last_seen_us)),
+        // NOT_FOUND: nothing newer than last_seen (or no process): an empty tick.
+        Err(gpuslice_abi::nvml::ret::NVML_ERROR_NOT_FOUND) => Some(Busy {
+            per_pid: Vec::new(),
+            span_ns: 0,
+            newest_us: last_seen_us,
+        }),
+        Err(_) => None,
     }
 }
 
@@ -124,7 +96,7 @@ mod tests {
             pid,
             timeStamp: ts,
             smUtil: sm,
-            ..empty_sample()
+            ..Default::default()
         }
     }
 
