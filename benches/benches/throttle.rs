@@ -5,6 +5,10 @@
 //! * `launch_no_share/{driver,shim}`: the same with a memory-only slice (no share: one
 //!   relaxed load decides nothing is to be done).
 //!
+//! * `graph_launch_{no_share,share}/{driver,shim}`: `cuGraphLaunch` of a captured one-kernel
+//!   graph (instantiated through the shim when it exports `cuGraphInstantiateWithFlags`, so
+//!   the first launch settles graph memory and the measured ones take the steady path).
+//!
 //! The shim reads its configuration once per process, so the bench re-runs itself once per
 //! scenario (`GPUSLICE_BENCH_THROTTLE=share|none`), passing criterion's arguments on.
 //! Kernels take 1 ns on the fake (`ns_per_wave` = 1), so its timeline never backs up.
@@ -37,6 +41,12 @@ type LaunchFn = unsafe extern "C" fn(
     *mut *mut c_void,
     *mut *mut c_void,
 ) -> u32;
+
+type StreamCreateFn = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> u32;
+type BeginCaptureFn = unsafe extern "C" fn(*mut c_void, c_uint) -> u32;
+type EndCaptureFn = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> u32;
+type InstantiateFn = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> u32;
+type GraphLaunchFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32;
 
 const SCENARIO_ENV: &str = "GPUSLICE_BENCH_THROTTLE";
 
@@ -127,6 +137,56 @@ fn scenario(c: &mut Criterion, share: bool) {
         b.iter(|| launch(direct, function, &mut params))
     });
     group.bench_function("shim", |b| b.iter(|| launch(sliced, function, &mut params)));
+    group.finish();
+
+    // A captured graph of one 1 ns kernel, launched on its stream.
+    let stream_create: StreamCreateFn = unsafe { symbol(driver, c"cuStreamCreate") };
+    let begin: BeginCaptureFn = unsafe { symbol(driver, c"cuStreamBeginCapture_v2") };
+    let end: EndCaptureFn = unsafe { symbol(driver, c"cuStreamEndCapture") };
+    // SAFETY: a live handle and a NUL-terminated name.
+    let through_shim =
+        !unsafe { libc::dlsym(shim, c"cuGraphInstantiateWithFlags".as_ptr()) }.is_null();
+    let instantiate: InstantiateFn = unsafe {
+        symbol(
+            if through_shim { shim } else { driver },
+            c"cuGraphInstantiateWithFlags",
+        )
+    };
+    let graph_direct: GraphLaunchFn = unsafe { symbol(driver, c"cuGraphLaunch") };
+    let graph_sliced: GraphLaunchFn = unsafe { symbol(shim, c"cuGraphLaunch") };
+    let (mut stream, mut graph, mut exec) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: valid out-pointers; the kernel is captured on a created stream, not run.
+    unsafe {
+        assert_eq!(stream_create(&mut stream, 1), 0);
+        assert_eq!(begin(stream, 0), 0);
+        let rc = direct(
+            function,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        );
+        assert_eq!(rc, 0);
+        assert_eq!(end(stream, &mut graph), 0);
+        assert_eq!(instantiate(&mut exec, graph, 0), 0);
+    }
+    let graph_launch = |f: GraphLaunchFn| {
+        // SAFETY: a live executable graph and its stream.
+        assert_eq!(black_box(unsafe { f(exec, stream) }), 0);
+    };
+    let mut group = c.benchmark_group(format!("graph_{name}"));
+    group.bench_function("driver", |b| b.iter(|| graph_launch(graph_direct)));
+    group.bench_function("shim", |b| b.iter(|| graph_launch(graph_sliced)));
     group.finish();
 }
 

@@ -67,6 +67,9 @@ const CUDA_SYMBOLS: &[&str] = &[
     "cuGraphLaunch",
     "cuGraphExecDestroy",
     "cuGraphDestroy",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphUpload",
     "cuGetProcAddress_v2",
 ];
 

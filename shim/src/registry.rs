@@ -192,6 +192,7 @@ macro_rules! hook_registry {
 }
 
 use crate::hooks::{cuda, nvml, proc_address};
+use crate::memory::graphs;
 use crate::memory::wrappers as mem;
 
 hook_registry! {
@@ -270,6 +271,21 @@ hook_registry! {
             => cuda::launch_cooperative_kernel [hot];
         Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch [hot];
         Cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch [hot];
+        // CUDA graph memory (see memory::graphs): settled after each call that can change it.
+        Cuda fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode,
+            log: *mut c_char, log_size: usize) -> CUresult => graphs::instantiate;
+        Cuda fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode,
+            log: *mut c_char, log_size: usize) -> CUresult => graphs::instantiate;
+        Cuda fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult
+            => graphs::instantiate_with_flags;
+        Cuda fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
+            -> CUresult => graphs::instantiate_with_params;
+        Cuda fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
+            -> CUresult => graphs::instantiate_with_params;
+        Cuda fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult => graphs::upload;
+        Cuda fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => graphs::upload;
+        Cuda fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult => graphs::exec_destroy;
+        Cuda fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult => graphs::trim;
 
         // The legacy unsuffixed entry points: what a binary built against pre-3.2 headers (or
         // with CUDA_FORCE_API_VERSION) links, what dlsym of the bare name finds, and what
@@ -335,6 +351,7 @@ hook_registry! {
         Cuda fn cuDeviceGetCount(*mut c_int) -> CUresult;
         Cuda fn cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice) -> CUresult;
         Cuda fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
+        Cuda fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void) -> CUresult;
     }
 }
 
@@ -520,6 +537,10 @@ mod tests {
             "cuLaunchKernelEx_ptsz",
             "cuLaunchCooperativeKernel_ptsz",
             "cuGraphLaunch_ptsz",
+            "cuGraphUpload_ptsz",
+            "cuGraphInstantiateWithParams_ptsz",
+            "cuGraphExecDestroy",
+            "cuDeviceGraphMemTrim",
             "cuMemAllocAsync_ptsz",
             "cuMemFreeAsync_ptsz",
             "cuMemAllocFromPoolAsync_ptsz",

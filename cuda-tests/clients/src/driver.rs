@@ -78,6 +78,9 @@ macro_rules! for_each_entry_point {
             cuGraphLaunch = "cuGraphLaunch", 10000, ptsz, (exec: CUgraphExec, stream: CUstream);
             cuGraphExecDestroy = "cuGraphExecDestroy", 10000, legacy, (exec: CUgraphExec);
             cuGraphDestroy = "cuGraphDestroy", 10000, legacy, (graph: CUgraph);
+            cuStreamBeginCapture = "cuStreamBeginCapture_v2", 10010, ptsz, (stream: CUstream, mode: c_uint);
+            cuStreamEndCapture = "cuStreamEndCapture", 10000, ptsz, (stream: CUstream, graph: *mut CUgraph);
+            cuGraphUpload = "cuGraphUpload", 11010, ptsz, (exec: CUgraphExec, stream: CUstream);
         }
     };
 }
@@ -684,6 +687,65 @@ impl Driver {
         let mut exec: CUgraphExec = std::ptr::null_mut();
         call!(self, cuGraphInstantiateWithFlags(&mut exec, graph, 0))?;
         Ok((graph, exec))
+    }
+
+    /// Captures on `stream`: `allocs` x `cuMemAllocAsync(size)`, one launch of `func`, a
+    /// `cuMemFreeAsync` of each;
+    /// instantiates the graph, uploads it when asked, launches it once and synchronises.
+    /// Returns (graph, exec, launch result); the graph and exec stay alive.
+    pub fn graph_with_memory(
+        &self,
+        size: usize,
+        allocs: usize,
+        func: u64,
+        stream: u64,
+        upload: bool,
+    ) -> Res<(u64, u64, Res<()>)> {
+        let s = stream as CUstream;
+        let mut ns: u64 = 1000;
+        let mut params: [*mut c_void; 1] = [(&mut ns as *mut u64).cast()];
+        // CU_STREAM_CAPTURE_MODE_GLOBAL
+        call!(self, cuStreamBeginCapture(s, 0))?;
+        let mut ptrs: Vec<CUdeviceptr> = Vec::new();
+        let captured = (0..allocs)
+            .try_for_each(|_| {
+                let mut ptr: CUdeviceptr = 0;
+                call!(self, cuMemAllocAsync(&mut ptr, size, s))?;
+                ptrs.push(ptr);
+                Ok(())
+            })
+            .and_then(|_| {
+                call!(
+                    self,
+                    cuLaunchKernel(
+                        func as CUfunction,
+                        1,
+                        1,
+                        1,
+                        32,
+                        1,
+                        1,
+                        0,
+                        s,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut()
+                    )
+                )?;
+                ptrs.iter()
+                    .try_for_each(|&ptr| call!(self, cuMemFreeAsync(ptr, s)))
+            });
+        let mut graph: CUgraph = std::ptr::null_mut();
+        let ended = call!(self, cuStreamEndCapture(s, &mut graph));
+        captured?;
+        ended?;
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        call!(self, cuGraphInstantiateWithFlags(&mut exec, graph, 0))?;
+        if upload {
+            call!(self, cuGraphUpload(exec, s))?;
+        }
+        let launched = call!(self, cuGraphLaunch(exec, s));
+        call!(self, cuStreamSynchronize(s))?;
+        Ok((graph as u64, exec as u64, launched))
     }
 
     /// The `errors` scenario's checks, in order (state matters: before init, no context, ...).

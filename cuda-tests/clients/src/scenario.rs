@@ -73,6 +73,24 @@ pub trait Gpu: Sync {
     ) -> Vec<Res<()>>;
     /// The `errors` scenario's checks in order; names are shared by all clients.
     fn errors(&self) -> Vec<(&'static str, Res<()>)>;
+    /// `graph-memory`: captures on `stream` `allocs` x `cuMemAllocAsync(size)`, a launch of
+    /// `func` and a `cuMemFreeAsync` of each; instantiates, uploads when asked, launches once, synchronises.
+    /// Returns (graph, exec, launch result), both kept alive. `Err` = the client cannot
+    /// express it.
+    fn graph_with_memory(
+        &self,
+        size: usize,
+        allocs: usize,
+        func: u64,
+        stream: u64,
+        upload: bool,
+    ) -> Result<Res<(u64, u64, Res<()>)>, Usage> {
+        let _ = (size, allocs, func, stream, upload);
+        Err(Usage(format!(
+            "{}: graph-memory is not implemented by this client",
+            self.client()
+        )))
+    }
 }
 
 impl Gpu for Driver {
@@ -163,6 +181,18 @@ impl Gpu for Driver {
     fn errors(&self) -> Vec<(&'static str, Res<()>)> {
         Driver::errors(self)
     }
+    fn graph_with_memory(
+        &self,
+        size: usize,
+        allocs: usize,
+        func: u64,
+        stream: u64,
+        upload: bool,
+    ) -> Result<Res<(u64, u64, Res<()>)>, Usage> {
+        Ok(Driver::graph_with_memory(
+            self, size, allocs, func, stream, upload,
+        ))
+    }
 }
 
 /// The usage text every client prints for bad arguments.
@@ -176,17 +206,22 @@ usage: <client> SCENARIO [ARGS]
   hold SIZE [--path P]
   context-cycle SIZE [--path P] [--end release|reset|destroy] [--retains N] [--release-after N]
   pool-destroy-held SIZE [--max N]
+  graph-memory SIZE [--allocs N] [--upload true] [--chunk CHUNK] [--max N]
   launch [--kernels N] [--ns-per-wave NS] [--grid G] [--block B] [--stream default|created]
          [--path kernel|ex|cooperative|graph] [--duration-s S]
   threads [--threads N] [--size SIZE] [--iterations N]
   errors
   (linked-client only) nvml
-hold, context-cycle and pool-destroy-held print their line, then keep the process alive until
+hold, context-cycle, pool-destroy-held and graph-memory print their line, then keep the process alive until
 stdin closes.
 pool-destroy-held: until an allocation fails (or N succeeded), creates a pool, allocates SIZE
 from it and destroys the pool with that allocation outstanding (the driver releases the
 pool's memory once its allocations are freed); then frees every allocation
 (cuMemFreeAsync + cuStreamSynchronize) and reads mem_free.
+graph-memory: a created stream captures N (default 1) cuMemAllocAsync(SIZE), a kernel and
+a cuMemFreeAsync of each (the graph needs N x SIZE at once); the graph is instantiated, uploaded (--upload true), launched and synchronised (its memory
+now lives in the device's graph pool); then cuMemAlloc of CHUNK (default 100MiB) until one
+fails (or N succeeded). Graph, exec and allocations are held until stdin closes.
 context-cycle: SIZE allocated in the context, the context ended without freeing it (the
 driver frees what a context owned), a context made again, mem_free read in it. --end:
   release (primary contexts, their default): one cuDevicePrimaryCtxRelease, which ends the
@@ -298,6 +333,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "hold" => hold(gpu, &rest)?,
         "context-cycle" => context_cycle(gpu, &rest)?,
         "pool-destroy-held" => pool_destroy_held(gpu, &rest)?,
+        "graph-memory" => graph_memory(gpu, &rest)?,
         "launch" => launch(gpu, &rest)?,
         "threads" => threads(gpu, &rest)?,
         "errors" => errors(gpu),
@@ -706,6 +742,75 @@ fn pool_destroy_held<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         }
     };
     line["scenario"] = json!("pool-destroy-held");
+    line["client"] = json!(gpu.client());
+    line["pid"] = json!(std::process::id());
+    println!("{line}");
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    // The line is already out; tell the runner to print nothing more.
+    std::process::exit(0);
+}
+
+/// CUDA graph memory: a captured graph allocating `--allocs` x SIZE (`cuMemAllocAsync`s +
+/// kernel + `cuMemFreeAsync`s on a created stream) is instantiated, uploaded (`--upload true`), launched and synchronised; then CHUNK-sized `cuMemAlloc`s (`--chunk`, default 100 MiB) until out of
+/// memory (at most `--max`). Prints its line, then holds everything (graph, exec,
+/// allocations) until stdin reaches EOF.
+fn graph_memory<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let size = args.size_at(0, "SIZE")?;
+    let chunk = match args.options.get("chunk") {
+        None => 100 << 20,
+        Some(text) => {
+            crate::parse_size(text).map_err(|e| Usage(format!("--chunk {text:?}: {e}")))?
+        }
+    };
+    let max: usize = args.get("max", 1_000_000)?;
+    let upload: bool = args.get("upload", false)?;
+    let allocs: usize = args.get("allocs", 1)?;
+    let mut line = match setup(gpu) {
+        Err(e) => e,
+        Ok(_) => {
+            let prepared = gpu
+                .load_kernel()
+                .map_err(|f| ("load_kernel", f))
+                .and_then(|k| gpu.stream(true).map(|s| (k, s)).map_err(|f| ("stream", f)));
+            match prepared {
+                Err((step, f)) => setup_failed(gpu, step, f),
+                Ok((func, stream)) => {
+                    match gpu.graph_with_memory(size, allocs, func, stream, upload)? {
+                        Err(f) => setup_failed(gpu, "graph", f),
+                        Ok((_graph, _exec, launched)) => {
+                            let free_after_launch = mem_free_now(gpu);
+                            let mut held = Vec::new();
+                            let mut failure = None;
+                            while held.len() < max {
+                                match gpu.alloc(AllocPath::Alloc, chunk) {
+                                    Ok(a) => held.push(a),
+                                    Err(f) => {
+                                        failure = Some(f);
+                                        break;
+                                    }
+                                }
+                            }
+                            // `held` is never freed: the test compares the region with the
+                            // card while this process holds it all, then closes stdin.
+                            json!({
+                                "size": size,
+                                "allocs": allocs,
+                                "chunk": chunk,
+                                "upload": upload,
+                                "launch_result": res_name(gpu, &launched),
+                                "mem_free_after_launch": free_after_launch,
+                                "count": held.len(),
+                                "error": failure.map(|f| fail_name(gpu, f)),
+                                "mem_free_at_oom": mem_free_now(gpu),
+                            })
+                        }
+                    }
+                }
+            }
+        }
+    };
+    line["scenario"] = json!("graph-memory");
     line["client"] = json!(gpu.client());
     line["pid"] = json!(std::process::id());
     println!("{line}");

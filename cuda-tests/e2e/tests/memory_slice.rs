@@ -991,3 +991,62 @@ fn context_cycle_refuses_an_end_of_the_other_context_mode() {
         "no usage error reached the driver"
     );
 }
+
+#[test]
+fn cuda_graph_memory_is_charged_as_the_graph_pool_holds_it() {
+    // A captured cuMemAllocAsync is an allocation node: its memory is the device's graph pool's,
+    // reserved when the graph is uploaded or first launched, not the memory pool's. The shim
+    // used to refund what it reserved at capture and never see the graph pool, so a graph
+    // took memory past the cap and later allocations were still granted.
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    let env = slice.env(&gpu);
+    for kind in ClientKind::ALL {
+        for upload in ["false", "true"] {
+            gpu.truth().reset_peak_memory(0);
+            let run = Client::spawn(kind, &["graph-memory", "400MiB", "--upload", upload], &env);
+            let line = &run.first;
+            let what = format!("{kind:?} upload={upload}: {line}");
+            assert_eq!(line["launch_result"], "CUDA_SUCCESS", "{what}");
+            // 724 MiB of room, 400 MiB of them the graph's: three 100 MiB allocations.
+            assert_eq!(line["mem_free_after_launch"], 324 * MIB, "{what}");
+            assert_eq!(line["count"], 3, "{what}");
+            assert_eq!(line["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{what}");
+            let held = CONTEXT + 400 * MIB + 300 * MIB;
+            assert_eq!(gpu.truth().used_memory(0), held, "{what}: the card");
+            assert_eq!(region_used(&slice), held, "{what}: the region");
+            assert!(gpu.truth().peak_memory(0) <= GIB, "{what}: past the cap");
+            run.release();
+        }
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}
+
+#[test]
+fn cuda_graph_memory_past_the_cap_is_charged_and_refuses_what_follows() {
+    // The graph pool grows inside the driver's launch, which cannot be undone: the growth is
+    // charged past the limit (one error line), so the ledger matches the card and the slice's
+    // next allocation is refused.
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    let env = slice.env(&gpu);
+    for kind in ClientKind::ALL {
+        // Two 450 MiB nodes: each fits the slice when captured (capture takes nothing), the
+        // 900 MiB the graph needs at once does not.
+        let args = ["graph-memory", "450MiB", "--allocs", "2", "--chunk", "2MiB"];
+        let run = Client::spawn(kind, &args, &env);
+        let line = &run.first;
+        assert_eq!(line["launch_result"], "CUDA_SUCCESS", "{kind:?}: {line}");
+        assert_eq!(line["count"], 0, "{kind:?}: {line}");
+        assert_eq!(
+            line["error"], "CUDA_ERROR_OUT_OF_MEMORY",
+            "{kind:?}: {line}"
+        );
+        assert_eq!(line["mem_free_at_oom"], 0, "{kind:?}: {line}");
+        let held = CONTEXT + 900 * MIB;
+        assert_eq!(gpu.truth().used_memory(0), held, "{kind:?}: the card");
+        assert_eq!(region_used(&slice), held, "{kind:?}: the region");
+        run.release();
+    }
+    assert_eq!(gpu.truth().used_memory(0), 0);
+}

@@ -641,6 +641,17 @@ cuda_api! {
     fn cuGraphLaunch["cuGraphLaunch", 10000, Default](e: CUgraphExec, s: CUstream) { cu().graph_launch(h(e), h(s)) }
     fn cuGraphLaunch_ptsz["cuGraphLaunch", 10000, Ptsz](e: CUgraphExec, s: CUstream) { cu().graph_launch(h(e), h(s)) }
     fn cuGraphExecDestroy["cuGraphExecDestroy", 10000, Default](e: CUgraphExec) { cu().graph_exec_destroy(h(e)) }
+    fn cuGraphUpload["cuGraphUpload", 11010, Default](e: CUgraphExec, s: CUstream) { cu().graph_upload(h(e), h(s)) }
+    fn cuGraphUpload_ptsz["cuGraphUpload", 11010, Ptsz](e: CUgraphExec, s: CUstream) { cu().graph_upload(h(e), h(s)) }
+    fn cuDeviceGraphMemTrim["cuDeviceGraphMemTrim", 11040, Default](dev: CUdevice) { cu().device_graph_mem_trim(dev) }
+    fn cuDeviceGetGraphMemAttribute["cuDeviceGetGraphMemAttribute", 11040, Default](dev: CUdevice, attr: c_int, value: *mut c_void) {
+        if value.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(value as *mut u64, cu().device_graph_mem_attribute(dev, attr)?)
+    }
+    // Graph memory comes from stream capture only (see fakegpu::cuda::graph).
+    fn cuGraphAddMemAllocNode["cuGraphAddMemAllocNode", 11040, Default](_node: *mut CUgraphNode, _g: CUgraph, _deps: *const CUgraphNode, _ndeps: usize, _params: *mut c_void) {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
     fn cuGraphDestroy["cuGraphDestroy", 10000, Default](g: CUgraph) { cu().graph_destroy(h(g)) }
 
     // ---- streams and events ----

@@ -24,28 +24,30 @@ const EXPORTS: &str = "
     cuArray3DCreate cuArray3DCreate_v2 cuArrayCreate cuArrayCreate_v2 cuArrayDestroy 
     cuCtxCreate cuCtxCreate_v2 cuCtxCreate_v3 cuCtxCreate_v4 cuCtxDestroy cuCtxDestroy_v2 
     cuCtxGetApiVersion cuCtxGetCurrent cuCtxGetDevice cuCtxPopCurrent_v2 cuCtxPushCurrent_v2 
-    cuCtxSetCurrent cuCtxSynchronize cuDeviceComputeCapability cuDeviceGet cuDeviceGetAttribute 
-    cuDeviceGetByPCIBusId cuDeviceGetCount cuDeviceGetDefaultMemPool cuDeviceGetMemPool 
-    cuDeviceGetName cuDeviceGetPCIBusId cuDeviceGetUuid cuDeviceGetUuid_v2 
-    cuDevicePrimaryCtxGetState cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2 
-    cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxRetain 
-    cuDevicePrimaryCtxSetFlags cuDevicePrimaryCtxSetFlags_v2 cuDeviceSetMemPool 
-    cuDeviceTotalMem cuDeviceTotalMem_v2 cuDriverGetVersion cuEventCreate cuEventDestroy_v2 
-    cuEventElapsedTime cuEventElapsedTime_v2 cuEventQuery cuEventRecord cuEventRecord_ptsz 
-    cuEventSynchronize cuFuncGetAttribute cuGetErrorName cuGetErrorString cuGetExportTable 
-    cuGetProcAddress cuGetProcAddress_v2 cuGraphAddKernelNode cuGraphAddKernelNode_v2 
+    cuCtxSetCurrent cuCtxSynchronize cuDeviceComputeCapability cuDeviceGet 
+    cuDeviceGetAttribute cuDeviceGetByPCIBusId cuDeviceGetCount cuDeviceGetDefaultMemPool 
+    cuDeviceGetGraphMemAttribute cuDeviceGetMemPool cuDeviceGetName cuDeviceGetPCIBusId 
+    cuDeviceGetUuid cuDeviceGetUuid_v2 cuDeviceGraphMemTrim cuDevicePrimaryCtxGetState 
+    cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2 cuDevicePrimaryCtxReset 
+    cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxRetain cuDevicePrimaryCtxSetFlags 
+    cuDevicePrimaryCtxSetFlags_v2 cuDeviceSetMemPool cuDeviceTotalMem cuDeviceTotalMem_v2 
+    cuDriverGetVersion cuEventCreate cuEventDestroy_v2 cuEventElapsedTime 
+    cuEventElapsedTime_v2 cuEventQuery cuEventRecord cuEventRecord_ptsz cuEventSynchronize 
+    cuFuncGetAttribute cuGetErrorName cuGetErrorString cuGetExportTable cuGetProcAddress 
+    cuGetProcAddress_v2 cuGraphAddKernelNode cuGraphAddKernelNode_v2 cuGraphAddMemAllocNode 
     cuGraphCreate cuGraphDestroy cuGraphExecDestroy cuGraphInstantiate 
-    cuGraphInstantiateWithFlags cuGraphInstantiate_v2 cuGraphLaunch cuGraphLaunch_ptsz cuInit 
-    cuIpcCloseMemHandle cuIpcGetMemHandle cuIpcOpenMemHandle cuIpcOpenMemHandle_v2 
-    cuKernelGetFunction cuLaunch cuLaunchCooperativeKernel cuLaunchCooperativeKernel_ptsz 
-    cuLaunchGrid cuLaunchGridAsync cuLaunchKernel cuLaunchKernelEx cuLaunchKernelEx_ptsz 
-    cuLaunchKernel_ptsz cuLibraryGetKernel cuLibraryLoadData cuLibraryUnload cuMemAddressFree 
-    cuMemAddressReserve cuMemAlloc cuMemAllocAsync cuMemAllocAsync_ptsz cuMemAllocFromPoolAsync 
+    cuGraphInstantiateWithFlags cuGraphInstantiate_v2 cuGraphLaunch cuGraphLaunch_ptsz 
+    cuGraphUpload cuGraphUpload_ptsz cuInit cuIpcCloseMemHandle cuIpcGetMemHandle 
+    cuIpcOpenMemHandle cuIpcOpenMemHandle_v2 cuKernelGetFunction cuLaunch 
+    cuLaunchCooperativeKernel cuLaunchCooperativeKernel_ptsz cuLaunchGrid cuLaunchGridAsync 
+    cuLaunchKernel cuLaunchKernelEx cuLaunchKernelEx_ptsz cuLaunchKernel_ptsz 
+    cuLibraryGetKernel cuLibraryLoadData cuLibraryUnload cuMemAddressFree cuMemAddressReserve 
+    cuMemAlloc cuMemAllocAsync cuMemAllocAsync_ptsz cuMemAllocFromPoolAsync 
     cuMemAllocFromPoolAsync_ptsz cuMemAllocHost_v2 cuMemAllocManaged cuMemAllocPitch 
     cuMemAllocPitch_v2 cuMemAlloc_v2 cuMemCreate cuMemFree cuMemFreeAsync cuMemFreeAsync_ptsz 
     cuMemFreeHost cuMemFree_v2 cuMemGetAddressRange_v2 cuMemGetAllocationGranularity 
-    cuMemGetAllocationPropertiesFromHandle cuMemGetInfo cuMemGetInfo_v2 cuMemHostAlloc cuMemMap 
-    cuMemPoolCreate cuMemPoolDestroy cuMemPoolGetAttribute cuMemPoolSetAttribute 
+    cuMemGetAllocationPropertiesFromHandle cuMemGetInfo cuMemGetInfo_v2 cuMemHostAlloc 
+    cuMemMap cuMemPoolCreate cuMemPoolDestroy cuMemPoolGetAttribute cuMemPoolSetAttribute 
     cuMemPoolTrimTo cuMemRelease cuMemRetainAllocationHandle cuMemSetAccess cuMemUnmap 
     cuMemcpyDtoD_v2 cuMemcpyDtoD_v2_ptds cuMemcpyDtoHAsync_v2 cuMemcpyDtoHAsync_v2_ptsz 
     cuMemcpyDtoH_v2 cuMemcpyDtoH_v2_ptds cuMemcpyHtoDAsync_v2 cuMemcpyHtoDAsync_v2_ptsz 

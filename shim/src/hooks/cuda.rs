@@ -500,7 +500,12 @@ pub unsafe fn graph_launch(
     stream: CUstream,
 ) -> CUresult {
     throttle::before_launch();
-    real(exec, stream)
+    let result = real(exec, stream);
+    if result == CUDA_SUCCESS {
+        // The first launch of an exec reserves its graph memory (one relaxed load otherwise).
+        memory::graphs::launched(exec);
+    }
+    result
 }
 
 /// `cuLaunch` (deprecated): a 1x1 grid of the function's block shape, on the legacy stream.

@@ -20,6 +20,7 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
+use super::graphs::GraphBook;
 use super::objects::{Charged, ObjectKind, ObjectTable};
 use super::pools::{Freed, PoolBook, Settle};
 use super::vmm::VmmBook;
@@ -136,6 +137,8 @@ pub struct Ledger<B> {
     pub pools: Mutex<PoolBook>,
     /// Primary contexts by device ordinal; also serialises context creation.
     pub primaries: Mutex<Vec<PrimaryContext>>,
+    /// The devices' CUDA graph memory pools (see `graphs`).
+    pub graphs: Mutex<GraphBook>,
     /// Set once this process allocated from a pool (reporting then re-reads pools).
     pub objects_have_pools: AtomicBool,
 }
@@ -154,6 +157,7 @@ impl<B: Budget> Ledger<B> {
             vmm: Mutex::default(),
             pools: Mutex::default(),
             primaries: Mutex::new(Vec::new()),
+            graphs: Mutex::default(),
             objects_have_pools: AtomicBool::new(false),
         }
     }

@@ -6,6 +6,7 @@
 //!   region (pure, unit-tested with a counter budget);
 //! * [`objects`]: the sharded per-process table object -> (device, bytes, owning context);
 //! * [`pools`], [`vmm`]: when pool and VMM memory really returns to the card;
+//! * [`graphs`]: CUDA graph memory, charged as the device's graph pool really holds it;
 //! * [`host_pid`]: which NVML process entry is us (host PID discovery, context cost);
 //! * [`wrappers`]: the FFI handlers for the paths whose size the driver decides (pitch,
 //!   pools, VMM, contexts) and the NVML process lists;
@@ -34,6 +35,7 @@
 //! only the slice's first process needs room for the bound. Where NVML cannot tell, what was
 //! reserved stays charged.
 
+pub mod graphs;
 mod host_pid;
 pub mod ledger;
 mod objects;
@@ -530,7 +532,9 @@ fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUr
     if process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
     }
-    if wrappers::reread_pools(process) && process.ledger.charge(device, bytes).is_ok() {
+    // Both re-read (no short circuit): either may have shrunk.
+    let shrank = wrappers::reread_pools(process) | graphs::reread_if_any(process);
+    if shrank && process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
     }
     crate::log_debug!("refusing {bytes} bytes on device entry {device}: slice limit reached");
@@ -644,6 +648,7 @@ pub fn nvml_slice(device: nvmlDevice_t) -> Option<(u64, u64)> {
 fn usage_of(shared: &Shared, device: u8) -> Option<(u64, u64)> {
     if let Some(process) = process() {
         wrappers::reread_pools_if_any(process);
+        graphs::reread_if_any(process);
     }
     let usage = shared.region.usage(device_id(device));
     Some((usage.limit.unwrap_or(u64::MAX), usage.used))
@@ -654,6 +659,7 @@ fn usage_of(shared: &Shared, device: u8) -> Option<(u64, u64)> {
 /// `state` runs `attach` again with the same region object.
 pub fn after_fork_in_child() {
     PROCESS.store(std::ptr::null_mut(), Ordering::Release);
+    graphs::after_fork_in_child();
 }
 
 /// Where the region of `config` lives (for messages).

@@ -536,6 +536,69 @@ impl Gpu for Cudarc {
         }
     }
 
+    fn graph_with_memory(
+        &self,
+        size: usize,
+        allocs: usize,
+        func: u64,
+        stream: u64,
+        upload: bool,
+    ) -> Result<Res<(u64, u64, Res<()>)>, cuda_clients::scenario::Usage> {
+        let s = stream as sys::CUstream;
+        let mut ns: u64 = 1000;
+        let mut params: [*mut c_void; 1] = [(&mut ns as *mut u64).cast()];
+        // SAFETY: a stream this client created and a live function; the captured pointer is
+        // only named to the driver; the graph and exec stay alive (the caller holds them).
+        Ok(unsafe {
+            (|| {
+                use sys::CUstreamCaptureMode_enum::CU_STREAM_CAPTURE_MODE_GLOBAL;
+                cu(sys::cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL).result())?;
+                let mut ptrs: Vec<sys::CUdeviceptr> = Vec::new();
+                let captured = (0..allocs)
+                    .try_for_each(|_| {
+                        let mut ptr: sys::CUdeviceptr = 0;
+                        cu(sys::cuMemAllocAsync(&mut ptr, size, s).result())?;
+                        ptrs.push(ptr);
+                        Ok(())
+                    })
+                    .and_then(|_| {
+                        cu(sys::cuLaunchKernel(
+                            func as sys::CUfunction,
+                            1,
+                            1,
+                            1,
+                            32,
+                            1,
+                            1,
+                            0,
+                            s,
+                            params.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        )
+                        .result())
+                    })
+                    .and_then(|_| {
+                        ptrs.iter()
+                            .try_for_each(|&ptr| cu(sys::cuMemFreeAsync(ptr, s).result()))
+                    });
+                let mut graph: sys::CUgraph = std::ptr::null_mut();
+                let ended = cu(sys::cuStreamEndCapture(s, &mut graph).result());
+                captured?;
+                ended?;
+                let exec = cu(result::graph::instantiate(
+                    graph,
+                    sys::CUgraphInstantiate_flags(0),
+                ))?;
+                if upload {
+                    cu(sys::cuGraphUpload(exec, s).result())?;
+                }
+                let launched = cu(result::graph::launch(exec, s));
+                cu(result::stream::synchronize(s))?;
+                Ok((graph as u64, exec as u64, launched))
+            })()
+        })
+    }
+
     fn errors(&self) -> Vec<(&'static str, Res<()>)> {
         let mut out = Vec::new();
         let mut d = 0;

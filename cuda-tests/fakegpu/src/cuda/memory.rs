@@ -125,6 +125,9 @@ pub enum AllocKind {
     Ipc,
     /// A module global: part of the module image, not charged.
     Global,
+    /// An allocation node of a graph (captured `cuMemAllocAsync`): its physical memory is
+    /// the graph pool's, charged when the graph is uploaded (see `graph`).
+    Graph(u64),
 }
 
 #[derive(Clone, Debug)]

@@ -101,6 +101,8 @@ pub(crate) struct Tables {
     pub kernels: HashMap<u64, module::Kernel>,
     pub graphs: HashMap<u64, graph::Graph>,
     pub execs: HashMap<u64, graph::Exec>,
+    /// Per device: the graph memory pool (see `graph`).
+    pub graph_pools: [graph::GraphPool; MAX_DEVICES],
     pub pools: HashMap<u64, pool::Pool>,
     pub default_pool: [Option<u64>; MAX_DEVICES],
     pub current_pool: [Option<u64>; MAX_DEVICES],

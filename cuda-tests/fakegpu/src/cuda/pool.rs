@@ -199,10 +199,18 @@ impl Cuda {
     }
 
     /// Allocates from `pool` (or the stream's device's current pool) in stream order.
+    /// On a capturing stream: an allocation node of the graph instead (see `graph`).
     pub fn mem_alloc_async(&self, size: u64, pool: Option<u64>, stream: u64) -> R<u64> {
-        let cur = self.stream_current(stream)?;
+        let info = self.stream_info(stream)?;
+        let cur = info.cur;
         if size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if let Some(graph) = info.capture {
+            if let Some(p) = pool {
+                Self::live_pool(&mut self.lock(), p)?;
+            }
+            return self.capture_alloc(graph, &cur, size);
         }
         let st = self.check()?;
         let mut t = self.lock();
@@ -239,9 +247,12 @@ impl Cuda {
         }
     }
 
-    /// Frees in stream order (any device allocation may be freed this way).
+    /// Frees in stream order (any device allocation may be freed this way); on a capturing
+    /// stream, a free node of the graph.
     pub fn mem_free_async(&self, ptr: u64, stream: u64) -> R<()> {
-        self.stream_current(stream)?;
+        if let Some(graph) = self.stream_info(stream)?.capture {
+            return self.capture_free(graph, ptr);
+        }
         let mut t = self.lock();
         match t.allocs.get(&ptr) {
             Some(a) if !matches!(a.kind, AllocKind::Ipc | AllocKind::Global) => {}

@@ -1,0 +1,326 @@
+//! CUDA graph memory. An allocation node (`cuMemAllocAsync` during stream capture, or
+//! `cuGraphAddMemAllocNode`) is "owned by the graph instead of the memory pool": its physical
+//! memory lives in the device's graph memory pool, reserved when an executable graph is
+//! uploaded (`cuGraphUpload`, or its first `cuGraphLaunch`), kept across launches, and given
+//! back only by `cuDeviceGraphMemTrim` once no live exec uses it. None of those calls names a
+//! size, so the ledger charges the graph pool like a memory pool: for what it REALLY holds,
+//! `cuDeviceGetGraphMemAttribute(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)`, re-read after every
+//! call that can change it and settled by [`GraphBook::settle`] (growth charged, shrink
+//! refunded).
+//!
+//! The growth happens inside the driver's upload or launch, which cannot be undone (a graph's
+//! memory is released only by destroying its exec and trimming, which the application owns).
+//! So growth that does not fit is charged past the limit with one error line: the ledger
+//! matches the card and every later allocation of the slice is refused until the graph
+//! memory is given back.
+//!
+//! Cost on the launch path (`cuGraphLaunch` is `[hot]`): an exec's memory is reserved once,
+//! at its upload or first launch, so only the first successful launch of each exec the shim
+//! saw instantiated needs a reading. Instantiations put the exec in an "unsettled" set and
+//! raise a process-wide count; a launch looks at that count (one relaxed load) and takes the
+//! book's lock only while it is non-zero. Readings are also taken when memory is reported and
+//! before an allocation is refused, which catches growth on any other path (an exec the shim
+//! did not see instantiated, a driver that grows the pool on a later launch).
+
+use std::collections::HashSet;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use gpuslice_abi::cuda::result::CUDA_SUCCESS;
+use gpuslice_abi::cuda::*;
+
+use super::ledger::lock;
+use super::pools::Settle;
+use super::{cuda_binding, process, shared, Binding, Process};
+use crate::registry::{real, signature as sig};
+
+/// `CUgraphMem_attribute`: `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
+pub const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+
+/// Execs instantiated through the shim whose memory has not been settled yet (a copy of the
+/// book's set size, read without its lock on the launch path).
+static UNSETTLED: AtomicUsize = AtomicUsize::new(0);
+/// Set once this process instantiated a graph (reporting then re-reads the graph pools).
+static GRAPHS_SEEN: AtomicBool = AtomicBool::new(false);
+
+/// Per process: what the ledger charged for each device's graph pool, and the execs whose
+/// first upload or launch is still to be settled.
+#[derive(Debug, Default)]
+pub struct GraphBook {
+    /// (CUDA ordinal, device entry, bytes charged: the last reading).
+    devices: Vec<(CUdevice, u8, u64)>,
+    unsettled: HashSet<u64>,
+}
+
+impl GraphBook {
+    /// The driver says `ordinal`'s graph pool now reserves `reserved` bytes.
+    pub fn settle(&mut self, ordinal: CUdevice, device: u8, reserved: u64) -> Settle {
+        let before = match self.devices.iter_mut().find(|(o, _, _)| *o == ordinal) {
+            Some(entry) => std::mem::replace(&mut entry.2, reserved),
+            None => {
+                self.devices.push((ordinal, device, reserved));
+                0
+            }
+        };
+        match reserved.cmp(&before) {
+            std::cmp::Ordering::Equal => Settle::Unchanged,
+            std::cmp::Ordering::Greater => Settle::Grow {
+                device,
+                bytes: reserved - before,
+            },
+            std::cmp::Ordering::Less => Settle::Shrink {
+                device,
+                bytes: before - reserved,
+            },
+        }
+    }
+
+    /// Devices whose graph pool this book has read.
+    pub fn known(&self) -> Vec<(CUdevice, u8)> {
+        self.devices.iter().map(|&(o, d, _)| (o, d)).collect()
+    }
+
+    pub fn charged(&self, ordinal: CUdevice) -> u64 {
+        self.devices
+            .iter()
+            .find(|(o, _, _)| *o == ordinal)
+            .map_or(0, |e| e.2)
+    }
+
+    /// A new exec: its first upload or launch reserves its memory.
+    pub fn instantiated(&mut self, exec: u64) -> usize {
+        self.unsettled.insert(exec);
+        self.unsettled.len()
+    }
+
+    /// The exec was uploaded, launched or destroyed: true when it was still unsettled.
+    pub fn settled(&mut self, exec: u64) -> (bool, usize) {
+        (self.unsettled.remove(&exec), self.unsettled.len())
+    }
+}
+
+/// `RESERVED_MEM_CURRENT` of `ordinal`'s graph pool; `None` when the driver cannot say (a
+/// driver before 11.4, or an unknown device): the charge then stays as it is.
+fn graph_reserved(ordinal: CUdevice) -> Option<u64> {
+    let get = real::cuDeviceGetGraphMemAttribute()?;
+    let mut value: u64 = 0;
+    // SAFETY: RESERVED_MEM_CURRENT writes one cuuint64_t into `value`.
+    let result = unsafe {
+        get(
+            ordinal,
+            GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+            (&mut value as *mut u64).cast(),
+        )
+    };
+    (result == CUDA_SUCCESS).then_some(value)
+}
+
+fn apply(process: &Process, settle: Settle) {
+    match settle {
+        Settle::Unchanged => {}
+        Settle::Shrink { device, bytes } => process.ledger.refund(device, bytes),
+        Settle::Grow { device, bytes } => {
+            // Held by the driver already, and no call can give it back for the application:
+            // charged past the cap if need be, so later allocations are refused.
+            if !process.ledger.charge_held(device, bytes) {
+                crate::log_error!(
+                    "CUDA graph memory grew by {bytes} bytes past the slice's limit; charged in full, later allocations are refused until it is trimmed"
+                );
+            }
+        }
+    }
+}
+
+/// The limited device entry of CUDA device `ordinal`, `None` = not limited.
+fn limited(ordinal: CUdevice) -> Option<u8> {
+    match cuda_binding(shared()?, ordinal) {
+        Ok(Binding::Limited(device)) => Some(device),
+        _ => None,
+    }
+}
+
+/// Re-reads the graph pool of the current context's device, of `also`, and of every device
+/// read before (the book locked by the caller); true if any charge went down.
+fn reread_locked(process: &Process, book: &mut GraphBook, also: Option<CUdevice>) -> bool {
+    let mut ordinals: Vec<CUdevice> = book.known().into_iter().map(|(o, _)| o).collect();
+    for extra in [crate::devices::current_cuda_device(), also]
+        .into_iter()
+        .flatten()
+    {
+        if !ordinals.contains(&extra) {
+            ordinals.push(extra);
+        }
+    }
+    let mut shrank = false;
+    for ordinal in ordinals {
+        let Some(device) = limited(ordinal) else {
+            continue;
+        };
+        if let Some(reserved) = graph_reserved(ordinal) {
+            let settle = book.settle(ordinal, device, reserved);
+            shrank |= matches!(settle, Settle::Shrink { .. });
+            apply(process, settle);
+        }
+    }
+    shrank
+}
+
+/// Re-reads every graph pool this process may hold memory in; true if any charge went down.
+/// Before a refusal and for reports; nothing to do before the first instantiation.
+pub(super) fn reread_if_any(process: &Process) -> bool {
+    GRAPHS_SEEN.load(Ordering::Relaxed)
+        && reread_locked(process, &mut lock(&process.ledger.graphs), None)
+}
+
+/// After a successful call that can change graph memory: `exec` (if any) is settled now.
+fn after(exec: Option<u64>, also: Option<CUdevice>) {
+    let Some(process) = process() else { return };
+    let mut book = lock(&process.ledger.graphs);
+    if let Some(exec) = exec {
+        let (_, left) = book.settled(exec);
+        UNSETTLED.store(left, Ordering::Relaxed);
+    }
+    reread_locked(process, &mut book, also);
+}
+
+/// A graph was instantiated into `*exec`: it is unsettled until its upload or first launch.
+/// (With `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` the driver may reserve its memory right away:
+/// read now as well.)
+unsafe fn instantiated(result: CUresult, exec: *mut CUgraphExec) -> CUresult {
+    if result != CUDA_SUCCESS || exec.is_null() {
+        return result;
+    }
+    let Some(process) = process() else {
+        return result;
+    };
+    GRAPHS_SEEN.store(true, Ordering::Relaxed);
+    let mut book = lock(&process.ledger.graphs);
+    let unsettled = book.instantiated(*exec as u64);
+    UNSETTLED.store(unsettled, Ordering::Relaxed);
+    reread_locked(process, &mut book, None);
+    result
+}
+
+pub unsafe fn instantiate(
+    real: sig::cuGraphInstantiate_v2,
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    error_node: *mut CUgraphNode,
+    log: *mut c_char,
+    log_size: usize,
+) -> CUresult {
+    instantiated(real(exec, graph, error_node, log, log_size), exec)
+}
+
+pub unsafe fn instantiate_with_flags(
+    real: sig::cuGraphInstantiateWithFlags,
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    flags: u64,
+) -> CUresult {
+    instantiated(real(exec, graph, flags), exec)
+}
+
+pub unsafe fn instantiate_with_params(
+    real: sig::cuGraphInstantiateWithParams,
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    params: *mut c_void,
+) -> CUresult {
+    instantiated(real(exec, graph, params), exec)
+}
+
+/// `cuGraphUpload[_ptsz]`: the exec's memory is reserved now.
+pub unsafe fn upload(real: sig::cuGraphUpload, exec: CUgraphExec, stream: CUstream) -> CUresult {
+    let result = real(exec, stream);
+    if result == CUDA_SUCCESS {
+        after(Some(exec as u64), None);
+    }
+    result
+}
+
+/// After a successful `cuGraphLaunch[_ptsz]` (the launch path: one relaxed load unless an
+/// exec instantiated through the shim is still unsettled).
+#[inline]
+pub fn launched(exec: CUgraphExec) {
+    if UNSETTLED.load(Ordering::Relaxed) != 0 {
+        launched_slow(exec as u64);
+    }
+}
+
+#[cold]
+fn launched_slow(exec: u64) {
+    let Some(process) = process() else { return };
+    let mut book = lock(&process.ledger.graphs);
+    let (was_unsettled, left) = book.settled(exec);
+    UNSETTLED.store(left, Ordering::Relaxed);
+    if was_unsettled {
+        reread_locked(process, &mut book, None);
+    }
+}
+
+/// `cuGraphExecDestroy`: its memory stays in the graph pool (unused) until a trim; a driver
+/// that releases it at once shows it in the reading.
+pub unsafe fn exec_destroy(real: sig::cuGraphExecDestroy, exec: CUgraphExec) -> CUresult {
+    let result = real(exec);
+    if result == CUDA_SUCCESS {
+        after(Some(exec as u64), None);
+    }
+    result
+}
+
+/// `cuDeviceGraphMemTrim`: what no live exec uses goes back to the card.
+pub unsafe fn trim(real: sig::cuDeviceGraphMemTrim, device: CUdevice) -> CUresult {
+    let result = real(device);
+    if result == CUDA_SUCCESS {
+        after(None, Some(device));
+    }
+    result
+}
+
+/// Child side of fork: the parent's execs are not the child's (atomics only).
+pub(super) fn after_fork_in_child() {
+    UNSETTLED.store(0, Ordering::Relaxed);
+    GRAPHS_SEEN.store(false, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn readings_become_charges_and_refunds_per_device() {
+        let mut book = GraphBook::default();
+        assert_eq!(
+            book.settle(0, 3, 100 * MIB),
+            Settle::Grow {
+                device: 3,
+                bytes: 100 * MIB
+            }
+        );
+        assert_eq!(book.settle(0, 3, 100 * MIB), Settle::Unchanged);
+        assert_eq!(book.settle(1, 4, 0), Settle::Unchanged);
+        assert_eq!(book.known(), vec![(0, 3), (1, 4)]);
+        assert_eq!(
+            book.settle(0, 3, 40 * MIB),
+            Settle::Shrink {
+                device: 3,
+                bytes: 60 * MIB
+            }
+        );
+        assert_eq!(book.charged(0), 40 * MIB);
+        assert_eq!(book.charged(1), 0);
+    }
+
+    #[test]
+    fn an_exec_is_unsettled_from_instantiation_to_its_first_upload_launch_or_destroy() {
+        let mut book = GraphBook::default();
+        assert_eq!(book.instantiated(7), 1);
+        assert_eq!(book.instantiated(8), 2);
+        assert_eq!(book.settled(7), (true, 1));
+        assert_eq!(book.settled(7), (false, 1), "settled once");
+        assert_eq!(book.settled(9), (false, 1), "never seen");
+        assert_eq!(book.settled(8), (true, 0));
+    }
+}
