@@ -144,6 +144,10 @@ pub mod vmm {
     pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: i32 = 0;
     pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: i32 = 1;
     pub const CU_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
+    /// Host memory (12.2+): pools and allocations there never cost device memory.
+    pub const CU_MEM_LOCATION_TYPE_HOST: u32 = 2;
+    pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: u32 = 3;
+    pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: u32 = 4;
     pub const CU_MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
     pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: u32 = 3;
 }

@@ -223,6 +223,14 @@ hook_registry! {
         Cuda fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
             stream: CUstream) -> CUresult => mem::mem_alloc_from_pool_async;
         Cuda fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => mem::mem_pool_destroy;
+        // Which device a pool lives on (a pool allocation is charged there, see memory::pools).
+        Cuda fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult
+            => mem::mem_pool_create;
+        Cuda fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult
+            => mem::device_get_mem_pool;
+        Cuda fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult
+            => mem::device_get_mem_pool;
+        Cuda fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUresult => mem::device_set_mem_pool;
         Cuda fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult => mem::mem_pool_trim_to;
         Cuda fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize,
             prop: *const CUmemAllocationProp, flags: u64) -> CUresult => cuda::mem_create;
@@ -349,7 +357,10 @@ hook_registry! {
         Nvml fn nvmlDeviceGetHandleByUUID(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
         Nvml fn nvmlDeviceGetHandleByIndex_v2(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
         Cuda fn cuDeviceGetCount(*mut c_int) -> CUresult;
-        Cuda fn cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice) -> CUresult;
+        Cuda fn cuStreamGetCtx(CUstream, *mut CUcontext) -> CUresult;
+        Cuda fn cuCtxGetDevice_v2(*mut CUdevice, CUcontext) -> CUresult;
+        Cuda fn cuCtxPushCurrent_v2(CUcontext) -> CUresult;
+        Cuda fn cuCtxPopCurrent_v2(*mut CUcontext) -> CUresult;
         Cuda fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
         Cuda fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void) -> CUresult;
     }
@@ -544,6 +555,10 @@ mod tests {
             "cuMemAllocAsync_ptsz",
             "cuMemFreeAsync_ptsz",
             "cuMemAllocFromPoolAsync_ptsz",
+            "cuMemPoolCreate",
+            "cuDeviceGetDefaultMemPool",
+            "cuDeviceGetMemPool",
+            "cuDeviceSetMemPool",
             "cuMemCreate",
             "cuMipmappedArrayCreate",
             "cuCtxCreate_v4",

@@ -443,7 +443,7 @@ impl Driver {
                 call!(self, cuStreamSynchronize(null_stream))?
             }
             AllocPath::Pool => {
-                let props = pool_props(0);
+                let props = pool_props(crate::pool_device());
                 let mut pool: CUmemoryPool = std::ptr::null_mut();
                 call!(self, cuMemPoolCreate(&mut pool, &props))?;
                 a.handle = pool as u64;

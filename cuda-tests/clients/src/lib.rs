@@ -34,6 +34,18 @@ pub mod ffi {
     }
 }
 
+static POOL_DEVICE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// The device `AllocPath::Pool` creates its pools on (`props.location.id`), whatever device
+/// the current context is on: `--pool-device` of `alloc-until-oom`, 0 by default.
+pub fn pool_device() -> std::ffi::c_int {
+    POOL_DEVICE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub fn set_pool_device(device: std::ffi::c_int) {
+    POOL_DEVICE.store(device, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Why a driver call did not succeed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fail {

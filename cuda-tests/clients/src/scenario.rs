@@ -201,7 +201,7 @@ usage: <client> SCENARIO [ARGS]
   info
   meminfo
   alloc SIZE [--count N] [--path alloc|pitch|managed|async|pool|vmm|array|array3d|mipmap]
-  alloc-until-oom CHUNK [--path P] [--max N] [--before-init context]
+  alloc-until-oom CHUNK [--path P] [--max N] [--before-init context] [--pool-device N]
   caching-allocator
   hold SIZE [--path P]
   context-cycle SIZE [--path P] [--end release|reset|destroy] [--retains N] [--release-after N]
@@ -471,6 +471,11 @@ fn alloc_until_oom<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let chunk = args.size_at(0, "CHUNK")?;
     let path = args.alloc_path()?;
     let max: usize = args.get("max", 1_000_000)?;
+    // `--pool-device N`: `--path pool` creates its pools on device N while the context stays
+    // on device 0 (a pool "may be from a device different than that of the specified
+    // hStream").
+    let pool_device: i32 = args.get("pool-device", 0)?;
+    crate::set_pool_device(pool_device);
     // `--before-init context`: ask for device 0's context before cuInit, as a careless
     // program (or a library initialising itself early) may; the driver refuses it.
     let before_init = match args.options.get("before-init").map(String::as_str) {
@@ -506,6 +511,7 @@ fn alloc_until_oom<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         "free_results": tally(gpu, &frees),
         "mem_free_after": mem_free_now(gpu),
         "before_init": before_init,
+        "pool_device": pool_device,
     }))
 }
 

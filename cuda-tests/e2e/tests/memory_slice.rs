@@ -1050,3 +1050,51 @@ fn cuda_graph_memory_past_the_cap_is_charged_and_refuses_what_follows() {
     }
     assert_eq!(gpu.truth().used_memory(0), 0);
 }
+
+#[test]
+fn a_pool_of_another_device_is_charged_to_that_device() {
+    // cuMemAllocFromPoolAsync: "the pool may be from a device different than that of the
+    // specified hStream". The process's context is on device 0; its pools are on device 1.
+    // The shim used to charge the current context's device: with device 0 unlimited, device
+    // 1's cap did not hold at all; with both limited, device 0 paid for device 1's memory.
+    let gpu = FakeGpu::start("v100,v100");
+    for device0 in [None, Some("1GiB")] {
+        let mut builder = Slice::builder().device(1, "1GiB", None);
+        if let Some(limit) = device0 {
+            builder = builder.device(0, limit, None);
+        }
+        let slice = builder.build();
+        let env = slice.env(&gpu);
+        for kind in ClientKind::ALL {
+            gpu.truth().reset_peak_memory(1);
+            let args = [
+                "alloc-until-oom",
+                "100MiB",
+                "--path",
+                "pool",
+                "--pool-device",
+                "1",
+                "--max",
+                "40",
+            ];
+            let out = Client::run(kind, &args, &env);
+            let what = format!("{kind:?}, device 0 limit {device0:?}: {out}");
+            // No context on device 1: its whole 1 GiB is room for ten 100 MiB allocations.
+            assert_eq!(out["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{what}");
+            assert_eq!(out["count"], 10, "{what}");
+            let peak = gpu.truth().peak_memory(1);
+            assert!(
+                peak <= GIB,
+                "{what}: physical peak {peak} on device 1 passed its cap"
+            );
+            // Device 0's slice (reported for the current context) paid nothing for it.
+            if device0.is_some() {
+                assert_eq!(out["mem_free_at_oom"], GIB - CONTEXT, "{what}");
+            }
+            let frees = out["free_results"].as_object().unwrap();
+            assert_eq!(frees.keys().collect::<Vec<_>>(), ["CUDA_SUCCESS"], "{what}");
+        }
+        assert_eq!(gpu.truth().used_memory(1), 0);
+        assert_eq!(gpu.truth().used_memory(0), 0);
+    }
+}

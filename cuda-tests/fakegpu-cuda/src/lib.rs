@@ -664,6 +664,14 @@ cuda_api! {
         put(s, hp(cu().stream_create(flags, priority)?))
     }
     fn cuStreamDestroy_v2["cuStreamDestroy", 4000, Default](s: CUstream) { cu().stream_destroy(h(s)) }
+    fn cuStreamGetCtx["cuStreamGetCtx", 9020, Default](s: CUstream, pctx: *mut CUcontext) {
+        if pctx.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pctx, hp(cu().stream_ctx(h(s))?))
+    }
+    fn cuStreamGetCtx_ptsz["cuStreamGetCtx", 9020, Ptsz](s: CUstream, pctx: *mut CUcontext) {
+        if pctx.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(pctx, hp(cu().stream_ctx(h(s))?))
+    }
     fn cuStreamSynchronize["cuStreamSynchronize", 2000, Default](s: CUstream) { cu().stream_synchronize(h(s)) }
     fn cuStreamSynchronize_ptsz["cuStreamSynchronize", 7000, Ptsz](s: CUstream) { cu().stream_synchronize(h(s)) }
     fn cuStreamQuery["cuStreamQuery", 2000, Default](s: CUstream) { cu().stream_query(h(s)) }

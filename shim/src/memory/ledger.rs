@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use super::graphs::GraphBook;
 use super::objects::{Charged, ObjectKind, ObjectTable};
-use super::pools::{Freed, PoolBook, Settle};
+use super::pools::{Freed, PoolBook, PoolHomes, Settle};
 use super::vmm::VmmBook;
 
 /// The device's allocation granularity: every charge is a multiple of it.
@@ -135,6 +135,8 @@ pub struct Ledger<B> {
     pub vmm: Mutex<VmmBook>,
     /// Also serialises pool allocations with their reading (see `pools`).
     pub pools: Mutex<PoolBook>,
+    /// Which device each pool this process learned of lives on (see `pools::PoolHomes`).
+    pub pool_homes: Mutex<PoolHomes>,
     /// Primary contexts by device ordinal; also serialises context creation.
     pub primaries: Mutex<Vec<PrimaryContext>>,
     /// The devices' CUDA graph memory pools (see `graphs`).
@@ -156,6 +158,7 @@ impl<B: Budget> Ledger<B> {
             objects: ObjectTable::default(),
             vmm: Mutex::default(),
             pools: Mutex::default(),
+            pool_homes: Mutex::default(),
             primaries: Mutex::new(Vec::new()),
             graphs: Mutex::default(),
             objects_have_pools: AtomicBool::new(false),

@@ -27,6 +27,67 @@
 
 use std::collections::HashMap;
 
+use gpuslice_abi::cuda::vmm::{
+    CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST, CU_MEM_LOCATION_TYPE_HOST_NUMA,
+    CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT,
+};
+use gpuslice_abi::cuda::CUdevice;
+
+/// Where a pool's memory lives. "The pool may be from a device different than that of the
+/// specified hStream" (cuMemAllocFromPoolAsync): a pool allocation is charged to the pool's
+/// device, never to the current context's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolHome {
+    /// Device memory of this CUDA device ordinal.
+    Device(CUdevice),
+    /// Host memory (`CU_MEM_LOCATION_TYPE_HOST`, `_HOST_NUMA`, `_HOST_NUMA_CURRENT`): never
+    /// charged to a GPU.
+    Host,
+}
+
+/// The home a pool created with `props.location` = (`location_type`, `id`) has; `None` for a
+/// location type this shim does not know (the allocation's stream then decides).
+pub fn home_of(location_type: u32, id: i32) -> Option<PoolHome> {
+    match location_type {
+        CU_MEM_LOCATION_TYPE_DEVICE => Some(PoolHome::Device(id)),
+        CU_MEM_LOCATION_TYPE_HOST
+        | CU_MEM_LOCATION_TYPE_HOST_NUMA
+        | CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT => Some(PoolHome::Host),
+        _ => None,
+    }
+}
+
+/// Pool handle -> home, as learned from `cuMemPoolCreate` (its props) and from the calls
+/// that name a device's pools (`cuDeviceGetDefaultMemPool`, `cuDeviceGetMemPool`,
+/// `cuDeviceSetMemPool`). A destroyed pool is forgotten: its handle value may come back for
+/// another pool, whose own creation then says where it lives.
+#[derive(Debug, Default)]
+pub struct PoolHomes {
+    homes: HashMap<u64, PoolHome>,
+}
+
+impl PoolHomes {
+    /// `pool` lives at `home` (`None`: somewhere this shim cannot name; forget any old entry).
+    pub fn learned(&mut self, pool: u64, home: Option<PoolHome>) {
+        match home {
+            Some(home) if pool != 0 => {
+                self.homes.insert(pool, home);
+            }
+            _ => {
+                self.homes.remove(&pool);
+            }
+        }
+    }
+
+    pub fn forget(&mut self, pool: u64) {
+        self.homes.remove(&pool);
+    }
+
+    pub fn home(&self, pool: u64) -> Option<PoolHome> {
+        self.homes.get(&pool).copied()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PoolState {
     device: u8,
@@ -255,6 +316,38 @@ impl PoolBook {
 mod tests {
     use super::*;
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_pool_lives_on_the_device_its_props_name_and_host_pools_on_no_gpu() {
+        assert_eq!(home_of(1, 3), Some(PoolHome::Device(3)));
+        for host in [2, 3, 4] {
+            assert_eq!(home_of(host, 0), Some(PoolHome::Host), "type {host}");
+        }
+        assert_eq!(home_of(0, 0), None, "INVALID");
+        assert_eq!(home_of(0x7fff_ffff, 1), None, "MAX / unknown");
+    }
+
+    #[test]
+    fn pool_homes_are_learned_replaced_and_forgotten() {
+        let mut homes = PoolHomes::default();
+        assert_eq!(homes.home(7), None);
+        homes.learned(7, Some(PoolHome::Device(1)));
+        assert_eq!(homes.home(7), Some(PoolHome::Device(1)));
+        // A reused handle value: its creation says where the new pool lives.
+        homes.learned(7, Some(PoolHome::Host));
+        assert_eq!(homes.home(7), Some(PoolHome::Host));
+        homes.learned(7, None);
+        assert_eq!(
+            homes.home(7),
+            None,
+            "an unknown location forgets the old home"
+        );
+        homes.learned(0, Some(PoolHome::Device(0)));
+        assert_eq!(homes.home(0), None, "NULL is no pool");
+        homes.learned(9, Some(PoolHome::Device(0)));
+        homes.forget(9);
+        assert_eq!(homes.home(9), None);
+    }
 
     #[test]
     fn readings_become_charges_and_refunds() {

@@ -18,7 +18,7 @@ use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_T
 use super::host_pid::{self, ListedProcess};
 use super::ledger::{charge_size, lock, pitch_upper_bound, PrimaryContext, Settled};
 use super::objects::{Charged, ObjectKind};
-use super::pools::{cover, Cover, Freed, PoolBook, Settle};
+use super::pools::{cover, home_of, Cover, Freed, PoolBook, PoolHome, Settle};
 use super::{
     charge_or_refuse, cuda_binding, current_context, device_id, nvml_binding, process, shared,
     Binding, Process, Shared,
@@ -320,26 +320,124 @@ fn free_async_like(per_thread: bool) -> impl FnOnce(CUstream, CUdeviceptr) -> CU
     }
 }
 
+/// The limited device entry of CUDA device `ordinal`, `None` = pass-through.
+fn limited_device(ordinal: CUdevice) -> Option<u8> {
+    match cuda_binding(shared()?, ordinal) {
+        Ok(Binding::Limited(d)) => Some(d),
+        _ => None,
+    }
+}
+
+/// The device of a context: the current context's device, else `cuCtxGetDevice_v2` (CUDA
+/// 13), else the context pushed for an instant (`cuCtxGetDevice` names only the current one).
+fn context_device(ctx: CUcontext) -> Option<CUdevice> {
+    if ctx.is_null() || ctx as u64 == current_context() {
+        return crate::devices::current_cuda_device();
+    }
+    let mut device: CUdevice = 0;
+    if let Some(get) = real::cuCtxGetDevice_v2() {
+        // SAFETY: valid out-pointer; the driver validates the handle.
+        if unsafe { get(&mut device, ctx) } == CUDA_SUCCESS {
+            return Some(device);
+        }
+    }
+    let (push, pop) = (real::cuCtxPushCurrent_v2()?, real::cuCtxPopCurrent_v2()?);
+    // SAFETY: the driver validates the handle; on success the push is undone right below.
+    if unsafe { push(ctx) } != CUDA_SUCCESS {
+        return None;
+    }
+    let device = crate::devices::current_cuda_device();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; pops exactly what was pushed above on this thread.
+    unsafe { pop(&mut popped) };
+    device
+}
+
+/// The device `stream` runs on: its context's ("the current mempool of the provided stream's
+/// device", cuMemAllocAsync). The NULL, legacy and per-thread streams are the current
+/// context's. `None` when the driver cannot say (an invalid stream: the driver refuses it).
+fn stream_device(stream: CUstream) -> Option<CUdevice> {
+    if stream as usize <= gpuslice_abi::cuda::flags::CU_STREAM_PER_THREAD {
+        return crate::devices::current_cuda_device();
+    }
+    let Some(get_ctx) = real::cuStreamGetCtx() else {
+        return crate::devices::current_cuda_device();
+    };
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the driver validates the stream.
+    if unsafe { get_ctx(stream, &mut ctx) } != CUDA_SUCCESS {
+        return None;
+    }
+    context_device(ctx)
+}
+
+/// Records where `pool` lives (nothing outside a slice).
+fn learn_pool_home(pool: u64, home: Option<PoolHome>) {
+    if let Some(process) = process() {
+        lock(&process.ledger.pool_homes).learned(pool, home);
+    }
+}
+
+/// Where `pool` lives. A pool this process never saw created or named (taken before the shim
+/// bound it, say) is looked for among the devices' default and current pools; `None` when it
+/// is none of them (an imported pool): its stream's device stands in.
+fn pool_home(process: &Process, pool: u64) -> Option<PoolHome> {
+    if let Some(home) = lock(&process.ledger.pool_homes).home(pool) {
+        return Some(home);
+    }
+    let mut count: c_int = 0;
+    let counted = real::cuDeviceGetCount().map(|get| {
+        // SAFETY: valid out-pointer.
+        unsafe { get(&mut count) }
+    });
+    if counted != Some(CUDA_SUCCESS) {
+        return None;
+    }
+    let getters = [
+        real::cuDeviceGetDefaultMemPool(),
+        real::cuDeviceGetMemPool(),
+    ];
+    let mut homes = lock(&process.ledger.pool_homes);
+    for ordinal in 0..count {
+        for get in getters.iter().flatten() {
+            let mut found: CUmemoryPool = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; an ordinal below the driver's count.
+            if unsafe { get(&mut found, ordinal) } == CUDA_SUCCESS && !found.is_null() {
+                homes.learned(found as u64, Some(PoolHome::Device(ordinal)));
+            }
+        }
+    }
+    homes.home(pool)
+}
+
 pub unsafe fn mem_alloc_async(
     real: sig::cuMemAllocAsync,
     dptr: *mut CUdeviceptr,
     bytes: usize,
     stream: CUstream,
 ) -> CUresult {
-    let (Some(process), Some((ordinal, device))) = (process(), current_limited_device()) else {
+    let Some(process) = process() else {
+        return real(dptr, bytes, stream);
+    };
+    // The stream's device's current pool, whatever context is current.
+    let Some(ordinal) = stream_device(stream) else {
+        return real(dptr, bytes, stream);
+    };
+    let Some(device) = limited_device(ordinal) else {
         return real(dptr, bytes, stream);
     };
     let mut pool: CUmemoryPool = std::ptr::null_mut();
     let found = real::cuDeviceGetMemPool().map(|get| get(&mut pool, ordinal));
     if found != Some(CUDA_SUCCESS) || pool.is_null() {
-        // No pool to read: charge it like a plain allocation.
+        // No pool to read: charge it like a plain allocation on the stream's device.
         return super::allocate(
-            super::AllocTarget::CurrentContext,
+            super::AllocTarget::Device(ordinal),
             bytes as u64,
             || real(dptr, bytes, stream),
             || super::DeviceObject::Pointer(super::read_out(dptr)),
         );
     }
+    lock(&process.ledger.pool_homes).learned(pool as u64, Some(PoolHome::Device(ordinal)));
     let per_thread = real::cuMemAllocAsync_ptsz().is_some_and(|p| p as usize == real as usize);
     let free = free_async_like(per_thread);
     pool_alloc(
@@ -360,7 +458,16 @@ pub unsafe fn mem_alloc_from_pool_async(
     pool: CUmemoryPool,
     stream: CUstream,
 ) -> CUresult {
-    let (Some(process), Some((_, device))) = (process(), current_limited_device()) else {
+    let Some(process) = process() else {
+        return real(dptr, bytes, pool, stream);
+    };
+    // Charged to the pool's device, which may not be the stream's (nor the current one).
+    let ordinal = match pool_home(process, pool as u64) {
+        Some(PoolHome::Host) => return real(dptr, bytes, pool, stream),
+        Some(PoolHome::Device(ordinal)) => Some(ordinal),
+        None => stream_device(stream),
+    };
+    let Some(device) = ordinal.and_then(limited_device) else {
         return real(dptr, bytes, pool, stream);
     };
     let per_thread =
@@ -375,6 +482,46 @@ pub unsafe fn mem_alloc_from_pool_async(
         || real(dptr, bytes, pool, stream),
         |ptr| free(stream, ptr),
     )
+}
+
+/// cuMemPoolCreate: the pool lives where `props->location` says (a host pool on no GPU).
+pub unsafe fn mem_pool_create(
+    real: sig::cuMemPoolCreate,
+    pool: *mut CUmemoryPool,
+    props: *const CUmemPoolProps,
+) -> CUresult {
+    let result = real(pool, props);
+    if result == CUDA_SUCCESS && !pool.is_null() && !props.is_null() {
+        let location = (*props).location;
+        learn_pool_home(*pool as u64, home_of(location.type_, location.id));
+    }
+    result
+}
+
+/// cuDeviceGetDefaultMemPool / cuDeviceGetMemPool: the answer is a pool of `dev`.
+pub unsafe fn device_get_mem_pool(
+    real: sig::cuDeviceGetMemPool,
+    pool: *mut CUmemoryPool,
+    dev: CUdevice,
+) -> CUresult {
+    let result = real(pool, dev);
+    if result == CUDA_SUCCESS && !pool.is_null() {
+        learn_pool_home(*pool as u64, Some(PoolHome::Device(dev)));
+    }
+    result
+}
+
+/// cuDeviceSetMemPool: the driver accepts only a pool of `dev`.
+pub unsafe fn device_set_mem_pool(
+    real: sig::cuDeviceSetMemPool,
+    dev: CUdevice,
+    pool: CUmemoryPool,
+) -> CUresult {
+    let result = real(dev, pool);
+    if result == CUDA_SUCCESS {
+        learn_pool_home(pool as u64, Some(PoolHome::Device(dev)));
+    }
+    result
 }
 
 /// cuMemPoolDestroy: the pool is read one last time before (its handle names nothing after);
@@ -393,6 +540,7 @@ pub unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) 
         let settle = book.destroyed(pool as u64);
         drop(book);
         apply(process, settle);
+        lock(&process.ledger.pool_homes).forget(pool as u64);
     }
     result
 }

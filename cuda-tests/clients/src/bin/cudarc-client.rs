@@ -232,7 +232,7 @@ impl Gpu for Cudarc {
                     cu(result::stream::synchronize(null))?;
                 }
                 AllocPath::Pool => {
-                    let props = cuda_clients::driver::pool_props(0);
+                    let props = cuda_clients::driver::pool_props(cuda_clients::pool_device());
                     let pool = cu(result::mem_pool::create(
                         (&props as *const abi::CUmemPoolProps).cast(),
                     ))?;

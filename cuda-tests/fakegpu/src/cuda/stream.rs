@@ -69,6 +69,12 @@ impl Cuda {
         Ok(self.stream_info(stream)?.cur)
     }
 
+    /// `cuStreamGetCtx`: the context a stream belongs to (the current one for the NULL,
+    /// legacy and per-thread default streams).
+    pub fn stream_ctx(&self, stream: u64) -> R<u64> {
+        Ok(self.stream_info(stream)?.cur.ctx)
+    }
+
     pub fn stream_create(&self, flags: u32, priority: i32) -> R<u64> {
         let cur = self.current()?;
         if flags > 1 {
