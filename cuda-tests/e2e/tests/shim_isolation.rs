@@ -127,8 +127,20 @@ fn client(args: &[&str], shim: Shim, extra: &[(&str, String)]) -> Run {
     run
 }
 
+/// Writes `text` as the limit file and points GPUSLICE_CONFIG at it. A valid file gets a
+/// region of its own in `dir` unless it names one: tests run concurrently, and on the default
+/// /tmp region they would share one ledger entry for the mini driver's device (one test's
+/// 1 GiB cap stays while its processes live and would bind another's 4 GiB slice).
 fn limit_file(dir: &TempDir, text: &str) -> Vec<(&'static str, String)> {
     let path = dir.path().join("limits.json");
+    let text = match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(mut file)) if !file.contains_key("region") => {
+            let region = dir.path().join("slice.region");
+            file.insert("region".into(), region.display().to_string().into());
+            serde_json::Value::Object(file).to_string()
+        }
+        _ => text.to_string(),
+    };
     std::fs::write(&path, text).unwrap();
     vec![("GPUSLICE_CONFIG", path.display().to_string())]
 }
