@@ -196,6 +196,23 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
     lead(device, state);
 }
 
+/// Pure: the slice's busy ns from the per-PID figures, and whether the rest of the device
+/// (the neighbours) is known. While some process of the slice is unresolved its busy time
+/// cannot be told from a neighbour's: the slice is charged the whole device (errs towards the
+/// cap) and the neighbours are unknown, so `burst` never takes them for idle (which would
+/// switch throttling off for as long as discovery fails).
+pub fn split_busy(per_pid: &[(u32, u64)], slice_pids: &[u32], unresolved: bool) -> (u64, bool) {
+    if unresolved {
+        return (per_pid.iter().map(|(_, b)| b).sum(), false);
+    }
+    let slice = per_pid
+        .iter()
+        .filter(|(pid, _)| slice_pids.contains(pid))
+        .map(|(_, b)| b)
+        .sum();
+    (slice, true)
+}
+
 fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
     let words = device.words;
     if state.handle.is_none() {
@@ -238,17 +255,9 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
     if state.ticks % 10 == 1 {
         state.slice_pids = super::region_host_pids();
     }
-    let slice_busy = if unresolved {
-        device_busy
-    } else {
-        let mut pids = device.pid_table().pids();
-        pids.extend_from_slice(&state.slice_pids);
-        busy.per_pid
-            .iter()
-            .filter(|(pid, _)| pids.contains(pid))
-            .map(|(_, b)| b)
-            .sum()
-    };
+    let mut pids = device.pid_table().pids();
+    pids.extend_from_slice(&state.slice_pids);
+    let (slice_busy, neighbours_known) = split_busy(&busy.per_pid, &pids, unresolved);
     let cost_word = words[W_COST].load(Ordering::Relaxed);
     let controller = state.controller.get_or_insert_with(|| {
         Controller::resume(
@@ -261,7 +270,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
         share: device.share,
         span_ns: busy.span_ns,
         slice_busy_ns: Some(slice_busy),
-        device_busy_ns: Some(device_busy),
+        device_busy_ns: neighbours_known.then_some(device_busy),
         launches,
         launches_total,
         waited,
@@ -304,6 +313,38 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::throttle::controller::Tick;
+    use gpuslice_common::config::ComputePolicy;
+
+    #[test]
+    fn an_unresolved_slice_is_charged_the_device_and_burst_never_bypasses() {
+        let per_pid = [(100_005, 10_000_000), (7, 1_000_000)];
+        assert_eq!(split_busy(&per_pid, &[100_005], false), (10_000_000, true));
+        assert_eq!(split_busy(&per_pid, &[100_005], true), (11_000_000, false));
+        // Before the fix the leader passed the device figure as both: neighbours = 0, and
+        // burst bypassed the bucket for as long as discovery failed.
+        let (slice, known) = split_busy(&per_pid, &[], true);
+        let device: u64 = per_pid.iter().map(|(_, b)| b).sum();
+        let mut ctl = Controller::default();
+        for _ in 0..20 {
+            let out = ctl.step(
+                &Tick {
+                    share: 0.3,
+                    span_ns: TICK_NS,
+                    slice_busy_ns: Some(slice),
+                    device_busy_ns: known.then_some(device),
+                    launches: 10,
+                    launches_total: 10,
+                    waited: true,
+                },
+                ComputePolicy::Burst,
+            );
+            assert!(
+                !out.bypass,
+                "burst with an unresolved slice keeps the bucket"
+            );
+        }
+    }
 
     #[test]
     fn the_lease_is_kept_by_its_holder_and_taken_over_only_when_expired() {
