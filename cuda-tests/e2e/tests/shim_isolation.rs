@@ -275,7 +275,14 @@ fn devices_match_by_uuid_before_index_and_hami_env_works() {
     assert_eq!(run.bytes("linked init", "total"), 3 * GIB);
     assert_eq!(run.bytes("linked nvml", "total"), 3 * GIB);
 
-    let hami = [("CUDA_DEVICE_MEMORY_LIMIT", "2048m".to_string())];
+    // HAMi's region variable too: the default /tmp region is shared with concurrent tests.
+    let hami = [
+        ("CUDA_DEVICE_MEMORY_LIMIT", "2048m".to_string()),
+        (
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+            dir.path().join("hami.region").display().to_string(),
+        ),
+    ];
     let run = client(&["dlopen"], Shim::With, &hami);
     assert_eq!(run.bytes("dlopen init", "total"), 2 * GIB);
     assert_eq!(run.bytes("dlopen nvml", "total"), 2 * GIB);
