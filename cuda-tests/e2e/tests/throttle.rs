@@ -377,6 +377,52 @@ fn two_containers_at_30_and_70_split_the_device_3_to_7() {
     );
 }
 
+/// Stricter wins in the region, and the throttle follows it: a leader started at 50 % steers
+/// at 25 % once a process with a tighter file joins, and a process of the slice whose own file
+/// sets no share (memory only) is throttled by the share the region holds.
+#[test]
+fn the_region_share_binds_every_process_of_the_slice() {
+    let gpu = FakeGpu::start("v100");
+    let first = Slice::builder().device(0, "8GiB", Some(50)).build();
+    let region = first.region_path().display().to_string();
+    let joining = |devices: &str| {
+        Slice::builder()
+            .raw(&format!(
+                r#"{{"version":1,"region":"{region}","policy":"cap","devices":[{devices}]}}"#
+            ))
+            .build()
+    };
+    let tighter = joining(r#"{"index":0,"memory":"8GiB","compute":25}"#);
+    let memory_only = joining(r#"{"index":0,"memory":"8GiB"}"#);
+    let (a, _) = start_awaited(
+        &gpu,
+        ClientKind::Linked,
+        launch_args(MS1, "kernel", RUN_S + 1.0),
+        first.env(&gpu),
+    );
+    let (b, _) = start_awaited(
+        &gpu,
+        ClientKind::Cudarc,
+        launch_args(MS1, "kernel", RUN_S + 0.5),
+        tighter.env(&gpu),
+    );
+    let (c, _) = start_awaited(
+        &gpu,
+        ClientKind::ProcAddr,
+        launch_args(MS1, "kernel", RUN_S),
+        memory_only.env(&gpu),
+    );
+    let t0 = now();
+    until(t0 + SETTLE_NS + WINDOW_NS);
+    let used = busy_percent(&gpu, None, t0 + SETTLE_NS, WINDOW_NS);
+    finish(vec![a, b, c]);
+    eprintln!("50 % then 25 % then memory only: {used:.1}% of the device");
+    assert!(
+        (used - 25.0).abs() <= TOLERANCE,
+        "the whole slice runs at the region's 25 %: {used:.1}%"
+    );
+}
+
 #[test]
 fn burst_uses_an_idle_device_and_gives_it_back_within_200_ms() {
     let gpu = FakeGpu::start("v100");

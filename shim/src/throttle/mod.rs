@@ -24,7 +24,7 @@ pub mod controller;
 pub mod measure;
 pub mod watcher;
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::CUdevice;
@@ -70,8 +70,12 @@ static REGION_FAILED: AtomicBool = AtomicBool::new(false);
 pub struct DeviceThrottle {
     pub ordinal: CUdevice,
     pub uuid: String,
-    /// 0 < share < 1.
-    pub share: f64,
+    /// The share this process's own configuration asks for (1..=99; `None` = none: the
+    /// process is throttled only because its region entry holds a share).
+    pub configured_percent: Option<u32>,
+    /// The share in force (1..=99): the stricter of the configured one and the region
+    /// entry's (stricter-wins rule, `common/src/region/mod.rs`), refreshed every tick.
+    pub percent: AtomicU32,
     pub policy: ComputePolicy,
     /// The slice-wide words (in the region, or process-local when there is none).
     pub words: &'static [AtomicU64; THROTTLE_WORDS],
@@ -96,12 +100,26 @@ impl DeviceThrottle {
         PidTable::new(&self.words[W_PIDS..])
     }
 
+    /// The share in force, 0 < share < 1.
+    pub fn share(&self) -> f64 {
+        f64::from(self.percent.load(Ordering::Relaxed).clamp(1, 99)) / 100.0
+    }
+
     /// The refill setting in force (the share itself until a leader has written one).
     pub fn inv_rate(&self) -> u64 {
         match self.words[W_INV_RATE].load(Ordering::Relaxed) {
-            0 => bucket::inv_rate_fixed(self.share),
+            0 => bucket::inv_rate_fixed(self.share()),
             inv => inv,
         }
+    }
+
+    /// Re-reads the share in force from the region entry (a process that joined with a
+    /// tighter limit file tightened it for everyone); returns the new percent when it changed.
+    pub fn refresh_share(&self) -> Option<u32> {
+        let region = self.region_entry.map(|(r, id)| r.compute_percent(id));
+        let wanted = effective_percent(self.configured_percent, region.flatten())?;
+        let old = self.percent.swap(wanted, Ordering::Relaxed);
+        (old != wanted).then_some(wanted)
     }
 }
 
@@ -177,10 +195,15 @@ fn current_ordinal() -> Option<CUdevice> {
     }
 }
 
-/// Whether any device of this process's configuration has a share to enforce.
+/// Whether any device of this process's configuration has a share to enforce, or may have
+/// one through the slice's region (a process attached to it by the memory ledger follows the
+/// share another process's limit file put there: stricter wins).
 #[cold]
 fn activate() -> bool {
-    let on = crate::state::slice_config().is_some_and(config_throttles);
+    let on = crate::state::slice_config().is_some_and(|config| {
+        config_throttles(config)
+            || (config.policy != ComputePolicy::Off && crate::memory::region().is_some())
+    });
     let _ = ACTIVE.compare_exchange(
         UNINIT,
         if on { ON } else { OFF },
@@ -188,6 +211,16 @@ fn activate() -> bool {
         Ordering::Relaxed,
     );
     on
+}
+
+/// Pure: the share in force from the configured one and the region entry's (1..=99 each,
+/// `None` = none): the stricter; `None` = no share at all.
+pub fn effective_percent(configured: Option<u32>, region: Option<u32>) -> Option<u32> {
+    let valid = |p: Option<u32>| p.filter(|p| (1..=99).contains(p));
+    match (valid(configured), valid(region)) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Pure: whether `config` asks for any compute throttling.
@@ -244,16 +277,41 @@ fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottl
     }
     let uuid = crate::devices::cuda_device_uuid(ordinal);
     let limit = config.limit_for(ordinal as u32, &uuid)?;
-    let percent = limit.compute_percent.filter(|p| (1..=99).contains(p))?;
-    let (words, region_entry) = shared_words(config, &uuid, limit.memory_limit, percent);
-    crate::log_info!(
-        "compute share {percent}% ({}) on device {ordinal} {uuid}",
-        config.policy
-    );
+    let configured = limit.compute_percent.filter(|p| (1..=99).contains(p));
+    let (words, region_entry) = match configured {
+        Some(percent) => shared_words(config, &uuid, limit.memory_limit, percent),
+        // No share of our own: throttled only if the region the memory ledger attached us
+        // to holds one for this device.
+        None => {
+            let (region, _) = crate::memory::region()?;
+            let id = region
+                .snapshot()
+                .devices
+                .iter()
+                .find(|d| d.uuid.eq_ignore_ascii_case(&uuid))?
+                .id;
+            (region.throttle_words(id), Some((region, id)))
+        }
+    };
+    let region_percent = region_entry.and_then(|(r, id)| r.compute_percent(id));
+    let percent = effective_percent(configured, region_percent)?;
+    if configured == Some(percent) {
+        crate::log_info!(
+            "compute share {percent}% ({}) on device {ordinal} {uuid}",
+            config.policy
+        );
+    } else {
+        crate::log_info!(
+            "compute share {percent}% ({}) on device {ordinal} {uuid}: the slice's region holds it (configured: {})",
+            config.policy,
+            configured.map_or("none".to_string(), |p| format!("{p}%"))
+        );
+    }
     Some(DeviceThrottle {
         ordinal,
         uuid,
-        share: f64::from(percent) / 100.0,
+        configured_percent: configured,
+        percent: AtomicU32::new(percent),
         policy: config.policy,
         words,
         region_entry,
@@ -482,5 +540,59 @@ mod tests {
         assert!(!config_throttles(&config(ComputePolicy::Cap, Some(100))));
         assert!(!config_throttles(&config(ComputePolicy::Cap, None)));
         assert!(!config_throttles(&config(ComputePolicy::Off, Some(25))));
+    }
+
+    #[test]
+    fn the_stricter_of_the_configured_and_the_region_share_is_in_force() {
+        assert_eq!(effective_percent(Some(50), Some(25)), Some(25));
+        assert_eq!(effective_percent(Some(25), Some(50)), Some(25));
+        assert_eq!(
+            effective_percent(None, Some(25)),
+            Some(25),
+            "no share of its own"
+        );
+        assert_eq!(effective_percent(Some(40), None), Some(40));
+        assert_eq!(effective_percent(Some(100), Some(30)), Some(30));
+        assert_eq!(effective_percent(None, None), None);
+    }
+
+    /// A leader at 50 % follows the region entry when another process tightens it to 25 %.
+    #[test]
+    fn a_tightened_region_entry_is_picked_up_at_the_next_refresh() {
+        let dir = std::env::temp_dir().join(format!("gpuslice-share-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("region");
+        let _ = std::fs::remove_file(&path);
+        let region: &'static Region = Box::leak(Box::new(Region::open_or_create(&path).unwrap()));
+        let limits = |p| DeviceLimits {
+            uuid: "GPU-SHARE".into(),
+            memory_limit: None,
+            compute_percent: Some(p),
+        };
+        let id = region.bind_devices(&[limits(50)]).unwrap().ids[0];
+        let device = DeviceThrottle {
+            ordinal: 0,
+            uuid: "GPU-SHARE".into(),
+            configured_percent: Some(50),
+            percent: AtomicU32::new(50),
+            policy: ComputePolicy::Cap,
+            words: region.throttle_words(id),
+            region_entry: Some((region, id)),
+            credit: Credit::new(),
+            cost: AtomicU64::new(0),
+            bypass: AtomicBool::new(false),
+            launches: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            sleeping: AtomicU64::new(0),
+            unresolved: AtomicBool::new(false),
+        };
+        assert_eq!(device.refresh_share(), None);
+        assert_eq!(device.inv_rate(), bucket::inv_rate_fixed(0.5));
+        // Another process of the slice binds a tighter file (stricter wins in the entry).
+        region.bind_devices(&[limits(25)]).unwrap();
+        assert_eq!(device.refresh_share(), Some(25));
+        assert_eq!(device.share(), 0.25);
+        assert_eq!(device.inv_rate(), bucket::inv_rate_fixed(0.25));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -160,6 +160,12 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
             Ordering::Relaxed,
         );
     }
+    if let Some(percent) = device.refresh_share() {
+        crate::log_info!(
+            "compute share on device {} now {percent}% (the slice's region entry)",
+            device.ordinal
+        );
+    }
     let cost = words[W_COST].load(Ordering::Relaxed) & !COST_LEARNED;
     device.cost.store(
         if cost == 0 {
@@ -267,7 +273,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
         )
     });
     let tick = Tick {
-        share: device.share,
+        share: device.share(),
         span_ns: busy.span_ns,
         slice_busy_ns: Some(slice_busy),
         device_busy_ns: neighbours_known.then_some(device_busy),
@@ -302,7 +308,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
         "device {}: U={:.3} S={:.2} D={:.3} launches={launches} waited={waited} c={:.3} cost={}ns bypass={}",
         device.ordinal,
         slice_busy as f64 / busy.span_ns as f64,
-        device.share,
+        device.share(),
         device_busy as f64 / busy.span_ns as f64,
         controller.log_c.exp(),
         out.cost_ns,
