@@ -65,6 +65,18 @@ pub fn reserve(vtime: &AtomicU64, now: u64, gpu: u64, inv_rate: u64, tolerance: 
     }
 }
 
+/// Puts the word back to `now` when it lies more than `max_lead` ahead of it: no share and
+/// cost the throttle uses promises that much refill, so the word is from another clock (the
+/// region file outlived a reboot, and CLOCK_MONOTONIC restarted) or corrupt. Without this
+/// every launch of the slice would sleep until the old clock's instant. `true` = repaired.
+pub fn repair_lead(vtime: &AtomicU64, now: u64, max_lead: u64) -> bool {
+    let current = vtime.load(Ordering::Relaxed);
+    current > now.saturating_add(max_lead)
+        && vtime
+            .compare_exchange(current, now, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+}
+
 /// Charges (`gpu > 0`) or refunds (`gpu < 0`) tokens on the shared word after the fact: the
 /// launches they concern were debited at a cost estimate that has since changed. A charge
 /// starts from `now - tolerance` at the earliest (an idle bucket's refill pays first); a
@@ -271,6 +283,19 @@ mod tests {
         assert_eq!(vtime.load(Ordering::Relaxed), now - 2 * MS);
         adjust(&vtime, now, -(100 * MS as i64), inv, 10 * MS);
         assert_eq!(vtime.load(Ordering::Relaxed), now - 10 * MS);
+    }
+
+    #[test]
+    fn a_lead_beyond_the_plausible_is_put_back_to_now_and_a_normal_one_is_kept() {
+        let now = 5_000 * MS;
+        let vtime = AtomicU64::new(now + 59_000 * MS);
+        assert!(!repair_lead(&vtime, now, 60_000 * MS));
+        assert_eq!(vtime.load(Ordering::Relaxed), now + 59_000 * MS);
+        // A region written before a reboot: the old clock's instant, days ahead of now.
+        let vtime = AtomicU64::new(now + 3 * 86_400_000 * MS);
+        assert!(repair_lead(&vtime, now, 60_000 * MS));
+        assert_eq!(vtime.load(Ordering::Relaxed), now);
+        assert!(reserve(&vtime, now, MS, inv_rate_fixed(0.5), 0) <= now);
     }
 
     #[test]

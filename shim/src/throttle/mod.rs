@@ -49,8 +49,11 @@ pub const W_PIDS: usize = 9;
 pub const TOLERANCE_NS: u64 = 30_000_000;
 /// Refill a process takes from the shared bucket at a time (wall time of refill).
 pub const CHUNK_WALL_NS: u64 = 2_000_000;
-/// Longest single sleep (guards against a corrupted bucket word).
+/// Longest single sleep; a launch sleeps again until its reservation is due.
 pub const MAX_WAIT_NS: u64 = 2_000_000_000;
+/// A bucket word further ahead of now than this is from another clock (the region file
+/// outlived a reboot) or corrupt, and is put back to now (`bucket::repair_lead`).
+pub const MAX_LEAD_NS: u64 = 60_000_000_000;
 
 const UNINIT: u8 = 0;
 const OFF: u8 = 1;
@@ -164,11 +167,21 @@ fn wait_for_tokens(device: &DeviceThrottle) {
     let chunk = bucket::gpu_ns(CHUNK_WALL_NS, inv_rate).max(1);
     let amount = device.credit.refill_amount(chunk);
     let now = now_ns();
+    bucket::repair_lead(&device.words[W_VTIME], now, MAX_LEAD_NS);
     let start = bucket::reserve(&device.words[W_VTIME], now, amount, inv_rate, TOLERANCE_NS);
     if start > now {
         device.waits.fetch_add(1, Ordering::Relaxed);
         device.sleeping.fetch_add(1, Ordering::Relaxed);
-        sleep_until(start.min(now + MAX_WAIT_NS));
+        // Until the reservation is due (crediting it earlier let long kernels at a small
+        // share run past it), but never past the plausible lead.
+        let due = start.min(now.saturating_add(MAX_LEAD_NS));
+        loop {
+            let t = now_ns();
+            if t >= due {
+                break;
+            }
+            sleep_until(due.min(t + MAX_WAIT_NS));
+        }
         device.sleeping.fetch_sub(1, Ordering::Relaxed);
     }
     device.credit.add(amount);

@@ -130,10 +130,13 @@ fn now_ms() -> u32 {
 }
 
 /// Pure: the lease word after `token` tries to lead at `now_ms` (`None` = someone else leads).
+/// A lease is held only while its expiry lies within `LEASE_MS` ahead of now (wrapping
+/// arithmetic): one further ahead was written against another clock (the region file
+/// outlived a reboot) and counts as expired.
 pub fn lease_step(current: u64, token: u32, now_ms: u32) -> Option<u64> {
     let holder = (current >> 32) as u32;
-    let expiry = current as u32;
-    let expired = current == 0 || (now_ms.wrapping_sub(expiry) as i32) >= 0;
+    let remaining = (current as u32).wrapping_sub(now_ms);
+    let expired = current == 0 || remaining == 0 || remaining > LEASE_MS;
     (holder == token || expired)
         .then_some((u64::from(token) << 32) | u64::from(now_ms.wrapping_add(LEASE_MS)))
 }
@@ -363,5 +366,9 @@ mod tests {
         let near_wrap = lease_step(0, 7, u32::MAX - 10).unwrap();
         assert!(lease_step(near_wrap, 9, 5).is_none());
         assert!(lease_step(near_wrap, 9, LEASE_MS).is_some());
+        // A lease from before a reboot: its expiry lies far ahead of the restarted clock.
+        let stale = (9u64 << 32) | u64::from(1_000_020_000u32);
+        assert!(lease_step(stale, 7, 20_000).is_some(), "implausible expiry");
+        assert!(lease_step(stale, 7, 1_000_020_000 - LEASE_MS).is_none());
     }
 }
