@@ -58,6 +58,8 @@ struct LeaderState {
     resolve_attempts: u32,
     slice_pids: Vec<u32>,
     ticks: u64,
+    /// Ticks left during which this process does not stand for leader (it could not measure).
+    stand_down: u32,
     /// The controller while this process leads (resumed from the shared words on election).
     controller: Option<Controller>,
 }
@@ -184,6 +186,12 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
     );
 
     let current = words[W_LEADER].load(Ordering::Acquire);
+    if state.stand_down > 0 {
+        state.stand_down -= 1;
+        state.leading = false;
+        state.controller = None;
+        return;
+    }
     let leading = match lease_step(current, token, now_ms()) {
         Some(next) => words[W_LEADER]
             .compare_exchange(current, next, Ordering::AcqRel, Ordering::Relaxed)
@@ -202,8 +210,23 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
         state.last_launches = words[W_LAUNCHES].load(Ordering::Relaxed);
         state.last_waits = words[W_WAITS].load(Ordering::Relaxed);
     }
-    lead(device, state);
+    if !lead(device, state) {
+        // Cannot measure: no bypass without a measurement, and the lease goes back so a
+        // process that can measure may lead (this one stands down for a second).
+        words[W_BYPASS].store(0, Ordering::Relaxed);
+        device.bypass.store(false, Ordering::Relaxed);
+        let held = words[W_LEADER].load(Ordering::Acquire);
+        if (held >> 32) as u32 == token {
+            let _ = words[W_LEADER].compare_exchange(held, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+        state.leading = false;
+        state.controller = None;
+        state.stand_down = STAND_DOWN_TICKS;
+    }
 }
+
+/// Ticks a leader that could not measure leaves the election to others.
+pub const STAND_DOWN_TICKS: u32 = 20;
 
 /// Pure: the slice's busy ns from the per-PID figures, and whether the rest of the device
 /// (the neighbours) is known. While some process of the slice is unresolved its busy time
@@ -222,7 +245,8 @@ pub fn split_busy(per_pid: &[(u32, u64)], slice_pids: &[u32], unresolved: bool) 
     (slice, true)
 }
 
-fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
+/// One leader tick; `false` = NVML could not measure.
+fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     let words = device.words;
     if state.handle.is_none() {
         state.handle = measure::device_handle(&device.uuid, device.ordinal as u32);
@@ -238,7 +262,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
                 device.ordinal
             );
         }
-        return;
+        return false;
     };
     let first = state.last_seen_us == 0;
     if busy.newest_us > state.last_seen_us {
@@ -253,7 +277,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
             state.last_launches = launches_total;
             state.last_waits = waits_total;
         }
-        return;
+        return true;
     }
     state.last_launches = launches_total;
     state.last_waits = waits_total;
@@ -317,6 +341,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) {
         out.cost_ns,
         out.bypass
     );
+    true
 }
 
 #[cfg(test)]
@@ -324,6 +349,7 @@ mod tests {
     use super::*;
     use crate::throttle::controller::Tick;
     use gpuslice_common::config::ComputePolicy;
+    use std::sync::atomic::AtomicU64;
 
     #[test]
     fn an_unresolved_slice_is_charged_the_device_and_burst_never_bypasses() {
@@ -352,6 +378,47 @@ mod tests {
                 !out.bypass,
                 "burst with an unresolved slice keeps the bucket"
             );
+        }
+    }
+
+    #[test]
+    fn a_leader_that_cannot_measure_clears_the_bypass_and_hands_the_lease_back() {
+        // No real NVML in the unit tests: `lead` cannot measure.
+        let words: &'static [AtomicU64; gpuslice_common::region::THROTTLE_WORDS] = Box::leak(
+            Box::new([const { AtomicU64::new(0) }; gpuslice_common::region::THROTTLE_WORDS]),
+        );
+        words[W_BYPASS].store(1, Ordering::Relaxed);
+        let device = crate::throttle::DeviceThrottle {
+            ordinal: 0,
+            uuid: String::new(),
+            configured_percent: Some(30),
+            percent: std::sync::atomic::AtomicU32::new(30),
+            policy: ComputePolicy::Burst,
+            words,
+            region_entry: None,
+            credit: crate::throttle::bucket::Credit::new(),
+            cost: AtomicU64::new(0),
+            bypass: AtomicBool::new(true),
+            launches: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            sleeping: AtomicU64::new(0),
+            unresolved: AtomicBool::new(false),
+        };
+        let mut state = LeaderState::default();
+        tick(&device, &mut state, 7);
+        assert_eq!(words[W_BYPASS].load(Ordering::Relaxed), 0, "bypass cleared");
+        assert!(!device.bypass.load(Ordering::Relaxed));
+        assert_eq!(
+            words[W_LEADER].load(Ordering::Relaxed),
+            0,
+            "lease handed back"
+        );
+        // It stands down: another process (token 9) takes the lease and keeps it.
+        for _ in 0..STAND_DOWN_TICKS {
+            let current = words[W_LEADER].load(Ordering::Relaxed);
+            words[W_LEADER].store(lease_step(current, 9, now_ms()).unwrap(), Ordering::Relaxed);
+            tick(&device, &mut state, 7);
+            assert_eq!(words[W_LEADER].load(Ordering::Relaxed) >> 32, 9);
         }
     }
 
