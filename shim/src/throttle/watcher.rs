@@ -128,7 +128,21 @@ fn process_token() -> u32 {
 }
 
 fn now_ms() -> u32 {
-    (now_ns() / 1_000_000) as u32
+    now_ms_u64() as u32
+}
+
+fn now_ms_u64() -> u64 {
+    now_ns() / 1_000_000
+}
+
+/// How long a process still unresolved keeps the slice steering on the whole device.
+const UNRESOLVED_HOLD_MS: u64 = 4 * LEASE_MS as u64;
+
+/// Pure: whether the W_UNRESOLVED_UNTIL word (milliseconds of CLOCK_MONOTONIC) still holds
+/// at `now_ms`. A value further ahead than any process could have written was written
+/// against another clock (the region file outlived a reboot) and no longer holds.
+pub fn unresolved_holds(until_ms: u64, now_ms: u64) -> bool {
+    until_ms > now_ms && until_ms - now_ms <= UNRESOLVED_HOLD_MS
 }
 
 /// Pure: the lease word after `token` tries to lead at `now_ms` (`None` = someone else leads).
@@ -160,10 +174,8 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
     if device.unresolved.load(Ordering::Relaxed) {
         // Until this process is found in NVML's list, the leader measures the whole device
         // (over-counts neighbours: errs on the side of the cap).
-        words[W_UNRESOLVED_UNTIL].fetch_max(
-            u64::from(now_ms()) + 4 * u64::from(LEASE_MS),
-            Ordering::Relaxed,
-        );
+        // A store, not a max: a stale value from before a reboot must not outlive us.
+        words[W_UNRESOLVED_UNTIL].store(now_ms_u64() + UNRESOLVED_HOLD_MS, Ordering::Relaxed);
     }
     if let Some(percent) = device.refresh_share() {
         crate::log_info!(
@@ -258,7 +270,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
         if !state.warned_no_nvml {
             state.warned_no_nvml = true;
             crate::log_error!(
-                "NVML cannot report utilisation on device {}: the compute share is enforced from the launch accounting alone (no feedback)",
+                "NVML cannot report utilisation on device {}: the compute share cannot be measured; launches are billed at an estimated GPU time per kernel (1 ms until measured), so the achieved share depends on kernel length",
                 device.ordinal
             );
         }
@@ -283,7 +295,10 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     state.last_waits = waits_total;
 
     let device_busy: u64 = busy.per_pid.iter().map(|(_, b)| b).sum();
-    let unresolved = words[W_UNRESOLVED_UNTIL].load(Ordering::Relaxed) > u64::from(now_ms());
+    let unresolved = unresolved_holds(
+        words[W_UNRESOLVED_UNTIL].load(Ordering::Relaxed),
+        now_ms_u64(),
+    );
     state.ticks += 1;
     if state.ticks % 10 == 1 {
         state.slice_pids = super::region_host_pids();
@@ -346,6 +361,20 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_unresolved_mark_holds_for_its_hold_and_a_stale_one_not_at_all() {
+        let now = 5_000_000;
+        assert!(unresolved_holds(now + UNRESOLVED_HOLD_MS, now));
+        assert!(unresolved_holds(now + 1, now));
+        assert!(!unresolved_holds(now, now), "expired");
+        assert!(!unresolved_holds(0, now), "never set");
+        // Written before a reboot (a far larger monotonic clock), or past the u32 wrap the
+        // old code compared against: not ours, does not hold.
+        assert!(!unresolved_holds(now + UNRESOLVED_HOLD_MS + 1, now));
+        assert!(!unresolved_holds(u64::MAX, now));
+    }
+
     use super::*;
     use crate::throttle::controller::Tick;
     use gpuslice_common::config::ComputePolicy;
