@@ -127,6 +127,14 @@ pub mod proc_address {
     pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: i32 = 2;
 }
 
+/// `CUlimit` values (`cuCtxSetLimit` / `cuCtxGetLimit`).
+pub mod limit {
+    pub const STACK_SIZE: i32 = 0;
+    pub const PRINTF_FIFO_SIZE: i32 = 1;
+    /// The device-malloc heap: backed by device memory from the moment it is set.
+    pub const MALLOC_HEAP_SIZE: i32 = 2;
+}
+
 /// `CUmemPool_attribute` values.
 pub mod pool_attr {
     pub const REUSE_FOLLOW_EVENT_DEPENDENCIES: i32 = 1;

@@ -29,6 +29,7 @@ const CUDA_SYMBOLS: &[&str] = &[
     "cuCtxDestroy_v2",
     "cuCtxSetCurrent",
     "cuCtxSynchronize",
+    "cuCtxSetLimit",
     "cuMemGetInfo_v2",
     "cuMemAlloc_v2",
     "cuMemFree_v2",

@@ -256,6 +256,8 @@ hook_registry! {
         Cuda fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice)
             -> CUresult => mem::ctx_create_v4;
         Cuda fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => mem::ctx_destroy;
+        // The device-malloc heap is device memory (see memory::wrappers::ctx_set_limit).
+        Cuda fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult => mem::ctx_set_limit;
         Cuda fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult
             => mem::primary_ctx_retain;
         Cuda fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => mem::primary_ctx_release;
@@ -363,6 +365,7 @@ hook_registry! {
         Cuda fn cuCtxPopCurrent_v2(*mut CUcontext) -> CUresult;
         Cuda fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
         Cuda fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void) -> CUresult;
+        Cuda fn cuCtxGetLimit(*mut usize, c_int) -> CUresult;
     }
 }
 
@@ -562,6 +565,7 @@ mod tests {
             "cuMemCreate",
             "cuMipmappedArrayCreate",
             "cuCtxCreate_v4",
+            "cuCtxSetLimit",
             "nvmlDeviceGetComputeRunningProcesses_v3",
         ] {
             assert!(hook_by_name(name).is_some(), "{name}");

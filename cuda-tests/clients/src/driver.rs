@@ -40,6 +40,7 @@ macro_rules! for_each_entry_point {
             cuCtxDestroy = "cuCtxDestroy_v2", 4000, legacy, (ctx: CUcontext);
             cuCtxSetCurrent = "cuCtxSetCurrent", 4000, legacy, (ctx: CUcontext);
             cuCtxSynchronize = "cuCtxSynchronize", 2000, legacy, ();
+            cuCtxSetLimit = "cuCtxSetLimit", 3010, legacy, (limit: c_int, value: usize);
             cuMemGetInfo = "cuMemGetInfo_v2", 3020, legacy, (free: *mut usize, total: *mut usize);
             cuMemAlloc = "cuMemAlloc_v2", 3020, legacy, (dptr: *mut CUdeviceptr, bytesize: usize);
             cuMemFree = "cuMemFree_v2", 3020, legacy, (dptr: CUdeviceptr);
@@ -414,6 +415,14 @@ impl Driver {
 
     pub fn synchronize(&self) -> Res<()> {
         call!(self, cuCtxSynchronize())
+    }
+
+    /// `cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, bytes)` on the current context.
+    pub fn set_heap_limit(&self, bytes: usize) -> Res<()> {
+        call!(
+            self,
+            cuCtxSetLimit(gpuslice_abi::cuda::limit::MALLOC_HEAP_SIZE, bytes)
+        )
     }
 
     pub fn alloc(&self, path: AllocPath, size: usize) -> Res<Allocation> {

@@ -73,6 +73,15 @@ pub trait Gpu: Sync {
     ) -> Vec<Res<()>>;
     /// The `errors` scenario's checks in order; names are shared by all clients.
     fn errors(&self) -> Vec<(&'static str, Res<()>)>;
+    /// `heap`: `cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, bytes)` on the current context.
+    /// `Err` = the client cannot express it.
+    fn set_heap_limit(&self, bytes: usize) -> Result<Res<()>, Usage> {
+        let _ = bytes;
+        Err(Usage(format!(
+            "{}: heap is not implemented by this client",
+            self.client()
+        )))
+    }
     /// `graph-memory`: captures on `stream` `allocs` x `cuMemAllocAsync(size)`, a launch of
     /// `func` and a `cuMemFreeAsync` of each; instantiates, uploads when asked, launches once, synchronises.
     /// Returns (graph, exec, launch result), both kept alive. `Err` = the client cannot
@@ -181,6 +190,9 @@ impl Gpu for Driver {
     fn errors(&self) -> Vec<(&'static str, Res<()>)> {
         Driver::errors(self)
     }
+    fn set_heap_limit(&self, bytes: usize) -> Result<Res<()>, Usage> {
+        Ok(Driver::set_heap_limit(self, bytes))
+    }
     fn graph_with_memory(
         &self,
         size: usize,
@@ -204,6 +216,7 @@ usage: <client> SCENARIO [ARGS]
   alloc-until-oom CHUNK [--path P] [--max N] [--before-init context] [--pool-device N]
   caching-allocator
   hold SIZE [--path P]
+  heap SIZE
   context-cycle SIZE [--path P] [--end release|reset|destroy] [--retains N] [--release-after N]
   pool-destroy-held SIZE [--max N]
   graph-memory SIZE [--allocs N] [--upload true] [--chunk CHUNK] [--max N]
@@ -212,8 +225,10 @@ usage: <client> SCENARIO [ARGS]
   threads [--threads N] [--size SIZE] [--iterations N]
   errors
   (linked-client only) nvml
-hold, context-cycle, pool-destroy-held and graph-memory print their line, then keep the process alive until
+hold, heap, context-cycle, pool-destroy-held and graph-memory print their line, then keep the process alive until
 stdin closes.
+heap: cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, SIZE) on the current context (the driver backs
+the device-malloc heap with device memory); prints the result and mem_free.
 pool-destroy-held: until an allocation fails (or N succeeded), creates a pool, allocates SIZE
 from it and destroys the pool with that allocation outstanding (the driver releases the
 pool's memory once its allocations are freed); then frees every allocation
@@ -331,6 +346,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "alloc-until-oom" => alloc_until_oom(gpu, &rest)?,
         "caching-allocator" => caching_allocator(gpu),
         "hold" => hold(gpu, &rest)?,
+        "heap" => heap(gpu, &rest)?,
         "context-cycle" => context_cycle(gpu, &rest)?,
         "pool-destroy-held" => pool_destroy_held(gpu, &rest)?,
         "graph-memory" => graph_memory(gpu, &rest)?,
@@ -593,6 +609,31 @@ fn hold<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         let r = gpu.free(a);
         eprintln!("{}: hold: free -> {}", gpu.client(), res_name(gpu, &r));
     }
+    // The line is already out; tell the runner to print nothing more.
+    std::process::exit(0);
+}
+
+/// Sets the current context's device-malloc heap to SIZE, prints the result and mem_free,
+/// then keeps the process alive until stdin reaches EOF (like `hold`).
+fn heap<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let size = args.size_at(0, "SIZE")?;
+    let mut line = match setup(gpu) {
+        Err(e) => e,
+        Ok(_) => {
+            let r = gpu.set_heap_limit(size)?;
+            json!({
+                "size": size,
+                "result": res_name(gpu, &r),
+                "mem_free": mem_free_now(gpu),
+            })
+        }
+    };
+    line["scenario"] = json!("heap");
+    line["client"] = json!(gpu.client());
+    line["pid"] = json!(std::process::id());
+    println!("{line}");
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
     // The line is already out; tell the runner to print nothing more.
     std::process::exit(0);
 }

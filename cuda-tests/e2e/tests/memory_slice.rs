@@ -1098,3 +1098,46 @@ fn a_pool_of_another_device_is_charged_to_that_device() {
         assert_eq!(gpu.truth().used_memory(0), 0);
     }
 }
+
+/// The driver's default device-malloc heap, inside the measured context cost.
+const DEFAULT_HEAP: u64 = 8 * MIB;
+
+#[test]
+fn the_device_malloc_heap_is_charged_and_cannot_pass_the_cap() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    let env = slice.env(&gpu);
+    for kind in ClientKind::ALL {
+        gpu.truth().reset_peak_memory(0);
+        // A 2 GiB heap does not fit in the slice: refused, the card never holds it.
+        let refused = Client::spawn(kind, &["heap", "2GiB"], &env);
+        let line = &refused.first;
+        assert_eq!(
+            line["result"], "CUDA_ERROR_OUT_OF_MEMORY",
+            "{kind:?}: {line}"
+        );
+        assert_eq!(line["mem_free"], GIB - CONTEXT, "{kind:?}: {line}");
+        assert_eq!(gpu.truth().used_memory(0), CONTEXT, "{kind:?}");
+        assert!(gpu.truth().peak_memory(0) <= GIB, "{kind:?}: past the cap");
+        refused.release();
+        // A 300 MiB heap fits: charged (past the default, which the context cost holds)
+        // while the process holds it, on the card and in the region alike.
+        let heap = 300 * MIB - DEFAULT_HEAP;
+        let held = Client::spawn(kind, &["heap", "300MiB"], &env);
+        let line = &held.first;
+        assert_eq!(line["result"], "CUDA_SUCCESS", "{kind:?}: {line}");
+        assert_eq!(line["mem_free"], GIB - CONTEXT - heap, "{kind:?}: {line}");
+        assert_eq!(gpu.truth().used_memory(0), CONTEXT + heap, "{kind:?}");
+        assert_eq!(region_used(&slice), CONTEXT + heap, "{kind:?}: the region");
+        // Nothing else fits past it.
+        let next = Client::run(kind, &["alloc", "700MiB"], &env);
+        assert_eq!(
+            next["results"][0], "CUDA_ERROR_OUT_OF_MEMORY",
+            "{kind:?}: {next}"
+        );
+        assert!(gpu.truth().peak_memory(0) <= GIB, "{kind:?}: past the cap");
+        held.release();
+        assert_eq!(gpu.truth().used_memory(0), 0, "{kind:?}: the process ended");
+        assert_eq!(region_used(&slice), 0, "{kind:?}: the region");
+    }
+}

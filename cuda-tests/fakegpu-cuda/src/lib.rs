@@ -320,6 +320,11 @@ cuda_api! {
         put(device, cu().ctx_device()?)
     }
     fn cuCtxSynchronize["cuCtxSynchronize", 2000, Default]() { cu().ctx_synchronize() }
+    fn cuCtxSetLimit["cuCtxSetLimit", 3010, Default](limit: c_int, value: usize) { cu().ctx_set_limit(limit, value as u64) }
+    fn cuCtxGetLimit["cuCtxGetLimit", 3010, Default](value: *mut usize, limit: c_int) {
+        if value.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(value, cu().ctx_get_limit(limit)? as usize)
+    }
     fn cuCtxGetApiVersion["cuCtxGetApiVersion", 3020, Default](ctx: CUcontext, version: *mut c_uint) {
         if version.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         put(version, cu().ctx_api_version(h(ctx))?)

@@ -23,8 +23,8 @@ const MIB: u64 = 1 << 20;
 const EXPORTS: &str = "
     cuArray3DCreate cuArray3DCreate_v2 cuArrayCreate cuArrayCreate_v2 cuArrayDestroy 
     cuCtxCreate cuCtxCreate_v2 cuCtxCreate_v3 cuCtxCreate_v4 cuCtxDestroy cuCtxDestroy_v2 
-    cuCtxGetApiVersion cuCtxGetCurrent cuCtxGetDevice cuCtxPopCurrent_v2 cuCtxPushCurrent_v2 
-    cuCtxSetCurrent cuCtxSynchronize cuDeviceComputeCapability cuDeviceGet 
+    cuCtxGetApiVersion cuCtxGetCurrent cuCtxGetDevice cuCtxGetLimit cuCtxPopCurrent_v2 cuCtxPushCurrent_v2 
+    cuCtxSetCurrent cuCtxSetLimit cuCtxSynchronize cuDeviceComputeCapability cuDeviceGet 
     cuDeviceGetAttribute cuDeviceGetByPCIBusId cuDeviceGetCount cuDeviceGetDefaultMemPool 
     cuDeviceGetGraphMemAttribute cuDeviceGetMemPool cuDeviceGetName cuDeviceGetPCIBusId 
     cuDeviceGetUuid cuDeviceGetUuid_v2 cuDeviceGraphMemTrim cuDevicePrimaryCtxGetState 

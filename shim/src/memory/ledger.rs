@@ -453,6 +453,19 @@ pub mod tests {
     }
 
     #[test]
+    fn destroying_a_context_refunds_its_malloc_heap() {
+        let ledger = Ledger::new(CounterBudget::new(100 * MIB));
+        // The heap entry is keyed by its context and owned by it (`ctx_set_limit`).
+        ledger.charge(0, 30 * MIB).unwrap();
+        ledger.track(ObjectKind::Heap, 7, obj(30 * MIB, 7));
+        ledger.charge(0, 2 * MIB).unwrap();
+        ledger.track(ObjectKind::Pointer, 7, obj(2 * MIB, 8));
+        ledger.context_destroyed(7);
+        assert_eq!(ledger.budget.used(0), 2 * MIB);
+        assert_eq!(ledger.objects.get(ObjectKind::Heap, 7), None);
+    }
+
+    #[test]
     fn destroying_a_context_releases_a_destroyed_pool_with_its_last_allocation() {
         let ledger = Ledger::new(CounterBudget::new(100 * MIB));
         let pool = |context| Charged {

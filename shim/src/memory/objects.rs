@@ -1,5 +1,5 @@
 //! The per-process object table: every live object the ledger charged (device pointer, VMM
-//! handle, array, mipmapped array, created context) -> the region device entry and the bytes
+//! handle, array, mipmapped array, created context, malloc heap) -> the region device entry and the bytes
 //! charged for it. Sharded by a hash of the object so 16 threads allocating and freeing at
 //! once rarely meet on the same lock; each shard is a small `HashMap` behind a `Mutex` with a
 //! multiplicative (Fibonacci) hash instead of SipHash, because keys are driver addresses and
@@ -31,6 +31,9 @@ pub enum ObjectKind {
     MipmappedArray,
     /// A context from cuCtxCreate.
     Context,
+    /// A context's device-malloc heap past its size when first seen (`cuCtxSetLimit`), keyed
+    /// by the context; one entry per context, replaced on each set, drained with the context.
+    Heap,
 }
 
 /// What one charged object holds.

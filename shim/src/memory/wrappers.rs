@@ -1,9 +1,11 @@
 //! FFI handlers for the allocation paths whose real size only the driver knows (pitch, pools,
-//! VMM, contexts) and for NVML's process lists. Each is a thin shell: read the arguments,
+//! VMM, contexts, the device-malloc heap) and for NVML's process lists. Each is a thin shell: read the arguments,
 //! reserve through the ledger, call the real function, settle with what the driver reports.
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::Mutex;
 
+use gpuslice_abi::cuda::limit::MALLOC_HEAP_SIZE;
 use gpuslice_abi::cuda::pool_attr::RESERVED_MEM_CURRENT;
 use gpuslice_abi::cuda::result::{
     CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
@@ -828,6 +830,92 @@ pub unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresul
         if let Some(process) = process() {
             context_gone(process, ctx as u64);
         }
+    }
+    result
+}
+
+// ---------------------------------------------------------------- limits
+
+/// Serialises this process's heap-limit changes: read, reserve, set and record are one step.
+static HEAP_LIMIT: Mutex<()> = Mutex::new(());
+
+/// The current context's device-malloc heap size, `None` when the driver does not say.
+fn heap_limit() -> Option<u64> {
+    let get_limit = real::cuCtxGetLimit()?;
+    let mut value: usize = 0;
+    // SAFETY: cuCtxGetLimit writes one size_t into `value`.
+    let result = unsafe { get_limit(&mut value, MALLOC_HEAP_SIZE) };
+    (result == CUDA_SUCCESS).then_some(value as u64)
+}
+
+/// `cuCtxSetLimit`. The device-malloc heap (`CU_LIMIT_MALLOC_HEAP_SIZE`) is device memory from
+/// the moment it is set: growth past the current size is reserved on the current context's
+/// device before the call (refused with OUT_OF_MEMORY past the slice, refunded if the driver
+/// fails), a shrink is refunded after it, down to what this process was charged (the default
+/// heap is inside the measured context cost). The charge is an `ObjectKind::Heap` entry owned
+/// by the context, so the context's end refunds it. Other limits pass through.
+pub unsafe fn ctx_set_limit(real: sig::cuCtxSetLimit, limit: c_int, value: usize) -> CUresult {
+    if limit != MALLOC_HEAP_SIZE {
+        return real(limit, value);
+    }
+    let (Some(process), Some((_, device))) = (process(), current_limited_device()) else {
+        return real(limit, value);
+    };
+    let context = current_context();
+    if context == 0 {
+        return real(limit, value);
+    }
+    let _serialised = lock(&HEAP_LIMIT);
+    // Unreadable: charge the whole heap (over-counts the default, never under-counts).
+    let old = heap_limit().unwrap_or_else(|| {
+        crate::log_error!("cuCtxGetLimit failed; charging the whole {value}-byte malloc heap");
+        0
+    });
+    let wanted = value as u64;
+    let growth = wanted.saturating_sub(old);
+    if let Err(code) = charge_or_refuse(process, device, growth) {
+        return code;
+    }
+    let result = real(limit, value);
+    if result != CUDA_SUCCESS {
+        process.ledger.refund(device, growth);
+        return result;
+    }
+    let held = process
+        .ledger
+        .objects
+        .remove(ObjectKind::Heap, context)
+        .map_or(0, |c| c.bytes);
+    // Settle with what the driver holds now (it may round the size up).
+    let now = heap_limit().unwrap_or(wanted);
+    let charged = if now >= old {
+        let need = now - old;
+        if need < growth {
+            process.ledger.refund(device, growth - need);
+        } else if need > growth && !process.ledger.charge_held(device, need - growth) {
+            crate::log_error!(
+                "the driver made the malloc heap {now} bytes, past the slice's limit; charged in full"
+            );
+        }
+        held + need
+    } else {
+        // A shrink: refunded after the driver gave the memory back, down to what was charged.
+        process.ledger.refund(device, growth);
+        let back = (old - now).min(held);
+        process.ledger.refund(device, back);
+        held - back
+    };
+    if charged > 0 {
+        process.ledger.track(
+            ObjectKind::Heap,
+            context,
+            Charged {
+                device,
+                bytes: charged,
+                pool: 0,
+                context,
+            },
+        );
     }
     result
 }

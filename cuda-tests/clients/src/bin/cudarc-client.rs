@@ -536,6 +536,13 @@ impl Gpu for Cudarc {
         }
     }
 
+    fn set_heap_limit(&self, bytes: usize) -> Result<Res<()>, cuda_clients::scenario::Usage> {
+        // cudarc has no wrapper for limits; its sys binding is the driver's symbol.
+        // SAFETY: by-value call; the driver checks the current context and the value.
+        let r = unsafe { sys::cuCtxSetLimit(sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, bytes) };
+        Ok(cu(r.result()))
+    }
+
     fn graph_with_memory(
         &self,
         size: usize,

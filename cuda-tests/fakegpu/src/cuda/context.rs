@@ -4,6 +4,13 @@
 //! taking it down frees everything allocated in it, as the real driver does. A reset keeps the
 //! primary context's references: the next retain makes it anew, and the old references are
 //! still released one by one (the last release of an inactive context ends nothing).
+//!
+//! Limits (`cuCtxSetLimit` / `cuCtxGetLimit`): `CU_LIMIT_MALLOC_HEAP_SIZE` is backed by device
+//! memory as the driver's device-malloc heap is: the default 8 MiB is part of the context's
+//! overhead, growth past it is charged when set (OUT_OF_MEMORY if the card is full, nothing
+//! changed), a shrink frees it, and the context's end frees the rest. Every other limit is
+//! accepted and reported back but costs no memory (the real stack and printf FIFO do; not
+//! modelled).
 
 use super::{kind, sleep_until, with_stack, Cuda, Tables, R};
 use gpuslice_abi::cuda::result::*;
@@ -19,7 +26,18 @@ pub struct Ctx {
     pub refcount: u32,
     /// When this context's enqueued work (all its streams) ends.
     pub last_end: Arc<AtomicU64>,
+    /// Device-malloc heap bytes above [`DEFAULT_MALLOC_HEAP`], charged to the card.
+    pub heap: u64,
+    /// The other limits as last set (`CUlimit` -> value); no memory behind them.
+    pub limits: std::collections::HashMap<i32, u64>,
 }
+
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
+pub const LIMIT_MALLOC_HEAP_SIZE: i32 = 2;
+/// The driver's default device-malloc heap (inside the context overhead).
+pub const DEFAULT_MALLOC_HEAP: u64 = 8 << 20;
+/// `CU_LIMIT_MAX` of the 13.x headers: limits at or past it are INVALID_VALUE.
+const LIMIT_MAX: i32 = 10;
 
 /// What a launch or a copy needs to know about the current context.
 #[derive(Clone)]
@@ -72,6 +90,8 @@ impl Cuda {
                 active: true,
                 refcount: 1,
                 last_end: Arc::default(),
+                heap: 0,
+                limits: Default::default(),
             },
         );
         drop(t);
@@ -87,14 +107,15 @@ impl Cuda {
             _ => return Err(CUDA_ERROR_INVALID_CONTEXT),
         }
         let c = t.contexts.remove(&ctx).expect("checked above");
-        self.teardown(&mut t, ctx, c.dev);
+        self.teardown(&mut t, ctx, c.dev, c.heap);
         drop(t);
         with_stack(|s| s.retain(|&h| h != ctx));
         Ok(())
     }
 
-    /// Frees everything owned by a context and its memory overhead.
-    fn teardown(&self, t: &mut Tables, ctx: u64, dev: u32) {
+    /// Frees everything owned by a context, its malloc heap (`heap` bytes above the default,
+    /// taken from the context by the caller) and its memory overhead.
+    fn teardown(&self, t: &mut Tables, ctx: u64, dev: u32, heap: u64) {
         let Ok(st) = self.check() else { return };
         self.release_ctx_memory(t, ctx);
         t.streams.retain(|_, s| s.ctx != ctx);
@@ -109,6 +130,7 @@ impl Cuda {
         if !others {
             self.trim_device_pools(t, dev, 0);
         }
+        st.uncharge(dev, self.slot(), heap);
         st.uncharge(dev, self.slot(), self.config.ctx_overhead);
         st.add_context(dev, self.slot(), -1);
     }
@@ -127,6 +149,8 @@ impl Cuda {
                 active: false,
                 refcount: 0,
                 last_end: Arc::default(),
+                heap: 0,
+                limits: Default::default(),
             },
         );
         t.primary[dev as usize] = Some(h);
@@ -158,7 +182,9 @@ impl Cuda {
         c.refcount -= 1;
         if c.refcount == 0 && c.active {
             c.active = false;
-            self.teardown(&mut t, h, dev);
+            let heap = std::mem::take(&mut c.heap);
+            c.limits.clear();
+            self.teardown(&mut t, h, dev, heap);
         }
         Ok(())
     }
@@ -172,7 +198,9 @@ impl Cuda {
         // releasing them afterwards is legal (cuDevicePrimaryCtxReset in the driver API docs).
         if c.active {
             c.active = false;
-            self.teardown(&mut t, h, dev);
+            let heap = std::mem::take(&mut c.heap);
+            c.limits.clear();
+            self.teardown(&mut t, h, dev, heap);
         }
         Ok(())
     }
@@ -244,6 +272,51 @@ impl Cuda {
         Ok(3020)
     }
 
+    /// `cuCtxSetLimit` on the current context. The malloc heap's growth past its current size
+    /// is charged first (OUT_OF_MEMORY leaves everything as it was); a shrink frees the
+    /// difference down to the default, which stays inside the context overhead.
+    pub fn ctx_set_limit(&self, limit: i32, value: u64) -> R<()> {
+        let cur = self.current()?;
+        if !(0..LIMIT_MAX).contains(&limit) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let st = self.check()?;
+        let mut t = self.lock();
+        let c = t
+            .contexts
+            .get_mut(&cur.ctx)
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if limit != LIMIT_MALLOC_HEAP_SIZE {
+            c.limits.insert(limit, value);
+            return Ok(());
+        }
+        let heap = value.saturating_sub(DEFAULT_MALLOC_HEAP);
+        if heap > c.heap {
+            if !st.try_charge(cur.dev, self.slot(), heap - c.heap) {
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+        } else {
+            st.uncharge(cur.dev, self.slot(), c.heap - heap);
+        }
+        c.heap = heap;
+        Ok(())
+    }
+
+    /// `cuCtxGetLimit` on the current context: the malloc heap is the default plus what was
+    /// charged past it; other limits read back what was set (0 if never set).
+    pub fn ctx_get_limit(&self, limit: i32) -> R<u64> {
+        let cur = self.current()?;
+        if !(0..LIMIT_MAX).contains(&limit) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let t = self.lock();
+        let c = t.contexts.get(&cur.ctx).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if limit == LIMIT_MALLOC_HEAP_SIZE {
+            return Ok(DEFAULT_MALLOC_HEAP + c.heap);
+        }
+        Ok(c.limits.get(&limit).copied().unwrap_or(0))
+    }
+
     /// Waits for all work of the current context, then lets pools release memory.
     pub fn ctx_synchronize(&self) -> R<()> {
         let cur = self.current()?;
@@ -257,6 +330,7 @@ impl Cuda {
 mod tests {
     use super::super::testutil::*;
     use super::super::*;
+    use super::DEFAULT_MALLOC_HEAP;
 
     #[test]
     fn contexts_cost_memory_and_stack() {
@@ -325,6 +399,51 @@ mod tests {
         c.primary_release(0).unwrap();
         assert_eq!(c.primary_release(0), Err(CUDA_ERROR_INVALID_CONTEXT));
         assert_eq!(st.used_memory(0), 0);
+    }
+
+    #[test]
+    fn malloc_heap_limit_costs_memory_until_the_context_ends() {
+        let c = driver(small_overhead());
+        let st = c.check().unwrap();
+        assert_eq!(c.ctx_set_limit(2, 1 << 20), Err(CUDA_ERROR_INVALID_CONTEXT));
+        let a = c.ctx_create(0, 0).unwrap();
+        assert_eq!(c.ctx_get_limit(2).unwrap(), DEFAULT_MALLOC_HEAP);
+        c.ctx_set_limit(2, 108 << 20).unwrap();
+        assert_eq!(c.ctx_get_limit(2).unwrap(), 108 << 20);
+        assert_eq!(st.used_memory(0), (10 + 100) << 20, "growth charged");
+        // The card (1 GiB) cannot hold a 2 GiB heap: refused, nothing changed.
+        assert_eq!(c.ctx_set_limit(2, 2 << 30), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(c.ctx_get_limit(2).unwrap(), 108 << 20);
+        assert_eq!(st.used_memory(0), (10 + 100) << 20);
+        c.ctx_set_limit(2, 58 << 20).unwrap();
+        assert_eq!(st.used_memory(0), (10 + 50) << 20, "shrink uncharged");
+        c.ctx_set_limit(2, 1 << 20).unwrap();
+        assert_eq!(
+            st.used_memory(0),
+            10 << 20,
+            "below the default frees no more"
+        );
+        assert_eq!(c.ctx_get_limit(2).unwrap(), DEFAULT_MALLOC_HEAP);
+        // Other limits: accepted, reported, no memory.
+        c.ctx_set_limit(0, 4096).unwrap();
+        assert_eq!(c.ctx_get_limit(0).unwrap(), 4096);
+        assert_eq!(st.used_memory(0), 10 << 20);
+        assert_eq!(c.ctx_set_limit(99, 1), Err(CUDA_ERROR_INVALID_VALUE));
+        // Destroying the context frees its heap.
+        c.ctx_set_limit(2, 208 << 20).unwrap();
+        assert_eq!(st.used_memory(0), (10 + 200) << 20);
+        c.ctx_destroy(a).unwrap();
+        assert_eq!(st.used_memory(0), 0);
+        // So does the primary context's last release.
+        let p = c.primary_retain(0).unwrap();
+        c.ctx_set_current(p).unwrap();
+        c.ctx_set_limit(2, 108 << 20).unwrap();
+        assert_eq!(st.used_memory(0), (10 + 100) << 20);
+        c.primary_release(0).unwrap();
+        assert_eq!(st.used_memory(0), 0);
+        c.primary_retain(0).unwrap();
+        assert_eq!(c.ctx_get_limit(2).unwrap(), DEFAULT_MALLOC_HEAP, "anew");
+        c.primary_release(0).unwrap();
     }
 
     #[test]
