@@ -321,20 +321,36 @@ pub fn mipmapped_bytes(desc: &CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> u64 {
     total
 }
 
+/// Bytes an array of this descriptor owns: none for a sparse or deferred-mapping 3-D array
+/// (`flags`; 0 for a 2-D descriptor), else [`array_bytes`].
+fn owned_array_bytes(extents: [usize; 3], flags: c_uint, format: c_uint, channels: c_uint) -> u64 {
+    if flags & ARRAY3D_WITHOUT_MEMORY != 0 {
+        return 0;
+    }
+    let [width, height, depth] = extents;
+    array_bytes(width, height, depth, format, channels)
+}
+
+/// Charges `bytes` around `create`, which writes the new array to `array`.
+unsafe fn allocate_array(
+    array: *mut CUarray,
+    bytes: u64,
+    create: impl FnOnce() -> CUresult,
+) -> CUresult {
+    memory::allocate(AllocTarget::CurrentContext, bytes, create, || {
+        DeviceObject::Array(memory::read_out(array as *const CUarray).cast())
+    })
+}
+
 pub unsafe fn array_create(
     real: sig::cuArrayCreate_v2,
     array: *mut CUarray,
     desc: *const CUDA_ARRAY_DESCRIPTOR,
 ) -> CUresult {
     let bytes = desc.as_ref().map_or(0, |d| {
-        array_bytes(d.Width, d.Height, 0, d.Format, d.NumChannels)
+        owned_array_bytes([d.Width, d.Height, 0], 0, d.Format, d.NumChannels)
     });
-    memory::allocate(
-        AllocTarget::CurrentContext,
-        bytes,
-        || real(array, desc),
-        || DeviceObject::Array(memory::read_out(array as *const CUarray).cast()),
-    )
+    allocate_array(array, bytes, || real(array, desc))
 }
 
 pub unsafe fn array_3d_create(
@@ -343,18 +359,14 @@ pub unsafe fn array_3d_create(
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
 ) -> CUresult {
     let bytes = desc.as_ref().map_or(0, |d| {
-        if d.Flags & ARRAY3D_WITHOUT_MEMORY != 0 {
-            0
-        } else {
-            array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)
-        }
+        owned_array_bytes(
+            [d.Width, d.Height, d.Depth],
+            d.Flags,
+            d.Format,
+            d.NumChannels,
+        )
     });
-    memory::allocate(
-        AllocTarget::CurrentContext,
-        bytes,
-        || real(array, desc),
-        || DeviceObject::Array(memory::read_out(array as *const CUarray).cast()),
-    )
+    allocate_array(array, bytes, || real(array, desc))
 }
 
 /// `cuArrayCreate` of the 32-bit ABI (32-bit extents in the descriptor): charged like v2.
@@ -364,20 +376,10 @@ pub unsafe fn array_create_v1(
     desc: *const CUDA_ARRAY_DESCRIPTOR_v1,
 ) -> CUresult {
     let bytes = desc.as_ref().map_or(0, |d| {
-        array_bytes(
-            d.Width as usize,
-            d.Height as usize,
-            0,
-            d.Format,
-            d.NumChannels,
-        )
+        let extents = [d.Width as usize, d.Height as usize, 0];
+        owned_array_bytes(extents, 0, d.Format, d.NumChannels)
     });
-    memory::allocate(
-        AllocTarget::CurrentContext,
-        bytes,
-        || real(array, desc),
-        || DeviceObject::Array(memory::read_out(array as *const CUarray).cast()),
-    )
+    allocate_array(array, bytes, || real(array, desc))
 }
 
 /// `cuArray3DCreate` of the 32-bit ABI: charged like v2.
@@ -387,24 +389,10 @@ pub unsafe fn array_3d_create_v1(
     desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1,
 ) -> CUresult {
     let bytes = desc.as_ref().map_or(0, |d| {
-        if d.Flags & ARRAY3D_WITHOUT_MEMORY != 0 {
-            0
-        } else {
-            array_bytes(
-                d.Width as usize,
-                d.Height as usize,
-                d.Depth as usize,
-                d.Format,
-                d.NumChannels,
-            )
-        }
+        let extents = [d.Width as usize, d.Height as usize, d.Depth as usize];
+        owned_array_bytes(extents, d.Flags, d.Format, d.NumChannels)
     });
-    memory::allocate(
-        AllocTarget::CurrentContext,
-        bytes,
-        || real(array, desc),
-        || DeviceObject::Array(memory::read_out(array as *const CUarray).cast()),
-    )
+    allocate_array(array, bytes, || real(array, desc))
 }
 
 pub unsafe fn array_destroy(real: sig::cuArrayDestroy, array: CUarray) -> CUresult {
