@@ -503,17 +503,7 @@ fn alloc_until_oom<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         e["before_init"] = json!(before_init);
         return Ok(e);
     }
-    let mut held = Vec::new();
-    let mut failure = None;
-    while held.len() < max {
-        match gpu.alloc(path, chunk) {
-            Ok(a) => held.push(a),
-            Err(f) => {
-                failure = Some(f);
-                break;
-            }
-        }
-    }
+    let (held, failure) = alloc_until_failure(gpu, path, chunk, max);
     let total: usize = held.iter().map(|a| a.size).sum();
     let free_at_oom = mem_free_now(gpu);
     let frees: Vec<Res<()>> = held.iter().map(|a| gpu.free(a)).collect();
@@ -583,6 +573,37 @@ fn caching_allocator<G: Gpu>(gpu: &G) -> Value {
     })
 }
 
+/// Allocates `size` on `path` until the driver refuses or `max` succeeded: what it holds, and
+/// the refusal.
+fn alloc_until_failure<G: Gpu>(
+    gpu: &G,
+    path: AllocPath,
+    size: usize,
+    max: usize,
+) -> (Vec<Allocation>, Option<Fail>) {
+    let mut held = Vec::new();
+    while held.len() < max {
+        match gpu.alloc(path, size) {
+            Ok(a) => held.push(a),
+            Err(f) => return (held, Some(f)),
+        }
+    }
+    (held, None)
+}
+
+/// Prints `line` (with the scenario, client and pid), then keeps the process and everything
+/// it holds alive until stdin reaches EOF (the parent test closes it or kills us), and exits
+/// without printing more.
+fn print_and_hold<G: Gpu>(gpu: &G, scenario: &str, mut line: Value) -> ! {
+    line["scenario"] = json!(scenario);
+    line["client"] = json!(gpu.client());
+    line["pid"] = json!(std::process::id());
+    println!("{line}");
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    std::process::exit(0);
+}
+
 /// Allocates, prints the result, then holds the memory until stdin reaches EOF (the parent
 /// test closes it or kills this process).
 fn hold<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
@@ -617,7 +638,7 @@ fn hold<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
 /// then keeps the process alive until stdin reaches EOF (like `hold`).
 fn heap<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let size = args.size_at(0, "SIZE")?;
-    let mut line = match setup(gpu) {
+    let line = match setup(gpu) {
         Err(e) => e,
         Ok(_) => {
             let r = gpu.set_heap_limit(size)?;
@@ -628,14 +649,7 @@ fn heap<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
             })
         }
     };
-    line["scenario"] = json!("heap");
-    line["client"] = json!(gpu.client());
-    line["pid"] = json!(std::process::id());
-    println!("{line}");
-    let mut sink = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut sink);
-    // The line is already out; tell the runner to print nothing more.
-    std::process::exit(0);
+    print_and_hold(gpu, "heap", line)
 }
 
 /// How `context-cycle` ends its context (`--end`).
@@ -708,7 +722,7 @@ fn context_cycle<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
             "--release-after releases references a reset kept: it needs --end reset".into(),
         ));
     }
-    let mut line = match setup(gpu) {
+    let line = match setup(gpu) {
         Err(e) => e,
         Ok(dev) => match (1..retains).try_for_each(|_| gpu.retain_primary(dev)) {
             Err(f) => setup_failed(gpu, "retain", f),
@@ -741,14 +755,7 @@ fn context_cycle<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
             }
         },
     };
-    line["scenario"] = json!("context-cycle");
-    line["client"] = json!(gpu.client());
-    line["pid"] = json!(std::process::id());
-    println!("{line}");
-    let mut sink = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut sink);
-    // The line is already out; tell the runner to print nothing more.
-    std::process::exit(0);
+    print_and_hold(gpu, "context-cycle", line)
 }
 
 /// Allocates SIZE from a new pool and destroys the pool with the allocation outstanding,
@@ -757,7 +764,7 @@ fn context_cycle<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
 fn pool_destroy_held<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let size = args.size_at(0, "SIZE")?;
     let max: usize = args.get("max", 1_000_000)?;
-    let mut line = match setup(gpu) {
+    let line = match setup(gpu) {
         Err(e) => e,
         Ok(_) => {
             let mut held = Vec::new();
@@ -788,14 +795,7 @@ fn pool_destroy_held<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
             })
         }
     };
-    line["scenario"] = json!("pool-destroy-held");
-    line["client"] = json!(gpu.client());
-    line["pid"] = json!(std::process::id());
-    println!("{line}");
-    let mut sink = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut sink);
-    // The line is already out; tell the runner to print nothing more.
-    std::process::exit(0);
+    print_and_hold(gpu, "pool-destroy-held", line)
 }
 
 /// CUDA graph memory: a captured graph allocating `--allocs` x SIZE (`cuMemAllocAsync`s +
@@ -813,7 +813,7 @@ fn graph_memory<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let max: usize = args.get("max", 1_000_000)?;
     let upload: bool = args.get("upload", false)?;
     let allocs: usize = args.get("allocs", 1)?;
-    let mut line = match setup(gpu) {
+    let line = match setup(gpu) {
         Err(e) => e,
         Ok(_) => {
             let prepared = gpu
@@ -827,17 +827,8 @@ fn graph_memory<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
                         Err(f) => setup_failed(gpu, "graph", f),
                         Ok((_graph, _exec, launched)) => {
                             let free_after_launch = mem_free_now(gpu);
-                            let mut held = Vec::new();
-                            let mut failure = None;
-                            while held.len() < max {
-                                match gpu.alloc(AllocPath::Alloc, chunk) {
-                                    Ok(a) => held.push(a),
-                                    Err(f) => {
-                                        failure = Some(f);
-                                        break;
-                                    }
-                                }
-                            }
+                            let (held, failure) =
+                                alloc_until_failure(gpu, AllocPath::Alloc, chunk, max);
                             // `held` is never freed: the test compares the region with the
                             // card while this process holds it all, then closes stdin.
                             json!({
@@ -857,14 +848,7 @@ fn graph_memory<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
             }
         }
     };
-    line["scenario"] = json!("graph-memory");
-    line["client"] = json!(gpu.client());
-    line["pid"] = json!(std::process::id());
-    println!("{line}");
-    let mut sink = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut sink);
-    // The line is already out; tell the runner to print nothing more.
-    std::process::exit(0);
+    print_and_hold(gpu, "graph-memory", line)
 }
 
 fn launch<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
