@@ -40,6 +40,12 @@ fn region_used(slice: &Slice) -> u64 {
         .sum()
 }
 
+/// The card (the fake's physical count) and the slice's ledger both hold exactly `bytes`.
+fn assert_card_and_region(gpu: &FakeGpu, slice: &Slice, bytes: u64, what: impl std::fmt::Display) {
+    assert_eq!(gpu.truth().used_memory(0), bytes, "{what}: the card");
+    assert_eq!(region_used(slice), bytes, "{what}: the region");
+}
+
 #[test]
 fn a_context_asked_for_before_cu_init_does_not_unbind_the_cap() {
     // The driver refuses a context before cuInit, and so cannot name the device's UUID then.
@@ -118,8 +124,7 @@ fn the_cap_is_container_wide_and_usage_returns_to_the_contexts_then_zero() {
     let c = Client::run(ClientKind::ProcAddr, &["alloc", "64MiB"], &env);
     assert_eq!(c["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{c}");
     assert!(gpu.truth().used_memory(0) <= 2 * GIB);
-    assert_eq!(gpu.truth().used_memory(0), 2 * (CONTEXT + 700 * MIB));
-    assert_eq!(region_used(&slice), 2 * (CONTEXT + 700 * MIB));
+    assert_card_and_region(&gpu, &slice, 2 * (CONTEXT + 700 * MIB), "");
     a.release();
     b.release();
     assert_eq!(gpu.truth().used_memory(0), 0);
@@ -284,8 +289,7 @@ fn a_pool_destroyed_with_allocations_outstanding_stays_charged_until_they_are_fr
             "{kind:?}: {line}"
         );
         assert_eq!(line["mem_free_after"], GIB - CONTEXT, "{kind:?}: {line}");
-        assert_eq!(gpu.truth().used_memory(0), CONTEXT, "{kind:?}: the card");
-        assert_eq!(region_used(&slice), CONTEXT, "{kind:?}: the region");
+        assert_card_and_region(&gpu, &slice, CONTEXT, format!("{kind:?}"));
         run.release();
     }
     assert_eq!(gpu.truth().used_memory(0), 0);
@@ -544,8 +548,7 @@ fn a_context_dearer_than_the_slice_measured_that_does_not_fit_is_undone_and_refu
         refused.first
     );
     assert_eq!(refused.first["failed_step"], "context", "{}", refused.first);
-    assert_eq!(gpu.truth().used_memory(0), held, "nothing of it is left");
-    assert_eq!(region_used(&slice), held, "nothing of it is charged");
+    assert_card_and_region(&gpu, &slice, held, "nothing of it is left");
     refused.release();
     for kind in ClientKind::ALL {
         let out = Client::run(kind, &["meminfo"], &env);
@@ -674,8 +677,7 @@ fn a_created_context_bigger_than_the_bound_that_does_not_fit_is_destroyed_and_re
             "{kind:?}: the refused context was created, then undone"
         );
         assert_eq!(physical_use_of(&gpu, refused.pid()), 0, "{kind:?}");
-        assert_eq!(gpu.truth().used_memory(0), held, "{kind:?}: nothing left");
-        assert_eq!(region_used(&slice), held, "{kind:?}: nothing charged");
+        assert_card_and_region(&gpu, &slice, held, format!("{kind:?}: nothing left"));
         refused.release();
         assert_eq!(gpu.truth().used_memory(0), held);
         holder.release();
@@ -756,8 +758,7 @@ fn destroying_a_created_context_gives_back_its_cost_and_what_it_owned() {
                 CONTEXT,
                 "{kind:?} {path}"
             );
-            assert_eq!(gpu.truth().used_memory(0), CONTEXT, "{kind:?} {path}");
-            assert_eq!(region_used(&slice), CONTEXT, "{kind:?} {path}: the region");
+            assert_card_and_region(&gpu, &slice, CONTEXT, format!("{kind:?} {path}"));
             cycle.release();
         }
     }
@@ -786,8 +787,7 @@ fn after_a_created_context_is_destroyed_pool_and_vmm_memory_is_charged_as_the_ca
             );
             let physical = physical_use_of(&gpu, cycle.pid());
             assert!(physical >= CONTEXT, "{kind:?} {path}: {physical}");
-            assert_eq!(gpu.truth().used_memory(0), physical, "{kind:?} {path}");
-            assert_eq!(region_used(&slice), physical, "{kind:?} {path}: the region");
+            assert_card_and_region(&gpu, &slice, physical, format!("{kind:?} {path}"));
             cycle.release();
         }
     }
@@ -875,8 +875,7 @@ fn a_primary_release_that_is_not_the_last_gives_back_nothing() {
         assert_eq!(cycle.first["end"], "release", "{kind:?}: {}", cycle.first);
         assert_eq!(gpu.truth().peak_memory(0), held, "{kind:?}");
         assert_eq!(physical_use_of(&gpu, cycle.pid()), held, "{kind:?}");
-        assert_eq!(gpu.truth().used_memory(0), held, "{kind:?}");
-        assert_eq!(region_used(&slice), held, "{kind:?}: the region");
+        assert_card_and_region(&gpu, &slice, held, format!("{kind:?}"));
         assert_eq!(
             cycle.first["mem_free"],
             2 * GIB - held,
@@ -934,8 +933,7 @@ fn references_a_reset_kept_are_released_without_losing_the_new_context() {
                 cycle.first
             );
             assert_eq!(physical_use_of(&gpu, cycle.pid()), left, "{what}");
-            assert_eq!(gpu.truth().used_memory(0), left, "{what}");
-            assert_eq!(region_used(&slice), left, "{what}: the region");
+            assert_card_and_region(&gpu, &slice, left, &what);
             cycle.release();
         }
     }
@@ -954,8 +952,7 @@ fn after_a_primary_reset_pool_and_vmm_memory_is_charged_as_the_card_holds_it() {
                 let physical = physical_use_of(&gpu, cycle.pid());
                 let what = format!("{kind:?} {path} {end}");
                 assert!(physical >= CONTEXT, "{what}: {physical}");
-                assert_eq!(gpu.truth().used_memory(0), physical, "{what}");
-                assert_eq!(region_used(&slice), physical, "{what}: the region");
+                assert_card_and_region(&gpu, &slice, physical, &what);
                 cycle.release();
             }
         }
@@ -1013,8 +1010,7 @@ fn cuda_graph_memory_is_charged_as_the_graph_pool_holds_it() {
             assert_eq!(line["count"], 3, "{what}");
             assert_eq!(line["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{what}");
             let held = CONTEXT + 400 * MIB + 300 * MIB;
-            assert_eq!(gpu.truth().used_memory(0), held, "{what}: the card");
-            assert_eq!(region_used(&slice), held, "{what}: the region");
+            assert_card_and_region(&gpu, &slice, held, &what);
             assert!(gpu.truth().peak_memory(0) <= GIB, "{what}: past the cap");
             run.release();
         }
@@ -1044,8 +1040,7 @@ fn cuda_graph_memory_past_the_cap_is_charged_and_refuses_what_follows() {
         );
         assert_eq!(line["mem_free_at_oom"], 0, "{kind:?}: {line}");
         let held = CONTEXT + 900 * MIB;
-        assert_eq!(gpu.truth().used_memory(0), held, "{kind:?}: the card");
-        assert_eq!(region_used(&slice), held, "{kind:?}: the region");
+        assert_card_and_region(&gpu, &slice, held, format!("{kind:?}"));
         run.release();
     }
     assert_eq!(gpu.truth().used_memory(0), 0);
@@ -1127,8 +1122,7 @@ fn the_device_malloc_heap_is_charged_and_cannot_pass_the_cap() {
         let line = &held.first;
         assert_eq!(line["result"], "CUDA_SUCCESS", "{kind:?}: {line}");
         assert_eq!(line["mem_free"], GIB - CONTEXT - heap, "{kind:?}: {line}");
-        assert_eq!(gpu.truth().used_memory(0), CONTEXT + heap, "{kind:?}");
-        assert_eq!(region_used(&slice), CONTEXT + heap, "{kind:?}: the region");
+        assert_card_and_region(&gpu, &slice, CONTEXT + heap, format!("{kind:?}"));
         // Nothing else fits past it.
         let next = Client::run(kind, &["alloc", "700MiB"], &env);
         assert_eq!(
@@ -1137,7 +1131,6 @@ fn the_device_malloc_heap_is_charged_and_cannot_pass_the_cap() {
         );
         assert!(gpu.truth().peak_memory(0) <= GIB, "{kind:?}: past the cap");
         held.release();
-        assert_eq!(gpu.truth().used_memory(0), 0, "{kind:?}: the process ended");
-        assert_eq!(region_used(&slice), 0, "{kind:?}: the region");
+        assert_card_and_region(&gpu, &slice, 0, format!("{kind:?}: the process ended"));
     }
 }
