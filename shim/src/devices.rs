@@ -166,40 +166,36 @@ pub(crate) fn read_utilization_samples(
     device: nvmlDevice_t,
     last_seen_us: u64,
 ) -> Result<Vec<nvmlProcessUtilizationSample_t>, nvmlReturn_t> {
-    let mut capacity: c_uint = 32;
-    for _ in 0..4 {
-        let mut buffer = vec![nvmlProcessUtilizationSample_t::default(); capacity as usize];
-        let mut count = capacity;
-        // SAFETY: `buffer` holds `count` writable samples; NVML rejects a handle it did not
-        // give out.
-        let code = unsafe { get(device, buffer.as_mut_ptr(), &mut count, last_seen_us) };
-        match code {
-            NVML_SUCCESS => {
-                buffer.truncate(count as usize);
-                return Ok(buffer);
-            }
-            NVML_ERROR_INSUFFICIENT_SIZE => capacity = count.max(capacity) + 16,
-            other => return Err(other),
-        }
-    }
-    Err(NVML_ERROR_INSUFFICIENT_SIZE)
+    // SAFETY: `grow_list` passes a buffer of `*count` writable samples; NVML rejects a
+    // handle it did not give out.
+    grow_list(32, |buffer, count| unsafe {
+        get(device, buffer, count, last_seen_us)
+    })
 }
 
 /// One of NVML's process lists (`get`: any `nvmlDeviceGet*RunningProcesses*` of the real
-/// library, whose entries are `T`), growing the buffer as the INSUFFICIENT_SIZE protocol asks
-/// (a few retries: the list can grow between two calls).
+/// library, whose entries are `T`).
 pub(crate) fn read_process_list<T: Copy + Default>(
     get: unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut T) -> nvmlReturn_t,
     device: nvmlDevice_t,
 ) -> Result<Vec<T>, nvmlReturn_t> {
-    let mut capacity: c_uint = 64;
+    // SAFETY: `grow_list` passes a buffer of `*count` entries of the layout `get` writes;
+    // NVML rejects a handle it did not give out.
+    grow_list(64, |buffer, count| unsafe { get(device, count, buffer) })
+}
+
+/// NVML's list protocol: `call(buffer, count)` fills up to `*count` entries and answers
+/// SUCCESS, or INSUFFICIENT_SIZE with the count it needs; the buffer grows and the call is
+/// retried a few times (the list can grow between two calls).
+fn grow_list<T: Copy + Default>(
+    initial: c_uint,
+    mut call: impl FnMut(*mut T, *mut c_uint) -> nvmlReturn_t,
+) -> Result<Vec<T>, nvmlReturn_t> {
+    let mut capacity = initial;
     for _ in 0..4 {
         let mut buffer = vec![T::default(); capacity as usize];
         let mut count = capacity;
-        // SAFETY: `buffer` holds `count` entries of the layout `get` writes; NVML rejects a
-        // handle it did not give out.
-        let result = unsafe { get(device, &mut count, buffer.as_mut_ptr()) };
-        match result {
+        match call(buffer.as_mut_ptr(), &mut count) {
             NVML_SUCCESS => {
                 buffer.truncate(count as usize);
                 return Ok(buffer);
