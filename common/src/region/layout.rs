@@ -10,8 +10,12 @@
 //! 267392                            end (REGION_SIZE)
 //! ```
 //!
-//! OFD lock bytes (locks only, the bytes' contents are unrelated): byte 0 is the registration
-//! lock; the first byte of each slot is that slot's liveness lock, held by its owner.
+//! OFD lock bytes (locks only, the bytes' contents are unrelated): byte 0 serialises the
+//! in-place initialisation of an empty file (the only lock anyone ever waits for, and only
+//! for a bounded time); the first byte of each slot is that slot's liveness lock, held by its
+//! owner for its whole life; the second byte is the slot's reclaim lock, held by a reaper
+//! for the few stores that free a dead owner's slot. Nothing a process does with the ledger
+//! takes a lock.
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
@@ -19,8 +23,10 @@ pub use crate::MAX_DEVICES;
 
 /// First 8 bytes of every region file.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
-/// Bumped on any incompatible change of the structs below.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Bumped on any incompatible change of the structs below. 2: the device totals are derived
+/// from the slots (no `used_bytes` word), entries are claimed by a UUID key, slot states carry
+/// a generation, and the header records the slot high-water mark.
+pub const LAYOUT_VERSION: u32 = 2;
 /// Process slots per region (all processes of all containers sharing the slice).
 pub const MAX_PROCESSES: usize = 1024;
 /// Bytes of the NUL-padded device UUID.
@@ -36,12 +42,17 @@ pub const SLOTS_OFFSET: usize = DEVICES_OFFSET + MAX_DEVICES * DEVICE_ENTRY_SIZE
 /// Exact size of a region file; any other size is refused before mapping.
 pub const REGION_SIZE: usize = SLOTS_OFFSET + MAX_PROCESSES * SLOT_SIZE;
 
-/// Byte locked (OFD write lock) while registering, reaping, initialising or resetting.
-pub const REGISTRATION_LOCK_OFFSET: u64 = 0;
+/// Byte locked (OFD write lock) while an empty file is initialised in place.
+pub const INIT_LOCK_OFFSET: u64 = 0;
 
 /// File offset of slot `index`'s liveness-lock byte.
 pub const fn slot_lock_offset(index: usize) -> u64 {
     (SLOTS_OFFSET + index * SLOT_SIZE) as u64
+}
+
+/// File offset of slot `index`'s reclaim-lock byte (excludes reapers from each other only).
+pub const fn slot_reclaim_offset(index: usize) -> u64 {
+    slot_lock_offset(index) + 1
 }
 
 /// `Header::init_state` values.
@@ -50,10 +61,31 @@ pub const INIT_READY: u32 = 0x5245_4459; // "READ"-ish, unlikely in a foreign fi
 
 /// `DeviceEntry::memory_limit` meaning "no cap".
 pub const UNLIMITED: u64 = u64::MAX;
+/// `DeviceEntry::memory_limit` of an entry whose first binder has not written its limit yet.
+/// Every binder writes a limit before it returns, and nothing reserves before binding, so a
+/// reservation never meets it; if one did, it would be refused (read as a limit of 0).
+pub const LIMIT_UNSET: u64 = u64::MAX - 1;
+/// `DeviceEntry::compute_percent` of an entry nobody has bound yet.
+pub const PERCENT_UNSET: u32 = u32::MAX;
 
-/// `ProcessSlot::state` values.
-pub const SLOT_FREE: u32 = 0;
-pub const SLOT_CLAIMED: u32 = 1;
+/// `ProcessSlot::state`: the low bit says free (0) or claimed (1); the bits above count the
+/// slot's claims, so a reaper that judged one owner dead can never free the slot of the next
+/// (its compare-and-swap names the generation it judged).
+pub const SLOT_CLAIMED_BIT: u32 = 1;
+
+pub const fn slot_is_claimed(state: u32) -> bool {
+    state & SLOT_CLAIMED_BIT != 0
+}
+
+/// The state of the next claim after `state` (a free slot's).
+pub const fn slot_next_claim(state: u32) -> u32 {
+    (state & !SLOT_CLAIMED_BIT).wrapping_add(2) | SLOT_CLAIMED_BIT
+}
+
+/// The free state that follows the claimed `state`.
+pub const fn slot_freed(state: u32) -> u32 {
+    state & !SLOT_CLAIMED_BIT
+}
 
 #[repr(C)]
 pub struct Header {
@@ -67,7 +99,8 @@ pub struct Header {
     pub max_processes: AtomicU32,
     /// `INIT_READY` (stored last, with Release) once every other header field is valid.
     pub init_state: AtomicU32,
-    _pad0: AtomicU32,
+    /// One past the highest slot index ever claimed: the device totals sum the slots below it.
+    pub slot_high_water: AtomicU32,
     pub total_size: AtomicU64,
     /// Bumped whenever limits are rewritten or the region is reset; lets a reader notice.
     pub generation: AtomicU64,
@@ -94,8 +127,9 @@ pub struct DeviceEntry {
     /// which reads as "none yet", so the layout version did not change.
     pub context_cost: AtomicU64,
     _reserved0: [AtomicU64; 3],
-    /// Container-wide bytes reserved on this device (sum of the slots' `used`, plus drift).
-    pub used_bytes: AtomicU64,
+    /// Hash of the UUID (never 0; 0 = entry unused), claimed with one compare-and-swap so two
+    /// processes binding the same new device at once always land on the same entry.
+    pub key: AtomicU64,
     _reserved1: [AtomicU64; 7],
     /// Reserved for the compute throttle (token bucket state).
     pub throttle: [AtomicU64; THROTTLE_WORDS],
@@ -103,7 +137,7 @@ pub struct DeviceEntry {
 
 #[repr(C)]
 pub struct ProcessSlot {
-    /// `SLOT_FREE` or `SLOT_CLAIMED`.
+    /// Free or claimed, and a claim generation (see [`SLOT_CLAIMED_BIT`]).
     pub state: AtomicU32,
     /// PID in the owner's PID namespace.
     pub pid: AtomicU32,
@@ -192,13 +226,14 @@ mod tests {
         assert_eq!(offset_of!(Header, max_devices), 24);
         assert_eq!(offset_of!(Header, max_processes), 28);
         assert_eq!(offset_of!(Header, init_state), 32);
+        assert_eq!(offset_of!(Header, slot_high_water), 36);
         assert_eq!(offset_of!(Header, total_size), 40);
         assert_eq!(offset_of!(Header, generation), 48);
 
         assert_eq!(offset_of!(DeviceEntry, uuid), 0);
         assert_eq!(offset_of!(DeviceEntry, memory_limit), 64);
         assert_eq!(offset_of!(DeviceEntry, compute_percent), 72);
-        assert_eq!(offset_of!(DeviceEntry, used_bytes), 128);
+        assert_eq!(offset_of!(DeviceEntry, key), 128);
         assert_eq!(offset_of!(DeviceEntry, throttle), 192);
 
         assert_eq!(offset_of!(ProcessSlot, state), 0);
@@ -213,10 +248,25 @@ mod tests {
     }
 
     #[test]
-    fn slot_lock_bytes_do_not_touch_the_registration_lock() {
-        assert!(slot_lock_offset(0) > REGISTRATION_LOCK_OFFSET);
+    fn slot_lock_bytes_do_not_touch_the_init_lock() {
+        assert!(slot_lock_offset(0) > INIT_LOCK_OFFSET);
+        assert_eq!(slot_reclaim_offset(0), slot_lock_offset(0) + 1);
         assert_eq!(slot_lock_offset(1) - slot_lock_offset(0), SLOT_SIZE as u64);
         assert!(slot_lock_offset(MAX_PROCESSES - 1) < REGION_SIZE as u64);
+    }
+
+    #[test]
+    fn slot_states_count_claims() {
+        let free = 0;
+        assert!(!slot_is_claimed(free));
+        let first = slot_next_claim(free);
+        assert!(slot_is_claimed(first));
+        let freed = slot_freed(first);
+        assert!(!slot_is_claimed(freed));
+        let second = slot_next_claim(freed);
+        assert!(slot_is_claimed(second));
+        assert_ne!(first, second, "a second claim has another generation");
+        assert!(slot_is_claimed(slot_next_claim(slot_freed(u32::MAX))));
     }
 
     #[test]

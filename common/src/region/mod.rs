@@ -3,29 +3,64 @@
 //! device and one fixed slot per process. The shim reserves and releases on it on every
 //! allocation; the CLI reads a snapshot of it.
 //!
-//! Submodules: `layout` (the bytes), `lock` (kernel-released OFD locks), `proc` (process
-//! identity). This file owns the rules below.
+//! Submodules: `layout` (the bytes), `lock` (kernel-released OFD locks, opening without
+//! following links), `proc` (process identity), `open` (creating, validating, resetting, and
+//! the guard against a replaced file), `slots` (registration, liveness, reaping), `devices`
+//! (binding device entries and reconciling limits). This file owns the ledger and the rules.
+//!
+//! ## No process can hold up another
+//! Nothing a process does with the region takes a lock that anyone waits for: registration,
+//! binding, reserving, releasing and reaping are compare-and-swaps on the mapping plus
+//! non-blocking OFD locks. So a process stopped anywhere (SIGSTOP, `docker pause`, a debugger
+//! breakpoint, inside the shim included) or a child forked at any instant delays nobody.
+//! The one wait left is for the in-place initialisation of an EMPTY file that somebody other
+//! than gpuslice created (gpuslice itself never exposes an uninitialised file), bounded by
+//! [`INIT_WAIT`].
+//!
+//! ## The ledger is the slots
+//! Each slot holds what its process has reserved, per device. A device's use is the SUM of
+//! the slots below the header's `slot_high_water`; there is no separate total that a kill
+//! between two writes could leave wrong. `reserve` adds the request to the caller's slot
+//! first (SeqCst), then sums (SeqCst loads): if the sum passes the limit it takes the request
+//! back and, as soon as the slice without it has room again (other processes' tentative adds
+//! were in the way), tries again, at most [`RESERVE_ATTEMPTS`] times; it refuses when
+//! [`SETTLE_READS`] reads, a few after yielding the CPU, all show no room. Of two racing
+//! reservations the later reader always sees the other's add (both are SeqCst), so no two can
+//! both be kept past the limit. The price: a reader of the sum (a memory report) can see a
+//! request that is about to be taken back, for nanoseconds, or for as long as a process is
+//! stopped between the add and the take-back (then its neighbours are refused that request's
+//! size as if it were held, never more; nobody waits). A process killed at any instruction leaves at most its own slot too high, and
+//! a dead process's slot is dropped whole when it is reaped: **drift is impossible by
+//! construction**, and `reset` is never needed to repair counts.
 //!
 //! ## Creation and validation
-//! `Region::open_or_create` opens the file with O_CREAT (mode 0666 minus umask; the parent
-//! directory must exist), takes the registration lock, and then: an empty file is sized to
-//! [`REGION_SIZE`] and initialised (header written last, `init_state` published with Release);
-//! a file of exactly `REGION_SIZE` bytes is validated (magic, layout version, struct sizes,
-//! counts); a file of any other size is refused *before* mapping it, so a truncated file can
-//! never be touched past its end (SIGBUS). Concurrent creators serialise on the lock, so
-//! exactly one initialises. A right-sized file whose `init_state` is not ready but whose magic
-//! is ours or zero is an interrupted initialisation and is initialised again.
+//! `Region::open_or_create` opens the file relative to its directory with `O_NOFOLLOW` (a
+//! symbolic link at the region's name is refused, never followed or created through). A
+//! missing file is created fully initialised and only then given its name (`O_TMPFILE` +
+//! `linkat`, which never replaces anything), mode 0666 set with fchmod; the loser of a race
+//! opens the winner's file. A file of any size but [`REGION_SIZE`] is refused *before* mapping
+//! it, so a truncated file can never be touched past its end by a new process. A right-sized
+//! file is validated (magic, layout version, struct sizes, counts).
 //!
 //! **Corrupt-file rule:** a foreign, truncated or incompatible file is never repaired
 //! implicitly: every open returns a `RegionError` naming the path and what is wrong, and the
-//! shim fails closed. `Region::reset(path)` (for `gpuslice`) rebuilds it, and refuses while a
-//! live process holds a slot. (Someone truncating a file that processes already map is outside
-//! what any mapping can survive; the file should live in a directory only the slice writes.)
+//! shim fails closed. `Region::reset(path)` (for `gpuslice`) replaces it with a fresh file by
+//! rename (never writing through the old file or a link), and refuses while any process maps
+//! the region or a live process holds a slot.
+//!
+//! **Replaced or deleted file:** every process that maps the region holds two OFD read locks
+//! on the region's DIRECTORY, at offsets derived from the file's name and from (name, inode).
+//! A process opening a region whose name-lock is held by others while nobody holds the lock
+//! of the inode it opened knows the slice's live ledger is another (deleted or renamed-over)
+//! file: it refuses with [`RegionError::Replaced`] (the shim fails closed with one line naming
+//! the file) instead of starting a second ledger. Processes already running keep the one
+//! ledger they share. Truncating the file under running processes cannot be survived by any
+//! mapping (Linux cannot seal a regular file; pages past the new end fault with SIGBUS): it
+//! only harms the slice's own processes, and new processes refuse the wrong-sized file.
 //!
 //! **Limits rule:** the header's device entries hold the limits in force, keyed by device UUID
 //! (indices differ between processes with different `CUDA_VISIBLE_DEVICES`; UUIDs do not).
-//! `Region::bind_devices` reconciles the caller's configured limits with them under the
-//! registration lock:
+//! `Region::bind_devices` reconciles the caller's configured limits with them:
 //! * when no other live process holds a slot, the configuration replaces the entry's limits (a
 //!   changed limit file takes effect with the first process of the next run);
 //! * while other processes live, the stricter of the two stays in force (lower memory limit,
@@ -34,67 +69,57 @@
 //!   never lift the cap for everyone. A looser limit applies once the others have exited, or
 //!   after `gpuslice` resets the region.
 //!
-//! Every difference between configuration and entry is returned as a `LimitChange` (what was
-//! there, what was asked, what is now in force) for the shim to log. Lowering a limit below
-//! current use evicts nobody: new reservations fail until use drops under it.
+//! Each limit word is changed by compare-and-swap from the value the decision was made on, so
+//! a binder that decided "nobody else lives" cannot overwrite a stricter limit another binder
+//! stored meanwhile. Every difference between configuration and entry is returned as a
+//! `LimitChange` for the shim to log. Lowering a limit below current use evicts nobody: new
+//! reservations fail until use drops under it.
 //!
 //! ## Liveness: who owns a slot
 //! The owner of a slot holds an OFD write lock on that slot's first byte, through a descriptor
 //! opened for that registration (close-on-exec). The kernel drops the lock when the owner dies
 //! (SIGKILL included) or execs, so "nobody holds the slot lock" means dead, across PID
 //! namespaces too. The lock can outlive its owner in one case: a child forked while the parent
-//! was registered inherits the descriptor. So a held lock is additionally checked against the
-//! slot's PID and start time when the slot is from our own PID namespace: a missing PID, a
-//! zombie, or a different start time (PID reuse) is dead. A forked child must call `register`
-//! again; that also closes the inherited descriptors in the child.
-//!
-//! ## Hot path and drift
-//! `reserve` is a compare-and-swap loop on the device's `used_bytes` against the limit (never
-//! lets the sum pass it), then a `fetch_add` on the slot's own counter. `release` takes from the
-//! slot's counter first (saturating, never below zero) and gives exactly that much back to the
-//! device. A SIGKILL between the two atomics of either leaves the device total *higher* than
-//! the sum of the slots (drift always over-counts, so the cap is never exceeded). Reaping a
-//! dead slot subtracts its counters (saturating); when a reap finds no live slot at all, the
-//! device totals are reset to what the still-pending dead slots hold (0 when none), which
-//! clears any drift.
+//! was registered inherits the descriptor (the shim closes it in its fork handler). So a held
+//! lock is additionally checked against the slot's PID and start time when the slot is from
+//! our own PID namespace: a missing PID, a zombie, or a different start time (PID reuse) is
+//! dead. Claiming takes the free slot's lock first, then moves its state word from free to
+//! claimed (one CAS that also counts the claim), so two claimants never share a slot.
 //!
 //! ## Reaping: a dead slot's bytes return only once the driver has let go
 //! The slot lock is one descriptor among the process's others: the kernel closes them one by
 //! one as the process exits, and the driver frees the process's device memory when ITS
 //! descriptors close (a real driver may even defer that teardown). So "the slot lock is free"
 //! can be seen while the driver still holds the dead process's memory; giving its budget back
-//! then would let another process allocate it while it is still physically in use, and the
-//! slice's physical usage would pass the cap. Reaping is therefore two-phase
-//! ([`Region::reap_dead_if`]): each stale slot is described as a [`DeadSlot`] (its bytes, host
-//! PID, how far its owner has got in exiting per /proc, how long it has been seen dead) and
-//! the caller decides whether the driver has released it (the shim asks NVML's process list).
-//! Undecided slots stay claimed and charged (`ReapReport::pending`), so the budget never
-//! exceeds what the driver really has free. [`Region::reap_dead`] uses the region's own
-//! evidence: the owner is gone or a zombie (after all its descriptors are closed) in our PID
-//! namespace. Every rule is bounded by [`RELEASE_TIMEOUT`] so nothing stays unavailable for good.
-//!
-//! Registration, reaping, binding and unregistering take the registration lock (byte 0); the
-//! lock is per open description, and each acquisition opens its own, so threads of one
-//! process also exclude each other. A mapping keeps its description alive, so locks are never
-//! taken through the descriptor a mapping was made from (the lock would outlive the close). Known limit: a fork while another thread holds the
-//! registration lock leaves the child's inherited copy holding it forever.
+//! then would let another process allocate it while it is still physically in use. Reaping is
+//! therefore two-phase ([`Region::reap_dead_if`]): each stale slot is described as a
+//! [`DeadSlot`] (its bytes, host PID, how far its owner has got in exiting per /proc, how long
+//! it has been seen dead) and the caller decides whether the driver has released it (the shim
+//! asks NVML's process list). Undecided slots stay claimed and charged (`ReapReport::pending`).
+//! [`Region::reap_dead`] frees only what cannot return budget early: dead slots holding
+//! nothing, and those dead for [`RELEASE_TIMEOUT`] (so nothing stays unavailable for good).
+//! A reaper frees a slot under the slot's reclaim lock (its second byte, non-blocking: a
+//! second reaper skips the slot) with a CAS naming the claim generation it judged, so a slot
+//! re-claimed meanwhile is never freed.
 
+mod devices;
 mod layout;
 mod lock;
+mod open;
 mod proc;
+mod slots;
 
 pub use layout::{
-    slot_lock_offset, DEVICE_ENTRY_SIZE, HEADER_SIZE, LAYOUT_VERSION, MAGIC, MAX_DEVICES,
-    MAX_PROCESSES, REGION_SIZE, REGISTRATION_LOCK_OFFSET, SLOTS_OFFSET, SLOT_SIZE, THROTTLE_WORDS,
-    UUID_BYTES,
+    slot_lock_offset, slot_reclaim_offset, DEVICE_ENTRY_SIZE, HEADER_SIZE, INIT_LOCK_OFFSET,
+    LAYOUT_VERSION, MAGIC, MAX_DEVICES, MAX_PROCESSES, REGION_SIZE, SLOTS_OFFSET, SLOT_SIZE,
+    THROTTLE_WORDS, UUID_BYTES,
 };
+pub use open::INIT_WAIT;
 pub use proc::{parse_stat, ProcessIdentity, StatFields};
 
-use layout::{
-    magic_word, uuid_from_words, uuid_to_words, DeviceEntry, ProcessSlot, RegionLayout, INIT_EMPTY,
-    INIT_READY, SLOT_CLAIMED, SLOT_FREE, UNLIMITED,
-};
+use layout::{uuid_from_words, DeviceEntry, RegionLayout, LIMIT_UNSET, UNLIMITED};
 use lock::OwnedFd;
+use std::ffi::CString;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -173,8 +198,16 @@ pub enum RegionError {
     },
     /// Read-only open of a region nobody has initialised yet.
     NotInitialised { path: PathBuf },
-    /// The path now names a different file than the one this process mapped.
+    /// The path now names a different file than the one this process mapped, or the slice's
+    /// live processes use another file (deleted or renamed over) than the one at the path.
     Replaced { path: PathBuf },
+    /// A symbolic link is at the region's name: never followed.
+    Symlink { path: PathBuf },
+    /// Something other than a regular file is at the region's name.
+    NotAFile { path: PathBuf },
+    /// An empty file somebody else created is being initialised by a process that has not
+    /// finished within [`INIT_WAIT`] (stopped, or killed: then retrying succeeds).
+    InitTimeout { path: PathBuf },
     /// Every slot belongs to a live process.
     Full { path: PathBuf },
     /// Every device entry is taken by other UUIDs, or the UUID is empty.
@@ -235,8 +268,24 @@ impl fmt::Display for RegionError {
             ),
             RegionError::Replaced { path } => write!(
                 f,
-                "shared region {}: the path now names a different file than the one in use",
+                "shared region {}: the slice's running processes use another file than the one now at this path (it was deleted or replaced while they run); refusing to start a second ledger: stop the slice's processes, or put the file back",
                 path.display()
+            ),
+            RegionError::Symlink { path } => write!(
+                f,
+                "shared region {}: is a symbolic link; a region is never opened through one (remove the link)",
+                path.display()
+            ),
+            RegionError::NotAFile { path } => write!(
+                f,
+                "shared region {}: is not a regular file",
+                path.display()
+            ),
+            RegionError::InitTimeout { path } => write!(
+                f,
+                "shared region {}: the empty file is being initialised by another process that has not finished within {} ms",
+                path.display(),
+                INIT_WAIT.as_millis()
             ),
             RegionError::Full { path } => write!(
                 f,
@@ -253,6 +302,11 @@ impl fmt::Display for RegionError {
                 "shared region {}: slot {} does not belong to this process",
                 path.display(),
                 slot.index()
+            ),
+            RegionError::InUse { path, pids } if pids.is_empty() => write!(
+                f,
+                "shared region {}: still mapped by running processes (in another PID namespace); stop them first",
+                path.display()
             ),
             RegionError::InUse { path, pids } => write!(
                 f,
@@ -329,8 +383,6 @@ pub struct ReapReport {
     pub reclaimed: Vec<ReclaimedSlot>,
     /// Dead slots kept charged because the driver may still hold their memory.
     pub pending: Vec<PendingSlot>,
-    /// Bytes cleared from the device totals because no live slot remained (drift).
-    pub drift_cleared_bytes: u64,
 }
 
 /// How far a dead slot's owner has got in exiting, as this process's /proc shows it.
@@ -368,9 +420,16 @@ pub const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 
 impl DeadSlot {
     /// The region's own evidence: the owner has finished exiting (every descriptor closed,
-    /// the driver's included), or [`RELEASE_TIMEOUT`] has passed.
+    /// the driver's included), or [`RELEASE_TIMEOUT`] has passed. Not proof that the driver
+    /// has freed the memory (a real driver may tear down later); the shim asks NVML.
     pub fn exited_or_timed_out(&self) -> bool {
         self.exit == ExitState::Exited || self.dead_for >= RELEASE_TIMEOUT
+    }
+
+    /// Freeing it returns no budget early: it holds nothing, or has been dead for
+    /// [`RELEASE_TIMEOUT`]. What `reap_dead` and a full registration use.
+    pub fn holds_nothing_or_timed_out(&self) -> bool {
+        self.bytes() == 0 || self.dead_for >= RELEASE_TIMEOUT
     }
 
     pub fn bytes(&self) -> u64 {
@@ -382,7 +441,7 @@ impl DeadSlot {
 
 impl ReapReport {
     pub fn bytes_reclaimed(&self) -> u64 {
-        self.reclaimed.iter().map(|r| r.bytes).sum::<u64>() + self.drift_cleared_bytes
+        self.reclaimed.iter().map(|r| r.bytes).sum::<u64>()
     }
 }
 
@@ -451,6 +510,12 @@ pub struct RegionSnapshot {
     pub processes: Vec<ProcessSnapshot>,
 }
 
+/// How often `reserve` retries when the sum passed the limit only because of other
+/// processes' tentative adds (the slice without this request still had room).
+pub const RESERVE_ATTEMPTS: u32 = 64;
+/// How many reads without room (a few of them after yielding the CPU) make a refusal final.
+pub const SETTLE_READS: u32 = 8;
+
 /// A mapping of exactly `REGION_SIZE` bytes of a region file.
 struct Mapping {
     base: NonNull<RegionLayout>,
@@ -465,13 +530,19 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps `fd`, whose size the caller has checked to be `REGION_SIZE`.
+    /// Maps `fd` if it is a regular file of exactly `REGION_SIZE` bytes (checked here, before
+    /// mapping, so a short file is never touched past its end).
     fn map(path: &Path, fd: &OwnedFd, writable: bool) -> Result<Mapping, RegionError> {
-        let (dev, ino, size) = lock::fstat(fd).map_err(|e| RegionError::io(path, "stat", e))?;
-        if size != REGION_SIZE as u64 {
+        let facts = lock::fstat(fd).map_err(|e| RegionError::io(path, "stat", e))?;
+        if !facts.regular {
+            return Err(RegionError::NotAFile {
+                path: path.to_path_buf(),
+            });
+        }
+        if facts.size != REGION_SIZE as u64 {
             return Err(RegionError::WrongSize {
                 path: path.to_path_buf(),
-                found: size,
+                found: facts.size,
                 expected: REGION_SIZE as u64,
             });
         }
@@ -497,8 +568,8 @@ impl Mapping {
         }
         Ok(Mapping {
             base: NonNull::new(base.cast()).expect("mmap never returns NULL on success"),
-            dev,
-            ino,
+            dev: facts.dev,
+            ino: facts.ino,
         })
     }
 
@@ -535,6 +606,16 @@ struct HeldSlot {
 pub struct Region {
     map: Mapping,
     path: PathBuf,
+    /// The mapped file itself (fresh descriptions for locks are opened through it, so they
+    /// always name the file this process maps, whatever happens to its name).
+    file: OwnedFd,
+    /// The region's directory and the file's name in it.
+    dir: OwnedFd,
+    name: CString,
+    /// The directory descriptor holding this process's guard read locks (`open`), kept only
+    /// for its locks; `None` where the directory cannot be opened for reading (then no split
+    /// can be detected).
+    _guard: Option<OwnedFd>,
     held: Box<[HeldSlot]>,
 }
 
@@ -544,41 +625,11 @@ pub struct RegionView {
     path: PathBuf,
 }
 
-/// Holds the registration lock until dropped.
-struct RegistrationGuard {
-    fd: OwnedFd,
-}
-
 impl Region {
-    /// Opens the region at `path`, creating and initialising it if the file is new. See the
+    /// Opens the region at `path`, creating it (initialised) if it does not exist. See the
     /// module doc for what is refused.
     pub fn open_or_create(path: &Path) -> Result<Region, RegionError> {
-        let fd =
-            lock::open(path, libc::O_RDWR, true).map_err(|e| RegionError::io(path, "open", e))?;
-        lock::lock_wait(&fd, REGISTRATION_LOCK_OFFSET)
-            .map_err(|e| RegionError::io(path, "lock", e))?;
-        let (_, _, size) = lock::fstat(&fd).map_err(|e| RegionError::io(path, "stat", e))?;
-        if size == 0 {
-            set_len(path, &fd, REGION_SIZE as u64)?;
-        }
-        let map = map_separately(path, &fd)?;
-        match validate(&map, path) {
-            Ok(()) => {}
-            Err(RegionError::NotInitialised { .. }) if may_initialise(&map) => initialise(&map),
-            Err(e) => return Err(e),
-        }
-        // Dropping `fd` releases the registration lock (the mapping uses another description).
-        drop(fd);
-        Ok(Region {
-            map,
-            path: path.to_path_buf(),
-            held: (0..MAX_PROCESSES)
-                .map(|_| HeldSlot {
-                    fd: AtomicI32::new(-1),
-                    owner_pid: AtomicU32::new(0),
-                })
-                .collect(),
-        })
+        open::open_or_create(path)
     }
 
     /// Opens an existing, initialised region read-only (the CLI; needs only read permission).
@@ -586,197 +637,15 @@ impl Region {
         RegionView::open(path)
     }
 
-    /// Rebuilds the region at `path` as a fresh, empty one (creating it if missing), whatever
-    /// it held: the way out of a corrupt, truncated or foreign file. Refused while a live
-    /// process holds a slot of a valid region.
+    /// Replaces the region at `path` with a fresh, empty one (creating it if missing),
+    /// whatever it held: the way out of a corrupt, truncated or foreign file. Refused while a
+    /// process maps the region or a live process holds a slot, and for a symbolic link.
     pub fn reset(path: &Path) -> Result<(), RegionError> {
-        let fd =
-            lock::open(path, libc::O_RDWR, true).map_err(|e| RegionError::io(path, "open", e))?;
-        lock::lock_wait(&fd, REGISTRATION_LOCK_OFFSET)
-            .map_err(|e| RegionError::io(path, "lock", e))?;
-        let (_, _, size) = lock::fstat(&fd).map_err(|e| RegionError::io(path, "stat", e))?;
-        if size != REGION_SIZE as u64 {
-            // Not a region anyone can have mapped (opens refuse other sizes): resize freely.
-            set_len(path, &fd, 0)?;
-            set_len(path, &fd, REGION_SIZE as u64)?;
-        }
-        let map = map_separately(path, &fd)?;
-        if validate(&map, path).is_ok() {
-            let live: Vec<u32> = claimed_slots(map.layout())
-                .filter(|(i, slot)| judge(slot, *i, Some(&fd)) == Liveness::Alive)
-                .map(|(_, slot)| slot.pid.load(Ordering::Relaxed))
-                .collect();
-            if !live.is_empty() {
-                return Err(RegionError::InUse {
-                    path: path.to_path_buf(),
-                    pids: live,
-                });
-            }
-        }
-        initialise(&map);
-        Ok(())
+        open::reset(path)
     }
 
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// Finds or creates the entry for each device (by UUID) and writes its configured limits
-    /// into it (the configuration wins; see the module doc).
-    pub fn bind_devices(&self, devices: &[DeviceLimits]) -> Result<DeviceBinding, RegionError> {
-        let guard = self.lock_registration()?;
-        let layout = self.map.layout();
-        let others_live = self.others_live(&guard);
-        let mut binding = DeviceBinding {
-            ids: Vec::with_capacity(devices.len()),
-            changes: Vec::new(),
-        };
-        for wanted in devices {
-            let no_entry = || RegionError::NoDeviceEntry {
-                path: self.path.clone(),
-                uuid: wanted.uuid.clone(),
-            };
-            if wanted.uuid.is_empty() {
-                return Err(no_entry());
-            }
-            let words = uuid_to_words(&wanted.uuid);
-            let configured_memory = wanted.memory_limit.unwrap_or(UNLIMITED);
-            // 100 and above mean "not throttled", stored as 0.
-            let configured_compute = wanted
-                .compute_percent
-                .filter(|p| (1..=99).contains(p))
-                .unwrap_or(0);
-            let existing = layout
-                .devices
-                .iter()
-                .position(|entry| load_uuid(entry) == words);
-            let index = match existing {
-                Some(index) => index,
-                None => {
-                    let index = layout
-                        .devices
-                        .iter()
-                        .position(|entry| load_uuid(entry) == [0; UUID_BYTES / 8])
-                        .ok_or_else(no_entry)?;
-                    let entry = &layout.devices[index];
-                    entry.used_bytes.store(0, Ordering::Relaxed);
-                    entry.context_cost.store(0, Ordering::Relaxed);
-                    entry
-                        .memory_limit
-                        .store(configured_memory, Ordering::Relaxed);
-                    entry
-                        .compute_percent
-                        .store(configured_compute, Ordering::Relaxed);
-                    for (slot_word, word) in entry.uuid.iter().zip(words) {
-                        slot_word.store(word, Ordering::Relaxed);
-                    }
-                    index
-                }
-            };
-            let entry = &layout.devices[index];
-            let old_memory = entry.memory_limit.load(Ordering::Relaxed);
-            let old_compute = entry.compute_percent.load(Ordering::Relaxed);
-            if (old_memory, old_compute) != (configured_memory, configured_compute) {
-                let (new_memory, new_compute) = if others_live {
-                    (
-                        old_memory.min(configured_memory),
-                        stricter_percent(old_compute, configured_compute),
-                    )
-                } else {
-                    (configured_memory, configured_compute)
-                };
-                entry.memory_limit.store(new_memory, Ordering::Relaxed);
-                entry.compute_percent.store(new_compute, Ordering::Relaxed);
-                binding.changes.push(LimitChange {
-                    uuid: wanted.uuid.clone(),
-                    old_memory_limit: limit_option(old_memory),
-                    configured_memory_limit: limit_option(configured_memory),
-                    new_memory_limit: limit_option(new_memory),
-                    old_compute_percent: percent_option(old_compute),
-                    configured_compute_percent: percent_option(configured_compute),
-                    new_compute_percent: percent_option(new_compute),
-                });
-            }
-            binding.ids.push(DeviceId(index as u8));
-        }
-        if !binding.changes.is_empty() {
-            layout.header.generation.fetch_add(1, Ordering::Release);
-        }
-        Ok(binding)
-    }
-
-    /// Whether a live slot exists that this `Region` did not register.
-    fn others_live(&self, guard: &RegistrationGuard) -> bool {
-        let me = std::process::id();
-        claimed_slots(self.map.layout()).any(|(index, slot)| {
-            let held = &self.held[index];
-            let ours = held.fd.load(Ordering::Relaxed) >= 0
-                && held.owner_pid.load(Ordering::Relaxed) == me;
-            !ours && judge(slot, index, Some(&guard.fd)) != Liveness::Stale
-        })
-    }
-
-    /// Claims a slot for `identity`: a free one, else one whose owner is dead (reclaiming its
-    /// memory). Call again in a forked child: it gets its own slot.
-    pub fn register(&self, identity: &ProcessIdentity) -> Result<SlotId, RegionError> {
-        self.register_with(identity, |_| {})
-    }
-
-    /// `register`, running `while_locked` with the claimed slot before the registration lock
-    /// is released (tests use it to die at the worst moment).
-    pub fn register_with(
-        &self,
-        identity: &ProcessIdentity,
-        while_locked: impl FnOnce(SlotId),
-    ) -> Result<SlotId, RegionError> {
-        let guard = self.lock_registration()?;
-        self.close_inherited_slot_locks();
-        for attempt in 0..2 {
-            if let Some(slot) = self.claim_free_slot(identity)? {
-                while_locked(slot);
-                return Ok(slot);
-            }
-            if attempt == 0 {
-                self.reap_locked(&guard, DeadSlot::exited_or_timed_out);
-            }
-        }
-        Err(RegionError::Full {
-            path: self.path.clone(),
-        })
-    }
-
-    /// Gives back a slot this process registered, returning its bytes to the device totals.
-    pub fn unregister(&self, slot: SlotId) -> Result<(), RegionError> {
-        let _guard = self.lock_registration()?;
-        let held = &self.held[slot.index()];
-        if held.fd.load(Ordering::Relaxed) < 0
-            || held.owner_pid.load(Ordering::Relaxed) != std::process::id()
-        {
-            return Err(RegionError::NotOwner {
-                path: self.path.clone(),
-                slot,
-            });
-        }
-        self.reclaim_slot(slot.index());
-        Ok(())
-    }
-
-    /// Frees every slot whose owner is dead AND has finished exiting (or has been dead for
-    /// [`RELEASE_TIMEOUT`]), returning its memory; see "Reaping" in the module doc.
-    pub fn reap_dead(&self) -> Result<ReapReport, RegionError> {
-        self.reap_dead_if(DeadSlot::exited_or_timed_out)
-    }
-
-    /// Two-phase reap: every slot whose owner is dead is offered to `released`, which says
-    /// whether the driver no longer holds that process's memory. Only those slots are freed
-    /// and their bytes given back; the others stay claimed and charged (`pending`) until a
-    /// later reap. The shim calls this before refusing an allocation.
-    pub fn reap_dead_if(
-        &self,
-        released: impl FnMut(&DeadSlot) -> bool,
-    ) -> Result<ReapReport, RegionError> {
-        let guard = self.lock_registration()?;
-        Ok(self.reap_locked(&guard, released))
     }
 
     /// The UUID a device entry is bound to (empty for an unused entry).
@@ -784,37 +653,61 @@ impl Region {
         uuid_from_words(&load_uuid(&self.map.layout().devices[device.index()]))
     }
 
-    /// Reserves `bytes` on `device` for `slot`, or refuses without changing anything when the
-    /// container-wide total would pass the limit. Lock-free.
+    /// Reserves `bytes` on `device` for `slot`, or refuses without keeping anything when the
+    /// container-wide use would pass the limit. Lock-free; see "The ledger is the slots".
     #[inline]
     pub fn reserve(&self, slot: SlotId, device: DeviceId, bytes: u64) -> Result<(), OverLimit> {
         let layout = self.map.layout();
-        let entry = &layout.devices[device.index()];
-        let limit = entry.memory_limit.load(Ordering::Relaxed);
-        let mut used = entry.used_bytes.load(Ordering::Relaxed);
-        loop {
-            let next = match used.checked_add(bytes) {
-                Some(next) if next <= limit => next,
-                _ => {
-                    return Err(OverLimit {
-                        limit,
-                        used,
-                        requested: bytes,
-                    })
+        let limit = stored_limit(
+            layout.devices[device.index()]
+                .memory_limit
+                .load(Ordering::Relaxed),
+        );
+        let mine = &layout.slots[slot.index()].used[device.index()];
+        let refuse = |used: u64| OverLimit {
+            limit,
+            used,
+            requested: bytes,
+        };
+        if limit == UNLIMITED {
+            // Nothing to check against, but a count must never wrap.
+            return mine
+                .fetch_update(Ordering::SeqCst, Ordering::Relaxed, |held| {
+                    held.checked_add(bytes)
+                })
+                .map(|_| ())
+                .map_err(|_| refuse(self.sum_used(device)));
+        }
+        if bytes > limit {
+            return Err(refuse(self.sum_used(device)));
+        }
+        for _ in 0..RESERVE_ATTEMPTS {
+            mine.fetch_add(bytes, Ordering::SeqCst);
+            if self.sum_used(device) <= limit {
+                return Ok(());
+            }
+            mine.fetch_sub(bytes, Ordering::SeqCst);
+            // Over: maybe only because other processes' requests were counted in the same
+            // instant (they take theirs back within nanoseconds unless descheduled). Refuse
+            // only when a few reads spread over a few yields all show no room.
+            let mut reads = 0;
+            loop {
+                let without = self.sum_used(device);
+                if without.saturating_add(bytes) <= limit {
+                    break;
                 }
-            };
-            match entry.used_bytes.compare_exchange_weak(
-                used,
-                next,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => break,
-                Err(current) => used = current,
+                reads += 1;
+                if reads >= SETTLE_READS {
+                    return Err(refuse(without));
+                }
+                if reads > 2 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             }
         }
-        layout.slots[slot.index()].used[device.index()].fetch_add(bytes, Ordering::Relaxed);
-        Ok(())
+        Err(refuse(self.sum_used(device)))
     }
 
     /// Adds `bytes` on `device` for `slot` even past the limit: for memory the driver already
@@ -822,36 +715,36 @@ impl Region {
     /// reservations are refused. Lock-free.
     #[inline]
     pub fn reserve_past_limit(&self, slot: SlotId, device: DeviceId, bytes: u64) {
-        let layout = self.map.layout();
-        let _ = layout.devices[device.index()].used_bytes.fetch_update(
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-            |used| Some(used.saturating_add(bytes)),
-        );
-        let _ = layout.slots[slot.index()].used[device.index()].fetch_update(
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-            |used| Some(used.saturating_add(bytes)),
+        saturating_add(
+            &self.map.layout().slots[slot.index()].used[device.index()],
+            bytes,
         );
     }
 
-    /// Returns up to `bytes` of `slot`'s reservation on `device` (never below zero) and gives
-    /// the same amount back to the device total. Returns the bytes actually released.
+    /// Returns up to `bytes` of `slot`'s reservation on `device` (never below zero). Returns
+    /// the bytes actually released.
     #[inline]
     pub fn release(&self, slot: SlotId, device: DeviceId, bytes: u64) -> u64 {
-        let layout = self.map.layout();
-        let taken = saturating_take(&layout.slots[slot.index()].used[device.index()], bytes);
-        saturating_take(&layout.devices[device.index()].used_bytes, taken);
-        taken
+        saturating_take(
+            &self.map.layout().slots[slot.index()].used[device.index()],
+            bytes,
+        )
     }
 
     /// Limit and container-wide use of `device` (for cuMemGetInfo-style answers).
     pub fn usage(&self, device: DeviceId) -> DeviceUsage {
         let entry = &self.map.layout().devices[device.index()];
         DeviceUsage {
-            limit: limit_option(entry.memory_limit.load(Ordering::Relaxed)),
-            used: entry.used_bytes.load(Ordering::Relaxed),
+            limit: limit_option(stored_limit(entry.memory_limit.load(Ordering::Relaxed))),
+            used: self.sum_used(device),
         }
+    }
+
+    /// The container-wide use of `device`: the sum of every slot's bytes (dead slots awaiting
+    /// their reap included: the driver may still hold their memory).
+    #[inline]
+    fn sum_used(&self, device: DeviceId) -> u64 {
+        sum_used(self.map.layout(), device.index())
     }
 
     /// Bytes `slot` holds on `device`.
@@ -868,7 +761,6 @@ impl Region {
         )
     }
 
-    /// The words reserved for the compute throttle of `device`.
     /// Records the slice's measured utilisation of `device` (`basis_points` = percent x 100)
     /// at `at_ns` (CLOCK_MONOTONIC), for `gpuslice status`.
     pub fn publish_utilization(&self, device: DeviceId, basis_points: u32, at_ns: u64) {
@@ -900,6 +792,7 @@ impl Region {
         }
     }
 
+    /// The words reserved for the compute throttle of `device`.
     pub fn throttle_words(&self, device: DeviceId) -> &[AtomicU64; THROTTLE_WORDS] {
         &self.map.layout().devices[device.index()].throttle
     }
@@ -922,27 +815,33 @@ impl Region {
     }
 
     pub fn snapshot(&self) -> RegionSnapshot {
-        let probe = lock::open(&self.path, libc::O_RDONLY, false).ok();
+        let probe = self.reopen(libc::O_RDONLY).ok();
         snapshot(&self.map, probe.as_ref())
     }
 
-    fn lock_registration(&self) -> Result<RegistrationGuard, RegionError> {
-        let fd = lock::open(&self.path, libc::O_RDWR, false)
-            .map_err(|e| RegionError::io(&self.path, "open", e))?;
-        let (dev, ino, _) = lock::fstat(&fd).map_err(|e| RegionError::io(&self.path, "stat", e))?;
-        if (dev, ino) != (self.map.dev, self.map.ino) {
+    /// A new open file description of the file this process maps (OFD locks belong to a
+    /// description, so every lock holder needs its own). Through /proc/self/fd, which names
+    /// the mapped file whatever has happened to its name; else by name, checked to be it.
+    fn reopen(&self, flags: libc::c_int) -> Result<OwnedFd, RegionError> {
+        let fresh = lock::open(
+            Path::new(&format!("/proc/self/fd/{}", self.file.raw())),
+            flags,
+        )
+        .or_else(|_| lock::open_at_nofollow(&self.dir, &self.name, flags))
+        .map_err(|e| RegionError::io(&self.path, "open", e))?;
+        let facts = lock::fstat(&fresh).map_err(|e| RegionError::io(&self.path, "stat", e))?;
+        if (facts.dev, facts.ino) != (self.map.dev, self.map.ino) {
             return Err(RegionError::Replaced {
                 path: self.path.clone(),
             });
         }
-        lock::lock_wait(&fd, REGISTRATION_LOCK_OFFSET)
-            .map_err(|e| RegionError::io(&self.path, "lock", e))?;
-        Ok(RegistrationGuard { fd })
+        Ok(fresh)
     }
 
-    /// In a forked child, the parent's slot descriptors are copies that would keep the
-    /// parent's slots looking alive after the parent dies; the child has no use for them.
-    fn close_inherited_slot_locks(&self) {
+    /// Closes, in a forked child, the parent's slot descriptors it inherited (they would keep
+    /// the parent's slots looking alive after the parent dies). Only atomics and close(2):
+    /// safe to call from a fork handler.
+    pub fn close_inherited_slot_locks(&self) {
         let me = std::process::id();
         for held in self.held.iter() {
             let fd = held.fd.load(Ordering::Relaxed);
@@ -951,108 +850,6 @@ impl Region {
                 drop(OwnedFd::from_raw(fd));
             }
         }
-    }
-
-    fn claim_free_slot(&self, identity: &ProcessIdentity) -> Result<Option<SlotId>, RegionError> {
-        let layout = self.map.layout();
-        let fd = lock::open(&self.path, libc::O_RDWR, false)
-            .map_err(|e| RegionError::io(&self.path, "open", e))?;
-        for (index, slot) in layout.slots.iter().enumerate() {
-            if slot.state.load(Ordering::Acquire) != SLOT_FREE {
-                continue;
-            }
-            // A free slot whose lock is still held (a descendant inherited a dead owner's
-            // descriptor) cannot be owned by us; skip it.
-            let locked = lock::try_lock(&fd, slot_lock_offset(index))
-                .map_err(|e| RegionError::io(&self.path, "lock a slot of", e))?;
-            if !locked {
-                continue;
-            }
-            slot.pid.store(identity.pid, Ordering::Relaxed);
-            slot.host_pid.store(identity.host_pid, Ordering::Relaxed);
-            slot.start_time
-                .store(identity.start_time, Ordering::Relaxed);
-            slot.pid_ns.store(identity.pid_ns, Ordering::Relaxed);
-            slot.heartbeat.store(0, Ordering::Relaxed);
-            slot.dead_since.store(0, Ordering::Relaxed);
-            for (used, contexts) in slot.used.iter().zip(&slot.contexts) {
-                used.store(0, Ordering::Relaxed);
-                contexts.store(0, Ordering::Relaxed);
-            }
-            slot.state.store(SLOT_CLAIMED, Ordering::Release);
-            let held = &self.held[index];
-            held.owner_pid.store(std::process::id(), Ordering::Relaxed);
-            held.fd.store(fd.into_raw(), Ordering::Relaxed);
-            return Ok(Some(SlotId(index as u16)));
-        }
-        Ok(None)
-    }
-
-    fn reap_locked(
-        &self,
-        guard: &RegistrationGuard,
-        mut released: impl FnMut(&DeadSlot) -> bool,
-    ) -> ReapReport {
-        let layout = self.map.layout();
-        let mut report = ReapReport::default();
-        let mut live = 0usize;
-        let mut pending_bytes = [0u64; MAX_DEVICES];
-        let now = monotonic_ns();
-        for (index, slot) in claimed_slots(layout) {
-            match judge(slot, index, Some(&guard.fd)) {
-                Liveness::Stale => {
-                    let dead = dead_slot(slot, index, now);
-                    if released(&dead) {
-                        let bytes = self.reclaim_slot(index);
-                        report.reclaimed.push(ReclaimedSlot {
-                            slot: dead.slot,
-                            pid: dead.pid,
-                            bytes,
-                        });
-                    } else {
-                        for (sum, bytes) in pending_bytes.iter_mut().zip(dead.used_bytes) {
-                            *sum = sum.saturating_add(bytes);
-                        }
-                        report.pending.push(PendingSlot {
-                            slot: dead.slot,
-                            pid: dead.pid,
-                            bytes: dead.bytes(),
-                        });
-                    }
-                }
-                Liveness::Alive | Liveness::Unknown => live += 1,
-            }
-        }
-        if live == 0 {
-            // Nobody can be reserving: the totals must be exactly what pending slots hold.
-            for (entry, keep) in layout.devices.iter().zip(pending_bytes) {
-                let before = entry.used_bytes.swap(keep, Ordering::AcqRel);
-                report.drift_cleared_bytes += before.saturating_sub(keep);
-            }
-        }
-        report
-    }
-
-    /// Frees slot `index` (caller holds the registration lock), returning its bytes.
-    fn reclaim_slot(&self, index: usize) -> u64 {
-        let layout = self.map.layout();
-        let slot = &layout.slots[index];
-        let mut total = 0u64;
-        for (device, entry) in layout.devices.iter().enumerate() {
-            let bytes = slot.used[device].swap(0, Ordering::AcqRel);
-            saturating_take(&entry.used_bytes, bytes);
-            total = total.saturating_add(bytes);
-            slot.contexts[device].store(0, Ordering::Relaxed);
-        }
-        slot.state.store(SLOT_FREE, Ordering::Release);
-        // Our own descriptor for it (unregister, or a slot of ours judged dead) goes last, so
-        // nobody sees the slot unlocked while it is still claimed.
-        let held = &self.held[index];
-        let fd = held.fd.swap(-1, Ordering::Relaxed);
-        if fd >= 0 {
-            drop(OwnedFd::from_raw(fd));
-        }
-        total
     }
 }
 
@@ -1070,12 +867,11 @@ impl Drop for Region {
 impl RegionView {
     /// Opens an existing, initialised region read-only.
     pub fn open(path: &Path) -> Result<RegionView, RegionError> {
-        let fd = lock::open(path, libc::O_RDONLY, false)
-            .map_err(|e| RegionError::io(path, "open", e))?;
-        // A creator has made the file but not sized it yet.
+        let fd = open::open_file_readonly(path)?;
+        // A file nobody has initialised (an empty file somebody else created).
         if lock::fstat(&fd)
             .map_err(|e| RegionError::io(path, "stat", e))?
-            .2
+            .size
             == 0
         {
             return Err(RegionError::NotInitialised {
@@ -1083,7 +879,7 @@ impl RegionView {
             });
         }
         let map = Mapping::map(path, &fd, false)?;
-        validate(&map, path)?;
+        open::validate(&map, path)?;
         Ok(RegionView {
             map,
             path: path.to_path_buf(),
@@ -1095,180 +891,22 @@ impl RegionView {
     }
 
     pub fn snapshot(&self) -> RegionSnapshot {
-        let probe = lock::open(&self.path, libc::O_RDONLY, false).ok();
+        let probe = open::open_file_readonly(&self.path).ok().filter(|fd| {
+            lock::fstat(fd)
+                .map(|f| (f.dev, f.ino) == (self.map.dev, self.map.ino))
+                .unwrap_or(false)
+        });
         snapshot(&self.map, probe.as_ref())
     }
 }
 
-/// Maps the file `lock_fd` is open on through a description of its own: a mapping keeps its
-/// open file description alive, and with it any OFD lock taken through it, so the lock and the
-/// mapping must never share one.
-fn map_separately(path: &Path, lock_fd: &OwnedFd) -> Result<Mapping, RegionError> {
-    let map_fd =
-        lock::open(path, libc::O_RDWR, false).map_err(|e| RegionError::io(path, "open", e))?;
-    let (dev, ino, _) = lock::fstat(lock_fd).map_err(|e| RegionError::io(path, "stat", e))?;
-    let map = Mapping::map(path, &map_fd, true)?;
-    if (map.dev, map.ino) != (dev, ino) {
-        return Err(RegionError::Replaced {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(map)
-}
-
-fn set_len(path: &Path, fd: &OwnedFd, len: u64) -> Result<(), RegionError> {
-    // SAFETY: fd is an open, writable descriptor.
-    if unsafe { libc::ftruncate(fd.raw(), len as libc::off_t) } != 0 {
-        return Err(RegionError::io(path, "resize", io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
-fn validate(map: &Mapping, path: &Path) -> Result<(), RegionError> {
-    let header = &map.layout().header;
-    if header.init_state.load(Ordering::Acquire) != INIT_READY {
-        let magic = header.magic.load(Ordering::Relaxed);
-        if magic != 0 && magic != magic_word() {
-            return Err(RegionError::Foreign {
-                path: path.to_path_buf(),
-                found_magic: magic.to_le_bytes(),
-            });
-        }
-        return Err(RegionError::NotInitialised {
-            path: path.to_path_buf(),
-        });
-    }
-    let magic = header.magic.load(Ordering::Relaxed);
-    if magic != magic_word() {
-        return Err(RegionError::Foreign {
-            path: path.to_path_buf(),
-            found_magic: magic.to_le_bytes(),
-        });
-    }
-    let checks: [(&'static str, u64, u64); 7] = [
-        (
-            "layout version",
-            header.layout_version.load(Ordering::Relaxed).into(),
-            LAYOUT_VERSION.into(),
-        ),
-        (
-            "header size",
-            header.header_size.load(Ordering::Relaxed).into(),
-            HEADER_SIZE as u64,
-        ),
-        (
-            "device entry size",
-            header.device_entry_size.load(Ordering::Relaxed).into(),
-            DEVICE_ENTRY_SIZE as u64,
-        ),
-        (
-            "slot size",
-            header.slot_size.load(Ordering::Relaxed).into(),
-            SLOT_SIZE as u64,
-        ),
-        (
-            "device count",
-            header.max_devices.load(Ordering::Relaxed).into(),
-            MAX_DEVICES as u64,
-        ),
-        (
-            "process slot count",
-            header.max_processes.load(Ordering::Relaxed).into(),
-            MAX_PROCESSES as u64,
-        ),
-        (
-            "total size",
-            header.total_size.load(Ordering::Relaxed),
-            REGION_SIZE as u64,
-        ),
-    ];
-    for (what, found, expected) in checks {
-        if found != expected {
-            return Err(RegionError::Incompatible {
-                path: path.to_path_buf(),
-                what,
-                found,
-                expected,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// An unready file may be initialised only if it is ours or blank (an interrupted init).
-fn may_initialise(map: &Mapping) -> bool {
-    let magic = map.layout().header.magic.load(Ordering::Relaxed);
-    magic == 0 || magic == magic_word()
-}
-
-/// Writes a fresh, empty region (caller holds the registration lock).
-fn initialise(map: &Mapping) {
-    let header = &map.layout().header;
-    let generation = header.generation.load(Ordering::Relaxed);
-    header.init_state.store(INIT_EMPTY, Ordering::Release);
-    for word in map.words() {
-        word.store(0, Ordering::Relaxed);
-    }
-    for entry in &map.layout().devices {
-        entry.memory_limit.store(UNLIMITED, Ordering::Relaxed);
-    }
-    header.magic.store(magic_word(), Ordering::Relaxed);
-    header
-        .layout_version
-        .store(LAYOUT_VERSION, Ordering::Relaxed);
-    header
-        .header_size
-        .store(HEADER_SIZE as u32, Ordering::Relaxed);
-    header
-        .device_entry_size
-        .store(DEVICE_ENTRY_SIZE as u32, Ordering::Relaxed);
-    header.slot_size.store(SLOT_SIZE as u32, Ordering::Relaxed);
-    header
-        .max_devices
-        .store(MAX_DEVICES as u32, Ordering::Relaxed);
-    header
-        .max_processes
-        .store(MAX_PROCESSES as u32, Ordering::Relaxed);
-    header
-        .total_size
-        .store(REGION_SIZE as u64, Ordering::Relaxed);
-    header
-        .generation
-        .store(generation.wrapping_add(1), Ordering::Relaxed);
-    header.init_state.store(INIT_READY, Ordering::Release);
-}
-
-fn claimed_slots(layout: &RegionLayout) -> impl Iterator<Item = (usize, &ProcessSlot)> {
-    layout
-        .slots
-        .iter()
-        .enumerate()
-        .filter(|(_, slot)| slot.state.load(Ordering::Acquire) == SLOT_CLAIMED)
-}
-
-/// Liveness of a claimed slot (module doc, "Liveness"). `probe` is any descriptor of the file
-/// that does not itself hold the slot's lock; without one, liveness is unknown.
-fn judge(slot: &ProcessSlot, index: usize, probe: Option<&OwnedFd>) -> Liveness {
-    let Some(probe) = probe else {
-        return Liveness::Unknown;
-    };
-    match lock::is_locked_by_other(probe, slot_lock_offset(index)) {
-        Err(_) => Liveness::Unknown,
-        Ok(false) => Liveness::Stale,
-        Ok(true) => {
-            let identity = ProcessIdentity {
-                pid: slot.pid.load(Ordering::Relaxed),
-                host_pid: slot.host_pid.load(Ordering::Relaxed),
-                start_time: slot.start_time.load(Ordering::Relaxed),
-                pid_ns: slot.pid_ns.load(Ordering::Relaxed),
-            };
-            if identity.same_namespace_as_current() && !identity.is_alive() {
-                Liveness::Stale
-            } else {
-                Liveness::Alive
-            }
-        }
-    }
+/// The sum of every slot's bytes on device entry `device`, over the slots ever claimed.
+fn sum_used(layout: &RegionLayout, device: usize) -> u64 {
+    let high_water =
+        (layout.header.slot_high_water.load(Ordering::SeqCst) as usize).min(MAX_PROCESSES);
+    layout.slots[..high_water].iter().fold(0u64, |sum, slot| {
+        sum.saturating_add(slot.used[device].load(Ordering::SeqCst))
+    })
 }
 
 fn snapshot(map: &Mapping, probe: Option<&OwnedFd>) -> RegionSnapshot {
@@ -1277,30 +915,28 @@ fn snapshot(map: &Mapping, probe: Option<&OwnedFd>) -> RegionSnapshot {
         .devices
         .iter()
         .enumerate()
-        .filter_map(|(index, entry)| {
-            let words = load_uuid(entry);
-            (words != [0; UUID_BYTES / 8]).then(|| DeviceSnapshot {
-                id: DeviceId(index as u8),
-                uuid: uuid_from_words(&words),
-                memory_limit: limit_option(entry.memory_limit.load(Ordering::Relaxed)),
-                compute_percent: percent_option(entry.compute_percent.load(Ordering::Relaxed)),
-                used_bytes: entry.used_bytes.load(Ordering::Relaxed),
-                measured_utilization: match entry.measured_utilization.load(Ordering::Acquire) {
-                    0 => None,
-                    stored => Some(MeasuredUtilization {
-                        basis_points: u32::try_from(stored - 1).unwrap_or(u32::MAX),
-                        at_ns: entry.measured_at_ns.load(Ordering::Relaxed),
-                    }),
-                },
-                context_cost: match entry.context_cost.load(Ordering::Acquire) {
-                    0 => None,
-                    bytes => Some(bytes),
-                },
-            })
+        .filter(|(_, entry)| entry.key.load(Ordering::Acquire) != 0)
+        .map(|(index, entry)| DeviceSnapshot {
+            id: DeviceId(index as u8),
+            uuid: uuid_from_words(&load_uuid(entry)),
+            memory_limit: limit_option(stored_limit(entry.memory_limit.load(Ordering::Relaxed))),
+            compute_percent: percent_option(entry.compute_percent.load(Ordering::Relaxed)),
+            used_bytes: sum_used(layout, index),
+            measured_utilization: match entry.measured_utilization.load(Ordering::Acquire) {
+                0 => None,
+                stored => Some(MeasuredUtilization {
+                    basis_points: u32::try_from(stored - 1).unwrap_or(u32::MAX),
+                    at_ns: entry.measured_at_ns.load(Ordering::Relaxed),
+                }),
+            },
+            context_cost: match entry.context_cost.load(Ordering::Acquire) {
+                0 => None,
+                bytes => Some(bytes),
+            },
         })
         .collect();
-    let processes = claimed_slots(layout)
-        .map(|(index, slot)| ProcessSnapshot {
+    let processes = slots::claimed_slots(layout)
+        .map(|(index, slot, _)| ProcessSnapshot {
             slot: SlotId(index as u16),
             pid: slot.pid.load(Ordering::Relaxed),
             host_pid: slot.host_pid.load(Ordering::Relaxed),
@@ -1308,7 +944,7 @@ fn snapshot(map: &Mapping, probe: Option<&OwnedFd>) -> RegionSnapshot {
             pid_ns: slot.pid_ns.load(Ordering::Relaxed),
             used_bytes: std::array::from_fn(|d| slot.used[d].load(Ordering::Relaxed)),
             contexts: std::array::from_fn(|d| slot.contexts[d].load(Ordering::Relaxed)),
-            liveness: judge(slot, index, probe),
+            liveness: slots::judge(slot, index, probe),
         })
         .collect();
     RegionSnapshot {
@@ -1322,14 +958,13 @@ fn load_uuid(entry: &DeviceEntry) -> [u64; UUID_BYTES / 8] {
     std::array::from_fn(|i| entry.uuid[i].load(Ordering::Relaxed))
 }
 
-/// The lower of two stored compute shares, where 0 means 100 (not throttled).
-fn stricter_percent(a: u32, b: u32) -> u32 {
-    let effective = |p: u32| if p == 0 { 100 } else { p };
-    let lower = effective(a).min(effective(b));
-    if lower >= 100 {
+/// A stored memory limit as the ledger applies it: an entry whose limit nobody has written
+/// yet allows nothing (see `LIMIT_UNSET`).
+fn stored_limit(raw: u64) -> u64 {
+    if raw == LIMIT_UNSET {
         0
     } else {
-        lower
+        raw
     }
 }
 
@@ -1339,44 +974,6 @@ fn limit_option(raw: u64) -> Option<u64> {
 
 fn percent_option(raw: u32) -> Option<u32> {
     (1..=99).contains(&raw).then_some(raw)
-}
-
-/// Describes a stale slot for `reap_dead_if`, stamping when it was first found dead.
-fn dead_slot(slot: &ProcessSlot, index: usize, now: u64) -> DeadSlot {
-    let identity = ProcessIdentity {
-        pid: slot.pid.load(Ordering::Relaxed),
-        host_pid: slot.host_pid.load(Ordering::Relaxed),
-        start_time: slot.start_time.load(Ordering::Relaxed),
-        pid_ns: slot.pid_ns.load(Ordering::Relaxed),
-    };
-    let exit = if !identity.same_namespace_as_current() {
-        ExitState::Unknown
-    } else if identity.is_alive() {
-        ExitState::Exiting
-    } else {
-        ExitState::Exited
-    };
-    // First sighting wins; a stamp from the future (another time namespace) restarts the
-    // clock rather than counting as expired.
-    let seen = match slot
-        .dead_since
-        .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
-    {
-        Ok(_) => now,
-        Err(stamp) if stamp > now => {
-            slot.dead_since.store(now, Ordering::Relaxed);
-            now
-        }
-        Err(stamp) => stamp,
-    };
-    DeadSlot {
-        slot: SlotId(index as u16),
-        pid: identity.pid,
-        host_pid: identity.host_pid,
-        used_bytes: std::array::from_fn(|d| slot.used[d].load(Ordering::Relaxed)),
-        exit,
-        dead_for: std::time::Duration::from_nanos(now - seen),
-    }
 }
 
 /// CLOCK_MONOTONIC in nanoseconds, never 0 (0 marks "not seen dead").
@@ -1391,9 +988,16 @@ fn monotonic_ns() -> u64 {
         .max(1)
 }
 
+/// Adds `amount` to `counter`, saturating.
+fn saturating_add(counter: &AtomicU64, amount: u64) {
+    let _ = counter.fetch_update(Ordering::SeqCst, Ordering::Relaxed, |held| {
+        Some(held.saturating_add(amount))
+    });
+}
+
 /// Subtracts up to `amount` from `counter` without going below zero; returns what was taken.
 fn saturating_take(counter: &AtomicU64, amount: u64) -> u64 {
-    match counter.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |held| {
+    match counter.fetch_update(Ordering::SeqCst, Ordering::Relaxed, |held| {
         Some(held - held.min(amount))
     }) {
         Ok(previous) => previous.min(amount),

@@ -321,8 +321,8 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
 pub const PAUSE_IN_REGISTRATION_ENV: &str = "GPUSLICE_TEST_PAUSE_IN_REGISTRATION";
 
 /// Test hook, inert unless [`PAUSE_IN_REGISTRATION_ENV`] names a file: creates that file, then
-/// blocks (at most 60 s) while holding the region's registration lock with a slot claimed, so
-/// a test can SIGKILL the process at the worst moment and show the others carry on.
+/// blocks (at most 60 s) in the middle of registering, with a slot claimed, so a test can
+/// SIGKILL or SIGSTOP the process at the worst moment and show the others carry on.
 fn pause_in_registration() {
     let Some(marker) = std::env::var_os(PAUSE_IN_REGISTRATION_ENV) else {
         return;
@@ -650,14 +650,46 @@ fn usage_of(shared: &Shared, device: u8) -> Option<(u64, u64)> {
         wrappers::reread_pools_if_any(process);
         graphs::reread_if_any(process);
     }
+    reap_for_views(shared);
     let usage = shared.region.usage(device_id(device));
     Some((usage.limit.unwrap_or(u64::MAX), usage.used))
 }
 
+/// How often a memory report may reap dead processes' slots (views must show a dead
+/// process's memory back within a second of the driver releasing it; each reap probes every
+/// claimed slot's lock, a system call each, so not on every report).
+const VIEW_REAP_INTERVAL_NS: u64 = 250_000_000;
+static LAST_VIEW_REAP_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Reaps, at most every [`VIEW_REAP_INTERVAL_NS`] per process, the slots of dead processes
+/// whose memory the driver has released, so the slice's views stop counting it without
+/// waiting for another process to start or an allocation to be refused.
+fn reap_for_views(shared: &Shared) {
+    let now = crate::throttle::now_ns();
+    let last = LAST_VIEW_REAP_NS.load(Ordering::Relaxed);
+    if now.saturating_sub(last) < VIEW_REAP_INTERVAL_NS
+        || LAST_VIEW_REAP_NS
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    log_reap(
+        shared
+            .region
+            .reap_dead_if(|dead| wrappers::driver_released(shared, dead)),
+    );
+}
+
 /// Child side of fork: the parent's objects, pools and contexts are not the child's. Only
-/// atomics here (async-signal-safe); the child re-registers at its next hooked call, when
-/// `state` runs `attach` again with the same region object.
+/// atomics and close(2) here (async-signal-safe); the child re-registers at its next hooked
+/// call, when `state` runs `attach` again with the same region object. The parent's slot
+/// descriptors are closed at once: held by a child that never calls CUDA again (a data
+/// loader worker), they would keep the parent's slot looking alive after the parent died.
 pub fn after_fork_in_child() {
+    if let Some(shared) = shared() {
+        shared.region.close_inherited_slot_locks();
+    }
     PROCESS.store(std::ptr::null_mut(), Ordering::Release);
     graphs::after_fork_in_child();
 }

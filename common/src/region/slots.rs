@@ -1,0 +1,287 @@
+//! Process slots: claiming one (registration), giving it back, judging whether a slot's owner
+//! lives, and reaping the slots of dead owners once the driver has let go of their memory.
+//! No step waits for anybody: claims and frees are compare-and-swaps on the slot's state word
+//! under non-blocking OFD locks (module doc of `region`: "Liveness", "Reaping").
+
+use std::sync::atomic::Ordering;
+
+use super::layout::{
+    slot_freed, slot_is_claimed, slot_lock_offset, slot_next_claim, slot_reclaim_offset,
+    ProcessSlot, RegionLayout,
+};
+use super::lock::{self, OwnedFd};
+use super::{
+    monotonic_ns, DeadSlot, ExitState, Liveness, PendingSlot, ProcessIdentity, ReapReport,
+    ReclaimedSlot, Region, RegionError, SlotId, MAX_PROCESSES,
+};
+
+impl Region {
+    /// Claims a slot for `identity`: a free one, else one whose dead owner holds nothing (or
+    /// has been dead for `RELEASE_TIMEOUT`). Call again in a forked child: it gets its own slot.
+    pub fn register(&self, identity: &ProcessIdentity) -> Result<SlotId, RegionError> {
+        self.register_with(identity, |_| {})
+    }
+
+    /// `register`, running `after_claim` with the slot claimed and its liveness lock held
+    /// (tests use it to stop or die at the worst moment).
+    pub fn register_with(
+        &self,
+        identity: &ProcessIdentity,
+        after_claim: impl FnOnce(SlotId),
+    ) -> Result<SlotId, RegionError> {
+        self.close_inherited_slot_locks();
+        for attempt in 0..2 {
+            if let Some(slot) = self.claim_free_slot(identity)? {
+                after_claim(slot);
+                return Ok(slot);
+            }
+            if attempt == 0 {
+                self.reap_dead()?;
+            }
+        }
+        Err(RegionError::Full {
+            path: self.path.clone(),
+        })
+    }
+
+    /// Gives back a slot this process registered; its bytes leave the ledger with it.
+    pub fn unregister(&self, slot: SlotId) -> Result<(), RegionError> {
+        let held = &self.held[slot.index()];
+        if held.fd.load(Ordering::Relaxed) < 0
+            || held.owner_pid.load(Ordering::Relaxed) != std::process::id()
+        {
+            return Err(RegionError::NotOwner {
+                path: self.path.clone(),
+                slot,
+            });
+        }
+        let record = &self.map.layout().slots[slot.index()];
+        let state = record.state.load(Ordering::Acquire);
+        free_slot(record, state);
+        self.drop_held(slot.index());
+        Ok(())
+    }
+
+    /// Frees every dead slot whose freeing returns no budget early (it holds nothing, or its
+    /// owner has been dead for `RELEASE_TIMEOUT`). Dead slots holding memory wait for
+    /// `reap_dead_if` with the driver's word.
+    pub fn reap_dead(&self) -> Result<ReapReport, RegionError> {
+        self.reap_dead_if(DeadSlot::holds_nothing_or_timed_out)
+    }
+
+    /// Two-phase reap: every slot whose owner is dead is offered to `released`, which says
+    /// whether the driver no longer holds that process's memory. Only those slots are freed
+    /// (their bytes leave the sums); the others stay claimed and charged (`pending`) until a
+    /// later reap. Never waits: a slot another reaper is freeing is skipped.
+    pub fn reap_dead_if(
+        &self,
+        mut released: impl FnMut(&DeadSlot) -> bool,
+    ) -> Result<ReapReport, RegionError> {
+        let probe = self.reopen(libc::O_RDWR)?;
+        let layout = self.map.layout();
+        let mut report = ReapReport::default();
+        let now = monotonic_ns();
+        for (index, slot, state) in claimed_slots(layout) {
+            if judge(slot, index, Some(&probe)) != Liveness::Stale {
+                continue;
+            }
+            let dead = dead_slot(slot, index, now);
+            if !released(&dead) {
+                report.pending.push(PendingSlot {
+                    slot: dead.slot,
+                    pid: dead.pid,
+                    bytes: dead.bytes(),
+                });
+                continue;
+            }
+            let reclaim = slot_reclaim_offset(index);
+            if !lock::try_lock(&probe, reclaim).unwrap_or(false) {
+                continue; // another reaper is freeing it
+            }
+            // Still the claim we judged? (Freed, or freed and claimed again, meanwhile.)
+            if slot.state.load(Ordering::Acquire) == state {
+                let bytes = free_slot(slot, state);
+                report.reclaimed.push(ReclaimedSlot {
+                    slot: dead.slot,
+                    pid: dead.pid,
+                    bytes,
+                });
+                // One of ours judged dead (an inherited descriptor): close it.
+                if self.held[index].owner_pid.load(Ordering::Relaxed) != std::process::id() {
+                    self.drop_held(index);
+                }
+            }
+            lock::unlock(&probe, reclaim);
+        }
+        Ok(report)
+    }
+
+    /// Whether a live slot exists that this `Region` did not register.
+    pub(super) fn others_live(&self) -> bool {
+        let me = std::process::id();
+        let probe = self.reopen(libc::O_RDONLY).ok();
+        claimed_slots(self.map.layout()).any(|(index, slot, _)| {
+            let held = &self.held[index];
+            let ours = held.fd.load(Ordering::Relaxed) >= 0
+                && held.owner_pid.load(Ordering::Relaxed) == me;
+            !ours && judge(slot, index, probe.as_ref()) != Liveness::Stale
+        })
+    }
+
+    fn claim_free_slot(&self, identity: &ProcessIdentity) -> Result<Option<SlotId>, RegionError> {
+        let layout = self.map.layout();
+        let fd = self.reopen(libc::O_RDWR)?;
+        for (index, slot) in layout.slots.iter().enumerate() {
+            let state = slot.state.load(Ordering::Acquire);
+            if slot_is_claimed(state) {
+                continue;
+            }
+            // Whoever holds a free slot's lock is claiming it, or is a descendant that
+            // inherited a dead owner's descriptor: not ours to take either way.
+            let offset = slot_lock_offset(index);
+            if !lock::try_lock(&fd, offset)
+                .map_err(|e| RegionError::io(&self.path, "lock a slot of", e))?
+            {
+                continue;
+            }
+            // The lock makes us the only claimant; the identity is in place before the
+            // state says "claimed", so nobody judges a half-written slot.
+            slot.pid.store(identity.pid, Ordering::Relaxed);
+            slot.host_pid.store(identity.host_pid, Ordering::Relaxed);
+            slot.start_time
+                .store(identity.start_time, Ordering::Relaxed);
+            slot.pid_ns.store(identity.pid_ns, Ordering::Relaxed);
+            slot.heartbeat.store(0, Ordering::Relaxed);
+            slot.dead_since.store(0, Ordering::Relaxed);
+            for (used, contexts) in slot.used.iter().zip(&slot.contexts) {
+                used.store(0, Ordering::SeqCst);
+                contexts.store(0, Ordering::Relaxed);
+            }
+            if slot
+                .state
+                .compare_exchange(
+                    state,
+                    slot_next_claim(state),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_err()
+            {
+                lock::unlock(&fd, offset);
+                continue;
+            }
+            // Before this process can reserve anything: sums must include the slot.
+            layout
+                .header
+                .slot_high_water
+                .fetch_max(index as u32 + 1, Ordering::SeqCst);
+            let held = &self.held[index];
+            held.owner_pid.store(std::process::id(), Ordering::Relaxed);
+            held.fd.store(fd.into_raw(), Ordering::Relaxed);
+            return Ok(Some(SlotId(index as u16)));
+        }
+        Ok(None)
+    }
+
+    /// Closes this process's descriptor for slot `index`, if it has one.
+    fn drop_held(&self, index: usize) {
+        let fd = self.held[index].fd.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            drop(OwnedFd::from_raw(fd));
+        }
+    }
+}
+
+/// Zeroes a slot's counters, then frees it if it is still in the claimed `state`; returns the
+/// bytes it held. The counters go first: a slot seen free never holds bytes.
+fn free_slot(slot: &ProcessSlot, state: u32) -> u64 {
+    let mut total = 0u64;
+    for (used, contexts) in slot.used.iter().zip(&slot.contexts) {
+        total = total.saturating_add(used.swap(0, Ordering::SeqCst));
+        contexts.store(0, Ordering::Relaxed);
+    }
+    let _ = slot.state.compare_exchange(
+        state,
+        slot_freed(state),
+        Ordering::AcqRel,
+        Ordering::Relaxed,
+    );
+    total
+}
+
+/// The claimed slots with their state words.
+pub(super) fn claimed_slots(
+    layout: &RegionLayout,
+) -> impl Iterator<Item = (usize, &ProcessSlot, u32)> {
+    let high_water =
+        (layout.header.slot_high_water.load(Ordering::Acquire) as usize).min(MAX_PROCESSES);
+    layout.slots[..high_water]
+        .iter()
+        .enumerate()
+        .filter_map(|(index, slot)| {
+            let state = slot.state.load(Ordering::Acquire);
+            slot_is_claimed(state).then_some((index, slot, state))
+        })
+}
+
+/// Liveness of a claimed slot (module doc, "Liveness"). `probe` is any descriptor of the file
+/// that does not itself hold the slot's lock; without one, liveness is unknown.
+pub(super) fn judge(slot: &ProcessSlot, index: usize, probe: Option<&OwnedFd>) -> Liveness {
+    let Some(probe) = probe else {
+        return Liveness::Unknown;
+    };
+    match lock::is_locked_by_other(probe, slot_lock_offset(index)) {
+        Err(_) => Liveness::Unknown,
+        Ok(false) => Liveness::Stale,
+        Ok(true) => {
+            let identity = identity_of(slot);
+            if identity.same_namespace_as_current() && !identity.is_alive() {
+                Liveness::Stale
+            } else {
+                Liveness::Alive
+            }
+        }
+    }
+}
+
+fn identity_of(slot: &ProcessSlot) -> ProcessIdentity {
+    ProcessIdentity {
+        pid: slot.pid.load(Ordering::Relaxed),
+        host_pid: slot.host_pid.load(Ordering::Relaxed),
+        start_time: slot.start_time.load(Ordering::Relaxed),
+        pid_ns: slot.pid_ns.load(Ordering::Relaxed),
+    }
+}
+
+/// Describes a stale slot for `reap_dead_if`, stamping when it was first found dead.
+fn dead_slot(slot: &ProcessSlot, index: usize, now: u64) -> DeadSlot {
+    let identity = identity_of(slot);
+    let exit = if !identity.same_namespace_as_current() {
+        ExitState::Unknown
+    } else if identity.is_alive() {
+        ExitState::Exiting
+    } else {
+        ExitState::Exited
+    };
+    // First sighting wins; a stamp from the future (another time namespace) restarts the
+    // clock rather than counting as expired.
+    let seen = match slot
+        .dead_since
+        .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+    {
+        Ok(_) => now,
+        Err(stamp) if stamp > now => {
+            slot.dead_since.store(now, Ordering::Relaxed);
+            now
+        }
+        Err(stamp) => stamp,
+    };
+    DeadSlot {
+        slot: SlotId(index as u16),
+        pid: identity.pid,
+        host_pid: identity.host_pid,
+        used_bytes: std::array::from_fn(|d| slot.used[d].load(Ordering::Relaxed)),
+        exit,
+        dead_for: std::time::Duration::from_nanos(now - seen),
+    }
+}
