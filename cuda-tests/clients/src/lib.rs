@@ -178,9 +178,12 @@ pub fn start_barrier() -> Result<(), String> {
     ready.push(format!(".ready.{}", std::process::id()));
     std::fs::write(&ready, b"")
         .map_err(|e| format!("{START_BARRIER_VARIABLE}: cannot create {ready:?}: {e}"))?;
-    std::fs::File::open(&fifo)
-        .map(drop)
-        .map_err(|e| format!("{START_BARRIER_VARIABLE}: cannot open {}: {e}", fifo.display()))
+    std::fs::File::open(&fifo).map(drop).map_err(|e| {
+        format!(
+            "{START_BARRIER_VARIABLE}: cannot open {}: {e}",
+            fifo.display()
+        )
+    })
 }
 
 /// How the `launch` scenario submits kernels.

@@ -35,6 +35,7 @@
 //! only the slice's first process needs room for the bound. Where NVML cannot tell, what was
 //! reserved stays charged.
 
+mod context_start;
 pub mod graphs;
 mod host_pid;
 pub mod ledger;
