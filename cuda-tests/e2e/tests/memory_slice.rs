@@ -1159,16 +1159,32 @@ fn processes_starting_together_whose_contexts_fit_are_never_refused_and_leave_no
     // first must measure it while the others start in the same instant. In the 2 GiB slice
     // even three 512 MiB provisional bounds fit: what goes wrong there is a context that
     // stays charged at the bound (NVML's list shows several new entries: which is ours?).
+    // Primary contexts (cuDevicePrimaryCtxRetain), and once created ones (cuCtxCreate*).
     let gpu = FakeGpu::start("v100");
     let each = 16 * MIB;
-    for (n, limit) in [(3, 2 * GIB), (2, 700 * MIB), (3, GIB), (8, 2560 * MIB)] {
+    let cases = [
+        (3, 2 * GIB, false),
+        (2, 700 * MIB, false),
+        (3, GIB, false),
+        (8, 2560 * MIB, false),
+        (3, GIB, true),
+    ];
+    for (n, limit, created) in cases {
         for run in 0..20 {
-            let what = format!("{n} processes in a {} MiB slice, run {run}", limit / MIB);
+            let what = format!(
+                "{n} processes in a {} MiB slice (created contexts: {created}), run {run}",
+                limit / MIB
+            );
             let slice = Slice::builder()
                 .device(0, &format!("{}MiB", limit / MIB), None)
                 .build();
+            let env = if created {
+                created_context_env(slice.env(&gpu))
+            } else {
+                slice.env(&gpu)
+            };
             gpu.truth().reset_peak_memory(0);
-            let clients = start_together(n, &["hold", "16MiB"], &slice.env(&gpu));
+            let clients = start_together(n, &["hold", "16MiB"], &env);
             for client in &clients {
                 assert_eq!(
                     client.first["result"], "CUDA_SUCCESS",
