@@ -161,6 +161,31 @@ impl ContextMode {
     }
 }
 
+/// The variable naming a start barrier (a FIFO) that [`start_barrier`] waits on.
+pub const START_BARRIER_VARIABLE: &str = "CLIENT_START_BARRIER";
+
+/// Waits at the start barrier named by [`START_BARRIER_VARIABLE`], if any: announces itself
+/// with the file `<FIFO>.ready.<pid>`, then opens the FIFO for reading, which the kernel
+/// blocks until a writer opens it. A test that waits for every `.ready` file and then opens
+/// the FIFO for writing releases all of its processes in the same instant (no polling).
+/// `Err` says which step failed.
+pub fn start_barrier() -> Result<(), String> {
+    let Some(fifo) = std::env::var_os(START_BARRIER_VARIABLE) else {
+        return Ok(());
+    };
+    let fifo = std::path::PathBuf::from(fifo);
+    let mut ready = fifo.clone().into_os_string();
+    ready.push(format!(".ready.{}", std::process::id()));
+    std::fs::write(&ready, b"")
+        .map_err(|e| format!("{START_BARRIER_VARIABLE}: cannot create {ready:?}: {e}"))?;
+    std::fs::File::open(&fifo).map(drop).map_err(|e| {
+        format!(
+            "{START_BARRIER_VARIABLE}: cannot open {}: {e}",
+            fifo.display()
+        )
+    })
+}
+
 /// How the `launch` scenario submits kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LaunchPath {

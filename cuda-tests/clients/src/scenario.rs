@@ -248,7 +248,10 @@ driver frees what a context owned), a context made again, mem_free read in it. -
   context before it allocates.
   --release-after N (with --end reset): after the context is made anew, N releases of
   references the reset kept (late_releases, mem_free_after_releases).
-Environment: CLIENT_CONTEXT=primary (default: device primary contexts, cuDevicePrimaryCtxRetain)
+Environment: CLIENT_START_BARRIER=FIFO: before making its context, the scenario creates
+  FIFO.ready.<pid> and opens FIFO for reading, which blocks until the test opens it for
+  writing, so processes released together really start their contexts together.
+  CLIENT_CONTEXT=primary (default: device primary contexts, cuDevicePrimaryCtxRetain)
   or created (one non-primary context per device and process, cuCtxCreate; shared by the
   process's threads; cudarc-client makes it with cuCtxCreate_v4, the others with _v2).";
 
@@ -390,6 +393,7 @@ fn setup<G: Gpu + ?Sized>(gpu: &G) -> Result<i32, Value> {
     let dev = gpu
         .device(0)
         .map_err(|f| setup_failed(gpu, "cuDeviceGet", f))?;
+    crate::start_barrier().map_err(|e| json!({"error": e, "failed_step": "start barrier"}))?;
     gpu.context(dev)
         .map_err(|f| setup_failed(gpu, "context", f))?;
     Ok(dev)

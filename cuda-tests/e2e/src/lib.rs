@@ -26,8 +26,9 @@
 //!
 //! Child processes get an explicit environment: the caller's `Env` on top of the test's own
 //! environment minus every variable that would change what a client sees (LD_PRELOAD,
-//! GPUSLICE_*, FAKEGPU_*, HAMi's CUDA_DEVICE_*, the clients' CLIENT_CONTEXT), so a
-//! developer's shell cannot leak a slice, a state file or a context mode into a test.
+//! GPUSLICE_*, FAKEGPU_*, HAMi's CUDA_DEVICE_*, the clients' CLIENT_CONTEXT and
+//! CLIENT_START_BARRIER), so a developer's shell cannot leak a slice, a state file, a context
+//! mode or a barrier into a test.
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
@@ -55,6 +56,7 @@ const SCRUBBED_PREFIXES: &[&str] = &[
     "LIBCUDA_LOG_LEVEL",
     "CUDA_VISIBLE_DEVICES",
     "CLIENT_CONTEXT",
+    "CLIENT_START_BARRIER",
 ];
 
 /// `target/<profile>`: the directory holding this test binary's `deps/` folder.
@@ -553,6 +555,76 @@ pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> 
             panic!("timed out after {timeout:?} waiting until {what}");
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A start barrier for client processes (`CLIENT_START_BARRIER`, see the clients' README):
+/// every client given [`StartBarrier::env`] blocks right before making its context until
+/// [`StartBarrier::release`], which lets them all go in the same instant.
+pub struct StartBarrier {
+    dir: TempDir,
+    writer: Option<std::fs::File>,
+}
+
+impl StartBarrier {
+    pub fn new() -> StartBarrier {
+        let dir = TempDir::new("barrier");
+        let fifo = dir.path().join("start");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes())
+            .expect("temp path without NUL");
+        // SAFETY: c_path is a valid NUL-terminated path.
+        let made = unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) };
+        assert_eq!(
+            made,
+            0,
+            "mkfifo {}: {}",
+            fifo.display(),
+            std::io::Error::last_os_error()
+        );
+        StartBarrier { dir, writer: None }
+    }
+
+    fn fifo(&self) -> PathBuf {
+        self.dir.path().join("start")
+    }
+
+    /// `CLIENT_START_BARRIER` for the clients that wait at this barrier.
+    pub fn env(&self) -> (String, String) {
+        (
+            "CLIENT_START_BARRIER".into(),
+            self.fifo().display().to_string(),
+        )
+    }
+
+    /// Waits until `waiting` clients stand at the barrier, then releases them all at once
+    /// (opening the FIFO for writing wakes every reader blocked in open). The write end stays
+    /// open until the barrier is dropped, so a client that announced itself just before
+    /// blocking goes through at once instead of waiting forever.
+    pub fn release(&mut self, waiting: usize) {
+        let dir = self.dir.path().to_path_buf();
+        wait_until(
+            &format!("{waiting} clients stand at the start barrier"),
+            DEFAULT_TIMEOUT,
+            || {
+                std::fs::read_dir(&dir).map_or(0, |entries| {
+                    entries
+                        .filter_map(Result::ok)
+                        .filter(|e| e.file_name().to_string_lossy().starts_with("start.ready."))
+                        .count()
+                }) >= waiting
+            },
+        );
+        let writer = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.fifo())
+            .expect("open the start barrier for writing");
+        self.writer = Some(writer);
+    }
+}
+
+impl Default for StartBarrier {
+    fn default() -> Self {
+        StartBarrier::new()
     }
 }
 

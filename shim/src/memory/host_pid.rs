@@ -6,13 +6,17 @@
 //! 2. otherwise, diff NVML's process list around this process's FIRST context creation on a
 //!    device: the one entry that appeared (and is not already claimed by another slot of the
 //!    region) is us; its `usedGpuMemory` at that moment is also the driver's per-context cost;
-//! 3. otherwise (several processes created contexts in the same instant), later process-list
-//!    reads match the one unclaimed entry whose usage equals what our ledger charged us.
+//! 3. otherwise (several processes created contexts in the same instant: processes of one
+//!    slice take turns under `context_start`'s measuring lock, so these are processes outside
+//!    it), the cost is still known when all new entries agree on it
+//!    ([`cost_of_simultaneous_contexts`]), and later process-list reads match the one
+//!    unclaimed entry whose usage equals what our ledger charged us.
 //!
 //! Failure mode: when no unique candidate exists the host PID stays unknown; the process is
 //! then missing from the slice's process list (never another tenant's process shown in its
-//! place), and the context keeps what was reserved for it (the slice's measured cost, or
-//! the configured bound).
+//! place). A context whose cost could not be told keeps what was reserved for it when that
+//! was a measured cost, else is charged the configured bound (or undone when that does not
+//! fit: see `wrappers::create_context`).
 //!
 //! The same lists say when a DEAD process's memory has really gone back to the card
 //! ([`release_evidence`]): NVML's word beats the kernel's and any timer.
@@ -43,6 +47,23 @@ pub fn find_after_context_creation(
         .filter(|e| !before.iter().any(|b| b.pid == e.pid) && !claimed_by_others.contains(&e.pid));
     let first = appeared.next()?;
     appeared.next().is_none().then_some(first)
+}
+
+/// When step 2 is ambiguous (processes outside the slice, or a starter that gave up waiting
+/// for the measuring lock, created contexts in the same instant): the cost is still known if
+/// every unclaimed entry that appeared shows the same bytes, since ours is one of them and
+/// holds nothing but its new context. The host PID stays unknown (step 3 finds it later).
+pub fn cost_of_simultaneous_contexts(
+    before: &[ListedProcess],
+    after: &[ListedProcess],
+    claimed_by_others: &[u32],
+) -> Option<u64> {
+    let mut appeared = after
+        .iter()
+        .filter(|e| !before.iter().any(|b| b.pid == e.pid) && !claimed_by_others.contains(&e.pid))
+        .map(|e| e.used);
+    let first = appeared.next()?;
+    appeared.all(|used| used == first).then_some(first)
 }
 
 /// Step 3: the one unclaimed entry using exactly `expected_used` bytes.
@@ -135,6 +156,24 @@ mod tests {
             find_after_context_creation(&[], &after, 0, &[1]),
             Some(p(2, 300 * MIB))
         );
+    }
+
+    #[test]
+    fn simultaneous_new_entries_still_tell_the_cost_when_they_agree() {
+        let before = [p(100, MIB)];
+        let same = [p(100, 9 * MIB), p(1, 300 * MIB), p(2, 300 * MIB)];
+        assert_eq!(
+            cost_of_simultaneous_contexts(&before, &same, &[]),
+            Some(300 * MIB)
+        );
+        // One of them already allocated past its context: which one is us is unknowable.
+        let differ = [p(1, 300 * MIB), p(2, 364 * MIB)];
+        assert_eq!(cost_of_simultaneous_contexts(&before, &differ, &[]), None);
+        assert_eq!(
+            cost_of_simultaneous_contexts(&before, &differ, &[2]),
+            Some(300 * MIB)
+        );
+        assert_eq!(cost_of_simultaneous_contexts(&before, &before, &[]), None);
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! * [`pools`], [`vmm`]: when pool and VMM memory really returns to the card;
 //! * [`graphs`]: CUDA graph memory, charged as the device's graph pool really holds it;
 //! * [`host_pid`]: which NVML process entry is us (host PID discovery, context cost);
+//! * [`context_start`]: what a new context reserves, the slice's measuring lock, and the
+//!   line that says why a context was refused;
 //! * [`wrappers`]: the FFI handlers for the paths whose size the driver decides (pitch,
 //!   pools, VMM, contexts) and the NVML process lists;
 //! * this file: the process-wide state (region, slot, device bindings) and the seam the plain
@@ -29,12 +31,15 @@
 //! Before the first context of the process on a device it reserves what a process of the
 //! slice already measured there (the region's per-device `context_cost`, the largest figure
 //! seen), or, when none has, an upper bound (`GPUSLICE_CONTEXT_OVERHEAD`, default
-//! [`DEFAULT_CONTEXT_BOUND`]). Right after, it reads its own entry in NVML's process list
-//! (see [`host_pid`]), settles the charge to that measured figure (undoing the context when
-//! the real cost does not fit) and publishes it; later contexts of the process use it. So
-//! only the slice's first process needs room for the bound. Where NVML cannot tell, what was
-//! reserved stays charged.
+//! [`DEFAULT_CONTEXT_BOUND`]) up to the slice's room. Right after, it reads its own entry in
+//! NVML's process list (see [`host_pid`]), settles the charge to that measured figure
+//! (undoing the context when the real cost does not fit) and publishes it; later contexts of
+//! the process use it. Processes of the slice take that step one at a time
+//! ([`context_start`]), so simultaneous starts neither refuse each other nor mistake each
+//! other's NVML entries. Where NVML cannot tell, a measured figure stays charged, the bound
+//! is charged whole.
 
+mod context_start;
 pub mod graphs;
 mod host_pid;
 pub mod ledger;

@@ -17,6 +17,7 @@ use gpuslice_abi::nvml::ret::{
 use gpuslice_abi::nvml::*;
 use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_TIMEOUT};
 
+use super::context_start::{self, Expected, Refused};
 use super::host_pid::{self, ListedProcess};
 use super::ledger::{charge_size, lock, pitch_upper_bound, PrimaryContext, Settled};
 use super::objects::{Charged, ObjectKind};
@@ -631,9 +632,10 @@ pub unsafe fn mem_retain_allocation_handle(
 /// Creates a context on `ordinal` (the caller holds the primaries lock, which serialises
 /// context creation in this process): reserves the context cost, calls the driver, and on
 /// the first context of the process on the device measures the real cost and our host PID
-/// from NVML. When that real cost does not fit in the slice, `undo` gives the new context back
-/// to the real driver (true = done) and the answer is `CUDA_ERROR_OUT_OF_MEMORY` with nothing
-/// charged. Returns the driver's result and what stays charged.
+/// from NVML, under the slice's measuring lock for the device (`context_start`). When that
+/// real cost does not fit in the slice, `undo` gives the new context back to the real driver
+/// (true = done) and the answer is `CUDA_ERROR_OUT_OF_MEMORY` with nothing charged. Returns
+/// the driver's result and what stays charged.
 fn create_context(
     process: &Process,
     shared: &Shared,
@@ -641,81 +643,115 @@ fn create_context(
     call: impl FnOnce() -> CUresult,
     undo: impl FnOnce() -> bool,
 ) -> (CUresult, Option<(u8, u64)>) {
+    use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
     let device = match cuda_binding(shared, ordinal) {
         Ok(Binding::Limited(d)) => d,
         Ok(Binding::Unlimited) => return (call(), None),
         Err(code) => return (code, None),
     };
     let cost_cell = &shared.context_cost[device as usize];
-    let known_cost = cost_cell.load(std::sync::atomic::Ordering::Acquire);
-    // This process's own measurement, else what another process of the slice measured on
-    // the device, else the upper bound. The latter two are still measured and settled below.
-    let reserved = if known_cost > 0 {
-        known_cost
-    } else {
-        shared
-            .region
-            .context_cost(device_id(device))
-            .unwrap_or(shared.context_bound)
-    };
-    if let Err(code) = charge_or_refuse(process, device, reserved) {
-        return (code, None);
-    }
-    let slot_used = shared.region.slot_used(process.slot, device_id(device));
-    // Measuring needs our entry to hold nothing but the new context.
-    let measure = slot_used == reserved
-        && (known_cost == 0 || process.host_pid.load(std::sync::atomic::Ordering::Relaxed) == 0);
-    let nvml = if measure {
+    let own_cost = cost_cell.load(Acquire);
+    // Measuring needs our NVML entry to hold nothing but the new context; it is needed while
+    // our cost or our entry is unknown. Processes of the slice measure one at a time.
+    let wants_measure = (own_cost == 0 || process.host_pid.load(Relaxed) == 0)
+        && shared.region.slot_used(process.slot, device_id(device)) == 0;
+    let nvml = if wants_measure {
         nvml_for_cuda(ordinal)
     } else {
         None
     };
+    let _measuring = nvml.and_then(|_| {
+        context_start::lock_for_measuring(
+            shared.region.path(),
+            device,
+            context_start::MEASURING_WAIT,
+        )
+    });
+    // This process's own measurement, else what another process of the slice measured on
+    // the device (read under the lock: the previous holder just published it), else the
+    // bound. The latter two are still measured and settled below.
+    let expected = match (own_cost, shared.region.context_cost(device_id(device))) {
+        (own, _) if own > 0 => Expected::Measured(own),
+        (_, Some(slice)) => Expected::Measured(slice),
+        (_, None) => Expected::Bound(shared.context_bound),
+    };
+    let Some(reserved) = context_start::reserve(process, shared, device, expected, nvml.is_some())
+    else {
+        let why = match expected {
+            Expected::Measured(cost) => Refused::Measured(cost),
+            // Only the slice's room was wanted, and there is none.
+            Expected::Bound(_) if nvml.is_some() => Refused::Full,
+            // The whole bound was wanted: the cost cannot be measured here.
+            Expected::Bound(bound) => Refused::Unmeasured { bound },
+        };
+        context_start::log_refusal(shared, device, why);
+        return (CUDA_ERROR_OUT_OF_MEMORY, None);
+    };
+    // Another thread of this process may have charged the device meanwhile: our entry would
+    // then show more than the context.
+    let nvml =
+        nvml.filter(|_| shared.region.slot_used(process.slot, device_id(device)) == reserved);
     let before = nvml.map(nvml_processes).unwrap_or_default();
     let result = call();
     if result != CUDA_SUCCESS {
         process.ledger.refund(device, reserved);
         return (result, None);
     }
-    let mut charged = reserved;
-    if let Some(handle) = nvml {
+    let measured = nvml.and_then(|handle| {
         let after = nvml_processes(handle);
         let claimed = claimed_host_pids(shared, process);
-        let known_host = process.host_pid.load(std::sync::atomic::Ordering::Relaxed);
-        if let Some(me) =
-            host_pid::find_after_context_creation(&before, &after, known_host, &claimed)
-        {
-            record_host_pid(shared, process, me.pid);
-            if let Some(cost) = host_pid::plausible_context_cost(&me) {
-                let _ = cost_cell.compare_exchange(
-                    0,
-                    cost,
-                    std::sync::atomic::Ordering::AcqRel,
-                    std::sync::atomic::Ordering::Acquire,
-                );
-                let cost = cost_cell.load(std::sync::atomic::Ordering::Acquire);
-                shared.region.record_context_cost(device_id(device), cost);
-                match process.ledger.settle_or_undo(device, reserved, cost, undo) {
-                    Settled::Charged => charged = cost,
-                    Settled::Undone => {
-                        crate::log_debug!(
-                            "refusing a context of {cost} bytes on device entry {device}: slice limit reached"
-                        );
-                        return (CUDA_ERROR_OUT_OF_MEMORY, None);
-                    }
-                    Settled::PastLimit => {
-                        crate::log_error!(
-                            "a context of {cost} bytes does not fit in the slice and could not be destroyed; charged in full, past the limit"
-                        );
-                        charged = cost;
-                    }
-                }
+        let known_host = process.host_pid.load(Relaxed);
+        match host_pid::find_after_context_creation(&before, &after, known_host, &claimed) {
+            Some(me) => {
+                record_host_pid(shared, process, me.pid);
+                host_pid::plausible_context_cost(&me)
             }
-        } else {
-            crate::log_info!(
-                "could not tell our entry in NVML's process list; keeping the {reserved} bytes reserved for the context"
-            );
+            None => host_pid::cost_of_simultaneous_contexts(&before, &after, &claimed)
+                .filter(|&cost| cost > 0 && cost <= host_pid::MAX_PLAUSIBLE_CONTEXT_BYTES),
         }
-    }
+    });
+    let (real_cost, why_refused) = match (measured, expected) {
+        (Some(cost), _) => {
+            let _ = cost_cell.compare_exchange(0, cost, AcqRel, Acquire);
+            let cost = cost_cell.load(Acquire);
+            shared.region.record_context_cost(device_id(device), cost);
+            (cost, Refused::Measured(cost))
+        }
+        // Unmeasured: a measured figure stays as reserved; the bound is charged whole even
+        // where only the slice's room was reserved (the context may cost all of it).
+        (None, Expected::Measured(cost)) => {
+            if nvml.is_some() {
+                crate::log_info!(
+                    "could not tell our entry in NVML's process list; keeping the {reserved} bytes reserved for the context"
+                );
+            }
+            (cost.max(reserved), Refused::Measured(cost))
+        }
+        (None, Expected::Bound(bound)) => {
+            if nvml.is_some() {
+                crate::log_info!(
+                    "could not tell our entry in NVML's process list; charging the context the {bound}-byte bound"
+                );
+            }
+            (bound, Refused::Unmeasured { bound })
+        }
+    };
+    let charged = match process
+        .ledger
+        .settle_or_undo(device, reserved, real_cost, undo)
+    {
+        Settled::Charged => real_cost,
+        Settled::Undone => {
+            context_start::log_refusal(shared, device, why_refused);
+            return (CUDA_ERROR_OUT_OF_MEMORY, None);
+        }
+        Settled::PastLimit => {
+            crate::log_error!(
+                "a context of {real_cost} bytes does not fit in the slice and could not be destroyed; charged in full, past the limit"
+            );
+            real_cost
+        }
+    };
     shared
         .region
         .context_created(process.slot, device_id(device));

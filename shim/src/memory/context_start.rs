@@ -1,0 +1,295 @@
+//! Starting a context in the slice: what is reserved before the driver makes it, the lock
+//! under which one process of the slice at a time measures a new context, and the one line
+//! that says why a context was refused.
+//!
+//! Why a lock: what a context costs, and which NVML process entry is ours, are read by
+//! diffing NVML's process list around the creation (see `host_pid`). Processes of a slice
+//! that start together made that diff ambiguous, so a context stayed charged at the
+//! provisional bound for its life, and each starter's provisional reservation (the bound,
+//! 512 MiB by default) could fill the slice so that others were refused although all the
+//! real contexts fit. Under the lock the slice has at most one provisional reservation at a
+//! time, the entry that appears is ours, and the next starter reserves the cost the previous
+//! one measured and published in the region. The lock is an OFD lock on a byte of the region
+//! file past its end (so the region's layout is untouched): the kernel drops it when the
+//! holder dies, and a waiter gives up after [`MEASURING_WAIT`] (a stopped holder must not
+//! stop the slice) and starts without it, as before.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use gpuslice_common::config::{ConfigSource, HAMI_MEMORY_LIMIT_ENV};
+use gpuslice_common::region::MAX_DEVICES;
+use gpuslice_common::size::format_size_approx;
+
+use super::{charge_or_refuse, device_id, Process, Shared, CONTEXT_BOUND_ENV};
+
+/// How long a starting process waits for another one's measurement before it goes ahead
+/// unserialised: far above a context creation (tens to hundreds of ms), short enough that
+/// a holder stopped in a debugger does not hang the slice's starts.
+pub const MEASURING_WAIT: Duration = Duration::from_secs(20);
+
+/// File offset of device `device`'s measuring-lock byte: past the end of any region layout
+/// (locks may cover bytes a file does not have), so it shares nothing with the region's own
+/// registration and slot locks.
+const MEASURING_LOCK_BASE: u64 = 1 << 40;
+
+/// Held while this process creates and measures a context; dropping it (closing the
+/// descriptor) releases the lock.
+pub struct MeasuringLock(libc::c_int);
+
+impl Drop for MeasuringLock {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor was opened by `lock_for_measuring` and only closed here.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// Takes the measuring lock of `device` in the region file at `path`, waiting at most `wait`
+/// ([`MEASURING_WAIT`]); `None` when it could not be had (then the caller goes ahead).
+pub fn lock_for_measuring(
+    path: &std::path::Path,
+    device: u8,
+    wait: Duration,
+) -> Option<MeasuringLock> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a valid NUL-terminated path; no O_CREAT, so no mode argument is read.
+    let fd = unsafe { libc::open(c_path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        crate::log_debug!("cannot open {} for the measuring lock", path.display());
+        return None;
+    }
+    let lock = MeasuringLock(fd);
+    // SAFETY: flock is plain data; zero is valid for every field (l_pid must be 0 for OFD).
+    let mut range: libc::flock = unsafe { std::mem::zeroed() };
+    range.l_type = libc::F_WRLCK as libc::c_short;
+    range.l_whence = libc::SEEK_SET as libc::c_short;
+    range.l_start = (MEASURING_LOCK_BASE + u64::from(device)) as libc::off_t;
+    range.l_len = 1;
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_micros(100);
+    loop {
+        // SAFETY: the descriptor is open; `range` is a valid flock for the call.
+        if unsafe { libc::fcntl(lock.0, libc::F_OFD_SETLK, &mut range) } == 0 {
+            return Some(lock);
+        }
+        let err = std::io::Error::last_os_error();
+        if !matches!(
+            err.raw_os_error(),
+            Some(libc::EAGAIN | libc::EACCES | libc::EINTR)
+        ) {
+            crate::log_debug!("measuring lock: {err}");
+            return None;
+        }
+        // Awaiting the holder's release (its context creation), polled: F_OFD_SETLKW has no
+        // timeout and a signal-based one would need a handler, which the shim never installs.
+        if Instant::now() >= deadline {
+            crate::log_info!(
+                "another process of the slice held the context measuring lock for {wait:?}; starting without it"
+            );
+            return None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(4));
+    }
+}
+
+/// What a context on the device is believed to cost before this one exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expected {
+    /// Measured by this process or another of the slice (the region's `context_cost`).
+    Measured(u64),
+    /// Nobody has measured it: the configured bound ([`CONTEXT_BOUND_ENV`]).
+    Bound(u64),
+}
+
+/// Reserves for a new context on limited device entry `device`. A measured cost is reserved
+/// whole. The bound is reserved up to the room the slice has (`provisional`: only when the
+/// real cost will be measured and settled right after the creation, undoing the context if
+/// it does not fit), so a slice smaller than the bound is not refused because of the bound
+/// alone. Returns the bytes reserved, or `None` (nothing reserved) when not even that fits.
+pub fn reserve(
+    process: &Process,
+    shared: &Shared,
+    device: u8,
+    expected: Expected,
+    provisional: bool,
+) -> Option<u64> {
+    let wanted = match expected {
+        Expected::Measured(bytes) | Expected::Bound(bytes) => bytes,
+    };
+    if charge_or_refuse(process, device, wanted).is_ok() {
+        return Some(wanted);
+    }
+    if !provisional || matches!(expected, Expected::Measured(_)) {
+        return None;
+    }
+    // The room may shrink between the read and the reservation (another process charged):
+    // read again, a few times.
+    for _ in 0..8 {
+        let usage = shared.region.usage(device_id(device));
+        let room = usage
+            .limit
+            .map_or(wanted, |limit| limit.saturating_sub(usage.used))
+            .min(wanted);
+        if room == 0 {
+            return None;
+        }
+        if process.ledger.charge(device, room).is_ok() {
+            return Some(room);
+        }
+    }
+    None
+}
+
+/// Why a context was refused, for [`refusal_line`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// A context costs this much here (measured) and it does not fit.
+    Measured(u64),
+    /// The cost could not be measured and the configured bound does not fit.
+    Unmeasured { bound: u64 },
+    /// The slice has no room at all (the cost is not known yet).
+    Full,
+}
+
+/// The one line that says why a context was refused: what a context costs on this card,
+/// what the slice holds, and the setting to change only where changing it is the way out
+/// (the limit when the context is bigger than the whole slice; the bound when the cost
+/// could not be measured).
+pub fn refusal_line(
+    device: &str,
+    why: Refused,
+    limit: u64,
+    used: u64,
+    limit_origin: &str,
+) -> String {
+    let size = format_size_approx;
+    let holds = format!(
+        "the slice's limit is {}, {} of it in use",
+        size(limit),
+        size(used)
+    );
+    match why {
+        Refused::Measured(cost) if cost > limit => format!(
+            "refusing a context on device {device}: a context costs {} on this card, more than the slice's whole limit of {}; raise the device's memory limit ({limit_origin})",
+            size(cost),
+            size(limit)
+        ),
+        Refused::Measured(cost) => format!(
+            "refusing a context on device {device}: a context costs {} on this card and {holds}",
+            size(cost)
+        ),
+        Refused::Unmeasured { bound } => format!(
+            "refusing a context on device {device}: what a context costs on this card could not be measured (NVML could not tell), so the {} bound is charged and {holds}; set {CONTEXT_BOUND_ENV} to the card's per-context cost",
+            size(bound)
+        ),
+        Refused::Full => format!("refusing a context on device {device}: {holds}"),
+    }
+}
+
+/// Once per device and process the refusal goes out at the default level (error); repeats
+/// (a program retrying in a loop) only at debug, so the line stays bounded.
+static SAID: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+
+/// Logs why a context on limited device entry `device` was refused.
+pub fn log_refusal(shared: &Shared, device: u8, why: Refused) {
+    let id = device_id(device);
+    let usage = shared.region.usage(id);
+    let origin = match &shared.config.source {
+        ConfigSource::File(path) => format!("limit file {}", path.display()),
+        ConfigSource::Env => HAMI_MEMORY_LIMIT_ENV.to_string(),
+    };
+    let line = refusal_line(
+        &shared.region.device_uuid(id),
+        why,
+        usage.limit.unwrap_or(u64::MAX),
+        usage.used,
+        &origin,
+    );
+    let first = SAID
+        .get(device as usize)
+        .is_some_and(|said| !said.swap(true, Ordering::Relaxed));
+    if first {
+        crate::log_error!("{line}");
+    } else {
+        crate::log_debug!("{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn one_measurer_per_device_and_the_lock_goes_with_its_holder() {
+        let region =
+            std::env::temp_dir().join(format!("gpuslice-measuring-{}", std::process::id()));
+        std::fs::write(&region, b"region").unwrap();
+        let short = Duration::from_millis(30);
+        let held = lock_for_measuring(&region, 3, short).expect("a free lock is taken");
+        // Another open file description (another process, or another thread) must wait,
+        // and gives up after the wait; other devices are independent.
+        assert!(lock_for_measuring(&region, 3, short).is_none());
+        assert!(lock_for_measuring(&region, 4, short).is_some());
+        drop(held);
+        assert!(lock_for_measuring(&region, 3, short).is_some());
+        assert!(lock_for_measuring(&region.with_extension("missing"), 3, short).is_none());
+        std::fs::remove_file(&region).unwrap();
+    }
+
+    #[test]
+    fn a_context_bigger_than_the_slice_points_at_the_limit_only() {
+        let line = refusal_line(
+            "GPU-1",
+            Refused::Measured(300 * MIB),
+            256 * MIB,
+            0,
+            "limit file /etc/l.json",
+        );
+        assert!(
+            line.contains("300 MiB") && line.contains("256 MiB"),
+            "{line}"
+        );
+        assert!(line.contains("/etc/l.json"), "{line}");
+        assert!(!line.contains(CONTEXT_BOUND_ENV), "{line}");
+    }
+
+    #[test]
+    fn a_full_slice_says_what_it_holds_and_names_no_setting() {
+        let line = refusal_line(
+            "GPU-1",
+            Refused::Measured(300 * MIB),
+            1024 * MIB,
+            900 * MIB,
+            "limit file /etc/l.json",
+        );
+        assert!(
+            line.contains("300 MiB") && line.contains("900 MiB"),
+            "{line}"
+        );
+        assert!(line.contains("1 GiB"), "{line}");
+        assert!(!line.contains("/etc/l.json") && !line.contains(CONTEXT_BOUND_ENV));
+        let full = refusal_line("GPU-1", Refused::Full, 1024 * MIB, 1024 * MIB, "x");
+        assert!(
+            !full.contains(CONTEXT_BOUND_ENV) && !full.contains(" x"),
+            "{full}"
+        );
+    }
+
+    #[test]
+    fn an_unmeasured_cost_points_at_the_bound() {
+        let line = refusal_line(
+            "GPU-1",
+            Refused::Unmeasured { bound: 512 * MIB },
+            400 * MIB,
+            0,
+            "limit file /etc/l.json",
+        );
+        assert!(
+            line.contains(CONTEXT_BOUND_ENV) && line.contains("512 MiB"),
+            "{line}"
+        );
+    }
+}
