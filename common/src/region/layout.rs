@@ -10,7 +10,8 @@
 //! 267392                            end (REGION_SIZE)
 //! ```
 //!
-//! OFD lock bytes (locks only, the bytes' contents are unrelated): byte 0 serialises the
+//! OFD lock bytes (locks only, the bytes' contents are unrelated; offsets past the end of the
+//! file are fine for locks): byte 0 serialises the
 //! in-place initialisation of an empty file (the only lock anyone ever waits for, and only
 //! for a bounded time); the first byte of each slot is that slot's liveness lock, held by its
 //! owner for its whole life; the second byte is the slot's reclaim lock, held by a reaper
@@ -48,6 +49,11 @@ pub const INIT_LOCK_OFFSET: u64 = 0;
 /// File offset of slot `index`'s liveness-lock byte.
 pub const fn slot_lock_offset(index: usize) -> u64 {
     (SLOTS_OFFSET + index * SLOT_SIZE) as u64
+}
+
+/// File offset of device entry `device`'s measuring-turn byte, past the end of the file.
+pub const fn measuring_turn_offset(device: usize) -> u64 {
+    (1u64 << 40) + device as u64
 }
 
 /// File offset of slot `index`'s reclaim-lock byte (excludes reapers from each other only).
@@ -126,7 +132,12 @@ pub struct DeviceEntry {
     /// bound before its first context. Was reserved (zero) in files written before it existed,
     /// which reads as "none yet", so the layout version did not change.
     pub context_cost: AtomicU64,
-    _reserved0: [AtomicU64; 3],
+    /// PID (in its own namespace) of the process holding this device's measuring turn, 0 =
+    /// none, and the inode of its PID namespace: lets a waiter see that the holder is
+    /// stopped instead of waiting for it.
+    pub measuring_pid: AtomicU64,
+    pub measuring_pid_ns: AtomicU64,
+    _reserved0: AtomicU64,
     /// Hash of the UUID (never 0; 0 = entry unused), claimed with one compare-and-swap so two
     /// processes binding the same new device at once always land on the same entry.
     pub key: AtomicU64,
@@ -233,6 +244,9 @@ mod tests {
         assert_eq!(offset_of!(DeviceEntry, uuid), 0);
         assert_eq!(offset_of!(DeviceEntry, memory_limit), 64);
         assert_eq!(offset_of!(DeviceEntry, compute_percent), 72);
+        assert_eq!(offset_of!(DeviceEntry, context_cost), 96);
+        assert_eq!(offset_of!(DeviceEntry, measuring_pid), 104);
+        assert_eq!(offset_of!(DeviceEntry, measuring_pid_ns), 112);
         assert_eq!(offset_of!(DeviceEntry, key), 128);
         assert_eq!(offset_of!(DeviceEntry, throttle), 192);
 

@@ -110,9 +110,9 @@ mod proc;
 mod slots;
 
 pub use layout::{
-    slot_lock_offset, slot_reclaim_offset, DEVICE_ENTRY_SIZE, HEADER_SIZE, INIT_LOCK_OFFSET,
-    LAYOUT_VERSION, MAGIC, MAX_DEVICES, MAX_PROCESSES, REGION_SIZE, SLOTS_OFFSET, SLOT_SIZE,
-    THROTTLE_WORDS, UUID_BYTES,
+    measuring_turn_offset, slot_lock_offset, slot_reclaim_offset, DEVICE_ENTRY_SIZE, HEADER_SIZE,
+    INIT_LOCK_OFFSET, LAYOUT_VERSION, MAGIC, MAX_DEVICES, MAX_PROCESSES, REGION_SIZE, SLOTS_OFFSET,
+    SLOT_SIZE, THROTTLE_WORDS, UUID_BYTES,
 };
 pub use open::INIT_WAIT;
 pub use proc::{parse_stat, ProcessIdentity, StatFields};
@@ -596,10 +596,19 @@ impl Drop for Mapping {
     }
 }
 
-/// This process's descriptor holding one slot's liveness lock.
+/// This process's descriptor holding one lock (a slot's liveness, a measuring turn).
 struct HeldSlot {
     fd: AtomicI32,
     owner_pid: AtomicU32,
+}
+
+impl HeldSlot {
+    fn none() -> HeldSlot {
+        HeldSlot {
+            fd: AtomicI32::new(-1),
+            owner_pid: AtomicU32::new(0),
+        }
+    }
 }
 
 /// A region opened for reading and writing (the shim).
@@ -617,6 +626,8 @@ pub struct Region {
     /// can be detected).
     _guard: Option<OwnedFd>,
     held: Box<[HeldSlot]>,
+    /// This process's descriptors holding a device's measuring turn.
+    turns: Box<[HeldSlot]>,
 }
 
 /// A region opened read-only (the CLI): snapshots only, no locks taken, no write access needed.
@@ -843,7 +854,7 @@ impl Region {
     /// safe to call from a fork handler.
     pub fn close_inherited_slot_locks(&self) {
         let me = std::process::id();
-        for held in self.held.iter() {
+        for held in self.held.iter().chain(self.turns.iter()) {
             let fd = held.fd.load(Ordering::Relaxed);
             if fd >= 0 && held.owner_pid.load(Ordering::Relaxed) != me {
                 held.fd.store(-1, Ordering::Relaxed);
@@ -853,9 +864,84 @@ impl Region {
     }
 }
 
+/// A device's measuring turn, held until dropped (see [`Region::try_measuring_turn`]).
+pub struct MeasuringTurn<'a> {
+    region: &'a Region,
+    device: DeviceId,
+}
+
+impl Drop for MeasuringTurn<'_> {
+    fn drop(&mut self) {
+        let entry = &self.region.map.layout().devices[self.device.index()];
+        entry.measuring_pid.store(0, Ordering::Release);
+        let fd = self.region.turns[self.device.index()]
+            .fd
+            .swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            drop(OwnedFd::from_raw(fd));
+        }
+    }
+}
+
+impl Region {
+    /// Takes `device`'s measuring turn if nobody holds it: one process of the slice at a
+    /// time creates and measures a first context there. Never waits; a kernel-released OFD
+    /// lock (a holder that dies drops it) whose descriptor a forked child closes at once.
+    /// `Ok(None)` = another process holds it.
+    pub fn try_measuring_turn(
+        &self,
+        device: DeviceId,
+    ) -> Result<Option<MeasuringTurn<'_>>, RegionError> {
+        let held = &self.turns[device.index()];
+        if held.fd.load(Ordering::Relaxed) >= 0
+            && held.owner_pid.load(Ordering::Relaxed) == std::process::id()
+        {
+            return Ok(None); // another thread of ours holds it
+        }
+        let fd = self.reopen(libc::O_RDWR)?;
+        let offset = layout::measuring_turn_offset(device.index());
+        if !lock::try_lock(&fd, offset).map_err(|e| RegionError::io(&self.path, "lock", e))? {
+            return Ok(None);
+        }
+        let me = ProcessIdentity::current();
+        let entry = &self.map.layout().devices[device.index()];
+        entry
+            .measuring_pid_ns
+            .store(me.map_or(0, |m| m.pid_ns), Ordering::Relaxed);
+        entry
+            .measuring_pid
+            .store(u64::from(std::process::id()), Ordering::Release);
+        held.owner_pid.store(std::process::id(), Ordering::Relaxed);
+        held.fd.store(fd.into_raw(), Ordering::Relaxed);
+        Ok(Some(MeasuringTurn {
+            region: self,
+            device,
+        }))
+    }
+
+    /// Whether the holder of `device`'s measuring turn is stopped or traced (SIGSTOP, a
+    /// debugger, `docker pause`): waiting for it is then pointless. False when unknown
+    /// (no holder recorded, or one in another PID namespace).
+    pub fn measuring_holder_stopped(&self, device: DeviceId) -> bool {
+        let entry = &self.map.layout().devices[device.index()];
+        let pid = entry.measuring_pid.load(Ordering::Acquire);
+        let ns = entry.measuring_pid_ns.load(Ordering::Relaxed);
+        if pid == 0 || ns == 0 {
+            return false;
+        }
+        let holder = ProcessIdentity {
+            pid: pid as u32,
+            host_pid: 0,
+            start_time: 0,
+            pid_ns: ns,
+        };
+        holder.same_namespace_as_current() && proc::is_stopped(holder.pid)
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
-        for held in self.held.iter() {
+        for held in self.held.iter().chain(self.turns.iter()) {
             let fd = held.fd.swap(-1, Ordering::Relaxed);
             if fd >= 0 {
                 drop(OwnedFd::from_raw(fd));

@@ -9,7 +9,7 @@
 use std::ffi::CString;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::layout::{
@@ -137,12 +137,8 @@ pub(super) fn open_or_create(path: &Path) -> Result<Region, RegionError> {
         dir,
         name: place.name,
         _guard: guard,
-        held: (0..MAX_PROCESSES)
-            .map(|_| HeldSlot {
-                fd: AtomicI32::new(-1),
-                owner_pid: AtomicU32::new(0),
-            })
-            .collect(),
+        held: (0..MAX_PROCESSES).map(|_| HeldSlot::none()).collect(),
+        turns: (0..MAX_DEVICES).map(|_| HeldSlot::none()).collect(),
     })
 }
 

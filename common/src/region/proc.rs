@@ -52,6 +52,14 @@ impl ProcessIdentity {
     }
 }
 
+/// Whether `pid` (in our PID namespace) is stopped or traced (state T or t).
+pub fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|text| parse_stat(&text))
+        .is_some_and(|fields| matches!(fields.state, 'T' | 't'))
+}
+
 fn pid_namespace_of(pid: &str) -> u64 {
     std::fs::metadata(format!("/proc/{pid}/ns/pid"))
         .map(|m| m.ino())

@@ -9,83 +9,57 @@
 //! 512 MiB by default) could fill the slice so that others were refused although all the
 //! real contexts fit. Under the lock the slice has at most one provisional reservation at a
 //! time, the entry that appears is ours, and the next starter reserves the cost the previous
-//! one measured and published in the region. The lock is an OFD lock on a byte of the region
-//! file past its end (so the region's layout is untouched): the kernel drops it when the
-//! holder dies, and a waiter gives up after [`MEASURING_WAIT`] (a stopped holder must not
-//! stop the slice) and starts without it, as before.
+//! one measured and published in the region. The turn is the region's
+//! (`Region::try_measuring_turn`: an OFD lock the kernel drops when the holder dies, whose
+//! descriptor a forked child closes at once); a waiter does not wait for a holder it sees
+//! stopped, gives up after [`MEASURING_WAIT`] otherwise, and then starts without it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use gpuslice_common::config::{ConfigSource, HAMI_MEMORY_LIMIT_ENV};
-use gpuslice_common::region::MAX_DEVICES;
+use gpuslice_common::region::{MeasuringTurn, Region, MAX_DEVICES};
 use gpuslice_common::size::format_size_approx;
 
 use super::{charge_or_refuse, device_id, Process, Shared, CONTEXT_BOUND_ENV};
 
 /// How long a starting process waits for another one's measurement before it goes ahead
-/// unserialised: far above a context creation (tens to hundreds of ms), short enough that
-/// a holder stopped in a debugger does not hang the slice's starts.
-pub const MEASURING_WAIT: Duration = Duration::from_secs(20);
+/// unserialised: well above a context creation (tens to hundreds of ms), short enough that a
+/// holder stopped where we cannot see it (another PID namespace, `docker pause` of another
+/// container of the slice) delays a start by no more than this. A holder stopped in our own
+/// namespace is seen (`Region::measuring_holder_stopped`) and not waited for at all.
+pub const MEASURING_WAIT: Duration = Duration::from_secs(5);
 
-/// File offset of device `device`'s measuring-lock byte: past the end of any region layout
-/// (locks may cover bytes a file does not have), so it shares nothing with the region's own
-/// registration and slot locks.
-const MEASURING_LOCK_BASE: u64 = 1 << 40;
-
-/// Held while this process creates and measures a context; dropping it (closing the
-/// descriptor) releases the lock.
-pub struct MeasuringLock(libc::c_int);
-
-impl Drop for MeasuringLock {
-    fn drop(&mut self) {
-        // SAFETY: the descriptor was opened by `lock_for_measuring` and only closed here.
-        unsafe { libc::close(self.0) };
-    }
-}
-
-/// Takes the measuring lock of `device` in the region file at `path`, waiting at most `wait`
-/// ([`MEASURING_WAIT`]); `None` when it could not be had (then the caller goes ahead).
+/// Takes the measuring turn of region device entry `device`, waiting at most `wait` for
+/// its holder; `None` when it could not be had (then the caller goes ahead unserialised).
 pub fn lock_for_measuring(
-    path: &std::path::Path,
+    region: &Region,
     device: u8,
     wait: Duration,
-) -> Option<MeasuringLock> {
-    use std::os::unix::ffi::OsStrExt;
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: a valid NUL-terminated path; no O_CREAT, so no mode argument is read.
-    let fd = unsafe { libc::open(c_path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if fd < 0 {
-        crate::log_debug!("cannot open {} for the measuring lock", path.display());
-        return None;
-    }
-    let lock = MeasuringLock(fd);
-    // SAFETY: flock is plain data; zero is valid for every field (l_pid must be 0 for OFD).
-    let mut range: libc::flock = unsafe { std::mem::zeroed() };
-    range.l_type = libc::F_WRLCK as libc::c_short;
-    range.l_whence = libc::SEEK_SET as libc::c_short;
-    range.l_start = (MEASURING_LOCK_BASE + u64::from(device)) as libc::off_t;
-    range.l_len = 1;
+) -> Option<MeasuringTurn<'_>> {
+    let id = device_id(device);
     let deadline = Instant::now() + wait;
     let mut pause = Duration::from_micros(100);
     loop {
-        // SAFETY: the descriptor is open; `range` is a valid flock for the call.
-        if unsafe { libc::fcntl(lock.0, libc::F_OFD_SETLK, &mut range) } == 0 {
-            return Some(lock);
+        match region.try_measuring_turn(id) {
+            Ok(Some(turn)) => return Some(turn),
+            Ok(None) => {}
+            Err(e) => {
+                crate::log_debug!("measuring turn: {e}");
+                return None;
+            }
         }
-        let err = std::io::Error::last_os_error();
-        if !matches!(
-            err.raw_os_error(),
-            Some(libc::EAGAIN | libc::EACCES | libc::EINTR)
-        ) {
-            crate::log_debug!("measuring lock: {err}");
+        // Awaiting the holder's context creation, polled: a kernel lock wait has no
+        // timeout, and a signal-based one would need a handler, which the shim never installs.
+        if region.measuring_holder_stopped(id) {
+            crate::log_info!(
+                "the process of the slice measuring its context is stopped; starting without waiting for it"
+            );
             return None;
         }
-        // Awaiting the holder's release (its context creation), polled: F_OFD_SETLKW has no
-        // timeout and a signal-based one would need a handler, which the shim never installs.
         if Instant::now() >= deadline {
             crate::log_info!(
-                "another process of the slice held the context measuring lock for {wait:?}; starting without it"
+                "another process of the slice held the context measuring turn for {wait:?}; starting without it"
             );
             return None;
         }
@@ -223,20 +197,23 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     #[test]
-    fn one_measurer_per_device_and_the_lock_goes_with_its_holder() {
-        let region =
-            std::env::temp_dir().join(format!("gpuslice-measuring-{}", std::process::id()));
-        std::fs::write(&region, b"region").unwrap();
+    fn one_measurer_per_device_and_the_turn_goes_with_its_holder() {
+        let dir = std::env::temp_dir().join(format!("gpuslice-measuring-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("slice.region");
+        let region = Region::open_or_create(&path).unwrap();
+        let other = Region::open_or_create(&path).unwrap();
         let short = Duration::from_millis(30);
-        let held = lock_for_measuring(&region, 3, short).expect("a free lock is taken");
-        // Another open file description (another process, or another thread) must wait,
-        // and gives up after the wait; other devices are independent.
+        let held = lock_for_measuring(&region, 3, short).expect("a free turn is taken");
+        // Another open region (another process) must wait, and gives up after the wait; a
+        // second thread of the holder is not given it either; devices are independent.
+        assert!(lock_for_measuring(&other, 3, short).is_none());
         assert!(lock_for_measuring(&region, 3, short).is_none());
-        assert!(lock_for_measuring(&region, 4, short).is_some());
+        assert!(lock_for_measuring(&other, 4, short).is_some());
         drop(held);
-        assert!(lock_for_measuring(&region, 3, short).is_some());
-        assert!(lock_for_measuring(&region.with_extension("missing"), 3, short).is_none());
-        std::fs::remove_file(&region).unwrap();
+        assert!(lock_for_measuring(&other, 3, short).is_some());
+        drop((region, other));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
