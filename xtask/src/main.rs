@@ -10,13 +10,15 @@
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
-/// Test binaries whose tests measure time (throttle accuracy, reaping delays). They are
+/// Test binaries whose tests measure time (throttle accuracy, reaping delays) or storm the
+/// slice with kills, stops and forks for a bounded time (torture). They are
 /// declared `test = false` in their Cargo.toml and run here serially, so that a loaded
 /// 2-core CI machine does not run two of them against each other.
 const SERIAL_TEST_BINARIES: &[(&str, &str)] = &[
     ("fakegpu-nvml", "nvml_utilization"),
     ("gpuslice-common", "region_timing"),
     ("cuda-e2e", "throttle"),
+    ("cuda-e2e", "torture"),
 ];
 
 fn main() {

@@ -355,6 +355,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "graph-memory" => graph_memory(gpu, &rest)?,
         "launch" => launch(gpu, &rest)?,
         "threads" => threads(gpu, &rest)?,
+        "churn" => churn(gpu, &rest)?,
         "errors" => errors(gpu),
         other => return Err(Usage(format!("unknown scenario {other:?}"))),
     };
@@ -919,10 +920,8 @@ fn launch<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
 fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let n: usize = args.get("threads", 16)?;
     let iterations: usize = args.get("iterations", 50)?;
-    let size = match args.options.get("size") {
-        None => 2 << 20,
-        Some(s) => crate::parse_size(s).map_err(|e| Usage(format!("--size: {e}")))?,
-    };
+    let size = option_size(args, "size", 2 << 20)?;
+    let path = args.alloc_path()?;
     if let Err(e) = setup(gpu) {
         return Ok(e);
     }
@@ -938,7 +937,7 @@ fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
                         return (allocs, frees);
                     }
                     for _ in 0..iterations {
-                        match gpu.alloc(AllocPath::Alloc, size) {
+                        match gpu.alloc(path, size) {
                             Ok(a) => {
                                 allocs.push(Ok(()));
                                 frees.push(gpu.free(&a));
@@ -965,6 +964,99 @@ fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         "free_results": tally(gpu, &frees),
         "mem_free_before": free_before,
         "mem_free_after": mem_free_now(gpu),
+    }))
+}
+
+fn option_size(args: &Args, name: &str, default: usize) -> Result<usize, Usage> {
+    match args.options.get(name) {
+        None => Ok(default),
+        Some(s) => crate::parse_size(s).map_err(|e| Usage(format!("--{name}: {e}"))),
+    }
+}
+
+/// Allocation churn until stdin closes (or the process is killed, which is the point):
+/// `--threads N` threads allocate and free `--size` on `--path` in a loop; `--fork N` then
+/// forks N children while they run, which never call CUDA and wait until killed, as
+/// DataLoader and `multiprocessing` fork workers do. Prints one line once all that runs:
+/// the pid and the children's pids. On EOF: stops the threads, kills the children, prints
+/// the alloc/free tallies.
+fn churn<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let n: usize = args.get("threads", 4)?;
+    let forks: usize = args.get("fork", 0)?;
+    let size = option_size(args, "size", 2 << 20)?;
+    let path = args.alloc_path()?;
+    if let Err(mut e) = setup(gpu) {
+        e["pid"] = json!(std::process::id());
+        return Ok(e);
+    }
+    let stop = AtomicBool::new(false);
+    let (granted, refused, failed) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let started = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..n {
+            scope.spawn(|| {
+                let ok = gpu.context(0).is_ok();
+                started.fetch_add(1, Ordering::SeqCst);
+                if !ok {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                while !stop.load(Ordering::Relaxed) {
+                    match gpu.alloc(path, size) {
+                        Ok(a) => {
+                            granted.fetch_add(1, Ordering::Relaxed);
+                            if gpu.free(&a).is_err() {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Err(Fail::Cu(code))
+                            if gpu.code_name(code) == "CUDA_ERROR_OUT_OF_MEMORY" =>
+                        {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+        while started.load(Ordering::SeqCst) < n as u64 {
+            std::thread::yield_now();
+        }
+        let mut children = Vec::new();
+        for _ in 0..forks {
+            // SAFETY: the forked child of this multi-threaded process only calls pause(2),
+            // which is async-signal-safe, until it is killed.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                loop {
+                    // SAFETY: pause only waits for a signal.
+                    unsafe { libc::pause() };
+                }
+            }
+            children.push(pid);
+        }
+        println!(
+            "{}",
+            json!({"scenario": "churn", "client": gpu.client(), "pid": std::process::id(), "children": children})
+        );
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+        stop.store(true, Ordering::Relaxed);
+        for child in children {
+            // SAFETY: signalling and reaping our own children.
+            unsafe {
+                libc::kill(child, libc::SIGKILL);
+                libc::waitpid(child, std::ptr::null_mut(), 0);
+            }
+        }
+    });
+    Ok(json!({
+        "granted": granted.load(Ordering::Relaxed),
+        "refused": refused.load(Ordering::Relaxed),
+        "failed": failed.load(Ordering::Relaxed),
     }))
 }
 
