@@ -715,8 +715,11 @@ impl SharedState {
     /// This process's slot, if registered (and not inherited across fork).
     #[inline]
     pub fn my_slot(&self) -> Option<usize> {
+        // The pid first: registration publishes the slot before the pid, so seeing this
+        // process's pid guarantees seeing its slot (not a forked parent's).
+        let p = self.my_pid.load(Ordering::Acquire);
         let s = self.my_slot.load(Ordering::Acquire);
-        (s != usize::MAX && self.my_pid.load(Ordering::Acquire) == current_pid()).then_some(s)
+        (s != usize::MAX && p == current_pid()).then_some(s)
     }
 
     /// Registers the calling process (once per process; again in a forked child).
@@ -784,8 +787,8 @@ impl SharedState {
             self.lock_listed.store(listed, Ordering::Release);
             self.lock_pid.store(pid, Ordering::Release);
             self.lock_fd.store(lfd, Ordering::Release);
-            self.my_pid.store(pid, Ordering::Release);
             self.my_slot.store(i, Ordering::Release);
+            self.my_pid.store(pid, Ordering::Release);
             return Ok(i);
         }
         Err(StateError::NoFreeSlot)
