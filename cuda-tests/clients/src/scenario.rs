@@ -228,7 +228,7 @@ usage: <client> SCENARIO [ARGS]
   launch [--kernels N] [--ns-per-wave NS] [--grid G] [--block B] [--stream default|created]
          [--path kernel|ex|cooperative|graph] [--duration-s S]
   threads [--threads N] [--size SIZE] [--iterations N]
-  vmm-reuse [--threads N] [--size SIZE] [--iterations N] [--slots K] [--churn true]
+  vmm-reuse [--threads N] [--size SIZE] [--iterations N] [--slots K] [--churn true] [--hold-us US]
   errors
   (linked-client only) nvml
 hold, heap, context-cycle, pool-destroy-held, graph-memory and vmm-reuse print their line, then keep the process alive until
@@ -240,7 +240,8 @@ flight: by default K (default N/2) SIZE-ranges of one cuMemAddressReserve are sh
 thread maps the first that is free (the driver answers CUDA_ERROR_ALREADY_MAPPED for a taken
 one); with --churn true every iteration reserves its own range and frees it
 (cuMemAddressFree) after the unmap, and the driver may hand the same range to the next
-reserve. Reports each call's results and mem_free.
+reserve. --hold-us keeps each mapping that long before the unmap (default 0), so that many
+threads hold memory at once. Reports each call's results and mem_free.
 heap: cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, SIZE) on the current context (the driver backs
 the device-malloc heap with device memory); prints the result and mem_free.
 pool-destroy-held: until an allocation fails (or N succeeded), creates a pool, allocates SIZE
@@ -996,6 +997,7 @@ fn vmm_reuse<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let iterations: usize = args.get("iterations", 200)?;
     let slots: usize = args.get("slots", (n / 2).max(1))?;
     let churn: bool = args.get("churn", false)?;
+    let hold = Duration::from_micros(args.get("hold-us", 0)?);
     let size = match args.options.get("size") {
         None => 60 << 20,
         Some(s) => crate::parse_size(s).map_err(|e| Usage(format!("--size: {e}")))?,
@@ -1081,6 +1083,9 @@ fn vmm_reuse<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
             tally
                 .other
                 .push(("release", call(VmmOp::Release { handle })));
+            if !hold.is_zero() {
+                std::thread::sleep(hold);
+            }
             tally
                 .other
                 .push(("unmap", call(VmmOp::Unmap { ptr, size })));

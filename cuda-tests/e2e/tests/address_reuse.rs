@@ -68,10 +68,15 @@ fn vmm_threads_reusing_address_ranges_never_pass_the_cap_or_drift() {
                     "150",
                     "--churn",
                     if churn { "true" } else { "false" },
-                    // 14 shared ranges of 60 MiB are more than the 724 MiB the context leaves,
-                    // and fewer than the threads: both the cap and the ranges are contended.
+                    // 12 shared ranges (all the 724 MiB the context leaves can hold) for 16
+                    // threads, each starting its search one range further every iteration:
+                    // ranges pass between threads, and threads holding a handle while they
+                    // look for a range push creates past the cap.
                     "--slots",
-                    "14",
+                    "12",
+                    // Each mapping held a moment, so that many are held at once on 2 cores.
+                    "--hold-us",
+                    "200",
                 ],
                 &env,
             );
