@@ -219,6 +219,7 @@ usage: <client> SCENARIO [ARGS]
   meminfo
   alloc SIZE [--count N] [--path alloc|pitch|managed|async|pool|vmm|array|array3d|mipmap]
   alloc-until-oom CHUNK [--path P] [--max N] [--before-init context] [--pool-device N]
+  alloc-retry SIZE [--path P] [--max-ms MS]
   caching-allocator
   hold SIZE [--path P]
   heap SIZE
@@ -231,8 +232,10 @@ usage: <client> SCENARIO [ARGS]
   vmm-reuse [--threads N] [--size SIZE] [--iterations N] [--slots K] [--churn true] [--hold-us US]
   errors
   (linked-client only) nvml
-hold, heap, context-cycle, pool-destroy-held, graph-memory and vmm-reuse print their line, then keep the process alive until
+hold, alloc-retry, heap, context-cycle, pool-destroy-held, graph-memory and vmm-reuse print their line, then keep the process alive until
 stdin closes.
+alloc-retry: allocates SIZE, retrying every 5 ms while the answer is out-of-memory, for at
+most MS (default 30000); reports result, attempts and refused.
 vmm-reuse: N threads (default 16) each loop N times (default 200): cuMemCreate(SIZE, default
 60MiB), cuMemMap into a free address range, cuMemSetAccess, cuMemRelease (the mapping keeps
 the memory), cuMemUnmap. Address ranges pass between threads while their frees are in
@@ -359,6 +362,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "meminfo" => meminfo(gpu),
         "alloc" => alloc(gpu, &rest)?,
         "alloc-until-oom" => alloc_until_oom(gpu, &rest)?,
+        "alloc-retry" => alloc_retry(gpu, &rest)?,
         "caching-allocator" => caching_allocator(gpu),
         "hold" => hold(gpu, &rest)?,
         "heap" => heap(gpu, &rest)?,
@@ -497,6 +501,45 @@ fn tally<G: Gpu>(gpu: &G, results: &[Res<()>]) -> Map<String, Value> {
         *counts.entry(res_name(gpu, r)).or_default() += 1;
     }
     counts.into_iter().map(|(k, v)| (k, json!(v))).collect()
+}
+
+/// `alloc-retry SIZE [--path P] [--max-ms MS]`: allocates SIZE, retrying every 5 ms while the
+/// answer is OUT_OF_MEMORY, for at most MS (default 30000): an application waiting for room
+/// another process is about to give back. Prints the result, attempts and refusals, then holds
+/// the allocation until stdin closes.
+fn alloc_retry<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let size = args.size_at(0, "SIZE")?;
+    let path = args.alloc_path()?;
+    let max = Duration::from_millis(args.get("max-ms", 30_000)?);
+    if let Err(mut e) = setup(gpu) {
+        e["pid"] = json!(std::process::id());
+        print_and_hold(gpu, "alloc-retry", e);
+    }
+    let started = Instant::now();
+    let (mut attempts, mut refused) = (0u64, 0u64);
+    let result = loop {
+        attempts += 1;
+        match gpu.alloc(path, size) {
+            Err(Fail::Cu(code)) if gpu.code_name(code) == "CUDA_ERROR_OUT_OF_MEMORY" => {
+                refused += 1;
+                if started.elapsed() >= max {
+                    break Err(Fail::Cu(code));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => break other,
+        }
+    };
+    let line = json!({
+        "size": size,
+        "path": path.name(),
+        "result": res_name(gpu, &result),
+        "attempts": attempts,
+        "refused": refused,
+        "mem_free": mem_free_now(gpu),
+    });
+    // Held (not freed) until the process ends: the test reads the card meanwhile.
+    print_and_hold(gpu, "alloc-retry", line)
 }
 
 fn alloc_until_oom<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
