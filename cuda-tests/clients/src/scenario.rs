@@ -228,12 +228,15 @@ usage: <client> SCENARIO [ARGS]
   graph-memory SIZE [--allocs N] [--upload true] [--chunk CHUNK] [--max N]
   launch [--kernels N] [--ns-per-wave NS] [--grid G] [--block B] [--stream default|created]
          [--path kernel|ex|cooperative|graph] [--duration-s S]
-  threads [--threads N] [--size SIZE] [--iterations N]
+  threads [--threads N] [--size SIZE] [--iterations N] [--path P] [--hold-us US] [--keep-alive true]
   vmm-reuse [--threads N] [--size SIZE] [--iterations N] [--slots K] [--churn true] [--hold-us US]
   errors
   (linked-client only) nvml
 hold, alloc-retry, heap, context-cycle, pool-destroy-held, graph-memory and vmm-reuse print their line, then keep the process alive until
 stdin closes.
+threads: N threads (default 16) each allocate and free SIZE (default 2MiB) N times (default 50)
+on path P (default alloc), holding each allocation --hold-us microseconds (default 0);
+--keep-alive true prints the line and keeps the process alive until stdin closes.
 alloc-retry: allocates SIZE, retrying every 5 ms while the answer is out-of-memory, for at
 most MS (default 30000); reports result, attempts and refused.
 vmm-reuse: N threads (default 16) each loop N times (default 200): cuMemCreate(SIZE, default
@@ -978,7 +981,13 @@ fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         None => 2 << 20,
         Some(s) => crate::parse_size(s).map_err(|e| Usage(format!("--size: {e}")))?,
     };
+    let path = args.alloc_path()?;
+    let hold = Duration::from_micros(args.get("hold-us", 0)?);
+    let keep_alive: bool = args.get("keep-alive", false)?;
     if let Err(e) = setup(gpu) {
+        if keep_alive {
+            print_and_hold(gpu, "threads", e);
+        }
         return Ok(e);
     }
     let free_before = mem_free_now(gpu);
@@ -993,9 +1002,12 @@ fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
                         return (allocs, frees);
                     }
                     for _ in 0..iterations {
-                        match gpu.alloc(AllocPath::Alloc, size) {
+                        match gpu.alloc(path, size) {
                             Ok(a) => {
                                 allocs.push(Ok(()));
+                                if !hold.is_zero() {
+                                    std::thread::sleep(hold);
+                                }
                                 frees.push(gpu.free(&a));
                             }
                             Err(f) => allocs.push(Err(f)),
@@ -1012,15 +1024,20 @@ fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     });
     let allocs: Vec<Res<()>> = per_thread.iter().flat_map(|t| t.0.clone()).collect();
     let frees: Vec<Res<()>> = per_thread.iter().flat_map(|t| t.1.clone()).collect();
-    Ok(json!({
+    let line = json!({
         "threads": n,
         "iterations": iterations,
         "size": size,
+        "path": path.name(),
         "alloc_results": tally(gpu, &allocs),
         "free_results": tally(gpu, &frees),
         "mem_free_before": free_before,
         "mem_free_after": mem_free_now(gpu),
-    }))
+    });
+    if keep_alive {
+        print_and_hold(gpu, "threads", line);
+    }
+    Ok(line)
 }
 
 /// What one `vmm-reuse` thread saw: results per call.

@@ -148,3 +148,93 @@ fn vmm_threads_reusing_address_ranges_never_pass_the_cap_or_drift() {
         failures.join("\n")
     );
 }
+
+/// The other paths whose objects the ledger keys by address or handle (plain, pitched and
+/// managed pointers, arrays, mipmapped arrays, VMM, pools): 16 threads allocating and freeing
+/// 100 MiB in a 1 GiB slice, each holding its allocation a moment so that the cap is
+/// contended, and the driver handing a freed address (or handle value) to the next thread
+/// while the freeing thread's bookkeeping may still be on its way.
+#[test]
+fn threads_reusing_addresses_on_every_path_never_pass_the_cap_or_drift() {
+    let limit = GIB;
+    let paths = [
+        "alloc", "pitch", "managed", "array", "array3d", "mipmap", "vmm", "async", "pool",
+    ];
+    let mut failures = Vec::new();
+    for (i, path) in paths.into_iter().enumerate() {
+        let kind = ClientKind::ALL[i % ClientKind::ALL.len()];
+        let what = format!("{kind:?} {path}");
+        let gpu = FakeGpu::start("v100");
+        let slice = Slice::builder().device(0, "1GiB", None).build();
+        let env = slice.env(&gpu);
+        let client = Client::spawn(
+            kind,
+            &[
+                "threads",
+                "--threads",
+                "16",
+                "--size",
+                "100MiB",
+                "--iterations",
+                "60",
+                "--path",
+                path,
+                "--hold-us",
+                "200",
+                "--keep-alive",
+                "true",
+            ],
+            &env,
+        );
+        let out = client.first.clone();
+        let peak = gpu.truth().peak_memory(0);
+        let card = gpu.truth().used_memory(0);
+        let region = region_used(&slice);
+        eprintln!(
+            "{what}: physical peak {} MiB (cap {}), card {} MiB, ledger {} MiB; allocs {}",
+            peak / MIB,
+            limit / MIB,
+            card / MIB,
+            region / MIB,
+            out["alloc_results"]
+        );
+        let mut bad = Vec::new();
+        if peak > limit {
+            bad.push(format!("physical peak {} MiB passed the cap", peak / MIB));
+        }
+        if card != region {
+            bad.push(format!(
+                "after the last free the card holds {} MiB and the ledger {} MiB",
+                card / MIB,
+                region / MIB
+            ));
+        }
+        if out["alloc_results"]["CUDA_ERROR_OUT_OF_MEMORY"]
+            .as_u64()
+            .unwrap_or(0)
+            == 0
+        {
+            bad.push(format!("no contention at the cap: {out}"));
+        }
+        for u in unexpected(
+            &out["alloc_results"],
+            &["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"],
+        ) {
+            bad.push(format!("alloc_results: {u}"));
+        }
+        for u in unexpected(&out["free_results"], &["CUDA_SUCCESS"]) {
+            bad.push(format!("free_results: {u}"));
+        }
+        client.release();
+        if !bad.is_empty() {
+            failures.push(format!("{what}: {}", bad.join("; ")));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} paths failed:\n{}",
+        failures.len(),
+        paths.len(),
+        failures.join("\n")
+    );
+}
