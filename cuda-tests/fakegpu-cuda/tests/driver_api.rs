@@ -214,6 +214,7 @@ impl Kid {
         .env("FAKEGPU_STATE", state)
         .env_remove("FAKEGPU_CONFIG")
         .env_remove("FAKEGPU_DEVICES")
+        .env_remove("FAKEGPU_RELEASE_DELAY_MS")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
         for (k, v) in env {

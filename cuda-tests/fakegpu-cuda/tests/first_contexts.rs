@@ -203,6 +203,7 @@ fn thirty_two_threads_create_their_first_contexts_at_once() {
             .env("FAKEGPU_CTX_OVERHEAD", CTX_OVERHEAD.to_string())
             .env_remove("FAKEGPU_CONFIG")
             .env_remove("FAKEGPU_DEVICES")
+            .env_remove("FAKEGPU_RELEASE_DELAY_MS")
             .output()
             .unwrap();
         let _ = std::fs::remove_file(&state);
