@@ -5,7 +5,7 @@
 //! runtime's path). The scenarios then run unchanged on any of them.
 
 use crate::ffi::*;
-use crate::{check, AllocPath, Allocation, ContextMode, Fail, LaunchPath, Res};
+use crate::{check, AllocPath, Allocation, ContextMode, Fail, LaunchPath, Res, VmmOp};
 use std::ffi::CStr;
 
 /// Calls `$callback!` with every entry point the clients use, one per line:
@@ -531,6 +531,29 @@ impl Driver {
             }
         }
         Ok(a)
+    }
+
+    /// One VMM call (see [`VmmOp`]).
+    pub fn vmm(&self, op: VmmOp) -> Res<u64> {
+        let prop = vmm_prop(0);
+        let mut out = 0u64;
+        // Every pointer argument is a local that outlives the call.
+        match op {
+            VmmOp::Reserve { size } => call!(self, cuMemAddressReserve(&mut out, size, 0, 0, 0))?,
+            VmmOp::AddressFree { ptr, size } => call!(self, cuMemAddressFree(ptr, size))?,
+            VmmOp::Create { size } => call!(self, cuMemCreate(&mut out, size, &prop, 0))?,
+            VmmOp::Map { ptr, size, handle } => call!(self, cuMemMap(ptr, size, 0, handle, 0))?,
+            VmmOp::SetAccess { ptr, size } => {
+                let access = CUmemAccessDesc {
+                    location: prop.location,
+                    flags: gpuslice_abi::cuda::vmm::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                };
+                call!(self, cuMemSetAccess(ptr, size, &access, 1))?
+            }
+            VmmOp::Unmap { ptr, size } => call!(self, cuMemUnmap(ptr, size))?,
+            VmmOp::Release { handle } => call!(self, cuMemRelease(handle))?,
+        }
+        Ok(out)
     }
 
     pub fn free(&self, a: &Allocation) -> Res<()> {

@@ -114,6 +114,27 @@ impl AllocPath {
     }
 }
 
+/// One VMM driver call, for scenarios that drive `cuMemCreate` & co. step by step (the
+/// `vmm` allocation path does all of them at once). Each returns what the call produces
+/// (an address or a handle), else 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmmOp {
+    /// `cuMemAddressReserve(size)` -> address.
+    Reserve { size: usize },
+    /// `cuMemAddressFree(ptr, size)`.
+    AddressFree { ptr: u64, size: usize },
+    /// `cuMemCreate(size)` of pinned device-0 memory -> handle.
+    Create { size: usize },
+    /// `cuMemMap(ptr, size, 0, handle)`.
+    Map { ptr: u64, size: usize, handle: u64 },
+    /// `cuMemSetAccess(ptr, size)`: read-write from device 0.
+    SetAccess { ptr: u64, size: usize },
+    /// `cuMemUnmap(ptr, size)`.
+    Unmap { ptr: u64, size: usize },
+    /// `cuMemRelease(handle)`.
+    Release { handle: u64 },
+}
+
 /// One live allocation, whatever path made it; `free` undoes exactly that path.
 #[derive(Debug, Clone, Copy)]
 pub struct Allocation {

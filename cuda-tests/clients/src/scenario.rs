@@ -6,7 +6,7 @@
 //! (bad arguments: 2).
 
 use crate::driver::Driver;
-use crate::{AllocPath, Allocation, CUresult, Fail, LaunchPath, Res};
+use crate::{AllocPath, Allocation, CUresult, Fail, LaunchPath, Res, VmmOp};
 use gpuslice_abi::cuda::attr;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -50,6 +50,8 @@ pub trait Gpu: Sync {
     fn mem_get_info(&self) -> Res<(usize, usize)>;
     fn alloc(&self, path: AllocPath, size: usize) -> Res<Allocation>;
     fn free(&self, allocation: &Allocation) -> Res<()>;
+    /// One VMM driver call (`vmm-reuse`).
+    fn vmm(&self, op: VmmOp) -> Res<u64>;
     /// `cuMemPoolDestroy(pool)`, whatever is still allocated from it.
     fn pool_destroy(&self, pool: u64) -> Res<()>;
     /// `cuMemFreeAsync(ptr)` on the default stream, then `cuStreamSynchronize`.
@@ -157,6 +159,9 @@ impl Gpu for Driver {
     fn free(&self, allocation: &Allocation) -> Res<()> {
         Driver::free(self, allocation)
     }
+    fn vmm(&self, op: VmmOp) -> Res<u64> {
+        Driver::vmm(self, op)
+    }
     fn pool_destroy(&self, pool: u64) -> Res<()> {
         Driver::pool_destroy(self, pool)
     }
@@ -214,6 +219,7 @@ usage: <client> SCENARIO [ARGS]
   meminfo
   alloc SIZE [--count N] [--path alloc|pitch|managed|async|pool|vmm|array|array3d|mipmap]
   alloc-until-oom CHUNK [--path P] [--max N] [--before-init context] [--pool-device N]
+  alloc-retry SIZE [--path P] [--max-ms MS]
   caching-allocator
   hold SIZE [--path P]
   heap SIZE
@@ -222,11 +228,26 @@ usage: <client> SCENARIO [ARGS]
   graph-memory SIZE [--allocs N] [--upload true] [--chunk CHUNK] [--max N]
   launch [--kernels N] [--ns-per-wave NS] [--grid G] [--block B] [--stream default|created]
          [--path kernel|ex|cooperative|graph] [--duration-s S]
-  threads [--threads N] [--size SIZE] [--iterations N]
+  threads [--threads N] [--size SIZE] [--iterations N] [--path P] [--hold-us US] [--keep-alive true]
+  vmm-reuse [--threads N] [--size SIZE] [--iterations N] [--slots K] [--churn true] [--hold-us US]
   errors
   (linked-client only) nvml
-hold, heap, context-cycle, pool-destroy-held and graph-memory print their line, then keep the process alive until
+hold, alloc-retry, heap, context-cycle, pool-destroy-held, graph-memory and vmm-reuse print their line, then keep the process alive until
 stdin closes.
+threads: N threads (default 16) each allocate and free SIZE (default 2MiB) N times (default 50)
+on path P (default alloc), holding each allocation --hold-us microseconds (default 0);
+--keep-alive true prints the line and keeps the process alive until stdin closes.
+alloc-retry: allocates SIZE, retrying every 5 ms while the answer is out-of-memory, for at
+most MS (default 30000); reports result, attempts and refused.
+vmm-reuse: N threads (default 16) each loop N times (default 200): cuMemCreate(SIZE, default
+60MiB), cuMemMap into a free address range, cuMemSetAccess, cuMemRelease (the mapping keeps
+the memory), cuMemUnmap. Address ranges pass between threads while their frees are in
+flight: by default K (default N/2) SIZE-ranges of one cuMemAddressReserve are shared and a
+thread maps the first that is free (the driver answers CUDA_ERROR_ALREADY_MAPPED for a taken
+one); with --churn true every iteration reserves its own range and frees it
+(cuMemAddressFree) after the unmap, and the driver may hand the same range to the next
+reserve. --hold-us keeps each mapping that long before the unmap (default 0), so that many
+threads hold memory at once. Reports each call's results and mem_free.
 heap: cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, SIZE) on the current context (the driver backs
 the device-malloc heap with device memory); prints the result and mem_free.
 pool-destroy-held: until an allocation fails (or N succeeded), creates a pool, allocates SIZE
@@ -347,6 +368,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "meminfo" => meminfo(gpu),
         "alloc" => alloc(gpu, &rest)?,
         "alloc-until-oom" => alloc_until_oom(gpu, &rest)?,
+        "alloc-retry" => alloc_retry(gpu, &rest)?,
         "caching-allocator" => caching_allocator(gpu),
         "hold" => hold(gpu, &rest)?,
         "heap" => heap(gpu, &rest)?,
@@ -356,6 +378,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "launch" => launch(gpu, &rest)?,
         "threads" => threads(gpu, &rest)?,
         "churn" => churn(gpu, &rest)?,
+        "vmm-reuse" => vmm_reuse(gpu, &rest)?,
         "errors" => errors(gpu),
         other => return Err(Usage(format!("unknown scenario {other:?}"))),
     };
@@ -486,6 +509,45 @@ fn tally<G: Gpu>(gpu: &G, results: &[Res<()>]) -> Map<String, Value> {
         *counts.entry(res_name(gpu, r)).or_default() += 1;
     }
     counts.into_iter().map(|(k, v)| (k, json!(v))).collect()
+}
+
+/// `alloc-retry SIZE [--path P] [--max-ms MS]`: allocates SIZE, retrying every 5 ms while the
+/// answer is OUT_OF_MEMORY, for at most MS (default 30000): an application waiting for room
+/// another process is about to give back. Prints the result, attempts and refusals, then holds
+/// the allocation until stdin closes.
+fn alloc_retry<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let size = args.size_at(0, "SIZE")?;
+    let path = args.alloc_path()?;
+    let max = Duration::from_millis(args.get("max-ms", 30_000)?);
+    if let Err(mut e) = setup(gpu) {
+        e["pid"] = json!(std::process::id());
+        print_and_hold(gpu, "alloc-retry", e);
+    }
+    let started = Instant::now();
+    let (mut attempts, mut refused) = (0u64, 0u64);
+    let result = loop {
+        attempts += 1;
+        match gpu.alloc(path, size) {
+            Err(Fail::Cu(code)) if gpu.code_name(code) == "CUDA_ERROR_OUT_OF_MEMORY" => {
+                refused += 1;
+                if started.elapsed() >= max {
+                    break Err(Fail::Cu(code));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => break other,
+        }
+    };
+    let line = json!({
+        "size": size,
+        "path": path.name(),
+        "result": res_name(gpu, &result),
+        "attempts": attempts,
+        "refused": refused,
+        "mem_free": mem_free_now(gpu),
+    });
+    // Held (not freed) until the process ends: the test reads the card meanwhile.
+    print_and_hold(gpu, "alloc-retry", line)
 }
 
 fn alloc_until_oom<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
@@ -922,7 +984,12 @@ fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let iterations: usize = args.get("iterations", 50)?;
     let size = option_size(args, "size", 2 << 20)?;
     let path = args.alloc_path()?;
+    let hold = Duration::from_micros(args.get("hold-us", 0)?);
+    let keep_alive: bool = args.get("keep-alive", false)?;
     if let Err(e) = setup(gpu) {
+        if keep_alive {
+            print_and_hold(gpu, "threads", e);
+        }
         return Ok(e);
     }
     let free_before = mem_free_now(gpu);
@@ -940,6 +1007,9 @@ fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
                         match gpu.alloc(path, size) {
                             Ok(a) => {
                                 allocs.push(Ok(()));
+                                if !hold.is_zero() {
+                                    std::thread::sleep(hold);
+                                }
                                 frees.push(gpu.free(&a));
                             }
                             Err(f) => allocs.push(Err(f)),
@@ -956,15 +1026,178 @@ fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     });
     let allocs: Vec<Res<()>> = per_thread.iter().flat_map(|t| t.0.clone()).collect();
     let frees: Vec<Res<()>> = per_thread.iter().flat_map(|t| t.1.clone()).collect();
-    Ok(json!({
+    let line = json!({
         "threads": n,
         "iterations": iterations,
         "size": size,
+        "path": path.name(),
         "alloc_results": tally(gpu, &allocs),
         "free_results": tally(gpu, &frees),
         "mem_free_before": free_before,
         "mem_free_after": mem_free_now(gpu),
-    }))
+    });
+    if keep_alive {
+        print_and_hold(gpu, "threads", line);
+    }
+    Ok(line)
+}
+
+/// What one `vmm-reuse` thread saw: results per call.
+#[derive(Default)]
+struct VmmTally {
+    create: Vec<Res<()>>,
+    map: Vec<Res<()>>,
+    other: Vec<(&'static str, Res<()>)>,
+    no_range: usize,
+}
+
+/// `vmm-reuse` (see the usage text): many threads mapping and unmapping VMM memory in
+/// address ranges that pass from one thread to another while the first one's unmap (or
+/// address free) is still on its way back through whatever sits between client and driver.
+fn vmm_reuse<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let n: usize = args.get("threads", 16)?;
+    let iterations: usize = args.get("iterations", 200)?;
+    let slots: usize = args.get("slots", (n / 2).max(1))?;
+    let churn: bool = args.get("churn", false)?;
+    let hold = Duration::from_micros(args.get("hold-us", 0)?);
+    let size = match args.options.get("size") {
+        None => 60 << 20,
+        Some(s) => crate::parse_size(s).map_err(|e| Usage(format!("--size: {e}")))?,
+    };
+    if n == 0 || slots == 0 || size == 0 {
+        return Err(Usage(
+            "vmm-reuse: threads, slots and size must be > 0".into(),
+        ));
+    }
+    if let Err(e) = setup(gpu) {
+        print_and_hold(gpu, "vmm-reuse", e);
+    }
+    let base = if churn {
+        0
+    } else {
+        match gpu.vmm(VmmOp::Reserve { size: size * slots }) {
+            Ok(p) => p,
+            Err(f) => {
+                let e = setup_failed(gpu, "cuMemAddressReserve", f);
+                print_and_hold(gpu, "vmm-reuse", e)
+            }
+        }
+    };
+    let free_before = mem_free_now(gpu);
+    let call = |op: VmmOp| gpu.vmm(op).map(|_| ());
+    let one_thread = |t: usize| -> VmmTally {
+        let mut tally = VmmTally::default();
+        if let Err(f) = gpu.context(0) {
+            tally.other.push(("context", Err(f)));
+            return tally;
+        }
+        for i in 0..iterations {
+            let handle = match gpu.vmm(VmmOp::Create { size }) {
+                Ok(h) => {
+                    tally.create.push(Ok(()));
+                    h
+                }
+                Err(f) => {
+                    tally.create.push(Err(f));
+                    std::thread::yield_now();
+                    continue;
+                }
+            };
+            let mut place = None;
+            if churn {
+                match gpu.vmm(VmmOp::Reserve { size }) {
+                    Ok(ptr) => {
+                        let r = call(VmmOp::Map { ptr, size, handle });
+                        tally.map.push(r);
+                        if r.is_ok() {
+                            place = Some(ptr);
+                        } else {
+                            let freed = call(VmmOp::AddressFree { ptr, size });
+                            tally.other.push(("address_free", freed));
+                        }
+                    }
+                    Err(f) => tally.other.push(("reserve", Err(f))),
+                }
+            } else {
+                // The first free range from a per-thread starting point: a taken range
+                // answers ALREADY_MAPPED; one whose unmap just returned in the driver is free.
+                for k in 0..slots {
+                    let ptr = base + (((t + i + k) % slots) * size) as u64;
+                    let r = call(VmmOp::Map { ptr, size, handle });
+                    tally.map.push(r);
+                    if r.is_ok() {
+                        place = Some(ptr);
+                        break;
+                    }
+                }
+            }
+            let Some(ptr) = place else {
+                tally.no_range += 1;
+                tally
+                    .other
+                    .push(("release", call(VmmOp::Release { handle })));
+                continue;
+            };
+            tally
+                .other
+                .push(("set_access", call(VmmOp::SetAccess { ptr, size })));
+            // The mapping keeps the memory; it goes back to the card at the unmap.
+            tally
+                .other
+                .push(("release", call(VmmOp::Release { handle })));
+            if !hold.is_zero() {
+                std::thread::sleep(hold);
+            }
+            tally
+                .other
+                .push(("unmap", call(VmmOp::Unmap { ptr, size })));
+            if churn {
+                tally
+                    .other
+                    .push(("address_free", call(VmmOp::AddressFree { ptr, size })));
+            }
+        }
+        tally
+    };
+    let tallies: Vec<VmmTally> = std::thread::scope(|scope| {
+        let one_thread = &one_thread;
+        let handles: Vec<_> = (0..n).map(|t| scope.spawn(move || one_thread(t))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client thread panicked"))
+            .collect()
+    });
+    let creates: Vec<Res<()>> = tallies.iter().flat_map(|t| t.create.clone()).collect();
+    let maps: Vec<Res<()>> = tallies.iter().flat_map(|t| t.map.clone()).collect();
+    let mut line = json!({
+        "threads": n,
+        "iterations": iterations,
+        "size": size,
+        "slots": if churn { 0 } else { slots },
+        "churn": churn,
+        "create_results": tally(gpu, &creates),
+        "map_results": tally(gpu, &maps),
+        "no_range": tallies.iter().map(|t| t.no_range).sum::<usize>(),
+        "mem_free_before": free_before,
+        "mem_free_after": mem_free_now(gpu),
+    });
+    for name in [
+        "context",
+        "reserve",
+        "set_access",
+        "release",
+        "unmap",
+        "address_free",
+    ] {
+        let results: Vec<Res<()>> = tallies
+            .iter()
+            .flat_map(|t| t.other.iter().filter(|(n, _)| *n == name).map(|(_, r)| *r))
+            .collect();
+        if !results.is_empty() {
+            line[format!("{name}_results")] = Value::Object(tally(gpu, &results));
+        }
+    }
+    print_and_hold(gpu, "vmm-reuse", line)
 }
 
 fn option_size(args: &Args, name: &str, default: usize) -> Result<usize, Usage> {

@@ -214,6 +214,7 @@ impl Kid {
         .env("FAKEGPU_STATE", state)
         .env_remove("FAKEGPU_CONFIG")
         .env_remove("FAKEGPU_DEVICES")
+        .env_remove("FAKEGPU_RELEASE_DELAY_MS")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
         for (k, v) in env {
@@ -512,6 +513,50 @@ fn sigkilled_process_memory_is_freed() {
         st.used_memory(0),
         0,
         "the dead process's memory is released"
+    );
+    assert!(st.processes(0).is_empty());
+    let _ = std::fs::remove_file(&state);
+}
+
+/// `FAKEGPU_RELEASE_DELAY_MS` set in the killed process (it sets the machine's delay when it
+/// opens the state): its memory stays on the card and in the process list until it has been
+/// seen dead for that long, counted from the first look (so the first look always finds it).
+#[test]
+fn sigkilled_process_memory_is_freed_after_the_release_delay() {
+    let state = state_path("kill-delay");
+    let mut a = Kid::spawn(
+        "hold",
+        &state,
+        &[
+            ("FAKEGPU_CTX_OVERHEAD", (300 * MIB).to_string()),
+            ("FAKEGPU_TEST_BYTES", (1 << 30).to_string()),
+            ("FAKEGPU_RELEASE_DELAY_MS", "300".into()),
+        ],
+    );
+    let pid: u32 = a
+        .read()
+        .strip_prefix("allocated ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let st = fakegpu::open_state_at(&state).unwrap();
+    assert_eq!(st.release_delay_ms(), 300);
+    let held = (1 << 30) + 300 * MIB;
+    a.child.kill().unwrap(); // SIGKILL
+    a.child.wait().unwrap();
+    let first_look = fakegpu::now_ns();
+    assert_eq!(st.used_memory(0), held, "not released at the first look");
+    let procs = st.processes(0);
+    assert_eq!(procs.len(), 1);
+    assert_eq!((procs[0].pid, procs[0].used_memory), (pid, held));
+    let deadline = first_look + 20_000_000_000;
+    while st.used_memory(0) != 0 {
+        assert!(fakegpu::now_ns() < deadline, "never released");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        fakegpu::now_ns() - first_look >= 300_000_000,
+        "released before the delay passed"
     );
     assert!(st.processes(0).is_empty());
     let _ = std::fs::remove_file(&state);

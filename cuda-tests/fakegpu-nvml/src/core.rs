@@ -179,8 +179,9 @@ impl Dev {
     }
 
     pub fn memory(&self) -> MemoryView {
-        // A killed process's memory is freed by the real driver at once; the fake only learns
-        // of the death when someone looks, so every observer reaps first.
+        // A killed process's memory is freed by the real driver at once (or after the release
+        // delay); the fake only learns of the death when someone looks, so every observer
+        // reaps first.
         self.state.reap_dead_processes();
         nvml_view::memory_view_of(&self.spec, self.state.used_memory(self.index))
     }

@@ -74,6 +74,54 @@ fn another_process_is_visible_in_nvml_and_smi_until_killed() {
     );
 }
 
+/// `FAKEGPU_RELEASE_DELAY_MS`: a killed process stays in NVML's process list and memory
+/// info (and smi's) with its usage until it has been seen dead for that long, as a driver
+/// that tears processes down late shows it. The first look starts the delay, so the first
+/// look always finds it.
+#[test]
+fn a_killed_process_stays_listed_until_the_release_delay_has_passed() {
+    const NAME: &str = "a_killed_process_stays_listed_until_the_release_delay_has_passed";
+    isolated(
+        NAME,
+        &[
+            ("FAKEGPU_RELEASE_DELAY_MS", "1500"),
+            ("FAKEGPU_CTX_OVERHEAD", "33554432"),
+        ],
+        || {
+            if common::is_holder() {
+                common::run_holder();
+                return;
+            }
+            let nvml = Nvml::load();
+            nvml.init();
+            let h = nvml.handle(0);
+            let state_path = child_scratch().join("state");
+            let mut holder = spawn_holder(NAME, 64 * MIB);
+            let expected = 32 * MIB + 64 * MIB;
+            holder.kill();
+            let first_look = std::time::Instant::now();
+            let procs = nvml.processes(h);
+            assert_eq!(procs.len(), 1, "{procs:?}");
+            assert_eq!(procs[0].pid, holder.pid);
+            assert_eq!(procs[0].usedGpuMemory, expected);
+            assert_eq!(nvml.memory_v2(h).used, expected);
+            common::await_value(
+                Duration::from_secs(20),
+                "the killed holder's release",
+                || nvml.processes(h).is_empty().then_some(()),
+            );
+            assert!(
+                first_look.elapsed() >= Duration::from_millis(1500),
+                "released before the delay passed"
+            );
+            assert_eq!(nvml.memory_v2(h).used, 0);
+            let smi = smi_json(&state_path);
+            assert_eq!(smi["devices"][0]["processes"].as_array().unwrap().len(), 0);
+            assert_eq!(smi["devices"][0]["memory_used"], 0);
+        },
+    );
+}
+
 #[test]
 fn smi_reaps_a_killed_process_without_nvml() {
     const NAME: &str = "smi_reaps_a_killed_process_without_nvml";

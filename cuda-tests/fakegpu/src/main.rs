@@ -32,6 +32,10 @@ USAGE:
 ENVIRONMENT:
     FAKEGPU_STATE           shared state file (one simulated machine per path)
     FAKEGPU_UTIL_WINDOW_MS  utilisation sampling window, default 1000
+    FAKEGPU_RELEASE_DELAY_MS
+                            a dead process's memory is released (and it leaves the
+                            process lists) only once it has been seen dead this long;
+                            default 0; kept in the state for every process
 ";
 
 /// The two cdylibs and the names real clients load them by.

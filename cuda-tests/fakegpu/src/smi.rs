@@ -43,7 +43,8 @@ pub struct SmiReport {
 /// Reads one consistent-enough snapshot (each device's numbers are read back to back; the
 /// state is live, so two devices are not read at the same instant).
 pub fn snapshot(state: &SharedState) -> SmiReport {
-    // The real driver frees a dead process's memory at once; here the observer reaps.
+    // The driver frees a dead process's memory when it learns of the death (after the
+    // release delay, if any); here the observer reaps.
     state.reap_dead_processes();
     let window = nvml_view::util_window_ns();
     let devices = (0..state.device_count())

@@ -6,6 +6,13 @@
 //! kernel timeline: per device `busy_until_ns` plus utilisation rings (see `timeline`) for the
 //! device and for every process slot.
 //!
+//! Release delay: a real driver may free a dead process's device memory a little after the
+//! process is gone. The state keeps one delay for the whole machine (`release_delay_ns` in the
+//! header, from `FAKEGPU_RELEASE_DELAY_MS`, default 0 = at once): a dead process's slot keeps
+//! its bytes, charged to the device and listed with its usage, until it has been seen dead
+//! for that long. The first observer to see it dead stamps the slot (`dead_since`), so every
+//! process reading the state agrees on when the memory comes back.
+//!
 //! Locking: creation and process registration/reaping take an fcntl OFD write lock on byte 0
 //! (`F_OFD_SETLKW`), which the kernel drops when the holder dies, so a killed process never
 //! blocks others. Every registered process additionally holds an OFD lock on its own slot's
@@ -28,7 +35,7 @@ use std::sync::{Mutex, Once, OnceLock};
 pub const MAX_DEVICES: usize = 8;
 pub const MAX_PROCS: usize = 64;
 const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU1");
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// Byte locked (exclusively) while creating the file or changing the slot table.
 const REG_LOCK: i64 = 0;
 /// Slot `i` is alive while someone holds a lock on byte `SLOT_LOCK_BASE + i`.
@@ -44,6 +51,8 @@ struct Header {
     device_count: u32,
     layout_size: u64,
     created_ns: u64,
+    /// How long a dead process's memory stays charged after it is first seen dead (ns).
+    release_delay_ns: AtomicU64,
 }
 
 #[repr(C)]
@@ -69,6 +78,8 @@ struct ProcSlot {
     state: AtomicU32,
     pid: AtomicU32,
     start_time: AtomicU64,
+    /// When (monotonic ns) an observer first saw this slot's process dead; 0 = not yet.
+    dead_since: AtomicU64,
     used: [AtomicU64; MAX_DEVICES],
     contexts: [AtomicU32; MAX_DEVICES],
     rings: [[AtomicU64; RING]; MAX_DEVICES],
@@ -269,6 +280,36 @@ impl Drop for SharedState {
     }
 }
 
+/// The largest `FAKEGPU_RELEASE_DELAY_MS` accepted (one hour): a driver that has not freed a
+/// dead process's memory after that is broken, and a typo must not park memory forever.
+pub const MAX_RELEASE_DELAY_MS: u64 = 3_600_000;
+
+/// Parses a `FAKEGPU_RELEASE_DELAY_MS` value: whole milliseconds, 0..=`MAX_RELEASE_DELAY_MS`.
+pub fn parse_release_delay_ms(text: &str) -> Result<u64, StateError> {
+    let ms: u64 = text.trim().parse().map_err(|_| {
+        StateError::Config(format!(
+            "FAKEGPU_RELEASE_DELAY_MS={text:?}: not a whole number of milliseconds"
+        ))
+    })?;
+    if ms > MAX_RELEASE_DELAY_MS {
+        return Err(StateError::Config(format!(
+            "FAKEGPU_RELEASE_DELAY_MS={ms}: more than {MAX_RELEASE_DELAY_MS} (one hour)"
+        )));
+    }
+    Ok(ms)
+}
+
+/// `FAKEGPU_RELEASE_DELAY_MS` of this process, if set (and not empty).
+fn release_delay_from_env() -> Result<Option<u64>, StateError> {
+    match std::env::var("FAKEGPU_RELEASE_DELAY_MS") {
+        Ok(v) if !v.trim().is_empty() => parse_release_delay_ms(&v).map(Some),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(StateError::Config(
+            "FAKEGPU_RELEASE_DELAY_MS is not valid UTF-8".into(),
+        )),
+    }
+}
+
 /// The default state path: `FAKEGPU_STATE` or `/tmp/fakegpu-$UID.state`.
 pub fn default_path() -> PathBuf {
     match std::env::var_os("FAKEGPU_STATE").filter(|p| !p.is_empty()) {
@@ -304,6 +345,7 @@ fn open_with(
     path: &Path,
     devices: impl FnOnce() -> Result<Vec<DeviceSpec>, String>,
 ) -> Result<SharedState, StateError> {
+    let release_delay = release_delay_from_env()?;
     let cpath = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| StateError::Io("path contains NUL".into()))?;
     let mut writable = true;
@@ -419,6 +461,11 @@ fn open_with(
             h.layout_size
         )));
     }
+    // The delay is the machine's: a process that opens the state with the variable set
+    // sets it for every process (the creator's, or 0, otherwise).
+    if let (Some(ms), true) = (release_delay, writable) {
+        state.set_release_delay_ms(ms);
+    }
     drop(guard);
     Ok(state)
 }
@@ -462,6 +509,7 @@ impl SharedState {
             (*h).device_count = devices.len() as u32;
             (*h).layout_size = LAYOUT_SIZE as u64;
             (*h).created_ns = now_ns();
+            *(*h).release_delay_ns.get_mut() = 0;
         }
         self.layout().header.magic.store(MAGIC, Ordering::Release);
         Ok(())
@@ -473,6 +521,65 @@ impl SharedState {
 
     pub fn is_writable(&self) -> bool {
         self.writable
+    }
+
+    /// How long a dead process's memory stays charged after it is first seen dead.
+    pub fn release_delay_ms(&self) -> u64 {
+        self.layout()
+            .header
+            .release_delay_ns
+            .load(Ordering::Acquire)
+            / 1_000_000
+    }
+
+    /// Sets the machine's release delay (as `FAKEGPU_RELEASE_DELAY_MS` does at open), capped
+    /// at `MAX_RELEASE_DELAY_MS`; a no-op on a read-only mapping.
+    pub fn set_release_delay_ms(&self, ms: u64) {
+        if self.writable {
+            let ns = ms.min(MAX_RELEASE_DELAY_MS) * 1_000_000;
+            self.layout()
+                .header
+                .release_delay_ns
+                .store(ns, Ordering::Release);
+        }
+    }
+
+    /// For the slot of a process known to be dead: whether its memory is due to be released
+    /// at `now`. The first writable observer to ask stamps the time of death it will be
+    /// counted from; a read-only one cannot, and counts an unstamped slot as not due.
+    fn release_due(&self, i: usize, now: u64) -> bool {
+        let delay = self
+            .layout()
+            .header
+            .release_delay_ns
+            .load(Ordering::Acquire);
+        if delay == 0 {
+            return true;
+        }
+        let s = self.slot(i);
+        let mut since = s.dead_since.load(Ordering::Acquire);
+        if since == 0 {
+            if !self.writable {
+                return false;
+            }
+            since = match s.dead_since.compare_exchange(
+                0,
+                now.max(1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => now.max(1),
+                Err(earlier) => earlier,
+            };
+        }
+        now.saturating_sub(since) >= delay
+    }
+
+    /// Live slot `i` holds memory on the device: its process lives, or died and its memory is
+    /// not released yet (reaping has not run, or the release delay has not passed).
+    fn slot_holds(&self, i: usize, now: u64) -> bool {
+        self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE
+            && (self.slot_alive(i) || !self.release_due(i, now))
     }
 
     pub fn device_count(&self) -> u32 {
@@ -517,10 +624,12 @@ impl SharedState {
             self.reap_dead_processes();
             return r.used.load(Ordering::Acquire);
         }
-        // Read-only: cannot reap, so leave dead processes' bytes out of the answer.
+        // Read-only: cannot reap, so leave out the bytes of dead processes that are due for
+        // release.
+        let now = now_ns();
         let dead: u64 = (0..MAX_PROCS)
             .filter(|&i| self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE)
-            .filter(|&i| !self.slot_alive(i))
+            .filter(|&i| !self.slot_holds(i, now))
             .map(|i| self.slot(i).used[index as usize].load(Ordering::Relaxed))
             .sum();
         r.used.load(Ordering::Acquire).saturating_sub(dead)
@@ -552,24 +661,27 @@ impl SharedState {
             .map_or(0, |r| r.used.load(Ordering::Acquire))
     }
 
-    /// Live processes holding memory or contexts on the device.
+    /// Processes holding memory or contexts on the device: the live ones, and dead ones whose
+    /// memory is not released yet (see the release delay), as the driver's lists show them.
     pub fn processes(&self, index: u32) -> Vec<ProcessUsage> {
         if index >= self.device_count() {
             return Vec::new();
         }
         self.reap_dead_processes();
         let d = index as usize;
+        let now = now_ns();
         (0..MAX_PROCS)
-            .map(|i| self.slot(i))
-            .filter(|s| s.state.load(Ordering::Acquire) == SLOT_LIVE)
-            .filter(|s| {
+            .filter(|&i| self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE)
+            .filter(|&i| {
+                let s = self.slot(i);
                 s.used[d].load(Ordering::Relaxed) > 0 || s.contexts[d].load(Ordering::Relaxed) > 0
             })
-            .map(|s| ProcessUsage {
-                pid: s.pid.load(Ordering::Relaxed),
-                used_memory: s.used[d].load(Ordering::Relaxed),
+            // Writable: reaping just left only slots that hold memory.
+            .filter(|&i| self.writable || self.slot_holds(i, now))
+            .map(|i| ProcessUsage {
+                pid: self.slot(i).pid.load(Ordering::Relaxed),
+                used_memory: self.slot(i).used[d].load(Ordering::Relaxed),
             })
-            .filter(|p| self.writable || self.pid_slot(p.pid).is_some_and(|i| self.slot_alive(i)))
             .collect()
     }
 
@@ -715,8 +827,11 @@ impl SharedState {
     /// This process's slot, if registered (and not inherited across fork).
     #[inline]
     pub fn my_slot(&self) -> Option<usize> {
+        // The pid first: registration publishes the slot before the pid, so seeing this
+        // process's pid guarantees seeing its slot (not a forked parent's).
+        let p = self.my_pid.load(Ordering::Acquire);
         let s = self.my_slot.load(Ordering::Acquire);
-        (s != usize::MAX && self.my_pid.load(Ordering::Acquire) == current_pid()).then_some(s)
+        (s != usize::MAX && p == current_pid()).then_some(s)
     }
 
     /// Registers the calling process (once per process; again in a forked child).
@@ -773,6 +888,7 @@ impl SharedState {
                     }
                 }
             }
+            s.dead_since.store(0, Ordering::Relaxed);
             s.pid.store(pid, Ordering::Relaxed);
             s.start_time
                 .store(process_start_time(pid).unwrap_or(0), Ordering::Relaxed);
@@ -784,8 +900,8 @@ impl SharedState {
             self.lock_listed.store(listed, Ordering::Release);
             self.lock_pid.store(pid, Ordering::Release);
             self.lock_fd.store(lfd, Ordering::Release);
-            self.my_pid.store(pid, Ordering::Release);
             self.my_slot.store(i, Ordering::Release);
+            self.my_pid.store(pid, Ordering::Release);
             return Ok(i);
         }
         Err(StateError::NoFreeSlot)
@@ -832,16 +948,24 @@ impl SharedState {
     }
 
     /// Releases the slots (and thus the device memory) of processes that have exited, as the
-    /// driver does on process exit. Returns how many were reaped.
+    /// driver does on process exit, once the release delay has passed since each was first
+    /// seen dead. Returns how many were reaped.
     pub fn reap_dead_processes(&self) -> usize {
         if !self.writable {
             return 0;
         }
-        // Cheap pre-check without the lock: most calls find everybody alive.
-        let any_dead = (0..MAX_PROCS).any(|i| {
-            self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE && !self.slot_alive(i)
-        });
-        if !any_dead {
+        // Cheap pre-check without the lock: most calls find everybody alive. It also stamps
+        // when a dead process was first seen, which starts its release delay. Every dead slot
+        // is looked at (no short-circuit), so each gets its stamp at the first look.
+        let now = now_ns();
+        let due = (0..MAX_PROCS)
+            .filter(|&i| {
+                self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE
+                    && !self.slot_alive(i)
+                    && self.release_due(i, now)
+            })
+            .count();
+        if due == 0 {
             return 0;
         }
         let _g = self.reg.lock().unwrap_or_else(|e| e.into_inner());
@@ -853,9 +977,13 @@ impl SharedState {
 
     fn reap_locked(&self) -> usize {
         let mut reaped = 0;
+        let now = now_ns();
         for i in 0..MAX_PROCS {
             let s = self.slot(i);
-            if s.state.load(Ordering::Acquire) != SLOT_LIVE || self.slot_alive(i) {
+            if s.state.load(Ordering::Acquire) != SLOT_LIVE
+                || self.slot_alive(i)
+                || !self.release_due(i, now)
+            {
                 continue;
             }
             for d in 0..MAX_DEVICES {
@@ -865,6 +993,7 @@ impl SharedState {
                 }
                 s.contexts[d].store(0, Ordering::Relaxed);
             }
+            s.dead_since.store(0, Ordering::Relaxed);
             s.state.store(SLOT_FREE, Ordering::Release);
             reaped += 1;
         }
@@ -949,6 +1078,99 @@ mod tests {
         assert_eq!(b.used_memory(0), 0);
         drop(b);
         std::fs::remove_file(&p).unwrap();
+    }
+
+    /// Waits (polling, up to 20 s) for `cond`; the delay tests await a release, never time it.
+    fn await_true(what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = now_ns() + 20_000_000_000;
+        while !cond() {
+            assert!(now_ns() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn a_dead_process_keeps_its_memory_until_the_release_delay_has_passed() {
+        let p = tmp("delay");
+        let a = open_state_with(&p, &small()).unwrap();
+        let b = open_state_with(&p, &small()).unwrap();
+        assert_eq!(b.release_delay_ms(), 0, "default: at once");
+        // Long enough that nothing below races it; shortened once the holding is checked.
+        b.set_release_delay_ms(3_600_000);
+        assert_eq!(a.release_delay_ms(), 3_600_000, "one delay for the machine");
+        let sa = a.register_current_process().unwrap();
+        let sb = b.register_current_process().unwrap();
+        assert!(a.try_charge(0, sa, 48 << 20));
+        assert!(b.try_charge(0, sb, 8 << 20));
+        b.reset_peak_memory(0);
+        drop(a); // "process" a dies
+                 // Not released: the card still holds it, the process lists still show it...
+        assert_eq!(b.used_memory(0), 56 << 20);
+        let procs = b.processes(0);
+        assert_eq!(procs.len(), 2);
+        assert!(procs.iter().any(|p| p.used_memory == 48 << 20));
+        // ...and the card cannot be overcommitted: the next 16 MiB do not fit (64 MiB card).
+        assert!(
+            !b.try_charge(0, sb, 16 << 20),
+            "OOM while a's memory is held"
+        );
+        assert!(b.try_charge(0, sb, 8 << 20), "what is really free still is");
+        assert_eq!(b.peak_memory(0), 64 << 20);
+        // The first look stamped the death in the state: every reader sees the same stamp.
+        let c = open_state_with(&p, &small()).unwrap();
+        let since = c.slot(sa).dead_since.load(Ordering::Acquire);
+        assert!(since != 0 && since <= now_ns());
+        assert_eq!(b.slot(sa).dead_since.load(Ordering::Acquire), since);
+        assert_eq!(c.used_memory(0), 64 << 20, "a third reader agrees");
+        // A shorter delay counts from that same stamp; the memory comes back only after it.
+        c.set_release_delay_ms(50);
+        await_true("a's memory to be released", || b.used_memory(0) == 16 << 20);
+        assert!(
+            now_ns() - since >= 50_000_000,
+            "released before the delay passed"
+        );
+        assert_eq!(b.processes(0).len(), 1);
+        assert_eq!(c.used_memory(0), 16 << 20);
+        assert_eq!(b.peak_memory(0), 64 << 20, "never more than the card");
+        drop((b, c));
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn a_full_card_stays_full_until_a_dead_process_is_released() {
+        // try_charge itself reaps on OOM: with a delay the dead process's bytes still count.
+        let p = tmp("delay-oom");
+        let a = open_state_with(&p, &small()).unwrap();
+        let b = open_state_with(&p, &small()).unwrap();
+        b.set_release_delay_ms(3_600_000);
+        let sa = a.register_current_process().unwrap();
+        let sb = b.register_current_process().unwrap();
+        assert!(a.try_charge(0, sa, 64 << 20));
+        drop(a);
+        assert!(!b.try_charge(0, sb, 2 << 20));
+        assert_eq!(b.used_memory_raw(0), 64 << 20);
+        assert_eq!(b.slot_used(0, sb), 0);
+        b.set_release_delay_ms(0);
+        assert!(
+            b.try_charge(0, sb, 2 << 20),
+            "released at once without a delay"
+        );
+        assert_eq!(b.used_memory(0), 2 << 20);
+        drop(b);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn the_release_delay_setting_is_checked() {
+        assert_eq!(parse_release_delay_ms("0"), Ok(0));
+        assert_eq!(parse_release_delay_ms(" 1500 "), Ok(1500));
+        assert_eq!(parse_release_delay_ms("3600000"), Ok(MAX_RELEASE_DELAY_MS));
+        for bad in ["", "-1", "1.5", "1s", "3600001", "99999999999999999999"] {
+            assert!(
+                matches!(parse_release_delay_ms(bad), Err(StateError::Config(_))),
+                "{bad:?} accepted"
+            );
+        }
     }
 
     #[test]

@@ -584,21 +584,27 @@ pub unsafe fn mem_map(
     result
 }
 
-fn unmapped(ptr: CUdeviceptr, size: usize) {
-    if let Some(process) = process() {
-        let freed = lock(&process.ledger.vmm).unmapped_range(ptr, size as u64);
+/// `cuMemUnmap` / `cuMemAddressFree` through `call`: the VMM book's ticket is taken BEFORE
+/// the driver makes the range reusable, so the bookkeeping after it ends exactly the
+/// mappings that existed then, never one another thread made in the freed range meanwhile
+/// (see `vmm`).
+fn unmapping(ptr: CUdeviceptr, size: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(process) = process() else {
+        return call();
+    };
+    let ticket = lock(&process.ledger.vmm).ticket();
+    let result = call();
+    if result == CUDA_SUCCESS {
+        let freed = lock(&process.ledger.vmm).unmapped_range(ptr, size as u64, ticket);
         for (device, bytes) in freed {
             process.ledger.refund(device, bytes);
         }
     }
+    result
 }
 
 pub unsafe fn mem_unmap(real: sig::cuMemUnmap, ptr: CUdeviceptr, size: usize) -> CUresult {
-    let result = real(ptr, size);
-    if result == CUDA_SUCCESS {
-        unmapped(ptr, size);
-    }
-    result
+    unmapping(ptr, size, || real(ptr, size))
 }
 
 pub unsafe fn mem_address_free(
@@ -606,11 +612,7 @@ pub unsafe fn mem_address_free(
     ptr: CUdeviceptr,
     size: usize,
 ) -> CUresult {
-    let result = real(ptr, size);
-    if result == CUDA_SUCCESS {
-        unmapped(ptr, size);
-    }
-    result
+    unmapping(ptr, size, || real(ptr, size))
 }
 
 pub unsafe fn mem_retain_allocation_handle(

@@ -5,7 +5,7 @@
 //! and `sys::*` where cudarc has no wrapper. Prints the same JSON as the other clients.
 
 use cuda_clients::scenario::Gpu;
-use cuda_clients::{AllocPath, Allocation, CUresult, ContextMode, Fail, LaunchPath, Res};
+use cuda_clients::{AllocPath, Allocation, CUresult, ContextMode, Fail, LaunchPath, Res, VmmOp};
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use gpuslice_abi::cuda as abi;
 use std::ffi::{c_char, c_void, CStr};
@@ -370,6 +370,44 @@ impl Gpu for Cudarc {
                 }
             }
         }
+    }
+
+    fn vmm(&self, op: VmmOp) -> Res<u64> {
+        // cudarc wraps none of these; its sys bindings are the driver's symbols (dlsym).
+        let prop = cuda_clients::driver::vmm_prop(0);
+        let prop_ptr = (&prop as *const abi::CUmemAllocationProp).cast();
+        let mut out = 0u64;
+        // SAFETY: by-value arguments and pointers to locals that outlive each call.
+        unsafe {
+            match op {
+                VmmOp::Reserve { size } => {
+                    cu(sys::cuMemAddressReserve(&mut out, size, 0, 0, 0).result())?
+                }
+                VmmOp::AddressFree { ptr, size } => cu(sys::cuMemAddressFree(ptr, size).result())?,
+                VmmOp::Create { size } => {
+                    cu(sys::cuMemCreate(&mut out, size, prop_ptr, 0).result())?
+                }
+                VmmOp::Map { ptr, size, handle } => {
+                    cu(sys::cuMemMap(ptr, size, 0, handle, 0).result())?
+                }
+                VmmOp::SetAccess { ptr, size } => {
+                    let access = abi::CUmemAccessDesc {
+                        location: prop.location,
+                        flags: abi::vmm::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                    };
+                    cu(sys::cuMemSetAccess(
+                        ptr,
+                        size,
+                        (&access as *const abi::CUmemAccessDesc).cast(),
+                        1,
+                    )
+                    .result())?
+                }
+                VmmOp::Unmap { ptr, size } => cu(sys::cuMemUnmap(ptr, size).result())?,
+                VmmOp::Release { handle } => cu(sys::cuMemRelease(handle).result())?,
+            }
+        }
+        Ok(out)
     }
 
     fn pool_destroy(&self, pool: u64) -> Res<()> {

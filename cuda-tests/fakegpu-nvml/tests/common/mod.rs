@@ -31,6 +31,7 @@ const FAKEGPU_VARS: &[&str] = &[
     "FAKEGPU_CTX_OVERHEAD",
     "FAKEGPU_PID_OFFSET",
     "FAKEGPU_UTIL_WINDOW_MS",
+    "FAKEGPU_RELEASE_DELAY_MS",
 ];
 
 /// target/debug (or release): test binaries live in its deps/ folder.

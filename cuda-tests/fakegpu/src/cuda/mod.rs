@@ -127,6 +127,10 @@ pub struct Cuda {
     state: OnceLock<&'static SharedState>,
     /// Pid that called cuInit; any other pid (a fork child) sees an uninitialised driver.
     init_pid: AtomicU32,
+    /// Serialises `init`: threads racing through a process's first cuInit must agree on one
+    /// start, or a late one takes the others' finished start for a fork's and wipes what
+    /// they already made.
+    init_lock: Mutex<()>,
     slot: AtomicUsize,
     tables: Mutex<Tables>,
     /// Per device: end times of this process's outstanding kernels, oldest first.
@@ -153,6 +157,7 @@ impl Cuda {
             fixed_state: state,
             state: OnceLock::new(),
             init_pid: AtomicU32::new(0),
+            init_lock: Mutex::new(()),
             slot: AtomicUsize::new(usize::MAX),
             tables: Mutex::new(Tables::default()),
             queues: std::array::from_fn(|_| Mutex::new(VecDeque::new())),
@@ -167,6 +172,12 @@ impl Cuda {
         if self.init_pid.load(Ordering::Acquire) == pid {
             return Ok(());
         }
+        let _one_at_a_time = self.init_lock.lock().unwrap_or_else(|e| e.into_inner());
+        // Another thread of this process may have finished the start while we waited.
+        let prev = self.init_pid.load(Ordering::Acquire);
+        if prev == pid {
+            return Ok(());
+        }
         let st = match self.fixed_state {
             Some(s) => s,
             None => state::state().map_err(|e| {
@@ -179,7 +190,7 @@ impl Cuda {
             eprintln!("fakegpu: {e}");
             CUDA_ERROR_NO_DEVICE
         })?;
-        if self.init_pid.load(Ordering::Acquire) != 0 {
+        if prev != 0 {
             // A fork child: the parent's contexts, allocations and queues do not exist here.
             *self.lock() = Tables::default();
             for q in &self.queues {
