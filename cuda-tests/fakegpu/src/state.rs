@@ -13,9 +13,10 @@
 //! for that long. The first observer to see it dead stamps the slot (`dead_since`), so every
 //! process reading the state agrees on when the memory comes back.
 //!
-//! Locking: creation and process registration/reaping take an fcntl OFD write lock on byte 0
+//! Locking: creation and process registration take an fcntl OFD write lock on byte 0
 //! (`F_OFD_SETLKW`), which the kernel drops when the holder dies, so a killed process never
-//! blocks others. Every registered process additionally holds an OFD lock on its own slot's
+//! blocks others. Reaping dead processes takes no lock (one compare-and-swap per slot), so a
+//! process stopped while it reaps stalls nobody's view of the card. Every registered process additionally holds an OFD lock on its own slot's
 //! lock byte through a private descriptor for as long as it lives; a slot whose byte nobody
 //! holds belongs to a dead process. That test works across PID namespaces and is immune to pid
 //! reuse (the pid and `/proc/<pid>/stat` start time are kept for reporting, and are the
@@ -43,6 +44,8 @@ const SLOT_LOCK_BASE: i64 = 4096;
 
 const SLOT_FREE: u32 = 0;
 const SLOT_LIVE: u32 = 1;
+/// A dead process's slot while one reaper frees it.
+const SLOT_REAPING: u32 = 2;
 
 #[repr(C)]
 struct Header {
@@ -968,13 +971,13 @@ impl SharedState {
         if due == 0 {
             return 0;
         }
-        let _g = self.reg.lock().unwrap_or_else(|e| e.into_inner());
-        let Ok(_lock) = FileLock::acquire(self.fd, libc::F_WRLCK, REG_LOCK) else {
-            return 0;
-        };
         self.reap_locked()
     }
 
+    /// Frees the slots of dead processes whose release is due. Takes no lock (a real driver's
+    /// teardown waits for no process, and a reaper stopped by SIGSTOP must not stall the
+    /// card): each slot is taken by one compare-and-swap from live to reaping, so two reapers
+    /// never free it twice; registration only claims free slots.
     fn reap_locked(&self) -> usize {
         let mut reaped = 0;
         let now = now_ns();
@@ -983,6 +986,9 @@ impl SharedState {
             if s.state.load(Ordering::Acquire) != SLOT_LIVE
                 || self.slot_alive(i)
                 || !self.release_due(i, now)
+                || s.state
+                    .compare_exchange(SLOT_LIVE, SLOT_REAPING, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
             {
                 continue;
             }
