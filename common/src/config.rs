@@ -929,6 +929,38 @@ pub fn from_hami_env(
     }))
 }
 
+/// The region file when the configuration names none (`/tmp` is private to a container, so
+/// all its processes meet there).
+pub const DEFAULT_REGION_PATH: &str = "/tmp/gpuslice.region";
+
+impl SliceConfig {
+    /// The region path this configuration means: its own, else [`DEFAULT_REGION_PATH`].
+    pub fn region_or_default(&self) -> PathBuf {
+        self.region_path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_REGION_PATH))
+    }
+
+    /// (origin, field) naming where the region path is set, for messages about the region:
+    /// the limit file and `region`, or the HAMi variable; "(not set; default ...)" when the
+    /// default applies.
+    pub fn region_source(&self) -> (String, String) {
+        let origin = match &self.source {
+            ConfigSource::File(path) => path.display().to_string(),
+            ConfigSource::Env => "HAMi env".to_string(),
+        };
+        let field = match &self.source {
+            ConfigSource::File(_) => "region",
+            ConfigSource::Env => HAMI_SHARED_CACHE_ENV,
+        };
+        let field = match self.region_path {
+            Some(_) => field.to_string(),
+            None => format!("{field} (not set; default {DEFAULT_REGION_PATH})"),
+        };
+        (origin, field)
+    }
+}
+
 /// What looking for a configuration found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadOutcome {

@@ -1,0 +1,189 @@
+//! Fails the slice closed when a limit-file entry names no device of the node (issue 12: a
+//! one-character typo in a UUID used to leave the card unlimited, silently).
+//!
+//! The configuration is loaded before the driver is up, so the devices are not known then.
+//! The decision is taken once, at the first CUDA or NVML call that can list them:
+//! * a CUDA call once the real `cuDeviceGetCount` answers (after `cuInit`): the devices this
+//!   process sees (ordinal and `cuDeviceGetUuid`); an entry none of them matches is then
+//!   looked up in the real NVML, which lists every device of the container whatever
+//!   `CUDA_VISIBLE_DEVICES` hides (so an entry for a hidden card is right, not a typo);
+//! * an NVML call (NVML-only processes such as `nvidia-smi` or pynvml): NVML's devices.
+//!
+//! The rule itself is `gpuslice_common::visible`. Before the driver can answer, calls pass
+//! (nothing can be allocated before `cuInit`). Once refused, every CUDA and NVML call returns
+//! the fail-closed code, and the one line naming the limit file, the entry and the devices
+//! that exist is printed once. The verdict is per process and survives `fork` (a child sees
+//! the same devices).
+
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use gpuslice_abi::cuda::result::{CUDA_ERROR_NO_DEVICE, CUDA_SUCCESS};
+use gpuslice_abi::nvml::nvmlDevice_t;
+use gpuslice_abi::nvml::ret::NVML_SUCCESS;
+use gpuslice_common::config::{ConfigError, ConfigSource, DeviceSelector, SliceConfig};
+use gpuslice_common::visible::{unmatched_entries, unmatched_error, SeenDevice};
+
+use crate::real::Library;
+use crate::registry::real;
+
+const UNKNOWN: u64 = 0;
+const MATCHED: u64 = 1;
+const REFUSED: u64 = 2;
+/// `DECIDING | tid << 8` while thread `tid` lists the devices.
+const DECIDING: u64 = 3;
+
+/// Devices listed at most (the real count is far lower; this bounds a misbehaving driver).
+const MAX_LISTED: u32 = 64;
+
+static VERDICT: AtomicU64 = AtomicU64::new(UNKNOWN);
+static REFUSAL: AtomicPtr<ConfigError> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The gate for an enforcing process: `Err(code)` once an entry is known to match nothing.
+#[inline]
+pub fn admit(config: &SliceConfig, library: Library) -> Result<(), u32> {
+    match VERDICT.load(Ordering::Acquire) {
+        MATCHED => Ok(()),
+        REFUSED => Err(library.fail_closed_code()),
+        _ => decide(config, library),
+    }
+}
+
+/// Why this process refuses every call, once it does.
+pub fn refusal() -> Option<&'static ConfigError> {
+    // SAFETY: REFUSAL holds null or a leaked, never freed Box published with Release.
+    unsafe { REFUSAL.load(Ordering::Acquire).as_ref() }
+}
+
+#[cold]
+fn decide(config: &SliceConfig, library: Library) -> Result<(), u32> {
+    if config.devices.is_empty() || !matches!(config.source, ConfigSource::File(_)) {
+        VERDICT.store(MATCHED, Ordering::Release);
+        return Ok(());
+    }
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() } as u32 as u64;
+    let deciding_by_me = DECIDING | (me << 8);
+    loop {
+        match VERDICT.compare_exchange(UNKNOWN, deciding_by_me, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                let outcome = std::panic::catch_unwind(|| verdict(config, library));
+                let next = match outcome {
+                    Ok(None) => UNKNOWN,
+                    Ok(Some(None)) => MATCHED,
+                    Ok(Some(Some(error))) => refuse(error),
+                    Err(_) => refuse(ConfigError {
+                        origin: "gpuslice".into(),
+                        field: String::new(),
+                        problem: "internal error while listing the devices".into(),
+                    }),
+                };
+                VERDICT.store(next, Ordering::Release);
+                return match next {
+                    REFUSED => Err(library.fail_closed_code()),
+                    _ => Ok(()),
+                };
+            }
+            Err(MATCHED) => return Ok(()),
+            Err(REFUSED) => return Err(library.fail_closed_code()),
+            // The driver called one of its own exports while we listed its devices.
+            Err(current) if current == deciding_by_me => return Ok(()),
+            Err(UNKNOWN) => {}
+            Err(current) => {
+                if !crate::state::thread_exists((current >> 8) as libc::pid_t) {
+                    let _ = VERDICT.compare_exchange(
+                        current,
+                        UNKNOWN,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+fn refuse(error: ConfigError) -> u64 {
+    crate::log_error!("{error}; CUDA and NVML calls are refused until it is fixed");
+    let leaked: &'static mut ConfigError = Box::leak(Box::new(error));
+    REFUSAL.store(leaked, Ordering::Release);
+    REFUSED
+}
+
+/// `None`: the driver cannot list its devices yet. `Some(None)`: every entry names a
+/// device. `Some(Some(error))`: the refusal.
+fn verdict(config: &SliceConfig, library: Library) -> Option<Option<ConfigError>> {
+    let (seen, from_nvml) = match library {
+        Library::Cuda => (cuda_devices()?, false),
+        Library::Nvml => (nvml_devices()?, true),
+    };
+    let unmatched = unmatched_entries(config, &seen, &|_| None);
+    if unmatched.is_empty() {
+        return Some(None);
+    }
+    // A CUDA process may be shown only some of the container's devices: ask NVML.
+    let nvml = if from_nvml { None } else { nvml_devices() };
+    let unmatched = match &nvml {
+        Some(node) => unmatched_entries(config, &seen, &|selector: &DeviceSelector| {
+            Some(node.iter().any(|d| selector.matches(d.index, &d.uuid)))
+        }),
+        None => unmatched,
+    };
+    if unmatched.is_empty() {
+        return Some(None);
+    }
+    Some(Some(unmatched_error(
+        config,
+        &unmatched,
+        &seen,
+        from_nvml || nvml.is_some(),
+    )))
+}
+
+/// The CUDA devices of this process (ordinal, UUID), or `None` before the driver is up.
+fn cuda_devices() -> Option<Vec<SeenDevice>> {
+    let get_count = real::cuDeviceGetCount()?;
+    let mut count = 0;
+    // SAFETY: `count` is a valid out-pointer for the call.
+    match unsafe { get_count(&mut count) } {
+        CUDA_SUCCESS => {}
+        CUDA_ERROR_NO_DEVICE => count = 0,
+        _ => return None,
+    }
+    Some(
+        (0..(count.max(0) as u32).min(MAX_LISTED))
+            .map(|index| SeenDevice {
+                index,
+                uuid: crate::devices::try_cuda_device_uuid(index as i32).unwrap_or_default(),
+            })
+            .collect(),
+    )
+}
+
+/// Every device NVML lists (index, UUID), or `None` when the real NVML cannot be used.
+fn nvml_devices() -> Option<Vec<SeenDevice>> {
+    if !crate::devices::real_nvml_ready() {
+        return None;
+    }
+    let by_index = real::nvmlDeviceGetHandleByIndex_v2()?;
+    let mut devices = Vec::new();
+    for index in 0..MAX_LISTED {
+        let mut handle: nvmlDevice_t = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; NVML rejects an index it does not have.
+        if unsafe { by_index(index, &mut handle) } != NVML_SUCCESS {
+            break;
+        }
+        let (_, uuid) = crate::devices::nvml_identity(handle);
+        devices.push(SeenDevice { index, uuid });
+    }
+    Some(devices)
+}
+
+/// Child side of fork: a decision in progress belonged to a thread the child lacks.
+pub fn after_fork_in_child() {
+    let current = VERDICT.load(Ordering::Acquire);
+    if current & 0xff == DECIDING {
+        VERDICT.store(UNKNOWN, Ordering::Release);
+    }
+}
