@@ -13,9 +13,10 @@
 //! (nothing can be allocated before `cuInit`). Once refused, every CUDA and NVML call returns
 //! the fail-closed code, and the one line naming the limit file, the entry and the devices
 //! that exist is printed once. The verdict is per process and survives `fork` (a child sees
-//! the same devices).
+//! the same devices). No thread ever waits for another's listing (see `decide`).
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 use gpuslice_abi::cuda::result::{CUDA_ERROR_NO_DEVICE, CUDA_SUCCESS};
 use gpuslice_abi::nvml::nvmlDevice_t;
@@ -26,17 +27,22 @@ use gpuslice_common::visible::{unmatched_entries, unmatched_error, SeenDevice};
 use crate::real::Library;
 use crate::registry::real;
 
-const UNKNOWN: u64 = 0;
-const MATCHED: u64 = 1;
-const REFUSED: u64 = 2;
-/// `DECIDING | tid << 8` while thread `tid` lists the devices.
-const DECIDING: u64 = 3;
+const UNKNOWN: u8 = 0;
+const MATCHED: u8 = 1;
+const REFUSED: u8 = 2;
 
 /// Devices listed at most (the real count is far lower; this bounds a misbehaving driver).
 const MAX_LISTED: u32 = 64;
 
-static VERDICT: AtomicU64 = AtomicU64::new(UNKNOWN);
+static VERDICT: AtomicU8 = AtomicU8::new(UNKNOWN);
 static REFUSAL: AtomicPtr<ConfigError> = AtomicPtr::new(std::ptr::null_mut());
+
+thread_local! {
+    /// This thread is listing the devices: a driver that calls its own exports meanwhile
+    /// reaches `admit` again, which must not start another listing (const, no destructor:
+    /// usable at any point of a thread's life).
+    static LISTING: Cell<bool> = const { Cell::new(false) };
+}
 
 /// The gate for an enforcing process: `Err(code)` once an entry is known to match nothing.
 #[inline]
@@ -54,61 +60,53 @@ pub fn refusal() -> Option<&'static ConfigError> {
     unsafe { REFUSAL.load(Ordering::Acquire).as_ref() }
 }
 
+/// Every thread that finds the verdict unknown lists the devices itself (no thread waits on
+/// another: a driver holding an internal lock while it calls one of its own exports on a
+/// second thread could otherwise deadlock against the lister). They all reach the same
+/// answer; the first to publish it prints the refusal.
 #[cold]
 fn decide(config: &SliceConfig, library: Library) -> Result<(), u32> {
     if config.devices.is_empty() || !matches!(config.source, ConfigSource::File(_)) {
         VERDICT.store(MATCHED, Ordering::Release);
         return Ok(());
     }
-    // SAFETY: gettid has no preconditions.
-    let me = unsafe { libc::gettid() } as u32 as u64;
-    let deciding_by_me = DECIDING | (me << 8);
-    loop {
-        match VERDICT.compare_exchange(UNKNOWN, deciding_by_me, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => {
-                let outcome = std::panic::catch_unwind(|| verdict(config, library));
-                let next = match outcome {
-                    Ok(None) => UNKNOWN,
-                    Ok(Some(None)) => MATCHED,
-                    Ok(Some(Some(error))) => refuse(error),
-                    Err(_) => refuse(ConfigError {
-                        origin: "gpuslice".into(),
-                        field: String::new(),
-                        problem: "internal error while listing the devices".into(),
-                    }),
-                };
-                VERDICT.store(next, Ordering::Release);
-                return match next {
-                    REFUSED => Err(library.fail_closed_code()),
-                    _ => Ok(()),
-                };
-            }
-            Err(MATCHED) => return Ok(()),
-            Err(REFUSED) => return Err(library.fail_closed_code()),
-            // The driver called one of its own exports while we listed its devices.
-            Err(current) if current == deciding_by_me => return Ok(()),
-            Err(UNKNOWN) => {}
-            Err(current) => {
-                if !crate::state::thread_exists((current >> 8) as libc::pid_t) {
-                    let _ = VERDICT.compare_exchange(
-                        current,
-                        UNKNOWN,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    );
-                }
-                std::thread::yield_now();
-            }
-        }
+    if LISTING.with(|listing| listing.replace(true)) {
+        return Ok(()); // called back by the driver while this thread lists its devices
     }
-}
-
-fn refuse(error: ConfigError) -> u64 {
-    crate::log_error!("{error}; CUDA and NVML calls are refused until it is fixed");
-    let leaked: &'static mut ConfigError = Box::leak(Box::new(error));
-    REFUSAL.store(leaked, Ordering::Release);
-    REFUSED
+    let outcome = std::panic::catch_unwind(|| verdict(config, library));
+    LISTING.with(|listing| listing.set(false));
+    let error = match outcome {
+        Ok(None) => return Ok(()), // the driver cannot list its devices yet: nothing to gate
+        Ok(Some(None)) => {
+            let _ = VERDICT.compare_exchange(UNKNOWN, MATCHED, Ordering::AcqRel, Ordering::Acquire);
+            return Ok(());
+        }
+        Ok(Some(Some(error))) => error,
+        Err(_) => ConfigError {
+            origin: "gpuslice".into(),
+            field: String::new(),
+            problem: "internal error while listing the devices".into(),
+        },
+    };
+    let leaked: *mut ConfigError = Box::leak(Box::new(error));
+    if REFUSAL
+        .compare_exchange(
+            std::ptr::null_mut(),
+            leaked,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_ok()
+    {
+        // SAFETY: `leaked` is a leaked Box, never freed; only this thread published it.
+        let error = unsafe { &*leaked };
+        crate::log_error!("{error}; CUDA and NVML calls are refused until it is fixed");
+    } else {
+        // SAFETY: nobody else ever saw `leaked`; it came from Box::leak above.
+        drop(unsafe { Box::from_raw(leaked) });
+    }
+    VERDICT.store(REFUSED, Ordering::Release);
+    Err(library.fail_closed_code())
 }
 
 /// `None`: the driver cannot list its devices yet. `Some(None)`: every entry names a
@@ -178,12 +176,4 @@ fn nvml_devices() -> Option<Vec<SeenDevice>> {
         devices.push(SeenDevice { index, uuid });
     }
     Some(devices)
-}
-
-/// Child side of fork: a decision in progress belonged to a thread the child lacks.
-pub fn after_fork_in_child() {
-    let current = VERDICT.load(Ordering::Acquire);
-    if current & 0xff == DECIDING {
-        VERDICT.store(UNKNOWN, Ordering::Release);
-    }
 }

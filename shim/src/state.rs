@@ -123,7 +123,7 @@ fn initialise() -> &'static Mode {
     }
 }
 
-pub(crate) fn thread_exists(tid: libc::pid_t) -> bool {
+fn thread_exists(tid: libc::pid_t) -> bool {
     // SAFETY: signal 0 only checks existence; no signal is delivered.
     let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, 0) };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
@@ -222,7 +222,6 @@ fn register_fork_handler() {
 /// hooked call. The parent's leaked mode is simply abandoned.
 extern "C" fn after_fork_in_child() {
     PHASE.store(PHASE_UNINIT, Ordering::Release);
-    crate::device_check::after_fork_in_child();
     crate::memory::after_fork_in_child();
     crate::throttle::after_fork_in_child();
 }
@@ -255,6 +254,32 @@ mod tests {
             mode_from(Loaded::Configured(config)),
             Mode::Enforcing(_)
         ));
+    }
+
+    #[test]
+    fn a_region_refusal_names_where_the_region_path_is_set() {
+        let mut config = SliceConfig {
+            source: ConfigSource::File("/etc/gpuslice/limits.json".into()),
+            devices: vec![],
+            region_path: Some("/var/run/gpuslice/a.region".into()),
+            policy: ComputePolicy::Cap,
+            log_level: None,
+        };
+        let line = region_error(&config, "open: No such file or directory".into()).to_string();
+        assert!(
+            line.starts_with("invalid configuration /etc/gpuslice/limits.json: region: "),
+            "{line}"
+        );
+        config.region_path = None;
+        let error = region_error(&config, "x".into());
+        assert_eq!(
+            error.field,
+            "region (not set; default /tmp/gpuslice.region)"
+        );
+        config.source = ConfigSource::Env;
+        let error = region_error(&config, "x".into());
+        assert_eq!(error.origin, "HAMi env");
+        assert!(error.field.starts_with("CUDA_DEVICE_MEMORY_SHARED_CACHE"));
     }
 
     #[test]
