@@ -124,7 +124,12 @@ fn verdict(config: &SliceConfig, library: Library) -> Option<Option<ConfigError>
     let nvml = if from_nvml { None } else { nvml_devices() };
     let unmatched = match &nvml {
         Some(node) => unmatched_entries(config, &seen, &|selector: &DeviceSelector| {
-            Some(node.iter().any(|d| selector.matches(d.index, &d.uuid)))
+            Some(
+                node.iter().any(|d| selector.matches(d.index, &d.uuid))
+                    // MIG devices are not in NVML's index list; NVML finds them by UUID.
+                    || matches!(selector, DeviceSelector::Uuid(uuid)
+                        if crate::devices::real_nvml_handle(uuid, None).is_some()),
+            )
         }),
         None => unmatched,
     };
