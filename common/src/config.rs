@@ -1,11 +1,21 @@
 //! The limit-file contract: what a slice is (per-device memory cap and compute share, the
 //! shared-region path, the compute policy) and where it comes from.
 //!
-//! Sources, in order: the limit file (`GPUSLICE_CONFIG`, default `/etc/gpuslice/limits.json`);
-//! when no file exists, HAMi-compatible env (`CUDA_DEVICE_MEMORY_LIMIT[_<i>]`, ...). The file
-//! wins because a tenant can change env but not a read-only mounted file. A file that exists
-//! but is malformed fails closed (`Loaded::Invalid`); nothing at all is `Loaded::Unconfigured`
-//! (pure pass-through).
+//! Sources, in order:
+//! 1. the **anchored** limit file [`DEFAULT_CONFIG_PATH`] (`/etc/gpuslice/limits.json`, compiled
+//!    in). When it exists, it is the whole configuration: nothing in the environment can select
+//!    another file (`GPUSLICE_CONFIG` is ignored) or change what is enforced (the HAMi
+//!    variables are ignored); each ignored variable that is set becomes a warning
+//!    ([`LoadOutcome::warnings`]). A tenant can set any variable but cannot replace a
+//!    read-only mounted file, so only this rule makes the operator's file win.
+//! 2. where no anchored file exists (a developer's machine, `gpuslice run`): the file named by
+//!    `GPUSLICE_CONFIG`;
+//! 3. else HAMi-compatible env (`CUDA_DEVICE_MEMORY_LIMIT[_<i>]`, ...).
+//!
+//! A file that exists but is malformed fails closed (`Loaded::Invalid`); nothing at all is
+//! `Loaded::Unconfigured` (pure pass-through). A limit file larger than [`MAX_FILE_BYTES`] or
+//! with more than [`MAX_DEVICE_ENTRIES`] device entries is malformed; parsing is linear in
+//! the file's size.
 //!
 //! INTERFACE PINNED FOR PARALLEL WORK: the types below are used by the shim and the CLI;
 //! items may be added, never renamed or removed.
@@ -24,10 +34,15 @@
 //! `version` and `devices` are required (`devices` may be empty); `region` must be an
 //! absolute path (a relative one would differ per process working directory and split the
 //! slice); `policy` is `cap|burst|off` (default `cap`); `log` is `off|error|warn|info|debug|trace`.
-//! Each device names exactly one of `uuid` (at most 63 bytes, the region stores it) or `index`
-//! (0..=15), and may give `memory` (size string or integer bytes, not 0) and `compute`
-//! (1..=100). Unknown fields, duplicate keys and duplicate selectors are errors: a typo must
-//! never quietly mean "unlimited".
+//! Each device names exactly one of `uuid` or `index` (0..=15), and may give `memory` (size
+//! string or integer bytes, not 0) and `compute` (1..=100). A `uuid` is spelled as
+//! `nvidia-smi -L` prints it: `GPU-` and 32 hex digits grouped 8-4-4-4-12, or a MIG device's
+//! `MIG-<same grouping>` / `MIG-GPU-<uuid>/<gi>/<ci>` (any case); anything else is a syntax
+//! error, so a truncated or prefix-less UUID cannot be accepted. `region` is at most
+//! `PATH_MAX - 1` bytes with no component over `NAME_MAX` (255) bytes. Unknown fields,
+//! duplicate keys and duplicate selectors are errors: a typo must never quietly mean
+//! "unlimited". An entry that is well formed but names no device of the node is refused by
+//! the shim and by `gpuslice check` once they know the devices (see [`crate::visible`]).
 //!
 //! ## HAMi env (fallback when no file exists)
 //! * `CUDA_DEVICE_MEMORY_LIMIT` is the default for every device; HAMi's un-indexed limit is
@@ -48,21 +63,36 @@
 //! variable, never ignored.
 //!
 //! ## Log level precedence
-//! `GPUSLICE_LOG` (names only) over the file's `log` over `LIBCUDA_LOG_LEVEL`.
+//! `GPUSLICE_LOG` (names only) over the file's `log` over `LIBCUDA_LOG_LEVEL`. The log level
+//! is the one input a tenant keeps under an anchored file: it changes what is printed, never
+//! what is enforced.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::size::{format_size, parse_size};
+use crate::text::{shorten, MAX_QUOTED};
 pub use crate::MAX_DEVICES;
 
-/// Default location of the limit file inside a container.
+/// The anchored limit file: its location is compiled in, so no input of the tenant's can move
+/// it. When it exists it wins over every environment variable (see the module doc).
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpuslice/limits.json";
-/// Env variable that overrides the limit-file path.
+/// Env variable naming the limit file where no anchored file exists.
 pub const CONFIG_ENV: &str = "GPUSLICE_CONFIG";
+/// Largest limit file read: far above any real one (a few hundred bytes per device), small
+/// enough that every process's first CUDA call parses it in well under a millisecond.
+pub const MAX_FILE_BYTES: usize = 1 << 20;
+/// Most device entries in one limit file: a node has at most a few dozen GPUs and MIG
+/// devices, and an entry naming no device of the node is refused anyway.
+pub const MAX_DEVICE_ENTRIES: usize = 128;
+/// Longest region path (Linux `PATH_MAX` less its NUL) and longest component (`NAME_MAX`).
+pub const MAX_REGION_PATH: usize = 4095;
+pub const MAX_REGION_NAME: usize = 255;
 /// Current schema version written by `gpuslice write`.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -139,15 +169,16 @@ pub struct ConfigError {
 }
 
 impl fmt::Display for ConfigError {
+    /// One bounded line: the origin and the field are shortened to [`MAX_QUOTED`] bytes, the
+    /// problem (which may quote a value from the input) to four times that.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let origin = shorten(&self.origin, MAX_QUOTED);
+        let problem = shorten(&self.problem, 4 * MAX_QUOTED);
         if self.field.is_empty() {
-            write!(f, "invalid configuration {}: {}", self.origin, self.problem)
+            write!(f, "invalid configuration {origin}: {problem}")
         } else {
-            write!(
-                f,
-                "invalid configuration {}: {}: {}",
-                self.origin, self.field, self.problem
-            )
+            let field = shorten(&self.field, MAX_QUOTED);
+            write!(f, "invalid configuration {origin}: {field}: {problem}")
         }
     }
 }
@@ -311,6 +342,9 @@ impl ConfigError {
 pub fn parse_limit_file(path_for_messages: &Path, text: &str) -> Result<SliceConfig, ConfigError> {
     let origin = path_for_messages.display().to_string();
     let fail = |field: &str, problem: String| ConfigError::new(origin.clone(), field, problem);
+    if text.len() > MAX_FILE_BYTES {
+        return Err(fail("", too_large(text.len() as u64)));
+    }
 
     let value = serde_json::from_str::<strict_json::StrictValue>(text)
         .map_err(|e| {
@@ -402,6 +436,15 @@ pub fn parse_limit_file(path_for_messages: &Path, text: &str) -> Result<SliceCon
                 "missing; list the limited devices, or [] for none".to_string(),
             ))
         }
+        Some(Value::Array(entries)) if entries.len() > MAX_DEVICE_ENTRIES => {
+            return Err(fail(
+                "devices",
+                format!(
+                    "{} entries; at most {MAX_DEVICE_ENTRIES} are supported (list only the devices of this node)",
+                    entries.len()
+                ),
+            ))
+        }
         Some(Value::Array(entries)) => parse_devices(entries).map_err(|(f, p)| fail(&f, p))?,
         Some(other) => {
             return Err(fail(
@@ -463,26 +506,48 @@ fn check_region_path(path: &str) -> Result<PathBuf, String> {
     if path.is_empty() {
         return Err("is empty; omit it to let the shim choose, or give an absolute path".into());
     }
+    let quoted = || shorten(path, MAX_QUOTED).into_owned();
     if !path.starts_with('/') {
         return Err(format!(
-            "{path:?} is relative; it must be absolute so every process of the slice opens the same file"
+            "{:?} is relative; it must be absolute so every process of the slice opens the same file",
+            quoted()
         ));
     }
     if path.contains('\0') {
         return Err("contains a NUL byte".into());
     }
+    if path.len() > MAX_REGION_PATH {
+        return Err(format!(
+            "{:?} is {} bytes; Linux paths have at most {MAX_REGION_PATH}",
+            quoted(),
+            path.len()
+        ));
+    }
+    if let Some(name) = path.split('/').find(|name| name.len() > MAX_REGION_NAME) {
+        return Err(format!(
+            "{:?}: the name {:?} is {} bytes; file systems allow at most {MAX_REGION_NAME}",
+            quoted(),
+            shorten(name, 64),
+            name.len()
+        ));
+    }
     Ok(PathBuf::from(path))
+}
+
+fn too_large(bytes: u64) -> String {
+    format!(
+        "is {bytes} bytes; a limit file has at most {MAX_FILE_BYTES} bytes (1 MiB): list only the devices of this node"
+    )
 }
 
 fn parse_devices(entries: &[Value]) -> Result<Vec<DeviceLimit>, FieldProblem> {
     let mut devices: Vec<DeviceLimit> = Vec::with_capacity(entries.len());
+    // Selector -> position of its entry: one hash lookup per entry keeps parsing linear.
+    let mut seen: HashMap<SelectorKey, usize> = HashMap::with_capacity(entries.len());
     for (position, entry) in entries.iter().enumerate() {
         let prefix = format!("devices[{position}]");
         let limit = parse_device(entry, &prefix)?;
-        if let Some(first) = devices
-            .iter()
-            .position(|earlier| same_selector(&earlier.selector, &limit.selector))
-        {
+        if let Some(first) = seen.insert(selector_key(&limit.selector), position) {
             return Err((
                 prefix,
                 format!(
@@ -496,12 +561,23 @@ fn parse_devices(entries: &[Value]) -> Result<Vec<DeviceLimit>, FieldProblem> {
     Ok(devices)
 }
 
-fn same_selector(a: &DeviceSelector, b: &DeviceSelector) -> bool {
-    match (a, b) {
-        (DeviceSelector::Uuid(a), DeviceSelector::Uuid(b)) => a.eq_ignore_ascii_case(b),
-        (DeviceSelector::Index(a), DeviceSelector::Index(b)) => a == b,
-        _ => false,
+/// A selector as equality sees it: UUIDs compare case-insensitively.
+#[derive(Hash, PartialEq, Eq)]
+enum SelectorKey {
+    Uuid(String),
+    Index(u32),
+}
+
+fn selector_key(selector: &DeviceSelector) -> SelectorKey {
+    match selector {
+        DeviceSelector::Uuid(uuid) => SelectorKey::Uuid(uuid.to_ascii_lowercase()),
+        DeviceSelector::Index(index) => SelectorKey::Index(*index),
     }
+}
+
+#[cfg(test)]
+fn same_selector(a: &DeviceSelector, b: &DeviceSelector) -> bool {
+    selector_key(a) == selector_key(b)
 }
 
 fn parse_device(entry: &Value, prefix: &str) -> Result<DeviceLimit, FieldProblem> {
@@ -557,20 +633,62 @@ fn parse_uuid(value: &Value) -> Result<String, String> {
             json_kind(value)
         ));
     };
+    check_uuid(uuid)
+}
+
+/// A device UUID as `nvidia-smi -L` spells it (see the module doc), trimmed; `Err` says what
+/// is wrong with it. Shared with the CLI's `--device` parsing.
+pub fn check_uuid(uuid: &str) -> Result<String, String> {
     let uuid = uuid.trim();
     if uuid.is_empty() {
         return Err("is empty".into());
     }
+    let quoted = shorten(uuid, 80);
     if uuid.len() > MAX_UUID_LEN {
         return Err(format!(
-            "{uuid:?} is {} bytes; at most {MAX_UUID_LEN} are supported",
+            "{quoted:?} is {} bytes; at most {MAX_UUID_LEN} are supported",
             uuid.len()
         ));
     }
-    if !uuid.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!("{uuid:?} contains characters no GPU UUID has"));
+    let upper = uuid.to_ascii_uppercase();
+    let well_formed = if let Some(rest) = upper.strip_prefix("GPU-") {
+        is_grouped_hex(rest)
+    } else if let Some(rest) = upper.strip_prefix("MIG-GPU-") {
+        // Pre-R470 MIG spelling: MIG-GPU-<gpu uuid>/<gpu instance>/<compute instance>.
+        let mut parts = rest.split('/');
+        parts.next().is_some_and(is_grouped_hex)
+            && parts.next().is_some_and(is_decimal)
+            && parts.next().is_some_and(is_decimal)
+            && parts.next().is_none()
+    } else if let Some(rest) = upper.strip_prefix("MIG-") {
+        is_grouped_hex(rest)
+    } else if is_grouped_hex(&upper) {
+        return Err(format!(
+            "{quoted:?} lacks the \"GPU-\" prefix; write \"GPU-{uuid}\" as nvidia-smi -L prints it"
+        ));
+    } else {
+        false
+    };
+    if !well_formed {
+        return Err(format!(
+            "{quoted:?} is not a GPU UUID; expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (32 hex digits, or a MIG-... UUID) as nvidia-smi -L prints it"
+        ));
     }
     Ok(uuid.to_string())
+}
+
+/// 32 hex digits grouped 8-4-4-4-12 by dashes.
+fn is_grouped_hex(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(group, len)| group.len() == len && group.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+fn is_decimal(text: &str) -> bool {
+    !text.is_empty() && text.len() <= 4 && text.bytes().all(|b| b.is_ascii_digit())
 }
 
 fn parse_index(value: &Value) -> Result<u32, String> {
@@ -811,20 +929,136 @@ pub fn from_hami_env(
     }))
 }
 
-/// Finds the configuration for this process: the limit file (`GPUSLICE_CONFIG` or
-/// [`DEFAULT_CONFIG_PATH`]), else HAMi env, else nothing. Fails closed: a file that exists but
-/// cannot be read or parsed, a `GPUSLICE_CONFIG` naming a missing file, or a bad env value is
-/// `Loaded::Invalid`, never "unlimited". `get_env` is `std::env::var(..).ok()` in production.
+/// The region file when the configuration names none (`/tmp` is private to a container, so
+/// all its processes meet there).
+pub const DEFAULT_REGION_PATH: &str = "/tmp/gpuslice.region";
+
+impl SliceConfig {
+    /// The region path this configuration means: its own, else [`DEFAULT_REGION_PATH`].
+    pub fn region_or_default(&self) -> PathBuf {
+        self.region_path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_REGION_PATH))
+    }
+
+    /// (origin, field) naming where the region path is set, for messages about the region:
+    /// the limit file and `region`, or the HAMi variable; "(not set; default ...)" when the
+    /// default applies.
+    pub fn region_source(&self) -> (String, String) {
+        let origin = match &self.source {
+            ConfigSource::File(path) => path.display().to_string(),
+            ConfigSource::Env => "HAMi env".to_string(),
+        };
+        let field = match &self.source {
+            ConfigSource::File(_) => "region",
+            ConfigSource::Env => HAMI_SHARED_CACHE_ENV,
+        };
+        let field = match self.region_path {
+            Some(_) => field.to_string(),
+            None => format!("{field} (not set; default {DEFAULT_REGION_PATH})"),
+        };
+        (origin, field)
+    }
+}
+
+/// What looking for a configuration found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadOutcome {
+    pub loaded: Loaded,
+    /// The anchored file exists: no environment variable may change what is enforced (the
+    /// shim also ignores its own enforcement-changing variables then).
+    pub anchored: bool,
+    /// One line each: a variable that is set but ignored because the anchored file exists
+    /// (the slice is not what whoever set it thinks).
+    pub warnings: Vec<String>,
+}
+
+/// Finds the configuration for this process (see the module doc for the order): the
+/// anchored file [`DEFAULT_CONFIG_PATH`], else the file named by `GPUSLICE_CONFIG`, else HAMi
+/// env, else nothing. Fails closed: a file that exists but cannot be read or parsed, a
+/// `GPUSLICE_CONFIG` naming a missing file, or a bad env value is `Loaded::Invalid`, never
+/// "unlimited". `get_env` is `std::env::var(..).ok()` in production.
 pub fn load(get_env: &dyn Fn(&str) -> Option<String>) -> Loaded {
-    match load_config(get_env) {
+    load_anchored(Path::new(DEFAULT_CONFIG_PATH), get_env).loaded
+}
+
+/// [`load`] with the anchored path given (production passes [`DEFAULT_CONFIG_PATH`]; tests a
+/// temporary file, since only root can create the real one), and what it ignored.
+pub fn load_anchored(anchor: &Path, get_env: &dyn Fn(&str) -> Option<String>) -> LoadOutcome {
+    let mut anchored = false;
+    let mut warnings = Vec::new();
+    let loaded = match load_config(anchor, get_env, &mut anchored, &mut warnings) {
         Ok(Some(config)) => Loaded::Configured(config),
         Ok(None) => Loaded::Unconfigured,
         Err(error) => Loaded::Invalid(error),
+    };
+    LoadOutcome {
+        loaded,
+        anchored,
+        warnings,
+    }
+}
+
+/// The set environment variables (name, value) that would change what is enforced if no
+/// anchored file existed: `GPUSLICE_CONFIG` and the HAMi limit, region and policy variables.
+pub fn enforcement_env(get_env: &dyn Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+    let mut names = vec![
+        CONFIG_ENV.to_string(),
+        HAMI_MEMORY_LIMIT_ENV.to_string(),
+        HAMI_SM_LIMIT_ENV.to_string(),
+        HAMI_SHARED_CACHE_ENV.to_string(),
+        HAMI_POLICY_ENV.to_string(),
+    ];
+    for index in 0..MAX_DEVICES {
+        names.push(format!("{HAMI_MEMORY_LIMIT_ENV}_{index}"));
+        names.push(format!("{HAMI_SM_LIMIT_ENV}_{index}"));
+    }
+    names
+        .into_iter()
+        .filter_map(|name| get_set(get_env, &name).map(|value| (name, value)))
+        .collect()
+}
+
+/// A limit file's bytes, reading at most one byte past [`MAX_FILE_BYTES`] (a huge or endless
+/// file must not be read whole by every process of the slice).
+fn read_limit_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Reads and parses the limit file at `path`; `Ok(None)` when it does not exist.
+fn read_and_parse(path: &Path) -> Result<Option<SliceConfig>, ConfigError> {
+    let origin = path.display().to_string();
+    match read_limit_file(path) {
+        Ok(bytes) if bytes.len() > MAX_FILE_BYTES => Err(ConfigError::new(
+            &origin,
+            "",
+            format!(
+                "is larger than {MAX_FILE_BYTES} bytes; a limit file has at most 1 MiB: list only the devices of this node"
+            ),
+        )),
+        Ok(bytes) => {
+            let text = String::from_utf8(bytes)
+                .map_err(|_| ConfigError::new(&origin, "", "is not UTF-8 text"))?;
+            parse_limit_file(path, &text).map(Some)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ConfigError::new(
+            &origin,
+            "",
+            format!("cannot be read ({e}); refusing to run unlimited"),
+        )),
     }
 }
 
 fn load_config(
+    anchor: &Path,
     get_env: &dyn Fn(&str) -> Option<String>,
+    anchored: &mut bool,
+    warnings: &mut Vec<String>,
 ) -> Result<Option<SliceConfig>, ConfigError> {
     // Checked before anything else so a typo in it is reported even without a config.
     let log_override = match get_set(get_env, LOG_ENV) {
@@ -833,41 +1067,60 @@ fn load_config(
             ConfigError::new(
                 LOG_ENV,
                 "",
-                format!("{value:?} is not a log level; use off, error, warn, info, debug or trace"),
+                format!(
+                    "{:?} is not a log level; use off, error, warn, info, debug or trace",
+                    shorten(&value, 64)
+                ),
             )
         })?),
     };
 
-    let explicit_path = get_set(get_env, CONFIG_ENV);
-    let path = PathBuf::from(explicit_path.as_deref().unwrap_or(DEFAULT_CONFIG_PATH));
-    let origin = path.display().to_string();
-    let config = match std::fs::read(&path) {
-        Ok(bytes) => {
-            let text = String::from_utf8(bytes)
-                .map_err(|_| ConfigError::new(&origin, "", "is not UTF-8 text"))?;
-            let mut config = parse_limit_file(&path, &text)?;
+    // The anchored file first. "Exists" is anything but NotFound: an anchored file that
+    // cannot be read fails closed rather than letting the environment pick another source.
+    let from_anchor = match read_and_parse(anchor) {
+        Ok(None) => None,
+        result => {
+            *anchored = true;
+            for (name, value) in enforcement_env(get_env) {
+                if name == CONFIG_ENV && Path::new(value.trim()) == anchor {
+                    continue; // names the anchored file itself (the CDI spec sets it so)
+                }
+                warnings.push(format!(
+                    "{name}={:?} is ignored: the limit file {} exists and nothing in the environment overrides it",
+                    shorten(&value, 64),
+                    shorten(&anchor.display().to_string(), MAX_QUOTED)
+                ));
+            }
+            result?
+        }
+    };
+    let config = match from_anchor {
+        Some(config) => Some(config),
+        None => match get_set(get_env, CONFIG_ENV) {
+            Some(explicit) => {
+                let path = PathBuf::from(explicit);
+                match read_and_parse(&path)? {
+                    Some(config) => Some(config),
+                    None => {
+                        return Err(ConfigError::new(
+                            path.display().to_string(),
+                            "",
+                            format!("{CONFIG_ENV} names this file but it does not exist"),
+                        ))
+                    }
+                }
+            }
+            None => from_hami_env(get_env)?,
+        },
+    };
+    let config = match config {
+        Some(mut config) if matches!(config.source, ConfigSource::File(_)) => {
             if config.log_level.is_none() {
                 config.log_level = hami_log_level(get_env)?;
             }
             Some(config)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if explicit_path.is_some() {
-                return Err(ConfigError::new(
-                    &origin,
-                    "",
-                    format!("{CONFIG_ENV} names this file but it does not exist"),
-                ));
-            }
-            from_hami_env(get_env)?
-        }
-        Err(e) => {
-            return Err(ConfigError::new(
-                &origin,
-                "",
-                format!("cannot be read ({e}); refusing to run unlimited"),
-            ))
-        }
+        other => other,
     };
     Ok(config.map(|mut config| {
         if log_override.is_some() {

@@ -43,7 +43,7 @@ fn parses_the_documented_example() {
             "policy": "burst",
             "log": "debug",
             "devices": [
-               {"uuid": "GPU-8a5d", "memory": "8GiB", "compute": 25},
+               {"uuid": "GPU-8a5d1c2e-0000-1111-2222-333344445555", "memory": "8GiB", "compute": 25},
                {"index": 1, "memory": 17179869184}
             ]}"#,
     )
@@ -53,7 +53,11 @@ fn parses_the_documented_example() {
         SliceConfig {
             source: ConfigSource::File("/etc/gpuslice/limits.json".into()),
             devices: vec![
-                uuid_limit("GPU-8a5d", Some(8 * GIB), Some(25)),
+                uuid_limit(
+                    "GPU-8a5d1c2e-0000-1111-2222-333344445555",
+                    Some(8 * GIB),
+                    Some(25)
+                ),
                 index_limit(1, Some(16 * GIB), None),
             ],
             region_path: Some("/var/run/gpuslice/slice-a.region".into()),
@@ -237,7 +241,7 @@ fn every_file_error_names_path_field_and_problem() {
         (
             r#"{"version": 1, "devices": [{"uuid": "GPU 1"}]}"#,
             "devices[0].uuid",
-            "characters",
+            "is not a GPU UUID",
         ),
         (
             r#"{"version": 1, "devices": [{"uuid": "GPU-0123456789012345678901234567890123456789012345678901234567890"}]}"#,
@@ -250,7 +254,7 @@ fn every_file_error_names_path_field_and_problem() {
             "already limited by devices[0]",
         ),
         (
-            r#"{"version": 1, "devices": [{"uuid": "GPU-ab"}, {"index": 1}, {"uuid": "gpu-AB"}]}"#,
+            r#"{"version": 1, "devices": [{"uuid": "GPU-abababab-0000-0000-0000-000000000000"}, {"index": 1}, {"uuid": "GPU-ABABABAB-0000-0000-0000-000000000000"}]}"#,
             "devices[2]",
             "already limited by devices[0]",
         ),
@@ -314,7 +318,7 @@ fn limit_for_prefers_uuid_then_index() {
 #[test]
 fn round_trips_through_to_json() {
     let text = r#"{"version": 1, "region": "/run/a.region", "policy": "off", "log": "trace",
-        "devices": [{"uuid": "GPU-1", "memory": "1.5GiB", "compute": 30},
+        "devices": [{"uuid": "GPU-00000001-0000-0000-0000-000000000001", "memory": "1.5GiB", "compute": 30},
                     {"index": 2, "memory": 1025}, {"index": 3, "compute": 100}, {"index": 4}]}"#;
     let config = file(text).unwrap();
     let written = to_json(&config);
@@ -672,7 +676,8 @@ fn arbitrary_json() -> impl Strategy<Value = Value> {
 fn arbitrary_config() -> impl Strategy<Value = SliceConfig> {
     let selector = prop_oneof![
         (0u32..MAX_DEVICES as u32).prop_map(DeviceSelector::Index),
-        "GPU-[0-9a-f]{8}".prop_map(DeviceSelector::Uuid),
+        "GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+            .prop_map(DeviceSelector::Uuid),
     ];
     let limit = (
         selector,
@@ -765,5 +770,262 @@ proptest! {
             ("LIBCUDA_LOG_LEVEL", level.as_str()),
         ]);
         let _ = from_hami_env(&get);
+    }
+}
+
+// ---- Issue 12: a limit file that cannot fail open ----
+
+const UUID_A: &str = "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf";
+
+fn one_device(selector_json: &str) -> Result<SliceConfig, ConfigError> {
+    file(&format!(
+        r#"{{"version": 1, "devices": [{{{selector_json}, "memory": "1GiB"}}]}}"#
+    ))
+}
+
+#[test]
+fn a_malformed_uuid_is_a_syntax_error_naming_the_entry() {
+    let cases = [
+        // One character short, one too many, one not hex.
+        (&UUID_A[..UUID_A.len() - 1], "is not a GPU UUID"),
+        (&format!("{UUID_A}0") as &str, "is not a GPU UUID"),
+        (&UUID_A.replace('f', "g") as &str, "is not a GPU UUID"),
+        // nvidia-smi's UUID without its prefix gets a precise hint.
+        (&UUID_A[4..], "lacks the \"GPU-\" prefix"),
+        ("GPU-8a5d", "is not a GPU UUID"),
+        (
+            "MIG-GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf/1",
+            "is not a GPU UUID",
+        ),
+    ];
+    for (uuid, problem) in cases {
+        let err = one_device(&format!(r#""uuid": "{uuid}""#)).expect_err(uuid);
+        assert_eq!(err.field, "devices[0].uuid", "{uuid}: {err}");
+        assert!(err.problem.contains(problem), "{uuid}: {err}");
+    }
+    for uuid in [
+        UUID_A,
+        &UUID_A.to_uppercase(),
+        "gpu-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf",
+        "MIG-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf",
+        "MIG-GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf/1/0",
+    ] {
+        let config = one_device(&format!(r#""uuid": "{uuid}""#)).expect(uuid);
+        assert_eq!(
+            config.devices[0].selector,
+            DeviceSelector::Uuid(uuid.into())
+        );
+    }
+}
+
+fn limits_file(memory: &str) -> String {
+    format!(r#"{{"version": 1, "devices": [{{"index": 0, "memory": "{memory}"}}]}}"#)
+}
+
+fn memory_of(loaded: &Loaded) -> Option<u64> {
+    match loaded {
+        Loaded::Configured(config) => config.devices.first()?.memory_limit,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_anchored_file_wins_over_every_environment_variable() {
+    let dir = TempDir::new("anchored");
+    let anchor = dir.path("limits.json");
+    let tenant = dir.path("tenant.json");
+    std::fs::write(&anchor, limits_file("1GiB")).unwrap();
+    std::fs::write(&tenant, limits_file("64GiB")).unwrap();
+    let tenant_env = env(&[
+        (CONFIG_ENV, tenant.to_str().unwrap()),
+        ("CUDA_DEVICE_MEMORY_LIMIT", "64g"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", "64g"),
+        ("CUDA_DEVICE_SM_LIMIT", "0"),
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/mine.region"),
+        ("GPU_CORE_UTILIZATION_POLICY", "disable"),
+    ]);
+    let outcome = load_anchored(&anchor, &tenant_env);
+    assert!(outcome.anchored);
+    assert_eq!(memory_of(&outcome.loaded), Some(GIB));
+    let Loaded::Configured(config) = &outcome.loaded else {
+        unreachable!()
+    };
+    assert_eq!(config.source, ConfigSource::File(anchor.clone()));
+    assert_eq!(config.region_path, None);
+    assert_eq!(config.policy, ComputePolicy::Cap);
+    assert_eq!(outcome.warnings.len(), 6, "{:?}", outcome.warnings);
+    for name in [
+        CONFIG_ENV,
+        "CUDA_DEVICE_MEMORY_LIMIT_0",
+        "GPU_CORE_UTILIZATION_POLICY",
+    ] {
+        assert!(
+            outcome
+                .warnings
+                .iter()
+                .any(|w| w.starts_with(&format!("{name}="))
+                    && w.contains("is ignored")
+                    && w.contains(anchor.to_str().unwrap())),
+            "{name}: {:?}",
+            outcome.warnings
+        );
+    }
+
+    // GPUSLICE_CONFIG naming the anchored file itself (the CDI spec sets it so): no warning.
+    let outcome = load_anchored(&anchor, &env(&[(CONFIG_ENV, anchor.to_str().unwrap())]));
+    assert!(outcome.warnings.is_empty(), "{:?}", outcome.warnings);
+
+    // An anchored file that is broken fails closed; a valid tenant file does not rescue it.
+    std::fs::write(&anchor, limits_file("8XB")).unwrap();
+    let outcome = load_anchored(&anchor, &env(&[(CONFIG_ENV, tenant.to_str().unwrap())]));
+    assert!(outcome.anchored);
+    assert!(
+        matches!(&outcome.loaded, Loaded::Invalid(e) if e.origin == anchor.display().to_string()),
+        "{:?}",
+        outcome.loaded
+    );
+
+    // No anchored file: the environment route serves (a developer's machine, `gpuslice run`).
+    std::fs::remove_file(&anchor).unwrap();
+    let outcome = load_anchored(&anchor, &tenant_env);
+    assert!(!outcome.anchored);
+    assert!(outcome.warnings.is_empty());
+    assert_eq!(memory_of(&outcome.loaded), Some(64 * GIB));
+}
+
+#[test]
+fn an_anchored_path_that_cannot_be_read_fails_closed_instead_of_using_the_env() {
+    let dir = TempDir::new("anchordir");
+    let anchor = dir.path("limits.json");
+    std::fs::create_dir(&anchor).unwrap();
+    let outcome = load_anchored(&anchor, &env(&[("CUDA_DEVICE_MEMORY_LIMIT", "1g")]));
+    assert!(outcome.anchored);
+    assert!(
+        matches!(&outcome.loaded, Loaded::Invalid(e) if e.problem.contains("cannot be read")),
+        "{:?}",
+        outcome.loaded
+    );
+}
+
+#[test]
+fn a_limit_file_is_bounded_in_size_and_entries() {
+    let entry = format!(r#"{{"uuid": "{UUID_A}"}}"#);
+    // Text over 1 MiB: refused before JSON parsing, whatever it holds.
+    let huge = format!(
+        r#"{{"version": 1, "devices": [{}]}}"#,
+        vec![entry.as_str(); 30_000].join(",")
+    );
+    assert!(huge.len() > MAX_FILE_BYTES);
+    let err = file(&huge).unwrap_err();
+    assert_eq!(err.field, "");
+    assert!(err.problem.contains("at most 1048576 bytes"), "{err}");
+
+    // The same on disk: read only up to the limit.
+    let dir = TempDir::new("huge");
+    let path = dir.path("limits.json");
+    std::fs::write(&path, &huge).unwrap();
+    let loaded = load_anchored(
+        &dir.path("absent"),
+        &env(&[(CONFIG_ENV, path.to_str().unwrap())]),
+    )
+    .loaded;
+    assert!(
+        matches!(&loaded, Loaded::Invalid(e) if e.problem.contains("larger than 1048576 bytes")),
+        "{loaded:?}"
+    );
+
+    // Entries: the limit is accepted, one more is not.
+    let entries = |n: usize| {
+        let list: Vec<String> = (0..n)
+            .map(|i| format!(r#"{{"uuid": "GPU-{i:08x}-0000-0000-0000-000000000000"}}"#))
+            .collect();
+        format!(r#"{{"version": 1, "devices": [{}]}}"#, list.join(","))
+    };
+    assert_eq!(
+        file(&entries(MAX_DEVICE_ENTRIES)).unwrap().devices.len(),
+        MAX_DEVICE_ENTRIES
+    );
+    let err = file(&entries(MAX_DEVICE_ENTRIES + 1)).unwrap_err();
+    assert_eq!(err.field, "devices");
+    assert!(err.problem.contains("at most 128"), "{err}");
+}
+
+#[test]
+fn duplicate_detection_still_finds_the_first_entry_among_many() {
+    let mut list: Vec<String> = (0..100)
+        .map(|i| format!(r#"{{"uuid": "GPU-{i:08x}-0000-0000-0000-000000000000"}}"#))
+        .collect();
+    list.push(r#"{"uuid": "GPU-0000002A-0000-0000-0000-000000000000"}"#.into());
+    let err = file(&format!(
+        r#"{{"version": 1, "devices": [{}]}}"#,
+        list.join(",")
+    ))
+    .unwrap_err();
+    assert_eq!(err.field, "devices[100]");
+    assert!(
+        err.problem.contains("already limited by devices[42]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn region_paths_the_file_system_cannot_hold_are_refused() {
+    let long_name = format!("/run/{}.region", "r".repeat(300));
+    let err = file(&format!(
+        r#"{{"version": 1, "region": "{long_name}", "devices": []}}"#
+    ))
+    .unwrap_err();
+    assert_eq!(err.field, "region");
+    assert!(err.problem.contains("at most 255"), "{err}");
+    let long_path = format!("{}/x.region", "/abc".repeat(1100));
+    let err = file(&format!(
+        r#"{{"version": 1, "region": "{long_path}", "devices": []}}"#
+    ))
+    .unwrap_err();
+    assert!(err.problem.contains("at most 4095"), "{err}");
+}
+
+#[test]
+fn every_message_is_bounded_whatever_the_input_size() {
+    let big = "x".repeat(900_000);
+    let texts = [
+        format!(r#"{{"version": 1, "region": "/{big}", "devices": []}}"#),
+        format!(r#"{{"version": 1, "region": "{big}", "devices": []}}"#),
+        format!(r#"{{"version": 1, "policy": "{big}", "devices": []}}"#),
+        format!(r#"{{"version": 1, "log": "{big}", "devices": []}}"#),
+        format!(r#"{{"version": 1, "devices": [{{"uuid": "{big}"}}]}}"#),
+        format!(r#"{{"version": 1, "devices": [{{"index": 0, "memory": "{big}"}}]}}"#),
+        format!(r#"{{"version": 1, "{big}": 1, "devices": []}}"#),
+    ];
+    for text in &texts {
+        let err = parse_limit_file(Path::new(&format!("/{big}.json")), text).unwrap_err();
+        let line = err.to_string();
+        assert!(line.len() <= 2048, "{} bytes: {}", line.len(), &line[..200]);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Files with up to twice the entry limit of near-valid entries (random UUID-ish text,
+    /// indices, duplicates): never a panic, and every refusal is one bounded line.
+    #[test]
+    fn many_random_entries_never_panic_and_errors_stay_bounded(
+        entries in prop::collection::vec(
+            prop_oneof![
+                "GPU-[0-9a-fA-F-]{0,40}".prop_map(|u| serde_json::json!({"uuid": u})),
+                "[0-9a-f]{8}".prop_map(|h| serde_json::json!(
+                    {"uuid": format!("GPU-{h}-0000-0000-0000-000000000000"), "memory": "1g"}
+                )),
+                (0u32..20).prop_map(|i| serde_json::json!({"index": i, "compute": 50})),
+            ],
+            0..2 * MAX_DEVICE_ENTRIES,
+        )
+    ) {
+        let text = serde_json::json!({"version": 1, "devices": entries}).to_string();
+        match file(&text) {
+            Ok(config) => prop_assert!(config.devices.len() <= MAX_DEVICE_ENTRIES),
+            Err(err) => prop_assert!(err.to_string().len() <= 2048),
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! Logic shared by `libgpuslice.so` and the `gpuslice` CLI: the limit-file contract
-//! (`config`, `size`) and the cross-process shared region (`region`).
+//! (`config`, `size`), which configured devices exist (`visible`), bounded message text
+//! (`text`) and the cross-process shared region (`region`).
 //!
 //! Nothing here exports C symbols: the CLI links this crate and must never carry the
 //! shim's hook exports.
@@ -7,6 +8,8 @@
 pub mod config;
 pub mod region;
 pub mod size;
+pub mod text;
+pub mod visible;
 
 /// Devices one slice can describe: limit-file indices are `0..MAX_DEVICES` and the shared
 /// region has this many device entries.

@@ -1,16 +1,27 @@
 //! `gpuslice check [FILE]`: validates a limit file (or, without FILE, whatever the shim would
-//! load: `GPUSLICE_CONFIG`, the default path, else HAMi env) and says what the slice is in
-//! human terms. When an NVML library can be loaded it also warns about limits larger than the
-//! card (`write` cannot know the card, so it accepts them; the shim then caps at the card).
+//! load: the anchored `/etc/gpuslice/limits.json`, else `GPUSLICE_CONFIG`, else HAMi env, and
+//! warns about variables an anchored file makes the shim ignore) and says what the slice is in
+//! human terms. Then, unless `--no-probe`, it checks the file against this machine the way
+//! the shim will use it, and any of these is an error (exit 3):
+//! * a device entry that matches no device NVML lists (the shim would refuse every call);
+//!   when NVML cannot be loaded, `check` says that these entries were not checked;
+//! * a region the shim could not open or create (see `region_check`).
+//!
+//! A limit larger than the card is a warning (`write` cannot know the card, so it accepts
+//! them; the shim then caps at the card).
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use gpuslice_common::config::{self, ConfigSource, DeviceSelector, Loaded, SliceConfig};
 use gpuslice_common::size::format_size;
+use gpuslice_common::text::{shorten, MAX_QUOTED};
+use gpuslice_common::visible::{self, SeenDevice};
 use serde_json::json;
 
 use crate::error::{CliError, CliResult};
+use crate::region_check;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -22,19 +33,22 @@ pub struct CheckArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Do not load NVML to compare the limits with the card.
+    /// Check the file alone, not against this machine: do not load NVML to compare the
+    /// devices and limits with the cards, and do not examine the region path (for a file
+    /// meant for another machine or container).
     #[arg(long)]
     pub no_probe: bool,
 }
 
 pub fn run(args: &CheckArgs) -> CliResult<()> {
-    match load(args.file.as_ref()) {
-        Ok(config) => {
-            let warnings = if args.no_probe {
-                Vec::new()
-            } else {
-                card_warnings(&config)
-            };
+    let checked = load(args.file.as_ref()).and_then(|(config, mut warnings)| {
+        if !args.no_probe {
+            warnings.extend(machine_checks(&config)?);
+        }
+        Ok((config, warnings))
+    });
+    match checked {
+        Ok((config, warnings)) => {
             for warning in &warnings {
                 eprintln!("gpuslice: warning: {warning}");
             }
@@ -63,25 +77,36 @@ pub fn run(args: &CheckArgs) -> CliResult<()> {
     }
 }
 
-fn load(file: Option<&PathBuf>) -> CliResult<SliceConfig> {
+/// The configuration and the warnings about inputs it ignores.
+fn load(file: Option<&PathBuf>) -> CliResult<(SliceConfig, Vec<String>)> {
     if let Some(path) = file {
-        let bytes = std::fs::read(path).map_err(|e| {
-            CliError::invalid(format!(
-                "cannot read limit file {} ({e}); check the path and its permissions",
-                path.display()
-            ))
-        })?;
+        let shown = shorten(&path.display().to_string(), MAX_QUOTED).into_owned();
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|f| {
+                f.take(config::MAX_FILE_BYTES as u64 + 1)
+                    .read_to_end(&mut bytes)
+            })
+            .map_err(|e| {
+                CliError::invalid(format!(
+                    "cannot read limit file {shown} ({e}); check the path and its permissions"
+                ))
+            })?;
+        if bytes.len() > config::MAX_FILE_BYTES {
+            return Err(CliError::invalid(format!(
+                "invalid limit file {shown}: is larger than {} bytes; a limit file has at most 1 MiB",
+                config::MAX_FILE_BYTES
+            )));
+        }
         let text = String::from_utf8(bytes).map_err(|_| {
-            CliError::invalid(format!(
-                "invalid limit file {}: is not UTF-8 text",
-                path.display()
-            ))
+            CliError::invalid(format!("invalid limit file {shown}: is not UTF-8 text"))
         })?;
-        return Ok(config::parse_limit_file(path, &text)?);
+        return Ok((config::parse_limit_file(path, &text)?, Vec::new()));
     }
     let get = |name: &str| std::env::var(name).ok();
-    match config::load(&get) {
-        Loaded::Configured(config) => Ok(config),
+    let outcome = config::load_anchored(Path::new(config::DEFAULT_CONFIG_PATH), &get);
+    match outcome.loaded {
+        Loaded::Configured(config) => Ok((config, outcome.warnings)),
         Loaded::Invalid(error) => Err(error.into()),
         Loaded::Unconfigured => Err(CliError::invalid(format!(
             "no slice configured: {} is unset, {} does not exist and no HAMi variable is set; the shim would pass everything through unlimited (write one with `gpuslice write`)",
@@ -135,33 +160,50 @@ pub fn describe(config: &SliceConfig) -> Vec<String> {
     lines
 }
 
-/// Limits above what the card has, when NVML tells us what the card has.
-fn card_warnings(config: &SliceConfig) -> Vec<String> {
-    let Ok(cards) = crate::smi::query_cards() else {
-        return Vec::new();
+/// The file against this machine: `Err` for an entry that names no device NVML lists, or a
+/// region the shim could not use; the warnings otherwise (limits above the card, devices
+/// that could not be listed).
+fn machine_checks(config: &SliceConfig) -> CliResult<Vec<String>> {
+    region_check::check(config)?;
+    let cards = match crate::smi::query_cards() {
+        Ok(cards) => cards,
+        Err(_) if config.devices.is_empty() => return Ok(Vec::new()),
+        Err(e) => {
+            return Ok(vec![format!(
+                "cannot list this machine's devices, so device entries were not compared with them ({}); the shim refuses an entry that matches no device at the first CUDA call",
+                shorten(&e.message, MAX_QUOTED)
+            )])
+        }
     };
+    let seen: Vec<SeenDevice> = cards
+        .iter()
+        .map(|card| SeenDevice {
+            index: card.index,
+            uuid: card.uuid.clone(),
+        })
+        .collect();
+    let unmatched = visible::unmatched_entries(config, &seen, &|_| None);
+    if !unmatched.is_empty() {
+        return Err(visible::unmatched_error(config, &unmatched, &seen, true).into());
+    }
     let mut warnings = Vec::new();
     for limit in &config.devices {
         let card = cards
             .iter()
             .find(|card| limit.selector.matches(card.index, &card.uuid));
-        match (card, limit.memory_limit) {
-            (Some(card), Some(memory)) if memory > card.memory_total => warnings.push(format!(
-                "{}: memory limit {} is larger than the card ({}, {}); the slice is then the whole card",
-                limit.selector,
-                format_size(memory),
-                card.name,
-                format_size(card.memory_total)
-            )),
-            (None, _) => warnings.push(format!(
-                "{}: no such device on this machine ({} found)",
-                limit.selector,
-                cards.len()
-            )),
-            _ => {}
+        if let (Some(card), Some(memory)) = (card, limit.memory_limit) {
+            if memory > card.memory_total {
+                warnings.push(format!(
+                    "{}: memory limit {} is larger than the card ({}, {}); the slice is then the whole card",
+                    limit.selector,
+                    format_size(memory),
+                    card.name,
+                    format_size(card.memory_total)
+                ));
+            }
         }
     }
-    warnings
+    Ok(warnings)
 }
 
 #[cfg(test)]
@@ -174,13 +216,13 @@ mod tests {
     fn describes_a_slice_in_human_terms() {
         let text = r#"{"version": 1, "region": "/run/a.region", "policy": "burst",
             "devices": [{"index": 0, "memory": "8GiB", "compute": 25},
-                        {"uuid": "GPU-abc", "memory": 1073741824}]}"#;
+                        {"uuid": "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf", "memory": 1073741824}]}"#;
         let config = parse_limit_file(Path::new("x.json"), text).unwrap();
         assert_eq!(
             describe(&config),
             vec![
                 "device 0: memory 8 GiB, compute 25%",
-                "device GPU-abc: memory 1 GiB, compute not throttled",
+                "device GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf: memory 1 GiB, compute not throttled",
                 "region /run/a.region; policy burst",
             ]
         );

@@ -10,6 +10,7 @@ mod cdi;
 mod check;
 mod demo;
 mod error;
+mod region_check;
 mod region_view;
 mod reset;
 mod run;

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use clap::Args;
+use gpuslice_common::config::DeviceSelector;
 
 use crate::error::{CliError, CliResult};
 use crate::sandbox::{self, Sandbox};
@@ -40,7 +41,7 @@ const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, 
 pub fn run(args: &RunArgs) -> CliResult<i32> {
     let shim = sandbox::find_shim(args.lib.as_deref())?;
     let use_fake = args.fake_gpu || !sandbox::real_driver_present();
-    let config = args.slice.to_config(None, NoDevices::AllIndices)?;
+    let mut config = args.slice.to_config(None, NoDevices::AllIndices)?;
     let sandbox = Sandbox::create("gpuslice-run", shim, use_fake, None)?;
     if let Some(fake) = &sandbox.fake {
         let why = if args.fake_gpu {
@@ -55,7 +56,16 @@ pub fn run(args: &RunArgs) -> CliResult<i32> {
         );
     }
     match sandbox.host_cards() {
-        Ok(cards) => sandbox::check_against_cards(&config, &cards, !args.slice.devices.is_empty())?,
+        Ok(cards) => {
+            if args.slice.devices.is_empty() {
+                // "Every device" means every device of this machine: an entry naming a device
+                // it lacks would make the shim refuse the whole slice.
+                config.devices.retain(|limit| {
+                    matches!(limit.selector, DeviceSelector::Index(i) if (i as usize) < cards.len())
+                });
+            }
+            sandbox::check_against_cards(&config, &cards, !args.slice.devices.is_empty())?
+        }
         Err(e) => eprintln!(
             "gpuslice: warning: cannot compare the limits with the card: {}",
             e.message

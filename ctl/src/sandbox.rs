@@ -343,7 +343,7 @@ mod tests {
         Card {
             index: 0,
             name: "Tesla V100-PCIE-32GB".into(),
-            uuid: "GPU-aa".into(),
+            uuid: "GPU-aaaaaaaa-0000-0000-0000-000000000000".into(),
             memory_total: 32 << 30,
             memory_used: 0,
             memory_free: 32 << 30,
@@ -378,10 +378,12 @@ mod tests {
         assert!(
             check_against_cards(&config(r#"{"index":1,"memory":"1g"}"#), &cards, false).is_ok()
         );
-        assert!(
-            check_against_cards(&config(r#"{"uuid":"gpu-AA","memory":"1g"}"#), &cards, true)
-                .is_ok()
-        );
+        assert!(check_against_cards(
+            &config(r#"{"uuid":"gpu-AAAAAAAA-0000-0000-0000-000000000000","memory":"1g"}"#),
+            &cards,
+            true
+        )
+        .is_ok());
     }
 
     #[test]

@@ -134,13 +134,9 @@ pub fn parse_selector(device: &str) -> Result<DeviceSelector, String> {
         };
     }
     let upper = device.to_ascii_uppercase();
-    if (upper.starts_with("GPU-") || upper.starts_with("MIG-")) && device.len() > 4 {
-        if device.len() > config::MAX_UUID_LEN
-            || !device.bytes().all(|b| b.is_ascii_graphic() && b != b',')
-        {
-            return Err(format!("{device:?} is not a GPU UUID"));
-        }
-        return Ok(DeviceSelector::Uuid(device.to_string()));
+    if upper.starts_with("GPU-") || upper.starts_with("MIG-") {
+        // The limit file's own rule, so `write` never produces a file the shim refuses.
+        return config::check_uuid(device).map(DeviceSelector::Uuid);
     }
     Err(format!(
         "unknown device {device:?}: use an index (0..={}) or a UUID like GPU-8a5d... (see nvidia-smi -L)",
@@ -282,9 +278,9 @@ mod tests {
             })
         );
         assert_eq!(
-            parse_device_spec("GPU-8a5d1c2e-0000:mem=16g"),
+            parse_device_spec("GPU-8a5d1c2e-0000-1111-2222-333344445555:mem=16g"),
             Ok(DeviceSpec {
-                selector: DeviceSelector::Uuid("GPU-8a5d1c2e-0000".into()),
+                selector: DeviceSelector::Uuid("GPU-8a5d1c2e-0000-1111-2222-333344445555".into()),
                 memory: Some(16 * GIB),
                 compute: None
             })
@@ -321,7 +317,8 @@ mod tests {
             ("0:compute=lots", "not a compute share"),
             ("0:colour=red", "unknown device limit"),
             ("0:memory=1g,memory=2g", "given twice"),
-            ("GPU-", "unknown device"),
+            ("GPU-", "is not a GPU UUID"),
+            ("GPU-8a5d1c2e-0000", "is not a GPU UUID"),
         ];
         for (input, want) in cases {
             let err = parse_device_spec(input).expect_err(input);

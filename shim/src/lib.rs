@@ -11,6 +11,7 @@
 //! * [`hooks`]: the wrapper bodies (CUDA, NVML, cuGetProcAddress).
 //! * [`state`]: lazy, once-per-process initialisation (config), fork handling, fail-closed gate.
 //! * [`devices`]: which limit applies to which device (UUID, then index).
+//! * [`device_check`]: fails the slice closed when a limit-file entry names no device.
 //! * [`report`]: the reporting math (slice view of memory numbers: clamping, no wrap).
 //! * [`memory`], [`throttle`]: policy seams, pass-through for now.
 //! * [`nesting`]: hooks never nest on a thread (a driver calling its own exports).
@@ -25,6 +26,7 @@
 pub mod ffi_boundary;
 #[macro_use]
 pub mod log;
+pub mod device_check;
 pub mod devices;
 pub mod dlsym_hook;
 pub mod hooks;

@@ -15,6 +15,7 @@
 //! of a deadlock; other threads wait for the result. A thread that waits on an initialiser which
 //! no longer exists (forked away mid-init) takes over.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use gpuslice_common::config::{self, ConfigError, Loaded, SliceConfig};
@@ -42,13 +43,23 @@ static MODE: AtomicPtr<Mode> = AtomicPtr::new(std::ptr::null_mut());
 static PASS_THROUGH_DURING_INIT: Mode = Mode::PassThrough;
 static FORK_HANDLER_REGISTERED: AtomicBool = AtomicBool::new(false);
 
-/// The gate each export passes first: `Err(code)` when the configuration is invalid.
+static ANCHORED: AtomicBool = AtomicBool::new(false);
+
+/// The gate each export passes first: `Err(code)` when the configuration is invalid, or
+/// (once the driver can list them) names a device the node does not have (`device_check`).
 #[inline]
 pub fn admit(library: Library) -> Result<(), u32> {
     match mode() {
         Mode::FailClosed(_) => Err(library.fail_closed_code()),
-        _ => Ok(()),
+        Mode::Enforcing(config) => crate::device_check::admit(config, library),
+        Mode::PassThrough => Ok(()),
     }
+}
+
+/// Whether the anchored limit file exists: then no environment variable may change what is
+/// enforced (the shim's own ones included, see `memory`). Valid once `mode()` has run.
+pub fn anchored() -> bool {
+    ANCHORED.load(Ordering::Acquire)
 }
 
 /// This process's mode, initialising it on first use.
@@ -121,9 +132,21 @@ fn thread_exists(tid: libc::pid_t) -> bool {
 /// Reads the configuration; a panic while doing so fails closed rather than leaving other
 /// threads waiting forever.
 fn load_mode() -> Mode {
-    let loaded = std::panic::catch_unwind(|| config::load(&|key| std::env::var(key).ok()));
+    let loaded = std::panic::catch_unwind(|| {
+        config::load_anchored(Path::new(config::DEFAULT_CONFIG_PATH), &|key| {
+            std::env::var(key).ok()
+        })
+    });
     let mode = match loaded {
-        Ok(loaded) => attach_region(mode_from(loaded)),
+        Ok(outcome) => {
+            ANCHORED.store(outcome.anchored, Ordering::Release);
+            let mode = mode_from(outcome.loaded);
+            // After `mode_from`: the file's log level decides whether these print.
+            for warning in &outcome.warnings {
+                crate::log_warn!("{warning}");
+            }
+            attach_region(mode)
+        }
         Err(_) => Mode::FailClosed(ConfigError {
             origin: "gpuslice".into(),
             field: String::new(),
@@ -147,18 +170,26 @@ fn load_mode() -> Mode {
 }
 
 /// An enforcing process opens the slice's shared region and registers in it (the memory
-/// ledger); a region that cannot be opened fails closed like an invalid configuration.
+/// ledger); a region that cannot be opened fails closed like an invalid configuration. The
+/// message names where the region path came from (the limit file and its `region` field, or
+/// the HAMi variable) so the operator knows what to fix, not only which path failed.
 fn attach_region(mode: Mode) -> Mode {
     match mode {
         Mode::Enforcing(config) => match crate::memory::attach(&config) {
             Ok(()) => Mode::Enforcing(config),
-            Err(problem) => Mode::FailClosed(ConfigError {
-                origin: crate::memory::describe_region(&config),
-                field: String::new(),
-                problem,
-            }),
+            Err(problem) => Mode::FailClosed(region_error(&config, problem)),
         },
         other => other,
+    }
+}
+
+/// The refusal for a region that cannot be used: origin and field say where its path is set.
+pub fn region_error(config: &SliceConfig, problem: String) -> ConfigError {
+    let (origin, field) = config.region_source();
+    ConfigError {
+        origin,
+        field,
+        problem: format!("the shared region cannot be used: {problem}"),
     }
 }
 
@@ -223,6 +254,32 @@ mod tests {
             mode_from(Loaded::Configured(config)),
             Mode::Enforcing(_)
         ));
+    }
+
+    #[test]
+    fn a_region_refusal_names_where_the_region_path_is_set() {
+        let mut config = SliceConfig {
+            source: ConfigSource::File("/etc/gpuslice/limits.json".into()),
+            devices: vec![],
+            region_path: Some("/var/run/gpuslice/a.region".into()),
+            policy: ComputePolicy::Cap,
+            log_level: None,
+        };
+        let line = region_error(&config, "open: No such file or directory".into()).to_string();
+        assert!(
+            line.starts_with("invalid configuration /etc/gpuslice/limits.json: region: "),
+            "{line}"
+        );
+        config.region_path = None;
+        let error = region_error(&config, "x".into());
+        assert_eq!(
+            error.field,
+            "region (not set; default /tmp/gpuslice.region)"
+        );
+        config.source = ConfigSource::Env;
+        let error = region_error(&config, "x".into());
+        assert_eq!(error.origin, "HAMi env");
+        assert!(error.field.starts_with("CUDA_DEVICE_MEMORY_SHARED_CACHE"));
     }
 
     #[test]

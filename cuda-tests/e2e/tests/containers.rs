@@ -957,3 +957,39 @@ fn prebuilt_installer_image_copies_the_binaries_to_the_host() {
     names.sort();
     assert_eq!(names, ["gpuslice", "libgpuslice.so"]);
 }
+
+/// The anchored limit file wins (issue 12): inside a CDI container, a tenant that writes a
+/// limit file of its own and points `GPUSLICE_CONFIG` at it (and sets the HAMi limit and the
+/// context bound too) is still held to the operator's 1 GiB, on every client path, and is
+/// told that its variables are ignored.
+#[test]
+fn a_tenant_set_gpuslice_config_is_ignored_in_a_cdi_container() {
+    let Some(podman) = podman() else { return };
+    let mut bed = Bed::new(podman);
+    let devices = bed.write_spec(&[("one", "1GiB")]);
+    let tenant_env = "GPUSLICE_CONFIG=/tmp/mine.json CUDA_DEVICE_MEMORY_LIMIT=16g \
+        GPUSLICE_CONTEXT_OVERHEAD=1";
+    let script = format!(
+        "echo '{{\"version\": 1, \"region\": \"/tmp/mine.region\", \"devices\": \
+           [{{\"index\": 0, \"memory\": \"16GiB\"}}]}}' > /tmp/mine.json; \
+         for c in linked-client cudarc-client procaddr-client; do \
+           err=$(env {tenant_env} /usr/bin/$c alloc-until-oom 256MiB 2>&1 >/tmp/out); \
+           /bin/cat /tmp/out; \
+           case \"$err\" in \
+             *'warning: GPUSLICE_CONFIG='*'is ignored'*'warning: CUDA_DEVICE_MEMORY_LIMIT='*'is ignored'*'warning: GPUSLICE_CONTEXT_OVERHEAD='*'is ignored'*) \
+               echo '{{\"warned\": true}}';; \
+             *) echo \"{{\\\"warned\\\": false}}\" >&2; echo \"$err\" >&2; echo '{{\"warned\": false}}';; \
+           esac; \
+         done"
+    );
+    let lines = bed.run(Some(&devices[0]), &script);
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    for pair in lines.chunks(2) {
+        let client = str_at(&pair[0], "client");
+        assert_refused_within(&pair[0], GIB, client);
+        assert_eq!(
+            pair[1]["warned"], true,
+            "{client}: the ignored variables are named at the default log level"
+        );
+    }
+}

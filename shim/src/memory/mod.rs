@@ -48,7 +48,7 @@ mod pools;
 mod vmm;
 pub mod wrappers;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use gpuslice_abi::cuda::result::{
@@ -69,7 +69,7 @@ use ledger::{charge_size, Budget, Ledger, OutOfMemory};
 use objects::{Charged, ObjectKind};
 
 /// Region file when the configuration names none.
-pub const DEFAULT_REGION_PATH: &str = "/tmp/gpuslice.region";
+pub const DEFAULT_REGION_PATH: &str = gpuslice_common::config::DEFAULT_REGION_PATH;
 /// Env variable: upper bound reserved for a context before its real cost is measured.
 pub const CONTEXT_BOUND_ENV: &str = "GPUSLICE_CONTEXT_OVERHEAD";
 /// Default of [`CONTEXT_BOUND_ENV`]: above what current drivers spend per context
@@ -252,14 +252,30 @@ pub fn region_path(config: &SliceConfig) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_REGION_PATH))
 }
 
+/// The context bound: [`CONTEXT_BOUND_ENV`] where no limit file is anchored. Under an anchored
+/// file it is ignored (with a warning): a tenant that set it small would make the slice's
+/// first context under-reserve, i.e. change what is enforced.
 fn context_bound_from_env() -> u64 {
+    if crate::state::anchored() {
+        if let Ok(text) = std::env::var(CONTEXT_BOUND_ENV) {
+            if !text.trim().is_empty() {
+                crate::log_warn!(
+                    "{CONTEXT_BOUND_ENV}={:?} is ignored: the limit file {} exists and nothing in the environment overrides it",
+                    gpuslice_common::text::shorten(&text, 64),
+                    gpuslice_common::config::DEFAULT_CONFIG_PATH
+                );
+            }
+        }
+        return DEFAULT_CONTEXT_BOUND;
+    }
     match std::env::var(CONTEXT_BOUND_ENV) {
         Ok(text) if !text.trim().is_empty() => {
             match gpuslice_common::size::parse_size(text.trim()) {
                 Ok(bytes) if bytes > 0 => bytes,
                 _ => {
                     crate::log_error!(
-                        "{CONTEXT_BOUND_ENV}={text:?} is not a size; using {DEFAULT_CONTEXT_BOUND} bytes"
+                        "{CONTEXT_BOUND_ENV}={:?} is not a size; using {DEFAULT_CONTEXT_BOUND} bytes",
+                        gpuslice_common::text::shorten(&text, 64)
                     );
                     DEFAULT_CONTEXT_BOUND
                 }
@@ -327,8 +343,12 @@ pub const PAUSE_IN_REGISTRATION_ENV: &str = "GPUSLICE_TEST_PAUSE_IN_REGISTRATION
 
 /// Test hook, inert unless [`PAUSE_IN_REGISTRATION_ENV`] names a file: creates that file, then
 /// blocks (at most 60 s) in the middle of registering, with a slot claimed, so a test can
-/// SIGKILL or SIGSTOP the process at the worst moment and show the others carry on.
+/// SIGKILL or SIGSTOP the process at the worst moment and show the others carry on. Inert
+/// under an anchored limit file (a tenant has no business pausing its own processes there).
 fn pause_in_registration() {
+    if crate::state::anchored() {
+        return;
+    }
     let Some(marker) = std::env::var_os(PAUSE_IN_REGISTRATION_ENV) else {
         return;
     };
@@ -378,6 +398,9 @@ fn card_total_for_warning(ordinal: CUdevice) -> Option<u64> {
     (unsafe { total_mem(&mut bytes, ordinal) } == CUDA_SUCCESS).then_some(bytes as u64)
 }
 
+/// Device entries whose oversize limit was already reported by this process (bit = entry).
+static OVERSIZE_WARNED: AtomicU32 = AtomicU32::new(0);
+
 /// Binds `(index, uuid)` in the region when the configuration limits its memory.
 fn bind(
     shared: &Shared,
@@ -406,15 +429,22 @@ fn bind(
             for change in &binding.changes {
                 crate::log_info!("limits of {} changed: {change:?}", change.uuid);
             }
+            let entry = binding.ids[0].index();
             if let Some(total) = card_total() {
-                if memory_limit > total {
-                    crate::log_at!(
-                        gpuslice_common::config::LogLevel::Warn,
-                        "memory limit {memory_limit} of device {key} is larger than the card ({total} bytes); reporting the card's size"
+                // Once per device entry and process (bindings are cached, but two threads
+                // may bind the same device at once, and CUDA and NVML bind separately).
+                let bit = 1u32 << (entry % 32);
+                if memory_limit > total
+                    && OVERSIZE_WARNED.fetch_or(bit, Ordering::AcqRel) & bit == 0
+                {
+                    crate::log_warn!(
+                        "memory limit {} of device {key} is larger than the card ({}); the slice is the whole card",
+                        gpuslice_common::size::format_size(memory_limit),
+                        gpuslice_common::size::format_size(total)
                     );
                 }
             }
-            Ok(Binding::Limited(binding.ids[0].index() as u8))
+            Ok(Binding::Limited(entry as u8))
         }
         Err(e) => {
             crate::log_error!("{e}; allocations on device {key} are refused");
@@ -697,10 +727,4 @@ pub fn after_fork_in_child() {
     }
     PROCESS.store(std::ptr::null_mut(), Ordering::Release);
     graphs::after_fork_in_child();
-}
-
-/// Where the region of `config` lives (for messages).
-pub fn describe_region(config: &SliceConfig) -> String {
-    let path = region_path(config);
-    Path::new(&path).display().to_string()
 }

@@ -1,0 +1,184 @@
+//! Fails the slice closed when a limit-file entry names no device of the node (issue 12: a
+//! one-character typo in a UUID used to leave the card unlimited, silently).
+//!
+//! The configuration is loaded before the driver is up, so the devices are not known then.
+//! The decision is taken once, at the first CUDA or NVML call that can list them:
+//! * a CUDA call once the real `cuDeviceGetCount` answers (after `cuInit`): the devices this
+//!   process sees (ordinal and `cuDeviceGetUuid`); an entry none of them matches is then
+//!   looked up in the real NVML, which lists every device of the container whatever
+//!   `CUDA_VISIBLE_DEVICES` hides (so an entry for a hidden card is right, not a typo);
+//! * an NVML call (NVML-only processes such as `nvidia-smi` or pynvml): NVML's devices.
+//!
+//! The rule itself is `gpuslice_common::visible`. Before the driver can answer, calls pass
+//! (nothing can be allocated before `cuInit`). Once refused, every CUDA and NVML call returns
+//! the fail-closed code, and the one line naming the limit file, the entry and the devices
+//! that exist is printed once. The verdict is per process and survives `fork` (a child sees
+//! the same devices). No thread ever waits for another's listing (see `decide`).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+
+use gpuslice_abi::cuda::result::{CUDA_ERROR_NO_DEVICE, CUDA_SUCCESS};
+use gpuslice_abi::nvml::nvmlDevice_t;
+use gpuslice_abi::nvml::ret::NVML_SUCCESS;
+use gpuslice_common::config::{ConfigError, ConfigSource, DeviceSelector, SliceConfig};
+use gpuslice_common::visible::{unmatched_entries, unmatched_error, SeenDevice};
+
+use crate::real::Library;
+use crate::registry::real;
+
+const UNKNOWN: u8 = 0;
+const MATCHED: u8 = 1;
+const REFUSED: u8 = 2;
+
+/// Devices listed at most (the real count is far lower; this bounds a misbehaving driver).
+const MAX_LISTED: u32 = 64;
+
+static VERDICT: AtomicU8 = AtomicU8::new(UNKNOWN);
+static REFUSAL: AtomicPtr<ConfigError> = AtomicPtr::new(std::ptr::null_mut());
+
+thread_local! {
+    /// This thread is listing the devices: a driver that calls its own exports meanwhile
+    /// reaches `admit` again, which must not start another listing (const, no destructor:
+    /// usable at any point of a thread's life).
+    static LISTING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The gate for an enforcing process: `Err(code)` once an entry is known to match nothing.
+#[inline]
+pub fn admit(config: &SliceConfig, library: Library) -> Result<(), u32> {
+    match VERDICT.load(Ordering::Acquire) {
+        MATCHED => Ok(()),
+        REFUSED => Err(library.fail_closed_code()),
+        _ => decide(config, library),
+    }
+}
+
+/// Why this process refuses every call, once it does.
+pub fn refusal() -> Option<&'static ConfigError> {
+    // SAFETY: REFUSAL holds null or a leaked, never freed Box published with Release.
+    unsafe { REFUSAL.load(Ordering::Acquire).as_ref() }
+}
+
+/// Every thread that finds the verdict unknown lists the devices itself (no thread waits on
+/// another: a driver holding an internal lock while it calls one of its own exports on a
+/// second thread could otherwise deadlock against the lister). They all reach the same
+/// answer; the first to publish it prints the refusal.
+#[cold]
+fn decide(config: &SliceConfig, library: Library) -> Result<(), u32> {
+    if config.devices.is_empty() || !matches!(config.source, ConfigSource::File(_)) {
+        VERDICT.store(MATCHED, Ordering::Release);
+        return Ok(());
+    }
+    if LISTING.with(|listing| listing.replace(true)) {
+        return Ok(()); // called back by the driver while this thread lists its devices
+    }
+    let outcome = std::panic::catch_unwind(|| verdict(config, library));
+    LISTING.with(|listing| listing.set(false));
+    let error = match outcome {
+        Ok(None) => return Ok(()), // the driver cannot list its devices yet: nothing to gate
+        Ok(Some(None)) => {
+            let _ = VERDICT.compare_exchange(UNKNOWN, MATCHED, Ordering::AcqRel, Ordering::Acquire);
+            return Ok(());
+        }
+        Ok(Some(Some(error))) => error,
+        Err(_) => ConfigError {
+            origin: "gpuslice".into(),
+            field: String::new(),
+            problem: "internal error while listing the devices".into(),
+        },
+    };
+    let leaked: *mut ConfigError = Box::leak(Box::new(error));
+    if REFUSAL
+        .compare_exchange(
+            std::ptr::null_mut(),
+            leaked,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_ok()
+    {
+        // SAFETY: `leaked` is a leaked Box, never freed; only this thread published it.
+        let error = unsafe { &*leaked };
+        crate::log_error!("{error}; CUDA and NVML calls are refused until it is fixed");
+    } else {
+        // SAFETY: nobody else ever saw `leaked`; it came from Box::leak above.
+        drop(unsafe { Box::from_raw(leaked) });
+    }
+    VERDICT.store(REFUSED, Ordering::Release);
+    Err(library.fail_closed_code())
+}
+
+/// `None`: the driver cannot list its devices yet. `Some(None)`: every entry names a
+/// device. `Some(Some(error))`: the refusal.
+fn verdict(config: &SliceConfig, library: Library) -> Option<Option<ConfigError>> {
+    let (seen, from_nvml) = match library {
+        Library::Cuda => (cuda_devices()?, false),
+        Library::Nvml => (nvml_devices()?, true),
+    };
+    let unmatched = unmatched_entries(config, &seen, &|_| None);
+    if unmatched.is_empty() {
+        return Some(None);
+    }
+    // A CUDA process may be shown only some of the container's devices: ask NVML.
+    let nvml = if from_nvml { None } else { nvml_devices() };
+    let unmatched = match &nvml {
+        Some(node) => unmatched_entries(config, &seen, &|selector: &DeviceSelector| {
+            Some(
+                node.iter().any(|d| selector.matches(d.index, &d.uuid))
+                    // MIG devices are not in NVML's index list; NVML finds them by UUID.
+                    || matches!(selector, DeviceSelector::Uuid(uuid)
+                        if crate::devices::real_nvml_handle(uuid, None).is_some()),
+            )
+        }),
+        None => unmatched,
+    };
+    if unmatched.is_empty() {
+        return Some(None);
+    }
+    Some(Some(unmatched_error(
+        config,
+        &unmatched,
+        &seen,
+        from_nvml || nvml.is_some(),
+    )))
+}
+
+/// The CUDA devices of this process (ordinal, UUID), or `None` before the driver is up.
+fn cuda_devices() -> Option<Vec<SeenDevice>> {
+    let get_count = real::cuDeviceGetCount()?;
+    let mut count = 0;
+    // SAFETY: `count` is a valid out-pointer for the call.
+    match unsafe { get_count(&mut count) } {
+        CUDA_SUCCESS => {}
+        CUDA_ERROR_NO_DEVICE => count = 0,
+        _ => return None,
+    }
+    Some(
+        (0..(count.max(0) as u32).min(MAX_LISTED))
+            .map(|index| SeenDevice {
+                index,
+                uuid: crate::devices::try_cuda_device_uuid(index as i32).unwrap_or_default(),
+            })
+            .collect(),
+    )
+}
+
+/// Every device NVML lists (index, UUID), or `None` when the real NVML cannot be used.
+fn nvml_devices() -> Option<Vec<SeenDevice>> {
+    if !crate::devices::real_nvml_ready() {
+        return None;
+    }
+    let by_index = real::nvmlDeviceGetHandleByIndex_v2()?;
+    let mut devices = Vec::new();
+    for index in 0..MAX_LISTED {
+        let mut handle: nvmlDevice_t = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; NVML rejects an index it does not have.
+        if unsafe { by_index(index, &mut handle) } != NVML_SUCCESS {
+            break;
+        }
+        let (_, uuid) = crate::devices::nvml_identity(handle);
+        devices.push(SeenDevice { index, uuid });
+    }
+    Some(devices)
+}
