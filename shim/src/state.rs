@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use gpuslice_common::config::{self, ConfigError, Loaded, SliceConfig};
 
 use crate::real::Library;
+use crate::refusal::{refusal_line, Fault};
 
 /// How this process treats CUDA/NVML calls.
 #[derive(Debug)]
@@ -122,18 +123,25 @@ fn thread_exists(tid: libc::pid_t) -> bool {
 /// threads waiting forever.
 fn load_mode() -> Mode {
     let loaded = std::panic::catch_unwind(|| config::load(&|key| std::env::var(key).ok()));
-    let mode = match loaded {
-        Ok(loaded) => attach_region(mode_from(loaded)),
-        Err(_) => Mode::FailClosed(ConfigError {
-            origin: "gpuslice".into(),
-            field: String::new(),
-            problem: "internal error while loading the configuration".into(),
-        }),
+    let (mode, fault) = match loaded {
+        Ok(loaded) => {
+            let fault = match loaded {
+                Loaded::Invalid(_) => Fault::Configuration,
+                _ => Fault::Region,
+            };
+            (attach_region(mode_from(loaded)), fault)
+        }
+        Err(_) => (
+            Mode::FailClosed(ConfigError {
+                origin: "gpuslice".into(),
+                field: String::new(),
+                problem: "internal error while loading the configuration".into(),
+            }),
+            Fault::Internal,
+        ),
     };
     match &mode {
-        Mode::FailClosed(error) => {
-            crate::log_error!("{error}; CUDA and NVML calls are refused until it is fixed")
-        }
+        Mode::FailClosed(error) => crate::log_error!("{}", refusal_line(error, fault)),
         Mode::Enforcing(config) => {
             crate::log_info!(
                 "enforcing slice from {:?}: {:?}",

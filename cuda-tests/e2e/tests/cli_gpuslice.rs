@@ -892,3 +892,43 @@ fn a_closed_pipe_ends_the_tools_quietly() {
         assert_eq!(r.stderr, "", "{label}: nothing on stderr");
     }
 }
+
+/// `gpuslice smi` in a process whose slice configuration is invalid (the shim refuses NVML):
+/// one line that says so and what to run, not nvml-wrapper's "NVML was not first initialized
+/// with `Nvml::init()`", which reads like a bug in the tool.
+#[test]
+fn smi_under_an_invalid_configuration_says_why_nvml_refused() {
+    let dir = TempDir::new("smi-refused");
+    let limits = dir.join("limits.json");
+    std::fs::write(
+        &limits,
+        r#"{"version": 1, "devices": [{"index": 0, "memory": "8XB"}]}"#,
+    )
+    .unwrap();
+    let mut cmd = gpuslice();
+    cmd.arg("smi")
+        .env("LD_PRELOAD", bin("libgpuslice.so"))
+        .env("GPUSLICE_CONFIG", &limits);
+    fake_env(&dir, &mut cmd);
+    let r = run_with(&mut cmd);
+    assert_eq!(r.code, 4, "{}", r.stderr);
+    let shim_line = r
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("[gpuslice]"))
+        .unwrap_or_else(|| panic!("no [gpuslice] line: {}", r.stderr));
+    assert!(
+        shim_line.contains(&format!("gpuslice check {}", limits.display())),
+        "{shim_line}"
+    );
+    let own = r
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("gpuslice:"))
+        .unwrap_or_else(|| panic!("no gpuslice: line: {}", r.stderr));
+    assert!(
+        own.contains("NVML_ERROR_UNINITIALIZED") && own.contains("invalid"),
+        "{own}"
+    );
+    assert!(!r.stderr.contains("Nvml::init"), "{}", r.stderr);
+}

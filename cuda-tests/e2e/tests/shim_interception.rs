@@ -203,29 +203,87 @@ fn a_malformed_limit_file_refuses_cuda_and_names_file_and_field() {
     let path = slice.config_path().display().to_string();
     for (kind, extra) in paths() {
         let mut args = extra.clone();
-        args.push("meminfo");
+        args.push("info");
         let output = Client::output(kind, &args, &slice.env(&gpu));
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
-        // The linked and cudarc clients report cuInit's answer; procaddr-client never gets an
-        // entry point because cuGetProcAddress_v2 itself refuses (its probes log result 3).
-        assert!(
-            stdout.contains("CUDA_ERROR_NOT_INITIALIZED") || stderr.contains("\"result\":3"),
-            "{kind:?}: CUDA refused: {stdout} / {stderr}"
+        // Every client gets an error code from the call it made, named by the driver's own
+        // cuGetErrorName: cuInit answers CUDA_ERROR_NOT_INITIALIZED. The procaddr client (the
+        // CUDA runtime's and cuda-bindings' path) gets every entry point from
+        // cuGetProcAddress_v2 (before, the refused lookups made every function look missing:
+        // cuda-bindings' "function cuInit is not found").
+        let result: Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("{kind:?}: {e}: {stdout} / {stderr}"));
+        assert_eq!(
+            result["error"], "CUDA_ERROR_NOT_INITIALIZED",
+            "{kind:?}: {result} / {stderr}"
         );
+        assert_eq!(result["failed_step"], "cuInit", "{kind:?}: {result}");
         assert!(
-            !stdout.contains("\"total\":1073741824"),
-            "never silently limited-or-not"
+            !stderr.contains("found no"),
+            "{kind:?}: no entry point is missing: {stderr}"
         );
-        let line = stderr
+        let lines: Vec<&str> = stderr
             .lines()
-            .find(|l| l.starts_with("[gpuslice]"))
-            .unwrap_or_else(|| panic!("{kind:?}: no [gpuslice] line: {stderr}"));
+            .filter(|l| l.starts_with("[gpuslice]"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{kind:?}: one line: {stderr}");
         assert!(
-            line.contains(&path) && line.contains("devices[0].memory"),
-            "{line}"
+            lines[0].contains(&path) && lines[0].contains("devices[0].memory"),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[0].contains(&format!("gpuslice check {path}")),
+            "says what to run: {}",
+            lines[0]
         );
     }
+
+    // cuGetProcAddress answers every entry point as without a configuration; the
+    // driver's own cuDriverGetVersion / cuGetErrorString / cuGetErrorName among them.
+    for extra in [
+        vec!["--cuda-version", "12080"],
+        vec!["--cuda-version", "13000", "--per-thread"],
+    ] {
+        let mut args = extra.clone();
+        args.push("resolve");
+        let refused = Client::run(ClientKind::ProcAddr, &args, &slice.env(&gpu));
+        let direct = Client::run(ClientKind::ProcAddr, &args, &gpu.env());
+        assert_eq!(refused["missing"], serde_json::json!([]), "{refused}");
+        assert_eq!(refused["entry_points"], direct["entry_points"], "{extra:?}");
+        assert_eq!(refused["probes"], direct["probes"], "{extra:?}");
+        for name in ["cuInit", "cuDriverGetVersion", "cuGetErrorName"] {
+            assert_eq!(
+                refused["entry_points"][name]["found"], true,
+                "{name}: {refused}"
+            );
+        }
+    }
+
+    // pynvml: nvmlInit raises NVMLError with NVML_ERROR_UNINITIALIZED (1), and its text comes
+    // from the library's nvmlErrorString, which still answers.
+    let script = "import json, pynvml\n\
+        try:\n    pynvml.nvmlInit(); print(json.dumps({'init': 'ok'}))\n\
+        except pynvml.NVMLError as e:\n    print(json.dumps({'init': e.value, 'text': str(e)}))\n";
+    let output = run_with_timeout(
+        command(
+            std::path::Path::new("python3"),
+            &["-c", script],
+            &slice.env(&gpu),
+        ),
+        None,
+        DEFAULT_TIMEOUT,
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let result: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "pynvml: {e}: {stdout} / {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    assert_eq!(result["init"], 1, "NVML_ERROR_UNINITIALIZED: {result}");
+    assert_eq!(result["text"], "Uninitialized", "nvmlErrorString: {result}");
 }
 
 #[test]
