@@ -359,6 +359,9 @@ hook_registry! {
             infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
         Nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
             infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+        // The slice's own share, not the card's (which discloses the neighbours).
+        Nvml fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t)
+            -> nvmlReturn_t => nvml::device_get_utilization_rates;
         Nvml fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t,
             samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen: u64) -> nvmlReturn_t
             => mem::process_utilization;

@@ -162,6 +162,105 @@ fn per_process_utilisation_samples_show_only_the_slice() {
     member.release();
 }
 
+/// `nvmlDeviceGetUtilizationRates` inside a slice is the slice's own share of the card: a
+/// neighbour outside the slice keeps the card busy while pynvml inside the slice reads 0 (it
+/// used to read the card's 80-100 %, disclosing the neighbour), then the slice's share once
+/// it runs kernels. The fake's timeline is the truth. A device without a limit in the slice
+/// passes through.
+#[test]
+fn device_utilisation_inside_a_slice_is_the_slices_own_share() {
+    // The fake's utilisation window (FAKEGPU_UTIL_WINDOW_MS default).
+    const WINDOW_NS: u64 = 1_000_000_000;
+    let gpu = FakeGpu::start("v100");
+    let slice = one_gib_slice();
+    let elsewhere = Slice::builder().device(1, "1GiB", None).build();
+    let busy_percent = |pid: Option<u32>| -> u64 {
+        let now = fakegpu::state::now_ns();
+        gpu.truth()
+            .busy_ns(0, pid, now.saturating_sub(WINDOW_NS), now)
+            .min(WINDOW_NS)
+            * 100
+            / WINDOW_NS
+    };
+    // 1 ms kernels in batches of 20: each launcher keeps the card as busy as it can.
+    let spin = |env: Env, seconds: &str| {
+        let args: Vec<String> = [
+            "launch",
+            "--kernels",
+            "20",
+            "--ns-per-wave",
+            "1000000",
+            "--duration-s",
+            seconds,
+        ]
+        .map(String::from)
+        .to_vec();
+        std::thread::spawn(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            Client::run(ClientKind::Linked, &args, &env)
+        })
+    };
+    let utilisation = |probe: &Value| -> (u64, u64) {
+        let u = &probe["devices"][0]["utilization"];
+        let read = |k: &str| {
+            u[k].as_u64()
+                .unwrap_or_else(|| panic!("no utilization.{k}: {probe}"))
+        };
+        (read("gpu"), read("memory"))
+    };
+
+    let neighbour = spin(gpu.env(), "8");
+    cuda_e2e::wait_until("the neighbour keeps the card busy", DEFAULT_TIMEOUT, || {
+        busy_percent(None) >= 80
+    });
+    let card = utilisation(&pynvml_probe(&gpu.env()));
+    assert!(card.0 >= 50, "the card is busy: {card:?}");
+    let idle = pynvml_probe(&slice.env(&gpu));
+    assert_eq!(
+        utilisation(&idle),
+        (0, 0),
+        "an idle slice reads 0 whatever the neighbours do: {idle}"
+    );
+    let unlimited = utilisation(&pynvml_probe(&elsewhere.env(&gpu)));
+    assert!(
+        unlimited.0 >= 50,
+        "a device without a limit in the slice passes through: {unlimited:?}"
+    );
+
+    let before: Vec<u32> = gpu.truth().processes(0).iter().map(|p| p.pid).collect();
+    let member = spin(slice.env(&gpu), "4");
+    let mut member_pid = None;
+    cuda_e2e::wait_until("the slice's launcher runs", DEFAULT_TIMEOUT, || {
+        member_pid = member_pid.or_else(|| {
+            gpu.truth()
+                .processes(0)
+                .iter()
+                .map(|p| p.pid)
+                .find(|p| !before.contains(p))
+        });
+        member_pid.is_some_and(|pid| busy_percent(Some(pid)) >= 30)
+    });
+    let member_pid = member_pid.expect("awaited");
+    let sliced = pynvml_probe(&slice.env(&gpu));
+    let (ours, card) = (busy_percent(Some(member_pid)), busy_percent(None));
+    let reading = utilisation(&sliced).0;
+    eprintln!(
+        "utilisation: card {card} %, slice's own {ours} % (fake timeline), read in the slice {reading} %"
+    );
+    assert!(
+        reading.abs_diff(ours) <= 15,
+        "the slice reads its own share: {reading} vs the fake's {ours} % (card {card} %): {sliced}"
+    );
+    assert!(
+        reading + 15 < card,
+        "and not the neighbour's: {reading} vs card {card} %"
+    );
+    for launcher in [member, neighbour] {
+        let out = launcher.join().expect("launcher");
+        assert_eq!(out["ok"], out["launches"], "{out}");
+    }
+}
+
 #[test]
 fn nvml_reports_the_slice_through_the_linked_client_and_pynvml() {
     let gpu = FakeGpu::start("v100");
