@@ -385,6 +385,49 @@ fn a_malformed_limit_file_refuses_cuda_and_names_file_and_field() {
     assert_eq!(result["text"], "Uninitialized", "nvmlErrorString: {result}");
 }
 
+/// NVIDIA's cuda-bindings (cuda-python's driver layer) builds its function table through
+/// cuGetProcAddress_v2. Under a refused slice it used to raise `FunctionNotFoundError:
+/// function cuInit is not found`; it now gets CUDA_ERROR_NOT_INITIALIZED from cuInit and can
+/// still ask the driver's version and the error's text. Under a valid slice it sees the slice.
+#[test]
+fn cuda_bindings_gets_error_codes_from_a_refused_slice() {
+    let gpu = FakeGpu::start("v100");
+    let probe = |env: &Env| -> Value {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/cuda_bindings_probe.py");
+        let output = run_with_timeout(
+            command(std::path::Path::new("python3"), &[script], env),
+            None,
+            DEFAULT_TIMEOUT,
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "cuda_bindings_probe.py failed (cuda-bindings: `cargo xtask test` installs it): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_str(stdout.trim()).expect("probe JSON")
+    };
+    let refused = Slice::builder()
+        .raw(r#"{"version": 1, "devices": [{"index": 0, "memory": "8XB"}]}"#)
+        .build();
+    let out = probe(&refused.env(&gpu));
+    assert_eq!(out["cuInit"], "CUDA_ERROR_NOT_INITIALIZED", "{out}");
+    assert_eq!(out["cuDriverGetVersion"][0], "CUDA_SUCCESS", "{out}");
+    assert_eq!(
+        out["cuGetErrorString"],
+        serde_json::json!(["CUDA_SUCCESS", "initialization error"]),
+        "{out}"
+    );
+    assert!(out.get("exception").is_none(), "{out}");
+
+    let out = probe(&one_gib_slice().env(&gpu));
+    assert_eq!(
+        out["cuMemGetInfo"],
+        serde_json::json!(["CUDA_SUCCESS", GIB]),
+        "{out}"
+    );
+}
+
 #[test]
 fn no_configuration_is_pure_pass_through() {
     let gpu = FakeGpu::start("v100");
