@@ -8,6 +8,7 @@
 //! | 2 | usage: unknown flag, malformed flag value (device syntax, size, percent) |
 //! | 3 | invalid input: a limit file, region file or HAMi env that is malformed, unreadable or does not fit the card; refusing to overwrite a different limit file |
 //! | 4 | runtime failure: cannot write, a component (shim, fakegpu, NVML) is missing, a demo step's outcome is wrong |
+//! | 141 | standard output was closed by its reader (`\| head -1`): the program ended quietly, as a Unix tool that SIGPIPE ends (see `output`) |
 
 use std::fmt;
 
@@ -26,6 +27,7 @@ Exit codes:
   3  invalid input (limit file, region file or HAMi env malformed or unreadable; limit larger
      than the card; refusing to overwrite a different limit file without --force)
   4  runtime failure (cannot write, shim/fakegpu/NVML missing, a demo step went wrong)
+  141  standard output closed by its reader (`| head`): ends quietly, as with SIGPIPE
   `gpuslice run` exits with the command's own code (128+N when it died of signal N).";
 
 #[derive(Debug, Clone, PartialEq, Eq)]

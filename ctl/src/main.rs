@@ -6,6 +6,11 @@
 //! The CLI never depends on gpuslice-shim: the shim's exported hooks (`dlsym`, `cu*`) would
 //! interpose on this binary itself.
 
+// First, so that its `println!`/`print!` (closed pipe = quiet exit) are the ones every module
+// below sees.
+#[macro_use]
+mod output;
+
 mod cdi;
 mod check;
 mod demo;
@@ -67,12 +72,13 @@ enum Cmd {
         after_help = "Examples:\n  gpuslice status --region /tmp/gpuslice-run-Ab12Cd/slice.region --watch\n  \
             gpuslice status --config /etc/gpuslice/limits.json --json\n\n\
             Exit codes: 0 shown, 2 no region given or configured, 3 region missing, unreadable \
-            or not a gpuslice region."
+            or not a gpuslice region, 141 output closed by its reader (`| head`), quietly."
     )]
     Status(status::StatusArgs),
 
     /// nvidia-smi-style table from NVML: the slice under the shim, the card without it.
-    #[command(after_help = "Exit codes: 0 shown, 4 no NVML library or driver.")]
+    #[command(after_help = "Exit codes: 0 shown, 4 no NVML library or driver, \
+        141 output closed by its reader (`| head`), quietly.")]
     Smi(smi::SmiArgs),
 
     /// Run a command under a private slice (simulated GPU when there is no NVIDIA driver).
@@ -118,6 +124,8 @@ fn main() {
             message: e.message,
         }),
     };
+    // `process::exit` does not flush; a closed pipe here is still a quiet exit.
+    output::flush();
     match result {
         Ok(code) => std::process::exit(code),
         Err(error) => {

@@ -70,7 +70,14 @@ fn open_nvml() -> CliResult<Nvml> {
     for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
         match Nvml::builder().lib_path(OsStr::new(name)).init() {
             Ok(nvml) => return Ok(nvml),
-            Err(e) => last = Some(e),
+            // Keep the first error that is more than "no such file": a driver that has only
+            // libnvidia-ml.so.1 must not have its answer replaced by the missing dev symlink's.
+            Err(e) => {
+                if !matches!(last, Some(ref kept) if !matches!(kept, NvmlError::LibloadingError(_)))
+                {
+                    last = Some(e);
+                }
+            }
         }
     }
     Err(match last {
@@ -79,6 +86,12 @@ fn open_nvml() -> CliResult<Nvml> {
         ),
         Some(NvmlError::DriverNotLoaded) => CliError::runtime(
             "NVML is installed but the NVIDIA driver is not loaded; load the kernel module (nvidia-smi says more)",
+        ),
+        // What the shim answers every NVML call of a process whose slice configuration is
+        // invalid (fail closed); nvml-wrapper's own text for it ("not first initialized with
+        // Nvml::init()") reads like a bug in this tool.
+        Some(NvmlError::Uninitialized) => CliError::runtime(
+            "NVML refused to initialise (NVML_ERROR_UNINITIALIZED): gpuslice refuses every CUDA and NVML call of this process because its slice configuration is invalid; the `[gpuslice]` line above names the file and the field, and `gpuslice check` explains it",
         ),
         Some(e) => CliError::runtime(format!("NVML initialisation failed: {e}")),
     })

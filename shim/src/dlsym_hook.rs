@@ -5,19 +5,30 @@
 //! Shape: a naked assembly trampoline (x86-64, aarch64) that
 //! * for `RTLD_NEXT` TAIL-JUMPS to the real dlsym: glibc resolves RTLD_NEXT relative to its
 //!   caller's return address, which a tail jump leaves untouched;
-//! * otherwise asks [`decide_dlsym_answer`]; a non-null answer (our wrapper) is returned, a
-//!   null one means "not ours" and the trampoline tail-jumps to the real dlsym with the
-//!   original arguments, so every other lookup (including `RTLD_DEFAULT`, whose scope also
-//!   depends on the caller) behaves exactly as without the shim.
+//! * otherwise asks [`decide_dlsym_answer`] (passing the caller's return address); a non-null
+//!   answer is returned, a null one means "not ours" and the trampoline tail-jumps to the real
+//!   dlsym with the original arguments, so every other lookup behaves exactly as without the
+//!   shim.
 //!
 //! The real dlsym is resolved on first need (`real::resolve_real_dlsym`) with the argument
 //! registers saved and the stack kept 16-byte aligned.
 //!
-//! Decision rules: only names in the registry are redirected, only for lookups in the global
-//! scope (`RTLD_DEFAULT`) or in a handle whose link-map name is `libcuda.so*` /
-//! `libnvidia-ml.so*` (cached lock-free), and only when the real lookup finds the function
-//! (an older driver without it keeps getting NULL and its dlerror). No allocation, no lock,
-//! no TLS: this runs before initialisation and inside hosts' malloc interposers.
+//! Decision rules: only names in the registry are considered.
+//! * A handle whose link-map name is `libcuda.so*` / `libnvidia-ml.so*` (cached lock-free):
+//!   our wrapper when the real lookup finds the function (an older driver without it keeps
+//!   getting NULL and its dlerror).
+//! * `RTLD_DEFAULT` and the main program's handle (`dlopen(NULL)`, `ctypes.CDLL(None)`):
+//!   the global scope, where our own exports sit. Answered as glibc would answer without the
+//!   shim ([`answer_in_global_scope`]): the definition after ours (`RTLD_NEXT` from the shim),
+//!   else, for `RTLD_DEFAULT`, the caller's own dependency tree, else NULL. So a process with
+//!   no driver in scope finds no `cuInit`; the driver's function, once in scope, comes out as
+//!   our wrapper. (A weak reference or any other ELF binding to the name still binds to our
+//!   export: that is how the shim interposes on programs linked with `-lcuda`.)
+//! * Everything else is forwarded.
+//!
+//! The fast path (names that are not ours) uses no allocation, no lock and no TLS: this runs
+//! before initialisation and inside hosts' malloc interposers. The global-scope rules, only
+//! for registry names, call glibc's dlsym/dladdr/dlinfo (which take the loader's lock).
 
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -81,6 +92,8 @@ struct LinkMapHead {
 }
 
 const RTLD_DI_LINKMAP: libc::c_int = 2;
+/// `dladdr1`'s flag for "also return the `struct link_map *`" (<dlfcn.h>).
+const RTLD_DL_LINKMAP: libc::c_int = 2;
 
 fn handle_path_is(handle: *mut c_void, library: Library) -> bool {
     let mut map: *const LinkMapHead = std::ptr::null();
@@ -107,13 +120,19 @@ fn handle_path_is(handle: *mut c_void, library: Library) -> bool {
     is_driver_library_path(path, library)
 }
 
-/// The wrapper to hand out for `dlsym(handle, name)`, NULL for "forward to the real dlsym
-/// unchanged", or [`ANSWER_NULL`] for "answer NULL". Never called with `RTLD_NEXT` (the trampoline forwards that itself).
-pub extern "C" fn decide_dlsym_answer(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    std::panic::catch_unwind(|| decide(handle, name)).unwrap_or(std::ptr::null_mut())
+/// The wrapper (or other function) to hand out for `dlsym(handle, name)` called from
+/// `caller` (the return address), NULL for "forward to the real dlsym unchanged", or
+/// [`ANSWER_NULL`] for "answer NULL". Never called with `RTLD_NEXT` (the trampoline forwards
+/// that itself).
+pub extern "C" fn decide_dlsym_answer(
+    handle: *mut c_void,
+    name: *const c_char,
+    caller: *const c_void,
+) -> *mut c_void {
+    std::panic::catch_unwind(|| decide(handle, name, caller)).unwrap_or(std::ptr::null_mut())
 }
 
-fn decide(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+fn decide(handle: *mut c_void, name: *const c_char, caller: *const c_void) -> *mut c_void {
     if name.is_null() {
         return std::ptr::null_mut();
     }
@@ -125,42 +144,190 @@ fn decide(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     let Some(hook) = std::str::from_utf8(name_bytes).ok().and_then(hook_by_name) else {
         return std::ptr::null_mut();
     };
-    answer_for_hook(handle, name, hook)
+    answer_for_hook(handle, name, hook, caller)
 }
 
 /// Returned by the decision function for "answer NULL" (the trampoline turns it into NULL).
 pub const ANSWER_NULL: *mut c_void = std::ptr::dangling_mut::<c_void>();
 
-fn answer_for_hook(handle: *mut c_void, name: *const c_char, hook: &'static Hook) -> *mut c_void {
-    let global_scope = handle == libc::RTLD_DEFAULT;
-    if !global_scope && !handle_is_library(handle, hook.library()) {
+fn answer_for_hook(
+    handle: *mut c_void,
+    name: *const c_char,
+    hook: &'static Hook,
+    caller: *const c_void,
+) -> *mut c_void {
+    if handle == libc::RTLD_DEFAULT || is_main_program(handle) {
+        return answer_in_global_scope(handle, name, hook, caller);
+    }
+    if !handle_is_library(handle, hook.library()) {
         return std::ptr::null_mut();
     }
     let Some(dlsym) = real_dlsym() else {
         return std::ptr::null_mut();
     };
-    if global_scope {
-        // Our own export sits in the global scope, so forwarding would always find it. When the
-        // driver is loaded but lacks the function (older driver), answer as the process would
-        // without the shim: NULL, with the driver's own dlerror text for this thread.
-        let library = hook.library().loaded_handle();
-        if !library.is_null() && hook.slot.get().is_none() {
-            // SAFETY: a live handle and the caller's NUL-terminated name; the call fails and
-            // leaves its message for the caller's dlerror().
-            unsafe { dlsym(library, name) };
-            return ANSWER_NULL;
-        }
-    }
     // SAFETY: the caller's own handle and name, passed to the real dlsym.
     let real = unsafe { dlsym(handle, name) };
     if real.is_null() {
         // The real library lacks it: forwarding reproduces NULL and its dlerror text.
         return std::ptr::null_mut();
     }
-    if !global_scope {
-        hook.slot.seed(real, hook.wrapper);
-    }
+    hook.slot.seed(real, hook.wrapper);
     hook.wrapper as *mut c_void
+}
+
+/// `RTLD_DEFAULT` and the main program's handle (`dlopen(NULL)`, `ctypes.CDLL(None)`)
+/// search the global scope, where our own export of every hooked name sits. A plain forward
+/// would therefore always find us, and a process with no driver would see `cuInit`. Answer
+/// instead what glibc would answer without the shim:
+/// * a definition before ours (the main program's own): forward;
+/// * the next definition after ours in the global scope (`RTLD_NEXT` from this object):
+///   the driver's function -> our wrapper; anything else -> that definition;
+/// * none in the global scope: for `RTLD_DEFAULT`, the caller's own dependency tree (a
+///   library dlopened `RTLD_LOCAL` with the driver among its dependencies sees it); else
+///   NULL, with a dlerror text from a failed lookup of the name.
+fn answer_in_global_scope(
+    handle: *mut c_void,
+    name: *const c_char,
+    hook: &'static Hook,
+    caller: *const c_void,
+) -> *mut c_void {
+    let Some(dlsym) = real_dlsym() else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: the caller's handle (RTLD_DEFAULT or the main program's) and name.
+    let first = unsafe { dlsym(handle, name) };
+    if first.is_null() || !std::ptr::eq(first, hook.wrapper) {
+        // Not found at all (our export is not global: the shim was dlopened locally), or
+        // the main program defines it before us: forwarding answers exactly that.
+        return std::ptr::null_mut();
+    }
+    // SAFETY: RTLD_NEXT is resolved relative to this function's object, the shim: the
+    // global scope after our export. The name is the caller's NUL-terminated string.
+    let next = unsafe { dlsym(libc::RTLD_NEXT, name) };
+    if !next.is_null() {
+        return hand_out(next, hook);
+    }
+    if handle == libc::RTLD_DEFAULT {
+        if let Some(found) = lookup_in_callers_tree(dlsym, caller, name) {
+            return hand_out(found, hook);
+        }
+        // Leave the failed lookup's text for the caller's dlerror().
+        // SAFETY: as above.
+        unsafe { dlsym(libc::RTLD_NEXT, name) };
+    }
+    ANSWER_NULL
+}
+
+/// What to return for a definition `found` of a hooked name: our wrapper when it is the
+/// driver's function (seeding the real slot), the definition itself when another library
+/// provides the name.
+fn hand_out(found: *mut c_void, hook: &'static Hook) -> *mut c_void {
+    if object_is_library(found, hook.library()) {
+        hook.slot.seed(found, hook.wrapper);
+        hook.wrapper as *mut c_void
+    } else {
+        found
+    }
+}
+
+/// Whether the object that defines `address` is `library` (by its file name).
+fn object_is_library(address: *const c_void, library: Library) -> bool {
+    // SAFETY: an all-zero Dl_info is valid (null pointers); dladdr only writes it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr accepts any address and writes `info` on success.
+    if unsafe { libc::dladdr(address, &mut info) } == 0 || info.dli_fname.is_null() {
+        return false;
+    }
+    // SAFETY: on success dli_fname is the object's NUL-terminated file name.
+    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
+    is_driver_library_path(path, library)
+}
+
+/// `name` in the dependency tree of the object `caller` belongs to, for a caller that is not
+/// the main program (whose scope is the global one, already searched). glibc's
+/// `RTLD_DEFAULT` from a library dlopened `RTLD_LOCAL` searches that library's local scope
+/// after the global one. (Approximated by the caller object's own tree: a dependency of a
+/// locally loaded library that looks a name up in its loader's other dependencies is not
+/// covered.)
+fn lookup_in_callers_tree(
+    dlsym: crate::real::DlsymFn,
+    caller: *const c_void,
+    name: *const c_char,
+) -> Option<*mut c_void> {
+    let caller_path = object_path(caller)?;
+    // SAFETY: NUL-terminated path of a loaded object; NOLOAD never loads anything and the
+    // reference it takes is dropped below.
+    let own = unsafe { libc::dlopen(caller_path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if own.is_null() {
+        return None;
+    }
+    let found = if is_main_program(own) {
+        std::ptr::null_mut()
+    } else {
+        // SAFETY: a live handle and the caller's NUL-terminated name.
+        unsafe { dlsym(own, name) }
+    };
+    // SAFETY: drops the reference the NOLOAD dlopen took.
+    unsafe { libc::dlclose(own) };
+    (!found.is_null()).then_some(found)
+}
+
+/// The link-map name of the object containing `address`; `None` for the main program
+/// (empty name) or an address in no object.
+fn object_path(address: *const c_void) -> Option<&'static CStr> {
+    if address.is_null() {
+        return None;
+    }
+    // SAFETY: an all-zero Dl_info is valid; dladdr1 writes it and the link map pointer.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let mut map: *mut c_void = std::ptr::null_mut();
+    // SAFETY: any address is accepted; RTLD_DL_LINKMAP makes `map` a `struct link_map *`.
+    let found = unsafe { libc::dladdr1(address, &mut info, &mut map, RTLD_DL_LINKMAP) };
+    if found == 0 || map.is_null() {
+        return None;
+    }
+    // SAFETY: glibc returned a live link_map whose l_name is NUL-terminated; the object
+    // stays loaded while its code is our caller.
+    let name = unsafe { (*(map as *const LinkMapHead)).l_name };
+    if name.is_null() {
+        return None;
+    }
+    // SAFETY: as above.
+    let path = unsafe { CStr::from_ptr(name) };
+    (!path.is_empty()).then_some(path)
+}
+
+/// The main program's handle (`dlopen(NULL)`), cached once seen.
+static MAIN_PROGRAM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Whether `handle` is the main program's (its link map has the empty name), whose lookups
+/// search the global scope.
+fn is_main_program(handle: *mut c_void) -> bool {
+    let known = MAIN_PROGRAM.load(Ordering::Acquire);
+    if !known.is_null() {
+        return known == handle;
+    }
+    let mut map: *const LinkMapHead = std::ptr::null();
+    // SAFETY: `handle` is what the caller passed to dlsym, a dlopen handle; dlinfo writes
+    // one pointer into `map`.
+    let rc = unsafe {
+        libc::dlinfo(
+            handle,
+            RTLD_DI_LINKMAP,
+            (&mut map as *mut *const LinkMapHead).cast(),
+        )
+    };
+    if rc != 0 || map.is_null() {
+        return false;
+    }
+    // SAFETY: a live link_map; the main program's l_name is the empty string.
+    let name = unsafe { (*map).l_name };
+    // SAFETY: as above, NUL-terminated when not null.
+    let main = !name.is_null() && unsafe { *name } == 0;
+    if main {
+        MAIN_PROGRAM.store(handle, Ordering::Release);
+    }
+    main
 }
 
 #[cfg(all(not(test), target_arch = "x86_64"))]
@@ -175,6 +342,8 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "push rdi",
         "push rsi",
         "sub rsp, 8",
+        // Third argument: the caller's return address (RTLD_DEFAULT's scope depends on it).
+        "mov rdx, qword ptr [rsp + 24]",
         "call {decide}",
         "add rsp, 8",
         "pop rsi",
@@ -222,6 +391,8 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "stp x29, x30, [sp, #-32]!",
         "mov x29, sp",
         "stp x0, x1, [sp, #16]",
+        // Third argument: the caller's return address (RTLD_DEFAULT's scope depends on it).
+        "mov x2, x30",
         "bl {decide}",
         "mov x16, x0",
         "ldp x0, x1, [sp, #16]",
@@ -324,12 +495,32 @@ mod tests {
             b"cudnnCreate\0",
             b"cuMemAlloc\0",
         ] {
-            assert!(decide(libc::RTLD_DEFAULT, name.as_ptr().cast()).is_null());
+            assert!(decide(libc::RTLD_DEFAULT, name.as_ptr().cast(), std::ptr::null()).is_null());
         }
         // A hooked name looked up in a library that is not the driver: not ours.
-        assert!(decide(libc_handle, c"cuMemAlloc_v2".as_ptr()).is_null());
+        assert!(decide(libc_handle, c"cuMemAlloc_v2".as_ptr(), std::ptr::null()).is_null());
         assert!(!handle_is_library(libc_handle, Library::Cuda));
-        assert!(decide(libc_handle, std::ptr::null()).is_null());
+        assert!(decide(libc_handle, std::ptr::null(), std::ptr::null()).is_null());
+    }
+
+    #[test]
+    fn the_main_program_and_callers_objects_are_recognised() {
+        // SAFETY: dlopen(NULL) returns the main program's handle; NOLOAD never loads.
+        let main = unsafe { libc::dlopen(std::ptr::null(), libc::RTLD_NOW) };
+        // SAFETY: as above.
+        let libc_handle =
+            unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        assert!(is_main_program(main));
+        assert!(is_main_program(main), "cached answer");
+        assert!(!is_main_program(libc_handle));
+        // The unit-test binary is the main program: no path (its scope is the global one).
+        let here = the_main_program_and_callers_objects_are_recognised as *const c_void;
+        assert!(object_path(here).is_none());
+        let strlen = libc::strlen as *const c_void;
+        let libc_path = object_path(strlen).expect("libc has a link-map name");
+        assert!(libc_path.to_bytes().ends_with(b".so.6"), "{libc_path:?}");
+        assert!(!object_is_library(strlen, Library::Cuda));
+        assert!(object_path(std::ptr::null()).is_none());
     }
 
     #[test]
@@ -340,7 +531,12 @@ mod tests {
         if unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) }
             .is_null()
         {
-            assert!(decide(libc::RTLD_DEFAULT, c"cuMemAlloc_v2".as_ptr()).is_null());
+            assert!(decide(
+                libc::RTLD_DEFAULT,
+                c"cuMemAlloc_v2".as_ptr(),
+                std::ptr::null()
+            )
+            .is_null());
         }
     }
 }

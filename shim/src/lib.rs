@@ -10,6 +10,8 @@
 //! * [`dlsym_hook`]: the exported `dlsym` trampoline and its decision function.
 //! * [`hooks`]: the wrapper bodies (CUDA, NVML, cuGetProcAddress).
 //! * [`state`]: lazy, once-per-process initialisation (config), fork handling, fail-closed gate.
+//! * [`refusal`]: what a fail-closed process says (one line naming what to run) and which
+//!   entry points stay open (cuGetProcAddress, so bindings see error codes, not missing functions).
 //! * [`devices`]: which limit applies to which device (UUID, then index).
 //! * [`device_check`]: fails the slice closed when a limit-file entry names no device.
 //! * [`report`]: the reporting math (slice view of memory numbers: clamping, no wrap).
@@ -35,6 +37,7 @@ pub mod nesting;
 pub mod real;
 #[macro_use]
 pub mod registry;
+pub mod refusal;
 pub mod report;
 pub mod state;
 pub mod throttle;

@@ -10,8 +10,9 @@
 //! * `signature::NAME`: the C function-pointer type;
 //! * `SLOTS[SlotId::NAME]` + `real::NAME()`: the lazily resolved real function;
 //! * `exports::NAME`: the `#[no_mangle] extern "C"` export (only outside `cfg(test)`), a tiny
-//!   shell: panic boundary -> fail-closed gate -> real slot (missing -> NOT_SUPPORTED /
-//!   FUNCTION_NOT_FOUND) -> handler (`passthrough` calls the real function directly), run
+//!   shell: panic boundary -> fail-closed gate (skipped by a handler marked `[open]`, see
+//!   `refusal`) -> real slot (missing -> NOT_SUPPORTED / FUNCTION_NOT_FOUND) -> handler
+//!   (`passthrough` calls the real function directly), run
 //!   only by the outermost hook on the thread ([`crate::nesting`]; a handler marked `[hot]`,
 //!   the launch paths, skips that check);
 //! * `HOOKS`: name -> wrapper for `dlsym`, and real pointer -> wrapper for `cuGetProcAddress`.
@@ -73,7 +74,7 @@ macro_rules! hook_registry {
     (
         hooks {
             $( $lib:ident fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty
-                => $($handler:ident)::+ $([$hot:ident])? ; )*
+                => $($handler:ident)::+ $([$flag:ident])? ; )*
         }
         helpers {
             $( $hlib:ident fn $hname:ident ( $($hty:ty),* $(,)? ) -> $hret:ty ; )*
@@ -134,13 +135,15 @@ macro_rules! hook_registry {
                 #[cfg_attr(not(test), no_mangle)]
                 pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
                     $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
-                        if let Err(code) = $crate::state::admit(Library::$lib) {
-                            return code;
+                        if hook_registry!(@gated $($flag)?) {
+                            if let Err(code) = $crate::state::admit(Library::$lib) {
+                                return code;
+                            }
                         }
                         let Some(real) = real::$name() else {
                             return Library::$lib.missing_code();
                         };
-                        hook_registry!(@call real, [$($arg),*], $($handler)::+ ; $($hot)?)
+                        hook_registry!(@call real, [$($arg),*], $($handler)::+ ; $($flag)?)
                     })
                 }
             )*
@@ -164,6 +167,13 @@ macro_rules! hook_registry {
             };
             Some(&HOOKS[id as usize])
         }
+    };
+    // `[open]`: answers even in a fail-closed process (see `refusal`); everything else
+    // passes the gate first.
+    (@gated open) => { false };
+    (@gated $($flag:ident)?) => { true };
+    (@call $real:ident, [$($a:ident),*], $($handler:ident)::+ ; open) => {
+        hook_registry!(@call $real, [$($a),*], $($handler)::+ ;)
     };
     (@call $real:ident, [$($a:ident),*], passthrough ;) => {
         // SAFETY: the caller's arguments go unchanged to the real function of the same
@@ -200,9 +210,9 @@ hook_registry! {
         Cuda fn cuInit(flags: c_uint) -> CUresult => passthrough;
         Cuda fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult => passthrough;
         Cuda fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
-            flags: cuuint64_t) -> CUresult => proc_address::get_proc_address;
+            flags: cuuint64_t) -> CUresult => proc_address::get_proc_address [open];
         Cuda fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
-            flags: cuuint64_t, symbol_status: *mut c_int) -> CUresult => proc_address::get_proc_address_v2;
+            flags: cuuint64_t, symbol_status: *mut c_int) -> CUresult => proc_address::get_proc_address_v2 [open];
         Cuda fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult => cuda::mem_get_info;
         Cuda fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult => cuda::device_total_mem;
 
@@ -324,6 +334,9 @@ hook_registry! {
 
         Nvml fn nvmlInit_v2() -> nvmlReturn_t => passthrough;
         Nvml fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t => passthrough;
+        // The v1 name, which drivers still export for old binaries: without it a fail-closed
+        // process could open NVML through it.
+        Nvml fn nvmlInit() -> nvmlReturn_t => passthrough;
         Nvml fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t
             => nvml::device_get_memory_info;
         Nvml fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t
@@ -346,6 +359,9 @@ hook_registry! {
             infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
         Nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
             infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+        // The slice's own share, not the card's (which discloses the neighbours).
+        Nvml fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t)
+            -> nvmlReturn_t => nvml::device_get_utilization_rates;
         Nvml fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t,
             samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen: u64) -> nvmlReturn_t
             => mem::process_utilization;

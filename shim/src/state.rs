@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use gpuslice_common::config::{self, ConfigError, Loaded, SliceConfig};
 
 use crate::real::Library;
+use crate::refusal::{refusal_line, Fault};
 
 /// How this process treats CUDA/NVML calls.
 #[derive(Debug)]
@@ -137,26 +138,33 @@ fn load_mode() -> Mode {
             std::env::var(key).ok()
         })
     });
-    let mode = match loaded {
+    let (mode, fault) = match loaded {
         Ok(outcome) => {
             ANCHORED.store(outcome.anchored, Ordering::Release);
+            let fault = match &outcome.loaded {
+                Loaded::Configured(config) => {
+                    Fault::Region(crate::memory::region_path(config).display().to_string())
+                }
+                _ => Fault::Configuration,
+            };
             let mode = mode_from(outcome.loaded);
             // After `mode_from`: the file's log level decides whether these print.
             for warning in &outcome.warnings {
                 crate::log_warn!("{warning}");
             }
-            attach_region(mode)
+            (attach_region(mode), fault)
         }
-        Err(_) => Mode::FailClosed(ConfigError {
-            origin: "gpuslice".into(),
-            field: String::new(),
-            problem: "internal error while loading the configuration".into(),
-        }),
+        Err(_) => (
+            Mode::FailClosed(ConfigError {
+                origin: "gpuslice".into(),
+                field: String::new(),
+                problem: "internal error while loading the configuration".into(),
+            }),
+            Fault::Internal,
+        ),
     };
     match &mode {
-        Mode::FailClosed(error) => {
-            crate::log_error!("{error}; CUDA and NVML calls are refused until it is fixed")
-        }
+        Mode::FailClosed(error) => crate::log_error!("{}", refusal_line(error, fault)),
         Mode::Enforcing(config) => {
             crate::log_info!(
                 "enforcing slice from {:?}: {:?}",

@@ -84,7 +84,7 @@ fn demo(root: &Path, extra: &[String]) -> Result<(), String> {
 }
 
 fn test(root: &Path, extra: &[String]) -> Result<(), String> {
-    ensure_python_nvml()?;
+    ensure_python_clients()?;
     build(root)?;
     // Run every binary even after a failure, so one run shows every broken test.
     let mut failures = Vec::new();
@@ -116,26 +116,39 @@ fn test(root: &Path, extra: &[String]) -> Result<(), String> {
     }
 }
 
-/// The NVML tests drive the shim through `nvidia-ml-py` (pynvml), the client most Python
-/// tools use. Install it when missing; if that is impossible, say exactly what to do.
-fn ensure_python_nvml() -> Result<(), String> {
+/// The Python clients the tests drive the shim through: `nvidia-ml-py` (pynvml, what most
+/// Python tools read NVML with) and `cuda-bindings` (cuda-python's driver layer, which takes
+/// every entry point from cuGetProcAddress_v2). Install what is missing; if that is
+/// impossible, say exactly what to do.
+fn ensure_python_clients() -> Result<(), String> {
     let python = python();
-    let probe = Command::new(&python).args(["-c", "import pynvml"]).output();
-    match probe {
-        Ok(out) if out.status.success() => return Ok(()),
-        Ok(_) => {}
-        Err(e) => {
-            return Err(format!(
-                "the NVML tests need Python 3 ({python}: {e}); install python3 and pip, \
-                 then `python3 -m pip install nvidia-ml-py`"
-            ))
+    for (module, requirement) in [
+        ("pynvml", "nvidia-ml-py"),
+        ("cuda.bindings.driver", "cuda-bindings<14"),
+    ] {
+        let probe = Command::new(&python)
+            .args(["-c", &format!("import {module}")])
+            .output();
+        match probe {
+            Ok(out) if out.status.success() => continue,
+            Ok(_) => {}
+            Err(e) => {
+                return Err(format!(
+                    "the Python client tests need Python 3 ({python}: {e}); install python3 \
+                     and pip, then `python3 -m pip install nvidia-ml-py 'cuda-bindings<14'`"
+                ))
+            }
         }
+        let mut pip = Command::new(&python);
+        pip.args(["-m", "pip", "install", "--quiet", requirement]);
+        run(pip).map_err(|e| {
+            format!(
+                "{e}; the Python client tests need {module}: run `{python} -m pip install \
+                 '{requirement}'`"
+            )
+        })?;
     }
-    let mut pip = Command::new(&python);
-    pip.args(["-m", "pip", "install", "--quiet", "nvidia-ml-py"]);
-    run(pip).map_err(|e| {
-        format!("{e}; the NVML tests need pynvml: run `{python} -m pip install nvidia-ml-py`")
-    })
+    Ok(())
 }
 
 fn python() -> String {

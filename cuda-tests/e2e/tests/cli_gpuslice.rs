@@ -830,3 +830,105 @@ fn reset_rebuilds_a_corrupt_region_but_not_one_in_use() {
         refused.stderr
     );
 }
+
+/// Runs `cmd` with standard output a pipe whose read end is already closed, so its first
+/// write meets EPIPE (what `| head -1` leaves behind once head has exited).
+fn run_into_closed_pipe(cmd: &mut Command) -> Ran {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let output = cmd
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run the tool");
+    Ran {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::new(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// `gpuslice status --watch | head -1`, `gpuslice smi | head -1`, `fakegpu smi | head -1`:
+/// a reader that went away ends the tool quietly with 141 (128 + SIGPIPE, as a shell reports
+/// for a Unix tool), never the panic "failed printing to stdout: Broken pipe" (exit 101).
+#[test]
+fn a_closed_pipe_ends_the_tools_quietly() {
+    let dir = TempDir::new("pipe");
+    let region = dir.s("pipe.region");
+    std::fs::write(&region, b"not yet a region").unwrap();
+    assert_eq!(run(&["reset", "--region", &region]).code, 0);
+
+    let mut status = gpuslice();
+    status.args(["status", "--region", &region, "--watch", "0.05"]);
+    let mut status_json = gpuslice();
+    status_json.args(["status", "--region", &region, "--json"]);
+    let mut smi = gpuslice();
+    smi.arg("smi");
+    fake_env(&dir, &mut smi);
+    // Also brings the fake GPU's state into being for `fakegpu smi`.
+    let mut smi_json = gpuslice();
+    smi_json.args(["smi", "--json"]);
+    fake_env(&dir, &mut smi_json);
+    assert_eq!(run_with(&mut smi_json).code, 0);
+    let mut fake_smi = Command::new(bin("fakegpu"));
+    fake_smi.args(["smi", "--state", &dir.s("fakegpu.state")]);
+    let mut fake_help = Command::new(bin("fakegpu"));
+    fake_help.arg("--help");
+
+    for (label, cmd) in [
+        ("gpuslice status --watch", &mut status),
+        ("gpuslice status --json", &mut status_json),
+        ("gpuslice smi", &mut smi),
+        ("gpuslice smi --json", &mut smi_json),
+        ("fakegpu smi", &mut fake_smi),
+        ("fakegpu --help", &mut fake_help),
+    ] {
+        let r = run_into_closed_pipe(cmd);
+        assert_eq!(
+            r.code, 141,
+            "{label}: exit {} stderr {:?}",
+            r.code, r.stderr
+        );
+        assert_eq!(r.stderr, "", "{label}: nothing on stderr");
+    }
+}
+
+/// `gpuslice smi` in a process whose slice configuration is invalid (the shim refuses NVML):
+/// one line that says so and what to run, not nvml-wrapper's "NVML was not first initialized
+/// with `Nvml::init()`", which reads like a bug in the tool.
+#[test]
+fn smi_under_an_invalid_configuration_says_why_nvml_refused() {
+    let dir = TempDir::new("smi-refused");
+    let limits = dir.join("limits.json");
+    std::fs::write(
+        &limits,
+        r#"{"version": 1, "devices": [{"index": 0, "memory": "8XB"}]}"#,
+    )
+    .unwrap();
+    let mut cmd = gpuslice();
+    cmd.arg("smi")
+        .env("LD_PRELOAD", bin("libgpuslice.so"))
+        .env("GPUSLICE_CONFIG", &limits);
+    fake_env(&dir, &mut cmd);
+    let r = run_with(&mut cmd);
+    assert_eq!(r.code, 4, "{}", r.stderr);
+    let shim_line = r
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("[gpuslice]"))
+        .unwrap_or_else(|| panic!("no [gpuslice] line: {}", r.stderr));
+    assert!(
+        shim_line.contains(&format!("gpuslice check {}", limits.display())),
+        "{shim_line}"
+    );
+    let own = r
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("gpuslice:"))
+        .unwrap_or_else(|| panic!("no gpuslice: line: {}", r.stderr));
+    assert!(
+        own.contains("NVML_ERROR_UNINITIALIZED") && own.contains("invalid"),
+        "{own}"
+    );
+    assert!(!r.stderr.contains("Nvml::init"), "{}", r.stderr);
+}

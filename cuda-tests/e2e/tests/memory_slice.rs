@@ -428,6 +428,14 @@ fn corrupt_regions_and_absurd_limits_give_clear_errors() {
         stderr.contains("[gpuslice]") && stderr.contains("region"),
         "{stderr}"
     );
+    // The one line says what to run for a region (not `gpuslice check`).
+    assert!(
+        stderr.contains(&format!(
+            "gpuslice reset --region {}",
+            slice.region_path().display()
+        )),
+        "{stderr}"
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("CUDA_ERROR_NOT_INITIALIZED"));
     for bad in ["0", "\"lots\""] {
         let slice = Slice::builder()

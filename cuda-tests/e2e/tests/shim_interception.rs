@@ -162,6 +162,105 @@ fn per_process_utilisation_samples_show_only_the_slice() {
     member.release();
 }
 
+/// `nvmlDeviceGetUtilizationRates` inside a slice is the slice's own share of the card: a
+/// neighbour outside the slice keeps the card busy while pynvml inside the slice reads 0 (it
+/// used to read the card's 80-100 %, disclosing the neighbour), then the slice's share once
+/// it runs kernels. The fake's timeline is the truth. A device without a limit in the slice
+/// passes through.
+#[test]
+fn device_utilisation_inside_a_slice_is_the_slices_own_share() {
+    // The fake's utilisation window (FAKEGPU_UTIL_WINDOW_MS default).
+    const WINDOW_NS: u64 = 1_000_000_000;
+    let gpu = FakeGpu::start("v100");
+    let slice = one_gib_slice();
+    let elsewhere = Slice::builder().device(1, "1GiB", None).build();
+    let busy_percent = |pid: Option<u32>| -> u64 {
+        let now = fakegpu::state::now_ns();
+        gpu.truth()
+            .busy_ns(0, pid, now.saturating_sub(WINDOW_NS), now)
+            .min(WINDOW_NS)
+            * 100
+            / WINDOW_NS
+    };
+    // 1 ms kernels in batches of 20: each launcher keeps the card as busy as it can.
+    let spin = |env: Env, seconds: &str| {
+        let args: Vec<String> = [
+            "launch",
+            "--kernels",
+            "20",
+            "--ns-per-wave",
+            "1000000",
+            "--duration-s",
+            seconds,
+        ]
+        .map(String::from)
+        .to_vec();
+        std::thread::spawn(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            Client::run(ClientKind::Linked, &args, &env)
+        })
+    };
+    let utilisation = |probe: &Value| -> (u64, u64) {
+        let u = &probe["devices"][0]["utilization"];
+        let read = |k: &str| {
+            u[k].as_u64()
+                .unwrap_or_else(|| panic!("no utilization.{k}: {probe}"))
+        };
+        (read("gpu"), read("memory"))
+    };
+
+    let neighbour = spin(gpu.env(), "8");
+    cuda_e2e::wait_until("the neighbour keeps the card busy", DEFAULT_TIMEOUT, || {
+        busy_percent(None) >= 80
+    });
+    let card = utilisation(&pynvml_probe(&gpu.env()));
+    assert!(card.0 >= 50, "the card is busy: {card:?}");
+    let idle = pynvml_probe(&slice.env(&gpu));
+    assert_eq!(
+        utilisation(&idle),
+        (0, 0),
+        "an idle slice reads 0 whatever the neighbours do: {idle}"
+    );
+    let unlimited = utilisation(&pynvml_probe(&elsewhere.env(&gpu)));
+    assert!(
+        unlimited.0 >= 50,
+        "a device without a limit in the slice passes through: {unlimited:?}"
+    );
+
+    let before: Vec<u32> = gpu.truth().processes(0).iter().map(|p| p.pid).collect();
+    let member = spin(slice.env(&gpu), "4");
+    let mut member_pid = None;
+    cuda_e2e::wait_until("the slice's launcher runs", DEFAULT_TIMEOUT, || {
+        member_pid = member_pid.or_else(|| {
+            gpu.truth()
+                .processes(0)
+                .iter()
+                .map(|p| p.pid)
+                .find(|p| !before.contains(p))
+        });
+        member_pid.is_some_and(|pid| busy_percent(Some(pid)) >= 30)
+    });
+    let member_pid = member_pid.expect("awaited");
+    let sliced = pynvml_probe(&slice.env(&gpu));
+    let (ours, card) = (busy_percent(Some(member_pid)), busy_percent(None));
+    let reading = utilisation(&sliced).0;
+    eprintln!(
+        "utilisation: card {card} %, slice's own {ours} % (fake timeline), read in the slice {reading} %"
+    );
+    assert!(
+        reading.abs_diff(ours) <= 15,
+        "the slice reads its own share: {reading} vs the fake's {ours} % (card {card} %): {sliced}"
+    );
+    assert!(
+        reading + 15 < card,
+        "and not the neighbour's: {reading} vs card {card} %"
+    );
+    for launcher in [member, neighbour] {
+        let out = launcher.join().expect("launcher");
+        assert_eq!(out["ok"], out["launches"], "{out}");
+    }
+}
+
 #[test]
 fn nvml_reports_the_slice_through_the_linked_client_and_pynvml() {
     let gpu = FakeGpu::start("v100");
@@ -203,29 +302,130 @@ fn a_malformed_limit_file_refuses_cuda_and_names_file_and_field() {
     let path = slice.config_path().display().to_string();
     for (kind, extra) in paths() {
         let mut args = extra.clone();
-        args.push("meminfo");
+        args.push("info");
         let output = Client::output(kind, &args, &slice.env(&gpu));
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
-        // The linked and cudarc clients report cuInit's answer; procaddr-client never gets an
-        // entry point because cuGetProcAddress_v2 itself refuses (its probes log result 3).
-        assert!(
-            stdout.contains("CUDA_ERROR_NOT_INITIALIZED") || stderr.contains("\"result\":3"),
-            "{kind:?}: CUDA refused: {stdout} / {stderr}"
+        // Every client gets an error code from the call it made, named by the driver's own
+        // cuGetErrorName: cuInit answers CUDA_ERROR_NOT_INITIALIZED. The procaddr client (the
+        // CUDA runtime's and cuda-bindings' path) gets every entry point from
+        // cuGetProcAddress_v2 (before, the refused lookups made every function look missing:
+        // cuda-bindings' "function cuInit is not found").
+        let result: Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("{kind:?}: {e}: {stdout} / {stderr}"));
+        assert_eq!(
+            result["error"], "CUDA_ERROR_NOT_INITIALIZED",
+            "{kind:?}: {result} / {stderr}"
         );
+        assert_eq!(result["failed_step"], "cuInit", "{kind:?}: {result}");
         assert!(
-            !stdout.contains("\"total\":1073741824"),
-            "never silently limited-or-not"
+            !stderr.contains("found no"),
+            "{kind:?}: no entry point is missing: {stderr}"
         );
-        let line = stderr
+        let lines: Vec<&str> = stderr
             .lines()
-            .find(|l| l.starts_with("[gpuslice]"))
-            .unwrap_or_else(|| panic!("{kind:?}: no [gpuslice] line: {stderr}"));
+            .filter(|l| l.starts_with("[gpuslice]"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{kind:?}: one line: {stderr}");
         assert!(
-            line.contains(&path) && line.contains("devices[0].memory"),
-            "{line}"
+            lines[0].contains(&path) && lines[0].contains("devices[0].memory"),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[0].contains(&format!("gpuslice check {path}")),
+            "says what to run: {}",
+            lines[0]
         );
     }
+
+    // cuGetProcAddress answers every entry point as without a configuration; the
+    // driver's own cuDriverGetVersion / cuGetErrorString / cuGetErrorName among them.
+    for extra in [
+        vec!["--cuda-version", "12080"],
+        vec!["--cuda-version", "13000", "--per-thread"],
+    ] {
+        let mut args = extra.clone();
+        args.push("resolve");
+        let refused = Client::run(ClientKind::ProcAddr, &args, &slice.env(&gpu));
+        let direct = Client::run(ClientKind::ProcAddr, &args, &gpu.env());
+        assert_eq!(refused["missing"], serde_json::json!([]), "{refused}");
+        assert_eq!(refused["entry_points"], direct["entry_points"], "{extra:?}");
+        assert_eq!(refused["probes"], direct["probes"], "{extra:?}");
+        for name in ["cuInit", "cuDriverGetVersion", "cuGetErrorName"] {
+            assert_eq!(
+                refused["entry_points"][name]["found"], true,
+                "{name}: {refused}"
+            );
+        }
+    }
+
+    // pynvml: nvmlInit raises NVMLError with NVML_ERROR_UNINITIALIZED (1), and its text comes
+    // from the library's nvmlErrorString, which still answers.
+    let script = "import json, pynvml\n\
+        try:\n    pynvml.nvmlInit(); print(json.dumps({'init': 'ok'}))\n\
+        except pynvml.NVMLError as e:\n    print(json.dumps({'init': e.value, 'text': str(e)}))\n";
+    let output = run_with_timeout(
+        command(
+            std::path::Path::new("python3"),
+            &["-c", script],
+            &slice.env(&gpu),
+        ),
+        None,
+        DEFAULT_TIMEOUT,
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let result: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "pynvml: {e}: {stdout} / {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    assert_eq!(result["init"], 1, "NVML_ERROR_UNINITIALIZED: {result}");
+    assert_eq!(result["text"], "Uninitialized", "nvmlErrorString: {result}");
+}
+
+/// NVIDIA's cuda-bindings (cuda-python's driver layer) builds its function table through
+/// cuGetProcAddress_v2. Under a refused slice it used to raise `FunctionNotFoundError:
+/// function cuInit is not found`; it now gets CUDA_ERROR_NOT_INITIALIZED from cuInit and can
+/// still ask the driver's version and the error's text. Under a valid slice it sees the slice.
+#[test]
+fn cuda_bindings_gets_error_codes_from_a_refused_slice() {
+    let gpu = FakeGpu::start("v100");
+    let probe = |env: &Env| -> Value {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/cuda_bindings_probe.py");
+        let output = run_with_timeout(
+            command(std::path::Path::new("python3"), &[script], env),
+            None,
+            DEFAULT_TIMEOUT,
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "cuda_bindings_probe.py failed (cuda-bindings: `cargo xtask test` installs it): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_str(stdout.trim()).expect("probe JSON")
+    };
+    let refused = Slice::builder()
+        .raw(r#"{"version": 1, "devices": [{"index": 0, "memory": "8XB"}]}"#)
+        .build();
+    let out = probe(&refused.env(&gpu));
+    assert_eq!(out["cuInit"], "CUDA_ERROR_NOT_INITIALIZED", "{out}");
+    assert_eq!(out["cuDriverGetVersion"][0], "CUDA_SUCCESS", "{out}");
+    assert_eq!(
+        out["cuGetErrorString"],
+        serde_json::json!(["CUDA_SUCCESS", "initialization error"]),
+        "{out}"
+    );
+    assert!(out.get("exception").is_none(), "{out}");
+
+    let out = probe(&one_gib_slice().env(&gpu));
+    assert_eq!(
+        out["cuMemGetInfo"],
+        serde_json::json!(["CUDA_SUCCESS", GIB]),
+        "{out}"
+    );
 }
 
 #[test]

@@ -20,6 +20,8 @@ const SOURCES: &[(&str, &str)] = &[
     ("mini_nvml.c", include_str!("shim_c/mini_nvml.c")),
     ("client.c", include_str!("shim_c/client.c")),
     ("next.c", include_str!("shim_c/next.c")),
+    ("probe.c", include_str!("shim_c/probe.c")),
+    ("local.c", include_str!("shim_c/local.c")),
 ];
 
 /// The C programs, built once per source version into target/tmp (reused across runs).
@@ -59,6 +61,19 @@ fn programs() -> &'static Path {
             ]);
             cc(&["-o", "client_dl", "client.c", "-ldl"]);
             cc(&["-o", "next", "next.c", "-ldl"]);
+            cc(&["-o", "probe", "probe.c", "-ldl"]);
+            cc(&[
+                "-shared",
+                "-fPIC",
+                "-o",
+                "liblocal.so",
+                "local.c",
+                "-L.",
+                // It uses no libcuda symbol directly; keep the dependency all the same.
+                "-Wl,--no-as-needed",
+                "-lcuda",
+                "-ldl",
+            ]);
         })
     })
 }
@@ -391,11 +406,16 @@ fn a_malformed_limit_file_fails_closed_with_one_clear_line() {
             args[0]
         };
         if args[0] == "procaddr" {
-            // The runtime's very first call is refused: it never gets a single entry point.
-            assert!(run.stdout.contains("probe rc=3"), "{}", run.stdout);
-        } else {
-            assert_eq!(run.field(label, "init"), "3", "{args:?}");
+            // cuGetProcAddress stays open (a refused lookup reads as a missing function to
+            // the runtime and to cuda-bindings): the runtime gets its entry points, the
+            // driver's own cuDriverGetVersion among them, and cuInit is the one that refuses.
+            assert_eq!(run.field("self", "rc"), "0", "{}", run.stdout);
+            assert_eq!(
+                run.line("cuDriverGetVersion same_as_dlsym"),
+                "cuDriverGetVersion same_as_dlsym=1"
+            );
         }
+        assert_eq!(run.field(label, "init"), "3", "{args:?}: {}", run.stdout);
     }
 }
 
@@ -572,5 +592,142 @@ fn a_legacy_proc_address_answer_maps_to_the_legacy_wrapper() {
         sliced.stderr.is_empty(),
         "nothing to report: {}",
         sliced.stderr
+    );
+}
+
+/// Programs that probe for CUDA without linking it (`dlsym(RTLD_DEFAULT, "cuInit")`,
+/// `dlsym(dlopen(NULL), ...)` as `ctypes.CDLL(None).cuInit` does) get what they would get
+/// without the shim, although the shim exports every hooked name: NULL while no driver is in
+/// their scope, the (wrapped) driver function once it is. A weak reference binds to our
+/// export by ordinary ELF symbol resolution, which the shim cannot avoid while it interposes
+/// on programs linked with -lcuda: it is non-NULL and answers an error code.
+#[test]
+fn probing_for_cuda_finds_it_only_where_the_driver_is() {
+    let real = run_program(&programs().join("probe"), &[], Shim::Without, &[]);
+    let shimmed = run_program(&programs().join("probe"), &[], Shim::With, &[]);
+    assert!(
+        real.success && shimmed.success,
+        "{}\n{}\n{}",
+        real.stdout,
+        shimmed.stdout,
+        shimmed.stderr
+    );
+    // Same lines, and every lookup is NULL or non-NULL exactly as without the shim (a found
+    // driver function is handed out as our wrapper, so only the object differs).
+    let lookups = |run: &Run| -> Vec<String> {
+        run.stdout
+            .lines()
+            .filter(|l| !l.starts_with("weak"))
+            .map(str::to_string)
+            .collect()
+    };
+    let (a_lines, b_lines) = (lookups(&real), lookups(&shimmed));
+    assert_eq!(
+        a_lines.len(),
+        b_lines.len(),
+        "{}\n{}",
+        real.stdout,
+        shimmed.stdout
+    );
+    for (a, b) in a_lines.iter().zip(&b_lines) {
+        let (a, b) = (a.as_str(), b.as_str());
+        let null = |line: &str| line.ends_with("= NULL");
+        assert_eq!(null(a), null(b), "without: {a:?} with: {b:?}");
+        if let Some(real_def) = a.strip_suffix("libcuda.so.1:cuInit") {
+            assert_eq!(
+                b.strip_suffix("libgpuslice.so:cuInit"),
+                Some(real_def),
+                "the driver's function comes wrapped: {b}"
+            );
+        } else if a.contains(" = ") && !null(a) {
+            assert!(b.contains("libgpuslice.so:"), "{b}");
+        }
+    }
+    for stage in ["nodriver", "local"] {
+        for name in [
+            "cuInit",
+            "cuMemAlloc_v2",
+            "cuGetProcAddress_v2",
+            "nvmlInit_v2",
+        ] {
+            assert_eq!(
+                shimmed.line(&format!("{stage} default {name} =")),
+                format!("{stage} default {name} = NULL")
+            );
+            assert_eq!(
+                shimmed.line(&format!("{stage} default {name} dlerror")),
+                format!("{stage} default {name} dlerror=1")
+            );
+            assert_eq!(
+                shimmed.line(&format!("{stage} main {name}")),
+                format!("{stage} main {name} = NULL")
+            );
+        }
+    }
+    assert_eq!(
+        shimmed.line("global default cuInit"),
+        "global default cuInit = libgpuslice.so:cuInit"
+    );
+    assert_eq!(
+        shimmed.line("global main cuInit"),
+        "global main cuInit = libgpuslice.so:cuInit"
+    );
+    // The mini driver has no NVML: still nothing in the global scope for that name.
+    assert_eq!(
+        shimmed.line("global default nvmlInit_v2"),
+        "global default nvmlInit_v2 = NULL"
+    );
+    assert_eq!(
+        shimmed.line("from local cuInit"),
+        "from local cuInit = libgpuslice.so:cuInit"
+    );
+    assert_eq!(
+        shimmed.line("from local cuNotAFunction"),
+        "from local cuNotAFunction = NULL"
+    );
+    // The limit: a weak reference binds to our export. Calling it answers an error code.
+    assert_eq!(real.line("weak cuInit"), "weak cuInit = NULL");
+    assert_eq!(
+        shimmed.line("weak cuInit ="),
+        "weak cuInit = libgpuslice.so:cuInit"
+    );
+
+    // With no driver anywhere on the library path: every lookup NULL, and the weak
+    // reference (our export) answers CUDA_ERROR_NOT_SUPPORTED (801) when called.
+    let empty = TempDir::new("no-driver");
+    let alone = run_program(
+        &programs().join("probe"),
+        &[],
+        Shim::With,
+        &[("LD_LIBRARY_PATH", empty.path().display().to_string())],
+    );
+    assert!(alone.stdout.contains("no libcuda"), "{}", alone.stdout);
+    for line in alone.stdout.lines().filter(|l| l.starts_with("nodriver")) {
+        assert!(
+            line.ends_with("= NULL") || line.ends_with("dlerror=1"),
+            "{line}"
+        );
+    }
+    assert_eq!(alone.line("weak cuInit rc"), "weak cuInit rc=801");
+
+    // Python's ctypes.CDLL(None) (dlsym on the main program's handle) finds no CUDA or NVML
+    // name either.
+    let script = "import ctypes, json\n\
+        main = ctypes.CDLL(None)\n\
+        print(json.dumps({n: hasattr(main, n) for n in ['cuInit', 'cuMemAlloc_v2', 'nvmlInit_v2', 'strlen']}))\n";
+    let env: Env = vec![
+        ("LD_LIBRARY_PATH".into(), empty.path().display().to_string()),
+        ("LD_PRELOAD".into(), shim_library().display().to_string()),
+    ];
+    let output = run_with_timeout(
+        command(Path::new("python3"), &["-c", script], &env),
+        None,
+        DEFAULT_TIMEOUT,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        r#"{"cuInit": false, "cuMemAlloc_v2": false, "nvmlInit_v2": false, "strlen": true}"#,
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
     );
 }

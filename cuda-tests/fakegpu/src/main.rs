@@ -29,6 +29,9 @@ USAGE:
 
     fakegpu --help
 
+EXIT STATUS:
+    0 success, 1 error, 2 usage, 141 standard output closed by its reader (`| head`)
+
 ENVIRONMENT:
     FAKEGPU_STATE           shared state file (one simulated machine per path)
     FAKEGPU_UTIL_WINDOW_MS  utilisation sampling window, default 1000
@@ -48,12 +51,12 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         None | Some("--help" | "-h" | "help") => {
-            print!("{HELP}");
+            emit(format_args!("{HELP}"));
             return ExitCode::SUCCESS;
         }
         Some("install") => match &args[1..] {
             [flag] if matches!(flag.as_str(), "--help" | "-h") => {
-                print!("{HELP}");
+                emit(format_args!("{HELP}"));
                 return ExitCode::SUCCESS;
             }
             // An option is never a directory name: `install --help` once made `./--help`.
@@ -76,6 +79,27 @@ fn main() -> ExitCode {
             eprintln!("fakegpu: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Exit status when standard output was closed by its reader: 128 + SIGPIPE, what a shell
+/// reports for a Unix tool that SIGPIPE ended.
+const EXIT_CLOSED_PIPE: i32 = 141;
+
+/// Writes to standard output. `print!` would panic on a closed pipe (`fakegpu smi | head -1`:
+/// exit 101 and a panic message, since Rust ignores SIGPIPE); this ends the tool quietly
+/// with [`EXIT_CLOSED_PIPE`] instead. A helper, not SIGPIPE's default action, so the exit
+/// status stays one this tool documents whatever the write.
+fn emit(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = stdout.write_fmt(args).and_then(|()| stdout.flush()) {
+        if error.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(EXIT_CLOSED_PIPE);
+        }
+        drop(stdout);
+        eprintln!("fakegpu: cannot write to standard output: {error}");
+        std::process::exit(1);
     }
 }
 
@@ -132,7 +156,10 @@ fn install(dir: &Path) -> Result<(), Failure> {
         std::os::unix::fs::symlink(soname, &link_path)
             .map_err(|e| error(format!("cannot link {}: {e}", link_path.display())))?;
     }
-    println!("installed the fake driver in {}", dir.display());
+    emit(format_args!(
+        "installed the fake driver in {}\n",
+        dir.display()
+    ));
     Ok(())
 }
 
@@ -192,9 +219,9 @@ fn smi_command(args: &[String]) -> Result<(), Failure> {
     })?;
     let report = smi::snapshot(&state);
     if json {
-        println!("{}", smi::to_json(&report));
+        emit(format_args!("{}\n", smi::to_json(&report)));
     } else {
-        print!("{}", smi::render_table(&report));
+        emit(format_args!("{}", smi::render_table(&report)));
     }
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! NVML wrappers: memory info reports the slice (what nvidia-smi and pynvml show): total =
-//! limit, used = the container's usage from the region, free = the clamped remainder. The
-//! process lists (filtered to the slice, PIDs translated) are in `memory::wrappers`.
+//! limit, used = the container's usage from the region, free = the clamped remainder.
+//! Device utilisation reports the slice's own processes' share of the card (see
+//! [`device_get_utilization_rates`]). The process lists and per-process samples (filtered to
+//! the slice, PIDs translated) are in `memory::wrappers`.
 
 use gpuslice_abi::nvml::ret::NVML_SUCCESS;
 use gpuslice_abi::nvml::*;
@@ -66,4 +68,140 @@ pub unsafe fn device_get_memory_info_v2(
         m.free = view.free;
     }
     result
+}
+
+/// How far back from the device's newest sample the slice's samples count: NVML's own
+/// utilisation figure covers one sample period of 1/6 s to 1 s.
+const UTILISATION_WINDOW_US: u64 = 1_000_000;
+
+/// `nvmlDeviceGetUtilizationRates` on a device limited in the slice: the slice's own
+/// processes' share of the card, from the real per-process samples of the slice's members,
+/// so an idle slice reads 0 whatever its neighbours do and the neighbours' activity is not
+/// disclosed. `gpu` from the samples' `smUtil`, `memory` from their `memUtil` (the same
+/// treatment: the card's memory-controller figure is as much the neighbours' as its SM
+/// figure). Each is capped at the card's own figure. A driver that cannot give per-process
+/// samples makes this answer its error (e.g. `NVML_ERROR_NOT_SUPPORTED`), never the card's
+/// figures. Devices without a limit, and processes without a slice, get the card's.
+pub unsafe fn device_get_utilization_rates(
+    real: sig::nvmlDeviceGetUtilizationRates,
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    let result = real(device, utilization);
+    if result != NVML_SUCCESS || utilization.is_null() || state::slice_config().is_none() {
+        return result;
+    }
+    let Some(samples) = memory::wrappers::slice_utilization_samples(device) else {
+        return result;
+    };
+    let card = *utilization;
+    match samples {
+        Ok((ours, newest)) => {
+            *utilization = slice_utilization(&ours, newest, card);
+            NVML_SUCCESS
+        }
+        Err(code) => {
+            // Not the card's figures, even to a caller that ignores the result.
+            *utilization = nvmlUtilization_t { gpu: 0, memory: 0 };
+            code
+        }
+    }
+}
+
+/// Pure: the slice's utilisation from its processes' samples. Per process, the mean of its
+/// samples within [`UTILISATION_WINDOW_US`] of `newest` (the newest sample of the whole
+/// device); summed over processes; capped at the card's figures (and so at 100).
+pub fn slice_utilization(
+    ours: &[nvmlProcessUtilizationSample_t],
+    newest: Option<u64>,
+    card: nvmlUtilization_t,
+) -> nvmlUtilization_t {
+    let Some(newest) = newest else {
+        return nvmlUtilization_t { gpu: 0, memory: 0 };
+    };
+    let since = newest.saturating_sub(UTILISATION_WINDOW_US);
+    // (pid, sum of smUtil, sum of memUtil, samples)
+    let mut per_pid: Vec<(u32, u64, u64, u64)> = Vec::new();
+    for sample in ours.iter().filter(|s| s.timeStamp >= since) {
+        let (sm, mem) = (
+            u64::from(sample.smUtil.min(100)),
+            u64::from(sample.memUtil.min(100)),
+        );
+        match per_pid.iter_mut().find(|p| p.0 == sample.pid) {
+            Some(p) => {
+                p.1 += sm;
+                p.2 += mem;
+                p.3 += 1;
+            }
+            None => per_pid.push((sample.pid, sm, mem, 1)),
+        }
+    }
+    let share = |pick: fn(&(u32, u64, u64, u64)) -> u64| -> u64 {
+        per_pid.iter().map(|p| (pick(p) + p.3 / 2) / p.3).sum()
+    };
+    nvmlUtilization_t {
+        gpu: share(|p| p.1).min(u64::from(card.gpu.min(100))) as u32,
+        memory: share(|p| p.2).min(u64::from(card.memory.min(100))) as u32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(pid: u32, ts: u64, sm: u32, mem: u32) -> nvmlProcessUtilizationSample_t {
+        nvmlProcessUtilizationSample_t {
+            pid,
+            timeStamp: ts,
+            smUtil: sm,
+            memUtil: mem,
+            encUtil: 0,
+            decUtil: 0,
+        }
+    }
+
+    const CARD: nvmlUtilization_t = nvmlUtilization_t {
+        gpu: 90,
+        memory: 40,
+    };
+
+    #[test]
+    fn an_idle_slice_reads_zero_whatever_the_card_shows() {
+        let idle = slice_utilization(&[], Some(10_000_000), CARD);
+        assert_eq!((idle.gpu, idle.memory), (0, 0));
+        let nothing_sampled = slice_utilization(&[], None, CARD);
+        assert_eq!((nothing_sampled.gpu, nothing_sampled.memory), (0, 0));
+    }
+
+    #[test]
+    fn the_slice_reads_its_processes_share_from_recent_samples() {
+        let now = 50_000_000;
+        let samples = [
+            // pid 1: two samples in the window (mean 30) and an old one that no longer counts.
+            sample(1, now, 20, 10),
+            sample(1, now - 500_000, 40, 10),
+            sample(1, now - 5_000_000, 100, 100),
+            // pid 2: one sample.
+            sample(2, now - 100_000, 25, 5),
+        ];
+        let u = slice_utilization(&samples, Some(now), CARD);
+        assert_eq!((u.gpu, u.memory), (55, 15));
+        // A slice whose last sample is old reads 0 while the device is sampled now.
+        let u = slice_utilization(&samples[2..3], Some(now), CARD);
+        assert_eq!((u.gpu, u.memory), (0, 0));
+    }
+
+    #[test]
+    fn the_slice_never_reads_more_than_the_card() {
+        let now = 7_000_000;
+        let samples = [sample(1, now, 80, 90), sample(2, now, 70, 0)];
+        let u = slice_utilization(&samples, Some(now), CARD);
+        assert_eq!((u.gpu, u.memory), (90, 40));
+        let card_over = nvmlUtilization_t {
+            gpu: 250,
+            memory: 250,
+        };
+        let u = slice_utilization(&samples, Some(now), card_over);
+        assert_eq!((u.gpu, u.memory), (100, 90));
+    }
 }

@@ -1,7 +1,8 @@
 //! cuGetProcAddress (v1, CUDA 11.3+) and cuGetProcAddress_v2 (CUDA 12+): the path the CUDA
 //! runtime takes for ~420 entry points. We call the REAL one first, so the driver keeps choosing
 //! the ABI version (`cuMemAlloc` at >= 3020 is `_v2`) and the stream semantics (`_ptsz`), then
-//! swap the returned pointer for our wrapper by pointer identity. Asking for
+//! swap the returned pointer for our wrapper by pointer identity. Both stay open in a
+//! fail-closed process (see `refusal`): the wrappers they hand out refuse instead. Asking for
 //! "cuGetProcAddress" itself yields the real v1/v2 pointer, which maps to our matching
 //! wrapper. Probes (empty name, version 0) fail in the driver exactly as without the shim.
 //!
@@ -16,8 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::{cuuint64_t, CUresult};
 
-use crate::registry::{cuda_wrapper_for_real_pointer, signature as sig, HOOKS};
-use crate::state;
+use crate::registry::{cuda_wrapper_for_real_pointer, hook_by_name, signature as sig, HOOKS};
+use crate::{refusal, state};
 
 static UNMAPPED_REPORTED: AtomicBool = AtomicBool::new(false);
 
@@ -40,8 +41,16 @@ unsafe fn redirect(result: CUresult, symbol: *const c_char, pfn: *mut *mut c_voi
     }
     let real = *pfn;
     *pfn = cuda_wrapper_for_real_pointer(real);
-    if *pfn == real && !symbol.is_null() && state::slice_config().is_some() {
-        report_unmapped(CStr::from_ptr(symbol), real);
+    if *pfn == real && !symbol.is_null() {
+        let symbol = CStr::from_ptr(symbol);
+        if refusal::must_hand_out_our_cu_init(symbol) {
+            if let Some(cu_init) = hook_by_name("cuInit") {
+                *pfn = cu_init.wrapper.cast_mut();
+            }
+        }
+        if state::slice_config().is_some() {
+            report_unmapped(symbol, real);
+        }
     }
 }
 

@@ -12,7 +12,8 @@ use gpuslice_abi::cuda::result::{
 };
 use gpuslice_abi::cuda::*;
 use gpuslice_abi::nvml::ret::{
-    NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND, NVML_SUCCESS,
+    NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED, NVML_SUCCESS,
 };
 use gpuslice_abi::nvml::*;
 use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_TIMEOUT};
@@ -1260,6 +1261,41 @@ pub unsafe fn process_utilization(
         Some(Ok(list)) if list.is_empty() => NVML_ERROR_NOT_FOUND,
         Some(Ok(list)) => answer(list, count, samples, |s| s),
     }
+}
+
+/// The real per-process utilisation samples of `device` (all buffered ones:
+/// `lastSeenTimeStamp` 0), kept to the slice's processes under the PIDs the container knows,
+/// with the newest timestamp among ALL samples (the device's own "now" in NVML's clock, so a
+/// slice process's old samples can be told from current ones). `None` when the device has
+/// no limit in this slice (memory or compute), whose figures pass through unchanged.
+#[allow(clippy::type_complexity)]
+pub fn slice_utilization_samples(
+    device: nvmlDevice_t,
+) -> Option<Result<(Vec<nvmlProcessUtilizationSample_t>, Option<u64>), nvmlReturn_t>> {
+    let shared = shared()?;
+    let (index, uuid) = crate::devices::nvml_identity(device);
+    let limit = shared.config.limit_for(index, &uuid)?;
+    if limit.memory_limit.is_none() && limit.compute_percent.is_none() {
+        return None;
+    }
+    let Some(get) = real::nvmlDeviceGetProcessUtilization() else {
+        return Some(Err(NVML_ERROR_NOT_SUPPORTED));
+    };
+    let raw = match crate::devices::read_utilization_samples(get, device, 0) {
+        Ok(raw) => raw,
+        // No process has a sample: nothing of the slice's either.
+        Err(NVML_ERROR_NOT_FOUND) => Vec::new(),
+        Err(code) => return Some(Err(code)),
+    };
+    let newest = raw.iter().map(|s| s.timeStamp).max();
+    let members = slice_members(shared);
+    let ours = slice_process_list(
+        &raw,
+        &members,
+        |s| s.pid,
+        |s, pid| nvmlProcessUtilizationSample_t { pid, ..s },
+    );
+    Some(Ok((ours, newest)))
 }
 
 /// The signature every v2/v3 process list of NVML shares.
