@@ -171,7 +171,9 @@ fn per_process_utilisation_samples_show_only_the_slice() {
 fn device_utilisation_inside_a_slice_is_the_slices_own_share() {
     // The fake's utilisation window (FAKEGPU_UTIL_WINDOW_MS default).
     const WINDOW_NS: u64 = 1_000_000_000;
-    let gpu = FakeGpu::start("v100");
+    // Two cards: the `elsewhere` slice limits the second, so the first is unlimited there
+    // (an entry naming a card the node does not have would fail the slice closed).
+    let gpu = FakeGpu::start("v100,v100");
     let slice = one_gib_slice();
     let elsewhere = Slice::builder().device(1, "1GiB", None).build();
     let busy_percent = |pid: Option<u32>| -> u64 {
