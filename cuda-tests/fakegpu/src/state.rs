@@ -36,7 +36,8 @@ use std::sync::{Mutex, Once, OnceLock};
 pub const MAX_DEVICES: usize = 8;
 pub const MAX_PROCS: usize = 64;
 const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU1");
-const VERSION: u32 = 3;
+/// 4: a device's use is the sum of its processes' slots (`used` holds only slot-less charges).
+const VERSION: u32 = 4;
 /// Byte locked (exclusively) while creating the file or changing the slot table.
 const REG_LOCK: i64 = 0;
 /// Slot `i` is alive while someone holds a lock on byte `SLOT_LOCK_BASE + i`.
@@ -68,9 +69,12 @@ struct DeviceRecord {
     max_threads_per_sm: u32,
     cc_major: u32,
     cc_minor: u32,
+    /// Bytes charged without a process slot. The device's use is this plus every slot's
+    /// bytes (`device_used`): there is no second total that a process killed between two
+    /// writes could leave wrong (it was, and the card then "held" phantom memory for good).
     used: AtomicU64,
-    /// The most `used` has ever been (the hardware's high-water mark): tests read it instead
-    /// of sampling `used`, which can miss a short-lived peak on a loaded machine.
+    /// The most the device has ever held (the hardware's high-water mark): tests read it
+    /// instead of sampling the use, which can miss a short-lived peak on a loaded machine.
     peak_used: AtomicU64,
     busy_until: AtomicU64,
     ring: [AtomicU64; RING],
@@ -622,10 +626,12 @@ impl SharedState {
 
     /// Physical bytes in use on the device by all processes, after reaping dead ones.
     pub fn used_memory(&self, index: u32) -> u64 {
-        let Some(r) = self.dev(index) else { return 0 };
+        if self.dev(index).is_none() {
+            return 0;
+        }
         if self.writable {
             self.reap_dead_processes();
-            return r.used.load(Ordering::Acquire);
+            return self.device_used(index);
         }
         // Read-only: cannot reap, so leave out the bytes of dead processes that are due for
         // release.
@@ -635,7 +641,16 @@ impl SharedState {
             .filter(|&i| !self.slot_holds(i, now))
             .map(|i| self.slot(i).used[index as usize].load(Ordering::Relaxed))
             .sum();
-        r.used.load(Ordering::Acquire).saturating_sub(dead)
+        self.device_used(index).saturating_sub(dead)
+    }
+
+    /// What the device holds: slot-less charges plus every process slot's bytes (dead
+    /// processes not yet released included).
+    fn device_used(&self, index: u32) -> u64 {
+        let Some(r) = self.dev(index) else { return 0 };
+        (0..MAX_PROCS).fold(r.used.load(Ordering::SeqCst), |sum, i| {
+            sum.saturating_add(self.slot(i).used[index as usize].load(Ordering::SeqCst))
+        })
     }
 
     /// The most physical memory the device has ever held at once since the state file was
@@ -648,20 +663,17 @@ impl SharedState {
     /// Restarts the high-water mark from what the device holds now; returns the old mark.
     pub fn reset_peak_memory(&self, index: u32) -> u64 {
         let Some(r) = self.dev(index) else { return 0 };
-        let old = r
-            .peak_used
-            .swap(r.used.load(Ordering::Acquire), Ordering::AcqRel);
+        let old = r.peak_used.swap(self.device_used(index), Ordering::AcqRel);
         // A charge that landed between the load and the swap is re-applied.
         r.peak_used
-            .fetch_max(r.used.load(Ordering::Acquire), Ordering::AcqRel);
+            .fetch_max(self.device_used(index), Ordering::AcqRel);
         old
     }
 
     /// Raw physical counter, no reaping (hot path).
     #[inline]
     pub fn used_memory_raw(&self, index: u32) -> u64 {
-        self.dev(index)
-            .map_or(0, |r| r.used.load(Ordering::Acquire))
+        self.device_used(index)
     }
 
     /// Processes holding memory or contexts on the device: the live ones, and dead ones whose
@@ -765,23 +777,22 @@ impl SharedState {
         let Some(r) = self.dev(index) else {
             return false;
         };
+        if bytes > r.total_memory {
+            return false;
+        }
+        let counter = self.charge_counter(r, index, slot);
         for attempt in 0..2 {
-            let mut cur = r.used.load(Ordering::Relaxed);
-            while let Some(next) = cur.checked_add(bytes).filter(|&n| n <= r.total_memory) {
-                match r
-                    .used
-                    .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
-                {
-                    Ok(_) => {
-                        r.peak_used.fetch_max(next, Ordering::AcqRel);
-                        if slot < MAX_PROCS {
-                            self.slot(slot).used[index as usize].fetch_add(bytes, Ordering::AcqRel);
-                        }
-                        return true;
-                    }
-                    Err(v) => cur = v,
-                }
+            // Add to the process's own count first, then check the device's sum (both
+            // SeqCst): of two racing charges the later check sees both, and a process killed
+            // between the add and the take-back leaves only its own slot high, which its
+            // reaping drops whole.
+            counter.fetch_add(bytes, Ordering::SeqCst);
+            let held = self.device_used(index);
+            if held <= r.total_memory {
+                r.peak_used.fetch_max(held, Ordering::AcqRel);
+                return true;
             }
+            sub_saturating(counter, bytes);
             if attempt == 0 && self.reap_dead_processes() == 0 {
                 return false;
             }
@@ -789,14 +800,20 @@ impl SharedState {
         false
     }
 
+    /// The counter a charge of `slot` lands on (slot-less charges: the device's own).
+    fn charge_counter<'a>(&'a self, r: &'a DeviceRecord, index: u32, slot: usize) -> &'a AtomicU64 {
+        if slot < MAX_PROCS {
+            &self.slot(slot).used[index as usize]
+        } else {
+            &r.used
+        }
+    }
+
     /// Returns physical memory charged with `try_charge`.
     #[inline]
     pub fn uncharge(&self, index: u32, slot: usize, bytes: u64) {
         let Some(r) = self.dev(index) else { return };
-        if slot < MAX_PROCS {
-            sub_saturating(&self.slot(slot).used[index as usize], bytes);
-        }
-        sub_saturating(&r.used, bytes);
+        sub_saturating(self.charge_counter(r, index, slot), bytes);
     }
 
     /// Counts a context of the slot's process on a device (for process listings).
@@ -993,10 +1010,8 @@ impl SharedState {
                 continue;
             }
             for d in 0..MAX_DEVICES {
-                let bytes = s.used[d].swap(0, Ordering::AcqRel);
-                if bytes > 0 {
-                    sub_saturating(&self.layout().devices[d].used, bytes);
-                }
+                // Its bytes leave the device's sum with it.
+                s.used[d].store(0, Ordering::SeqCst);
                 s.contexts[d].store(0, Ordering::Relaxed);
             }
             s.dead_since.store(0, Ordering::Relaxed);
