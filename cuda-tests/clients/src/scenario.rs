@@ -378,6 +378,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "launch" => launch(gpu, &rest)?,
         "threads" => threads(gpu, &rest)?,
         "churn" => churn(gpu, &rest)?,
+        "watch-free" => watch_free(gpu, &rest)?,
         "vmm-reuse" => vmm_reuse(gpu, &rest)?,
         "errors" => errors(gpu),
         other => return Err(Usage(format!("unknown scenario {other:?}"))),
@@ -1291,6 +1292,43 @@ fn churn<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         "refused": refused.load(Ordering::Relaxed),
         "failed": failed.load(Ordering::Relaxed),
     }))
+}
+
+/// A process that keeps looking at the slice: prints `mem_free` once set up, then, on each
+/// stdin line `FREE`, polls `cuMemGetInfo` until it reports at least FREE bytes free (at most
+/// `--max-ms`, default 30000) and prints `{"free", "waited_ms", "polls"}`; ends on EOF.
+fn watch_free<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    use std::io::BufRead;
+    let max = Duration::from_millis(args.get("max-ms", 30_000)?);
+    if let Err(mut e) = setup(gpu) {
+        e["pid"] = json!(std::process::id());
+        return Ok(e);
+    }
+    println!(
+        "{}",
+        json!({"scenario": "watch-free", "client": gpu.client(), "pid": std::process::id(), "mem_free": mem_free_now(gpu)})
+    );
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let Ok(wanted) = line.trim().parse::<usize>() else {
+            continue;
+        };
+        let started = Instant::now();
+        let mut polls = 0u64;
+        let free = loop {
+            polls += 1;
+            let free = mem_free_now(gpu).unwrap_or(0);
+            if free >= wanted || started.elapsed() >= max {
+                break free;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        println!(
+            "{}",
+            json!({"free": free, "waited_ms": started.elapsed().as_millis() as u64, "polls": polls})
+        );
+    }
+    std::process::exit(0);
 }
 
 fn errors<G: Gpu>(gpu: &G) -> Value {

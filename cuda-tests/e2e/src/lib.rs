@@ -416,11 +416,22 @@ impl Client {
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", kind.binary_name()));
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("piped stdout");
+        // Every line the child prints, in order (scenarios that answer commands print more
+        // than the first); the reader ends with the child's stdout.
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
+            let mut reader = BufReader::new(stdout);
+            loop {
+                let mut line = String::new();
+                match reader.read_line(&mut line) {
+                    Ok(n) if n > 0 => {
+                        if tx.send(line).is_err() {
+                            break;
+                        }
+                    }
+                    _ => break,
+                }
+            }
         });
         let line = match rx.recv_timeout(DEFAULT_TIMEOUT) {
             Ok(line) => line,
@@ -441,6 +452,7 @@ impl Client {
             child: Some(child),
             stdin,
             first,
+            lines: rx,
         }
     }
 }
@@ -451,6 +463,7 @@ pub struct Running {
     stdin: Option<ChildStdin>,
     /// The scenario's first JSON line.
     pub first: Value,
+    lines: mpsc::Receiver<String>,
 }
 
 impl Running {
@@ -469,6 +482,16 @@ impl Running {
         let child = self.child.as_mut().expect("child present");
         let _ = child.kill();
         self.wait()
+    }
+
+    /// The child's next JSON line (scenarios that answer commands), waiting at most
+    /// `DEFAULT_TIMEOUT`.
+    pub fn next_line(&mut self) -> Value {
+        let line = self
+            .lines
+            .recv_timeout(DEFAULT_TIMEOUT)
+            .unwrap_or_else(|e| panic!("no further line from the client: {e}"));
+        serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"))
     }
 
     /// Writes `text` to the child's stdin (scenarios that read commands).

@@ -481,53 +481,6 @@ fn sixty_four_processes_register_within_a_second() {
     assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
 }
 
-#[test]
-fn a_process_sigkilled_while_holding_the_registration_lock_blocks_nobody() {
-    let gpu = FakeGpu::start("v100");
-    let slice = Slice::builder().device(0, "2GiB", None).build();
-    let env = slice.env(&gpu);
-    // The shim's test hook: create the marker, then block with the registration lock held and
-    // a slot claimed (inert without the variable).
-    let marker = slice.region_path().with_extension("paused");
-    let mut paused_env = env.clone();
-    paused_env.push((
-        "GPUSLICE_TEST_PAUSE_IN_REGISTRATION".into(),
-        marker.display().to_string(),
-    ));
-    let mut cmd = cuda_e2e::command(
-        &ClientKind::Linked.binary(),
-        &["alloc", "64MiB"],
-        &paused_env,
-    );
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut paused = cmd.spawn().expect("start the pausing client");
-    wait_until(
-        "the client holds the registration lock",
-        DEFAULT_TIMEOUT,
-        || marker.exists(),
-    );
-    let waiter = {
-        let env = env.clone();
-        std::thread::spawn(move || Client::run(ClientKind::Cudarc, &["alloc", "1GiB"], &env))
-    };
-    assert!(!waiter.is_finished(), "registration was not exclusive");
-    paused.kill().unwrap();
-    paused.wait().unwrap();
-    let out = waiter.join().expect("the waiting client carried on");
-    assert_eq!(out["results"][0], "CUDA_SUCCESS", "{out}");
-    // Its slot (claimed, never charged) was reaped; the card is empty again.
-    assert_eq!(gpu.truth().used_memory(0), 0);
-    let after = Client::run(ClientKind::ProcAddr, &["alloc", "1GiB"], &env);
-    assert_eq!(after["results"][0], "CUDA_SUCCESS", "{after}");
-    assert_eq!(
-        region_used(&slice),
-        0,
-        "nothing charged for the dead registrant"
-    );
-}
-
 /// Contexts of 700 MiB: more than the shim's default 512 MiB bound for a first context.
 fn big_context_env(slice: &Slice, gpu: &FakeGpu) -> cuda_e2e::Env {
     let mut env = slice.env(gpu);

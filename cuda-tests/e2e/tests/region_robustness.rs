@@ -1,0 +1,255 @@
+//! The slice's shared region against what real processes, users and operators do to it,
+//! through real clients and judged by the fake card: a process stopped in the middle of
+//! registering blocks nobody; a deleted or replaced region file never starts a second ledger;
+//! a symbolic link at the region's path is never followed; an exited process's memory shows
+//! back in the others' views once the driver released it; processes of different users
+//! share one slice.
+
+use cuda_e2e::{wait_until, Client, ClientKind, FakeGpu, Slice, DEFAULT_TIMEOUT, GIB, MIB};
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+
+const CONTEXT: u64 = 300 * MIB;
+
+fn signal(pid: u32, signal: i32) {
+    // SAFETY: sending a signal to a process this test started.
+    unsafe { libc::kill(pid as i32, signal) };
+}
+
+fn last_json(out: &std::process::Output) -> Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap_or(Value::Null)
+}
+
+fn gpuslice_lines(out: &std::process::Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("[gpuslice]"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A client that could not start because the slice fails closed: no allocation result is a
+/// success, and the one `[gpuslice]` line names `needle`.
+fn assert_refused_naming(out: &std::process::Output, needle: &str, what: &str) {
+    let json = last_json(out);
+    assert!(
+        !json.to_string().contains("CUDA_SUCCESS\"]") && json["results"][0] != "CUDA_SUCCESS",
+        "{what}: a client allocated: {json}"
+    );
+    let lines = gpuslice_lines(out);
+    assert!(
+        lines.iter().any(|l| l.contains(needle)),
+        "{what}: no line names {needle}: {lines:?} ({json})"
+    );
+}
+
+#[test]
+fn a_process_stopped_while_registering_blocks_no_other_process() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice.env(&gpu);
+    gpu.truth().reset_peak_memory(0);
+    // The shim's test hook: create the marker, then pause in the middle of registering with
+    // a slot claimed (where the old design held its registration lock). We stop it there.
+    let marker = slice.region_path().with_extension("paused");
+    let mut paused_env = env.clone();
+    paused_env.push((
+        "GPUSLICE_TEST_PAUSE_IN_REGISTRATION".into(),
+        marker.display().to_string(),
+    ));
+    let mut cmd = cuda_e2e::command(
+        &ClientKind::Linked.binary(),
+        &["alloc", "64MiB"],
+        &paused_env,
+    );
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut paused = cmd.spawn().expect("start the pausing client");
+    wait_until("the client is registering", DEFAULT_TIMEOUT, || {
+        marker.exists()
+    });
+    signal(paused.id(), libc::SIGSTOP);
+    // While it stays stopped: others start, allocate, are refused past the cap, exit.
+    let granted = Client::run(ClientKind::Cudarc, &["alloc", "1GiB"], &env);
+    assert_eq!(granted["results"][0], "CUDA_SUCCESS", "{granted}");
+    let refused = Client::run(ClientKind::ProcAddr, &["alloc", "1800MiB"], &env);
+    assert_eq!(
+        refused["results"][0], "CUDA_ERROR_OUT_OF_MEMORY",
+        "past the cap is refused, not waited for: {refused}"
+    );
+    signal(paused.id(), libc::SIGCONT);
+    paused.kill().unwrap();
+    paused.wait().unwrap();
+    assert!(gpu.truth().peak_memory(0) <= 2 * GIB);
+    // The killed registrant held nothing: the whole slice is there for the next process.
+    let info = Client::run(ClientKind::Linked, &["meminfo"], &env);
+    assert_eq!(info["free"], 2 * GIB - CONTEXT, "{info}");
+}
+
+#[test]
+fn a_deleted_or_replaced_region_never_starts_a_second_ledger() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    let env = slice.env(&gpu);
+    let region = slice.region_path();
+    let holder = Client::spawn(ClientKind::Linked, &["hold", "600MiB"], &env);
+    assert_eq!(holder.first["result"], "CUDA_SUCCESS", "{}", holder.first);
+    gpu.truth().reset_peak_memory(0);
+
+    // Deleted under the running holder: a newcomer refuses instead of a fresh ledger (which
+    // let it take another 600 MiB: +904 MiB over the cap before).
+    std::fs::remove_file(&region).unwrap();
+    let out = Client::output(ClientKind::Cudarc, &["alloc", "600MiB"], &env);
+    assert_refused_naming(&out, &region.display().to_string(), "deleted");
+    assert!(
+        gpu_lines_mention(&out, "replaced"),
+        "the line says what happened: {:?}",
+        gpuslice_lines(&out)
+    );
+
+    // Replaced by another valid region renamed over the path: refused the same way.
+    let other = region.with_file_name("other.region");
+    assert!(gpuslice_reset(&other).status.success());
+    std::fs::rename(&other, &region).unwrap();
+    let out = Client::output(ClientKind::ProcAddr, &["alloc", "600MiB"], &env);
+    assert_refused_naming(&out, &region.display().to_string(), "renamed over");
+    assert!(
+        gpu.truth().peak_memory(0) <= GIB,
+        "the card passed the cap: {}",
+        gpu.truth().peak_memory(0)
+    );
+
+    // The holder keeps its ledger and its memory; once it is gone the file at the path is
+    // the slice's.
+    assert_eq!(gpu.truth().used_memory(0), CONTEXT + 600 * MIB);
+    holder.release();
+    wait_until("the holder's memory freed", DEFAULT_TIMEOUT, || {
+        gpu.truth().used_memory(0) == 0
+    });
+    let after = Client::run(ClientKind::Linked, &["alloc", "600MiB"], &env);
+    assert_eq!(after["results"][0], "CUDA_SUCCESS", "{after}");
+}
+
+fn gpu_lines_mention(out: &std::process::Output, word: &str) -> bool {
+    gpuslice_lines(out).iter().any(|l| l.contains(word))
+}
+
+/// `gpuslice reset --region PATH`: creates (or rebuilds) an empty region there.
+fn gpuslice_reset(path: &Path) -> std::process::Output {
+    let mut cmd = Command::new(cuda_e2e::gpuslice_binary());
+    cmd.args(["reset", "--region"]).arg(path);
+    cuda_e2e::run_with_timeout(cmd, None, DEFAULT_TIMEOUT)
+}
+
+#[test]
+fn a_symlink_at_the_region_path_is_never_followed_by_the_shim_or_reset() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    let env = slice.env(&gpu);
+    let region = slice.region_path();
+    let victim = region.with_file_name("precious");
+    std::fs::write(&victim, b"root:x:0:0:root:/root:/bin/bash\n").unwrap();
+    std::os::unix::fs::symlink(&victim, &region).unwrap();
+
+    let out = Client::output(ClientKind::Linked, &["alloc", "64MiB"], &env);
+    assert_refused_naming(&out, "symbolic link", "link to a file");
+    let reset = gpuslice_reset(&region);
+    assert!(!reset.status.success(), "reset wrote through a link");
+    assert!(
+        String::from_utf8_lossy(&reset.stderr).contains("symbolic link"),
+        "{}",
+        String::from_utf8_lossy(&reset.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&victim).unwrap(),
+        b"root:x:0:0:root:/root:/bin/bash\n",
+        "the link's target was changed"
+    );
+
+    // Dangling: the shim never creates the target.
+    std::fs::remove_file(&victim).unwrap();
+    let out = Client::output(ClientKind::Cudarc, &["alloc", "64MiB"], &env);
+    assert_refused_naming(&out, "symbolic link", "dangling link");
+    assert!(!victim.exists(), "the shim created the link's target");
+    assert_eq!(gpu.truth().peak_memory(0), 0, "nothing reached the card");
+}
+
+#[test]
+fn an_exited_process_memory_shows_back_in_the_others_views() {
+    let gpu = FakeGpu::start("v100");
+    let cap = 2 * GIB;
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice.env(&gpu);
+    let mut viewer = Client::spawn(ClientKind::Linked, &["watch-free"], &env);
+    assert_eq!(viewer.first["mem_free"], cap - CONTEXT, "{}", viewer.first);
+    let holder = Client::spawn(ClientKind::Cudarc, &["hold", "500MiB"], &env);
+    assert_eq!(holder.first["result"], "CUDA_SUCCESS", "{}", holder.first);
+    // The viewer sees the holder.
+    viewer.send(&format!("{}\n", 0));
+    let seen = viewer.next_line();
+    assert_eq!(seen["free"], cap - 2 * CONTEXT - 500 * MIB, "{seen}");
+    // Killed: once the card has freed it, the viewer's own view shows it back, with no other
+    // process starting (before: it kept counting the dead holder until one did).
+    holder.kill();
+    wait_until("the card freed the holder", DEFAULT_TIMEOUT, || {
+        gpu.truth().used_memory(0) == CONTEXT
+    });
+    viewer.send(&format!("{}\n", cap - CONTEXT));
+    let back = viewer.next_line();
+    eprintln!(
+        "the view showed the dead holder's memory back after {} ms",
+        back["waited_ms"]
+    );
+    assert_eq!(
+        back["free"],
+        cap - CONTEXT,
+        "the view still counts the dead: {back}"
+    );
+    viewer.release();
+}
+
+#[test]
+fn processes_of_different_users_share_one_slice() {
+    if !nix_is_root() {
+        eprintln!("SKIPPED: needs root to run a client as another user");
+        return;
+    }
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    let env = slice.env(&gpu);
+    // The fake card's state is the "driver": open to every user, as /dev/nvidia* is.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(gpu.state_path(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    // root's holder: 300 MiB context + 100 MiB; a nobody process adds its 300 MiB context.
+    let holder = Client::spawn(ClientKind::Linked, &["hold", "100MiB"], &env);
+    assert_eq!(holder.first["result"], "CUDA_SUCCESS", "{}", holder.first);
+    // Another user (nobody) joins the region root's process created: same cap together.
+    let as_nobody = |args: &[&str]| {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(ClientKind::Cudarc.binary())
+            .args(args)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let out = cuda_e2e::run_with_timeout(cmd, None, DEFAULT_TIMEOUT);
+        (last_json(&out), gpuslice_lines(&out))
+    };
+    let (granted, lines) = as_nobody(&["alloc", "200MiB"]);
+    assert_eq!(granted["results"][0], "CUDA_SUCCESS", "{granted} {lines:?}");
+    let (refused, lines) = as_nobody(&["alloc", "200MiB", "--count", "2"]);
+    assert_eq!(
+        refused["results"],
+        serde_json::json!(["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"]),
+        "{refused} {lines:?}"
+    );
+    assert!(gpu.truth().peak_memory(0) <= GIB);
+    holder.release();
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
