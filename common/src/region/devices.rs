@@ -49,7 +49,7 @@ impl Region {
                 .compute_percent
                 .filter(|p| (1..=99).contains(p))
                 .unwrap_or(0);
-            let (old_memory, new_memory) = reconcile_u64(
+            let (old_memory, new_memory) = reconcile(
                 &entry.memory_limit,
                 LIMIT_UNSET,
                 configured_memory,
@@ -61,7 +61,7 @@ impl Region {
                     }
                 },
             );
-            let (old_compute, new_compute) = reconcile_u32(
+            let (old_compute, new_compute) = reconcile(
                 &entry.compute_percent,
                 PERCENT_UNSET,
                 configured_compute,
@@ -140,16 +140,40 @@ fn find_or_claim(entries: &[DeviceEntry], uuid: &str) -> Option<usize> {
     None
 }
 
+/// A limit word of a device entry (memory bytes, compute percent).
+trait LimitWord {
+    type Value: Copy + PartialEq;
+    fn load(&self) -> Self::Value;
+    fn swap_if(&self, old: Self::Value, new: Self::Value) -> Result<(), Self::Value>;
+}
+
+macro_rules! limit_word {
+    ($atomic:ty, $value:ty) => {
+        impl LimitWord for $atomic {
+            type Value = $value;
+            fn load(&self) -> $value {
+                <$atomic>::load(self, Ordering::Acquire)
+            }
+            fn swap_if(&self, old: $value, new: $value) -> Result<(), $value> {
+                self.compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire)
+                    .map(|_| ())
+            }
+        }
+    };
+}
+limit_word!(AtomicU64, u64);
+limit_word!(AtomicU32, u32);
+
 /// Moves `word` to what `decide` makes of its current value (`configured` where it is still
 /// `unset`), by compare-and-swap from the value decided on; returns (old, new). `decide`'s
 /// second argument says the word changed under a previous decision.
-fn reconcile_u64(
-    word: &AtomicU64,
-    unset: u64,
-    configured: u64,
-    mut decide: impl FnMut(u64, bool) -> u64,
-) -> (u64, u64) {
-    let mut old = word.load(Ordering::Acquire);
+fn reconcile<W: LimitWord>(
+    word: &W,
+    unset: W::Value,
+    configured: W::Value,
+    mut decide: impl FnMut(W::Value, bool) -> W::Value,
+) -> (W::Value, W::Value) {
+    let mut old = word.load();
     let mut retried = false;
     loop {
         let new = if old == unset {
@@ -160,35 +184,8 @@ fn reconcile_u64(
         if new == old {
             return (old, new);
         }
-        match word.compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return (old, new),
-            Err(current) => {
-                old = current;
-                retried = true;
-            }
-        }
-    }
-}
-
-fn reconcile_u32(
-    word: &AtomicU32,
-    unset: u32,
-    configured: u32,
-    mut decide: impl FnMut(u32, bool) -> u32,
-) -> (u32, u32) {
-    let mut old = word.load(Ordering::Acquire);
-    let mut retried = false;
-    loop {
-        let new = if old == unset {
-            configured
-        } else {
-            decide(old, retried)
-        };
-        if new == old {
-            return (old, new);
-        }
-        match word.compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return (old, new),
+        match word.swap_if(old, new) {
+            Ok(()) => return (old, new),
             Err(current) => {
                 old = current;
                 retried = true;

@@ -261,22 +261,17 @@ fn byte_lock(kind: libc::c_int, offset: u64) -> libc::flock {
 
 /// Takes the write lock on byte `offset` if nobody else holds it; `Ok(false)` when held.
 pub fn try_lock(fd: &OwnedFd, offset: u64) -> io::Result<bool> {
-    let mut lock = byte_lock(libc::F_WRLCK, offset);
-    // SAFETY: fd is open; `lock` is a valid flock for the duration of the call.
-    if unsafe { libc::fcntl(fd.raw(), libc::F_OFD_SETLK, &mut lock) } == 0 {
-        return Ok(true);
-    }
-    let err = io::Error::last_os_error();
-    match err.raw_os_error() {
-        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
-        _ => Err(err),
-    }
+    try_set(fd, libc::F_WRLCK, offset)
 }
 
 /// Takes a shared (read) lock on byte `offset` if no write lock is held there; `Ok(false)`
 /// when one is. Needs only read access (directories can hold it).
 pub fn try_lock_shared(fd: &OwnedFd, offset: u64) -> io::Result<bool> {
-    let mut lock = byte_lock(libc::F_RDLCK, offset);
+    try_set(fd, libc::F_RDLCK, offset)
+}
+
+fn try_set(fd: &OwnedFd, kind: libc::c_int, offset: u64) -> io::Result<bool> {
+    let mut lock = byte_lock(kind, offset);
     // SAFETY: fd is open; `lock` is a valid flock for the duration of the call.
     if unsafe { libc::fcntl(fd.raw(), libc::F_OFD_SETLK, &mut lock) } == 0 {
         return Ok(true);

@@ -571,6 +571,33 @@ pub fn run_with_timeout(mut cmd: Command, input: Option<&[u8]>, timeout: Duratio
 
 /// Polls `condition` until it holds; panics naming `what` after `timeout`. The way tests
 /// wait for another process's effect (never a bare sleep).
+/// `gpuslice status --json --region PATH`, parsed.
+pub fn region_status(region: &Path) -> Value {
+    let mut cmd = Command::new(gpuslice_binary());
+    cmd.args(["status", "--json", "--region"]).arg(region);
+    let out = run_with_timeout(cmd, None, DEFAULT_TIMEOUT);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "gpuslice status --json: {e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The bytes the slice's LIVE processes hold by its ledger (exited processes keep their slot
+/// until someone reaps it: the ledger of the live ones is what must match the card).
+pub fn live_ledger_bytes(region: &Path) -> u64 {
+    let v = region_status(region);
+    v["processes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no processes in {v}"))
+        .iter()
+        .filter(|p| p["alive"] == true)
+        .map(|p| p["used_total"].as_u64().unwrap())
+        .sum()
+}
+
 pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !condition() {

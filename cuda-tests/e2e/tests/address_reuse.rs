@@ -5,26 +5,14 @@
 //! either way: a lost mapping refunded early is memory past the cap, a mapping never dropped is
 //! budget lost for good).
 
-use cuda_e2e::{Client, ClientKind, FakeGpu, Slice, DEFAULT_TIMEOUT, GIB, MIB};
+use cuda_e2e::{Client, ClientKind, FakeGpu, Slice, GIB, MIB};
 use serde_json::Value;
 
 /// The fake's context cost (its default).
 const CONTEXT: u64 = 300 * MIB;
 
 fn region_used(slice: &Slice) -> u64 {
-    let mut cmd = std::process::Command::new(cuda_e2e::gpuslice_binary());
-    cmd.args(["status", "--json", "--region"])
-        .arg(slice.region_path());
-    let out = cuda_e2e::run_with_timeout(cmd, None, DEFAULT_TIMEOUT);
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("gpuslice status --json: {e}"));
-    v["processes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no processes in {v}"))
-        .iter()
-        .filter(|p| p["alive"] == true)
-        .map(|p| p["used_total"].as_u64().unwrap())
-        .sum()
+    cuda_e2e::live_ledger_bytes(&slice.region_path())
 }
 
 /// Result names in `tally` other than `allowed`.

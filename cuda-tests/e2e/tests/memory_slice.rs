@@ -12,32 +12,7 @@ const PATHS: [&str; 9] = [
 ];
 
 fn region_used(slice: &Slice) -> u64 {
-    let out = cuda_e2e::run_with_timeout(
-        {
-            let mut cmd = std::process::Command::new(cuda_e2e::gpuslice_binary());
-            cmd.args(["status", "--json", "--region"])
-                .arg(slice.region_path());
-            cmd
-        },
-        None,
-        DEFAULT_TIMEOUT,
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "gpuslice status --json: {e}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    // Exited processes keep their slot until someone reaps it (the next process to start,
-    // or a refused allocation): the ledger of the LIVE processes is what must match.
-    v["processes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no processes in {v}"))
-        .iter()
-        .filter(|p| p["alive"] == true)
-        .map(|p| p["used_total"].as_u64().unwrap())
-        .sum()
+    cuda_e2e::live_ledger_bytes(&slice.region_path())
 }
 
 /// The card (the fake's physical count) and the slice's ledger both hold exactly `bytes`.

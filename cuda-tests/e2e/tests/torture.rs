@@ -99,17 +99,7 @@ fn children_of(worker: &Running) -> Vec<u32> {
 
 /// The slice's ledger as `gpuslice status` reads it: the device's used bytes.
 fn ledger_used(slice: &Slice) -> u64 {
-    let out = cuda_e2e::run_with_timeout(
-        {
-            let mut cmd = std::process::Command::new(cuda_e2e::gpuslice_binary());
-            cmd.args(["status", "--json", "--region"])
-                .arg(slice.region_path());
-            cmd
-        },
-        None,
-        DEFAULT_TIMEOUT,
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("status --json");
+    let v = cuda_e2e::region_status(&slice.region_path());
     v["devices"][0]["used"]
         .as_u64()
         .unwrap_or_else(|| panic!("no device usage in {v}"))
