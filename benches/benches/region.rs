@@ -18,10 +18,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use gpuslice_common::region::{DeviceId, DeviceLimits, ProcessIdentity, Region, SlotId};
 
 fn region_with_slots(n: usize) -> (Region, DeviceId, Vec<SlotId>, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!(
-        "gpuslice-bench-region-{}-{n}",
-        std::process::id()
-    ));
+    let dir =
+        std::env::temp_dir().join(format!("gpuslice-bench-region-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     let region = Region::open_or_create(&dir.join("slice.region")).expect("region");
@@ -34,7 +32,9 @@ fn region_with_slots(n: usize) -> (Region, DeviceId, Vec<SlotId>, std::path::Pat
         .expect("bind")
         .ids[0];
     let me = ProcessIdentity::current().expect("/proc");
-    let slots = (0..n).map(|_| region.register(&me).expect("slot")).collect();
+    let slots = (0..n)
+        .map(|_| region.register(&me).expect("slot"))
+        .collect();
     (region, device, slots, dir)
 }
 

@@ -92,7 +92,9 @@ pub fn open_at_nofollow(dir: &OwnedFd, name: &CString, flags: libc::c_int) -> io
         libc::openat(
             dir.raw(),
             name.as_ptr(),
-            flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            // O_NONBLOCK: a FIFO at the name must be refused (not a regular file), not waited
+            // on for a writer; it changes nothing for a regular file.
+            flags | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
         )
     })
     .map(OwnedFd)

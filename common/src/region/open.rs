@@ -76,7 +76,17 @@ fn open_error(path: &Path, error: io::Error) -> RegionError {
 pub(super) fn open_file_readonly(path: &Path) -> Result<OwnedFd, RegionError> {
     let place = place(path)?;
     let (dir, _) = open_dir(path, &place)?;
-    lock::open_at_nofollow(&dir, &place.name, libc::O_RDONLY).map_err(|e| open_error(path, e))
+    let fd = lock::open_at_nofollow(&dir, &place.name, libc::O_RDONLY)
+        .map_err(|e| open_error(path, e))?;
+    if !lock::fstat(&fd)
+        .map_err(|e| RegionError::io(path, "stat", e))?
+        .regular
+    {
+        return Err(RegionError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(fd)
 }
 
 pub(super) fn open_or_create(path: &Path) -> Result<Region, RegionError> {

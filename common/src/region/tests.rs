@@ -700,6 +700,22 @@ fn reset_replaces_a_symlink_target_never_and_refuses_the_link() {
 }
 
 #[test]
+fn a_fifo_at_the_region_path_is_refused_not_waited_on() {
+    let dir = TempDir::new("fifo");
+    let path = lock::c_path(&dir.file()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o666) }, 0);
+    assert!(matches!(
+        Region::open_existing(&dir.file()),
+        Err(RegionError::NotAFile { .. })
+    ));
+    assert!(matches!(
+        Region::open_or_create(&dir.file()),
+        Err(RegionError::NotAFile { .. })
+    ));
+}
+
+#[test]
 fn a_new_region_file_is_open_to_every_user_whatever_the_umask() {
     use std::os::unix::fs::PermissionsExt;
     let dir = TempDir::new("mode");
