@@ -198,7 +198,7 @@ mod tests {
     fn cgroups(pid: u32) -> Option<String> {
         Some(
             match pid {
-                10 | 11 | 12 => "0::/kubepods/pod-a/c1",
+                10..=12 => "0::/kubepods/pod-a/c1",
                 20 | 21 => "0::/kubepods/pod-b/c2",
                 30 => "0::/kubepods/pod-a/c1", // shared with slice a AND c below
                 40 | 41 => "0::/",

@@ -1,0 +1,463 @@
+//! The node agent (`gpuslice-node`) end to end, judged through a REAL Prometheus server: the
+//! agent and Prometheus run on loopback (free ports, a temporary configuration scraping every
+//! second, a temporary storage directory), slice processes run on the fake GPU, and every
+//! assertion reads Prometheus's own query API (`/api/v1/query`) and compares it with the
+//! fake's physical truth (`FakeGpu::truth`), never with the agent's or the shim's numbers.
+//!
+//! Needs the `prometheus` binary (Debian's `prometheus` package; `.ci/run` installs it, or
+//! name another with `E2E_PROMETHEUS`). Without it each test prints
+//! `SKIPPED: no prometheus binary` and returns, except with `CI=true`, where it fails.
+
+use cuda_e2e::{wait_until, Client, ClientKind, FakeGpu, Running, Slice, TempDir, GIB, MIB};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Long enough for a loaded 2-core machine: Prometheus scrapes every second.
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+fn ci() -> bool {
+    matches!(
+        std::env::var("CI").as_deref(),
+        Ok("true") | Ok("TRUE") | Ok("1")
+    )
+}
+
+/// The Prometheus server binary, or `None` after a loud skip (a failure under CI).
+fn prometheus_binary() -> Option<PathBuf> {
+    let named = std::env::var_os("E2E_PROMETHEUS").map(PathBuf::from);
+    let found = named.or_else(|| {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join("prometheus"))
+                .find(|p| p.is_file())
+        })
+    });
+    match found {
+        Some(path) => Some(path),
+        None if ci() => panic!(
+            "no prometheus binary (install Debian's `prometheus` package, as .ci/run does, or set E2E_PROMETHEUS); CI=true: failing, not skipping"
+        ),
+        None => {
+            // Straight to fd 2: the harness captures eprintln! of passing tests.
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: no prometheus binary (apt-get install prometheus, or set E2E_PROMETHEUS)"
+            );
+            None
+        }
+    }
+}
+
+/// A child process ended (SIGKILL) and reaped on drop.
+struct Daemon {
+    child: Child,
+    what: &'static str,
+    log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: String = log
+                .lines()
+                .rev()
+                .take(40)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
+            let _ = writeln!(std::io::stderr(), "--- {} log ---\n{tail}", self.what);
+        }
+    }
+}
+
+/// Starts the agent on a free loopback port; returns it and its address.
+fn start_agent(gpu: &FakeGpu, dir: &Path, slices_dir: &Path, extra: &[&str]) -> (Daemon, String) {
+    let log = dir.join("agent.log");
+    let mut cmd = Command::new(cuda_e2e::artifact("gpuslice-node"));
+    cmd.args([
+        "--listen",
+        "127.0.0.1:0",
+        "--interval",
+        "0.2",
+        "--slices-dir",
+    ])
+    .arg(slices_dir)
+    .arg("--state-dir")
+    .arg(dir.join("state"))
+    .args(extra)
+    .envs(gpu.env())
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(std::fs::File::create(&log).expect("agent log"));
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start gpuslice-node (cargo build --workspace): {e}"));
+    let stdout = child.stdout.take().expect("piped");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read agent's first line");
+    let daemon = Daemon {
+        child,
+        what: "gpuslice-node",
+        log,
+    };
+    let address = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("agent printed {line:?}, not its address"))
+        .to_string();
+    (daemon, address)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// Starts Prometheus scraping `target` every second; returns it and its address once ready.
+fn start_prometheus(binary: &Path, dir: &Path, target: &str) -> (Daemon, String) {
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: gpuslice\n    static_configs:\n      - targets: ['{target}']\n"
+        ),
+    )
+    .expect("write prometheus.yml");
+    let log = dir.join("prometheus.log");
+    let mut last_error = String::new();
+    // A port found free can be taken before Prometheus binds it: try a few.
+    for _ in 0..5 {
+        let address = format!("127.0.0.1:{}", free_port());
+        let mut cmd = Command::new(binary);
+        cmd.arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={address}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("prometheus log"));
+        let child = cmd.spawn().expect("start prometheus");
+        let mut daemon = Daemon {
+            child,
+            what: "prometheus",
+            log: log.clone(),
+        };
+        let mut ready = false;
+        wait_until("prometheus is ready or has exited", TIMEOUT, || {
+            if let Ok(Some(_)) = daemon.child.try_wait() {
+                return true;
+            }
+            ready = http_get(&address, "/-/ready").is_some_and(|(status, _)| status == 200);
+            ready
+        });
+        if ready {
+            return (daemon, address);
+        }
+        last_error = std::fs::read_to_string(&log).unwrap_or_default();
+    }
+    panic!("prometheus did not start: {last_error}");
+}
+
+/// A plain HTTP/1.0 GET on loopback: (status, body), or `None` when nothing answers.
+fn http_get(address: &str, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(address).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// One instant query through Prometheus: every series' labels and value.
+fn query(prometheus: &str, promql: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+    let path = format!("/api/v1/query?query={}", percent_encode(promql));
+    let Some((200, body)) = http_get(prometheus, &path) else {
+        return Vec::new();
+    };
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    v["data"]["result"]
+        .as_array()
+        .map(|series| {
+            series
+                .iter()
+                .map(|s| {
+                    let labels = s["metric"]
+                        .as_object()
+                        .map(|m| {
+                            m.iter()
+                                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let value = s["value"][1]
+                        .as_str()
+                        .and_then(|t| t.parse().ok())
+                        .unwrap_or(f64::NAN);
+                    (labels, value)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The single value of `promql`, or `None` unless exactly one series answers.
+fn value(prometheus: &str, promql: &str) -> Option<f64> {
+    match query(prometheus, promql).as_slice() {
+        [(_, v)] => Some(*v),
+        _ => None,
+    }
+}
+
+/// The fake's physical bytes of these processes on device 0.
+fn truth_of(gpu: &FakeGpu, pids: &[u32]) -> u64 {
+    gpu.truth()
+        .processes(0)
+        .iter()
+        .filter(|p| pids.contains(&p.pid))
+        .map(|p| p.used_memory)
+        .sum()
+}
+
+fn hold(kind: ClientKind, bytes: &str, env: &cuda_e2e::Env) -> Running {
+    let running = Client::spawn(kind, &["hold", bytes], env);
+    assert_eq!(running.first["result"], "CUDA_SUCCESS", "{}", running.first);
+    running
+}
+
+/// Waits until Prometheus shows, for every slice, the limit, the driver's bytes equal to the
+/// fake's physical bytes of the slice's processes (and to its live processes' ledger), and the process
+/// counts; and for the card the unsliced process and its bytes, all adding up to the card.
+fn await_node(
+    gpu: &FakeGpu,
+    prometheus: &str,
+    slices: &[(&str, u64, &[u32])],
+    stranger: &[u32],
+    what: &str,
+) {
+    let mut last = String::new();
+    let condition = || {
+        let mut seen = Vec::new();
+        let mut ok = true;
+        let mut sum = 0;
+        for (name, limit, pids) in slices {
+            let truth = truth_of(gpu, pids);
+            sum += truth;
+            let sel = format!("{{slice=\"{name}\",index=\"0\"}}");
+            let got = (
+                value(prometheus, &format!("gpuslice_slice_memory_limit_bytes{sel}")),
+                value(prometheus, &format!("gpuslice_slice_memory_driver_bytes{sel}")),
+                // Exited processes keep their slot until the next process of the slice reaps
+                // it: the ledger of the live ones is what must match the card.
+                value(
+                    prometheus,
+                    &format!(
+                        "gpuslice_slice_memory_ledger_bytes{sel} - gpuslice_slice_memory_ledger_stale_bytes{sel}"
+                    ),
+                ),
+                value(prometheus, &format!("gpuslice_slice_processes{{slice=\"{name}\"}}")),
+                value(prometheus, &format!("gpuslice_slice_device_processes{sel}")),
+            );
+            let want = (
+                Some(*limit as f64),
+                Some(truth as f64),
+                Some(truth as f64),
+                Some(pids.len() as f64),
+                Some(pids.len() as f64),
+            );
+            seen.push(format!("{name}: got {got:?}, want {want:?}"));
+            ok &= got == want && truth > 0;
+        }
+        let stranger_truth = truth_of(gpu, stranger);
+        sum += stranger_truth;
+        let card = (
+            value(prometheus, "gpuslice_card_unsliced_processes{index=\"0\"}"),
+            value(
+                prometheus,
+                "gpuslice_card_unsliced_memory_bytes{index=\"0\"}",
+            ),
+            value(prometheus, "gpuslice_card_memory_used_bytes{index=\"0\"}"),
+        );
+        let physical = gpu.truth().used_memory(0);
+        let want = (
+            Some(stranger.len() as f64),
+            Some(stranger_truth as f64),
+            Some(physical as f64),
+        );
+        seen.push(format!("card: got {card:?}, want {want:?}"));
+        ok &= card == want && sum == physical;
+        last = seen.join("; ");
+        ok
+    };
+    let mut condition = condition;
+    let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_until(what, TIMEOUT, &mut condition)
+    }));
+    if waited.is_err() {
+        panic!("{what}: never matched; last seen: {last}");
+    }
+}
+
+#[test]
+fn prometheus_sees_every_slice_follow_the_card() {
+    let Some(prometheus_bin) = prometheus_binary() else {
+        return;
+    };
+    let gpu = FakeGpu::start("v100");
+    let work = TempDir::new("node-agent");
+    let slices_dir = work.path().join("slices");
+    std::fs::create_dir_all(&slices_dir).unwrap();
+    let a = Slice::builder().device(0, "1GiB", None).build();
+    let b = Slice::builder().device(0, "2GiB", Some(50)).build();
+    std::fs::copy(a.config_path(), slices_dir.join("a.json")).unwrap();
+
+    let (_agent, agent_addr) = start_agent(&gpu, work.path(), &slices_dir, &[]);
+    let (status, body) = http_get(&agent_addr, "/healthz").expect("agent answers /healthz");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let (_prometheus, prom) = start_prometheus(&prometheus_bin, work.path(), &agent_addr);
+    wait_until("prometheus scrapes the agent", TIMEOUT, || {
+        value(&prom, "up{job=\"gpuslice\"}") == Some(1.0)
+    });
+
+    let a1 = hold(ClientKind::Cudarc, "212MiB", &a.env(&gpu));
+    // Slice b appears while the agent runs: no restart.
+    std::fs::copy(b.config_path(), slices_dir.join("b.json")).unwrap();
+    let b1 = hold(ClientKind::Linked, "100MiB", &b.env(&gpu));
+    let b2 = hold(ClientKind::ProcAddr, "300MiB", &b.env(&gpu));
+    // A process of no slice (no shim at all).
+    let stranger = hold(ClientKind::Cudarc, "64MiB", &gpu.env());
+
+    await_node(
+        &gpu,
+        &prom,
+        &[
+            ("a", GIB, &[a1.pid()]),
+            ("b", 2 * GIB, &[b1.pid(), b2.pid()]),
+        ],
+        &[stranger.pid()],
+        "every slice and the card match the fake's physical truth",
+    );
+    assert_eq!(
+        value(
+            &prom,
+            "gpuslice_slice_compute_share_ratio{slice=\"b\",index=\"0\"}"
+        ),
+        Some(0.5)
+    );
+    assert_eq!(
+        value(
+            &prom,
+            "gpuslice_slice_compute_share_ratio{slice=\"a\",index=\"0\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&prom, "gpuslice_card_memory_total_bytes{index=\"0\"}"),
+        Some(gpu.truth().total_memory(0) as f64)
+    );
+    assert_eq!(value(&prom, "gpuslice_driver_up"), Some(1.0));
+    assert_eq!(value(&prom, "sum(gpuslice_slice_up)"), Some(2.0));
+
+    // A process exits: the series follow it.
+    let b2_pid = b2.pid();
+    assert!(b2.release().success());
+    wait_until("b2 is gone from the card", TIMEOUT, || {
+        truth_of(&gpu, &[b2_pid]) == 0
+    });
+    stranger.kill();
+    await_node(
+        &gpu,
+        &prom,
+        &[("a", GIB, &[a1.pid()]), ("b", 2 * GIB, &[b1.pid()])],
+        &[],
+        "the series follow a process's exit",
+    );
+
+    // Slice b's limit file goes: the slice leaves the metrics, again without a restart.
+    assert!(b1.release().success());
+    std::fs::remove_file(slices_dir.join("b.json")).unwrap();
+    wait_until("slice b is gone from Prometheus", TIMEOUT, || {
+        query(&prom, "gpuslice_slice_info{slice=\"b\"}").is_empty()
+            && value(&prom, "gpuslice_slice_info{slice=\"a\"}") == Some(1.0)
+    });
+    // Prometheus never left the agent in between.
+    assert_eq!(value(&prom, "up{job=\"gpuslice\"}"), Some(1.0));
+    assert!(a1.release().success());
+    let _ = MIB;
+}
+
+#[test]
+fn a_broken_slice_is_reported_and_the_others_still_are() {
+    let Some(prometheus_bin) = prometheus_binary() else {
+        return;
+    };
+    let gpu = FakeGpu::start("v100");
+    let work = TempDir::new("node-agent-bad");
+    let slices_dir = work.path().join("slices");
+    std::fs::create_dir_all(&slices_dir).unwrap();
+    let good = Slice::builder().device(0, "1GiB", None).build();
+    std::fs::copy(good.config_path(), slices_dir.join("good.json")).unwrap();
+    std::fs::write(
+        slices_dir.join("broken.json"),
+        "{\"version\": 1, \"devices\": [",
+    )
+    .unwrap();
+    // A region file that is not a region.
+    let corrupt = Slice::builder().device(0, "1GiB", None).build();
+    std::fs::write(corrupt.region_path(), vec![0xA5u8; 4096]).unwrap();
+    std::fs::copy(corrupt.config_path(), slices_dir.join("corrupt.json")).unwrap();
+
+    let (agent, agent_addr) = start_agent(&gpu, work.path(), &slices_dir, &[]);
+    let (_prometheus, prom) = start_prometheus(&prometheus_bin, work.path(), &agent_addr);
+    let g1 = hold(ClientKind::Cudarc, "100MiB", &good.env(&gpu));
+    wait_until(
+        "the good slice is reported up and the broken ones down",
+        TIMEOUT,
+        || {
+            value(&prom, "gpuslice_slice_up{slice=\"good\"}") == Some(1.0)
+                && value(&prom, "gpuslice_slice_up{slice=\"broken\"}") == Some(0.0)
+                && value(&prom, "gpuslice_slice_up{slice=\"corrupt\"}") == Some(0.0)
+                && value(
+                    &prom,
+                    "gpuslice_slice_memory_driver_bytes{slice=\"good\",index=\"0\"}",
+                ) == Some(truth_of(&gpu, &[g1.pid()]) as f64)
+        },
+    );
+    // And the log names each broken slice.
+    wait_until("the log names both broken slices", TIMEOUT, || {
+        let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
+        log.contains("slice broken:") && log.contains("slice corrupt: region")
+    });
+    assert!(g1.release().success());
+}
