@@ -461,3 +461,146 @@ fn a_broken_slice_is_reported_and_the_others_still_are() {
     });
     assert!(g1.release().success());
 }
+
+/// A cgroup of this test's own (what a container is to the agent), removed on drop.
+struct Cgroup {
+    dir: PathBuf,
+}
+
+impl Cgroup {
+    /// A new cgroup in the first hierarchy that takes one, or why none does.
+    fn create() -> Result<Cgroup, String> {
+        let name = format!("gpuslice-e2e-{}", std::process::id());
+        let mut errors = Vec::new();
+        for root in [
+            "/sys/fs/cgroup/pids",
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+        ] {
+            let root = Path::new(root);
+            if !root.join("cgroup.procs").exists() {
+                continue;
+            }
+            let dir = root.join(&name);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => return Ok(Cgroup { dir }),
+                Err(e) => errors.push(format!("{}: {e}", dir.display())),
+            }
+        }
+        Err(format!(
+            "no cgroup could be created ({})",
+            errors.join("; ")
+        ))
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .unwrap_or_else(|e| panic!("cannot move {pid} into {}: {e}", self.dir.display()));
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Its processes are gone by now (killed or released); an empty cgroup is removed.
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The value of the agent's own `/metrics` line starting with `prefix` (e.g.
+/// `name{slice="s",`), when there is exactly one.
+fn scraped(agent: &str, prefix: &str) -> Option<f64> {
+    let (_, body) = http_get(agent, "/metrics")?;
+    let mut lines = body.lines().filter(|l| l.starts_with(prefix));
+    let line = lines.next()?;
+    if lines.next().is_some() {
+        return None;
+    }
+    line.rsplit(' ').next()?.parse().ok()
+}
+
+fn is_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.to_string()))
+        .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
+}
+
+#[test]
+fn the_backstop_reports_then_ends_a_process_that_bypasses_the_shim() {
+    // No Prometheus needed: the backstop is judged by the card and by the process's fate.
+    let cgroup = match Cgroup::create() {
+        Ok(c) => c,
+        Err(why) if ci() => panic!("{why} (CI=true: failing, not skipping)"),
+        Err(why) => {
+            let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+            return;
+        }
+    };
+    let gpu = FakeGpu::start("v100");
+    let work = TempDir::new("node-agent-backstop");
+    let slices_dir = work.path().join("slices");
+    std::fs::create_dir_all(&slices_dir).unwrap();
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    std::fs::copy(slice.config_path(), slices_dir.join("s.json")).unwrap();
+
+    // The slice's well-behaved process (under the shim, registered in the region) and, in
+    // the same "container", a process that never loaded the shim and takes the slice over
+    // its cap: 400 MiB + 1100 MiB on the card against a 1 GiB cap.
+    let member = hold(ClientKind::Cudarc, "100MiB", &slice.env(&gpu));
+    cgroup.add(member.pid());
+    let bypass = hold(ClientKind::Cudarc, "800MiB", &gpu.env());
+    cgroup.add(bypass.pid());
+    let (member_pid, bypass_pid) = (member.pid(), bypass.pid());
+    assert!(truth_of(&gpu, &[member_pid, bypass_pid]) > GIB + 64 * MIB);
+
+    // Report only: the event is counted, nothing is killed.
+    let backstop = ["--grace", "1", "--tolerance", "64MiB"];
+    {
+        let (_agent, addr) = start_agent(&gpu, work.path(), &slices_dir, &backstop);
+        let events = "gpuslice_backstop_over_cap_events_total{slice=\"s\",";
+        wait_until(
+            "the report-only backstop counts an over-cap event",
+            TIMEOUT,
+            || scraped(&addr, events).is_some_and(|n| n >= 1.0),
+        );
+        // The process outside the shim is counted against its container's slice.
+        let bytes = scraped(&addr, "gpuslice_slice_memory_driver_bytes{slice=\"s\",");
+        assert_eq!(
+            bytes,
+            Some(truth_of(&gpu, &[member_pid, bypass_pid]) as f64)
+        );
+        assert_eq!(
+            scraped(&addr, "gpuslice_card_unsliced_processes{"),
+            Some(0.0)
+        );
+        assert_eq!(scraped(&addr, "gpuslice_backstop_kills_total{"), None);
+        assert!(is_running(bypass_pid) && is_running(member_pid));
+    }
+
+    // Enforcing: the newest process of the slice (the bypasser) is ended; the member lives.
+    let mut enforce = backstop.to_vec();
+    enforce.push("--enforce");
+    let (_agent, addr) = start_agent(&gpu, work.path(), &slices_dir, &enforce);
+    wait_until(
+        "the enforcing backstop ends the bypassing process",
+        TIMEOUT,
+        || !is_running(bypass_pid),
+    );
+    wait_until("the card no longer holds its memory", TIMEOUT, || {
+        truth_of(&gpu, &[bypass_pid]) == 0
+    });
+    assert_eq!(
+        scraped(&addr, "gpuslice_backstop_kills_total{slice=\"s\","),
+        Some(1.0)
+    );
+    assert!(
+        is_running(member_pid),
+        "the well-behaved process was killed"
+    );
+    assert!(truth_of(&gpu, &[member_pid]) > 0);
+    drop(bypass);
+    assert!(
+        member.release().success(),
+        "the member did not finish normally"
+    );
+}
