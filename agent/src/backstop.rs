@@ -9,6 +9,11 @@
 //! usually the long-running job the slice exists for. If the slice is still over after the
 //! next grace period, the next newest goes. Without `--enforce` it only reports.
 //!
+//! On a device marked slices-only (`--slices-only INDEX|UUID`), a process that belongs to no
+//! slice and holds more than the tolerance for longer than the grace time is an event too
+//! (slice label empty), and with `--enforce` that process is ended: on such a device every
+//! process must be some slice's.
+//!
 //! The tolerance absorbs what the ledger and the driver legitimately count differently
 //! (allocation rounding, a context being created); the grace time absorbs a moment's
 //! overshoot while a process frees memory.
@@ -27,11 +32,13 @@ pub struct Counters {
     pub kills: BTreeMap<Key, u64>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     pub tolerance_bytes: u64,
     pub grace: Duration,
     pub enforce: bool,
+    /// Devices (NVML index or UUID) where every process must belong to a slice.
+    pub slices_only: Vec<String>,
 }
 
 /// What the backstop remembers between passes: since when each (slice, device) is over.
@@ -50,6 +57,8 @@ pub enum Action {
         limit: u64,
         victim: Option<u32>,
     },
+    /// A process of no slice on a slices-only device past the grace time.
+    Unsliced { key: Key, pid: u32, bytes: u64 },
 }
 
 impl Backstop {
@@ -110,6 +119,38 @@ impl Backstop {
                 });
             }
         }
+        for card in cards {
+            let marked = settings
+                .slices_only
+                .iter()
+                .any(|d| *d == card.uuid || *d == card.index.to_string());
+            if !marked {
+                continue;
+            }
+            for (pid, bytes) in view.unsliced(card) {
+                let bytes = bytes.unwrap_or(0);
+                if bytes <= settings.tolerance_bytes {
+                    continue;
+                }
+                // Keyed by PID in the slice label's place, so each stranger has its own clock.
+                let clock = (
+                    format!("pid:{pid}"),
+                    card.uuid.clone(),
+                    card.index.to_string(),
+                );
+                still_over.push(clock.clone());
+                let since = *self.over_since.entry(clock.clone()).or_insert(now);
+                if now.duration_since(since) < settings.grace {
+                    continue;
+                }
+                self.over_since.insert(clock, now);
+                actions.push(Action::Unsliced {
+                    key: (String::new(), card.uuid.clone(), card.index.to_string()),
+                    pid,
+                    bytes,
+                });
+            }
+        }
         self.over_since.retain(|k, _| still_over.contains(k));
         actions
     }
@@ -124,32 +165,43 @@ pub fn proc_start_time(pid: u32) -> Option<u64> {
 /// Carries out the actions: log lines, counters, and with `enforce` the SIGKILLs.
 pub fn act(actions: &[Action], settings: &Settings, counters: &mut Counters) {
     for action in actions {
-        let Action::OverCap {
-            key,
-            driver_bytes,
-            limit,
-            victim,
-        } = action;
+        let (key, mut line, victim) = match action {
+            Action::OverCap {
+                key,
+                driver_bytes,
+                limit,
+                victim,
+            } => {
+                let (slice, uuid, index) = key;
+                let line = format!(
+                    "backstop: slice {slice} holds {driver_bytes} bytes on device {index} ({uuid}) by the driver's count, over its cap of {limit} bytes"
+                );
+                (key, line, *victim)
+            }
+            Action::Unsliced { key, pid, bytes } => {
+                let (_, uuid, index) = key;
+                let line = format!(
+                    "backstop: process {pid} belongs to no slice and holds {bytes} bytes on slices-only device {index} ({uuid})"
+                );
+                (key, line, Some(*pid))
+            }
+        };
         *counters.over_cap.entry(key.clone()).or_default() += 1;
-        let (slice, uuid, index) = key;
-        let mut line = format!(
-            "backstop: slice {slice} holds {driver_bytes} bytes on device {index} ({uuid}) by the driver's count, over its cap of {limit} bytes"
-        );
         match (settings.enforce, victim) {
             (true, Some(pid)) => {
-                // SAFETY: kill(2) with a PID the driver reported for this slice and a valid
+                // SAFETY: kill(2) with a PID the driver reported on this device and a valid
                 // signal number; it touches no memory of this process.
-                let rc = unsafe { libc::kill(*pid as libc::pid_t, libc::SIGKILL) };
+                let rc = unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
                 if rc == 0 {
                     *counters.kills.entry(key.clone()).or_default() += 1;
-                    line.push_str(&format!("; killed its newest process {pid} (SIGKILL)"));
+                    line.push_str(&format!("; killed process {pid} (SIGKILL)"));
                 } else {
                     let e = std::io::Error::last_os_error();
-                    line.push_str(&format!("; could not kill its newest process {pid}: {e}"));
+                    line.push_str(&format!("; could not kill process {pid}: {e}"));
                 }
             }
             (true, None) => line.push_str("; no process of it to end"),
-            (false, _) => line.push_str(" (report only; --enforce would end its newest process)"),
+            (false, _) => line.push_str(" (report only; --enforce would end it)"),
         }
         eprintln!("gpuslice-node: {line}");
     }
@@ -210,6 +262,7 @@ mod tests {
             tolerance_bytes: 16 * MIB,
             grace: Duration::from_secs(2),
             enforce: true,
+            slices_only: Vec::new(),
         };
         let starts = |pid: u32| Some(u64::from(pid) * 100);
         let mut backstop = Backstop::default();
@@ -259,6 +312,7 @@ mod tests {
             tolerance_bytes: 0,
             grace: Duration::ZERO,
             enforce: false,
+            slices_only: Vec::new(),
         };
         let mut backstop = Backstop::default();
         let over = view(vec![(10, Some(2000 * MIB))]);
@@ -268,5 +322,51 @@ mod tests {
         act(&actions, &settings, &mut counters);
         assert_eq!(counters.over_cap.values().sum::<u64>(), 1);
         assert!(counters.kills.is_empty());
+    }
+
+    #[test]
+    fn strangers_on_a_slices_only_device_are_events_there_only() {
+        let mut settings = Settings {
+            tolerance_bytes: 16 * MIB,
+            grace: Duration::from_secs(1),
+            enforce: true,
+            slices_only: Vec::new(),
+        };
+        let node = view(vec![
+            (10, Some(100 * MIB)),
+            (12, Some(400 * MIB)),
+            (13, Some(MIB)),
+        ]);
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(1);
+        let mut backstop = Backstop::default();
+        assert!(backstop
+            .judge(&node, &settings, t0, &|_| Some(1))
+            .is_empty());
+        assert!(
+            backstop
+                .judge(&node, &settings, later, &|_| Some(1))
+                .is_empty(),
+            "not marked"
+        );
+        for mark in ["0", "GPU-1"] {
+            settings.slices_only = vec![mark.into()];
+            let mut backstop = Backstop::default();
+            assert!(
+                backstop
+                    .judge(&node, &settings, t0, &|_| Some(1))
+                    .is_empty(),
+                "grace"
+            );
+            // 12 only: 10 is the slice's, 13 holds less than the tolerance.
+            assert_eq!(
+                backstop.judge(&node, &settings, later, &|_| Some(1)),
+                [Action::Unsliced {
+                    key: (String::new(), "GPU-1".into(), "0".into()),
+                    pid: 12,
+                    bytes: 400 * MIB,
+                }]
+            );
+        }
     }
 }

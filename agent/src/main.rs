@@ -65,6 +65,11 @@ struct Args {
     /// backstop only reports.
     #[arg(long)]
     enforce: bool,
+    /// A device (NVML index or UUID) where every process must belong to a slice: a process of
+    /// no slice holding more than the tolerance there is an event too (and, enforcing, ended).
+    /// May be repeated.
+    #[arg(long = "slices-only", value_name = "DEVICE")]
+    slices_only: Vec<String>,
     /// Print one exposition on standard output and exit (no server).
     #[arg(long)]
     once: bool,
@@ -131,18 +136,19 @@ fn main() {
         tolerance_bytes: args.tolerance,
         grace: Duration::from_secs_f64(args.grace),
         enforce: args.enforce,
+        slices_only: args.slices_only.clone(),
     };
     {
         let counters = Arc::clone(&counters);
         let sources = sources.clone();
         let interval = Duration::from_secs_f64(args.interval.max(0.05));
-        std::thread::spawn(move || watch(&sources, settings, interval, &counters));
+        std::thread::spawn(move || watch(&sources, &settings, interval, &counters));
     }
     serve(&server, &sources, &counters);
 }
 
 /// The watch loop: problems logged when they change, and the backstop.
-fn watch(sources: &Sources, settings: Settings, interval: Duration, counters: &Mutex<Counters>) {
+fn watch(sources: &Sources, settings: &Settings, interval: Duration, counters: &Mutex<Counters>) {
     let mut driver = driver::Driver::default();
     let mut backstop = Backstop::default();
     let mut logged: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -185,10 +191,10 @@ fn watch(sources: &Sources, settings: Settings, interval: Duration, counters: &M
             }
         }
         logged = current;
-        let actions = backstop.judge(&view, &settings, Instant::now(), &backstop::proc_start_time);
+        let actions = backstop.judge(&view, settings, Instant::now(), &backstop::proc_start_time);
         if !actions.is_empty() {
             let mut counters = counters.lock().unwrap_or_else(|p| p.into_inner());
-            backstop::act(&actions, &settings, &mut counters);
+            backstop::act(&actions, settings, &mut counters);
         }
         std::thread::sleep(interval);
     }

@@ -650,6 +650,47 @@ fn the_backstop_reports_then_ends_a_process_that_bypasses_the_shim() {
     );
 }
 
+#[test]
+fn a_process_of_no_slice_on_a_slices_only_device_is_reported_then_ended() {
+    // That an unmarked device is left alone is the unit test's
+    // (strangers_on_a_slices_only_device_are_events_there_only): absence takes a timed wait.
+    let gpu = FakeGpu::start("v100");
+    let work = TempDir::new("node-agent-slices-only");
+    let slices_dir = work.path().join("slices");
+    std::fs::create_dir_all(&slices_dir).unwrap();
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    std::fs::copy(slice.config_path(), slices_dir.join("s.json")).unwrap();
+    let member = hold(ClientKind::Cudarc, "100MiB", &slice.env(&gpu));
+    // No shim, no slice, on the device marked slices-only.
+    let stranger = hold(ClientKind::Cudarc, "200MiB", &gpu.env());
+    let stranger_pid = stranger.pid();
+    assert!(truth_of(&gpu, &[stranger_pid]) > 0);
+
+    let args = ["--grace", "1", "--slices-only", "0"];
+    {
+        let (_agent, addr) = start_agent(&gpu, work.path(), &slices_dir, &args);
+        wait_until("the stranger on device 0 is reported", TIMEOUT, || {
+            scraped(
+                &addr,
+                "gpuslice_backstop_over_cap_events_total{slice=\"\",uuid=",
+            )
+            .is_some_and(|n| n >= 1.0)
+        });
+        assert!(is_running(stranger_pid), "report-only killed it");
+    }
+    let mut enforce = args.to_vec();
+    enforce.push("--enforce");
+    let (_agent, addr) = start_agent(&gpu, work.path(), &slices_dir, &enforce);
+    wait_until("the stranger on device 0 is ended", TIMEOUT, || {
+        !is_running(stranger_pid) && truth_of(&gpu, &[stranger_pid]) == 0
+    });
+    let kills = scraped(&addr, "gpuslice_backstop_kills_total{slice=\"\",");
+    assert_eq!(kills, Some(1.0), "exactly the one stranger");
+    assert!(is_running(member.pid()), "the slice's process was killed");
+    drop(stranger);
+    assert!(member.release().success());
+}
+
 /// CPU ticks (user + system) a process has used so far.
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
