@@ -707,39 +707,39 @@ fn cpu_ticks(pid: u32) -> u64 {
             .unwrap_or(0)
 }
 
-/// Not a test: measures the agent with 20 slices and 100 processes (the figures in
-/// docs/performance.md). Run with
+/// Not a test: measures the agent with 20 slices and 60 processes, 3 per slice (the figures
+/// in docs/performance.md; the fake GPU has room for 64 processes, not the issue's 100). Run with
 /// `E2E_AGENT_BIN=target/release/gpuslice-node cargo test -p cuda-e2e --test node_agent -- --ignored --nocapture measure`.
 #[test]
 #[ignore]
-fn measure_twenty_slices_hundred_processes() {
-    let gpu = FakeGpu::start("h200");
+fn measure_twenty_slices_sixty_processes() {
+    let gpu = FakeGpu::start("v100");
     let work = TempDir::new("node-agent-measure");
     let slices_dir = work.path().join("slices");
     std::fs::create_dir_all(&slices_dir).unwrap();
     let mut slices = Vec::new();
     let mut running = Vec::new();
     for i in 0..20 {
-        let slice = Slice::builder().device(0, "6GiB", Some(5)).build();
+        let slice = Slice::builder().device(0, "2GiB", Some(5)).build();
         std::fs::copy(
             slice.config_path(),
             slices_dir.join(format!("s{i:02}.json")),
         )
         .unwrap();
-        for _ in 0..5 {
+        for _ in 0..3 {
             running.push(hold(ClientKind::Cudarc, "16MiB", &slice.env(&gpu)));
         }
         slices.push(slice);
     }
     let (agent, addr) = start_agent(&gpu, work.path(), &slices_dir, &[]);
     let pid = agent.child.id();
-    wait_until("the agent sees 100 processes", TIMEOUT, || {
+    wait_until("the agent sees 60 processes", TIMEOUT, || {
         http_get(&addr, "/metrics").is_some_and(|(_, body)| {
             body.lines()
                 .filter(|l| l.starts_with("gpuslice_slice_device_processes{"))
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum::<f64>()
-                == 100.0
+                == 60.0
         })
     });
     // Idle: only the watch loop (1 pass every --interval; here 0.2 s, 5x the default).
@@ -762,7 +762,7 @@ fn measure_twenty_slices_hundred_processes() {
     let _ = t1;
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     println!(
-        "MEASURED: 20 slices, 100 processes: scrape wall median {:.1} ms, p90 {:.1} ms, max {:.1} ms; \
+        "MEASURED: 20 slices, 60 processes: scrape wall median {:.1} ms, p90 {:.1} ms, max {:.1} ms; \
          agent CPU per scrape {:.1} ms; watch loop at 0.2 s interval uses {:.1}% of a core",
         times[25],
         times[45],
