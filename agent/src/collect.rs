@@ -89,6 +89,17 @@ pub fn collect(sources: &Sources, driver: &mut Driver, warn: &mut dyn FnMut(Stri
 
 fn read_region(mut found: FoundSlice) -> SliceState {
     let snapshot = match &found.region {
+        // The region's directory is writable by the slice's containers: a FIFO or device put
+        // there would block or misbehave on open, so only a regular file is opened (the
+        // region module refuses a symbolic link at the name itself). A swap between this
+        // check and the open is not excluded here.
+        Some(path) if std::fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_file()) => {
+            found.problems.push(format!(
+                "region {}: not a regular file; not opened",
+                path.display()
+            ));
+            None
+        }
         Some(path) if path.exists() => match Region::open_existing(path) {
             Ok(view) => Some(view.snapshot()),
             Err(e) => {
@@ -207,6 +218,31 @@ mod tests {
             }
             .to_string(),
         )
+    }
+
+    #[test]
+    fn a_region_that_is_not_a_regular_file_is_a_problem_not_a_hang() {
+        let dir = std::env::temp_dir().join(format!("gpuslice-agent-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("s.region");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path and mode.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let state = read_region(FoundSlice {
+            name: "s".into(),
+            limit_file: None,
+            config: None,
+            region: Some(fifo),
+            problems: Vec::new(),
+        });
+        assert!(state.snapshot.is_none());
+        assert!(
+            state.found.problems[0].contains("not a regular file"),
+            "{:?}",
+            state.found
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
