@@ -225,6 +225,7 @@ mod tests {
                 config: None,
                 region: None,
                 problems: Vec::new(),
+                orphan_dir: None,
             },
             snapshot: Some(RegionSnapshot {
                 generation: 1,

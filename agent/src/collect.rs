@@ -197,6 +197,7 @@ mod tests {
                 config: None,
                 region: None,
                 problems: Vec::new(),
+                orphan_dir: None,
             },
             snapshot: Some(RegionSnapshot {
                 generation: 1,
@@ -235,6 +236,7 @@ mod tests {
             config: None,
             region: Some(fifo),
             problems: Vec::new(),
+            orphan_dir: None,
         });
         assert!(state.snapshot.is_none());
         assert!(

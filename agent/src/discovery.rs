@@ -38,6 +38,9 @@ pub struct FoundSlice {
     pub region: Option<PathBuf>,
     /// What is wrong with this slice's files (each one line; the slice is still reported).
     pub problems: Vec<String>,
+    /// For a slice found only from its region directory under the state directory (no limit
+    /// file names it): that directory, the clean-up's candidate.
+    pub orphan_dir: Option<PathBuf>,
 }
 
 /// Lists every slice the sources name, sorted by name. Never fails: an unreadable directory
@@ -89,6 +92,7 @@ pub fn discover(sources: &Sources, warn: &mut dyn FnMut(String)) -> Vec<FoundSli
             config: None,
             region,
             problems,
+            orphan_dir: Some(dir.clone()),
         });
     }
     slices.sort_by(|a, b| a.name.cmp(&b.name));
@@ -102,6 +106,7 @@ fn from_limit_file(name: &str, file: &Path, region_dirs: &[(String, PathBuf)]) -
         config: None,
         region: None,
         problems: Vec::new(),
+        orphan_dir: None,
     };
     let text = match read_bounded(file) {
         Ok(text) => text,
@@ -258,6 +263,8 @@ mod tests {
             Some(&*orphan_dir.join("o.region"))
         );
         assert!(found[3].limit_file.is_none());
+        assert_eq!(found[3].orphan_dir.as_deref(), Some(&*orphan_dir));
+        assert!(found[0].orphan_dir.is_none());
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].contains("missing"), "{warnings:?}");
         fs::remove_dir_all(&root).unwrap();

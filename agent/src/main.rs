@@ -13,6 +13,7 @@
 //! node, membership), `metrics` + `exposition` (the text format), `backstop`.
 
 mod backstop;
+mod cleanup;
 mod collect;
 mod discovery;
 mod driver;
@@ -70,6 +71,13 @@ struct Args {
     /// May be repeated.
     #[arg(long = "slices-only", value_name = "DEVICE")]
     slices_only: Vec<String>,
+    /// Remove the region directories (under --state-dir) of slices whose limit file is gone
+    /// from every --slices-dir and that no process uses or mounts (see docs/architecture.md).
+    #[arg(long = "clean-up")]
+    clean_up: bool,
+    /// Seconds a slice must stay removable before --clean-up removes it.
+    #[arg(long = "clean-up-after", default_value_t = 60.0, value_parser = parse_seconds)]
+    clean_up_after: f64,
     /// Print one exposition on standard output and exit (no server).
     #[arg(long)]
     once: bool,
@@ -138,17 +146,30 @@ fn main() {
         enforce: args.enforce,
         slices_only: args.slices_only.clone(),
     };
+    if args.clean_up && args.slices_dirs.is_empty() {
+        log("--clean-up does nothing without --slices-dir: a slice's limit file cannot be missing from no directory");
+    }
     {
         let counters = Arc::clone(&counters);
         let sources = sources.clone();
         let interval = Duration::from_secs_f64(args.interval.max(0.05));
-        std::thread::spawn(move || watch(&sources, &settings, interval, &counters));
+        let clean_up = args
+            .clean_up
+            .then(|| Duration::from_secs_f64(args.clean_up_after));
+        std::thread::spawn(move || watch(&sources, &settings, interval, clean_up, &counters));
     }
     serve(&server, &sources, &counters);
 }
 
 /// The watch loop: problems logged when they change, and the backstop.
-fn watch(sources: &Sources, settings: &Settings, interval: Duration, counters: &Mutex<Counters>) {
+fn watch(
+    sources: &Sources,
+    settings: &Settings,
+    interval: Duration,
+    clean_up: Option<Duration>,
+    counters: &Mutex<Counters>,
+) {
+    let mut cleanup = cleanup::Cleanup::default();
     let mut driver = driver::Driver::default();
     let mut backstop = Backstop::default();
     let mut logged: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -195,6 +216,18 @@ fn watch(sources: &Sources, settings: &Settings, interval: Duration, counters: &
         if !actions.is_empty() {
             let mut counters = counters.lock().unwrap_or_else(|p| p.into_inner());
             backstop::act(&actions, settings, &mut counters);
+        }
+        if let Some(after) = clean_up {
+            let have_limit_dirs = !sources.slices_dirs.is_empty();
+            for line in cleanup.pass(
+                &view,
+                have_limit_dirs,
+                after,
+                Instant::now(),
+                &cleanup::Proc,
+            ) {
+                log(&line);
+            }
         }
         std::thread::sleep(interval);
     }

@@ -772,3 +772,65 @@ fn measure_twenty_slices_sixty_processes() {
     );
     drop(running);
 }
+
+#[test]
+fn clean_up_removes_a_gone_slice_and_keeps_one_a_process_still_uses() {
+    let gpu = FakeGpu::start("v100");
+    let work = TempDir::new("node-agent-cleanup");
+    let slices_dir = work.path().join("slices");
+    let limits = work.path().join("limits");
+    std::fs::create_dir_all(&slices_dir).unwrap();
+    std::fs::create_dir_all(&limits).unwrap();
+    // Two slices laid out as `gpuslice cdi` does, whose limit files are in no --slices-dir.
+    let slice_env = |name: &str| {
+        let dir = work
+            .path()
+            .join("state/regions/gpuslice.dev/slice")
+            .join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = limits.join(format!("{name}.json"));
+        std::fs::write(
+            &file,
+            format!(
+                r#"{{"version": 1, "region": "{}", "devices": [{{"index": 0, "memory": "1GiB"}}]}}"#,
+                dir.join(format!("{name}.region")).display()
+            ),
+        )
+        .unwrap();
+        let mut env = gpu.env();
+        env.push(("GPUSLICE_CONFIG".into(), file.display().to_string()));
+        env.push((
+            "LD_PRELOAD".into(),
+            cuda_e2e::shim_library().display().to_string(),
+        ));
+        (dir, env)
+    };
+    let (gone_dir, gone_env) = slice_env("gone");
+    let (busy_dir, busy_env) = slice_env("busy");
+    assert!(hold(ClientKind::Cudarc, "64MiB", &gone_env)
+        .release()
+        .success());
+    let busy = hold(ClientKind::Cudarc, "64MiB", &busy_env);
+    assert!(gone_dir.join("gone.region").is_file() && busy_dir.join("busy.region").is_file());
+
+    let args = ["--clean-up", "--clean-up-after", "0.5"];
+    let (_agent, _addr) = start_agent(&gpu, work.path(), &slices_dir, &args);
+    wait_until(
+        "the gone slice's region directory is removed",
+        TIMEOUT,
+        || !gone_dir.exists(),
+    );
+    // Judged in the same passes: a live process's slice is still there.
+    assert!(
+        busy_dir.join("busy.region").is_file(),
+        "a live slice's region was removed"
+    );
+    let busy_pid = busy.pid();
+    assert!(busy.release().success());
+    assert_eq!(truth_of(&gpu, &[busy_pid]), 0);
+    wait_until(
+        "the busy slice's directory goes once its process has",
+        TIMEOUT,
+        || !busy_dir.exists(),
+    );
+}
