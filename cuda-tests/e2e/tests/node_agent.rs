@@ -834,3 +834,52 @@ fn clean_up_removes_a_gone_slice_and_keeps_one_a_process_still_uses() {
         || !busy_dir.exists(),
     );
 }
+
+#[test]
+fn the_slices_measured_utilisation_and_the_cards_reach_prometheus() {
+    let Some(prometheus_bin) = prometheus_binary() else {
+        return;
+    };
+    let gpu = FakeGpu::start("v100");
+    let work = TempDir::new("node-agent-util");
+    let slices_dir = work.path().join("slices");
+    std::fs::create_dir_all(&slices_dir).unwrap();
+    let slice = Slice::builder().device(0, "4GiB", Some(50)).build();
+    std::fs::copy(slice.config_path(), slices_dir.join("half.json")).unwrap();
+    let (_agent, agent_addr) = start_agent(&gpu, work.path(), &slices_dir, &[]);
+    let (_prometheus, prom) = start_prometheus(&prometheus_bin, work.path(), &agent_addr);
+    // Kernels of 1 ms for far longer than the test waits; killed on drop.
+    let args = [
+        "launch",
+        "--kernels",
+        "200000",
+        "--ns-per-wave",
+        "1000000",
+        "--path",
+        "kernel",
+    ];
+    let child = cuda_e2e::command(&ClientKind::Cudarc.binary(), &args, &slice.env(&gpu))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the launching client");
+    let _busy = Daemon {
+        child,
+        what: "launching client",
+        log: work.path().join("none"),
+    };
+    let sel = "{slice=\"half\",index=\"0\"}";
+    wait_until(
+        "the slice's measured utilisation and the card's are above 0 in Prometheus",
+        TIMEOUT,
+        || {
+            let slice = value(&prom, &format!("gpuslice_slice_utilization_ratio{sel}"));
+            let card = value(&prom, "gpuslice_card_utilization_ratio{index=\"0\"}");
+            matches!((slice, card), (Some(s), Some(c)) if s > 0.0 && s <= 1.0 && c > 0.0 && c <= 1.0)
+        },
+    );
+    assert_eq!(
+        value(&prom, &format!("gpuslice_slice_compute_share_ratio{sel}")),
+        Some(0.5)
+    );
+}
