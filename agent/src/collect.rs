@@ -10,7 +10,7 @@
 
 use crate::discovery::{discover, FoundSlice, Sources};
 use crate::driver::{Card, Driver};
-use gpuslice_common::region::{Liveness, Region, RegionSnapshot};
+use gpuslice_common::region::{Liveness, ProcessSnapshot, Region, RegionSnapshot};
 use std::collections::HashMap;
 
 /// A slice and what its region holds.
@@ -23,14 +23,34 @@ pub struct SliceState {
 }
 
 impl SliceState {
-    /// Host PIDs of the processes registered in the region and not known to have exited.
-    pub fn registered_pids(&self) -> impl Iterator<Item = u32> + '_ {
+    /// The processes registered in the region and not known to have exited.
+    pub fn registered(&self) -> impl Iterator<Item = &ProcessSnapshot> + '_ {
         self.snapshot
             .iter()
             .flat_map(|s| s.processes.iter())
             .filter(|p| p.liveness != Liveness::Stale)
-            .map(|p| if p.host_pid != 0 { p.host_pid } else { p.pid })
     }
+}
+
+/// The host PID of a registered process, when the agent can tell it is that very process:
+/// the slot's host PID (or its PID, when it registered in the agent's own PID namespace),
+/// provided `/proc/PID` there has the start time the slot recorded. Anything else (a PID of
+/// another namespace with no host PID, a PID reused since, no `/proc` view of the host) is
+/// no one: counting a stranger against the slice, or killing it, must not happen.
+pub fn verified_host_pid(p: &ProcessSnapshot, own_pid_ns: u64) -> Option<u32> {
+    let pid = if p.host_pid != 0 {
+        p.host_pid
+    } else if p.pid_ns != 0 && p.pid_ns == own_pid_ns {
+        p.pid
+    } else {
+        return None;
+    };
+    (crate::backstop::proc_start_time(pid) == Some(p.start_time)).then_some(pid)
+}
+
+fn own_pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
 }
 
 /// The node at one instant.
@@ -74,9 +94,11 @@ pub fn collect(sources: &Sources, driver: &mut Driver, warn: &mut dyn FnMut(Stri
             .collect(),
         Err(_) => Vec::new(),
     };
+    let own_ns = own_pid_namespace();
     let owner = membership(
         &slices,
         &driver_pids,
+        &|p| verified_host_pid(p, own_ns),
         &cgroup_of,
         cgroup_of(std::process::id()),
     );
@@ -123,12 +145,13 @@ fn cgroup_of(pid: u32) -> Option<String> {
 pub fn membership(
     slices: &[SliceState],
     driver_pids: &[u32],
+    host_pid: &dyn Fn(&ProcessSnapshot) -> Option<u32>,
     cgroup_of: &dyn Fn(u32) -> Option<String>,
     own_cgroup: Option<String>,
 ) -> HashMap<u32, usize> {
     let mut owner = HashMap::new();
     for (index, slice) in slices.iter().enumerate() {
-        for pid in slice.registered_pids() {
+        for pid in slice.registered().filter_map(host_pid) {
             owner.entry(pid).or_insert(index);
         }
     }
@@ -256,6 +279,7 @@ mod tests {
         let owner = membership(
             &slices,
             &[10, 11, 20, 21, 99, 7],
+            &|p| Some(p.host_pid),
             &cgroups,
             Some("0::/user.slice/agent".into()),
         );
@@ -269,6 +293,43 @@ mod tests {
         assert_eq!(owner.get(&21), Some(&1));
         assert_eq!(owner.get(&99), None, "a stale slot's PID may be reused");
         assert_eq!(owner.get(&7), None);
+    }
+
+    #[test]
+    fn only_a_registered_process_the_agent_can_verify_is_a_member() {
+        let me = gpuslice_common::region::ProcessIdentity::current().unwrap();
+        let base = slice("a", &[(0, Liveness::Alive)])
+            .snapshot
+            .unwrap()
+            .processes[0]
+            .clone();
+        let with = |pid, host_pid, pid_ns, start_time| ProcessSnapshot {
+            pid,
+            host_pid,
+            pid_ns,
+            start_time,
+            ..base.clone()
+        };
+        let own = me.pid_ns;
+        assert_eq!(
+            verified_host_pid(&with(me.pid, 0, own, me.start_time), own),
+            Some(me.pid)
+        );
+        assert_eq!(
+            verified_host_pid(&with(7, me.pid, own + 1, me.start_time), own),
+            Some(me.pid),
+            "a container's process by its host PID"
+        );
+        assert_eq!(
+            verified_host_pid(&with(me.pid, 0, own + 1, me.start_time), own),
+            None,
+            "a PID of another namespace without a host PID names no one here"
+        );
+        assert_eq!(
+            verified_host_pid(&with(me.pid, 0, own, me.start_time + 1), own),
+            None,
+            "the PID was reused by a later process"
+        );
     }
 
     #[test]
@@ -287,6 +348,7 @@ mod tests {
         let owner = membership(
             &slices,
             &[12, 41, 51],
+            &|p| Some(p.host_pid),
             &cgroups,
             Some("0::/user.slice/agent".into()),
         );

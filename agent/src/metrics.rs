@@ -134,7 +134,7 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
             ],
             1.0,
         );
-        slice_processes.add(&[("slice", name)], slice.registered_pids().count() as f64);
+        slice_processes.add(&[("slice", name)], slice.registered().count() as f64);
         let Some(snapshot) = &slice.snapshot else {
             continue;
         };
