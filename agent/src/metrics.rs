@@ -7,6 +7,7 @@
 use crate::backstop::Counters;
 use crate::collect::NodeView;
 use crate::exposition::{Family, Kind};
+use gpuslice_common::config::DeviceSelector;
 
 /// Renders the whole exposition. `scrape_seconds` is how long collecting took.
 pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> String {
@@ -34,7 +35,7 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
     let mut limit = Family::new(
         "gpuslice_slice_memory_limit_bytes",
         Gauge,
-        "The slice's memory cap on the device, as bound in its region (absent: not limited).",
+        "The slice's memory cap on the device, as bound in its region, or as its limit file sets it while no process has run (absent: not limited).",
     );
     let mut ledger = Family::new(
         "gpuslice_slice_memory_ledger_bytes",
@@ -136,6 +137,28 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
         );
         slice_processes.add(&[("slice", name)], slice.registered().count() as f64);
         let Some(snapshot) = &slice.snapshot else {
+            // No process of the slice has run yet (or its region is unreadable): the caps
+            // its limit file sets, on the cards they select here.
+            let configured = slice
+                .found
+                .config
+                .as_ref()
+                .map_or(&[][..], |c| &c.devices[..]);
+            for card in cards.into_iter().flatten() {
+                let index = card.index.to_string();
+                let labels = [
+                    ("slice", name),
+                    ("uuid", card.uuid.as_str()),
+                    ("index", index.as_str()),
+                ];
+                let entry = configured.iter().find(|d| match &d.selector {
+                    DeviceSelector::Index(i) => *i == card.index,
+                    DeviceSelector::Uuid(u) => *u == card.uuid,
+                });
+                if let Some(bytes) = entry.and_then(|d| d.memory_limit) {
+                    limit.add(&labels, bytes as f64);
+                }
+            }
             continue;
         };
         for device in &snapshot.devices {
@@ -229,4 +252,68 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
         family.write(&mut out);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collect::SliceState;
+    use crate::discovery::FoundSlice;
+    use crate::driver::Card;
+    use gpuslice_common::config::parse_limit_file;
+    use std::path::Path;
+
+    #[test]
+    fn a_slice_that_never_ran_shows_its_limit_files_caps() {
+        let config = parse_limit_file(
+            Path::new("fresh.json"),
+            r#"{"version": 1, "region": "/r/f.region", "devices": [
+                {"index": 1, "memory": "1GiB"}, {"uuid": "GPU-12345678-1234-1234-1234-123456789abc", "memory": "2GiB"}]}"#,
+        )
+        .unwrap();
+        let card = |index: u32, uuid: &str| Card {
+            index,
+            uuid: uuid.into(),
+            total: 1 << 34,
+            used: 0,
+            free: 1 << 34,
+            utilization: None,
+            processes: Vec::new(),
+        };
+        let view = NodeView {
+            slices: vec![SliceState {
+                found: FoundSlice {
+                    name: "fresh".into(),
+                    limit_file: None,
+                    config: Some(config),
+                    region: None,
+                    problems: Vec::new(),
+                    orphan_dir: None,
+                },
+                snapshot: None,
+            }],
+            cards: Ok(vec![
+                card(0, "GPU-12345678-1234-1234-1234-123456789abc"),
+                card(1, "GPU-bbbb"),
+                card(2, "GPU-cccc"),
+            ]),
+            owner: Default::default(),
+        };
+        let text = render(&view, &Counters::default(), 0.0);
+        let caps: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("gpuslice_slice_memory_limit_bytes{"))
+            .collect();
+        assert_eq!(
+            caps,
+            [
+                "gpuslice_slice_memory_limit_bytes{slice=\"fresh\",uuid=\"GPU-12345678-1234-1234-1234-123456789abc\",index=\"0\"} 2147483648",
+                "gpuslice_slice_memory_limit_bytes{slice=\"fresh\",uuid=\"GPU-bbbb\",index=\"1\"} 1073741824",
+            ]
+        );
+        assert!(
+            !text.contains("gpuslice_slice_memory_ledger_bytes{"),
+            "{text}"
+        );
+    }
 }
