@@ -111,7 +111,8 @@ fn main() {
         let started = Instant::now();
         let view = collect::collect(&sources, &mut driver, &mut |w| log(&w));
         let text = metrics::render(&view, &Counters::default(), started.elapsed().as_secs_f64());
-        print!("{text}");
+        // A reader that hangs up early (`| head`) ends the output, not with a panic.
+        let _ = std::io::stdout().write_all(text.as_bytes());
         return;
     }
     let server = match tiny_http::Server::http(&args.listen) {
@@ -126,8 +127,8 @@ fn main() {
         .to_ip()
         .map_or(args.listen.clone(), |a| a.to_string());
     // The one line on standard output: where it listens (tests and scripts read it).
-    println!("listening on {address}");
-    let _ = std::io::stdout().flush();
+    let mut stdout = std::io::stdout();
+    let _ = writeln!(stdout, "listening on {address}").and_then(|()| stdout.flush());
     log(&format!(
         "serving http://{address}/metrics; backstop {} (tolerance {} bytes, grace {} s)",
         if args.enforce {
