@@ -119,7 +119,10 @@ impl Backstop {
                 });
             }
         }
-        for card in cards {
+        // Without every registered process verified, a slice's process may look like no
+        // slice's: judging "strangers" then could end a slice's own processes.
+        let strangers_judged = view.unverified == 0;
+        for card in cards.iter().filter(|_| strangers_judged) {
             let marked = settings
                 .slices_only
                 .iter()
@@ -254,6 +257,7 @@ mod tests {
                 processes,
             }]),
             owner,
+            unverified: 0,
         }
     }
 
@@ -349,6 +353,19 @@ mod tests {
                 .judge(&node, &settings, later, &|_| Some(1))
                 .is_empty(),
             "not marked"
+        );
+        let mut unsure = view(vec![(12, Some(400 * MIB))]);
+        unsure.unverified = 1;
+        settings.slices_only = vec!["0".into()];
+        let mut careful = Backstop::default();
+        assert!(careful
+            .judge(&unsure, &settings, t0, &|_| Some(1))
+            .is_empty());
+        assert!(
+            careful
+                .judge(&unsure, &settings, later, &|_| Some(1))
+                .is_empty(),
+            "an unverified registered process makes 'no slice' unsure"
         );
         for mark in ["0", "GPU-1"] {
             settings.slices_only = vec![mark.into()];

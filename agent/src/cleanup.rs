@@ -236,6 +236,7 @@ mod tests {
             slices: vec![slice],
             cards: Err("none".into()),
             owner: HashMap::new(),
+            unverified: 0,
         };
         (root, view)
     }

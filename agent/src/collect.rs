@@ -60,6 +60,10 @@ pub struct NodeView {
     pub cards: Result<Vec<Card>, String>,
     /// Host PID -> index into `slices`.
     pub owner: HashMap<u32, usize>,
+    /// Registered processes, not known to have exited, whose host PID the agent could not
+    /// verify (see [`verified_host_pid`]): while there are any, "belongs to no slice" is not
+    /// a safe judgment (an agent without the host's PID view sees every process so).
+    pub unverified: usize,
 }
 
 impl NodeView {
@@ -102,10 +106,16 @@ pub fn collect(sources: &Sources, driver: &mut Driver, warn: &mut dyn FnMut(Stri
         &cgroup_of,
         cgroup_of(std::process::id()),
     );
+    let unverified = slices
+        .iter()
+        .flat_map(|s| s.registered())
+        .filter(|p| verified_host_pid(p, own_ns).is_none())
+        .count();
     NodeView {
         slices,
         cards,
         owner,
+        unverified,
     }
 }
 

@@ -107,6 +107,11 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
         Counter,
         "Processes the backstop ended with SIGKILL (only with --enforce).",
     );
+    let mut unverified = Family::new(
+        "gpuslice_unverified_processes",
+        Gauge,
+        "Registered processes whose host PID the agent cannot verify (no host PID view: run it with the host's PID namespace); while above 0, processes of no slice are not judged.",
+    );
     let mut scrape = Family::new(
         "gpuslice_scrape_duration_seconds",
         Gauge,
@@ -224,6 +229,7 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
             *count as f64,
         );
     }
+    unverified.add(&[], view.unverified as f64);
     scrape.add(&[], scrape_seconds);
 
     let mut out = String::with_capacity(8192);
@@ -247,6 +253,7 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
         &unsliced_bytes,
         &over_cap,
         &kills,
+        &unverified,
         &scrape,
     ] {
         family.write(&mut out);
@@ -298,6 +305,7 @@ mod tests {
                 card(2, "GPU-cccc"),
             ]),
             owner: Default::default(),
+            unverified: 0,
         };
         let text = render(&view, &Counters::default(), 0.0);
         let caps: Vec<&str> = text
