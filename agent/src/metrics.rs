@@ -1,0 +1,327 @@
+//! The metric families: names, labels and values of `/metrics`, from one [`NodeView`].
+//!
+//! Labels: `slice` (the slice's name), `uuid` (the device's UUID), `index` (the device's
+//! NVML index on this node, empty when the driver cannot be read). Base units: bytes and
+//! ratios (0..1), never MiB or percent.
+
+use crate::backstop::Counters;
+use crate::collect::NodeView;
+use crate::exposition::{Family, Kind};
+use gpuslice_common::config::DeviceSelector;
+
+/// Renders the whole exposition. `scrape_seconds` is how long collecting took.
+pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> String {
+    use Kind::{Counter, Gauge};
+    let mut driver_up = Family::new(
+        "gpuslice_driver_up",
+        Gauge,
+        "1 when the driver (NVML) could be read on this scrape, else 0 (the log says why).",
+    );
+    let mut slice_up = Family::new(
+        "gpuslice_slice_up",
+        Gauge,
+        "1 when the slice's limit file and region could be read (or the region does not exist yet), else 0 (the log says why).",
+    );
+    let mut slice_info = Family::new(
+        "gpuslice_slice_info",
+        Gauge,
+        "1 for every slice found, labelled with its limit file and region file (empty: none).",
+    );
+    let mut slice_processes = Family::new(
+        "gpuslice_slice_processes",
+        Gauge,
+        "Processes registered in the slice's region and not known to have exited.",
+    );
+    let mut limit = Family::new(
+        "gpuslice_slice_memory_limit_bytes",
+        Gauge,
+        "The slice's memory cap on the device, as bound in its region, or as its limit file sets it while no process has run (absent: not limited).",
+    );
+    let mut ledger = Family::new(
+        "gpuslice_slice_memory_ledger_bytes",
+        Gauge,
+        "Bytes the slice's ledger (region) counts on the device against the cap, including slots of exited processes not yet reaped.",
+    );
+    let mut ledger_stale = Family::new(
+        "gpuslice_slice_memory_ledger_stale_bytes",
+        Gauge,
+        "Of the ledger's bytes, those held by slots of processes that have exited and await reaping.",
+    );
+    let mut driver_bytes = Family::new(
+        "gpuslice_slice_memory_driver_bytes",
+        Gauge,
+        "Bytes the driver (NVML per-process usage) reports for the slice's processes on the device.",
+    );
+    let mut driver_processes = Family::new(
+        "gpuslice_slice_device_processes",
+        Gauge,
+        "The slice's processes the driver reports on the device.",
+    );
+    let mut share = Family::new(
+        "gpuslice_slice_compute_share_ratio",
+        Gauge,
+        "The slice's compute share of the device (1 = not throttled).",
+    );
+    let mut measured = Family::new(
+        "gpuslice_slice_utilization_ratio",
+        Gauge,
+        "The slice's utilisation of the device as its compute throttle last measured it.",
+    );
+    let mut card_total = Family::new(
+        "gpuslice_card_memory_total_bytes",
+        Gauge,
+        "The card's memory.",
+    );
+    let mut card_used = Family::new(
+        "gpuslice_card_memory_used_bytes",
+        Gauge,
+        "The card's memory in use, as the driver reports it.",
+    );
+    let mut card_free = Family::new(
+        "gpuslice_card_memory_free_bytes",
+        Gauge,
+        "The card's free memory, as the driver reports it.",
+    );
+    let mut card_util = Family::new(
+        "gpuslice_card_utilization_ratio",
+        Gauge,
+        "Fraction of the driver's last sample period in which a kernel ran on the card.",
+    );
+    let mut unsliced = Family::new(
+        "gpuslice_card_unsliced_processes",
+        Gauge,
+        "Compute processes on the card that belong to no slice.",
+    );
+    let mut unsliced_bytes = Family::new(
+        "gpuslice_card_unsliced_memory_bytes",
+        Gauge,
+        "Bytes the driver reports for the card's processes that belong to no slice.",
+    );
+    let mut over_cap = Family::new(
+        "gpuslice_backstop_over_cap_events_total",
+        Counter,
+        "Times the driver showed the slice's processes over its cap beyond the tolerance for longer than the grace time.",
+    );
+    let mut kills = Family::new(
+        "gpuslice_backstop_kills_total",
+        Counter,
+        "Processes the backstop ended with SIGKILL (only with --enforce).",
+    );
+    let mut unverified = Family::new(
+        "gpuslice_unverified_processes",
+        Gauge,
+        "Registered processes whose host PID the agent cannot verify (no host PID view: run it with the host's PID namespace); while above 0, processes of no slice are not judged.",
+    );
+    let mut scrape = Family::new(
+        "gpuslice_scrape_duration_seconds",
+        Gauge,
+        "How long collecting this scrape's figures took.",
+    );
+
+    let cards = view.cards.as_ref().ok();
+    driver_up.add(&[], if cards.is_some() { 1.0 } else { 0.0 });
+    for (index, slice) in view.slices.iter().enumerate() {
+        let name = slice.found.name.as_str();
+        let up = if slice.found.problems.is_empty() {
+            1.0
+        } else {
+            0.0
+        };
+        slice_up.add(&[("slice", name)], up);
+        let path = |p: &Option<std::path::PathBuf>| {
+            p.as_ref()
+                .map_or(String::new(), |p| p.display().to_string())
+        };
+        slice_info.add(
+            &[
+                ("slice", name),
+                ("limit_file", &path(&slice.found.limit_file)),
+                ("region", &path(&slice.found.region)),
+            ],
+            1.0,
+        );
+        slice_processes.add(&[("slice", name)], slice.registered().count() as f64);
+        let Some(snapshot) = &slice.snapshot else {
+            // No process of the slice has run yet (or its region is unreadable): the caps
+            // its limit file sets, on the cards they select here.
+            let configured = slice
+                .found
+                .config
+                .as_ref()
+                .map_or(&[][..], |c| &c.devices[..]);
+            for card in cards.into_iter().flatten() {
+                let index = card.index.to_string();
+                let labels = [
+                    ("slice", name),
+                    ("uuid", card.uuid.as_str()),
+                    ("index", index.as_str()),
+                ];
+                let entry = configured.iter().find(|d| match &d.selector {
+                    DeviceSelector::Index(i) => *i == card.index,
+                    DeviceSelector::Uuid(u) => *u == card.uuid,
+                });
+                if let Some(bytes) = entry.and_then(|d| d.memory_limit) {
+                    limit.add(&labels, bytes as f64);
+                }
+            }
+            continue;
+        };
+        for device in &snapshot.devices {
+            let card = cards.and_then(|c| c.iter().find(|c| c.uuid == device.uuid));
+            let card_index = card.map_or(String::new(), |c| c.index.to_string());
+            let labels = [
+                ("slice", name),
+                ("uuid", device.uuid.as_str()),
+                ("index", card_index.as_str()),
+            ];
+            if let Some(bytes) = device.memory_limit {
+                limit.add(&labels, bytes as f64);
+            }
+            ledger.add(&labels, device.used_bytes as f64);
+            let entry = device.id.index();
+            let stale: u64 = snapshot
+                .processes
+                .iter()
+                .filter(|p| p.liveness == gpuslice_common::region::Liveness::Stale)
+                .map(|p| p.used_bytes[entry])
+                .sum();
+            ledger_stale.add(&labels, stale as f64);
+            share.add(
+                &labels,
+                f64::from(device.compute_percent.unwrap_or(100)) / 100.0,
+            );
+            if let Some(m) = device.measured_utilization {
+                measured.add(&labels, f64::from(m.basis_points) / 10_000.0);
+            }
+            if let Some(card) = card {
+                let (bytes, n) = view.driver_usage(index, card);
+                driver_bytes.add(&labels, bytes as f64);
+                driver_processes.add(&labels, n as f64);
+            }
+        }
+    }
+    for card in cards.into_iter().flatten() {
+        let index = card.index.to_string();
+        let labels = [("uuid", card.uuid.as_str()), ("index", index.as_str())];
+        card_total.add(&labels, card.total as f64);
+        card_used.add(&labels, card.used as f64);
+        card_free.add(&labels, card.free as f64);
+        if let Some(u) = card.utilization {
+            card_util.add(&labels, f64::from(u) / 100.0);
+        }
+        let (n, bytes) = view
+            .unsliced(card)
+            .fold((0usize, 0u64), |(n, b), (_, bytes)| {
+                (n + 1, b + bytes.unwrap_or(0))
+            });
+        unsliced.add(&labels, n as f64);
+        unsliced_bytes.add(&labels, bytes as f64);
+    }
+    for ((slice, uuid, index), count) in &counters.over_cap {
+        over_cap.add(
+            &[("slice", slice), ("uuid", uuid), ("index", index)],
+            *count as f64,
+        );
+    }
+    for ((slice, uuid, index), count) in &counters.kills {
+        kills.add(
+            &[("slice", slice), ("uuid", uuid), ("index", index)],
+            *count as f64,
+        );
+    }
+    unverified.add(&[], view.unverified as f64);
+    scrape.add(&[], scrape_seconds);
+
+    let mut out = String::with_capacity(8192);
+    for family in [
+        &driver_up,
+        &slice_up,
+        &slice_info,
+        &slice_processes,
+        &limit,
+        &ledger,
+        &ledger_stale,
+        &driver_bytes,
+        &driver_processes,
+        &share,
+        &measured,
+        &card_total,
+        &card_used,
+        &card_free,
+        &card_util,
+        &unsliced,
+        &unsliced_bytes,
+        &over_cap,
+        &kills,
+        &unverified,
+        &scrape,
+    ] {
+        family.write(&mut out);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collect::SliceState;
+    use crate::discovery::FoundSlice;
+    use crate::driver::Card;
+    use gpuslice_common::config::parse_limit_file;
+    use std::path::Path;
+
+    #[test]
+    fn a_slice_that_never_ran_shows_its_limit_files_caps() {
+        let config = parse_limit_file(
+            Path::new("fresh.json"),
+            r#"{"version": 1, "region": "/r/f.region", "devices": [
+                {"index": 1, "memory": "1GiB"}, {"uuid": "GPU-12345678-1234-1234-1234-123456789abc", "memory": "2GiB"}]}"#,
+        )
+        .unwrap();
+        let card = |index: u32, uuid: &str| Card {
+            index,
+            uuid: uuid.into(),
+            total: 1 << 34,
+            used: 0,
+            free: 1 << 34,
+            utilization: None,
+            processes: Vec::new(),
+        };
+        let view = NodeView {
+            slices: vec![SliceState {
+                found: FoundSlice {
+                    name: "fresh".into(),
+                    limit_file: None,
+                    config: Some(config),
+                    region: None,
+                    problems: Vec::new(),
+                    orphan_dir: None,
+                },
+                snapshot: None,
+            }],
+            cards: Ok(vec![
+                card(0, "GPU-12345678-1234-1234-1234-123456789abc"),
+                card(1, "GPU-bbbb"),
+                card(2, "GPU-cccc"),
+            ]),
+            owner: Default::default(),
+            unverified: 0,
+        };
+        let text = render(&view, &Counters::default(), 0.0);
+        let caps: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("gpuslice_slice_memory_limit_bytes{"))
+            .collect();
+        assert_eq!(
+            caps,
+            [
+                "gpuslice_slice_memory_limit_bytes{slice=\"fresh\",uuid=\"GPU-12345678-1234-1234-1234-123456789abc\",index=\"0\"} 2147483648",
+                "gpuslice_slice_memory_limit_bytes{slice=\"fresh\",uuid=\"GPU-bbbb\",index=\"1\"} 1073741824",
+            ]
+        );
+        assert!(
+            !text.contains("gpuslice_slice_memory_ledger_bytes{"),
+            "{text}"
+        );
+    }
+}
