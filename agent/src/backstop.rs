@@ -222,6 +222,7 @@ mod tests {
 
     fn view(processes: Vec<(u32, Option<u64>)>) -> NodeView {
         let slice = SliceState {
+            counters: None,
             found: FoundSlice {
                 name: "a".into(),
                 limit_file: None,

@@ -218,6 +218,7 @@ mod tests {
             })
             .collect();
         let slice = SliceState {
+            counters: None,
             found: FoundSlice {
                 name: "old".into(),
                 limit_file: None,

@@ -10,7 +10,7 @@
 
 use crate::discovery::{discover, FoundSlice, Sources};
 use crate::driver::{Card, Driver};
-use gpuslice_common::region::{Liveness, ProcessSnapshot, Region, RegionSnapshot};
+use gpuslice_common::region::{Liveness, ProcessSnapshot, Region, RegionSnapshot, SliceCounters};
 use std::collections::HashMap;
 
 /// A slice and what its region holds.
@@ -20,6 +20,9 @@ pub struct SliceState {
     /// `None` when the region does not exist yet or cannot be read (then a problem says why,
     /// unless no process of the slice ever ran).
     pub snapshot: Option<RegionSnapshot>,
+    /// The counters the slice's processes keep in the region (refusals, launch wait,
+    /// fail-closed processes); `None` with the snapshot.
+    pub counters: Option<SliceCounters>,
 }
 
 impl SliceState {
@@ -120,6 +123,7 @@ pub fn collect(sources: &Sources, driver: &mut Driver, warn: &mut dyn FnMut(Stri
 }
 
 fn read_region(mut found: FoundSlice) -> SliceState {
+    let mut counters = None;
     let snapshot = match &found.region {
         // The region's directory is writable by the slice's containers: a FIFO or device put
         // there would block or misbehave on open, so only a regular file is opened (the
@@ -133,7 +137,10 @@ fn read_region(mut found: FoundSlice) -> SliceState {
             None
         }
         Some(path) if path.exists() => match Region::open_existing(path) {
-            Ok(view) => Some(view.snapshot()),
+            Ok(view) => {
+                counters = Some(view.counters());
+                Some(view.snapshot())
+            }
             Err(e) => {
                 found.problems.push(format!("region: {e}"));
                 None
@@ -142,7 +149,11 @@ fn read_region(mut found: FoundSlice) -> SliceState {
         // No process of the slice has run yet: nothing to read, nothing wrong.
         _ => None,
     };
-    SliceState { found, snapshot }
+    SliceState {
+        found,
+        snapshot,
+        counters,
+    }
 }
 
 /// The cgroup a process is in (the unified hierarchy's path, or all lines of a v1 host).
@@ -224,6 +235,7 @@ mod tests {
             })
             .collect();
         SliceState {
+            counters: None,
             found: FoundSlice {
                 name: name.into(),
                 limit_file: None,

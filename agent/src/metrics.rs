@@ -67,6 +67,21 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
         Gauge,
         "The slice's utilisation of the device as its compute throttle last measured it.",
     );
+    let mut refused = Family::new(
+        "gpuslice_slice_refused_allocations_total",
+        Counter,
+        "Allocations the slice refused on the device past its cap (counted by the shim in the region, across process exits).",
+    );
+    let mut throttled = Family::new(
+        "gpuslice_slice_throttled_seconds_total",
+        Counter,
+        "Time the slice's kernel launches waited for its compute share on the device (counted by the shim in the region).",
+    );
+    let mut fail_closed = Family::new(
+        "gpuslice_slice_fail_closed_events_total",
+        Counter,
+        "Processes of the slice that opened its region and then failed closed (e.g. a limit-file entry naming no device).",
+    );
     let mut card_total = Family::new(
         "gpuslice_card_memory_total_bytes",
         Gauge,
@@ -166,6 +181,9 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
             }
             continue;
         };
+        if let Some(counters) = &slice.counters {
+            fail_closed.add(&[("slice", name)], counters.fail_closed_events as f64);
+        }
         for device in &snapshot.devices {
             let card = cards.and_then(|c| c.iter().find(|c| c.uuid == device.uuid));
             let card_index = card.map_or(String::new(), |c| c.index.to_string());
@@ -178,6 +196,14 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
                 limit.add(&labels, bytes as f64);
             }
             ledger.add(&labels, device.used_bytes as f64);
+            let kept = slice
+                .counters
+                .as_ref()
+                .and_then(|c| c.devices.iter().find(|(id, _, _)| *id == device.id));
+            if let Some((_, refusals, waited_ns)) = kept {
+                refused.add(&labels, *refusals as f64);
+                throttled.add(&labels, *waited_ns as f64 / 1e9);
+            }
             let entry = device.id.index();
             let stale: u64 = snapshot
                 .processes
@@ -245,6 +271,9 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
         &driver_processes,
         &share,
         &measured,
+        &refused,
+        &throttled,
+        &fail_closed,
         &card_total,
         &card_used,
         &card_free,
@@ -289,6 +318,7 @@ mod tests {
         };
         let view = NodeView {
             slices: vec![SliceState {
+                counters: None,
                 found: FoundSlice {
                     name: "fresh".into(),
                     limit_file: None,

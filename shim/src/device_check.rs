@@ -101,6 +101,7 @@ fn decide(config: &SliceConfig, library: Library) -> Result<(), u32> {
         // SAFETY: `leaked` is a leaked Box, never freed; only this thread published it.
         let error = unsafe { &*leaked };
         crate::log_error!("{error}; CUDA and NVML calls are refused until it is fixed");
+        crate::memory::count_fail_closed();
     } else {
         // SAFETY: nobody else ever saw `leaked`; it came from Box::leak above.
         drop(unsafe { Box::from_raw(leaked) });

@@ -110,7 +110,10 @@ pub struct Header {
     pub total_size: AtomicU64,
     /// Bumped whenever limits are rewritten or the region is reset; lets a reader notice.
     pub generation: AtomicU64,
-    _reserved: [AtomicU64; 9],
+    /// Processes of the slice that failed closed after opening the region (e.g. a limit-file
+    /// entry that names no device): a counter for the node agent.
+    pub fail_closed_events: AtomicU64,
+    _reserved: [AtomicU64; 8],
 }
 
 #[repr(C)]
@@ -141,7 +144,12 @@ pub struct DeviceEntry {
     /// Hash of the UUID (never 0; 0 = entry unused), claimed with one compare-and-swap so two
     /// processes binding the same new device at once always land on the same entry.
     pub key: AtomicU64,
-    _reserved1: [AtomicU64; 7],
+    /// Allocations the slice refused on this device (the shim counts each refusal), and the
+    /// nanoseconds its launches spent waiting for the compute share: counters that outlive
+    /// the processes, for the node agent. Read as 0 in files that predate them.
+    pub refused_allocations: AtomicU64,
+    pub throttled_ns: AtomicU64,
+    _reserved1: [AtomicU64; 5],
     /// Reserved for the compute throttle (token bucket state).
     pub throttle: [AtomicU64; THROTTLE_WORDS],
 }

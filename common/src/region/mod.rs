@@ -516,6 +516,15 @@ pub const RESERVE_ATTEMPTS: u32 = 64;
 /// How many reads without room (a few of them after yielding the CPU) make a refusal final.
 pub const SETTLE_READS: u32 = 8;
 
+/// Counters the slice's processes keep in the region (they survive the processes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SliceCounters {
+    /// Processes that failed closed after opening the region.
+    pub fail_closed_events: u64,
+    /// Per bound device entry: (entry, allocations refused, launch wait in nanoseconds).
+    pub devices: Vec<(DeviceId, u64, u64)>,
+}
+
 /// A mapping of exactly `REGION_SIZE` bytes of a region file.
 struct Mapping {
     base: NonNull<RegionLayout>,
@@ -803,6 +812,31 @@ impl Region {
         }
     }
 
+    /// Counts an allocation the slice refused on `device`.
+    pub fn count_refusal(&self, device: DeviceId) {
+        self.map.layout().devices[device.index()]
+            .refused_allocations
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `ns` nanoseconds that a launch on `device` waited for the compute share.
+    pub fn add_throttled_ns(&self, device: DeviceId, ns: u64) {
+        saturating_add(&self.map.layout().devices[device.index()].throttled_ns, ns);
+    }
+
+    /// Counts a process of the slice that failed closed after opening the region.
+    pub fn count_fail_closed(&self) {
+        self.map
+            .layout()
+            .header
+            .fail_closed_events
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn counters(&self) -> SliceCounters {
+        counters(&self.map)
+    }
+
     /// The words reserved for the compute throttle of `device`.
     pub fn throttle_words(&self, device: DeviceId) -> &[AtomicU64; THROTTLE_WORDS] {
         &self.map.layout().devices[device.index()].throttle
@@ -976,6 +1010,10 @@ impl RegionView {
         &self.path
     }
 
+    pub fn counters(&self) -> SliceCounters {
+        counters(&self.map)
+    }
+
     pub fn snapshot(&self) -> RegionSnapshot {
         let probe = open::open_file_readonly(&self.path).ok().filter(|fd| {
             lock::fstat(fd)
@@ -993,6 +1031,26 @@ fn sum_used(layout: &RegionLayout, device: usize) -> u64 {
     layout.slots[..high_water].iter().fold(0u64, |sum, slot| {
         sum.saturating_add(slot.used[device].load(Ordering::SeqCst))
     })
+}
+
+fn counters(map: &Mapping) -> SliceCounters {
+    let layout = map.layout();
+    SliceCounters {
+        fail_closed_events: layout.header.fail_closed_events.load(Ordering::Relaxed),
+        devices: layout
+            .devices
+            .iter()
+            .enumerate()
+            .filter(|(_, entry)| entry.key.load(Ordering::Acquire) != 0)
+            .map(|(index, entry)| {
+                (
+                    DeviceId(index as u8),
+                    entry.refused_allocations.load(Ordering::Relaxed),
+                    entry.throttled_ns.load(Ordering::Relaxed),
+                )
+            })
+            .collect(),
+    }
 }
 
 fn snapshot(map: &Mapping, probe: Option<&OwnedFd>) -> RegionSnapshot {

@@ -779,3 +779,22 @@ fn registering_more_than_max_processes_live_is_full() {
     region.unregister(slots[7]).unwrap();
     assert_eq!(region.register(&me()).unwrap(), slots[7]);
 }
+
+#[test]
+fn counters_outlive_the_processes_that_kept_them() {
+    let dir = TempDir::new("counters");
+    let (region, _slot, device) = region_with(&dir, Some(100 * MIB));
+    region.count_refusal(device);
+    region.count_refusal(device);
+    region.add_throttled_ns(device, 1_500);
+    region.count_fail_closed();
+    drop(region);
+    let view = Region::open_existing(&dir.file()).unwrap();
+    assert_eq!(
+        view.counters(),
+        SliceCounters {
+            fail_closed_events: 1,
+            devices: vec![(device, 2, 1_500)],
+        }
+    );
+}

@@ -393,6 +393,29 @@ fn prometheus_sees_every_slice_follow_the_card() {
     assert_eq!(value(&prom, "gpuslice_driver_up"), Some(1.0));
     assert_eq!(value(&prom, "sum(gpuslice_slice_up)"), Some(2.0));
 
+    // Refusals are counted in the region by the shim and outlive the refused process: two
+    // clients of slice a refused past its cap show as 2 on the card's series.
+    for kind in [ClientKind::Linked, ClientKind::ProcAddr] {
+        let refused = Client::run(kind, &["alloc", "1GiB"], &a.env(&gpu));
+        assert_eq!(
+            refused["results"][0], "CUDA_ERROR_OUT_OF_MEMORY",
+            "{refused}"
+        );
+    }
+    wait_until("the refusals reach Prometheus", TIMEOUT, || {
+        value(
+            &prom,
+            "gpuslice_slice_refused_allocations_total{slice=\"a\",index=\"0\"}",
+        ) == Some(2.0)
+    });
+    assert_eq!(
+        value(
+            &prom,
+            "gpuslice_slice_fail_closed_events_total{slice=\"a\"}"
+        ),
+        Some(0.0)
+    );
+
     // A process exits: the series follow it.
     let b2_pid = b2.pid();
     assert!(b2.release().success());

@@ -573,7 +573,18 @@ fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUr
         return Ok(());
     }
     crate::log_debug!("refusing {bytes} bytes on device entry {device}: slice limit reached");
+    if let Some(shared) = shared() {
+        // Kept in the region, so the node agent's counter survives this process.
+        shared.region.count_refusal(device_id(device));
+    }
     Err(CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+/// Counts, in the region, that this process of the slice failed closed (for the node agent).
+pub fn count_fail_closed() {
+    if let Some(shared) = shared() {
+        shared.region.count_fail_closed();
+    }
 }
 
 /// Commit (`result == CUDA_SUCCESS`) or release the reservation.
