@@ -49,7 +49,9 @@ fn main() {
                     .unwrap_or_else(|| usage("--rounds needs a number"));
             }
             Some("--lib") => {
-                let spec = args.next().unwrap_or_else(|| usage("--lib needs LABEL=PATH"));
+                let spec = args
+                    .next()
+                    .unwrap_or_else(|| usage("--lib needs LABEL=PATH"));
                 let spec = spec.to_string_lossy().into_owned();
                 let (label, path) = spec
                     .split_once('=')
@@ -118,10 +120,7 @@ fn main() {
                 samples[index].push(run(command, &configs[index]));
             }
         }
-        let shown: Vec<String> = command
-            .iter()
-            .map(|a| a.to_string_lossy().into())
-            .collect();
+        let shown: Vec<String> = command.iter().map(|a| a.to_string_lossy().into()).collect();
         println!("\n{}", shown.join(" "));
         println!(
             "  {:<12} {:>10} {:>10} {:>16} {:>16}",
@@ -181,8 +180,11 @@ fn empty_library(dir: &Path) -> PathBuf {
         return so;
     }
     let source = dir.join("preload-empty.c");
-    std::fs::write(&source, "/* intentionally empty: the cost floor of any preload */\n")
-        .expect("write the empty library's source");
+    std::fs::write(
+        &source,
+        "/* intentionally empty: the cost floor of any preload */\n",
+    )
+    .expect("write the empty library's source");
     let status = Command::new("cc")
         .args(["-shared", "-fPIC", "-O2", "-o"])
         .arg(&so)
