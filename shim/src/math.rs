@@ -17,8 +17,8 @@
 //! freely granted, provided that this notice is preserved.
 //! The constants are fdlibm's, bit for bit. Unlike C's `exp` it never sets `errno` (Rust's `f64::exp` does not look at it).
 
-const O_THRESHOLD: f64 = f64::from_bits(0x4086_2E42_FEFA_39EF); // 709.78
-const U_THRESHOLD: f64 = f64::from_bits(0xc087_4910_D52D_3051); // -745.13
+const O_THRESHOLD: f64 = f64::from_bits(0x4086_2e42_fefa_39ef); // 709.78
+const U_THRESHOLD: f64 = f64::from_bits(0xc087_4910_d52d_3051); // -745.13
 const LN2_HI: [f64; 2] = [
     f64::from_bits(0x3fe6_2e42_fee0_0000),
     f64::from_bits(0xbfe6_2e42_fee0_0000),
@@ -29,11 +29,11 @@ const LN2_LO: [f64; 2] = [
 ];
 const HALF: [f64; 2] = [0.5, -0.5];
 const INV_LN2: f64 = f64::from_bits(0x3ff7_1547_652b_82fe);
-const P1: f64 = f64::from_bits(0x3FC5_5555_5555_553E);
-const P2: f64 = f64::from_bits(0xBF66_C16C_16BE_BD93);
-const P3: f64 = f64::from_bits(0x3F11_566A_AF25_DE2C);
-const P4: f64 = f64::from_bits(0xBEBB_BD41_C5D2_6BF1);
-const P5: f64 = f64::from_bits(0x3E66_3769_72BE_A4D0);
+const P1: f64 = f64::from_bits(0x3fc5_5555_5555_553e);
+const P2: f64 = f64::from_bits(0xbf66_c16c_16be_bd93);
+const P3: f64 = f64::from_bits(0x3f11_566a_af25_de2c);
+const P4: f64 = f64::from_bits(0xbebb_bd41_c5d2_6bf1);
+const P5: f64 = f64::from_bits(0x3e66_3769_72be_a4d0);
 /// 2^-1000, for results below the normal range.
 const TWO_M1000: f64 = f64::from_bits(0x0170_0000_0000_0000);
 
@@ -46,7 +46,7 @@ pub extern "C" fn exp(x: f64) -> f64 {
     let abs_high = high & 0x7fff_ffff;
 
     // Non-finite and out-of-range arguments.
-    if abs_high >= 0x4086_2E42 {
+    if abs_high >= 0x4086_2e42 {
         if abs_high >= 0x7ff0_0000 {
             if x.is_nan() {
                 return x + x;
@@ -67,7 +67,7 @@ pub extern "C" fn exp(x: f64) -> f64 {
     let mut hi = 0.0;
     let mut lo = 0.0;
     if abs_high > 0x3fd6_2e42 {
-        if abs_high < 0x3FF0_A2B2 {
+        if abs_high < 0x3ff0_a2b2 {
             hi = x - LN2_HI[sign];
             lo = LN2_LO[sign];
             k = 1 - 2 * sign as i32;

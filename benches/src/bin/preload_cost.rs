@@ -195,6 +195,8 @@ fn empty_library(dir: &Path) -> PathBuf {
     so
 }
 
+// The child is reaped by `wait4` (which also gives its rusage), not by `Child::wait`.
+#[allow(clippy::zombie_processes)]
 fn run(command: &[OsString], config: &Config) -> Sample {
     let mut cmd = Command::new(&command[0]);
     cmd.args(&command[1..])
