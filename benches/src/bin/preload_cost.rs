@@ -59,7 +59,20 @@ fn main() {
                 libs.push((label.to_owned(), PathBuf::from(path)));
             }
             Some("--") => {
-                commands.push(args.by_ref().collect());
+                // Everything after is commands, each introduced by `--`.
+                let mut current: Vec<OsString> = Vec::new();
+                for word in args.by_ref() {
+                    if word == "--" {
+                        if !current.is_empty() {
+                            commands.push(std::mem::take(&mut current));
+                        }
+                    } else {
+                        current.push(word);
+                    }
+                }
+                if !current.is_empty() {
+                    commands.push(current);
+                }
             }
             Some("-h" | "--help") => usage(""),
             _ => usage(&format!("unknown argument {arg:?}")),
