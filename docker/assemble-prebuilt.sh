@@ -7,7 +7,8 @@
 #   BIN_DIR: where libgpuslice.so and gpuslice are (default: target/release, else target/debug)
 # Then:  podman build -f docker/Dockerfile --target prebuilt -t gpuslice:prebuilt OUT
 #
-# OUT/rootfs/ gets /opt/gpuslice/{libgpuslice.so,gpuslice,install.sh}, /bin/sh, cp and mv, and
+# OUT/rootfs/ gets /opt/gpuslice/{libgpuslice.so,gpuslice,install.sh} (plus libgpuslice.so.debug,
+# split off when objcopy is available), /bin/sh, cp and mv, and
 # the shared libraries all of them need (from ldd, at the same paths as on this machine).
 set -euo pipefail
 
@@ -49,6 +50,10 @@ copy_with_libs() {
 }
 
 copy_with_libs "$bin_dir/libgpuslice.so" /opt/gpuslice/libgpuslice.so
+# Ship the shim as the source-built image does: debug info split off (docker/split-debug.sh).
+if command -v objcopy >/dev/null; then
+    sh "$here/split-debug.sh" "$bin_dir/libgpuslice.so" "$rootfs/opt/gpuslice"
+fi
 copy_with_libs "$bin_dir/gpuslice" /opt/gpuslice/gpuslice
 copy_with_libs "$(command -v sh)" /bin/sh
 copy_with_libs "$(command -v cp)" /bin/cp

@@ -1,5 +1,6 @@
 #!/bin/sh
-# gpuslice installer: copies libgpuslice.so and gpuslice from this image into a host
+# gpuslice installer: copies libgpuslice.so (and its separate .debug file, when the image
+# has one) and gpuslice from this image into a host
 # directory (the DaemonSet pattern: `-v /opt/gpuslice:/host`, or a hostPath volume).
 #
 # Usage: install.sh [DEST]   (DEST defaults to /host; the source is $GPUSLICE_SRC or
@@ -20,8 +21,10 @@ if [ ! -d "$dest" ]; then
     exit 1
 fi
 
-for file in libgpuslice.so gpuslice; do
+# libgpuslice.so.debug (the shim's separate debug info, for debuggers) is optional.
+for file in libgpuslice.so gpuslice libgpuslice.so.debug; do
     if [ ! -f "$src/$file" ]; then
+        [ "$file" = libgpuslice.so.debug ] && continue
         echo "gpuslice install: $src/$file is missing from the image" >&2
         exit 1
     fi

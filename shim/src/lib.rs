@@ -18,6 +18,7 @@
 //! * [`memory`], [`throttle`]: policy seams, pass-through for now.
 //! * [`nesting`]: hooks never nest on a thread (a driver calling its own exports).
 //! * [`ffi_boundary`], [`log`]: panic containment and `[gpuslice]` logging.
+//! * [`math`]: the built-in `exp`, so libm is not loaded into every process.
 //!
 //! Exports are compiled only outside `cfg(test)`: a unit-test binary must never interpose its
 //! own `dlsym` or `cu*` symbols.
@@ -32,6 +33,7 @@ pub mod device_check;
 pub mod devices;
 pub mod dlsym_hook;
 pub mod hooks;
+pub mod math;
 pub mod memory;
 pub mod nesting;
 pub mod real;

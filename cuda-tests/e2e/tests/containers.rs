@@ -885,7 +885,7 @@ fn two_containers_sharing_one_slice_share_one_cap() {
 }
 
 /// The `prebuilt` image (docker/Dockerfile, no registry needed) installs the very binaries
-/// cargo built into a host directory.
+/// cargo built into a host directory (the shim with its debug info split off).
 #[test]
 fn prebuilt_installer_image_copies_the_binaries_to_the_host() {
     let Some(podman) = podman() else { return };
@@ -941,12 +941,31 @@ fn prebuilt_installer_image_copies_the_binaries_to_the_host() {
     );
     let run = run.unwrap();
     assert!(run.status.success(), "installer: {}", text(&run.stderr));
-    for file in ["libgpuslice.so", "gpuslice"] {
+    // The shim ships as docker/split-debug.sh makes it from cargo's: debug info split off
+    // into libgpuslice.so.debug (objcopy is deterministic, so the same bytes).
+    let split = dir.path().join("split");
+    let out = Command::new("sh")
+        .arg(workspace_root().join("docker/split-debug.sh"))
+        .arg(bin.join("libgpuslice.so"))
+        .arg(&split)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "split-debug.sh: {}",
+        text(&out.stderr)
+    );
+    for (file, expected) in [
+        ("libgpuslice.so", split.join("libgpuslice.so")),
+        ("libgpuslice.so.debug", split.join("libgpuslice.so.debug")),
+        ("gpuslice", bin.join("gpuslice")),
+    ] {
         let installed = fs::read(host.join(file))
             .unwrap_or_else(|e| panic!("{file} did not arrive in the host directory: {e}"));
         assert!(
-            installed == fs::read(bin.join(file)).unwrap(),
-            "{file} in the host directory differs from the one cargo built"
+            installed == fs::read(&expected).unwrap(),
+            "{file} in the host directory differs from {}",
+            expected.display()
         );
     }
     // Atomic install leaves no temporary files behind.
@@ -955,7 +974,10 @@ fn prebuilt_installer_image_copies_the_binaries_to_the_host() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["gpuslice", "libgpuslice.so"]);
+    assert_eq!(
+        names,
+        ["gpuslice", "libgpuslice.so", "libgpuslice.so.debug"]
+    );
 }
 
 /// The anchored limit file wins (issue 12): inside a CDI container, a tenant that writes a

@@ -2,7 +2,8 @@
 //! client takes (linked, dlopen+dlsym, cuGetProcAddress v1/v2 at 12080/13000, per-thread),
 //! dlsym semantics that must not change for the host (RTLD_NEXT, repeat lookups, cu-prefixed
 //! non-CUDA names, a malloc interposer calling dlsym from inside malloc), processes that never
-//! touch CUDA, fail-closed configuration, fork and fork+exec.
+//! touch CUDA (and the libraries the preload brings into them), fail-closed configuration, fork
+//! and fork+exec.
 //!
 //! The mini driver is deliberately tiny and independent of fakegpu: it pins the shim's own
 //! contract (including an "older driver" that lacks cuMemAllocAsync). The same effects through
@@ -351,6 +352,54 @@ fn processes_that_never_touch_cuda_are_unaffected() {
         assert_eq!(shimmed.stderr, real.stderr, "{program:?} {args:?}");
         assert!(shimmed.success);
     }
+}
+
+/// What every exec in a sliced container pays for the preload (issue 15): the loader maps the
+/// shim and NOTHING else on its behalf (libm and libgcc_s used to come with it, at every exec
+/// of every shell command). Judged by the loader's own trace (`LD_DEBUG=files`), with and
+/// without the shim.
+#[test]
+fn the_shim_brings_no_other_library_into_a_process() {
+    let loaded = |preload: bool| -> Vec<String> {
+        let mut env: Env = vec![("LD_DEBUG".into(), "files".into())];
+        if preload {
+            env.push(("LD_PRELOAD".into(), shim_library().display().to_string()));
+        }
+        let output = run_with_timeout(
+            command(Path::new("/bin/true"), &[], &env),
+            None,
+            DEFAULT_TIMEOUT,
+        );
+        assert!(output.status.success(), "/bin/true failed");
+        // Lines look like "  123:\tfile=libc.so.6 [0];  needed by /bin/true [0]".
+        let mut files: Vec<String> = String::from_utf8_lossy(&output.stderr)
+            .lines()
+            .filter_map(|line| line.split("file=").nth(1))
+            .filter_map(|rest| rest.split_whitespace().next())
+            .map(|name| {
+                Path::new(name)
+                    .file_name()
+                    .map_or(name.into(), |n| n.to_string_lossy().into_owned())
+            })
+            .collect();
+        files.sort();
+        files.dedup();
+        files
+    };
+    let without = loaded(false);
+    let with = loaded(true);
+    assert!(!without.is_empty(), "LD_DEBUG=files printed nothing");
+    let added: Vec<&String> = with.iter().filter(|f| !without.contains(f)).collect();
+    let shim_name = shim_library()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert_eq!(
+        added,
+        [&shim_name],
+        "objects the preload added to /bin/true (without: {without:?})"
+    );
 }
 
 fn which(program: &str) -> PathBuf {
