@@ -721,3 +721,41 @@ fn discovery_fails(policy: &str) -> (usize, f64, String) {
         .count();
     (lines, used, stderr)
 }
+
+/// A driver whose per-process samples never come (here: the fake's realistic NVML with every
+/// per-process sample dropped; on a real host, per-process accounting off, or timestamps the
+/// throttle never finds newer than its last one). The throttle must not silently keep its
+/// 1 ms-per-kernel start-up guess, which lets 3 ms kernels at a 20 % share take 60 % of the
+/// card: it says so once and steers on the device's utilisation.
+#[test]
+fn a_slice_that_never_gets_process_samples_says_so_and_still_follows_its_share() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "8GiB", Some(20)).build();
+    let mut env = slice.env(&gpu);
+    env.push(("FAKEGPU_NVML_MODE".into(), "realistic".into()));
+    env.push(("FAKEGPU_NVML_PROC_DROP_PERMILLE".into(), "1000".into()));
+    // Fallback after 2.5 s of silence, then at most 0.5 s of start-up debt and a settle at
+    // the fallback's 500 ms steps.
+    let (settle, run_s) = (6_000_000_000, 8.5);
+    let t0 = now();
+    let client = std::thread::spawn(move || {
+        let args = launch_args(3 * MS1, "kernel", run_s);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Client::output(ClientKind::Linked, &refs, &env)
+    });
+    until(t0 + settle + WINDOW_NS);
+    let used = busy_percent(&gpu, None, t0 + settle, WINDOW_NS);
+    let output = client.join().expect("client thread");
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let lines = stderr
+        .lines()
+        .filter(|l| l.contains("no per-process utilisation sample"))
+        .count();
+    eprintln!("no process samples: {lines} line(s), {used:.1}% at a 20 % share");
+    assert_eq!(lines, 1, "said once: {stderr}");
+    assert!(
+        (used - 20.0).abs() <= TOLERANCE,
+        "still steered: {used:.1}% at a 20 % share"
+    );
+}

@@ -55,36 +55,62 @@ pub fn process_busy(Handle(handle): Handle, last_seen_us: u64) -> Option<Busy> {
 }
 
 /// Pure: samples -> busy ns per PID over `[last_seen, newest]`.
+///
+/// A real driver answers one sample per process per sample period (1/6 s to 1 s), stamped
+/// with the period's end; the fake in exact mode answers one covering `[last_seen, now]`.
+/// Both read the same way: each distinct timestamp covers the time since the previous one
+/// (the first, since `last_seen`), and a process's `smUtil` is its percent of that stretch.
+/// A process without a sample for a stretch was idle in it (the driver lists only processes
+/// with a non-zero figure). `last_seen_us` 0 (the first read): the first stretch is unknown
+/// (counted as empty); the caller discards that read anyway.
 pub fn busy_from_samples(samples: &[nvmlProcessUtilizationSample_t], last_seen_us: u64) -> Busy {
-    let newest_us = samples
+    let mut stamps: Vec<u64> = samples
         .iter()
         .map(|s| s.timeStamp)
-        .max()
-        .unwrap_or(last_seen_us);
-    let span_ns = newest_us.saturating_sub(last_seen_us).saturating_mul(1000);
-    let mut sums: Vec<(u32, u64, u64)> = Vec::new(); // pid, sum of smUtil, samples
-    for sample in samples {
-        match sums.iter_mut().find(|(pid, _, _)| *pid == sample.pid) {
-            Some(entry) => {
-                entry.1 += u64::from(sample.smUtil.min(100));
-                entry.2 += 1;
-            }
-            None => sums.push((sample.pid, u64::from(sample.smUtil.min(100)), 1)),
+        .filter(|&t| t > last_seen_us)
+        .collect();
+    stamps.sort_unstable();
+    stamps.dedup();
+    let Some(&newest_us) = stamps.last() else {
+        return Busy {
+            per_pid: Vec::new(),
+            span_ns: 0,
+            newest_us: last_seen_us,
+        };
+    };
+    let first_from = if last_seen_us == 0 {
+        stamps[0]
+    } else {
+        last_seen_us
+    };
+    let stretch_us = |t: u64| -> u64 {
+        let i = stamps.partition_point(|&s| s < t);
+        t - if i == 0 { first_from } else { stamps[i - 1] }
+    };
+    let mut per_pid: Vec<(u32, u64)> = Vec::new();
+    for sample in samples.iter().filter(|s| s.timeStamp > last_seen_us) {
+        // pct % of a stretch of µs, in ns: us * 1000 * pct / 100.
+        let busy = stretch_us(sample.timeStamp) * 10 * u64::from(sample.smUtil.min(100));
+        match per_pid.iter_mut().find(|(pid, _)| *pid == sample.pid) {
+            Some(entry) => entry.1 += busy,
+            None => per_pid.push((sample.pid, busy)),
         }
     }
     Busy {
-        per_pid: sums
-            .into_iter()
-            .map(|(pid, sum, n)| {
-                (
-                    pid,
-                    (span_ns as u128 * sum as u128 / (100 * n as u128)) as u64,
-                )
-            })
-            .collect(),
-        span_ns,
+        per_pid,
+        span_ns: newest_us.saturating_sub(first_from).saturating_mul(1000),
         newest_us,
     }
+}
+
+/// The device's utilisation percent from the real `nvmlDeviceGetUtilizationRates` (the
+/// fallback measurement when no per-process sample comes); `None` when NVML cannot answer.
+pub fn device_percent(Handle(handle): Handle) -> Option<u32> {
+    let get = real::nvmlDeviceGetUtilizationRates()?;
+    let mut util = gpuslice_abi::nvml::nvmlUtilization_t { gpu: 0, memory: 0 };
+    // SAFETY: `util` is a valid out-pointer; NVML rejects a handle it did not give out.
+    let rc = unsafe { get(handle, &mut util) };
+    (rc == gpuslice_abi::nvml::ret::NVML_SUCCESS).then_some(util.gpu.min(100))
 }
 
 #[cfg(test)]
@@ -114,8 +140,33 @@ mod tests {
             &[sample(7, 1_050_000, 20), sample(7, 1_100_000, 400)],
             1_000_000,
         );
-        assert_eq!(busy.per_pid, vec![(7, 60_000_000)]);
+        // Two samples of one process at two period ends: each covers its own stretch.
+        assert_eq!(busy.per_pid, vec![(7, 10_000_000 + 50_000_000)]);
         let none = busy_from_samples(&[], 5);
         assert_eq!((none.span_ns, none.newest_us), (0, 5));
+    }
+
+    #[test]
+    fn period_samples_from_a_real_driver_add_up_over_the_span() {
+        // Three 1/6 s periods after last_seen; process 7 busy 50 % in each, process 8 only in
+        // the last (absent = idle), an old sample (at last_seen) ignored.
+        let p = 166_667;
+        let t0 = 1_700_000_000_000_000; // wall-clock µs
+        let busy = busy_from_samples(
+            &[
+                sample(7, t0, 100),
+                sample(7, t0 + p, 50),
+                sample(7, t0 + 2 * p, 50),
+                sample(7, t0 + 3 * p, 50),
+                sample(8, t0 + 3 * p, 30),
+            ],
+            t0,
+        );
+        assert_eq!(busy.newest_us, t0 + 3 * p);
+        assert_eq!(busy.span_ns, 3 * p * 1000);
+        assert_eq!(
+            busy.per_pid,
+            vec![(7, 3 * p * 1000 / 2), (8, p * 1000 * 30 / 100)]
+        );
     }
 }

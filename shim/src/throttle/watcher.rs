@@ -62,6 +62,16 @@ struct LeaderState {
     stand_down: u32,
     /// The controller while this process leads (resumed from the shared words on election).
     controller: Option<Controller>,
+    /// When (monotonic ns) the last per-process sample newer than `last_seen_us` arrived,
+    /// or leadership began; with the slice launching, a long silence means fallback.
+    last_sample_ns: u64,
+    /// Steering on the device's utilisation because no per-process samples come.
+    fallback: bool,
+    /// Monotonic ns the current fallback step began, of the previous fallback reading,
+    /// and the device-busy ns gathered since the step began.
+    fallback_from_ns: u64,
+    fallback_read_ns: u64,
+    fallback_busy_ns: u64,
 }
 
 /// Looks for this process in NVML's running list (see `discover_pid`); logs one line when it
@@ -219,6 +229,7 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
         // Newly elected: start the measurement afresh.
         state.leading = true;
         state.last_seen_us = 0;
+        state.last_sample_ns = now_ns();
         state.last_launches = words[W_LAUNCHES].load(Ordering::Relaxed);
         state.last_waits = words[W_WAITS].load(Ordering::Relaxed);
     }
@@ -239,6 +250,21 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
 
 /// Ticks a leader that could not measure leaves the election to others.
 pub const STAND_DOWN_TICKS: u32 = 20;
+
+/// How long a launching slice may go without a new per-process sample before the leader
+/// steers on the device's utilisation instead: longer than the slowest documented sample
+/// period (1 s) plus one period of publication delay.
+pub const SAMPLE_SILENCE_NS: u64 = 2_500_000_000;
+/// How often the controller steps while steering on the device's utilisation.
+pub const FALLBACK_STEP_NS: u64 = 500_000_000;
+
+/// Pure: whether the leader should steer on the device's utilisation. Samples that stop
+/// coming while the slice launches (per-process accounting off, a driver whose timestamps
+/// the throttle never finds newer) must not leave the share unsteered; an idle slice
+/// simply has no samples.
+pub fn sample_silence(now_ns: u64, last_sample_ns: u64, launched_since: bool) -> bool {
+    launched_since && now_ns.saturating_sub(last_sample_ns) >= SAMPLE_SILENCE_NS
+}
 
 /// Pure: the slice's busy ns from the per-PID figures, and whether the rest of the device
 /// (the neighbours) is known. While some process of the slice is unresolved its busy time
@@ -277,20 +303,65 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
         return false;
     };
     let first = state.last_seen_us == 0;
+    let now = now_ns();
     if busy.newest_us > state.last_seen_us {
         state.last_seen_us = busy.newest_us;
+        state.last_sample_ns = now;
+        if state.fallback {
+            state.fallback = false;
+            crate::log_info!(
+                "device {}: NVML's per-process samples are back; the compute share steers on the slice's own processes again",
+                device.ordinal
+            );
+        }
     }
     let launches_total = words[W_LAUNCHES].load(Ordering::Relaxed);
     let waits_total = words[W_WAITS].load(Ordering::Relaxed);
     let launches = launches_total.wrapping_sub(state.last_launches);
     let waited = waits_total != state.last_waits;
-    if first || busy.span_ns == 0 {
-        if first {
-            state.last_launches = launches_total;
-            state.last_waits = waits_total;
-        }
-        return true;
+    if !state.fallback && sample_silence(now, state.last_sample_ns, launches > 0) {
+        state.fallback = true;
+        state.fallback_from_ns = now;
+        state.fallback_read_ns = now;
+        state.fallback_busy_ns = 0;
+        crate::log_error!(
+            "device {}: NVML gave no per-process utilisation sample for {:.1} s while the slice launched kernels; the compute share now steers on the whole device's utilisation (nvmlDeviceGetUtilizationRates), which counts any neighbour against the slice",
+            device.ordinal,
+            now.saturating_sub(state.last_sample_ns) as f64 / 1e9
+        );
     }
+    let busy = if state.fallback {
+        let Some(percent) = state.handle.and_then(measure::device_percent) else {
+            return false;
+        };
+        // The reading is the last sample period's (up to 1 s, published late): summed over
+        // FALLBACK_STEP_NS and fed to the controller once per step, so its lag stays within
+        // about one step, the delay the control law is designed for.
+        state.fallback_busy_ns +=
+            now.saturating_sub(state.fallback_read_ns) * u64::from(percent) / 100;
+        state.fallback_read_ns = now;
+        let span_ns = now.saturating_sub(state.fallback_from_ns);
+        if span_ns < FALLBACK_STEP_NS {
+            return true;
+        }
+        state.fallback_from_ns = now;
+        // The whole device as one pseudo-process (PID 0, never a slice member); the slice is
+        // charged all of it and the neighbours are unknown (see `split_busy`).
+        measure::Busy {
+            per_pid: vec![(0, std::mem::take(&mut state.fallback_busy_ns))],
+            span_ns,
+            newest_us: state.last_seen_us,
+        }
+    } else {
+        if first || busy.span_ns == 0 {
+            if first {
+                state.last_launches = launches_total;
+                state.last_waits = waits_total;
+            }
+            return true;
+        }
+        busy
+    };
     state.last_launches = launches_total;
     state.last_waits = waits_total;
 
@@ -305,7 +376,8 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     }
     let mut pids = device.pid_table().pids();
     pids.extend_from_slice(&state.slice_pids);
-    let (slice_busy, neighbours_known) = split_busy(&busy.per_pid, &pids, unresolved);
+    let (slice_busy, neighbours_known) =
+        split_busy(&busy.per_pid, &pids, unresolved || state.fallback);
     let cost_word = words[W_COST].load(Ordering::Relaxed);
     let controller = state.controller.get_or_insert_with(|| {
         Controller::resume(
@@ -449,6 +521,17 @@ mod tests {
             tick(&device, &mut state, 7);
             assert_eq!(words[W_LEADER].load(Ordering::Relaxed) >> 32, 9);
         }
+    }
+
+    #[test]
+    fn a_launching_slice_without_samples_falls_back_and_an_idle_one_does_not() {
+        let t = 10_000_000_000;
+        assert!(!sample_silence(t + SAMPLE_SILENCE_NS - 1, t, true));
+        assert!(sample_silence(t + SAMPLE_SILENCE_NS, t, true));
+        assert!(
+            !sample_silence(t + 10 * SAMPLE_SILENCE_NS, t, false),
+            "idle: no samples"
+        );
     }
 
     #[test]
