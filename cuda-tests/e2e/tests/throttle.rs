@@ -108,6 +108,8 @@ struct Case {
     neighbours: usize,
     path: &'static str,
     pid_offset: bool,
+    /// The fake's realistic NVML sampling (see `fakegpu::nvml_sampling`), for every process.
+    realistic: bool,
 }
 
 impl Case {
@@ -119,6 +121,7 @@ impl Case {
             neighbours: 0,
             path: "kernel",
             pid_offset: false,
+            realistic: std::env::var("THROTTLE_NVML").is_ok_and(|m| m == "realistic"),
         }
     }
     fn named(mut self, name: &str) -> Case {
@@ -137,6 +140,26 @@ impl Case {
         self.pid_offset = true;
         self
     }
+    fn realistic(mut self) -> Case {
+        self.realistic = true;
+        self
+    }
+}
+
+/// The fake's realistic NVML, with the knobs of the test's own environment passed through
+/// (`FAKEGPU_NVML_SAMPLE_MS=1000` measures the slowest documented sample period).
+fn realistic_nvml() -> Env {
+    let mut env: Env = vec![("FAKEGPU_NVML_MODE".into(), "realistic".into())];
+    for knob in [
+        "FAKEGPU_NVML_SAMPLE_MS",
+        "FAKEGPU_NVML_PROC_DELAY_MS",
+        "FAKEGPU_NVML_PROC_DROP_PERMILLE",
+    ] {
+        if let Ok(value) = std::env::var(knob) {
+            env.push((knob.into(), value));
+        }
+    }
+    env
 }
 
 /// The measured outcome of a case: the slice's busy percent, the device's.
@@ -156,6 +179,12 @@ fn run_case(case: &Case) -> Outcome {
     let offset = |mut env: Env| {
         if case.pid_offset {
             env.push(("FAKEGPU_PID_OFFSET".into(), "100000".into()));
+        }
+        if case.realistic {
+            env.extend(realistic_nvml());
+        }
+        if let Ok(level) = std::env::var("DBG_LOG") {
+            env.push(("GPUSLICE_LOG".into(), level));
         }
         env
     };
@@ -758,4 +787,26 @@ fn a_slice_that_never_gets_process_samples_says_so_and_still_follows_its_share()
         (used - 20.0).abs() <= TOLERANCE,
         "still steered: {used:.1}% at a 20 % share"
     );
+}
+
+#[test]
+#[ignore]
+fn debug_case() {
+    let ns: u64 = std::env::var("DBG_NS").unwrap().parse().unwrap();
+    let share: u32 = std::env::var("DBG_SHARE").unwrap().parse().unwrap();
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "8GiB", Some(share)).build();
+    let mut env = slice.env(&gpu);
+    env.extend(realistic_nvml());
+    env.push(("GPUSLICE_LOG".into(), "debug".into()));
+    let t0 = now();
+    let client = std::thread::spawn(move || {
+        let args = launch_args(ns, "kernel", RUN_S);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Client::output(ClientKind::Linked, &refs, &env)
+    });
+    until(t0 + SETTLE_NS + WINDOW_NS);
+    let used = busy_percent(&gpu, None, t0 + SETTLE_NS, WINDOW_NS);
+    let output = client.join().expect("client thread");
+    eprintln!("{}\nRESULT {used}", String::from_utf8_lossy(&output.stderr));
 }

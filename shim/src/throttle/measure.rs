@@ -40,10 +40,10 @@ pub struct Busy {
 }
 
 /// Per-PID busy ns from NVML process samples; `None` when NVML cannot answer.
-pub fn process_busy(Handle(handle): Handle, last_seen_us: u64) -> Option<Busy> {
+pub fn process_busy(Handle(handle): Handle, last_seen_us: u64, held: &mut Held) -> Option<Busy> {
     let get = real::nvmlDeviceGetProcessUtilization()?;
     match crate::devices::read_utilization_samples(get, handle, last_seen_us) {
-        Ok(samples) => Some(busy_from_samples(&samples, last_seen_us)),
+        Ok(samples) => Some(busy_from_samples(&samples, last_seen_us, held)),
         // NOT_FOUND: nothing newer than last_seen (or no process): an empty tick.
         Err(gpuslice_abi::nvml::ret::NVML_ERROR_NOT_FOUND) => Some(Busy {
             per_pid: Vec::new(),
@@ -54,6 +54,13 @@ pub fn process_busy(Handle(handle): Handle, last_seen_us: u64) -> Option<Busy> {
     }
 }
 
+/// The figures of the newest stretch, per PID: (pid, smUtil, already held once). A process
+/// that had a sample in one stretch and none in the next, while others did, is taken to have
+/// kept its figure for that one stretch: a real driver drops samples now and then, and an
+/// undercounted slice would be let past its share. A process that really went idle is
+/// over-counted for one stretch (errs towards the cap).
+pub type Held = Vec<(u32, u32, bool)>;
+
 /// Pure: samples -> busy ns per PID over `[last_seen, newest]`.
 ///
 /// A real driver answers one sample per process per sample period (1/6 s to 1 s), stamped
@@ -63,7 +70,11 @@ pub fn process_busy(Handle(handle): Handle, last_seen_us: u64) -> Option<Busy> {
 /// A process without a sample for a stretch was idle in it (the driver lists only processes
 /// with a non-zero figure). `last_seen_us` 0 (the first read): the first stretch is unknown
 /// (counted as empty); the caller discards that read anyway.
-pub fn busy_from_samples(samples: &[nvmlProcessUtilizationSample_t], last_seen_us: u64) -> Busy {
+pub fn busy_from_samples(
+    samples: &[nvmlProcessUtilizationSample_t],
+    last_seen_us: u64,
+    held: &mut Held,
+) -> Busy {
     let mut stamps: Vec<u64> = samples
         .iter()
         .map(|s| s.timeStamp)
@@ -83,18 +94,31 @@ pub fn busy_from_samples(samples: &[nvmlProcessUtilizationSample_t], last_seen_u
     } else {
         last_seen_us
     };
-    let stretch_us = |t: u64| -> u64 {
-        let i = stamps.partition_point(|&s| s < t);
-        t - if i == 0 { first_from } else { stamps[i - 1] }
-    };
     let mut per_pid: Vec<(u32, u64)> = Vec::new();
-    for sample in samples.iter().filter(|s| s.timeStamp > last_seen_us) {
-        // pct % of a stretch of µs, in ns: us * 1000 * pct / 100.
-        let busy = stretch_us(sample.timeStamp) * 10 * u64::from(sample.smUtil.min(100));
-        match per_pid.iter_mut().find(|(pid, _)| *pid == sample.pid) {
-            Some(entry) => entry.1 += busy,
-            None => per_pid.push((sample.pid, busy)),
+    let mut add = |pid: u32, busy: u64| match per_pid.iter_mut().find(|(p, _)| *p == pid) {
+        Some(entry) => entry.1 += busy,
+        None => per_pid.push((pid, busy)),
+    };
+    let mut previous = first_from;
+    for &stamp in &stamps {
+        let stretch_us = stamp - previous;
+        previous = stamp;
+        let mut now_held: Held = Vec::new();
+        for sample in samples.iter().filter(|s| s.timeStamp == stamp) {
+            let sm = sample.smUtil.min(100);
+            // pct % of a stretch of µs, in ns: us * 1000 * pct / 100.
+            add(sample.pid, stretch_us * 10 * u64::from(sm));
+            if !now_held.iter().any(|h| h.0 == sample.pid) {
+                now_held.push((sample.pid, sm, false));
+            }
         }
+        for &(pid, sm, was_held) in held.iter() {
+            if !was_held && !now_held.iter().any(|h| h.0 == pid) {
+                add(pid, stretch_us * 10 * u64::from(sm));
+                now_held.push((pid, sm, true));
+            }
+        }
+        *held = now_held;
     }
     Busy {
         per_pid,
@@ -131,6 +155,7 @@ mod tests {
         let busy = busy_from_samples(
             &[sample(7, 1_100_000, 25), sample(8, 1_100_000, 50)],
             1_000_000,
+            &mut Held::new(),
         );
         assert_eq!(busy.span_ns, 100_000_000);
         assert_eq!(busy.newest_us, 1_100_000);
@@ -139,10 +164,11 @@ mod tests {
         let busy = busy_from_samples(
             &[sample(7, 1_050_000, 20), sample(7, 1_100_000, 400)],
             1_000_000,
+            &mut Held::new(),
         );
         // Two samples of one process at two period ends: each covers its own stretch.
         assert_eq!(busy.per_pid, vec![(7, 10_000_000 + 50_000_000)]);
-        let none = busy_from_samples(&[], 5);
+        let none = busy_from_samples(&[], 5, &mut Held::new());
         assert_eq!((none.span_ns, none.newest_us), (0, 5));
     }
 
@@ -161,6 +187,7 @@ mod tests {
                 sample(8, t0 + 3 * p, 30),
             ],
             t0,
+            &mut Held::new(),
         );
         assert_eq!(busy.newest_us, t0 + 3 * p);
         assert_eq!(busy.span_ns, 3 * p * 1000);
@@ -168,5 +195,29 @@ mod tests {
             busy.per_pid,
             vec![(7, 3 * p * 1000 / 2), (8, p * 1000 * 30 / 100)]
         );
+    }
+
+    #[test]
+    fn a_dropped_sample_keeps_the_process_figure_for_one_stretch_only() {
+        let p = 100_000;
+        let t0 = 1_700_000_000_000_000;
+        let mut held = Held::new();
+        // 7 and 8 at 40 %; 8's sample of the second period is missing, then 8 is idle.
+        let busy = busy_from_samples(
+            &[
+                sample(7, t0 + p, 40),
+                sample(8, t0 + p, 40),
+                sample(7, t0 + 2 * p, 40),
+                sample(7, t0 + 3 * p, 40),
+                sample(7, t0 + 4 * p, 40),
+            ],
+            t0,
+            &mut held,
+        );
+        let stretch = p * 1000 * 40 / 100;
+        assert_eq!(busy.per_pid, vec![(7, 4 * stretch), (8, 2 * stretch)]);
+        // The hold carries across calls: 7 missing at the next stamp is held once.
+        let busy = busy_from_samples(&[sample(9, t0 + 5 * p, 10)], t0 + 4 * p, &mut held);
+        assert_eq!(busy.per_pid, vec![(9, p * 1000 * 10 / 100), (7, stretch)]);
     }
 }

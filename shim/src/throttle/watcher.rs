@@ -72,6 +72,13 @@ struct LeaderState {
     fallback_from_ns: u64,
     fallback_read_ns: u64,
     fallback_busy_ns: u64,
+    /// Per-process figures of the newest stretch (drop-out hold, see `measure::Held`).
+    held: measure::Held,
+    /// Monotonic ns of the last controller step (or of leadership).
+    last_step_ns: u64,
+    /// (monotonic ns, slice launches so far) at each leader tick: the launches of the very
+    /// stretch NVML measured, which a real driver reports a sample period or more late.
+    launch_history: std::collections::VecDeque<(u64, u64)>,
 }
 
 /// Looks for this process in NVML's running list (see `discover_pid`); logs one line when it
@@ -230,6 +237,9 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
         state.leading = true;
         state.last_seen_us = 0;
         state.last_sample_ns = now_ns();
+        state.last_step_ns = now_ns();
+        state.held.clear();
+        state.launch_history.clear();
         state.last_launches = words[W_LAUNCHES].load(Ordering::Relaxed);
         state.last_waits = words[W_WAITS].load(Ordering::Relaxed);
     }
@@ -255,6 +265,59 @@ pub const STAND_DOWN_TICKS: u32 = 20;
 /// steers on the device's utilisation instead: longer than the slowest documented sample
 /// period (1 s) plus one period of publication delay.
 pub const SAMPLE_SILENCE_NS: u64 = 2_500_000_000;
+/// Leader ticks of launch history kept (3.2 s: a 1 s sample period published a period late).
+pub const HISTORY_TICKS: usize = 64;
+
+/// CLOCK_REALTIME, ns: the clock of NVML's sample timestamps.
+fn realtime_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_REALTIME always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Pure: the monotonic instant of NVML stamp `stamp_us` (wall-clock µs), given both clocks
+/// now; `None` when it does not fall within the last 4 s (up to 0.1 s ahead): a driver on
+/// another clock, whose stamps cannot be placed.
+pub fn wall_to_monotonic(stamp_us: u64, wall_now_ns: u64, mono_now_ns: u64) -> Option<u64> {
+    let stamp_ns = stamp_us.checked_mul(1000)?;
+    let mono = if stamp_ns <= wall_now_ns {
+        mono_now_ns.checked_sub(wall_now_ns - stamp_ns)?
+    } else {
+        mono_now_ns.checked_add(stamp_ns - wall_now_ns)?
+    };
+    (mono + 4_000_000_000 >= mono_now_ns && mono <= mono_now_ns + 100_000_000).then_some(mono)
+}
+
+/// Pure: launches made within `[from, to]` (monotonic ns), interpolated between the ticks of
+/// `history` ((time, launches so far), oldest first); `None` when `from` precedes it.
+pub fn launches_between(
+    history: &std::collections::VecDeque<(u64, u64)>,
+    from: u64,
+    to: u64,
+) -> Option<u64> {
+    let at = |t: u64| -> Option<f64> {
+        let first = history.front()?;
+        if t < first.0 {
+            return None;
+        }
+        let i = history.partition_point(|&(time, _)| time <= t);
+        let (t0, n0) = history[i - 1];
+        Some(match history.get(i) {
+            Some(&(t1, n1)) if t1 > t0 => {
+                n0 as f64 + (n1.wrapping_sub(n0)) as f64 * (t - t0) as f64 / (t1 - t0) as f64
+            }
+            _ => n0 as f64,
+        })
+    };
+    Some((at(to)? - at(from)?).max(0.0).round() as u64)
+}
+
+/// Shortest stretch without samples that counts as "no trace" for the start-up guess.
+pub const NO_TRACE_NS: u64 = 100_000_000;
 /// How often the controller steps while steering on the device's utilisation.
 pub const FALLBACK_STEP_NS: u64 = 500_000_000;
 
@@ -291,7 +354,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     }
     let busy = state
         .handle
-        .and_then(|h| measure::process_busy(h, state.last_seen_us));
+        .and_then(|h| measure::process_busy(h, state.last_seen_us, &mut state.held));
     let Some(busy) = busy else {
         if !state.warned_no_nvml {
             state.warned_no_nvml = true;
@@ -302,7 +365,9 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
         }
         return false;
     };
-    let first = state.last_seen_us == 0;
+    // The first samples since election only set the mark to read from (a read from 0 is the
+    // driver's whole buffer, not one stretch).
+    let first = state.last_seen_us == 0 && busy.newest_us != 0;
     let now = now_ns();
     if busy.newest_us > state.last_seen_us {
         state.last_seen_us = busy.newest_us;
@@ -319,6 +384,10 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     let waits_total = words[W_WAITS].load(Ordering::Relaxed);
     let launches = launches_total.wrapping_sub(state.last_launches);
     let waited = waits_total != state.last_waits;
+    state.launch_history.push_back((now, launches_total));
+    while state.launch_history.len() > HISTORY_TICKS {
+        state.launch_history.pop_front();
+    }
     if !state.fallback && sample_silence(now, state.last_sample_ns, launches > 0) {
         state.fallback = true;
         state.fallback_from_ns = now;
@@ -352,16 +421,34 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
             span_ns,
             newest_us: state.last_seen_us,
         }
-    } else {
-        if first || busy.span_ns == 0 {
-            if first {
-                state.last_launches = launches_total;
-                state.last_waits = waits_total;
-            }
+    } else if first {
+        state.last_launches = launches_total;
+        state.last_waits = waits_total;
+        state.last_step_ns = now;
+        return true;
+    } else if busy.span_ns == 0 {
+        // No new sample. A driver lists only processes with a non-zero figure, so launches
+        // at the start-up guess that leave no trace give no sample at all: while the cost is
+        // not learned, a launching slice on a device whose last period read 0 % lowers the
+        // guess as a zero sample would (the controller's `busy == 0` bound).
+        let unlearned = state.controller.as_ref().is_none_or(|c| !c.learned)
+            && words[W_COST].load(Ordering::Relaxed) & COST_LEARNED == 0;
+        let span_ns = now.saturating_sub(state.last_step_ns);
+        if !(unlearned && launches > 0 && span_ns >= NO_TRACE_NS) {
             return true;
         }
+        if state.handle.and_then(measure::device_percent) != Some(0) {
+            return true;
+        }
+        measure::Busy {
+            per_pid: Vec::new(),
+            span_ns,
+            newest_us: state.last_seen_us,
+        }
+    } else {
         busy
     };
+    state.last_step_ns = now;
     state.last_launches = launches_total;
     state.last_waits = waits_total;
 
@@ -386,12 +473,22 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
             words[W_BYPASS].load(Ordering::Relaxed) == 1,
         )
     });
+    // The launches of the measured stretch itself (NVML's wall-clock stamps mapped onto our
+    // clock); the launches since the last step when the stamps do not map (another clock).
+    let aligned = if state.fallback {
+        None
+    } else {
+        let to = wall_to_monotonic(busy.newest_us, realtime_ns(), now);
+        to.and_then(|to| {
+            launches_between(&state.launch_history, to.saturating_sub(busy.span_ns), to)
+        })
+    };
     let tick = Tick {
         share: device.share(),
         span_ns: busy.span_ns,
         slice_busy_ns: Some(slice_busy),
         device_busy_ns: neighbours_known.then_some(device_busy),
-        launches,
+        launches: aligned.unwrap_or(launches),
         launches_total,
         waited,
     };
@@ -521,6 +618,28 @@ mod tests {
             tick(&device, &mut state, 7);
             assert_eq!(words[W_LEADER].load(Ordering::Relaxed) >> 32, 9);
         }
+    }
+
+    #[test]
+    fn launches_are_taken_from_the_stretch_nvml_measured() {
+        let history: std::collections::VecDeque<(u64, u64)> =
+            [(1_000, 0), (1_050, 100), (1_100, 100), (1_150, 300)].into();
+        assert_eq!(launches_between(&history, 1_000, 1_050), Some(100));
+        assert_eq!(launches_between(&history, 1_025, 1_125), Some(150));
+        assert_eq!(launches_between(&history, 1_100, 2_000), Some(200));
+        assert_eq!(
+            launches_between(&history, 999, 1_050),
+            None,
+            "before the history"
+        );
+        let wall = 1_700_000_000_000_000_000;
+        let mono = 50_000_000_000;
+        assert_eq!(
+            wall_to_monotonic((wall - 200_000_000) / 1000, wall, mono),
+            Some(mono - 200_000_000)
+        );
+        // A CLOCK_MONOTONIC stamp (another driver's clock) cannot be placed.
+        assert_eq!(wall_to_monotonic(mono / 1000, wall, mono), None);
     }
 
     #[test]
