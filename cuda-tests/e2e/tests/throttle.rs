@@ -300,6 +300,19 @@ fn graph_mixed_and_four_process_slices_follow_their_share() {
     );
 }
 
+/// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported) is gated like every
+/// other launch, through the linked, dlsym and cuGetProcAddress clients (it was not hooked:
+/// the slice ran unthrottled through it).
+#[test]
+fn multi_device_cooperative_launches_follow_their_share() {
+    check(
+        &[Case::new(25, &[MS1, MS1, MS1])
+            .path("cooperative-multi")
+            .named("cooperative multi-device, 3 clients")],
+        TOLERANCE,
+    );
+}
+
 /// A real driver's NVML (the fake's realistic mode: 1/6 s sample periods published a period
 /// late, 5 % of per-process samples missing, idle processes unlisted, integer percent): the
 /// share still holds for short, long and many-process slices.
