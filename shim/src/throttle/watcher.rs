@@ -55,6 +55,8 @@ struct LeaderState {
     last_waits: u64,
     leading: bool,
     warned_no_nvml: bool,
+    /// The "PID table full" line was logged.
+    warned_table_full: bool,
     resolve_attempts: u32,
     slice_pids: Vec<u32>,
     ticks: u64,
@@ -100,10 +102,25 @@ fn resolve(device: &DeviceThrottle, state: &mut LeaderState) {
         if !table.insert(pid) {
             table.retain(|p| listed.contains(&p));
         }
-        if table.insert(pid) {
-            device.unresolved.store(false, Ordering::Relaxed);
-            crate::log_debug!("device {}: this process is NVML PID {pid}", device.ordinal);
-            return;
+        let inserted = table.insert(pid);
+        match known_by_leader(inserted, pid, &super::region_host_pids()) {
+            Some(how) => {
+                device.unresolved.store(false, Ordering::Relaxed);
+                crate::log_debug!(
+                    "device {}: this process is NVML PID {pid} ({how})",
+                    device.ordinal
+                );
+                return;
+            }
+            None if !state.warned_table_full => {
+                state.warned_table_full = true;
+                crate::log_error!(
+                    "device {}: this process is NVML PID {pid}, but the slice's PID table is full ({} processes) and the region does not record it; the compute share is steered by the whole device's utilisation while it runs (errs towards the cap)",
+                    device.ordinal,
+                    table.capacity()
+                );
+            }
+            None => {}
         }
     }
     if state.resolve_attempts == 20 {
@@ -255,6 +272,20 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
         state.leading = false;
         state.controller = None;
         state.stand_down = STAND_DOWN_TICKS;
+    }
+}
+
+/// Pure: how the leader will know NVML PID `pid` as the slice's: through the shared PID table
+/// (`inserted`), or through the host PIDs the region records (the leader reads those every
+/// tenth tick), so a full table does not matter to a process the memory ledger knows;
+/// `None` = not at all (the process stays unresolved and says so).
+pub fn known_by_leader(inserted: bool, pid: u32, region_pids: &[u32]) -> Option<&'static str> {
+    if inserted {
+        Some("PID table")
+    } else if region_pids.contains(&pid) {
+        Some("region")
+    } else {
+        None
     }
 }
 
@@ -618,6 +649,13 @@ mod tests {
             tick(&device, &mut state, 7);
             assert_eq!(words[W_LEADER].load(Ordering::Relaxed) >> 32, 9);
         }
+    }
+
+    #[test]
+    fn a_full_pid_table_falls_back_to_the_region_and_otherwise_says_so() {
+        assert_eq!(known_by_leader(true, 7, &[]), Some("PID table"));
+        assert_eq!(known_by_leader(false, 7, &[3, 7]), Some("region"));
+        assert_eq!(known_by_leader(false, 7, &[3]), None);
     }
 
     #[test]
