@@ -123,7 +123,7 @@ fn resolve(device: &DeviceThrottle, state: &mut LeaderState) {
             None => {}
         }
     }
-    if state.resolve_attempts == 20 {
+    if state.resolve_attempts == 20 && !state.warned_table_full {
         crate::log_error!(
             "cannot tell this process's host PID on device {}; the compute share is steered by the whole device's utilisation until it is known",
             device.ordinal
