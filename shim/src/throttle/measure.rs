@@ -37,18 +37,27 @@ pub struct Busy {
     pub per_pid: Vec<(u32, u64)>,
     pub span_ns: u64,
     pub newest_us: u64,
+    /// The smallest gap between two stamps of this one answer: a driver that buffers
+    /// per-period samples shows its sample period so (the exact fake answers one stamp).
+    pub min_gap_us: Option<u64>,
 }
 
 /// Per-PID busy ns from NVML process samples; `None` when NVML cannot answer.
-pub fn process_busy(Handle(handle): Handle, last_seen_us: u64, held: &mut Held) -> Option<Busy> {
+pub fn process_busy(
+    Handle(handle): Handle,
+    last_seen_us: u64,
+    held: &mut Held,
+    period_us: Option<u64>,
+) -> Option<Busy> {
     let get = real::nvmlDeviceGetProcessUtilization()?;
     match crate::devices::read_utilization_samples(get, handle, last_seen_us) {
-        Ok(samples) => Some(busy_from_samples(&samples, last_seen_us, held)),
+        Ok(samples) => Some(busy_from_samples(&samples, last_seen_us, held, period_us)),
         // NOT_FOUND: nothing newer than last_seen (or no process): an empty tick.
         Err(gpuslice_abi::nvml::ret::NVML_ERROR_NOT_FOUND) => Some(Busy {
             per_pid: Vec::new(),
             span_ns: 0,
             newest_us: last_seen_us,
+            min_gap_us: None,
         }),
         Err(_) => None,
     }
@@ -70,10 +79,17 @@ pub type Held = Vec<(u32, u32, bool)>;
 /// A process without a sample for a stretch was idle in it (the driver lists only processes
 /// with a non-zero figure). `last_seen_us` 0 (the first read): the first stretch is unknown
 /// (counted as empty); the caller discards that read anyway.
+///
+/// With the driver's sample period known (`period_us`, learned from [`Busy::min_gap_us`]),
+/// a stamp's figure covers one period, not a longer stretch: a stretch of several periods
+/// means periods in which no process had a sample (all idle, or the only busy process's
+/// sample dropped). Those count as idle, except that a process held over (see [`Held`]) keeps
+/// its figure for one of them.
 pub fn busy_from_samples(
     samples: &[nvmlProcessUtilizationSample_t],
     last_seen_us: u64,
     held: &mut Held,
+    period_us: Option<u64>,
 ) -> Busy {
     let mut stamps: Vec<u64> = samples
         .iter()
@@ -87,8 +103,10 @@ pub fn busy_from_samples(
             per_pid: Vec::new(),
             span_ns: 0,
             newest_us: last_seen_us,
+            min_gap_us: None,
         };
     };
+    let min_gap_us = stamps.windows(2).map(|w| w[1] - w[0]).min();
     let first_from = if last_seen_us == 0 {
         stamps[0]
     } else {
@@ -103,7 +121,22 @@ pub fn busy_from_samples(
     for &stamp in &stamps {
         let stretch_us = stamp - previous;
         previous = stamp;
+        // A stamp covers one period; the rest of a longer stretch had no samples at all.
+        let (stretch_us, skipped) = match period_us {
+            Some(p) if p > 0 && stretch_us > p + p / 2 => (p, true),
+            _ => (stretch_us, false),
+        };
         let mut now_held: Held = Vec::new();
+        if skipped {
+            // The held figures cover one of the empty periods (a single busy process's
+            // dropped sample); they are then spent.
+            for &(pid, sm, was_held) in held.iter() {
+                if !was_held {
+                    add(pid, stretch_us * 10 * u64::from(sm));
+                }
+            }
+            held.iter_mut().for_each(|h| h.2 = true);
+        }
         for sample in samples.iter().filter(|s| s.timeStamp == stamp) {
             let sm = sample.smUtil.min(100);
             // pct % of a stretch of µs, in ns: us * 1000 * pct / 100.
@@ -124,6 +157,7 @@ pub fn busy_from_samples(
         per_pid,
         span_ns: newest_us.saturating_sub(first_from).saturating_mul(1000),
         newest_us,
+        min_gap_us,
     }
 }
 
@@ -156,6 +190,7 @@ mod tests {
             &[sample(7, 1_100_000, 25), sample(8, 1_100_000, 50)],
             1_000_000,
             &mut Held::new(),
+            None,
         );
         assert_eq!(busy.span_ns, 100_000_000);
         assert_eq!(busy.newest_us, 1_100_000);
@@ -165,10 +200,11 @@ mod tests {
             &[sample(7, 1_050_000, 20), sample(7, 1_100_000, 400)],
             1_000_000,
             &mut Held::new(),
+            None,
         );
         // Two samples of one process at two period ends: each covers its own stretch.
         assert_eq!(busy.per_pid, vec![(7, 10_000_000 + 50_000_000)]);
-        let none = busy_from_samples(&[], 5, &mut Held::new());
+        let none = busy_from_samples(&[], 5, &mut Held::new(), None);
         assert_eq!((none.span_ns, none.newest_us), (0, 5));
     }
 
@@ -188,6 +224,7 @@ mod tests {
             ],
             t0,
             &mut Held::new(),
+            None,
         );
         assert_eq!(busy.newest_us, t0 + 3 * p);
         assert_eq!(busy.span_ns, 3 * p * 1000);
@@ -213,11 +250,43 @@ mod tests {
             ],
             t0,
             &mut held,
+            None,
         );
         let stretch = p * 1000 * 40 / 100;
         assert_eq!(busy.per_pid, vec![(7, 4 * stretch), (8, 2 * stretch)]);
         // The hold carries across calls: 7 missing at the next stamp is held once.
-        let busy = busy_from_samples(&[sample(9, t0 + 5 * p, 10)], t0 + 4 * p, &mut held);
+        let busy = busy_from_samples(&[sample(9, t0 + 5 * p, 10)], t0 + 4 * p, &mut held, None);
         assert_eq!(busy.per_pid, vec![(9, p * 1000 * 10 / 100), (7, stretch)]);
+    }
+
+    #[test]
+    fn with_the_period_known_empty_periods_are_idle_and_a_held_figure_fills_one() {
+        let p = 100_000;
+        let t0 = 1_700_000_000_000_000;
+        // The first read shows the period (two stamps in one answer).
+        let mut held = Held::new();
+        let busy = busy_from_samples(
+            &[sample(7, t0 - p, 50), sample(7, t0, 50)],
+            t0 - 2 * p,
+            &mut held,
+            None,
+        );
+        assert_eq!(busy.min_gap_us, Some(p));
+        // Next: three periods later, one sample; 7 idle in between (or its sample dropped
+        // once): the stamp's figure covers one period, the held 50 % fills one more.
+        let busy = busy_from_samples(&[sample(7, t0 + 3 * p, 20)], t0, &mut held, Some(p));
+        assert_eq!(busy.span_ns, 3 * p * 1000);
+        assert_eq!(
+            busy.per_pid,
+            vec![(7, p * 1000 * 50 / 100 + p * 1000 * 20 / 100)]
+        );
+        // Without the period (exact fake): the stamp covers the whole stretch.
+        let busy = busy_from_samples(
+            &[sample(7, t0 + 6 * p, 20)],
+            t0 + 3 * p,
+            &mut Held::new(),
+            None,
+        );
+        assert_eq!(busy.per_pid, vec![(7, 3 * p * 1000 * 20 / 100)]);
     }
 }

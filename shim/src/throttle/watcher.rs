@@ -76,6 +76,8 @@ struct LeaderState {
     fallback_busy_ns: u64,
     /// Per-process figures of the newest stretch (drop-out hold, see `measure::Held`).
     held: measure::Held,
+    /// The driver's sample period, once an answer showed it (`measure::Busy::min_gap_us`).
+    period_us: Option<u64>,
     /// Monotonic ns of the last controller step (or of leadership).
     last_step_ns: u64,
     /// (monotonic ns, slice launches so far) at each leader tick: the launches of the very
@@ -257,6 +259,7 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
         state.last_step_ns = now_ns();
         state.held.clear();
         state.launch_history.clear();
+        state.period_us = None;
         state.last_launches = words[W_LAUNCHES].load(Ordering::Relaxed);
         state.last_waits = words[W_WAITS].load(Ordering::Relaxed);
     }
@@ -383,9 +386,12 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     if state.handle.is_none() {
         state.handle = measure::device_handle(&device.uuid, device.ordinal as u32);
     }
-    let busy = state
-        .handle
-        .and_then(|h| measure::process_busy(h, state.last_seen_us, &mut state.held));
+    let busy = state.handle.and_then(|h| {
+        measure::process_busy(h, state.last_seen_us, &mut state.held, state.period_us)
+    });
+    if let Some(gap) = busy.as_ref().and_then(|b| b.min_gap_us) {
+        state.period_us = Some(state.period_us.map_or(gap, |p| p.min(gap)));
+    }
     let Some(busy) = busy else {
         if !state.warned_no_nvml {
             state.warned_no_nvml = true;
@@ -451,6 +457,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
             per_pid: vec![(0, std::mem::take(&mut state.fallback_busy_ns))],
             span_ns,
             newest_us: state.last_seen_us,
+            min_gap_us: None,
         }
     } else if first {
         state.last_launches = launches_total;
@@ -475,6 +482,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
             per_pid: Vec::new(),
             span_ns,
             newest_us: state.last_seen_us,
+            min_gap_us: None,
         }
     } else {
         busy
