@@ -78,6 +78,8 @@ struct LeaderState {
     held: measure::Held,
     /// The driver's sample period, once an answer showed it (`measure::Busy::min_gap_us`).
     period_us: Option<u64>,
+    /// Monotonic ns this leader first saw the slice launch (0 = not yet).
+    first_launch_ns: u64,
     /// Monotonic ns of the last controller step (or of leadership).
     last_step_ns: u64,
     /// (monotonic ns, slice launches so far) at each leader tick: the launches of the very
@@ -260,6 +262,7 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
         state.held.clear();
         state.launch_history.clear();
         state.period_us = None;
+        state.first_launch_ns = 0;
         state.last_launches = words[W_LAUNCHES].load(Ordering::Relaxed);
         state.last_waits = words[W_WAITS].load(Ordering::Relaxed);
     }
@@ -352,6 +355,9 @@ pub fn launches_between(
 
 /// Shortest stretch without samples that counts as "no trace" for the start-up guess.
 pub const NO_TRACE_NS: u64 = 100_000_000;
+/// How long after the slice's first launch a 0 % device reading can be trusted to cover it:
+/// the slowest documented sample period (1 s) and a margin.
+pub const NO_TRACE_AFTER_NS: u64 = 1_200_000_000;
 /// How often the controller steps while steering on the device's utilisation.
 pub const FALLBACK_STEP_NS: u64 = 500_000_000;
 
@@ -472,7 +478,16 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
         let unlearned = state.controller.as_ref().is_none_or(|c| !c.learned)
             && words[W_COST].load(Ordering::Relaxed) & COST_LEARNED == 0;
         let span_ns = now.saturating_sub(state.last_step_ns);
-        if !(unlearned && launches > 0 && span_ns >= NO_TRACE_NS) {
+        if launches > 0 && state.first_launch_ns == 0 {
+            state.first_launch_ns = now;
+        }
+        // The device's figure is its last completed sample period's (up to 1 s): only once
+        // a whole slowest period has passed since the launches began can 0 % mean they left
+        // no trace (at 1 s periods it read 0 for the idle period before them, and the guess
+        // fell 4x a tick under 1 ms kernels that were costed right).
+        let covered = state.first_launch_ns != 0
+            && now.saturating_sub(state.first_launch_ns) >= NO_TRACE_AFTER_NS;
+        if !(unlearned && launches > 0 && span_ns >= NO_TRACE_NS && covered) {
             return true;
         }
         if state.handle.and_then(measure::device_percent) != Some(0) {
