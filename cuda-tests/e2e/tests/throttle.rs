@@ -2,7 +2,8 @@
 //! Every figure comes from fakegpu's truth (the device timeline), never from the shim.
 //!
 //! Each case runs its clients for `RUN_S` seconds and measures the `WINDOW_NS` after
-//! `SETTLE_NS` (the issue: steady state within 2 s of start). Independent cases run at the
+//! `SETTLE_NS` (the issue: steady state within 2 s of start; 3 s on the fake's realistic
+//! NVML, `REALISTIC_SETTLE_NS`). Independent cases run at the
 //! same time on separate simulated GPUs (their timelines do not interact), which keeps the
 //! binary at about a minute and loads the 2-core machine as CI does.
 //!
