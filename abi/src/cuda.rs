@@ -287,6 +287,22 @@ pub struct CUlaunchConfig {
     pub numAttrs: c_uint,
 }
 
+/// `CUDA_LAUNCH_PARAMS`: one device's entry of `cuLaunchCooperativeKernelMultiDevice`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_LAUNCH_PARAMS {
+    pub function: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub kernelParams: *mut *mut c_void,
+}
+
 /// `CUDA_KERNEL_NODE_PARAMS` (v1; what cuGraphAddKernelNode takes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

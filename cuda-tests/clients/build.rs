@@ -62,6 +62,7 @@ const CUDA_SYMBOLS: &[&str] = &[
     "cuLaunchKernel",
     "cuLaunchKernelEx",
     "cuLaunchCooperativeKernel",
+    "cuLaunchCooperativeKernelMultiDevice",
     "cuGraphCreate",
     "cuGraphAddKernelNode_v2",
     "cuGraphInstantiateWithFlags",

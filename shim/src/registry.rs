@@ -289,6 +289,8 @@ hook_registry! {
         Cuda fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
             by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
             => cuda::launch_cooperative_kernel [hot];
+        Cuda fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, flags: c_uint)
+            -> CUresult => cuda::launch_cooperative_kernel_multi_device;
         Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch [hot];
         Cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch [hot];
         // CUDA graph memory (see memory::graphs): settled after each call that can change it.

@@ -73,6 +73,7 @@ macro_rules! for_each_entry_point {
             cuLaunchKernel = "cuLaunchKernel", 4000, ptsz, (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void);
             cuLaunchKernelEx = "cuLaunchKernelEx", 11060, ptsz, (config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void);
             cuLaunchCooperativeKernel = "cuLaunchCooperativeKernel", 9000, ptsz, (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void);
+            cuLaunchCooperativeKernelMultiDevice = "cuLaunchCooperativeKernelMultiDevice", 9000, legacy, (list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, flags: c_uint);
             cuGraphCreate = "cuGraphCreate", 10000, legacy, (graph: *mut CUgraph, flags: c_uint);
             cuGraphAddKernelNode = "cuGraphAddKernelNode_v2", 12000, legacy, (node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *const KernelNodeParamsV2);
             cuGraphInstantiateWithFlags = "cuGraphInstantiateWithFlags", 11040, legacy, (exec: *mut CUgraphExec, graph: CUgraph, flags: u64);
@@ -653,6 +654,28 @@ impl Driver {
                     )
                 })
                 .collect(),
+            LaunchPath::CooperativeMulti => {
+                let mut entry = [CUDA_LAUNCH_PARAMS {
+                    function: f,
+                    gridDimX: grid,
+                    gridDimY: 1,
+                    gridDimZ: 1,
+                    blockDimX: block,
+                    blockDimY: 1,
+                    blockDimZ: 1,
+                    sharedMemBytes: 0,
+                    hStream: s,
+                    kernelParams: p,
+                }];
+                (0..count)
+                    .map(|_| {
+                        call!(
+                            self,
+                            cuLaunchCooperativeKernelMultiDevice(entry.as_mut_ptr(), 1, 0)
+                        )
+                    })
+                    .collect()
+            }
             LaunchPath::Ex => {
                 let config = CUlaunchConfig {
                     gridDimX: grid,

@@ -213,6 +213,8 @@ pub enum LaunchPath {
     Kernel,
     Ex,
     Cooperative,
+    /// `cuLaunchCooperativeKernelMultiDevice` with one entry (this device, the stream).
+    CooperativeMulti,
     Graph,
 }
 
@@ -222,6 +224,7 @@ impl LaunchPath {
             LaunchPath::Kernel => "kernel",
             LaunchPath::Ex => "ex",
             LaunchPath::Cooperative => "cooperative",
+            LaunchPath::CooperativeMulti => "cooperative-multi",
             LaunchPath::Graph => "graph",
         }
     }
@@ -231,6 +234,7 @@ impl LaunchPath {
             LaunchPath::Kernel,
             LaunchPath::Ex,
             LaunchPath::Cooperative,
+            LaunchPath::CooperativeMulti,
             LaunchPath::Graph,
         ]
         .into_iter()

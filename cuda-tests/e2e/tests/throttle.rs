@@ -2,7 +2,8 @@
 //! Every figure comes from fakegpu's truth (the device timeline), never from the shim.
 //!
 //! Each case runs its clients for `RUN_S` seconds and measures the `WINDOW_NS` after
-//! `SETTLE_NS` (the issue: steady state within 2 s of start). Independent cases run at the
+//! `SETTLE_NS` (the issue: steady state within 2 s of start; 3 s on the fake's realistic
+//! NVML, `REALISTIC_SETTLE_NS`). Independent cases run at the
 //! same time on separate simulated GPUs (their timelines do not interact), which keeps the
 //! binary at about a minute and loads the 2-core machine as CI does.
 //!
@@ -17,6 +18,10 @@ use std::time::{Duration, Instant};
 const SETTLE_NS: u64 = 2_000_000_000;
 const WINDOW_NS: u64 = 2_000_000_000;
 const RUN_S: f64 = 4.3;
+/// On the fake's realistic NVML the settle is 3 s: the first per-process figure of tiny
+/// kernels at the start-up guess can only be trusted once a slowest (1 s) sample period has
+/// passed (see `watcher::NO_TRACE_AFTER_NS`).
+const REALISTIC_SETTLE_NS: u64 = 3_000_000_000;
 /// The issue's steady-state tolerance, in percentage points.
 const TOLERANCE: f64 = 5.0;
 
@@ -108,6 +113,8 @@ struct Case {
     neighbours: usize,
     path: &'static str,
     pid_offset: bool,
+    /// The fake's realistic NVML sampling (see `fakegpu::nvml_sampling`), for every process.
+    realistic: bool,
 }
 
 impl Case {
@@ -119,6 +126,7 @@ impl Case {
             neighbours: 0,
             path: "kernel",
             pid_offset: false,
+            realistic: std::env::var("THROTTLE_NVML").is_ok_and(|m| m == "realistic"),
         }
     }
     fn named(mut self, name: &str) -> Case {
@@ -137,6 +145,27 @@ impl Case {
         self.pid_offset = true;
         self
     }
+    fn realistic(mut self) -> Case {
+        self.realistic = true;
+        self.name.push_str(" realistic NVML");
+        self
+    }
+}
+
+/// The fake's realistic NVML, with the knobs of the test's own environment passed through
+/// (`FAKEGPU_NVML_SAMPLE_MS=1000` measures the slowest documented sample period).
+fn realistic_nvml() -> Env {
+    let mut env: Env = vec![("FAKEGPU_NVML_MODE".into(), "realistic".into())];
+    for knob in [
+        "FAKEGPU_NVML_SAMPLE_MS",
+        "FAKEGPU_NVML_PROC_DELAY_MS",
+        "FAKEGPU_NVML_PROC_DROP_PERMILLE",
+    ] {
+        if let Ok(value) = std::env::var(knob) {
+            env.push((knob.into(), value));
+        }
+    }
+    env
 }
 
 /// The measured outcome of a case: the slice's busy percent, the device's.
@@ -157,7 +186,18 @@ fn run_case(case: &Case) -> Outcome {
         if case.pid_offset {
             env.push(("FAKEGPU_PID_OFFSET".into(), "100000".into()));
         }
+        if case.realistic {
+            env.extend(realistic_nvml());
+        }
+        if let Ok(level) = std::env::var("DBG_LOG") {
+            env.push(("GPUSLICE_LOG".into(), level));
+        }
         env
+    };
+    let (settle, run_s) = if case.realistic {
+        (REALISTIC_SETTLE_NS, RUN_S + 1.0)
+    } else {
+        (SETTLE_NS, RUN_S)
     };
     let mut neighbour_pids = Vec::new();
     let mut neighbours = Vec::new();
@@ -165,7 +205,7 @@ fn run_case(case: &Case) -> Outcome {
         let (handle, pid) = start_awaited(
             &gpu,
             ClientKind::Linked,
-            launch_args(1_000_000, "kernel", RUN_S + 0.5),
+            launch_args(1_000_000, "kernel", run_s + 0.5),
             offset(gpu.env()),
         );
         neighbours.push(handle);
@@ -179,13 +219,13 @@ fn run_case(case: &Case) -> Outcome {
         .map(|(i, &ns)| {
             start(
                 KINDS[i % KINDS.len()],
-                launch_args(ns, case.path, RUN_S),
+                launch_args(ns, case.path, run_s),
                 offset(slice.env(&gpu)),
             )
         })
         .collect();
-    until(t0 + SETTLE_NS + WINDOW_NS);
-    let from = t0 + SETTLE_NS;
+    until(t0 + settle + WINDOW_NS);
+    let from = t0 + settle;
     let device = busy_percent(&gpu, None, from, WINDOW_NS);
     let neighbour_busy: f64 = neighbour_pids
         .iter()
@@ -265,6 +305,36 @@ fn graph_mixed_and_four_process_slices_follow_their_share() {
             Case::new(50, &[MS1]).path("graph"),
             Case::new(40, &[US10, MS1, MS10]).named("mixed 10us+1ms+10ms"),
             Case::new(50, &[MS1, MS1, MS1, MS1]),
+        ],
+        TOLERANCE,
+    );
+}
+
+/// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported) is gated like every
+/// other launch, through the linked, dlsym and cuGetProcAddress clients (it was not hooked:
+/// the slice ran unthrottled through it).
+#[test]
+fn multi_device_cooperative_launches_follow_their_share() {
+    check(
+        &[Case::new(25, &[MS1, MS1, MS1])
+            .path("cooperative-multi")
+            .named("cooperative multi-device, 3 clients")],
+        TOLERANCE,
+    );
+}
+
+/// A real driver's NVML (the fake's realistic mode: 1/6 s sample periods published a period
+/// late, 5 % of per-process samples missing, idle processes unlisted, integer percent): the
+/// share still holds for short-kernel, many-process and graph slices. (10 ms kernels read
+/// within 5 points in most runs but not all, see docs/performance.md: not asserted here.)
+#[test]
+fn the_share_holds_on_a_real_drivers_coarse_late_and_gappy_samples() {
+    check(
+        &[
+            Case::new(50, &[US10]).realistic(),
+            Case::new(25, &[MS1, MS1, MS1, MS1]).realistic(),
+            Case::new(75, &[MS1]).realistic(),
+            Case::new(50, &[MS1]).path("graph").realistic(),
         ],
         TOLERANCE,
     );
@@ -720,4 +790,42 @@ fn discovery_fails(policy: &str) -> (usize, f64, String) {
         .filter(|l| l.contains("cannot tell this process's host PID"))
         .count();
     (lines, used, stderr)
+}
+
+/// A driver whose per-process samples never come (here: the fake's realistic NVML with every
+/// per-process sample dropped; on a real host, per-process accounting off, or timestamps the
+/// throttle never finds newer than its last one). The throttle must not silently keep its
+/// 1 ms-per-kernel start-up guess, which lets 3 ms kernels at a 20 % share take 60 % of the
+/// card: it says so once and steers on the device's utilisation.
+#[test]
+fn a_slice_that_never_gets_process_samples_says_so_and_still_follows_its_share() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "8GiB", Some(20)).build();
+    let mut env = slice.env(&gpu);
+    env.push(("FAKEGPU_NVML_MODE".into(), "realistic".into()));
+    env.push(("FAKEGPU_NVML_PROC_DROP_PERMILLE".into(), "1000".into()));
+    // Fallback after 2.5 s of silence, then at most 0.5 s of start-up debt and a settle at
+    // the fallback's 500 ms steps.
+    let (settle, run_s) = (6_000_000_000, 8.5);
+    let t0 = now();
+    let client = std::thread::spawn(move || {
+        let args = launch_args(3 * MS1, "kernel", run_s);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Client::output(ClientKind::Linked, &refs, &env)
+    });
+    until(t0 + settle + WINDOW_NS);
+    let used = busy_percent(&gpu, None, t0 + settle, WINDOW_NS);
+    let output = client.join().expect("client thread");
+    assert!(output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let lines = stderr
+        .lines()
+        .filter(|l| l.contains("no per-process utilisation sample"))
+        .count();
+    eprintln!("no process samples: {lines} line(s), {used:.1}% at a 20 % share");
+    assert_eq!(lines, 1, "said once: {stderr}");
+    assert!(
+        (used - 20.0).abs() <= TOLERANCE,
+        "still steered: {used:.1}% at a 20 % share"
+    );
 }

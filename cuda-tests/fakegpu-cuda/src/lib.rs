@@ -590,6 +590,19 @@ cuda_api! {
     fn cuLaunchCooperativeKernel_ptsz["cuLaunchCooperativeKernel", 9000, Ptsz](f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _shared: c_uint, s: CUstream, params: *mut *mut c_void) {
         launch_common(f, [gx, gy, gz], [bx, by, bz], s, params, std::ptr::null_mut(), true)
     }
+    fn cuLaunchCooperativeKernelMultiDevice["cuLaunchCooperativeKernelMultiDevice", 9000, Default](list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, _flags: c_uint) {
+        // Deprecated since CUDA 11.3 but still exported: one cooperative launch per entry
+        // (one per device; the fake checks each as cuLaunchCooperativeKernel would).
+        if list.is_null() || n == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        for i in 0..n as usize {
+            // SAFETY: the caller passes `n` valid entries (the CUDA API's contract).
+            let p = unsafe { *list.add(i) };
+            launch_common(p.function, [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], p.hStream, p.kernelParams, std::ptr::null_mut(), true)?;
+        }
+        Ok(())
+    }
 
     // ---- graphs and capture ----
     fn cuStreamBeginCapture["cuStreamBeginCapture", 10000, Default](s: CUstream) { cu().stream_begin_capture(h(s), 0) }

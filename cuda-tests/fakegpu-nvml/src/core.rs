@@ -173,9 +173,7 @@ pub fn device(handle: nvmlDevice_t) -> NvmlResult<Dev> {
 impl Dev {
     /// GPU utilisation over the sampling window, percent.
     pub fn utilization(&self) -> u32 {
-        self.state
-            .utilization_percent(self.index, nvml_view::util_window_ns())
-            .min(100)
+        nvml_view::device_utilization(self.state, self.index)
     }
 
     pub fn memory(&self) -> MemoryView {
@@ -332,10 +330,13 @@ pub fn attributes(dev: &Dev) -> nvmlDeviceAttributes_t {
     }
 }
 
-/// nvmlDeviceGetProcessUtilization: one sample per process holding a context on the device,
-/// `smUtil` = its share of device time between `last_seen_us` (0: one utilisation window
-/// ago) and now, `timeStamp` = now; both in CLOCK_MONOTONIC microseconds so a returned
-/// timestamp can be passed back as the next `last_seen_us`.
+/// nvmlDeviceGetProcessUtilization, as the driver answers it (see `fakegpu::nvml_sampling`):
+/// per sample period newer than `last_seen_us` (0: the whole sample buffer), one sample per
+/// process, `smUtil` = its percent of that period, `timeStamp` = the period's end; both in
+/// wall-clock microseconds (NVML's "CPU timestamp"), so a returned timestamp can be passed
+/// back as the next `last_seen_us`. Exact mode: one period, `[last_seen, now)`, every
+/// process. Realistic mode: only periods already published (after the delay), only
+/// processes with a non-zero figure, some dropped.
 ///
 /// # Safety
 /// `count` must be null or valid; `samples` null or valid for `*count` writes.
@@ -347,36 +348,36 @@ pub unsafe fn process_utilization(
 ) -> NvmlResult<()> {
     // SAFETY: per the caller's contract.
     let count = unsafe { out(count) }?;
-    let to = fakegpu::now_ns();
-    let from = if last_seen_us == 0 {
-        to.saturating_sub(nvml_view::util_window_ns())
-    } else {
-        last_seen_us.saturating_mul(1000)
-    };
+    let sampling = fakegpu::nvml_sampling::sampling();
+    let clock = fakegpu::nvml_sampling::clock();
+    let periods = sampling.periods(last_seen_us, fakegpu::now_ns(), clock);
     dev.state.reap_dead_processes();
     let procs = dev.state.processes(dev.index);
-    if procs.is_empty() || from >= to {
-        // The real driver's answer when no sample is newer than `last_seen_us`.
-        return Err(NVML_ERROR_NOT_FOUND);
-    }
-    let span = to - from;
-    let list: Vec<nvmlProcessUtilizationSample_t> = procs
-        .iter()
-        .map(|p| {
-            let busy = dev
-                .state
-                .busy_ns(dev.index, Some(p.pid), from, to)
-                .min(span);
-            nvmlProcessUtilizationSample_t {
+    let mut list: Vec<nvmlProcessUtilizationSample_t> = Vec::new();
+    for &(from, to) in &periods {
+        for p in &procs {
+            if sampling.dropped(p.pid, to) {
+                continue;
+            }
+            let busy = dev.state.busy_ns(dev.index, Some(p.pid), from, to);
+            let sm = sampling.percent(busy, to - from);
+            if sampling.realistic && sm == 0 {
+                continue;
+            }
+            list.push(nvmlProcessUtilizationSample_t {
                 pid: nvml_view::nvml_pid(p.pid),
-                timeStamp: to / 1000,
-                smUtil: ((busy as u128 * 100 + span as u128 / 2) / span as u128) as c_uint,
+                timeStamp: clock.wall_us(to),
+                smUtil: sm,
                 memUtil: 0,
                 encUtil: 0,
                 decUtil: 0,
-            }
-        })
-        .collect();
+            });
+        }
+    }
+    if list.is_empty() {
+        // The real driver's answer when no sample is newer than `last_seen_us`.
+        return Err(NVML_ERROR_NOT_FOUND);
+    }
     if samples.is_null() {
         // The size query: pynvml and nvidia-smi call with a null buffer first and expect
         // INSUFFICIENT_SIZE plus the count whatever `*count` held.

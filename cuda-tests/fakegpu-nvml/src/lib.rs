@@ -661,8 +661,8 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
     unsafe { nvmlDeviceGetGraphicsRunningProcesses_v3(device, count, infos) }
 }
 
-/// Per-process SM utilisation since `last_seen_us` (CLOCK_MONOTONIC microseconds, the
-/// clock of the returned `timeStamp`s; 0 = the last utilisation window).
+/// Per-process SM utilisation since `last_seen_us` (wall-clock microseconds, the clock of
+/// the returned `timeStamp`s, as the real driver; 0 = the whole sample buffer).
 ///
 /// # Safety
 /// `count` must be null or valid; `samples` null or `*count` writable entries.

@@ -157,7 +157,9 @@ fn process_utilization_is_the_process_share_since_last_seen() {
                 buf[0]
             };
 
-            let last_seen_us = fakegpu::now_ns() / 1000;
+            // NVML's clock: wall-clock microseconds (converted as the fake does).
+            let clock = fakegpu::nvml_sampling::clock();
+            let last_seen_us = clock.wall_us(fakegpu::now_ns());
             cuda.launch(kernel, 300 * MS);
             cuda.synchronize();
             await_idle_timeline(&state);
@@ -175,13 +177,14 @@ fn process_utilization_is_the_process_share_since_last_seen() {
             // Nothing ran after the kernel: 0%. The timeline keeps 1 ms buckets and pro-rates
             // partial ones, so the quiet interval starts on the bucket after the kernel's end.
             let bucket = fakegpu::timeline::BUCKET_NS;
-            let quiet_from_us = (state.busy_until(0) / bucket + 1) * bucket / 1000;
+            let quiet_from = (state.busy_until(0) / bucket + 1) * bucket;
             await_value(
                 Duration::from_secs(1),
                 "clock passes the quiet start",
-                || (fakegpu::now_ns() / 1000 > quiet_from_us + 5_000).then_some(()),
+                || (fakegpu::now_ns() > quiet_from + 5_000_000).then_some(()),
             );
-            let quiet = sample(quiet_from_us);
+            // A millisecond of slack for the two processes' clock offsets.
+            let quiet = sample(clock.wall_us(quiet_from) + 1_000);
             assert_eq!(quiet.smUtil, 0);
         },
     );

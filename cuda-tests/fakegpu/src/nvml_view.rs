@@ -100,6 +100,18 @@ pub fn util_window_ns() -> u64 {
     })
 }
 
+/// Device utilisation (nvmlDeviceGetUtilizationRates `gpu`, smi's figure), percent: over the
+/// last `FAKEGPU_UTIL_WINDOW_MS` (exact mode, rounded) or the last completed sample period,
+/// truncated (realistic mode, see [`crate::nvml_sampling`]).
+pub fn device_utilization(state: &SharedState, index: u32) -> u32 {
+    let sampling = crate::nvml_sampling::sampling();
+    if !sampling.realistic {
+        return state.utilization_percent(index, util_window_ns()).min(100);
+    }
+    let (from, to) = sampling.device_window(crate::state::now_ns(), util_window_ns());
+    sampling.percent(state.busy_ns(index, None, from, to), to - from)
+}
+
 /// `FAKEGPU_DRIVER_VERSION` (default 13000), as nvmlSystemGetCudaDriverVersion reports it.
 pub fn cuda_driver_version() -> i32 {
     std::env::var("FAKEGPU_DRIVER_VERSION")

@@ -46,7 +46,6 @@ pub fn snapshot(state: &SharedState) -> SmiReport {
     // The driver frees a dead process's memory when it learns of the death (after the
     // release delay, if any); here the observer reaps.
     state.reap_dead_processes();
-    let window = nvml_view::util_window_ns();
     let devices = (0..state.device_count())
         .filter_map(|index| {
             let spec = state.device(index)?;
@@ -63,7 +62,7 @@ pub fn snapshot(state: &SharedState) -> SmiReport {
                 index,
                 memory_total: spec.total_memory,
                 memory_used: state.used_memory(index),
-                utilization_gpu: state.utilization_percent(index, window).min(100),
+                utilization_gpu: nvml_view::device_utilization(state, index),
                 name: spec.name,
                 uuid: spec.uuid,
                 processes,

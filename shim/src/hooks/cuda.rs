@@ -482,6 +482,25 @@ pub unsafe fn launch_cooperative_kernel(
     real(f, gx, gy, gz, bx, by, bz, shared, stream, params)
 }
 
+/// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported): one launch per
+/// entry, each billed on its stream's device. A list the driver will refuse (null, empty,
+/// more entries than devices can exist) is passed through ungated.
+pub unsafe fn launch_cooperative_kernel_multi_device(
+    real: sig::cuLaunchCooperativeKernelMultiDevice,
+    list: *mut CUDA_LAUNCH_PARAMS,
+    n: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    if !list.is_null() && (1..=gpuslice_common::MAX_DEVICES as c_uint).contains(&n) {
+        for i in 0..n as usize {
+            // SAFETY: the caller passes `n` valid entries (the CUDA API's contract).
+            let stream = unsafe { (*list.add(i)).hStream };
+            throttle::before_launch_on_stream(stream);
+        }
+    }
+    real(list, n, flags)
+}
+
 pub unsafe fn graph_launch(
     real: sig::cuGraphLaunch,
     exec: CUgraphExec,

@@ -141,11 +141,52 @@ pub fn before_launch() {
     }
 }
 
+/// [`before_launch`] for a launch on `stream`'s device (the multi-device cooperative launch,
+/// whose entries run on other devices than the current one).
+pub fn before_launch_on_stream(stream: gpuslice_abi::cuda::CUstream) {
+    let on = match ACTIVE.load(Ordering::Relaxed) {
+        OFF => false,
+        ON => true,
+        _ => activate(),
+    };
+    if on {
+        if let Some(ordinal) = stream_ordinal(stream) {
+            throttle_launch_on(ordinal);
+        }
+    }
+}
+
+/// The device `stream` runs on (its context's); the current one for the NULL, legacy and
+/// per-thread streams, or when the driver cannot say.
+fn stream_ordinal(stream: gpuslice_abi::cuda::CUstream) -> Option<CUdevice> {
+    use crate::registry::real;
+    if stream as usize <= gpuslice_abi::cuda::flags::CU_STREAM_PER_THREAD {
+        return current_ordinal();
+    }
+    let mut ctx: gpuslice_abi::cuda::CUcontext = std::ptr::null_mut();
+    let mut device: CUdevice = 0;
+    // SAFETY: valid out-pointers; the driver validates the stream and the context.
+    let known = unsafe {
+        real::cuStreamGetCtx().is_some_and(|get| get(stream, &mut ctx) == CUDA_SUCCESS)
+            && real::cuCtxGetDevice_v2().is_some_and(|get| get(&mut device, ctx) == CUDA_SUCCESS)
+    };
+    if known {
+        Some(device)
+    } else {
+        current_ordinal()
+    }
+}
+
 #[inline]
 fn throttle_launch() {
     let Some(ordinal) = current_ordinal() else {
         return;
     };
+    throttle_launch_on(ordinal);
+}
+
+#[inline]
+fn throttle_launch_on(ordinal: CUdevice) {
     let Some(device) = device_throttle(ordinal) else {
         return;
     };

@@ -55,6 +55,8 @@ struct LeaderState {
     last_waits: u64,
     leading: bool,
     warned_no_nvml: bool,
+    /// The "PID table full" line was logged.
+    warned_table_full: bool,
     resolve_attempts: u32,
     slice_pids: Vec<u32>,
     ticks: u64,
@@ -62,6 +64,27 @@ struct LeaderState {
     stand_down: u32,
     /// The controller while this process leads (resumed from the shared words on election).
     controller: Option<Controller>,
+    /// When (monotonic ns) the last per-process sample newer than `last_seen_us` arrived,
+    /// or leadership began; with the slice launching, a long silence means fallback.
+    last_sample_ns: u64,
+    /// Steering on the device's utilisation because no per-process samples come.
+    fallback: bool,
+    /// Monotonic ns the current fallback step began, of the previous fallback reading,
+    /// and the device-busy ns gathered since the step began.
+    fallback_from_ns: u64,
+    fallback_read_ns: u64,
+    fallback_busy_ns: u64,
+    /// Per-process figures of the newest stretch (drop-out hold, see `measure::Held`).
+    held: measure::Held,
+    /// The driver's sample period, once an answer showed it (`measure::Busy::min_gap_us`).
+    period_us: Option<u64>,
+    /// Monotonic ns this leader first saw the slice launch (0 = not yet).
+    first_launch_ns: u64,
+    /// Monotonic ns of the last controller step (or of leadership).
+    last_step_ns: u64,
+    /// (monotonic ns, slice launches so far) at each leader tick: the launches of the very
+    /// stretch NVML measured, which a real driver reports a sample period or more late.
+    launch_history: std::collections::VecDeque<(u64, u64)>,
 }
 
 /// Looks for this process in NVML's running list (see `discover_pid`); logs one line when it
@@ -83,13 +106,28 @@ fn resolve(device: &DeviceThrottle, state: &mut LeaderState) {
         if !table.insert(pid) {
             table.retain(|p| listed.contains(&p));
         }
-        if table.insert(pid) {
-            device.unresolved.store(false, Ordering::Relaxed);
-            crate::log_debug!("device {}: this process is NVML PID {pid}", device.ordinal);
-            return;
+        let inserted = table.insert(pid);
+        match known_by_leader(inserted, pid, &super::region_host_pids()) {
+            Some(how) => {
+                device.unresolved.store(false, Ordering::Relaxed);
+                crate::log_debug!(
+                    "device {}: this process is NVML PID {pid} ({how})",
+                    device.ordinal
+                );
+                return;
+            }
+            None if !state.warned_table_full => {
+                state.warned_table_full = true;
+                crate::log_error!(
+                    "device {}: this process is NVML PID {pid}, but the slice's PID table is full ({} processes) and the region does not record it; the compute share is steered by the whole device's utilisation while it runs (errs towards the cap)",
+                    device.ordinal,
+                    table.capacity()
+                );
+            }
+            None => {}
         }
     }
-    if state.resolve_attempts == 20 {
+    if state.resolve_attempts == 20 && !state.warned_table_full {
         crate::log_error!(
             "cannot tell this process's host PID on device {}; the compute share is steered by the whole device's utilisation until it is known",
             device.ordinal
@@ -219,6 +257,12 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
         // Newly elected: start the measurement afresh.
         state.leading = true;
         state.last_seen_us = 0;
+        state.last_sample_ns = now_ns();
+        state.last_step_ns = now_ns();
+        state.held.clear();
+        state.launch_history.clear();
+        state.period_us = None;
+        state.first_launch_ns = 0;
         state.last_launches = words[W_LAUNCHES].load(Ordering::Relaxed);
         state.last_waits = words[W_WAITS].load(Ordering::Relaxed);
     }
@@ -237,8 +281,93 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
     }
 }
 
+/// Pure: how the leader will know NVML PID `pid` as the slice's: through the shared PID table
+/// (`inserted`), or through the host PIDs the region records (the leader reads those every
+/// tenth tick), so a full table does not matter to a process the memory ledger knows;
+/// `None` = not at all (the process stays unresolved and says so).
+pub fn known_by_leader(inserted: bool, pid: u32, region_pids: &[u32]) -> Option<&'static str> {
+    if inserted {
+        Some("PID table")
+    } else if region_pids.contains(&pid) {
+        Some("region")
+    } else {
+        None
+    }
+}
+
 /// Ticks a leader that could not measure leaves the election to others.
 pub const STAND_DOWN_TICKS: u32 = 20;
+
+/// How long a launching slice may go without a new per-process sample before the leader
+/// steers on the device's utilisation instead: longer than the slowest documented sample
+/// period (1 s) plus one period of publication delay.
+pub const SAMPLE_SILENCE_NS: u64 = 2_500_000_000;
+/// Leader ticks of launch history kept (3.2 s: a 1 s sample period published a period late).
+pub const HISTORY_TICKS: usize = 64;
+
+/// CLOCK_REALTIME, ns: the clock of NVML's sample timestamps.
+fn realtime_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_REALTIME always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Pure: the monotonic instant of NVML stamp `stamp_us` (wall-clock µs), given both clocks
+/// now; `None` when it does not fall within the last 4 s (up to 0.1 s ahead): a driver on
+/// another clock, whose stamps cannot be placed.
+pub fn wall_to_monotonic(stamp_us: u64, wall_now_ns: u64, mono_now_ns: u64) -> Option<u64> {
+    let stamp_ns = stamp_us.checked_mul(1000)?;
+    let mono = if stamp_ns <= wall_now_ns {
+        mono_now_ns.checked_sub(wall_now_ns - stamp_ns)?
+    } else {
+        mono_now_ns.checked_add(stamp_ns - wall_now_ns)?
+    };
+    (mono + 4_000_000_000 >= mono_now_ns && mono <= mono_now_ns + 100_000_000).then_some(mono)
+}
+
+/// Pure: launches made within `[from, to]` (monotonic ns), interpolated between the ticks of
+/// `history` ((time, launches so far), oldest first); `None` when `from` precedes it.
+pub fn launches_between(
+    history: &std::collections::VecDeque<(u64, u64)>,
+    from: u64,
+    to: u64,
+) -> Option<u64> {
+    let at = |t: u64| -> Option<f64> {
+        let first = history.front()?;
+        if t < first.0 {
+            return None;
+        }
+        let i = history.partition_point(|&(time, _)| time <= t);
+        let (t0, n0) = history[i - 1];
+        Some(match history.get(i) {
+            Some(&(t1, n1)) if t1 > t0 => {
+                n0 as f64 + (n1.wrapping_sub(n0)) as f64 * (t - t0) as f64 / (t1 - t0) as f64
+            }
+            _ => n0 as f64,
+        })
+    };
+    Some((at(to)? - at(from)?).max(0.0).round() as u64)
+}
+
+/// Shortest stretch without samples that counts as "no trace" for the start-up guess.
+pub const NO_TRACE_NS: u64 = 100_000_000;
+/// How long after the slice's first launch a 0 % device reading can be trusted to cover it:
+/// the slowest documented sample period (1 s) and a margin.
+pub const NO_TRACE_AFTER_NS: u64 = 1_200_000_000;
+/// How often the controller steps while steering on the device's utilisation.
+pub const FALLBACK_STEP_NS: u64 = 500_000_000;
+
+/// Pure: whether the leader should steer on the device's utilisation. Samples that stop
+/// coming while the slice launches (per-process accounting off, a driver whose timestamps
+/// the throttle never finds newer) must not leave the share unsteered; an idle slice
+/// simply has no samples.
+pub fn sample_silence(now_ns: u64, last_sample_ns: u64, launched_since: bool) -> bool {
+    launched_since && now_ns.saturating_sub(last_sample_ns) >= SAMPLE_SILENCE_NS
+}
 
 /// Pure: the slice's busy ns from the per-PID figures, and whether the rest of the device
 /// (the neighbours) is known. While some process of the slice is unresolved its busy time
@@ -263,9 +392,12 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     if state.handle.is_none() {
         state.handle = measure::device_handle(&device.uuid, device.ordinal as u32);
     }
-    let busy = state
-        .handle
-        .and_then(|h| measure::process_busy(h, state.last_seen_us));
+    let busy = state.handle.and_then(|h| {
+        measure::process_busy(h, state.last_seen_us, &mut state.held, state.period_us)
+    });
+    if let Some(gap) = busy.as_ref().and_then(|b| b.min_gap_us) {
+        state.period_us = Some(state.period_us.map_or(gap, |p| p.min(gap)));
+    }
     let Some(busy) = busy else {
         if !state.warned_no_nvml {
             state.warned_no_nvml = true;
@@ -276,21 +408,101 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
         }
         return false;
     };
-    let first = state.last_seen_us == 0;
+    // The first samples since election only set the mark to read from (a read from 0 is the
+    // driver's whole buffer, not one stretch).
+    let first = state.last_seen_us == 0 && busy.newest_us != 0;
+    let now = now_ns();
     if busy.newest_us > state.last_seen_us {
         state.last_seen_us = busy.newest_us;
+        state.last_sample_ns = now;
+        if state.fallback {
+            state.fallback = false;
+            crate::log_info!(
+                "device {}: NVML's per-process samples are back; the compute share steers on the slice's own processes again",
+                device.ordinal
+            );
+        }
     }
     let launches_total = words[W_LAUNCHES].load(Ordering::Relaxed);
     let waits_total = words[W_WAITS].load(Ordering::Relaxed);
     let launches = launches_total.wrapping_sub(state.last_launches);
     let waited = waits_total != state.last_waits;
-    if first || busy.span_ns == 0 {
-        if first {
-            state.last_launches = launches_total;
-            state.last_waits = waits_total;
-        }
-        return true;
+    state.launch_history.push_back((now, launches_total));
+    while state.launch_history.len() > HISTORY_TICKS {
+        state.launch_history.pop_front();
     }
+    if !state.fallback && sample_silence(now, state.last_sample_ns, launches > 0) {
+        state.fallback = true;
+        state.fallback_from_ns = now;
+        state.fallback_read_ns = now;
+        state.fallback_busy_ns = 0;
+        crate::log_error!(
+            "device {}: NVML gave no per-process utilisation sample for {:.1} s while the slice launched kernels; the compute share now steers on the whole device's utilisation (nvmlDeviceGetUtilizationRates), which counts any neighbour against the slice",
+            device.ordinal,
+            now.saturating_sub(state.last_sample_ns) as f64 / 1e9
+        );
+    }
+    let busy = if state.fallback {
+        let Some(percent) = state.handle.and_then(measure::device_percent) else {
+            return false;
+        };
+        // The reading is the last sample period's (up to 1 s, published late): summed over
+        // FALLBACK_STEP_NS and fed to the controller once per step, so its lag stays within
+        // about one step, the delay the control law is designed for.
+        state.fallback_busy_ns +=
+            now.saturating_sub(state.fallback_read_ns) * u64::from(percent) / 100;
+        state.fallback_read_ns = now;
+        let span_ns = now.saturating_sub(state.fallback_from_ns);
+        if span_ns < FALLBACK_STEP_NS {
+            return true;
+        }
+        state.fallback_from_ns = now;
+        // The whole device as one pseudo-process (PID 0, never a slice member); the slice is
+        // charged all of it and the neighbours are unknown (see `split_busy`).
+        measure::Busy {
+            per_pid: vec![(0, std::mem::take(&mut state.fallback_busy_ns))],
+            span_ns,
+            newest_us: state.last_seen_us,
+            min_gap_us: None,
+        }
+    } else if first {
+        state.last_launches = launches_total;
+        state.last_waits = waits_total;
+        state.last_step_ns = now;
+        return true;
+    } else if busy.span_ns == 0 {
+        // No new sample. A driver lists only processes with a non-zero figure, so launches
+        // at the start-up guess that leave no trace give no sample at all: while the cost is
+        // not learned, a launching slice on a device whose last period read 0 % lowers the
+        // guess as a zero sample would (the controller's `busy == 0` bound).
+        let unlearned = state.controller.as_ref().is_none_or(|c| !c.learned)
+            && words[W_COST].load(Ordering::Relaxed) & COST_LEARNED == 0;
+        let span_ns = now.saturating_sub(state.last_step_ns);
+        if launches > 0 && state.first_launch_ns == 0 {
+            state.first_launch_ns = now;
+        }
+        // The device's figure is its last completed sample period's (up to 1 s): only once
+        // a whole slowest period has passed since the launches began can 0 % mean they left
+        // no trace (at 1 s periods it read 0 for the idle period before them, and the guess
+        // fell 4x a tick under 1 ms kernels that were costed right).
+        let covered = state.first_launch_ns != 0
+            && now.saturating_sub(state.first_launch_ns) >= NO_TRACE_AFTER_NS;
+        if !(unlearned && launches > 0 && span_ns >= NO_TRACE_NS && covered) {
+            return true;
+        }
+        if state.handle.and_then(measure::device_percent) != Some(0) {
+            return true;
+        }
+        measure::Busy {
+            per_pid: Vec::new(),
+            span_ns,
+            newest_us: state.last_seen_us,
+            min_gap_us: None,
+        }
+    } else {
+        busy
+    };
+    state.last_step_ns = now;
     state.last_launches = launches_total;
     state.last_waits = waits_total;
 
@@ -305,7 +517,8 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     }
     let mut pids = device.pid_table().pids();
     pids.extend_from_slice(&state.slice_pids);
-    let (slice_busy, neighbours_known) = split_busy(&busy.per_pid, &pids, unresolved);
+    let (slice_busy, neighbours_known) =
+        split_busy(&busy.per_pid, &pids, unresolved || state.fallback);
     let cost_word = words[W_COST].load(Ordering::Relaxed);
     let controller = state.controller.get_or_insert_with(|| {
         Controller::resume(
@@ -314,12 +527,22 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
             words[W_BYPASS].load(Ordering::Relaxed) == 1,
         )
     });
+    // The launches of the measured stretch itself (NVML's wall-clock stamps mapped onto our
+    // clock); the launches since the last step when the stamps do not map (another clock).
+    let aligned = if state.fallback {
+        None
+    } else {
+        let to = wall_to_monotonic(busy.newest_us, realtime_ns(), now);
+        to.and_then(|to| {
+            launches_between(&state.launch_history, to.saturating_sub(busy.span_ns), to)
+        })
+    };
     let tick = Tick {
         share: device.share(),
         span_ns: busy.span_ns,
         slice_busy_ns: Some(slice_busy),
         device_busy_ns: neighbours_known.then_some(device_busy),
-        launches,
+        launches: aligned.unwrap_or(launches),
         launches_total,
         waited,
     };
@@ -449,6 +672,46 @@ mod tests {
             tick(&device, &mut state, 7);
             assert_eq!(words[W_LEADER].load(Ordering::Relaxed) >> 32, 9);
         }
+    }
+
+    #[test]
+    fn a_full_pid_table_falls_back_to_the_region_and_otherwise_says_so() {
+        assert_eq!(known_by_leader(true, 7, &[]), Some("PID table"));
+        assert_eq!(known_by_leader(false, 7, &[3, 7]), Some("region"));
+        assert_eq!(known_by_leader(false, 7, &[3]), None);
+    }
+
+    #[test]
+    fn launches_are_taken_from_the_stretch_nvml_measured() {
+        let history: std::collections::VecDeque<(u64, u64)> =
+            [(1_000, 0), (1_050, 100), (1_100, 100), (1_150, 300)].into();
+        assert_eq!(launches_between(&history, 1_000, 1_050), Some(100));
+        assert_eq!(launches_between(&history, 1_025, 1_125), Some(150));
+        assert_eq!(launches_between(&history, 1_100, 2_000), Some(200));
+        assert_eq!(
+            launches_between(&history, 999, 1_050),
+            None,
+            "before the history"
+        );
+        let wall = 1_700_000_000_000_000_000;
+        let mono = 50_000_000_000;
+        assert_eq!(
+            wall_to_monotonic((wall - 200_000_000) / 1000, wall, mono),
+            Some(mono - 200_000_000)
+        );
+        // A CLOCK_MONOTONIC stamp (another driver's clock) cannot be placed.
+        assert_eq!(wall_to_monotonic(mono / 1000, wall, mono), None);
+    }
+
+    #[test]
+    fn a_launching_slice_without_samples_falls_back_and_an_idle_one_does_not() {
+        let t = 10_000_000_000;
+        assert!(!sample_silence(t + SAMPLE_SILENCE_NS - 1, t, true));
+        assert!(sample_silence(t + SAMPLE_SILENCE_NS, t, true));
+        assert!(
+            !sample_silence(t + 10 * SAMPLE_SILENCE_NS, t, false),
+            "idle: no samples"
+        );
     }
 
     #[test]

@@ -492,6 +492,21 @@ impl Gpu for Cudarc {
                         s,
                         params,
                     )),
+                    LaunchPath::CooperativeMulti => {
+                        let mut entry = sys::CUDA_LAUNCH_PARAMS {
+                            function: f,
+                            gridDimX: grid,
+                            gridDimY: 1,
+                            gridDimZ: 1,
+                            blockDimX: block,
+                            blockDimY: 1,
+                            blockDimZ: 1,
+                            sharedMemBytes: 0,
+                            hStream: s,
+                            kernelParams: params.as_mut_ptr(),
+                        };
+                        cu(sys::cuLaunchCooperativeKernelMultiDevice(&mut entry, 1, 0).result())
+                    }
                     LaunchPath::Ex => {
                         let config = sys::CUlaunchConfig {
                             gridDimX: grid,
