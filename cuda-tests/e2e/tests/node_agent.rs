@@ -905,4 +905,17 @@ fn the_slices_measured_utilisation_and_the_cards_reach_prometheus() {
         value(&prom, &format!("gpuslice_slice_compute_share_ratio{sel}")),
         Some(0.5)
     );
+    // A slice held to half the card waits for its share: the wait is counted in the region
+    // by the throttle and reaches Prometheus.
+    wait_until(
+        "the slice's launch wait reaches Prometheus",
+        TIMEOUT,
+        || {
+            value(
+                &prom,
+                &format!("gpuslice_slice_throttled_seconds_total{sel}"),
+            )
+            .is_some_and(|seconds| seconds > 0.0)
+        },
+    );
 }

@@ -224,6 +224,10 @@ fn wait_for_tokens(device: &DeviceThrottle) {
             sleep_until(due.min(t + MAX_WAIT_NS));
         }
         device.sleeping.fetch_sub(1, Ordering::Relaxed);
+        // The slice's launch-wait counter (in the region, for the node agent).
+        if let Some((region, id)) = device.region_entry {
+            region.add_throttled_ns(id, now_ns().saturating_sub(now));
+        }
     }
     device.credit.add(amount);
 }
