@@ -15,6 +15,32 @@ fn region_used(slice: &Slice) -> u64 {
     cuda_e2e::live_ledger_bytes(&slice.region_path())
 }
 
+/// The card's and the ledger's bytes after a run, printed with the card's high-water mark;
+/// the third value starts the run's list of problems (the peak past the cap).
+fn judge(
+    gpu: &FakeGpu,
+    slice: &Slice,
+    limit: u64,
+    what: &str,
+    detail: &str,
+) -> (u64, u64, Vec<String>) {
+    let peak = gpu.truth().peak_memory(0);
+    let card = gpu.truth().used_memory(0);
+    let region = region_used(slice);
+    eprintln!(
+        "{what}: physical peak {} MiB (cap {}), card {} MiB, ledger {} MiB; {detail}",
+        peak / MIB,
+        limit / MIB,
+        card / MIB,
+        region / MIB
+    );
+    let mut bad = Vec::new();
+    if peak > limit {
+        bad.push(format!("physical peak {} MiB passed the cap", peak / MIB));
+    }
+    (card, region, bad)
+}
+
 /// Result names in `tally` other than `allowed`.
 fn unexpected(tally: &Value, allowed: &[&str]) -> Vec<String> {
     tally
@@ -69,20 +95,7 @@ fn vmm_threads_reusing_address_ranges_never_pass_the_cap_or_drift() {
                 &env,
             );
             let out = client.first.clone();
-            let peak = gpu.truth().peak_memory(0);
-            let card = gpu.truth().used_memory(0);
-            let region = region_used(&slice);
-            eprintln!(
-                "{what}: physical peak {} MiB (cap {}), card {} MiB, ledger {} MiB; {out}",
-                peak / MIB,
-                limit / MIB,
-                card / MIB,
-                region / MIB
-            );
-            let mut bad = Vec::new();
-            if peak > limit {
-                bad.push(format!("physical peak {} MiB passed the cap", peak / MIB));
-            }
+            let (card, region, mut bad) = judge(&gpu, &slice, limit, &what, &out.to_string());
             if card != CONTEXT || region != CONTEXT {
                 bad.push(format!(
                     "after the last unmap the card holds {} MiB and the ledger {} MiB (the \
@@ -175,21 +188,8 @@ fn threads_reusing_addresses_on_every_path_never_pass_the_cap_or_drift() {
             &env,
         );
         let out = client.first.clone();
-        let peak = gpu.truth().peak_memory(0);
-        let card = gpu.truth().used_memory(0);
-        let region = region_used(&slice);
-        eprintln!(
-            "{what}: physical peak {} MiB (cap {}), card {} MiB, ledger {} MiB; allocs {}",
-            peak / MIB,
-            limit / MIB,
-            card / MIB,
-            region / MIB,
-            out["alloc_results"]
-        );
-        let mut bad = Vec::new();
-        if peak > limit {
-            bad.push(format!("physical peak {} MiB passed the cap", peak / MIB));
-        }
+        let allocs = format!("allocs {}", out["alloc_results"]);
+        let (card, region, mut bad) = judge(&gpu, &slice, limit, &what, &allocs);
         if card != region {
             bad.push(format!(
                 "after the last free the card holds {} MiB and the ledger {} MiB",
