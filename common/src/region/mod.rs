@@ -23,7 +23,8 @@
 //! between two writes could leave wrong. `reserve` adds the request to the caller's slot
 //! first (SeqCst), then sums (SeqCst loads): if the sum passes the limit it takes the request
 //! back and, as soon as the slice without it has room again (other processes' tentative adds
-//! were in the way), tries again, at most [`RESERVE_ATTEMPTS`] times; it refuses when
+//! were in the way), tries again after a backoff that differs between slots (so colliders do
+//! not meet again in step), at most [`RESERVE_ATTEMPTS`] times; it refuses when
 //! [`SETTLE_READS`] reads, a few after yielding the CPU, all show no room. Of two racing
 //! reservations the later reader always sees the other's add (both are SeqCst), so no two can
 //! both be kept past the limit. The price: a reader of the sum (a memory report) can see a
@@ -512,7 +513,7 @@ pub struct RegionSnapshot {
 
 /// How often `reserve` retries when the sum passed the limit only because of other
 /// processes' tentative adds (the slice without this request still had room).
-pub const RESERVE_ATTEMPTS: u32 = 64;
+pub const RESERVE_ATTEMPTS: u32 = 256;
 /// How many reads without room (a few of them after yielding the CPU) make a refusal final.
 pub const SETTLE_READS: u32 = 8;
 
@@ -701,7 +702,7 @@ impl Region {
         if bytes > limit {
             return Err(refuse(self.sum_used(device)));
         }
-        for _ in 0..RESERVE_ATTEMPTS {
+        for attempt in 0..RESERVE_ATTEMPTS {
             mine.fetch_add(bytes, Ordering::SeqCst);
             if self.sum_used(device) <= limit {
                 return Ok(());
@@ -724,6 +725,13 @@ impl Region {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
+                }
+            }
+            // Room without us, yet we collided: back off by an amount that differs between
+            // slots and grows with the attempts, so the colliders do not meet again in step.
+            if attempt > 0 {
+                for _ in 0..=(slot.index() as u32 + attempt) % 4 {
+                    std::thread::yield_now();
                 }
             }
         }
