@@ -281,40 +281,71 @@ mod tests {
     /// A slice with unlimited demand: each tick the bucket hands out `rate * span` tokens
     /// (minus re-debits), the slice launches `tokens / estimated cost` kernels that really cost
     /// `true_cost` (no more than ~100 ms of work queued: the client synchronises), and the
-    /// device runs them one tick later, at most `span` per tick. The
-    /// measurement is NVML's: whole percent of the span. Returns the utilisation per tick.
-    fn simulate(share: f64, true_cost: f64, ticks: usize) -> (Vec<f64>, Controller) {
-        let mut ctl = Controller::default();
-        let mut out = ctl.output(share, 0);
-        let span = TICK as f64;
-        let (mut tokens, mut queue, mut total) = (span * share * 0.6, 0.0f64, 0u64);
-        let mut used = Vec::new();
-        for _ in 0..ticks {
+    /// device runs them one tick later, at most `span` per tick. The measurement is NVML's:
+    /// whole percent of the span.
+    struct Plant {
+        share: f64,
+        true_cost: f64,
+        tokens: f64,
+        queue: f64,
+        total: u64,
+    }
+
+    impl Plant {
+        fn new(share: f64, true_cost: f64, tokens: f64) -> Plant {
+            Plant {
+                share,
+                true_cost,
+                tokens,
+                queue: 0.0,
+                total: 0,
+            }
+        }
+
+        /// One tick under the controller's output `out`: its next output and the tick's
+        /// utilisation.
+        fn tick(&mut self, ctl: &mut Controller, out: &Output) -> (Output, f64) {
+            let span = TICK as f64;
             // An idle bucket banks at most its tolerance (30 ms of refill).
-            tokens = tokens.min(0.03e9 * share) + out.rate * span - out.redebit_ns as f64;
+            self.tokens =
+                self.tokens.min(0.03e9 * self.share) + out.rate * span - out.redebit_ns as f64;
             let mut launches = 0u64;
             // The client synchronises after ~100 ms of queued work (a batch).
-            while tokens > 0.0 && queue + launches as f64 * true_cost < 0.1e9 {
-                tokens -= out.cost_ns as f64;
+            while self.tokens > 0.0 && self.queue + launches as f64 * self.true_cost < 0.1e9 {
+                self.tokens -= out.cost_ns as f64;
                 launches += 1;
             }
-            total += launches;
-            let run = queue.min(span);
-            queue = queue - run + launches as f64 * true_cost;
+            self.total += launches;
+            let run = self.queue.min(span);
+            self.queue = self.queue - run + launches as f64 * self.true_cost;
             let busy = ((run / span * 100.0).round() / 100.0 * span) as u64;
-            used.push(run / span);
-            out = ctl.step(
+            let next = ctl.step(
                 &Tick {
-                    share,
+                    share: self.share,
                     span_ns: TICK,
                     slice_busy_ns: Some(busy),
                     device_busy_ns: Some(busy),
                     launches,
-                    launches_total: total,
+                    launches_total: self.total,
                     waited: true,
                 },
                 ComputePolicy::Cap,
             );
+            (next, run / span)
+        }
+    }
+
+    /// [`Plant`] for `ticks` ticks from a bucket holding 60 % of a tick's share. Returns the
+    /// utilisation per tick.
+    fn simulate(share: f64, true_cost: f64, ticks: usize) -> (Vec<f64>, Controller) {
+        let mut ctl = Controller::default();
+        let mut out = ctl.output(share, 0);
+        let mut plant = Plant::new(share, true_cost, TICK as f64 * share * 0.6);
+        let mut used = Vec::new();
+        for _ in 0..ticks {
+            let (next, utilisation) = plant.tick(&mut ctl, &out);
+            out = next;
+            used.push(utilisation);
         }
         (used, ctl)
     }
@@ -324,31 +355,9 @@ mod tests {
     fn start_up_ticks(share: f64, true_cost: f64) -> usize {
         let mut ctl = Controller::default();
         let mut out = ctl.output(share, 0);
-        let span = TICK as f64;
-        let (mut tokens, mut queue, mut total) = (0.03e9 * share, 0.0f64, 0u64);
+        let mut plant = Plant::new(share, true_cost, 0.03e9 * share);
         for tick in 1..=40 {
-            tokens = tokens.min(0.03e9 * share) + out.rate * span - out.redebit_ns as f64;
-            let mut launches = 0u64;
-            while tokens > 0.0 && queue + launches as f64 * true_cost < 0.1e9 {
-                tokens -= out.cost_ns as f64;
-                launches += 1;
-            }
-            total += launches;
-            let run = queue.min(span);
-            queue = queue - run + launches as f64 * true_cost;
-            let busy = ((run / span * 100.0).round() / 100.0 * span) as u64;
-            out = ctl.step(
-                &Tick {
-                    share,
-                    span_ns: TICK,
-                    slice_busy_ns: Some(busy),
-                    device_busy_ns: Some(busy),
-                    launches,
-                    launches_total: total,
-                    waited: true,
-                },
-                ComputePolicy::Cap,
-            );
+            out = plant.tick(&mut ctl, &out).0;
             let ratio = ctl.cost_ns / true_cost;
             if (1.0 / 1.5..=1.5).contains(&ratio) {
                 return tick;
