@@ -116,19 +116,28 @@ fn procaddr_lookups_answer_like_the_driver_and_probes_are_untouched() {
 
 /// `py/nvml_probe.py` (pynvml) in `env`: every device's memory, processes and samples.
 fn pynvml_probe(env: &Env) -> Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/nvml_probe.py");
+    python_probe("nvml_probe.py", "pynvml", env)
+}
+
+/// Runs `py/<script>` with python3 in `env` and parses the JSON it prints; `module` names the
+/// Python package it needs (which `cargo xtask test` installs).
+fn python_probe(script: &str, module: &str, env: &Env) -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("py")
+        .join(script);
+    let path = path.to_string_lossy();
     let output = run_with_timeout(
-        command(std::path::Path::new("python3"), &[script], env),
+        command(std::path::Path::new("python3"), &[&path], env),
         None,
         DEFAULT_TIMEOUT,
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
-        "nvml_probe.py failed (pynvml: `cargo xtask test` installs it): {}",
+        "{script} failed ({module}: `cargo xtask test` installs it): {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    serde_json::from_str(&stdout).expect("probe JSON")
+    serde_json::from_str(stdout.trim()).expect("probe JSON")
 }
 
 #[test]
@@ -394,21 +403,7 @@ fn a_malformed_limit_file_refuses_cuda_and_names_file_and_field() {
 #[test]
 fn cuda_bindings_gets_error_codes_from_a_refused_slice() {
     let gpu = FakeGpu::start("v100");
-    let probe = |env: &Env| -> Value {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/cuda_bindings_probe.py");
-        let output = run_with_timeout(
-            command(std::path::Path::new("python3"), &[script], env),
-            None,
-            DEFAULT_TIMEOUT,
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "cuda_bindings_probe.py failed (cuda-bindings: `cargo xtask test` installs it): {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        serde_json::from_str(stdout.trim()).expect("probe JSON")
-    };
+    let probe = |env: &Env| python_probe("cuda_bindings_probe.py", "cuda-bindings", env);
     let refused = Slice::builder()
         .raw(r#"{"version": 1, "devices": [{"index": 0, "memory": "8XB"}]}"#)
         .build();
