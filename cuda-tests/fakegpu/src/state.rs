@@ -35,9 +35,12 @@ use std::sync::{Mutex, Once, OnceLock};
 
 pub const MAX_DEVICES: usize = 8;
 pub const MAX_PROCS: usize = 64;
+/// How many sums of the slots [`SharedState::record_peak`] reads at most for one charge.
+const PEAK_SUM_ATTEMPTS: u32 = 64;
 const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU1");
 /// 4: a device's use is the sum of its processes' slots (`used` holds only slot-less charges).
-const VERSION: u32 = 4;
+/// 5: a device counts the changes of its use, so its high-water mark is read as one instant.
+const VERSION: u32 = 5;
 /// Byte locked (exclusively) while creating the file or changing the slot table.
 const REG_LOCK: i64 = 0;
 /// Slot `i` is alive while someone holds a lock on byte `SLOT_LOCK_BASE + i`.
@@ -76,6 +79,10 @@ struct DeviceRecord {
     /// The most the device has ever held (the hardware's high-water mark): tests read it
     /// instead of sampling the use, which can miss a short-lived peak on a loaded machine.
     peak_used: AtomicU64,
+    /// Counts changes of the device's use (every slot's bytes, a slot leaving the sum), each
+    /// counted just after it is made. A sum of the slots is a snapshot of one instant only if
+    /// this did not move while it was read; see [`SharedState::record_peak`].
+    changes: AtomicU64,
     busy_until: AtomicU64,
     ring: [AtomicU64; RING],
 }
@@ -644,13 +651,26 @@ impl SharedState {
         self.device_used(index).saturating_sub(dead)
     }
 
-    /// What the device holds: slot-less charges plus every process slot's bytes (dead
+    /// What the device holds: slot-less charges plus the bytes of every live slot (dead
     /// processes not yet released included).
+    ///
+    /// A slot's memory leaves the device at the instant a reaper takes the slot from live to
+    /// reaping, the same instant it leaves the process lists ([`Self::processes`]): a real
+    /// driver frees a process's memory and unlists it together. Counting a reaping slot until
+    /// its counters are zeroed would let a reaper that is preempted or stopped between the two
+    /// hold memory that no list shows, so that a shim which trusts the list (rightly) would
+    /// seem to pass its cap.
     fn device_used(&self, index: u32) -> u64 {
         let Some(r) = self.dev(index) else { return 0 };
-        (0..MAX_PROCS).fold(r.used.load(Ordering::SeqCst), |sum, i| {
-            sum.saturating_add(self.slot(i).used[index as usize].load(Ordering::SeqCst))
-        })
+        (0..MAX_PROCS)
+            .inspect(|&_i| {
+                #[cfg(test)]
+                tests::while_summing(_i);
+            })
+            .filter(|&i| self.slot(i).state.load(Ordering::SeqCst) == SLOT_LIVE)
+            .fold(r.used.load(Ordering::SeqCst), |sum, i| {
+                sum.saturating_add(self.slot(i).used[index as usize].load(Ordering::SeqCst))
+            })
     }
 
     /// The most physical memory the device has ever held at once since the state file was
@@ -663,10 +683,9 @@ impl SharedState {
     /// Restarts the high-water mark from what the device holds now; returns the old mark.
     pub fn reset_peak_memory(&self, index: u32) -> u64 {
         let Some(r) = self.dev(index) else { return 0 };
-        let old = r.peak_used.swap(self.device_used(index), Ordering::AcqRel);
-        // A charge that landed between the load and the swap is re-applied.
-        r.peak_used
-            .fetch_max(self.device_used(index), Ordering::AcqRel);
+        let old = r.peak_used.swap(0, Ordering::AcqRel);
+        // What is held now (and a charge that landed meanwhile) is the new mark.
+        self.record_peak(r, index);
         old
     }
 
@@ -787,12 +806,20 @@ impl SharedState {
             // between the add and the take-back leaves only its own slot high, which its
             // reaping drops whole.
             counter.fetch_add(bytes, Ordering::SeqCst);
+            r.changes.fetch_add(1, Ordering::SeqCst);
+            let before = r.changes.load(Ordering::SeqCst);
             let held = self.device_used(index);
             if held <= r.total_memory {
-                r.peak_used.fetch_max(held, Ordering::AcqRel);
+                if r.changes.load(Ordering::SeqCst) == before {
+                    // Nothing moved while we summed: `held` is one instant's use.
+                    r.peak_used.fetch_max(held, Ordering::AcqRel);
+                } else {
+                    self.record_peak(r, index);
+                }
                 return true;
             }
             sub_saturating(counter, bytes);
+            r.changes.fetch_add(1, Ordering::SeqCst);
             if attempt == 0 && self.reap_dead_processes() == 0 {
                 return false;
             }
@@ -814,6 +841,35 @@ impl SharedState {
     pub fn uncharge(&self, index: u32, slot: usize, bytes: u64) {
         let Some(r) = self.dev(index) else { return };
         sub_saturating(self.charge_counter(r, index, slot), bytes);
+        r.changes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Raises the device's high-water mark to what it holds now, read as one instant.
+    ///
+    /// The sum of the slots is read one slot after the other; a reader descheduled halfway
+    /// (a loaded machine) can count one process's bytes from before it freed them and
+    /// another's from after it charged them in their place: more than the card ever held at
+    /// once. With a shim admitting the second charge only after the first free, such a
+    /// phantom would read as a cap violation that never happened. Every change is counted
+    /// right after it is made, so a sum during which the count stayed still saw no change
+    /// that a later one waited for: it is the use of one instant. After
+    /// [`PEAK_SUM_ATTEMPTS`] moving sums (a storm of changes), the smallest is kept: the
+    /// best bound the reads gave.
+    fn record_peak(&self, r: &DeviceRecord, index: u32) {
+        let mut smallest = u64::MAX;
+        for attempt in 0..PEAK_SUM_ATTEMPTS {
+            let before = r.changes.load(Ordering::SeqCst);
+            let held = self.device_used(index);
+            if r.changes.load(Ordering::SeqCst) == before {
+                r.peak_used.fetch_max(held, Ordering::AcqRel);
+                return;
+            }
+            smallest = smallest.min(held);
+            if attempt >= 8 {
+                std::thread::yield_now();
+            }
+        }
+        r.peak_used.fetch_max(smallest, Ordering::AcqRel);
     }
 
     /// Counts a context of the slot's process on a device (for process listings).
@@ -1009,8 +1065,11 @@ impl SharedState {
             {
                 continue;
             }
+            // Its bytes left the devices' sums with the swap to reaping.
+            for r in &self.layout().devices[..self.device_count() as usize] {
+                r.changes.fetch_add(1, Ordering::SeqCst);
+            }
             for d in 0..MAX_DEVICES {
-                // Its bytes leave the device's sum with it.
                 s.used[d].store(0, Ordering::SeqCst);
                 s.contexts[d].store(0, Ordering::Relaxed);
             }
@@ -1154,6 +1213,100 @@ mod tests {
         assert_eq!(c.used_memory(0), 16 << 20);
         assert_eq!(b.peak_memory(0), 64 << 20, "never more than the card");
         drop((b, c));
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn memory_leaves_the_card_when_it_leaves_the_process_list_even_if_the_reaper_stalls() {
+        // A reaper preempted or SIGSTOPped after taking a dead slot (live -> reaping) but
+        // before zeroing its counters: the process is no longer listed, so its memory must
+        // not be counted either, or a shim that trusts the list would seem to pass its cap.
+        let p = tmp("stalled-reaper");
+        let a = open_state_with(&p, &small()).unwrap();
+        let b = open_state_with(&p, &small()).unwrap();
+        let sa = a.register_current_process().unwrap();
+        let sb = b.register_current_process().unwrap();
+        assert!(a.try_charge(0, sa, 48 << 20));
+        b.reset_peak_memory(0);
+        // The stalled reaper's step: taken, counters not yet zeroed.
+        b.slot(sa).state.store(SLOT_REAPING, Ordering::SeqCst);
+        assert_eq!(
+            b.slot_used(0, sa),
+            48 << 20,
+            "counters still hold the bytes"
+        );
+        assert!(b.processes(0).iter().all(|p| p.used_memory != 48 << 20));
+        assert_eq!(b.used_memory(0), 0, "unlisted means released");
+        assert!(b.try_charge(0, sb, 64 << 20), "the whole card is free");
+        assert_eq!(b.peak_memory(0), 64 << 20, "the stalled slot never counted");
+        drop((a, b));
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    thread_local! {
+        /// What happens "elsewhere" while this thread's sum of the slots reaches a slot:
+        /// the other processes' moves during a descheduled reader, made deterministic.
+        /// Returns true once it has done its part (then it is removed).
+        static WHILE_SUMMING: std::cell::RefCell<Option<Box<dyn FnMut(usize) -> bool>>> =
+            std::cell::RefCell::new(None);
+    }
+
+    pub(super) fn while_summing(slot: usize) {
+        // Taken out while it runs: the sums it makes itself do not call it again.
+        let Some(mut hook) = WHILE_SUMMING.with(|h| h.borrow_mut().take()) else {
+            return;
+        };
+        if !hook(slot) {
+            WHILE_SUMMING.with(|h| *h.borrow_mut() = Some(hook));
+        }
+    }
+
+    #[test]
+    fn the_high_water_mark_never_counts_memory_handed_over_during_its_sum() {
+        // A shim's budget of two chunks among four processes: A charges one while B holds
+        // the other, which then moves B -> C -> D, each charge made only after the previous
+        // holder freed (a shim gives the budget on after the driver's free). The card never holds more than two chunks.
+        // The sums of A's charge are read slot by slot; each handover happens while one of
+        // them is halfway (A descheduled, as on a loaded machine), between the freeing and
+        // the charging process's slots, so that sum counts the moving chunk twice. Neither
+        // the charge's own sum nor the first one taken for the mark may set the mark.
+        const CHUNK: u64 = 1 << 20;
+        let p = tmp("handoff");
+        // Leaked: the hook that plays B, C and D must be 'static.
+        let [a, b, c, d]: [&'static SharedState; 4] =
+            [(); 4].map(|_| &*Box::leak(Box::new(open_state_with(&p, &small()).unwrap())));
+        let [sa, sb, sc, sd] = [a, b, c, d].map(|s| s.register_current_process().unwrap());
+        assert!(sb < sc && sc < sd, "slots are taken in order");
+        assert!(b.try_charge(0, sb, CHUNK));
+        a.reset_peak_memory(0);
+        let mut sums = 0;
+        WHILE_SUMMING.with(|hook| {
+            *hook.borrow_mut() = Some(Box::new(move |slot| {
+                if slot == 0 {
+                    sums += 1;
+                }
+                let (from, to) = match (sums, slot) {
+                    (1, s) if s == sb + 1 => ((b, sb), (c, sc)),
+                    (2, s) if s == sc + 1 => ((c, sc), (d, sd)),
+                    _ => return false,
+                };
+                from.0.uncharge(0, from.1, CHUNK);
+                assert!(to.0.try_charge(0, to.1, CHUNK));
+                sums == 2
+            }))
+        });
+        assert!(a.try_charge(0, sa, CHUNK));
+        assert!(
+            WHILE_SUMMING.with(|hook| hook.borrow().is_none()),
+            "both handovers happened during A's sums"
+        );
+        assert_eq!(a.slot_used(0, sd), CHUNK);
+        assert_eq!(a.used_memory(0), 2 * CHUNK);
+        assert_eq!(
+            a.peak_memory(0),
+            2 * CHUNK,
+            "the card never held more than two chunks"
+        );
         std::fs::remove_file(&p).unwrap();
     }
 
