@@ -1243,12 +1243,14 @@ mod tests {
         std::fs::remove_file(&p).unwrap();
     }
 
+    /// What happens "elsewhere" while this thread's sum of the slots reaches a slot: the
+    /// other processes' moves during a descheduled reader, made deterministic. Returns true
+    /// once it has done its part (then it is removed).
+    type SumHook = Box<dyn FnMut(usize) -> bool>;
+
     thread_local! {
-        /// What happens "elsewhere" while this thread's sum of the slots reaches a slot:
-        /// the other processes' moves during a descheduled reader, made deterministic.
-        /// Returns true once it has done its part (then it is removed).
-        static WHILE_SUMMING: std::cell::RefCell<Option<Box<dyn FnMut(usize) -> bool>>> =
-            std::cell::RefCell::new(None);
+        static WHILE_SUMMING: std::cell::RefCell<Option<SumHook>> =
+            const { std::cell::RefCell::new(None) };
     }
 
     pub(super) fn while_summing(slot: usize) {
