@@ -6,8 +6,10 @@
 //! libc, where the NVIDIA CDI spec would put the real one), writes its own limit files and a CDI
 //! spec with a unique kind and file name (`/etc/cdi/gpuslice-e2e-<pid>-<n>.json`, removed
 //! afterwards), and bind-mounts the fake's state file at `/tmp/fakegpu-0.state` (the fake's
-//! default path for root, so `env -i` still reaches the same GPU). `fakegpu smi --json` on the
-//! host is the physical truth the containers' views are compared against.
+//! default path for root, so `env -i` still reaches the same GPU), with the socket of a host-side
+//! `fakegpu pid-broker` next to it, through which the fake learns each containerised process's
+//! host PID (what the driver reports). `fakegpu smi --json` on the host is the physical truth
+//! the containers' views are compared against.
 //!
 //! Skipping: when podman is missing or cannot start a container, each test prints
 //! `SKIPPED: podman cannot start containers here: <reason>` and returns, except with `CI=true`,
@@ -290,6 +292,8 @@ struct Bed {
     spec: Option<PathBuf>,
     containers: Vec<String>,
     next_container: usize,
+    /// Tells the containers' processes their host PIDs (mounted next to the state file).
+    broker: HostPidBroker,
 }
 
 impl Bed {
@@ -369,8 +373,10 @@ impl Bed {
             text(&out.stderr)
         );
 
+        let broker = HostPidBroker::start(&state);
         Bed {
             podman,
+            broker,
             kind: format!("gpuslice-e2e.dev/t{}", id.replace('-', "x")),
             id,
             rootfs,
@@ -465,6 +471,11 @@ impl Bed {
         }
         args.push("-v".into());
         args.push(format!("{}:{STATE_IN_CONTAINER}", self.state.display()));
+        args.push("-v".into());
+        args.push(format!(
+            "{}:{STATE_IN_CONTAINER}.hostpid",
+            self.broker.socket.display()
+        ));
         args.push("-e".into());
         args.push(format!("FAKEGPU_STATE={STATE_IN_CONTAINER}"));
         if let Some(device) = device {
@@ -568,6 +579,43 @@ impl Drop for Bed {
         if let Some(spec) = &self.spec {
             let _ = fs::remove_file(spec);
         }
+    }
+}
+
+/// `fakegpu pid-broker` on the host for a state file: the fake asks it, from inside a
+/// container's PID namespace, for the host PID the driver reports (see the fake's
+/// `host_pid`). Killed on drop.
+struct HostPidBroker {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl HostPidBroker {
+    fn start(state: &Path) -> HostPidBroker {
+        let mut child = Command::new(bin_dir().join("fakegpu"))
+            .args(["pid-broker", "--state"])
+            .arg(state)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start fakegpu pid-broker");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let socket = line
+            .trim()
+            .strip_prefix("listening on ")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("fakegpu pid-broker printed {line:?}"));
+        HostPidBroker { child, socket }
+    }
+}
+
+impl Drop for HostPidBroker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
