@@ -339,9 +339,7 @@ impl Bed {
         // (`dlmopen`, the bypass test) finds its libc's `ld-linux*.so.2` only by search path.
         for loader in ldd(&bin.join("linked-client")) {
             let name = loader.file_name().unwrap_or_default();
-            let dest = rootfs
-                .join(libc_dir.strip_prefix("/").unwrap())
-                .join(name);
+            let dest = rootfs.join(libc_dir.strip_prefix("/").unwrap()).join(name);
             if name.to_string_lossy().starts_with("ld-") && !dest.exists() {
                 fs::copy(&loader, &dest).unwrap();
             }
