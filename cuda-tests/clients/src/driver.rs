@@ -232,6 +232,75 @@ pub unsafe fn dlsym(handle: *mut c_void, name: &str) -> *mut c_void {
     unsafe { libc::dlsym(handle, c_name.as_ptr()) }
 }
 
+fn dl_error() -> String {
+    // SAFETY: dlerror returns null or a NUL-terminated thread-local message.
+    unsafe {
+        let e = libc::dlerror();
+        if e.is_null() {
+            "unknown error".to_string()
+        } else {
+            CStr::from_ptr(e).to_string_lossy().into_owned()
+        }
+    }
+}
+
+/// `dlsym` as a function pointer.
+pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// `dlmopen(LM_ID_NEWLM, name)`: the library in a link-map namespace of its own, which neither
+/// `LD_PRELOAD` nor `/etc/ld.so.preload` reaches, so no preloaded interposer (the shim) sees
+/// its calls: a process BYPASSING the shim. Returns the handle and that namespace's own
+/// `dlsym` (found through the base namespace's `dlsym`, which may be the interposer's and
+/// could hand out its wrappers, asked for the name `dlsym` on the namespace's libc), so every
+/// lookup afterwards stays inside the namespace.
+pub fn dlmopen_isolated(name: &str) -> Result<(*mut c_void, DlsymFn), String> {
+    let c_name = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: c_name is a valid NUL-terminated string for the call's duration.
+    let handle = unsafe { libc::dlmopen(libc::LM_ID_NEWLM, c_name.as_ptr(), libc::RTLD_NOW) };
+    if handle.is_null() {
+        return Err(format!(
+            "dlmopen(LM_ID_NEWLM, {name}) failed: {}",
+            dl_error()
+        ));
+    }
+    let mut lmid: libc::Lmid_t = 0;
+    // SAFETY: handle is live; RTLD_DI_LMID writes one Lmid_t to the pointer given.
+    if unsafe {
+        libc::dlinfo(
+            handle,
+            libc::RTLD_DI_LMID,
+            std::ptr::addr_of_mut!(lmid).cast(),
+        )
+    } != 0
+    {
+        return Err(format!("dlinfo(RTLD_DI_LMID): {}", dl_error()));
+    }
+    // The driver depends on libc, so the namespace has its own libc already.
+    // SAFETY: the name is a NUL-terminated literal; RTLD_NOLOAD only looks.
+    let libc_handle = unsafe {
+        libc::dlmopen(
+            lmid,
+            c"libc.so.6".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD,
+        )
+    };
+    if libc_handle.is_null() {
+        return Err(format!("no libc.so.6 in the new namespace: {}", dl_error()));
+    }
+    // SAFETY: libc_handle is live; the name is NUL-terminated.
+    let own = unsafe { libc::dlsym(libc_handle, c"dlsym".as_ptr()) };
+    if own.is_null() {
+        return Err(format!(
+            "the new namespace's libc has no dlsym: {}",
+            dl_error()
+        ));
+    }
+    // SAFETY: glibc's dlsym has this signature.
+    Ok((handle, unsafe {
+        std::mem::transmute::<*mut c_void, DlsymFn>(own)
+    }))
+}
+
 /// `cuGetProcAddress_v2` (CUDA 12.0+).
 pub type GetProcAddressV2 = unsafe extern "C" fn(
     symbol: *const c_char,

@@ -6,8 +6,10 @@
 //! libc, where the NVIDIA CDI spec would put the real one), writes its own limit files and a CDI
 //! spec with a unique kind and file name (`/etc/cdi/gpuslice-e2e-<pid>-<n>.json`, removed
 //! afterwards), and bind-mounts the fake's state file at `/tmp/fakegpu-0.state` (the fake's
-//! default path for root, so `env -i` still reaches the same GPU). `fakegpu smi --json` on the
-//! host is the physical truth the containers' views are compared against.
+//! default path for root, so `env -i` still reaches the same GPU), with the socket of a host-side
+//! `fakegpu pid-broker` next to it, through which the fake learns each containerised process's
+//! host PID (what the driver reports). `fakegpu smi --json` on the host is the physical truth
+//! the containers' views are compared against.
 //!
 //! Skipping: when podman is missing or cannot start a container, each test prints
 //! `SKIPPED: podman cannot start containers here: <reason>` and returns, except with `CI=true`,
@@ -20,6 +22,10 @@
 //! these tests before the subcommand is wired into the CLI); `gpuslice` itself is still the one
 //! copied into the containers.
 
+#[path = "common/agent.rs"]
+mod agent;
+
+use agent::{is_running, scraped};
 use serde_json::Value;
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -290,6 +296,8 @@ struct Bed {
     spec: Option<PathBuf>,
     containers: Vec<String>,
     next_container: usize,
+    /// Tells the containers' processes their host PIDs (mounted next to the state file).
+    broker: HostPidBroker,
 }
 
 impl Bed {
@@ -326,6 +334,16 @@ impl Bed {
             .find(|lib| lib.file_name().is_some_and(|n| n == "libc.so.6"))
             .and_then(|lib| lib.parent().map(Path::to_path_buf))
             .expect("ldd shows libc.so.6");
+        // The loader also by its soname in libc's directory, as a distribution image has it
+        // (ldd names only /lib64's): a library loaded into a new link-map namespace
+        // (`dlmopen`, the bypass test) finds its libc's `ld-linux*.so.2` only by search path.
+        for loader in ldd(&bin.join("linked-client")) {
+            let name = loader.file_name().unwrap_or_default();
+            let dest = rootfs.join(libc_dir.strip_prefix("/").unwrap()).join(name);
+            if name.to_string_lossy().starts_with("ld-") && !dest.exists() {
+                fs::copy(&loader, &dest).unwrap();
+            }
+        }
         let host_fake = dir.path().join("fake");
         for target in [
             host_fake.clone(),
@@ -369,8 +387,10 @@ impl Bed {
             text(&out.stderr)
         );
 
+        let broker = HostPidBroker::start(&state);
         Bed {
             podman,
+            broker,
             kind: format!("gpuslice-e2e.dev/t{}", id.replace('-', "x")),
             id,
             rootfs,
@@ -465,6 +485,11 @@ impl Bed {
         }
         args.push("-v".into());
         args.push(format!("{}:{STATE_IN_CONTAINER}", self.state.display()));
+        args.push("-v".into());
+        args.push(format!(
+            "{}:{STATE_IN_CONTAINER}.hostpid",
+            self.broker.socket.display()
+        ));
         args.push("-e".into());
         args.push(format!("FAKEGPU_STATE={STATE_IN_CONTAINER}"));
         if let Some(device) = device {
@@ -552,6 +577,84 @@ impl Bed {
     fn physical_total(&self) -> u64 {
         u64_at(&self.host_smi(), &["devices", "0", "memory_total"])
     }
+
+    /// The fake's truth on the host: (PID the driver reports, bytes) of every process on
+    /// device 0, dead ones whose memory is not released yet included.
+    fn card_processes(&self) -> Vec<(u32, u64)> {
+        self.truth()
+            .processes(0)
+            .iter()
+            .map(|p| (p.pid, p.used_memory))
+            .collect()
+    }
+
+    /// The bytes the card holds for `pid` (0 when it lists no such process).
+    fn card_bytes(&self, pid: u32) -> u64 {
+        self.card_processes()
+            .iter()
+            .filter(|(p, _)| *p == pid)
+            .map(|(_, used)| used)
+            .sum()
+    }
+
+    fn truth(&self) -> fakegpu::SharedState {
+        fakegpu::open_state_at(&self.state).expect("open the fake's state on the host")
+    }
+
+    /// The node agent on the host, for this bed's slices (`gpuslice cdi`'s state directory
+    /// and limit files), on the same simulated card.
+    fn agent(&self, extra: &[&str]) -> (agent::Daemon, String) {
+        let env = [
+            (
+                "LD_LIBRARY_PATH".to_string(),
+                self.dir.path().join("fake").display().to_string(),
+            ),
+            (
+                "FAKEGPU_STATE".to_string(),
+                self.state.display().to_string(),
+            ),
+        ];
+        agent::start(
+            &env,
+            self.dir.path(),
+            &self.dir.path().join("limits"),
+            extra,
+        )
+    }
+
+    /// The host path of slice `name`'s region, as `gpuslice cdi` laid it out.
+    fn region(&self, name: &str) -> PathBuf {
+        fn find(dir: &Path, file: &str) -> Option<PathBuf> {
+            for entry in fs::read_dir(dir).ok()?.flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    if let Some(found) = find(&path, file) {
+                        return Some(found);
+                    }
+                } else if entry.file_name() == file {
+                    return Some(path);
+                }
+            }
+            None
+        }
+        let file = format!("{name}.region");
+        find(&self.dir.path().join("state"), &file)
+            .unwrap_or_else(|| panic!("no {file} under the bed's state directory"))
+    }
+}
+
+/// The `NSpid:` line of a host process: its PID in every namespace, outermost first.
+fn ns_pids(pid: u32) -> Vec<u32> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 impl Drop for Bed {
@@ -568,6 +671,43 @@ impl Drop for Bed {
         if let Some(spec) = &self.spec {
             let _ = fs::remove_file(spec);
         }
+    }
+}
+
+/// `fakegpu pid-broker` on the host for a state file: the fake asks it, from inside a
+/// container's PID namespace, for the host PID the driver reports (see the fake's
+/// `host_pid`). Killed on drop.
+struct HostPidBroker {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl HostPidBroker {
+    fn start(state: &Path) -> HostPidBroker {
+        let mut child = Command::new(bin_dir().join("fakegpu"))
+            .args(["pid-broker", "--state"])
+            .arg(state)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start fakegpu pid-broker");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let socket = line
+            .trim()
+            .strip_prefix("listening on ")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("fakegpu pid-broker printed {line:?}"));
+        HostPidBroker { child, socket }
+    }
+}
+
+impl Drop for HostPidBroker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -1014,4 +1154,256 @@ fn a_tenant_set_gpuslice_config_is_ignored_in_a_cdi_container() {
             "{client}: the ignored variables are named at the default log level"
         );
     }
+}
+
+/// Long enough for a loaded 2-core machine to start containers and for the agent's passes.
+const AGENT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The fake reports containerised processes by their HOST PIDs, as the kernel driver does
+/// (learnt through the bed's `fakegpu pid-broker`): two containers of one slice, each
+/// process PID 1 in its own namespace, are two distinct host PIDs on the card; the shim in
+/// each container finds its host PID in NVML's list (the region records it), the node agent
+/// maps both to their slice, and when one is SIGKILLed the shim gives its bytes back to the
+/// slice only once the driver stops listing its host PID (the fake's release delay holds
+/// them), not when the kernel says it exited.
+#[test]
+fn containerised_processes_are_known_by_host_pid_to_the_shim_the_agent_and_the_reaper() {
+    let Some(podman) = podman() else { return };
+    let mut bed = Bed::new(podman);
+    let devices = bed.write_spec(&[("one", "2GiB")]);
+    let a = bed.hold(&devices[0], "512MiB");
+    let b = bed.hold(&devices[0], "256MiB");
+    assert_eq!(str_at(&a.report, "result"), SUCCESS, "{}", a.report);
+    assert_eq!(str_at(&b.report, "result"), SUCCESS, "{}", b.report);
+
+    // The card names them by host PID: each is a process of this host whose innermost PID
+    // (its container's) is 1.
+    let on_card = bed.card_processes();
+    assert_eq!(on_card.len(), 2, "two processes on the card: {on_card:?}");
+    let holder_of = |bytes: u64| {
+        on_card
+            .iter()
+            .find(|(_, used)| (bytes..bytes + 200 * MIB).contains(used))
+            .map(|(pid, _)| *pid)
+            .unwrap_or_else(|| panic!("nobody holds about {bytes} bytes: {on_card:?}"))
+    };
+    let (pid_a, pid_b) = (
+        holder_of(512 * MIB + 300 * MIB),
+        holder_of(256 * MIB + 300 * MIB),
+    );
+    for pid in [pid_a, pid_b] {
+        let ns = ns_pids(pid);
+        assert!(
+            ns.len() >= 2 && ns[0] == pid && ns.last() == Some(&1),
+            "the card lists {pid}, which must be the host PID of a container's PID 1 \
+             (NSpid {ns:?}); cards: {on_card:?}"
+        );
+    }
+
+    // The shim in each container found its host PID in NVML's list.
+    let region = bed.region("one");
+    let status = cuda_e2e::region_status(&region);
+    let mut recorded: Vec<u64> = status["processes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no processes in {status}"))
+        .iter()
+        .filter(|p| p["alive"] == true)
+        .map(|p| p["host_pid"].as_u64().unwrap_or(0))
+        .collect();
+    recorded.sort_unstable();
+    let mut want = vec![u64::from(pid_a), u64::from(pid_b)];
+    want.sort_unstable();
+    assert_eq!(recorded, want, "host PIDs the region records: {status}");
+
+    // The agent maps both to the slice, and nothing to no slice.
+    let (_agent, addr) = bed.agent(&[]);
+    let sel = "{slice=\"one\",";
+    let truth = bed.card_bytes(pid_a) + bed.card_bytes(pid_b);
+    let mut last = String::new();
+    let seen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cuda_e2e::wait_until(
+            "the agent maps both containers' processes to the slice",
+            AGENT_TIMEOUT,
+            || {
+                let got = (
+                    scraped(&addr, &format!("gpuslice_slice_device_processes{sel}")),
+                    scraped(&addr, &format!("gpuslice_slice_memory_driver_bytes{sel}")),
+                    scraped(&addr, "gpuslice_card_unsliced_processes{"),
+                    scraped(&addr, "gpuslice_unverified_processes"),
+                );
+                last = format!("{got:?}");
+                got == (Some(2.0), Some(truth as f64), Some(0.0), Some(0.0))
+            },
+        )
+    }));
+    assert!(
+        seen.is_ok(),
+        "agent never matched (device processes, driver bytes, unsliced, unverified): last {last}, want (2, {truth}, 0, 0)"
+    );
+
+    // The driver keeps a killed process's memory until told otherwise (the longest release
+    // delay; set back to 0 below), and meanwhile lists its host PID.
+    bed.truth()
+        .set_release_delay_ms(fakegpu::state::MAX_RELEASE_DELAY_MS);
+    let held_a = bed.card_bytes(pid_a);
+    let held_b = bed.card_bytes(pid_b);
+    // SAFETY: kill has no memory preconditions; pid_a is the container's process, checked
+    // above to be that container's PID 1.
+    assert_eq!(unsafe { libc::kill(pid_a as i32, libc::SIGKILL) }, 0);
+    cuda_e2e::wait_until("the killed process is gone", AGENT_TIMEOUT, || {
+        !is_running(pid_a)
+    });
+    let during = bed.exec(&b.name, "/usr/bin/linked-client alloc-until-oom 64MiB");
+    assert_eq!(
+        bed.card_bytes(pid_a),
+        held_a,
+        "the fake must still hold the dead process's memory after the allocations"
+    );
+    let granted = assert_refused_within(
+        &during[0],
+        2 * GIB - held_a - held_b,
+        "while the card holds the dead process's memory",
+    );
+
+    // The driver releases it: the slice gets it back.
+    bed.truth().set_release_delay_ms(0);
+    cuda_e2e::wait_until(
+        "the card releases the dead process's memory",
+        AGENT_TIMEOUT,
+        || bed.card_bytes(pid_a) == 0,
+    );
+    let after = bed.exec(&b.name, "/usr/bin/linked-client alloc-until-oom 64MiB");
+    let regained = assert_refused_within(&after[0], 2 * GIB - held_b, "after the release");
+    assert!(
+        regained >= granted + 512 * MIB,
+        "the dead process's bytes must return to the slice once the driver lets them go: \
+         {granted} bytes before, {regained} after"
+    );
+    drop(a);
+    b.release();
+}
+
+/// A process of a slice's container that reaches the driver without the shim
+/// (`procaddr-client --dlmopen`: `dlmopen(LM_ID_NEWLM)`, which `/etc/ld.so.preload` does not
+/// reach) and takes the slice over its cap is counted against the slice by the node agent
+/// (same container, same cgroup), reported, and with `--enforce` ended by SIGKILL while the
+/// container's well-behaved process keeps running; judged by the fake's physical bytes and
+/// the bypasser's exit status.
+#[test]
+fn the_backstop_ends_a_containerised_process_that_bypasses_the_shim() {
+    let Some(podman) = podman() else { return };
+    let mut bed = Bed::new(podman);
+    let devices = bed.write_spec(&[("s", "1GiB")]);
+    let member = bed.hold(&devices[0], "100MiB");
+    assert_eq!(
+        str_at(&member.report, "result"),
+        SUCCESS,
+        "{}",
+        member.report
+    );
+
+    // The bypasser, exec'd into the member's container: 800 MiB + its context, which the
+    // shim never sees (it would have refused: 1 GiB cap).
+    let mut bypass = podman
+        .cmd()
+        .args(["exec", "-i", &member.name])
+        .args(["/usr/bin/procaddr-client", "--dlmopen", "hold", "800MiB"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _bypass_stdin = bypass.stdin.take();
+    let mut line = String::new();
+    BufReader::new(bypass.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let Ok(report) = serde_json::from_str::<Value>(line.trim()) else {
+        let out = bypass.wait_with_output().unwrap();
+        panic!(
+            "the bypasser printed {line:?}, no JSON; exit {}; stderr: {}",
+            out.status,
+            text(&out.stderr)
+        );
+    };
+    assert_eq!(
+        (str_at(&report, "result"), str_at(&report, "client")),
+        (SUCCESS, "dlmopen"),
+        "{report}"
+    );
+    let on_card = bed.card_processes();
+    let pid_of = |min: u64, max: u64| {
+        on_card
+            .iter()
+            .find(|(_, used)| (min..max).contains(used))
+            .map(|(pid, _)| *pid)
+            .unwrap_or_else(|| panic!("nobody holds {min}..{max} bytes: {on_card:?}"))
+    };
+    let member_pid = pid_of(100 * MIB, 800 * MIB);
+    let bypass_pid = pid_of(800 * MIB, 2 * GIB);
+    assert!(
+        bed.card_bytes(member_pid) + bed.card_bytes(bypass_pid) > GIB + 64 * MIB,
+        "the slice must be over its cap on the card: {on_card:?}"
+    );
+
+    // Report only: an event, the bypasser's bytes counted against the slice, no kill.
+    let backstop = ["--grace", "1", "--tolerance", "64MiB"];
+    {
+        let (_agent, addr) = bed.agent(&backstop);
+        cuda_e2e::wait_until(
+            "the report-only backstop counts an over-cap event of the slice",
+            AGENT_TIMEOUT,
+            || {
+                scraped(
+                    &addr,
+                    "gpuslice_backstop_over_cap_events_total{slice=\"s\",",
+                )
+                .is_some_and(|n| n >= 1.0)
+            },
+        );
+        assert_eq!(
+            scraped(&addr, "gpuslice_slice_memory_driver_bytes{slice=\"s\","),
+            Some((bed.card_bytes(member_pid) + bed.card_bytes(bypass_pid)) as f64),
+            "the process outside the shim is counted against its container's slice"
+        );
+        assert_eq!(
+            scraped(&addr, "gpuslice_card_unsliced_processes{"),
+            Some(0.0)
+        );
+        assert_eq!(scraped(&addr, "gpuslice_backstop_kills_total{"), None);
+        assert!(is_running(bypass_pid) && is_running(member_pid));
+    }
+
+    // Enforcing: the newest process of the slice, the bypasser, is SIGKILLed.
+    let mut enforce = backstop.to_vec();
+    enforce.push("--enforce");
+    let (_agent, addr) = bed.agent(&enforce);
+    let mut status = None;
+    cuda_e2e::wait_until(
+        "the enforcing backstop ends the bypasser",
+        AGENT_TIMEOUT,
+        || {
+            status = bypass.try_wait().unwrap();
+            status.is_some()
+        },
+    );
+    // `podman exec` reports a process ended by signal N as 128 + N.
+    assert_eq!(
+        status.unwrap().code(),
+        Some(128 + libc::SIGKILL),
+        "the bypasser must end by SIGKILL"
+    );
+    cuda_e2e::wait_until("the card no longer holds its memory", AGENT_TIMEOUT, || {
+        bed.card_bytes(bypass_pid) == 0
+    });
+    assert_eq!(
+        scraped(&addr, "gpuslice_backstop_kills_total{slice=\"s\","),
+        Some(1.0)
+    );
+    assert!(
+        is_running(member_pid),
+        "the well-behaved process was killed"
+    );
+    assert!(bed.card_bytes(member_pid) > 100 * MIB);
+    member.release();
 }

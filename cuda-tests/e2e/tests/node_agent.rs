@@ -8,13 +8,17 @@
 //! name another with `E2E_PROMETHEUS`). Without it each test prints
 //! `SKIPPED: no prometheus binary` and returns, except with `CI=true`, where it fails.
 
+#[path = "common/agent.rs"]
+mod agent;
+
+use agent::{http_get, is_running, scraped, Daemon};
 use cuda_e2e::{wait_until, Client, ClientKind, FakeGpu, Running, Slice, TempDir, GIB, MIB};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Long enough for a loaded 2-core machine: Prometheus scrapes every second.
@@ -53,75 +57,9 @@ fn prometheus_binary() -> Option<PathBuf> {
     }
 }
 
-/// A child process ended (SIGKILL) and reaped on drop.
-struct Daemon {
-    child: Child,
-    what: &'static str,
-    log: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: String = log
-                .lines()
-                .rev()
-                .take(40)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n");
-            let _ = writeln!(std::io::stderr(), "--- {} log ---\n{tail}", self.what);
-        }
-    }
-}
-
-/// Starts the agent on a free loopback port; returns it and its address.
+/// Starts the agent for `gpu` (see [`agent::start`]).
 fn start_agent(gpu: &FakeGpu, dir: &Path, slices_dir: &Path, extra: &[&str]) -> (Daemon, String) {
-    let log = dir.join("agent.log");
-    // E2E_AGENT_BIN: another build of the agent (the release build for `measure_*`).
-    let binary = std::env::var_os("E2E_AGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| cuda_e2e::artifact("gpuslice-node"));
-    let mut cmd = Command::new(binary);
-    cmd.args([
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "0.2",
-        "--slices-dir",
-    ])
-    .arg(slices_dir)
-    .arg("--state-dir")
-    .arg(dir.join("state"))
-    .args(extra)
-    .envs(gpu.env())
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(std::fs::File::create(&log).expect("agent log"));
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start gpuslice-node (cargo build --workspace): {e}"));
-    let stdout = child.stdout.take().expect("piped");
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("read agent's first line");
-    let daemon = Daemon {
-        child,
-        what: "gpuslice-node",
-        log,
-    };
-    let address = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("agent printed {line:?}, not its address"))
-        .to_string();
-    (daemon, address)
+    agent::start(&gpu.env(), dir, slices_dir, extra)
 }
 
 fn free_port() -> u16 {
@@ -177,20 +115,6 @@ fn start_prometheus(binary: &Path, dir: &Path, target: &str) -> (Daemon, String)
         last_error = std::fs::read_to_string(&log).unwrap_or_default();
     }
     panic!("prometheus did not start: {last_error}");
-}
-
-/// A plain HTTP/1.0 GET on loopback: (status, body), or `None` when nothing answers.
-fn http_get(address: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(address).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
 }
 
 fn percent_encode(text: &str) -> String {
@@ -572,25 +496,6 @@ impl Drop for Cgroup {
         // Its processes are gone by now (killed or released); an empty cgroup is removed.
         let _ = std::fs::remove_dir(&self.dir);
     }
-}
-
-/// The value of the agent's own `/metrics` line starting with `prefix` (e.g.
-/// `name{slice="s",`), when there is exactly one.
-fn scraped(agent: &str, prefix: &str) -> Option<f64> {
-    let (_, body) = http_get(agent, "/metrics")?;
-    let mut lines = body.lines().filter(|l| l.starts_with(prefix));
-    let line = lines.next()?;
-    if lines.next().is_some() {
-        return None;
-    }
-    line.rsplit(' ').next()?.parse().ok()
-}
-
-fn is_running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.to_string()))
-        .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
 }
 
 #[test]

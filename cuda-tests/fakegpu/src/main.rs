@@ -27,6 +27,16 @@ USAGE:
         (bytes and percent). The state is PATH, else $FAKEGPU_STATE, else
         /tmp/fakegpu-$UID.state.
 
+    fakegpu pid-broker [--state PATH]
+        The host-PID broker (run it in the PID namespace the state was created in,
+        e.g. on the host): answers every connection on the unix socket PATH.hostpid
+        with the caller's PID as the kernel translates it into this namespace. A
+        process of another PID namespace (a container) that registers with the fake
+        asks it for its host PID, which NVML then reports, as the real driver does;
+        without it such a process's cuInit fails (CUDA_ERROR_NO_DEVICE). Mount the
+        socket next to the state file in the container. Prints `listening on SOCKET`
+        once ready; runs until killed.
+
     fakegpu --help
 
 EXIT STATUS:
@@ -67,6 +77,7 @@ fn main() -> ExitCode {
             _ => Err(usage("install takes exactly one DIR")),
         },
         Some("smi") => smi_command(&args[1..]),
+        Some("pid-broker") => pid_broker_command(&args[1..]),
         Some(other) => Err(usage(&format!("unknown command `{other}`"))),
     };
     match result {
@@ -184,6 +195,21 @@ fn default_state_path() -> PathBuf {
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
     PathBuf::from(format!("/tmp/fakegpu-{uid}.state"))
+}
+
+fn pid_broker_command(args: &[String]) -> Result<(), Failure> {
+    let path = match args {
+        [] => std::env::var_os("FAKEGPU_STATE")
+            .map(PathBuf::from)
+            .unwrap_or_else(default_state_path),
+        [flag, path] if flag == "--state" => PathBuf::from(path),
+        _ => return Err(usage("pid-broker takes only --state PATH")),
+    };
+    let socket = fakegpu::host_pid::broker_socket(&path);
+    fakegpu::host_pid::serve(&socket, || {
+        emit(format_args!("listening on {}\n", socket.display()))
+    })
+    .map_err(error)
 }
 
 fn smi_command(args: &[String]) -> Result<(), Failure> {

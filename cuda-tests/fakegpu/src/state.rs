@@ -2,9 +2,13 @@
 //! uses the fake (path `FAKEGPU_STATE`, default `/tmp/fakegpu-$UID.state`).
 //!
 //! It holds the device specs (fixed when the file is created), per-device physical memory in
-//! use, per-process slots (pid, start time, physical bytes and contexts per device), and the
+//! use, per-process slots (host pid, start time, physical bytes and contexts per device), and the
 //! kernel timeline: per device `busy_until_ns` plus utilisation rings (see `timeline`) for the
 //! device and for every process slot.
+//!
+//! PIDs: a slot holds the PID the kernel driver would report, the process's PID in the card's
+//! PID namespace (the creator's, kept in the header), learnt through the host-PID broker by a
+//! process in another namespace (a container); see `host_pid`.
 //!
 //! Release delay: a real driver may free a dead process's device memory a little after the
 //! process is gone. The state keeps one delay for the whole machine (`release_delay_ns` in the
@@ -39,8 +43,9 @@ pub const MAX_PROCS: usize = 64;
 const PEAK_SUM_ATTEMPTS: u32 = 64;
 const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU1");
 /// 4: a device's use is the sum of its processes' slots (`used` holds only slot-less charges).
-/// 5: a device counts the changes of its use, so its high-water mark is read as one instant.
-const VERSION: u32 = 5;
+/// 5: the header names the card's PID namespace; slots hold PIDs in it (host PIDs).
+/// 6: a device counts the changes of its use, so its high-water mark is read as one instant.
+const VERSION: u32 = 6;
 /// Byte locked (exclusively) while creating the file or changing the slot table.
 const REG_LOCK: i64 = 0;
 /// Slot `i` is alive while someone holds a lock on byte `SLOT_LOCK_BASE + i`.
@@ -60,6 +65,9 @@ struct Header {
     created_ns: u64,
     /// How long a dead process's memory stays charged after it is first seen dead (ns).
     release_delay_ns: AtomicU64,
+    /// Inode of the creator's PID namespace, the "host" whose PIDs the driver reports (0:
+    /// unknown).
+    pid_ns: u64,
 }
 
 #[repr(C)]
@@ -90,6 +98,7 @@ struct DeviceRecord {
 #[repr(C)]
 struct ProcSlot {
     state: AtomicU32,
+    /// The PID the driver reports: in the card's PID namespace (see `host_pid`).
     pid: AtomicU32,
     start_time: AtomicU64,
     /// When (monotonic ns) an observer first saw this slot's process dead; 0 = not yet.
@@ -524,6 +533,7 @@ impl SharedState {
             (*h).layout_size = LAYOUT_SIZE as u64;
             (*h).created_ns = now_ns();
             *(*h).release_delay_ns.get_mut() = 0;
+            (*h).pid_ns = crate::host_pid::pid_namespace();
         }
         self.layout().header.magic.store(MAGIC, Ordering::Release);
         Ok(())
@@ -923,6 +933,9 @@ impl SharedState {
             return Ok(s);
         }
         let pid = current_pid();
+        // Asked before the registration lock: the broker may be slow, the lock is everybody's.
+        let host_pid = crate::host_pid::of_current(pid, self.layout().header.pid_ns, &self.path)
+            .map_err(StateError::Config)?;
         // A forked child may still carry the parent's slot descriptor in this instance.
         self.close_lock_fd();
         let _lock = FileLock::acquire(self.fd, libc::F_WRLCK, REG_LOCK)
@@ -965,7 +978,7 @@ impl SharedState {
                 }
             }
             s.dead_since.store(0, Ordering::Relaxed);
-            s.pid.store(pid, Ordering::Relaxed);
+            s.pid.store(host_pid, Ordering::Relaxed);
             s.start_time
                 .store(process_start_time(pid).unwrap_or(0), Ordering::Relaxed);
             s.state.store(SLOT_LIVE, Ordering::Release);
@@ -1014,7 +1027,8 @@ impl SharedState {
         ) {
             Ok(fl) => fl.l_type != libc::F_UNLCK as i16,
             Err(_) => {
-                // No OFD locks: fall back to pid + start time.
+                // No OFD locks: fall back to pid + start time (right only in the card's PID
+                // namespace, where the slot's PID is the /proc one; kernels before 3.15).
                 let s = self.slot(i);
                 let pid = s.pid.load(Ordering::Relaxed);
                 let start = s.start_time.load(Ordering::Relaxed);

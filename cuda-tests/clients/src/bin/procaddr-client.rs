@@ -6,6 +6,11 @@
 //! the table pins (`cuCtxCreate`) are asked for at the version of their signature instead,
 //! as a runtime program does with `cudaGetDriverEntryPointByVersion`.
 //!
+//! `--dlmopen` loads the driver with `dlmopen(LM_ID_NEWLM)` instead, into a link-map namespace
+//! no preloaded library reaches, and looks `cuGetProcAddress_v2` up with that namespace's own
+//! `dlsym`: a process that BYPASSES the shim even under `/etc/ld.so.preload` (what the node
+//! agent's backstop must catch). Its reports name the client `dlmopen`.
+//!
 //! Besides the shared scenarios, `resolve` prints what the lookups answered: the probes, each
 //! entry point's result and status, and whether per-thread lookups returned a different
 //! function than default ones for the entry points that have a `_ptsz` variant.
@@ -33,16 +38,29 @@ fn main() {
         flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
         args.remove(i);
     }
+    let isolated = match args.iter().position(|a| a == "--dlmopen") {
+        Some(i) => {
+            args.remove(i);
+            true
+        }
+        None => false,
+    };
 
-    let handle = match driver::dlopen("libcuda.so.1") {
+    let opened = if isolated {
+        driver::dlmopen_isolated("libcuda.so.1")
+    } else {
+        driver::dlopen("libcuda.so.1").map(|h| (h, libc::dlsym as driver::DlsymFn))
+    };
+    let (handle, dlsym) = match opened {
         Ok(h) => h,
         Err(e) => {
             eprintln!("procaddr-client: {e}");
             std::process::exit(3);
         }
     };
-    // SAFETY: handle is the live handle dlopen just returned.
-    let address = unsafe { driver::dlsym(handle, "cuGetProcAddress_v2") };
+    // SAFETY: handle is the live handle just opened, `dlsym` one that can search it; the
+    // name is NUL-terminated.
+    let address = unsafe { dlsym(handle, c"cuGetProcAddress_v2".as_ptr()) };
     if address.is_null() {
         eprintln!("procaddr-client: libcuda.so.1 has no cuGetProcAddress_v2");
         std::process::exit(3);
@@ -58,7 +76,7 @@ fn main() {
     // versions the client supports (12.x, 13.0), or the table's own version for the pinned
     // entry points (cuCtxCreate at 3020 is cuCtxCreate_v2, not 12.x's _v4).
     let driver = unsafe {
-        Driver::from_lookup("procaddr", |entry| {
+        Driver::from_lookup(if isolated { "dlmopen" } else { "procaddr" }, |entry| {
             let version = entry.lookup_version(cuda_version);
             let a = driver::get_proc_address(get, entry.name, version, flags);
             answers.insert(entry.name.to_string(), answer_json(&a));
