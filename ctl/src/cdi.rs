@@ -482,6 +482,7 @@ pub fn run(args: &CdiArgs) -> Result<(), CdiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A fresh directory per test, removed on drop.
