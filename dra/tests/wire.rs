@@ -41,17 +41,28 @@ macro_rules! dra_wire_test {
                 claims: vec![claim.clone()],
             };
             assert_eq!(request.encode_to_vec(), expected);
-            assert_eq!(NodePrepareResourcesRequest::decode(&expected[..]).unwrap(), request);
+            assert_eq!(
+                NodePrepareResourcesRequest::decode(&expected[..]).unwrap(),
+                request
+            );
             let request = NodeUnprepareResourcesRequest {
                 claims: vec![claim],
             };
             assert_eq!(request.encode_to_vec(), expected);
-            assert_eq!(NodeUnprepareResourcesRequest::decode(&expected[..]).unwrap(), request);
+            assert_eq!(
+                NodeUnprepareResourcesRequest::decode(&expected[..]).unwrap(),
+                request
+            );
 
             // NodePrepareResourcesResponse{claims=1: map<string, NodePrepareResourceResponse>}
             // A map entry is a message {key=1, value=2}. Device{request_names=1, pool_name=2,
             // device_name=3, cdi_device_ids=4}; NodePrepareResourceResponse{devices=1, error=2}.
-            let device = cat(&[field(1, b"r"), field(2, b"p"), field(3, b"d"), field(4, b"k/c=x")]);
+            let device = cat(&[
+                field(1, b"r"),
+                field(2, b"p"),
+                field(3, b"d"),
+                field(4, b"k/c=x"),
+            ]);
             let value = field(1, &device);
             let expected = field(1, &cat(&[field(1, b"u1"), field(2, &value)]));
             let response = NodePrepareResourcesResponse {
@@ -70,7 +81,10 @@ macro_rules! dra_wire_test {
                 .into(),
             };
             assert_eq!(response.encode_to_vec(), expected);
-            assert_eq!(NodePrepareResourcesResponse::decode(&expected[..]).unwrap(), response);
+            assert_eq!(
+                NodePrepareResourcesResponse::decode(&expected[..]).unwrap(),
+                response
+            );
             let failed = NodePrepareResourceResponse {
                 devices: vec![],
                 error: "e".into(),
@@ -87,13 +101,19 @@ macro_rules! dra_wire_test {
                 .into(),
             };
             assert_eq!(response.encode_to_vec(), expected);
-            assert_eq!(NodeUnprepareResourcesResponse::decode(&expected[..]).unwrap(), response);
+            assert_eq!(
+                NodeUnprepareResourcesResponse::decode(&expected[..]).unwrap(),
+                response
+            );
         }
     };
 }
 
 dra_wire_test!(dra_v1_messages_have_the_upstream_field_numbers, dra_v1);
-dra_wire_test!(dra_v1beta1_messages_have_the_upstream_field_numbers, dra_v1beta1);
+dra_wire_test!(
+    dra_v1beta1_messages_have_the_upstream_field_numbers,
+    dra_v1beta1
+);
 
 #[test]
 fn registration_messages_have_the_upstream_field_numbers() {
@@ -120,9 +140,14 @@ fn registration_messages_have_the_upstream_field_numbers() {
         error: "x".into(),
     };
     assert_eq!(status.encode_to_vec(), expected);
-    assert_eq!(reg::RegistrationStatus::decode(&expected[..]).unwrap(), status);
+    assert_eq!(
+        reg::RegistrationStatus::decode(&expected[..]).unwrap(),
+        status
+    );
     assert!(reg::InfoRequest {}.encode_to_vec().is_empty());
-    assert!(reg::RegistrationStatusResponse {}.encode_to_vec().is_empty());
+    assert!(reg::RegistrationStatusResponse {}
+        .encode_to_vec()
+        .is_empty());
 }
 
 #[test]
