@@ -111,7 +111,11 @@ async fn a_changed_node_replaces_its_slice_with_a_new_generation_and_drops_stale
                         "devices": []}})
     };
     api.put_slice(other("old-name", "gpuslice.dev", NODE));
-    api.put_slice(other("gpu-node-2-gpuslice.dev", "gpuslice.dev", "gpu-node-2"));
+    api.put_slice(other(
+        "gpu-node-2-gpuslice.dev",
+        "gpuslice.dev",
+        "gpu-node-2",
+    ));
     api.put_slice(other("gpu-node-1-nvidia", "gpu.nvidia.com", NODE));
     api.clear_requests();
 
@@ -124,9 +128,15 @@ async fn a_changed_node_replaces_its_slice_with_a_new_generation_and_drops_stale
     assert_eq!(outcome, Published::Replaced { generation: 4 });
     let writes = api.writes();
     assert_eq!(
-        writes.iter().map(|w| (w.method.as_str(), w.path.as_str())).collect::<Vec<_>>(),
+        writes
+            .iter()
+            .map(|w| (w.method.as_str(), w.path.as_str()))
+            .collect::<Vec<_>>(),
         vec![
-            ("PUT", "/apis/resource.k8s.io/v1/resourceslices/gpu-node-1-gpuslice.dev"),
+            (
+                "PUT",
+                "/apis/resource.k8s.io/v1/resourceslices/gpu-node-1-gpuslice.dev"
+            ),
             ("DELETE", "/apis/resource.k8s.io/v1/resourceslices/old-name"),
         ]
     );
@@ -150,6 +160,10 @@ async fn a_changed_node_replaces_its_slice_with_a_new_generation_and_drops_stale
     let left: Vec<_> = api.slices().keys().cloned().collect();
     assert_eq!(
         left,
-        vec!["gpu-node-1-gpuslice.dev", "gpu-node-1-nvidia", "gpu-node-2-gpuslice.dev"]
+        vec![
+            "gpu-node-1-gpuslice.dev",
+            "gpu-node-1-nvidia",
+            "gpu-node-2-gpuslice.dev"
+        ]
     );
 }
