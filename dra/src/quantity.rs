@@ -48,7 +48,7 @@ pub fn parse(text: &str) -> Result<u64, String> {
     let scale = base.checked_pow(exp).ok_or_else(|| bad("too large"))?;
     let numerator = digits.checked_mul(scale).ok_or_else(|| bad("too large"))?;
     let denominator = 10u128.pow(fraction.len() as u32);
-    if numerator % denominator != 0 {
+    if !numerator.is_multiple_of(denominator) {
         return Err(bad("not a whole number"));
     }
     u64::try_from(numerator / denominator).map_err(|_| bad("too large"))
@@ -65,7 +65,7 @@ pub fn format_bytes(bytes: u64) -> String {
         ("Mi", 20),
         ("Ki", 10),
     ] {
-        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+        if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
             return format!("{}{suffix}", bytes >> shift);
         }
     }
