@@ -261,17 +261,22 @@ impl Preparer {
             }
         }
         let slice_id = format!("{CLAIM_KIND}={}", claim_uid(claim));
-        let mut requests_with_slice = Vec::new();
+        // Each CDI device once per request: a container that asks for one request of the
+        // claim still gets the slice (and its GPUs), and none gets a device twice (runtimes
+        // apply a repeated device's edits again).
+        let mut emitted: Vec<(String, String)> = Vec::new();
+        let mut once = |request: &str, id: String, ids: &mut Vec<String>| {
+            let key = (request.to_string(), id);
+            if !emitted.contains(&key) {
+                ids.push(key.1.clone());
+                emitted.push(key);
+            }
+        };
         let devices = ours
             .iter()
             .map(|result| {
                 let mut ids = Vec::new();
-                // The slice device once per request: a container that asks for one request
-                // of the claim still gets the slice, and no container gets it twice.
-                if !requests_with_slice.contains(&result.request) {
-                    requests_with_slice.push(result.request.clone());
-                    ids.push(slice_id.clone());
-                }
+                once(&result.request, slice_id.clone(), &mut ids);
                 if let (
                     Some(nvidia),
                     Some(DeviceName::Product { gpu, .. } | DeviceName::Consumable { gpu }),
@@ -280,7 +285,11 @@ impl Preparer {
                     model::parse_device_name(&result.device),
                 ) {
                     if let Some(gpu) = self.gpu(gpu) {
-                        ids.push(format!("{}={}", nvidia.kind, gpu.uuid));
+                        once(
+                            &result.request,
+                            format!("{}={}", nvidia.kind, gpu.uuid),
+                            &mut ids,
+                        );
                     }
                 }
                 PreparedDevice {
@@ -303,6 +312,11 @@ impl Preparer {
         let dir = self.claim_dir(uid);
         let region_dir = dir.join("region");
         create_dir(&region_dir)?;
+        // The region file itself, initialised (mode 0666): a container process of any user
+        // can then map it, where the root-owned directory would not let it create the file.
+        let region = region_dir.join(REGION_FILE);
+        Region::open_or_create(&region)
+            .map_err(|e| format!("cannot create the region {}: {e}", region.display()))?;
         let config = SliceConfig {
             source: ConfigSource::File(dir.join("limits.json")),
             devices: shares

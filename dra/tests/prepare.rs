@@ -61,7 +61,10 @@ fn a_quarter_product_becomes_an_8gib_25_percent_slice_with_its_cdi_spec() {
         config.region_path.as_deref(),
         Some(std::path::Path::new("/var/run/gpuslice/slice.region"))
     );
-    assert!(dir.join("region").is_dir());
+    // The region exists, initialised, for processes of any user in the container.
+    let region = dir.join("region/slice.region");
+    assert_eq!(fs::metadata(&region).unwrap().mode() & 0o777, 0o666);
+    Region::open_existing(&region).expect("an initialised region");
 
     // The CDI spec: one device named after the claim, mounting those files.
     let spec: Value = serde_json::from_slice(&fs::read(p.spec_path(uid)).unwrap()).unwrap();
@@ -131,6 +134,34 @@ fn consumed_capacity_becomes_the_slice_and_one_claim_over_two_gpus_is_one_slice(
     assert_eq!(by_uuid(UUID1).memory_limit, Some(1536 << 20));
     // 100% is "not throttled".
     assert_eq!(by_uuid(UUID1).compute_percent, None);
+}
+
+#[test]
+fn two_products_of_one_card_in_one_request_give_each_cdi_device_once() {
+    let scratch = Scratch::new("twice");
+    let p = preparer(&scratch);
+    let uid = "0b9f4c1e-6666-4000-8000-000000000006";
+    let c = claim(
+        "team-a",
+        "half",
+        uid,
+        &[
+            ours("gpu", "gpu-0-25-a"),
+            ours("gpu", "gpu-0-25-b"),
+            ours("other", "gpu-0-25-c"),
+        ],
+    );
+    let devices = p.prepare(&want(uid), &c).unwrap();
+    let slice = format!("gpuslice.dev/claim={uid}");
+    let gpu = format!("nvidia.com/gpu={UUID0}");
+    assert_eq!(devices[0].cdi_device_ids, vec![slice.clone(), gpu.clone()]);
+    assert!(devices[1].cdi_device_ids.is_empty(), "{devices:?}");
+    // Another request of the claim: a container naming only it still gets both.
+    assert_eq!(devices[2].cdi_device_ids, vec![slice, gpu]);
+    let limits = p.claim_dir(uid).join("limits.json");
+    let config = parse_limit_file(&limits, &fs::read_to_string(&limits).unwrap()).unwrap();
+    assert_eq!(config.devices[0].memory_limit, Some(24 * GIB));
+    assert_eq!(config.devices[0].compute_percent, Some(75));
 }
 
 #[test]
