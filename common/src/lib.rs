@@ -5,6 +5,7 @@
 //! Nothing here exports C symbols: the CLI links this crate and must never carry the
 //! shim's hook exports.
 
+pub mod cdi;
 pub mod config;
 pub mod region;
 pub mod size;

@@ -28,33 +28,23 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
+pub use gpuslice_common::cdi::{
+    check_container_path, check_device_name, check_kind, generate_spec, preload_contents,
+    write_atomically, SliceMounts, SpecInputs, DEFAULT_CONTAINER_LIB, DEFAULT_KIND, LD_SO_PRELOAD,
+    RUNTIME_SPEC_DIRS,
+};
 use gpuslice_common::config::{parse_limit_file, DEFAULT_CONFIG_PATH};
-use serde_json::{json, Value};
 
-/// CDI specification version written. 0.5.0 has everything used here (env, mounts) and is
-/// read by every runtime that supports CDI at all (podman 4.1+, containerd 1.7+, CRI-O 1.23+,
-/// Docker 25+).
-pub const CDI_VERSION: &str = "0.5.0";
-/// Default `kind` (`vendor/class`) of the devices.
-pub const DEFAULT_KIND: &str = "gpuslice.dev/slice";
-/// Default container path of the shim.
-pub const DEFAULT_CONTAINER_LIB: &str = "/usr/lib/gpuslice/libgpuslice.so";
-/// Container path of the generated preload list.
-pub const LD_SO_PRELOAD: &str = "/etc/ld.so.preload";
 /// Default directory the spec is written to.
 pub const DEFAULT_OUTPUT_DIR: &str = "/etc/cdi";
 /// Default spec file name.
 pub const DEFAULT_SPEC_NAME: &str = "gpuslice.json";
 /// Default host directory for the generated preload file and the default region directories.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpuslice";
-/// The directories container runtimes scan for CDI specs.
-pub const RUNTIME_SPEC_DIRS: [&str; 3] = ["/etc/cdi", "/var/run/cdi", "/run/cdi"];
-
 /// Container directories a region directory must never be mounted over: hiding them would
 /// break the container (or hide the shim and limit file the spec mounts there).
 const FORBIDDEN_REGION_DIRS: [&str; 16] = [
@@ -171,81 +161,6 @@ pub struct SliceArg {
     pub region_dir: Option<PathBuf>,
 }
 
-/// One validated slice: everything [`generate_spec`] needs for its device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SliceMounts {
-    /// CDI device name.
-    pub name: String,
-    /// Limit file on the host (absolute, canonical).
-    pub limit_file: PathBuf,
-    /// Region directory on the host (absolute, canonical).
-    pub region_host_dir: PathBuf,
-    /// Directory of the limit file's `"region"` inside the container.
-    pub region_container_dir: String,
-}
-
-/// Validated inputs of one spec.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpecInputs {
-    pub kind: String,
-    /// libgpuslice.so on the host (absolute).
-    pub lib_host: PathBuf,
-    /// libgpuslice.so in the container (absolute).
-    pub lib_container: String,
-    /// The generated preload list on the host (absolute).
-    pub preload_host: PathBuf,
-    pub slices: Vec<SliceMounts>,
-}
-
-/// The CDI spec for `inputs` (pure; `inputs` are assumed validated, as [`run`] does).
-pub fn generate_spec(inputs: &SpecInputs) -> Value {
-    let ro = json!(["ro", "nosuid", "nodev", "bind"]);
-    let devices: Vec<Value> = inputs
-        .slices
-        .iter()
-        .map(|slice| {
-            json!({
-                "name": slice.name,
-                "containerEdits": {
-                    "env": [format!("GPUSLICE_CONFIG={DEFAULT_CONFIG_PATH}")],
-                    "mounts": [
-                        {
-                            "hostPath": inputs.lib_host.to_string_lossy(),
-                            "containerPath": inputs.lib_container,
-                            "options": ro,
-                        },
-                        {
-                            "hostPath": inputs.preload_host.to_string_lossy(),
-                            "containerPath": LD_SO_PRELOAD,
-                            "options": ro,
-                        },
-                        {
-                            "hostPath": slice.limit_file.to_string_lossy(),
-                            "containerPath": DEFAULT_CONFIG_PATH,
-                            "options": ro,
-                        },
-                        {
-                            "hostPath": slice.region_host_dir.to_string_lossy(),
-                            "containerPath": slice.region_container_dir,
-                            "options": ["rw", "nosuid", "nodev", "noexec", "bind"],
-                        },
-                    ],
-                },
-            })
-        })
-        .collect();
-    json!({
-        "cdiVersion": CDI_VERSION,
-        "kind": inputs.kind,
-        "devices": devices,
-    })
-}
-
-/// The contents of the generated `/etc/ld.so.preload`.
-pub fn preload_contents(lib_container: &str) -> String {
-    format!("{lib_container}\n")
-}
-
 /// Parses `NAME=LIMITFILE[:REGIONDIR]`. The region directory is recognised as the part after
 /// the last `:` when that part is an absolute path, so limit-file paths may contain `:`.
 pub fn parse_slice_arg(text: &str) -> Result<SliceArg, CdiError> {
@@ -268,90 +183,6 @@ pub fn parse_slice_arg(text: &str) -> Result<SliceArg, CdiError> {
         limit_file: PathBuf::from(limit),
         region_dir: region.map(PathBuf::from),
     })
-}
-
-/// CDI device names: `[A-Za-z0-9][A-Za-z0-9_.-]*` (CDI also allows ':'; refused here because
-/// the name becomes a directory name and the `--slice` syntax uses ':').
-pub fn check_device_name(name: &str) -> Result<(), String> {
-    let mut chars = name.chars();
-    match chars.next() {
-        None => return Err("the slice name is empty".into()),
-        Some(c) if c.is_ascii_alphanumeric() => {}
-        Some(_) => {
-            return Err(format!(
-                "slice name {name:?} must start with a letter or digit"
-            ))
-        }
-    }
-    if chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
-        Ok(())
-    } else {
-        Err(format!(
-            "slice name {name:?} may only contain letters, digits, '_', '.' and '-'"
-        ))
-    }
-}
-
-/// CDI kinds: `vendor/class`; vendor a domain-like name (letters, digits, '-', '_', '.'),
-/// class letters, digits, '-', '_'; both start with a letter and end with a letter or digit.
-pub fn check_kind(kind: &str) -> Result<(), String> {
-    let (vendor, class) = kind
-        .split_once('/')
-        .ok_or_else(|| format!("kind {kind:?} must be VENDOR/CLASS, e.g. {DEFAULT_KIND}"))?;
-    let part_ok = |part: &str, extra: &[char]| {
-        let bytes = part.as_bytes();
-        !bytes.is_empty()
-            && bytes[0].is_ascii_alphabetic()
-            && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-            && part
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || extra.contains(&c))
-    };
-    if !part_ok(vendor, &['.']) {
-        return Err(format!(
-            "kind {kind:?}: vendor {vendor:?} must start with a letter, end with a letter or digit \
-             and contain only letters, digits, '-', '_' and '.'"
-        ));
-    }
-    if !part_ok(class, &[]) {
-        return Err(format!(
-            "kind {kind:?}: class {class:?} must start with a letter, end with a letter or digit \
-             and contain only letters, digits, '-' and '_'"
-        ));
-    }
-    Ok(())
-}
-
-/// A container path the spec may mount at: absolute, normalised (no `.`, `..`, `//`, trailing
-/// `/`), no whitespace, ':' or control characters (the preload list and the runtimes' mount
-/// option parsing split on them).
-pub fn check_container_path(what: &str, path: &str) -> Result<(), String> {
-    if !path.starts_with('/') {
-        return Err(format!(
-            "{what} {path:?} must be an absolute container path"
-        ));
-    }
-    if path.len() > 1 && path.ends_with('/') || path.contains("//") {
-        return Err(format!(
-            "{what} {path:?} is not normalised (drop the extra '/')"
-        ));
-    }
-    if Path::new(path)
-        .components()
-        .any(|c| matches!(c, Component::CurDir | Component::ParentDir))
-        || path.split('/').any(|part| part == "." || part == "..")
-    {
-        return Err(format!("{what} {path:?} must not contain '.' or '..'"));
-    }
-    if path
-        .chars()
-        .any(|c| c.is_whitespace() || c.is_control() || c == ':')
-    {
-        return Err(format!(
-            "{what} {path:?} must not contain whitespace, ':' or control characters"
-        ));
-    }
-    Ok(())
 }
 
 /// Whether container path `outer` is `inner` or one of its ancestors (mounting at `outer`
@@ -509,31 +340,6 @@ fn create_dir_all(path: &Path) -> Result<(), CdiError> {
         .map_err(|e| CdiError::runtime(format!("cannot create {}: {e}", path.display())))
 }
 
-/// Replaces `dir/name` with `contents` atomically: a reader sees the old file or the new one,
-/// never a partial one, and the new one survives a crash once this returns.
-pub fn write_atomically(dir: &Path, name: &str, contents: &[u8]) -> io::Result<()> {
-    let target = dir.join(name);
-    // A name the runtimes skip (they read only *.json / *.yaml), unique per process.
-    let temp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o644)
-            .open(&temp)?;
-        file.write_all(contents)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&temp, &target)?;
-        fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    result
-}
-
 /// Validates everything, prepares the host files the spec names, then writes (or prints) it.
 pub fn run(args: &CdiArgs) -> Result<(), CdiError> {
     check_kind(&args.kind).map_err(CdiError::usage)?;
@@ -676,6 +482,7 @@ pub fn run(args: &CdiArgs) -> Result<(), CdiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A fresh directory per test, removed on drop.

@@ -665,6 +665,12 @@ impl Region {
         open::reset(path)
     }
 
+    /// `Ok` when no process maps the region at `path` and no live process holds a slot of it
+    /// (a missing file counts as unused); [`RegionError::InUse`] with the live PIDs otherwise.
+    pub fn check_unused(path: &Path) -> Result<(), RegionError> {
+        open::check_unused(path)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

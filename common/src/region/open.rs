@@ -344,6 +344,29 @@ pub(super) fn reset(path: &Path) -> Result<(), RegionError> {
     result
 }
 
+/// `Ok` when no process maps the region at `path` and no live process holds a slot of it (a
+/// missing file is unused); `RegionError::InUse` otherwise. What the DRA driver checks before
+/// removing a claim's region directory.
+pub(super) fn check_unused(path: &Path) -> Result<(), RegionError> {
+    let place = place(path)?;
+    let (dir, readable_dir) = match open_dir(path, &place) {
+        Ok(opened) => opened,
+        // No directory: nothing can map a file in it.
+        Err(_) if !place.dir.exists() => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    match lock::lstat_at(&dir, &place.name).map_err(|e| RegionError::io(path, "stat", e))? {
+        Some(libc::S_IFREG) => refuse_if_in_use(path, &place, &dir, readable_dir),
+        Some(libc::S_IFLNK) => Err(RegionError::Symlink {
+            path: path.to_path_buf(),
+        }),
+        Some(_) => Err(RegionError::NotAFile {
+            path: path.to_path_buf(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// `reset` refuses while any process maps the region (its guard lock) or a live process
 /// holds a slot of it.
 fn refuse_if_in_use(

@@ -1,0 +1,194 @@
+//! `gpuslice-dra`: the DRA kubelet plugin of gpuslice (see the library's doc and
+//! docs/architecture.md, "DRA driver").
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use gpuslice_common::cdi::{check_container_path, DEFAULT_CONTAINER_LIB};
+use gpuslice_dra::model::Model;
+use gpuslice_dra::plugin::{serve, Driver};
+use gpuslice_dra::prepare::{NvidiaCdi, Preparer, Settings};
+use gpuslice_dra::{inventory, publish, DRIVER_NAME};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum NvidiaCdiMode {
+    /// Add NVIDIA's CDI device when a spec of its kind is in /etc/cdi or /var/run/cdi.
+    Auto,
+    Always,
+    Never,
+}
+
+/// The gpuslice DRA driver: publishes the node's GPUs as ResourceSlices and turns allocated
+/// ResourceClaims into enforced gpuslice slices (limit file, region, CDI spec).
+#[derive(Debug, Parser)]
+#[command(name = "gpuslice-dra", version)]
+struct Args {
+    /// This node's name (the pool name and spec.nodeName of the ResourceSlice).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// How the GPUs are offered: fixed 25/50/100% products, or consumable capacity.
+    #[arg(long, value_enum, default_value = "products")]
+    model: Model,
+    /// Host directory of the claims' limit files, regions and checkpoints.
+    #[arg(long, default_value = "/var/lib/gpuslice/dra")]
+    state_dir: PathBuf,
+    /// Where the claims' transient CDI specs go (runtimes read /etc/cdi and /var/run/cdi).
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// libgpuslice.so on the host.
+    #[arg(long, default_value = "/opt/gpuslice/libgpuslice.so")]
+    lib: PathBuf,
+    /// Where libgpuslice.so appears in the containers.
+    #[arg(long, default_value = DEFAULT_CONTAINER_LIB)]
+    container_lib: String,
+    /// The kubelet's plugin directory of this driver (its DRA socket is dra.sock in it).
+    #[arg(long, default_value = "/var/lib/kubelet/plugins/gpuslice.dev")]
+    plugin_dir: PathBuf,
+    /// The kubelet's plugin-registration directory.
+    #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
+    registry_dir: PathBuf,
+    /// libnvidia-ml.so to load [default: the system's libnvidia-ml.so.1].
+    #[arg(long)]
+    nvml_lib: Option<PathBuf>,
+    /// Whether prepared claims also get the NVIDIA GPU's own CDI device (<kind>=<uuid>).
+    #[arg(long, value_enum, default_value = "auto")]
+    nvidia_cdi: NvidiaCdiMode,
+    /// The kind of NVIDIA's CDI spec.
+    #[arg(long, default_value = "nvidia.com/gpu")]
+    nvidia_cdi_kind: String,
+    /// Seconds between re-publications of the ResourceSlice (a deleted or edited slice is
+    /// restored).
+    #[arg(long, default_value_t = 60)]
+    republish_seconds: u64,
+}
+
+/// Whether a CDI spec of `kind` is in one of the runtime spec directories.
+fn has_cdi_kind(kind: &str) -> bool {
+    ["/etc/cdi", "/var/run/cdi"].iter().any(|dir| {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|entry| {
+                let path = entry.path();
+                let is_spec = matches!(
+                    path.extension().and_then(|e| e.to_str()),
+                    Some("json" | "yaml" | "yml")
+                );
+                is_spec
+                    && std::fs::read_to_string(&path).is_ok_and(|text| {
+                        text.contains(&format!("\"{kind}\""))
+                            || text.contains(&format!("kind: {kind}"))
+                    })
+            })
+    })
+}
+
+fn run(args: Args) -> Result<(), String> {
+    check_container_path("--container-lib", &args.container_lib)?;
+    let lib = std::fs::canonicalize(&args.lib)
+        .map_err(|e| format!("--lib {}: {e}", args.lib.display()))?;
+    let gpus = inventory::from_nvml(args.nvml_lib.as_deref())?;
+    eprintln!(
+        "gpuslice-dra: node {}: {} GPU(s)",
+        args.node_name,
+        gpus.len()
+    );
+    for gpu in &gpus {
+        eprintln!(
+            "gpuslice-dra:   GPU {} {} {} ({} bytes)",
+            gpu.index, gpu.uuid, gpu.name, gpu.memory_bytes
+        );
+    }
+    let nvidia_cdi = match args.nvidia_cdi {
+        NvidiaCdiMode::Always => true,
+        NvidiaCdiMode::Never => false,
+        NvidiaCdiMode::Auto => has_cdi_kind(&args.nvidia_cdi_kind),
+    }
+    .then(|| NvidiaCdi {
+        kind: args.nvidia_cdi_kind.clone(),
+    });
+    let settings = Settings {
+        driver: DRIVER_NAME.to_string(),
+        node: args.node_name.clone(),
+        state_dir: args.state_dir.clone(),
+        cdi_dir: args.cdi_dir.clone(),
+        lib_host: lib,
+        lib_container: args.container_lib.clone(),
+        nvidia_cdi,
+    };
+    let preparer = Arc::new(Preparer::new(settings, gpus.clone()));
+    for claim in preparer.prepared() {
+        eprintln!(
+            "gpuslice-dra: claim {}/{} ({}) is prepared (checkpoint)",
+            claim.namespace, claim.name, claim.uid
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async move {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|e| format!("cannot configure the Kubernetes client: {e}"))?;
+        let publisher = {
+            let client = client.clone();
+            let node = args.node_name.clone();
+            let model = args.model;
+            let period = Duration::from_secs(args.republish_seconds.max(1));
+            async move {
+                loop {
+                    match publish::publish(client.clone(), DRIVER_NAME, &node, &gpus, model).await
+                    {
+                        Ok(outcome) => eprintln!("gpuslice-dra: ResourceSlice: {outcome:?}"),
+                        Err(e) => eprintln!("gpuslice-dra: publishing: {e}"),
+                    }
+                    tokio::time::sleep(period).await;
+                }
+            }
+        };
+        let publisher = tokio::spawn(publisher);
+        let driver = Arc::new(Driver { preparer, client });
+        let plugin_socket = args.plugin_dir.join("dra.sock");
+        let registration_socket: PathBuf =
+            Path::new(&args.registry_dir).join(format!("{DRIVER_NAME}-reg.sock"));
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+        };
+        eprintln!(
+            "gpuslice-dra: serving {} and {}",
+            plugin_socket.display(),
+            registration_socket.display()
+        );
+        let result = serve(
+            driver,
+            DRIVER_NAME,
+            &plugin_socket,
+            &registration_socket,
+            shutdown,
+        )
+        .await;
+        publisher.abort();
+        result
+    })
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpuslice-dra: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

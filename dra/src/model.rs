@@ -1,0 +1,167 @@
+//! How the node's GPUs are offered, and what an allocated device of ours means.
+//!
+//! Two models, chosen by `--model`:
+//! * **products** (Kube-DC's way of selling): every GPU `i` is offered as fixed products,
+//!   four 25% devices `gpu-i-25-a..d`, two 50% devices `gpu-i-50-a..b` and one 100% device
+//!   `gpu-i-100`, each consuming its share of the card's shared counters (`memory`, `compute`)
+//!   so the scheduler never hands out more than one card (partitionable devices:
+//!   `DRAPartitionableDevices`, alpha in Kubernetes 1.33 and 1.34).
+//! * **capacity**: one device `gpu-i` per GPU with `allowMultipleAllocations` and consumable
+//!   capacities `memory` (bytes) and `compute` (percent); a claim asks for an amount
+//!   (`DRAConsumableCapacity`, alpha in Kubernetes 1.34).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::quantity;
+
+/// Which model the node's GPUs are published in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Model {
+    Products,
+    Capacity,
+}
+
+/// The fixed products: (share in percent, devices per GPU).
+pub const PRODUCTS: [(u32, u32); 3] = [(25, 4), (50, 2), (100, 1)];
+
+/// Memory of a product: `share`% of the card, rounded down to whole MiB (so the products of
+/// one card never add up to more than the card).
+pub fn product_memory(card_bytes: u64, share: u32) -> u64 {
+    const MIB: u64 = 1 << 20;
+    let exact = (card_bytes as u128 * share as u128 / 100) as u64;
+    exact / MIB * MIB
+}
+
+/// The device names of the products of GPU `index`, with their shares.
+pub fn product_devices(index: u32) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for (share, count) in PRODUCTS {
+        if count == 1 {
+            out.push((format!("gpu-{index}-{share}"), share));
+        } else {
+            for n in 0..count {
+                let letter = char::from(b'a' + n as u8);
+                out.push((format!("gpu-{index}-{share}-{letter}"), share));
+            }
+        }
+    }
+    out
+}
+
+/// The device name of GPU `index` in the capacity model.
+pub fn capacity_device(index: u32) -> String {
+    format!("gpu-{index}")
+}
+
+/// What a device name of ours stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceName {
+    /// A fixed product: `share`% of GPU `gpu`.
+    Product { gpu: u32, share: u32 },
+    /// A whole GPU whose capacity is consumed by amount (capacity model).
+    Consumable { gpu: u32 },
+}
+
+/// Parses `gpu-I`, `gpu-I-100` or `gpu-I-SHARE-L`; `None` for anything else (including a
+/// share or letter that no product has).
+pub fn parse_device_name(name: &str) -> Option<DeviceName> {
+    let rest = name.strip_prefix("gpu-")?;
+    let mut parts = rest.split('-');
+    let gpu_text = parts.next()?;
+    if gpu_text.is_empty() || !gpu_text.bytes().all(|b| b.is_ascii_digit()) || gpu_text.len() > 4 {
+        return None;
+    }
+    let gpu: u32 = gpu_text.parse().ok()?;
+    let Some(share_text) = parts.next() else {
+        return Some(DeviceName::Consumable { gpu });
+    };
+    let share: u32 = share_text.parse().ok()?;
+    let letter = parts.next();
+    if parts.next().is_some() {
+        return None;
+    }
+    product_devices(gpu)
+        .iter()
+        .any(|(known, _)| known == name)
+        .then_some(DeviceName::Product { gpu, share })
+        .filter(|_| letter.is_some() || share == 100)
+}
+
+/// Memory (bytes) and compute (percent) one allocated device of the capacity model consumes,
+/// from the allocation result's `consumedCapacity`.
+pub fn consumed(consumed: Option<&BTreeMap<String, Quantity>>) -> Result<(u64, u32), String> {
+    let consumed = consumed.ok_or_else(|| {
+        "the allocation has no consumedCapacity (the capacity model needs the \
+         DRAConsumableCapacity feature gate on the API server and scheduler)"
+            .to_string()
+    })?;
+    let get = |name: &str| {
+        consumed
+            .get(name)
+            .ok_or_else(|| format!("consumedCapacity has no {name:?}"))
+            .and_then(|q| {
+                quantity::parse(&q.0).map_err(|e| format!("consumedCapacity.{name}: {e}"))
+            })
+    };
+    let memory = get("memory")?;
+    let compute = get("compute")?;
+    let compute = u32::try_from(compute)
+        .map_err(|_| format!("consumedCapacity.compute {compute} is not a percentage"))?;
+    Ok((memory, compute))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn product_names_round_trip() {
+        let names = product_devices(3);
+        assert_eq!(names.len(), 7);
+        for (name, share) in names {
+            assert_eq!(
+                parse_device_name(&name),
+                Some(DeviceName::Product { gpu: 3, share }),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            parse_device_name(&capacity_device(2)),
+            Some(DeviceName::Consumable { gpu: 2 })
+        );
+    }
+
+    #[test]
+    fn unknown_names_are_refused() {
+        for name in [
+            "gpu-",
+            "gpu-0-30-a",
+            "gpu-0-25-e",
+            "gpu-0-25",
+            "gpu-0-100-a",
+            "gpu-x",
+            "cpu-0",
+            "gpu-0-25-a-b",
+            "gpu-+1",
+        ] {
+            assert_eq!(parse_device_name(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn products_never_exceed_the_card() {
+        for card in [
+            32u64 << 30,
+            34_089_730_048,
+            16_945_709_056,
+            (80 << 30) + 12345,
+        ] {
+            for (share, count) in PRODUCTS {
+                assert!(product_memory(card, share) * count as u64 <= card);
+            }
+        }
+        assert_eq!(product_memory(32 << 30, 25), 8 << 30);
+    }
+}

@@ -1,0 +1,286 @@
+//! The functional core: an allocated claim becomes a limit file, a region directory and a CDI
+//! spec that the shim and the container runtime read; repeated and restarted prepares return
+//! the same answer without rewriting; unprepare waits for the slice's processes; bad claims
+//! get errors that name what is wrong.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+use common::*;
+use gpuslice_common::config::{parse_limit_file, DeviceSelector};
+use gpuslice_common::region::Region;
+use gpuslice_dra::prepare::{ClaimRef, Preparer};
+use serde_json::Value;
+
+fn want(uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "team-a".into(),
+        name: format!("claim-{uid}"),
+        uid: uid.into(),
+    }
+}
+
+fn preparer(scratch: &Scratch) -> Preparer {
+    Preparer::new(settings(scratch, true), gpus())
+}
+
+#[test]
+fn a_quarter_product_becomes_an_8gib_25_percent_slice_with_its_cdi_spec() {
+    let scratch = Scratch::new("quarter");
+    let p = preparer(&scratch);
+    let uid = "0b9f4c1e-1111-4000-8000-000000000001";
+    let claim = claim("team-a", "claim-x", uid, &[ours("slice", "gpu-1-25-c")]);
+    let devices = p.prepare(&want(uid), &claim).expect("prepared");
+
+    assert_eq!(devices.len(), 1);
+    assert_eq!(devices[0].pool_name, NODE);
+    assert_eq!(devices[0].device_name, "gpu-1-25-c");
+    assert_eq!(devices[0].request_names, vec!["slice".to_string()]);
+    assert_eq!(
+        devices[0].cdi_device_ids,
+        vec![
+            format!("gpuslice.dev/claim={uid}"),
+            format!("nvidia.com/gpu={UUID1}")
+        ]
+    );
+
+    // The limit file, as the shim parses it.
+    let dir = p.claim_dir(uid);
+    let limits = dir.join("limits.json");
+    let config = parse_limit_file(&limits, &fs::read_to_string(&limits).unwrap()).unwrap();
+    assert_eq!(config.devices.len(), 1);
+    assert_eq!(
+        config.devices[0].selector,
+        DeviceSelector::Uuid(UUID1.into())
+    );
+    assert_eq!(config.devices[0].memory_limit, Some(8 * GIB));
+    assert_eq!(config.devices[0].compute_percent, Some(25));
+    assert_eq!(
+        config.region_path.as_deref(),
+        Some(std::path::Path::new("/var/run/gpuslice/slice.region"))
+    );
+    // The region exists, initialised, for processes of any user in the container.
+    let region = dir.join("region/slice.region");
+    assert_eq!(fs::metadata(&region).unwrap().mode() & 0o777, 0o666);
+    Region::open_existing(&region).expect("an initialised region");
+
+    // The CDI spec: one device named after the claim, mounting those files.
+    let spec: Value = serde_json::from_slice(&fs::read(p.spec_path(uid)).unwrap()).unwrap();
+    assert_eq!(spec["kind"], "gpuslice.dev/claim");
+    assert_eq!(spec["devices"][0]["name"], uid);
+    let mounts = spec["devices"][0]["containerEdits"]["mounts"]
+        .as_array()
+        .unwrap();
+    let mount = |container: &str| {
+        mounts
+            .iter()
+            .find(|m| m["containerPath"] == container)
+            .unwrap_or_else(|| panic!("no mount at {container}: {spec}"))
+            .clone()
+    };
+    assert_eq!(
+        mount("/etc/gpuslice/limits.json")["hostPath"],
+        limits.to_str().unwrap()
+    );
+    assert!(mount("/etc/gpuslice/limits.json")["options"]
+        .as_array()
+        .unwrap()
+        .contains(&Value::from("ro")));
+    assert_eq!(
+        mount("/var/run/gpuslice")["hostPath"],
+        dir.join("region").to_str().unwrap()
+    );
+    assert_eq!(
+        fs::read_to_string(mount("/etc/ld.so.preload")["hostPath"].as_str().unwrap()).unwrap(),
+        "/usr/lib/gpuslice/libgpuslice.so\n"
+    );
+}
+
+#[test]
+fn consumed_capacity_becomes_the_slice_and_one_claim_over_two_gpus_is_one_slice() {
+    let scratch = Scratch::new("capacity");
+    let p = Preparer::new(settings(&scratch, false), gpus());
+    let uid = "0b9f4c1e-2222-4000-8000-000000000002";
+    let mut a = ours("a", "gpu-0");
+    a.consumed = Some(("12Gi", "30"));
+    let mut b = ours("b", "gpu-1");
+    b.consumed = Some(("1536Mi", "100"));
+    let devices = p
+        .prepare(&want(uid), &claim("team-a", "c", uid, &[a, b]))
+        .unwrap();
+    // Without NVIDIA's CDI spec only the slice; once per request.
+    assert_eq!(
+        devices[0].cdi_device_ids,
+        vec![format!("gpuslice.dev/claim={uid}")]
+    );
+    assert_eq!(
+        devices[1].cdi_device_ids,
+        vec![format!("gpuslice.dev/claim={uid}")]
+    );
+    let limits = p.claim_dir(uid).join("limits.json");
+    let config = parse_limit_file(&limits, &fs::read_to_string(&limits).unwrap()).unwrap();
+    let by_uuid = |uuid: &str| {
+        config
+            .devices
+            .iter()
+            .find(|d| d.selector == DeviceSelector::Uuid(uuid.into()))
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(by_uuid(UUID0).memory_limit, Some(12 * GIB));
+    assert_eq!(by_uuid(UUID0).compute_percent, Some(30));
+    assert_eq!(by_uuid(UUID1).memory_limit, Some(1536 << 20));
+    // 100% is "not throttled".
+    assert_eq!(by_uuid(UUID1).compute_percent, None);
+}
+
+#[test]
+fn two_products_of_one_card_in_one_request_give_each_cdi_device_once() {
+    let scratch = Scratch::new("twice");
+    let p = preparer(&scratch);
+    let uid = "0b9f4c1e-6666-4000-8000-000000000006";
+    let c = claim(
+        "team-a",
+        "half",
+        uid,
+        &[
+            ours("gpu", "gpu-0-25-a"),
+            ours("gpu", "gpu-0-25-b"),
+            ours("other", "gpu-0-25-c"),
+        ],
+    );
+    let devices = p.prepare(&want(uid), &c).unwrap();
+    let slice = format!("gpuslice.dev/claim={uid}");
+    let gpu = format!("nvidia.com/gpu={UUID0}");
+    assert_eq!(devices[0].cdi_device_ids, vec![slice.clone(), gpu.clone()]);
+    assert!(devices[1].cdi_device_ids.is_empty(), "{devices:?}");
+    // Another request of the claim: a container naming only it still gets both.
+    assert_eq!(devices[2].cdi_device_ids, vec![slice, gpu]);
+    let limits = p.claim_dir(uid).join("limits.json");
+    let config = parse_limit_file(&limits, &fs::read_to_string(&limits).unwrap()).unwrap();
+    assert_eq!(config.devices[0].memory_limit, Some(24 * GIB));
+    assert_eq!(config.devices[0].compute_percent, Some(75));
+}
+
+#[test]
+fn prepare_is_idempotent_and_survives_a_restart_without_rewriting() {
+    let scratch = Scratch::new("idempotent");
+    let uid = "0b9f4c1e-3333-4000-8000-000000000003";
+    let c = claim("team-a", "shared", uid, &[ours("slice", "gpu-0-50-a")]);
+    let first = preparer(&scratch).prepare(&want(uid), &c).unwrap();
+    let p = preparer(&scratch);
+    let limits = p.claim_dir(uid).join("limits.json");
+    let spec = p.spec_path(uid);
+    let inodes = (
+        fs::metadata(&limits).unwrap().ino(),
+        fs::metadata(&spec).unwrap().ino(),
+    );
+    // A new Preparer is a restarted plugin: it knows the claim from its checkpoint.
+    assert_eq!(p.prepared(), vec![want(uid)]);
+    // The second pod of a shared claim, or the kubelet retrying: same answer, same files.
+    let again = p.prepare(&want(uid), &c).unwrap();
+    assert_eq!(again, first);
+    assert_eq!(
+        (
+            fs::metadata(&limits).unwrap().ino(),
+            fs::metadata(&spec).unwrap().ino()
+        ),
+        inodes,
+        "a prepared claim's files were rewritten"
+    );
+    assert_eq!(fs::read_dir(scratch.path().join("cdi")).unwrap().count(), 1);
+}
+
+#[test]
+fn unprepare_waits_for_the_slice_processes_then_removes_everything() {
+    let scratch = Scratch::new("unprepare");
+    let p = preparer(&scratch);
+    let uid = "0b9f4c1e-4444-4000-8000-000000000004";
+    let other = "0b9f4c1e-4444-4000-8000-00000000000f";
+    p.prepare(
+        &want(uid),
+        &claim("team-a", "x", uid, &[ours("r", "gpu-0-25-a")]),
+    )
+    .unwrap();
+    p.prepare(
+        &want(other),
+        &claim("team-a", "y", other, &[ours("r", "gpu-0-25-b")]),
+    )
+    .unwrap();
+
+    // A process of the slice maps its region (what the shim does in a container).
+    let region_path = p.claim_dir(uid).join("region/slice.region");
+    let region = Region::open_or_create(&region_path).unwrap();
+    let error = p.unprepare(uid).unwrap_err();
+    assert!(error.contains("still in use"), "{error}");
+    assert!(p.spec_path(uid).exists() && region_path.exists());
+
+    drop(region);
+    p.unprepare(uid).unwrap();
+    assert!(!p.spec_path(uid).exists());
+    assert!(!p.claim_dir(uid).exists());
+    // Again (the kubelet retries): still success. The other claim is untouched.
+    p.unprepare(uid).unwrap();
+    assert!(p.spec_path(other).exists());
+    assert_eq!(p.prepared(), vec![want(other)]);
+}
+
+#[test]
+fn bad_claims_get_errors_naming_what_is_wrong() {
+    let scratch = Scratch::new("bad");
+    let p = preparer(&scratch);
+    let uid = "0b9f4c1e-5555-4000-8000-000000000005";
+    let check = |allocs: &[Alloc], expect: &[&str]| {
+        let error = p
+            .prepare(&want(uid), &claim("team-a", "bad", uid, allocs))
+            .unwrap_err();
+        for part in expect {
+            assert!(error.contains(part), "{error:?} lacks {part:?}");
+        }
+        assert!(error.contains(uid), "{error}");
+        assert!(!p.claim_dir(uid).exists() && !p.spec_path(uid).exists());
+    };
+    let mut other_node = ours("r", "gpu-0-25-a");
+    other_node.pool = "gpu-node-2";
+    check(&[other_node], &["gpu-0-25-a", "gpu-node-2", "another node"]);
+    check(
+        &[ours("r", "gpu-7-25-a")],
+        &["GPU 7", "does not have", "2 GPUs"],
+    );
+    let mut too_big = ours("r", "gpu-0");
+    too_big.consumed = Some(("40Gi", "10"));
+    check(&[too_big], &["40Gi", "has only 32Gi"]);
+    let mut too_much_compute = ours("r", "gpu-0");
+    too_much_compute.consumed = Some(("1Gi", "150"));
+    check(&[too_much_compute], &["150%"]);
+    check(
+        &[ours("a", "gpu-0-50-a"), ours("b", "gpu-0-100")],
+        &["48Gi", "has only 32Gi"],
+    );
+    check(
+        &[ours("r", "gpu-0-33-a")],
+        &["not a device this driver publishes"],
+    );
+    let mut foreign = ours("r", "gpu-0-25-a");
+    foreign.driver = "gpu.nvidia.com";
+    check(&[foreign], &["no device of driver gpuslice.dev"]);
+    check(&[], &["no device of driver"]);
+    let mut unallocated = claim("team-a", "bad", uid, &[]);
+    unallocated.status = None;
+    let error = p.prepare(&want(uid), &unallocated).unwrap_err();
+    assert!(error.contains("not allocated"), "{error}");
+    // The API server's claim of that name is another one (deleted and recreated).
+    let replaced = claim(
+        "team-a",
+        "bad",
+        "0b9f4c1e-9999-4000-8000-000000000009",
+        &[ours("r", "gpu-0-25-a")],
+    );
+    let error = p.prepare(&want(uid), &replaced).unwrap_err();
+    assert!(error.contains("replaced"), "{error}");
+    // A UID that is not one never becomes a path.
+    let error = p.unprepare("../../etc").unwrap_err();
+    assert!(error.contains("not a UID"), "{error}");
+}
