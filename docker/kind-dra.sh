@@ -55,11 +55,8 @@ docker exec "$WORKER" bash -c '
   nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml
   nvidia-ctk runtime configure --runtime=containerd --cdi.enabled
   systemctl restart containerd
-  # The installer DaemonSet also writes a spec for static slices and needs one limit file;
-  # an empty one (no device limited) that nothing uses.
-  mkdir -p /etc/gpuslice/slices
-  echo "{\"version\": 1, \"region\": \"/var/run/gpuslice/static/slice.region\", \"devices\": []}" \
-    > /etc/gpuslice/slices/static.json'
+  # No static slices: the installer DaemonSet writes none (--allow-none).
+  mkdir -p /etc/gpuslice/slices'
 kubectl label node "$WORKER" nvidia.com/gpu.present=true --overwrite
 kubectl apply -f - <<'RC'
 apiVersion: node.k8s.io/v1

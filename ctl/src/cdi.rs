@@ -109,6 +109,13 @@ pub struct CdiArgs {
     /// names, the preload list and default region directories, are still prepared).
     #[arg(long)]
     pub stdout: bool,
+
+    /// An empty --slices-dir is not an error: the node has no static slices (for example a
+    /// node whose slices come from the Kubernetes DRA driver), so the spec this command
+    /// wrote before, if any, is removed and nothing else is done. Without it an empty
+    /// directory is refused, since it is most often a wrong path.
+    #[arg(long)]
+    pub allow_none: bool,
 }
 
 /// Why `gpuslice cdi` failed. `code` follows the CLI's exit codes: 2 usage (a flag's syntax),
@@ -297,7 +304,7 @@ fn collect_slices(args: &CdiArgs) -> Result<Vec<SliceArg>, CdiError> {
             });
         }
         found.sort_by(|a, b| a.name.cmp(&b.name));
-        if found.is_empty() {
+        if found.is_empty() && !args.allow_none {
             return Err(CdiError::invalid(format!(
                 "--slices-dir {} holds no NAME.json limit files",
                 dir.display()
@@ -305,7 +312,7 @@ fn collect_slices(args: &CdiArgs) -> Result<Vec<SliceArg>, CdiError> {
         }
         slices.extend(found);
     }
-    if slices.is_empty() {
+    if slices.is_empty() && !(args.allow_none && args.slices_dir.is_some()) {
         return Err(CdiError::usage(
             "no slices: give --slice NAME=LIMITFILE[:REGIONDIR] (repeatable) or --slices-dir DIR",
         ));
@@ -341,6 +348,39 @@ fn create_dir_all(path: &Path) -> Result<(), CdiError> {
 }
 
 /// Validates everything, prepares the host files the spec names, then writes (or prints) it.
+/// No slices to describe (`--allow-none`): the spec written before, if any, names slices that
+/// are gone, so a runtime must stop offering them.
+fn remove_old_spec(args: &CdiArgs) -> Result<(), CdiError> {
+    if args.stdout {
+        return Ok(());
+    }
+    let spec = absolute(&args.output_dir)?.join(&args.name);
+    match fs::remove_file(&spec) {
+        Ok(()) => eprintln!(
+            "gpuslice cdi: no slices in {}; removed the old spec {}",
+            args.slices_dir
+                .as_deref()
+                .unwrap_or(Path::new(""))
+                .display(),
+            spec.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => eprintln!(
+            "gpuslice cdi: no slices in {}; no spec written",
+            args.slices_dir
+                .as_deref()
+                .unwrap_or(Path::new(""))
+                .display()
+        ),
+        Err(e) => {
+            return Err(CdiError::runtime(format!(
+                "cannot remove the old spec {}: {e}",
+                spec.display()
+            )))
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: &CdiArgs) -> Result<(), CdiError> {
     check_kind(&args.kind).map_err(CdiError::usage)?;
     check_container_path("--container-lib", &args.container_lib).map_err(CdiError::usage)?;
@@ -405,6 +445,11 @@ pub fn run(args: &CdiArgs) -> Result<(), CdiError> {
                 .join(&slice.name),
         };
         mounts.push((slice, limit_file, region_host_dir, region_container_dir));
+    }
+
+    if mounts.is_empty() {
+        // --allow-none with an empty --slices-dir: no static slices on this node.
+        return remove_old_spec(args);
     }
 
     // Everything is valid: now touch the file system.
@@ -521,6 +566,7 @@ mod tests {
             name: DEFAULT_SPEC_NAME.into(),
             state_dir: tmp.join("state"),
             stdout: false,
+            allow_none: false,
         }
     }
 
@@ -749,6 +795,36 @@ mod tests {
             .collect();
         assert_eq!(names, ["half", "quarter"]);
         assert!(tmp.0.join("state/cdi/slices.ld.so.preload").is_file());
+    }
+
+    #[test]
+    fn an_empty_slices_dir_is_refused_unless_allowed_and_then_removes_the_old_spec() {
+        let tmp = TempDir::new();
+        let dir = tmp.0.join("slices");
+        fs::create_dir(&dir).unwrap();
+        limit_file(&dir, "quarter", Some("/var/run/gpuslice/q.region"));
+        let mut args = args(&tmp.0, &[]);
+        args.slices_dir = Some(dir.clone());
+        run(&args).unwrap();
+        let spec = args.output_dir.join(&args.name);
+        assert!(spec.is_file());
+        // The node's last static slice is removed.
+        fs::remove_file(dir.join("quarter.json")).unwrap();
+        let err = run(&args).unwrap_err();
+        assert_eq!(err.code, 3, "{err:?}");
+        assert!(err.message.contains("holds no NAME.json"), "{err:?}");
+        assert!(spec.is_file(), "a refusal changes nothing");
+        // Allowed (a DRA node, an installer DaemonSet): the stale spec goes, twice is fine.
+        args.allow_none = true;
+        run(&args).unwrap();
+        assert!(
+            !spec.exists(),
+            "the runtime must stop offering the removed slice"
+        );
+        run(&args).unwrap();
+        // Without any source of slices it is still a usage error.
+        args.slices_dir = None;
+        assert_eq!(run(&args).unwrap_err().code, 2);
     }
 
     #[test]
