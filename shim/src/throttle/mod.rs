@@ -9,8 +9,10 @@
 //! * [`watcher`]: the per-process thread (one process of the slice leads and steers).
 //!
 //! Every launch path (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, graph, each with its
-//! `_ptsz` variant, whatever the lookup path) calls [`before_launch`]. It never fails a
-//! launch: at worst the calling thread sleeps until its tokens are due.
+//! `_ptsz` variant, whatever the lookup path) calls [`before_launch_to`] with its stream
+//! ([`before_launch`] for the legacy stream's deprecated launches). It never fails a
+//! launch: at worst the calling thread sleeps until its tokens are due. A launch recorded by
+//! stream capture is not billed ([`capture`]): the graph is, when launched.
 //!
 //! Shared words per device (`Region::throttle_words`), all atomics:
 //! `VTIME` bucket clock · `INV_RATE` refill (32.32) · `COST` per-launch GPU-ns (bit 63: measured,
@@ -20,6 +22,7 @@
 //! · words 9.. the slice's host PIDs on the device (two per word).
 
 pub mod bucket;
+pub mod capture;
 pub mod controller;
 pub mod measure;
 pub mod watcher;
@@ -141,7 +144,27 @@ pub fn before_launch() {
     }
 }
 
-/// [`before_launch`] for a launch on `stream`'s device (the multi-device cooperative launch,
+/// [`before_launch`] for a launch enqueued on `stream`, which is not billed while the stream
+/// captures: it is recorded into a graph and billed when that graph is launched
+/// ([`capture`]). The legacy stream, which cannot capture, may use [`before_launch`].
+#[inline]
+pub fn before_launch_to(stream: gpuslice_abi::cuda::CUstream) {
+    match ACTIVE.load(Ordering::Relaxed) {
+        OFF => {}
+        ON => {
+            if !capture::recording(stream) {
+                throttle_launch()
+            }
+        }
+        _ => {
+            if activate() && !capture::recording(stream) {
+                throttle_launch()
+            }
+        }
+    }
+}
+
+/// [`before_launch_to`] billed on `stream`'s device (the multi-device cooperative launch,
 /// whose entries run on other devices than the current one).
 pub fn before_launch_on_stream(stream: gpuslice_abi::cuda::CUstream) {
     let on = match ACTIVE.load(Ordering::Relaxed) {
@@ -149,7 +172,7 @@ pub fn before_launch_on_stream(stream: gpuslice_abi::cuda::CUstream) {
         ON => true,
         _ => activate(),
     };
-    if on {
+    if on && !capture::recording(stream) {
         if let Some(ordinal) = stream_ordinal(stream) {
             throttle_launch_on(ordinal);
         }
