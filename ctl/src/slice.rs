@@ -235,6 +235,7 @@ impl SliceArgs {
             devices,
             region_path,
             policy: self.policy.into(),
+            priority: Default::default(),
             log_level: self.log,
         };
         validate(&config)
