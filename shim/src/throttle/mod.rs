@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, O
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::CUdevice;
-use gpuslice_common::config::{ComputePolicy, SliceConfig};
+use gpuslice_common::config::{ComputePolicy, Priority, SliceConfig};
 use gpuslice_common::region::{DeviceId, DeviceLimits, Region, THROTTLE_WORDS};
 use gpuslice_common::MAX_DEVICES;
 
@@ -83,6 +83,8 @@ pub struct DeviceThrottle {
     /// entry's (stricter-wins rule, `common/src/region/mod.rs`), refreshed every tick.
     pub percent: AtomicU32,
     pub policy: ComputePolicy,
+    /// Who gets idle time first under `burst`.
+    pub priority: Priority,
     /// The slice-wide words (in the region, or process-local when there is none).
     pub words: &'static [AtomicU64; THROTTLE_WORDS],
     /// The region entry the leader publishes its measured utilisation to (for
@@ -378,8 +380,9 @@ fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottl
     let percent = effective_percent(configured, region_percent)?;
     if configured == Some(percent) {
         crate::log_info!(
-            "compute share {percent}% ({}) on device {ordinal} {uuid}",
-            config.policy
+            "compute share {percent}% ({}, {} priority) on device {ordinal} {uuid}",
+            config.policy,
+            config.priority
         );
     } else {
         crate::log_info!(
@@ -394,6 +397,7 @@ fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottl
         configured_percent: configured,
         percent: AtomicU32::new(percent),
         policy: config.policy,
+        priority: config.priority,
         words,
         region_entry,
         credit: Credit::new(),
@@ -614,6 +618,7 @@ mod tests {
             devices: vec![device(p)],
             region_path: None,
             policy,
+            priority: Default::default(),
             log_level: None,
         };
         assert!(config_throttles(&config(ComputePolicy::Cap, Some(25))));
@@ -657,6 +662,7 @@ mod tests {
             configured_percent: Some(50),
             percent: AtomicU32::new(50),
             policy: ComputePolicy::Cap,
+            priority: Priority::Normal,
             words: region.throttle_words(id),
             region_entry: Some((region, id)),
             credit: Credit::new(),
