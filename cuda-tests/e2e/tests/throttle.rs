@@ -683,13 +683,13 @@ fn bursting_slices_split_idle_time_by_share_and_give_it_back_to_a_capped_neighbo
         "a capped 40 % neighbour, from {} ms after its start: {c:.1}%; the bursting 30 % and 20 %: {x2:.1}% and {y2:.1}%",
         GIVE_BACK_NS / 1_000_000
     );
-    // Measured (docs/performance.md): 88-91 % together, ratio 1.44-1.64. All-or-nothing
-    // burst gave 50 % (each capped while the other was busy); an even split of the idle
-    // time would give a ratio of 1.2 at 90 % and 1.0 as the idle time grows.
+    // Measured (docs/performance.md): 86-91 % together, ratio 1.44-1.85 (load average 5 to
+    // 14). All-or-nothing burst gave 50 % (each capped while the other was busy); an even
+    // split of the idle time gives a ratio near 1.
     assert!(x + y > 75.0, "the idle time is used: {x:.1}% + {y:.1}%");
     assert!(
-        ((x / y) / 1.5 - 1.0).abs() <= 0.25,
-        "split 3:2 within 25 %: {x:.1}% : {y:.1}%"
+        ((x / y) / 1.5 - 1.0).abs() <= 0.3,
+        "split 3:2 within 30 %: {x:.1}% : {y:.1}%"
     );
     // Measured at load average 5-6: the neighbour 40.3-41.3 %, the bursting slices 32.5-34.2
     // and 21.5-23.8 %; at load average 12 (the neighbour's launcher short of CPU, so the
