@@ -16,7 +16,9 @@ use std::ffi::c_uint;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use gpuslice_abi::cuda::flags::CU_STREAM_CAPTURE_STATUS_NONE;
-use gpuslice_abi::cuda::result::{CUDA_ERROR_ILLEGAL_STATE, CUDA_SUCCESS};
+use gpuslice_abi::cuda::result::{
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_UNJOINED, CUDA_SUCCESS,
+};
 use gpuslice_abi::cuda::{CUgraph, CUgraphNode, CUresult, CUstream};
 
 use crate::registry::{real, signature as sig};
@@ -48,14 +50,23 @@ fn began(result: CUresult) -> CUresult {
     result
 }
 
-/// `cuStreamEndCapture` ends the capture whatever it returns (invalidated, unjoined) except
-/// when the stream was not capturing (`ILLEGAL_STATE`: nothing to count down) or the call
-/// came from the wrong thread (the stream's status afterwards says so).
+/// `cuStreamEndCapture` ends a capture when it succeeds and when it reports the capture
+/// invalidated or unjoined (the driver's documented outcomes); not when the stream was not
+/// capturing, the handle was bad or the call came from the wrong thread. The stream's status
+/// afterwards confirms it.
 fn ended(stream: CUstream, result: CUresult) -> CUresult {
-    if result != CUDA_ERROR_ILLEGAL_STATE && !stream_capturing(stream) {
+    if capture_ended(result) && !stream_capturing(stream) {
         let _ = OPEN.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
     result
+}
+
+/// Pure: whether `cuStreamEndCapture`'s result says a capture was ended.
+pub fn capture_ended(result: CUresult) -> bool {
+    matches!(
+        result,
+        CUDA_SUCCESS | CUDA_ERROR_STREAM_CAPTURE_INVALIDATED | CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+    )
 }
 
 /// `cuStreamBeginCapture[_ptsz]` (the 10.0 ABI, global mode).
@@ -92,4 +103,28 @@ pub unsafe fn end(
     graph: *mut CUgraph,
 ) -> CUresult {
     ended(stream, real(stream, graph))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_abi::cuda::result::{
+        CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+    };
+
+    #[test]
+    fn only_the_end_results_that_end_a_capture_count_it_down() {
+        assert!(capture_ended(CUDA_SUCCESS));
+        assert!(capture_ended(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+        assert!(capture_ended(CUDA_ERROR_STREAM_CAPTURE_UNJOINED));
+        assert!(
+            !capture_ended(CUDA_ERROR_ILLEGAL_STATE),
+            "was not capturing"
+        );
+        assert!(
+            !capture_ended(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD),
+            "still capturing"
+        );
+        assert!(!capture_ended(CUDA_ERROR_INVALID_HANDLE));
+    }
 }
