@@ -25,6 +25,7 @@
 //! {"version": 1,
 //!  "region": "/var/run/gpuslice/slice-a.region",
 //!  "policy": "cap",
+//!  "priority": "normal",
 //!  "log": "error",
 //!  "devices": [
 //!     {"uuid": "GPU-8a5d...", "memory": "8GiB", "compute": 25},
@@ -33,7 +34,8 @@
 //! ```
 //! `version` and `devices` are required (`devices` may be empty); `region` must be an
 //! absolute path (a relative one would differ per process working directory and split the
-//! slice); `policy` is `cap|burst|off` (default `cap`); `log` is `off|error|warn|info|debug|trace`.
+//! slice); `policy` is `cap|burst|off` (default `cap`); `priority` is `high|normal|low` (default
+//! `normal`: who gets idle time first under `burst`); `log` is `off|error|warn|info|debug|trace`.
 //! Each device names exactly one of `uuid` or `index` (0..=15), and may give `memory` (size
 //! string or integer bytes, not 0) and `compute` (1..=100). A `uuid` is spelled as
 //! `nvidia-smi -L` prints it: `GPU-` and 32 hex digits grouped 8-4-4-4-12, or a MIG device's
@@ -55,6 +57,9 @@
 //! * `CUDA_DEVICE_MEMORY_SHARED_CACHE`: the region path (absolute).
 //! * `GPU_CORE_UTILIZATION_POLICY`: `default` and `force` -> `Cap` (HAMi's default already caps),
 //!   `disable` -> `Off`.
+//! * `CUDA_TASK_PRIORITY`: `0` -> `High`, `1` -> `Low` (unset: `Normal`). It orders who gets
+//!   idle time under `burst`, which only a limit file selects: with HAMi's policies it is
+//!   accepted and has no effect.
 //! * `LIBCUDA_LOG_LEVEL`: HAMi's 0..4 -> `0` Error, `1`/`2` Warn, `3` Info, `4` Debug, `5+` Trace
 //!   (HAMi has no "off": it always prints errors); level names are accepted too.
 //!
@@ -126,6 +131,20 @@ pub enum ComputePolicy {
     Off,
 }
 
+/// Which slice gets idle GPU time first under `burst` (the share itself is never changed by
+/// it): a low-priority slice yields idle time to busy high-priority ones first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Priority {
+    /// Takes idle time at once and gives it back last (HAMi `CUDA_TASK_PRIORITY=0`).
+    High,
+    /// Neither (the default where nothing says otherwise).
+    #[default]
+    Normal,
+    /// Takes idle time only once it has stayed idle, gives it back first
+    /// (HAMi `CUDA_TASK_PRIORITY=1`).
+    Low,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub enum LogLevel {
     Off,
@@ -153,6 +172,8 @@ pub struct SliceConfig {
     /// derived by the shim.
     pub region_path: Option<PathBuf>,
     pub policy: ComputePolicy,
+    /// Who gets idle time first under `burst` (`priority`; HAMi `CUDA_TASK_PRIORITY`).
+    pub priority: Priority,
     /// Log level from the file or env (`GPUSLICE_LOG`, `LIBCUDA_LOG_LEVEL`).
     pub log_level: Option<LogLevel>,
 }
@@ -205,12 +226,14 @@ pub const HAMI_SM_LIMIT_ENV: &str = "CUDA_DEVICE_SM_LIMIT";
 pub const HAMI_SHARED_CACHE_ENV: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 /// HAMi: compute policy (`default|force|disable`).
 pub const HAMI_POLICY_ENV: &str = "GPU_CORE_UTILIZATION_POLICY";
+/// HAMi: task priority (`0` high, `1` low).
+pub const HAMI_PRIORITY_ENV: &str = "CUDA_TASK_PRIORITY";
 /// HAMi: log level 0..4.
 pub const HAMI_LOG_LEVEL_ENV: &str = "LIBCUDA_LOG_LEVEL";
 /// Longest UUID the region header can store (it keeps a NUL-terminated `[u8; 64]`).
 pub const MAX_UUID_LEN: usize = 63;
 
-const TOP_LEVEL_FIELDS: [&str; 5] = ["version", "region", "policy", "log", "devices"];
+const TOP_LEVEL_FIELDS: [&str; 6] = ["version", "region", "policy", "priority", "log", "devices"];
 const DEVICE_FIELDS: [&str; 4] = ["uuid", "index", "memory", "compute"];
 
 impl ComputePolicy {
@@ -231,6 +254,42 @@ impl ComputePolicy {
             "off" => Some(ComputePolicy::Off),
             _ => None,
         }
+    }
+}
+
+impl Priority {
+    /// The spelling used in the limit file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+
+    /// Parses the limit-file spelling (`high|normal|low`, any case).
+    pub fn from_name(name: &str) -> Option<Priority> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "high" => Some(Priority::High),
+            "normal" => Some(Priority::Normal),
+            "low" => Some(Priority::Low),
+            _ => None,
+        }
+    }
+
+    /// HAMi's `CUDA_TASK_PRIORITY`: `0` high, `1` low (HAMi-core's own default is 1).
+    pub fn from_hami(value: &str) -> Option<Priority> {
+        match value.trim() {
+            "0" => Some(Priority::High),
+            "1" => Some(Priority::Low),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -411,6 +470,24 @@ pub fn parse_limit_file(path_for_messages: &Path, text: &str) -> Result<SliceCon
             ))
         }
     };
+    let priority = match top.get("priority") {
+        None => Priority::default(),
+        Some(Value::String(name)) => Priority::from_name(name).ok_or_else(|| {
+            fail(
+                "priority",
+                format!("{name:?} is not a priority; use \"high\", \"normal\" or \"low\""),
+            )
+        })?,
+        Some(other) => {
+            return Err(fail(
+                "priority",
+                format!(
+                    "expected a string (\"high\", \"normal\" or \"low\"), found {}",
+                    json_kind(other)
+                ),
+            ))
+        }
+    };
     let log_level = match top.get("log") {
         None => None,
         Some(Value::String(name)) => Some(LogLevel::from_name(name).ok_or_else(|| {
@@ -462,6 +539,7 @@ pub fn parse_limit_file(path_for_messages: &Path, text: &str) -> Result<SliceCon
         devices,
         region_path,
         policy,
+        priority,
         log_level,
     })
 }
@@ -766,6 +844,8 @@ pub fn to_json(config: &SliceConfig) -> String {
         region: Option<String>,
         policy: &'static str,
         #[serde(skip_serializing_if = "Option::is_none")]
+        priority: Option<&'static str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         log: Option<&'static str>,
         devices: Vec<DeviceOut>,
     }
@@ -818,6 +898,8 @@ pub fn to_json(config: &SliceConfig) -> String {
             .as_ref()
             .map(|path| path.to_string_lossy().into_owned()),
         policy: config.policy.as_str(),
+        // Normal is the default: files that never named a priority keep their shape.
+        priority: (config.priority != Priority::Normal).then(|| config.priority.as_str()),
         log: config.log_level.map(LogLevel::as_str),
         devices,
     };
@@ -906,6 +988,18 @@ pub fn from_hami_env(
             }
         },
     };
+    // Not a slice by itself (HAMi's webhook sets it on pods that may have no limit at all):
+    // read without counting as set.
+    let priority = match get_set(get, HAMI_PRIORITY_ENV) {
+        None => Priority::Normal,
+        Some(value) => Priority::from_hami(&value).ok_or_else(|| {
+            ConfigError::new(
+                HAMI_PRIORITY_ENV,
+                "",
+                format!("{value:?} is not a task priority; HAMi's are 0 (high) and 1 (low)"),
+            )
+        })?,
+    };
     let log_level = match read(HAMI_LOG_LEVEL_ENV) {
         None => None,
         Some((name, value)) => Some(LogLevel::from_hami(&value).ok_or_else(|| {
@@ -925,6 +1019,7 @@ pub fn from_hami_env(
         devices,
         region_path,
         policy,
+        priority,
         log_level,
     }))
 }
@@ -1000,7 +1095,8 @@ pub fn load_anchored(anchor: &Path, get_env: &dyn Fn(&str) -> Option<String>) ->
 }
 
 /// The set environment variables (name, value) that would change what is enforced if no
-/// anchored file existed: `GPUSLICE_CONFIG` and the HAMi limit, region and policy variables.
+/// anchored file existed: `GPUSLICE_CONFIG` and the HAMi limit, region, policy and priority
+/// variables.
 pub fn enforcement_env(get_env: &dyn Fn(&str) -> Option<String>) -> Vec<(String, String)> {
     let mut names = vec![
         CONFIG_ENV.to_string(),
@@ -1008,6 +1104,7 @@ pub fn enforcement_env(get_env: &dyn Fn(&str) -> Option<String>) -> Vec<(String,
         HAMI_SM_LIMIT_ENV.to_string(),
         HAMI_SHARED_CACHE_ENV.to_string(),
         HAMI_POLICY_ENV.to_string(),
+        HAMI_PRIORITY_ENV.to_string(),
     ];
     for index in 0..MAX_DEVICES {
         names.push(format!("{HAMI_MEMORY_LIMIT_ENV}_{index}"));

@@ -62,6 +62,7 @@ fn parses_the_documented_example() {
             ],
             region_path: Some("/var/run/gpuslice/slice-a.region".into()),
             policy: ComputePolicy::Burst,
+            priority: Default::default(),
             log_level: Some(LogLevel::Debug),
         }
     );
@@ -298,6 +299,7 @@ fn limit_for_prefers_uuid_then_index() {
         ],
         region_path: None,
         policy: ComputePolicy::Cap,
+        priority: Default::default(),
         log_level: None,
     };
     assert_eq!(
@@ -476,6 +478,8 @@ fn bad_hami_values_name_the_variable() {
         ),
         ("GPU_CORE_UTILIZATION_POLICY", "sometimes", "not a policy"),
         ("LIBCUDA_LOG_LEVEL", "loud", "not a log level"),
+        ("CUDA_TASK_PRIORITY", "2", "not a task priority"),
+        ("CUDA_TASK_PRIORITY", "high", "not a task priority"),
     ];
     for (name, value, problem) in cases {
         let err = from_hami_env(&env(&[(name, value)])).expect_err(name);
@@ -694,6 +698,7 @@ fn arbitrary_config() -> impl Strategy<Value = SliceConfig> {
         ComputePolicy::Burst,
         ComputePolicy::Off,
     ]);
+    let priority = prop::sample::select(vec![Priority::High, Priority::Normal, Priority::Low]);
     let log = prop::option::of(prop::sample::select(vec![
         LogLevel::Off,
         LogLevel::Error,
@@ -706,9 +711,10 @@ fn arbitrary_config() -> impl Strategy<Value = SliceConfig> {
         prop::collection::vec(limit, 0..6),
         prop::option::of("/[a-z]{1,8}/[a-z.]{1,8}"),
         policy,
+        priority,
         log,
     )
-        .prop_map(|(limits, region, policy, log_level)| {
+        .prop_map(|(limits, region, policy, priority, log_level)| {
             let mut devices: Vec<DeviceLimit> = Vec::new();
             for limit in limits {
                 if !devices
@@ -723,6 +729,7 @@ fn arbitrary_config() -> impl Strategy<Value = SliceConfig> {
                 devices,
                 region_path: region.map(PathBuf::from),
                 policy,
+                priority,
                 log_level,
             }
         })
@@ -1028,4 +1035,56 @@ proptest! {
             Err(err) => prop_assert!(err.to_string().len() <= 2048),
         }
     }
+}
+
+#[test]
+fn priority_comes_from_the_file_or_hamis_task_priority_and_defaults_to_normal() {
+    let parsed = |text: &str| file(text).map(|c| c.priority);
+    assert_eq!(
+        parsed(r#"{"version": 1, "devices": []}"#),
+        Ok(Priority::Normal)
+    );
+    for (name, priority) in [
+        ("high", Priority::High),
+        ("Normal", Priority::Normal),
+        ("LOW", Priority::Low),
+    ] {
+        let text = format!(r#"{{"version": 1, "devices": [], "priority": "{name}"}}"#);
+        assert_eq!(parsed(&text), Ok(priority), "{name}");
+    }
+    for (text, problem) in [
+        (
+            r#"{"version": 1, "devices": [], "priority": "urgent"}"#,
+            "\"urgent\" is not a priority",
+        ),
+        (
+            r#"{"version": 1, "devices": [], "priority": 0}"#,
+            "expected a string",
+        ),
+    ] {
+        let err = file(text).expect_err(text);
+        assert_eq!(err.field, "priority", "{err}");
+        assert!(err.problem.contains(problem), "{err}");
+    }
+    let hami = |value: &str| {
+        from_hami_env(&env(&[
+            ("CUDA_DEVICE_SM_LIMIT", "30"),
+            ("CUDA_TASK_PRIORITY", value),
+        ]))
+        .map(|c| c.map(|c| c.priority))
+    };
+    assert_eq!(hami("0"), Ok(Some(Priority::High)));
+    assert_eq!(hami(" 1 "), Ok(Some(Priority::Low)));
+    assert_eq!(hami(""), Ok(Some(Priority::Normal)), "empty is unset");
+    assert_eq!(
+        from_hami_env(&env(&[("CUDA_TASK_PRIORITY", "0")])),
+        Ok(None),
+        "a priority alone is no slice (HAMi's webhook sets it on every pod)"
+    );
+    // Round trip: a non-default priority is written, the default is left out.
+    let low = file(r#"{"version": 1, "devices": [], "priority": "low"}"#).unwrap();
+    assert!(to_json(&low).contains("\"priority\": \"low\""));
+    assert_eq!(file(&to_json(&low)).unwrap().priority, Priority::Low);
+    let normal = file(r#"{"version": 1, "devices": []}"#).unwrap();
+    assert!(!to_json(&normal).contains("priority"));
 }

@@ -153,6 +153,9 @@ pub fn describe(config: &SliceConfig) -> Vec<String> {
             p.display().to_string()
         });
     let mut tail = format!("region {region}; policy {}", config.policy);
+    if config.priority != gpuslice_common::config::Priority::Normal {
+        tail.push_str(&format!("; priority {}", config.priority));
+    }
     if let Some(level) = config.log_level {
         tail.push_str(&format!("; log {level}"));
     }

@@ -63,6 +63,7 @@ pub fn run(args: &DemoArgs) -> CliResult<()> {
         }],
         region_path: None,
         policy: ComputePolicy::Cap,
+        priority: Default::default(),
         log_level: None,
     };
     let cards = sandbox.host_cards()?;

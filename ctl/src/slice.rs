@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use gpuslice_common::config::{
-    self, ComputePolicy, ConfigSource, DeviceLimit, DeviceSelector, LogLevel, SliceConfig,
-    MAX_DEVICES,
+    self, ComputePolicy, ConfigSource, DeviceLimit, DeviceSelector, LogLevel, Priority,
+    SliceConfig, MAX_DEVICES,
 };
 use gpuslice_common::size::parse_size;
 
@@ -32,6 +32,26 @@ pub enum PolicyArg {
     Burst,
     /// No compute throttling.
     Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PriorityArg {
+    /// Takes idle time first under burst.
+    High,
+    /// The default.
+    Normal,
+    /// Yields idle time first under burst.
+    Low,
+}
+
+impl From<PriorityArg> for Priority {
+    fn from(priority: PriorityArg) -> Self {
+        match priority {
+            PriorityArg::High => Priority::High,
+            PriorityArg::Normal => Priority::Normal,
+            PriorityArg::Low => Priority::Low,
+        }
+    }
 }
 
 impl From<PolicyArg> for ComputePolicy {
@@ -65,6 +85,10 @@ pub struct SliceArgs {
     /// What the throttle does with the compute share.
     #[arg(long, value_enum, default_value_t = PolicyArg::Cap)]
     pub policy: PolicyArg,
+
+    /// Who gets idle GPU time first under `--policy burst` (never changes the share).
+    #[arg(long, value_enum, default_value_t = PriorityArg::Normal)]
+    pub priority: PriorityArg,
 
     /// Log level the shim uses (off, error, warn, info, debug, trace).
     #[arg(long, value_name = "LEVEL", value_parser = parse_log_arg)]
@@ -235,6 +259,7 @@ impl SliceArgs {
             devices,
             region_path,
             policy: self.policy.into(),
+            priority: self.priority.into(),
             log_level: self.log,
         };
         validate(&config)
@@ -345,8 +370,21 @@ mod tests {
             memory,
             compute,
             policy: PolicyArg::Cap,
+            priority: PriorityArg::Normal,
             log: None,
         }
+    }
+
+    #[test]
+    fn a_priority_reaches_the_file_and_round_trips() {
+        let mut low = args(&["0"], None, Some(30));
+        low.policy = PolicyArg::Burst;
+        low.priority = PriorityArg::Low;
+        let config = low
+            .to_config(Some("/run/s.region".into()), NoDevices::Refuse)
+            .unwrap();
+        assert_eq!(config.priority, Priority::Low);
+        assert!(config::to_json(&config).contains("\"priority\": \"low\""));
     }
 
     #[test]

@@ -218,6 +218,7 @@ mod tests {
             devices,
             region_path: None,
             policy: ComputePolicy::Cap,
+            priority: Default::default(),
             log_level: None,
         }
     }

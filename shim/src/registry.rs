@@ -204,6 +204,7 @@ macro_rules! hook_registry {
 use crate::hooks::{cuda, nvml, proc_address};
 use crate::memory::graphs;
 use crate::memory::wrappers as mem;
+use crate::throttle::capture;
 
 hook_registry! {
     hooks {
@@ -308,6 +309,19 @@ hook_registry! {
         Cuda fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => graphs::upload;
         Cuda fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult => graphs::exec_destroy;
         Cuda fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult => graphs::trim;
+        // Stream capture: launches recorded into a graph are billed when the graph runs
+        // (throttle::capture), so the launch path needs to know a capture may be open.
+        Cuda fn cuStreamBeginCapture(stream: CUstream) -> CUresult => capture::begin;
+        Cuda fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult => capture::begin;
+        Cuda fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_uint) -> CUresult => capture::begin_v2;
+        Cuda fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: c_uint) -> CUresult => capture::begin_v2;
+        Cuda fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, dependencies: *const CUgraphNode,
+            edge_data: *const c_void, count: usize, mode: c_uint) -> CUresult => capture::begin_to_graph;
+        Cuda fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph,
+            dependencies: *const CUgraphNode, edge_data: *const c_void, count: usize, mode: c_uint) -> CUresult
+            => capture::begin_to_graph;
+        Cuda fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => capture::end;
+        Cuda fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => capture::end;
 
         // The legacy unsuffixed entry points: what a binary built against pre-3.2 headers (or
         // with CUDA_FORCE_API_VERSION) links, what dlsym of the bare name finds, and what
@@ -378,6 +392,7 @@ hook_registry! {
         Nvml fn nvmlDeviceGetHandleByIndex_v2(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
         Cuda fn cuDeviceGetCount(*mut c_int) -> CUresult;
         Cuda fn cuStreamGetCtx(CUstream, *mut CUcontext) -> CUresult;
+        Cuda fn cuStreamIsCapturing(CUstream, *mut c_uint) -> CUresult;
         Cuda fn cuCtxGetDevice_v2(*mut CUdevice, CUcontext) -> CUresult;
         Cuda fn cuCtxPushCurrent_v2(CUcontext) -> CUresult;
         Cuda fn cuCtxPopCurrent_v2(*mut CUcontext) -> CUresult;
@@ -570,6 +585,9 @@ mod tests {
             "cuLaunchCooperativeKernel_ptsz",
             "cuGraphLaunch_ptsz",
             "cuGraphUpload_ptsz",
+            "cuStreamBeginCapture_v2_ptsz",
+            "cuStreamBeginCaptureToGraph",
+            "cuStreamEndCapture_ptsz",
             "cuGraphInstantiateWithParams_ptsz",
             "cuGraphExecDestroy",
             "cuDeviceGraphMemTrim",

@@ -256,6 +256,7 @@ mod tests {
             devices: vec![],
             region_path: None,
             policy: ComputePolicy::Cap,
+            priority: Default::default(),
             log_level: None,
         };
         assert!(matches!(
@@ -271,6 +272,7 @@ mod tests {
             devices: vec![],
             region_path: Some("/var/run/gpuslice/a.region".into()),
             policy: ComputePolicy::Cap,
+            priority: Default::default(),
             log_level: None,
         };
         let line = region_error(&config, "open: No such file or directory".into()).to_string();

@@ -762,6 +762,7 @@ impl Driver {
                     .map(|_| call!(self, cuLaunchKernelEx(&config, f, p, null)))
                     .collect()
             }
+            LaunchPath::Capture => self.captured(f, grid, block, s, p, count),
             LaunchPath::Graph => match self.graph(f, grid, block, p) {
                 Err(e) => vec![Err(e); count.max(1)],
                 Ok((graph, exec)) => {
@@ -776,6 +777,55 @@ impl Driver {
                 }
             },
         }
+    }
+
+    /// Captures `count` launches on `s` (a created stream) into a graph, instantiates it and
+    /// launches it once; one result per captured launch, then the graph launch's. The time
+    /// between begin and end of the capture goes to [`crate::CAPTURE_NS`].
+    fn captured(
+        &self,
+        f: CUfunction,
+        grid: u32,
+        block: u32,
+        s: CUstream,
+        p: *mut *mut c_void,
+        count: usize,
+    ) -> Vec<Res<()>> {
+        let null = std::ptr::null_mut();
+        let began = std::time::Instant::now();
+        // CU_STREAM_CAPTURE_MODE_GLOBAL
+        if let Err(e) = call!(self, cuStreamBeginCapture(s, 0)) {
+            return vec![Err(e)];
+        }
+        let mut results: Vec<Res<()>> = (0..count)
+            .map(|_| {
+                call!(
+                    self,
+                    cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, s, p, null)
+                )
+            })
+            .collect();
+        let mut graph: CUgraph = std::ptr::null_mut();
+        let ended = call!(self, cuStreamEndCapture(s, &mut graph));
+        crate::CAPTURE_NS.fetch_add(
+            began.elapsed().as_nanos() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        if let Err(e) = ended {
+            results.push(Err(e));
+            return results;
+        }
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        let launched = call!(self, cuGraphInstantiateWithFlags(&mut exec, graph, 0))
+            .and_then(|_| call!(self, cuGraphLaunch(exec, s)));
+        results.push(launched);
+        // The exec must outlive the launch it ran: wait before destroying.
+        let _ = call!(self, cuStreamSynchronize(s));
+        if !exec.is_null() {
+            let _ = call!(self, cuGraphExecDestroy(exec));
+        }
+        let _ = call!(self, cuGraphDestroy(graph));
+        results
     }
 
     fn graph(

@@ -216,7 +216,14 @@ pub enum LaunchPath {
     /// `cuLaunchCooperativeKernelMultiDevice` with one entry (this device, the stream).
     CooperativeMulti,
     Graph,
+    /// Stream capture on a created stream: `count` `cuLaunchKernel`s recorded into a graph,
+    /// which is instantiated and launched once (its kernels run then, not at capture).
+    Capture,
 }
+
+/// Wall time this process spent between `cuStreamBeginCapture` and `cuStreamEndCapture` on
+/// the capture launch path (reported as `capture_ns` by the `launch` scenario).
+pub static CAPTURE_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl LaunchPath {
     pub fn name(self) -> &'static str {
@@ -226,6 +233,7 @@ impl LaunchPath {
             LaunchPath::Cooperative => "cooperative",
             LaunchPath::CooperativeMulti => "cooperative-multi",
             LaunchPath::Graph => "graph",
+            LaunchPath::Capture => "capture",
         }
     }
 
@@ -236,6 +244,7 @@ impl LaunchPath {
             LaunchPath::Cooperative,
             LaunchPath::CooperativeMulti,
             LaunchPath::Graph,
+            LaunchPath::Capture,
         ]
         .into_iter()
         .find(|p| p.name() == s)

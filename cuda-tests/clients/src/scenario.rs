@@ -227,7 +227,7 @@ usage: <client> SCENARIO [ARGS]
   pool-destroy-held SIZE [--max N]
   graph-memory SIZE [--allocs N] [--upload true] [--chunk CHUNK] [--max N]
   launch [--kernels N] [--ns-per-wave NS] [--grid G] [--block B] [--stream default|created]
-         [--path kernel|ex|cooperative|graph] [--duration-s S]
+         [--path kernel|ex|cooperative|cooperative-multi|graph|capture] [--duration-s S]
   threads [--threads N] [--size SIZE] [--iterations N] [--path P] [--hold-us US] [--keep-alive true]
   vmm-reuse [--threads N] [--size SIZE] [--iterations N] [--slots K] [--churn true] [--hold-us US]
   errors
@@ -254,6 +254,9 @@ pool-destroy-held: until an allocation fails (or N succeeded), creates a pool, a
 from it and destroys the pool with that allocation outstanding (the driver releases the
 pool's memory once its allocations are freed); then frees every allocation
 (cuMemFreeAsync + cuStreamSynchronize) and reads mem_free.
+launch: batches of N kernels (default 1) until S seconds passed, synchronising after each;
+--path capture records each batch by stream capture on a created stream and launches the
+graph once (capture_ns: wall time spent capturing, in total).
 graph-memory: a created stream captures N (default 1) cuMemAllocAsync(SIZE), a kernel and
 a cuMemFreeAsync of each (the graph needs N x SIZE at once); the graph is instantiated, uploaded (--upload true), launched and synchronised (its memory
 now lives in the device's graph pool); then cuMemAlloc of CHUNK (default 100MiB) until one
@@ -934,6 +937,8 @@ fn launch<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         None => LaunchPath::Kernel,
         Some(p) => LaunchPath::parse(p).ok_or_else(|| Usage(format!("unknown --path {p}")))?,
     };
+    // Capture needs a stream of its own (the legacy stream cannot capture).
+    let created = created || path == LaunchPath::Capture;
     if let Err(e) = setup(gpu) {
         return Ok(e);
     }
@@ -974,6 +979,7 @@ fn launch<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         "codes": tally(gpu, &results),
         "sync": tally(gpu, &syncs),
         "elapsed_ns": elapsed.as_nanos() as u64,
+        "capture_ns": crate::CAPTURE_NS.load(std::sync::atomic::Ordering::Relaxed),
     }))
 }
 

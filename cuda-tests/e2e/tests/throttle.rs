@@ -195,7 +195,15 @@ fn run_case(case: &Case) -> Outcome {
         env
     };
     let (settle, run_s) = if case.realistic {
-        (REALISTIC_SETTLE_NS, RUN_S + 1.0)
+        // `THROTTLE_SETTLE_S` (print_table only) measures a later window, e.g. at the slowest
+        // sample period.
+        match std::env::var("THROTTLE_SETTLE_S")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+        {
+            Some(settle) => ((settle * 1e9) as u64, settle + WINDOW_NS as f64 / 1e9 + 0.3),
+            None => (REALISTIC_SETTLE_NS, RUN_S + 1.0),
+        }
     } else {
         (SETTLE_NS, RUN_S)
     };
@@ -322,6 +330,61 @@ fn multi_device_cooperative_launches_follow_their_share() {
         TOLERANCE,
     );
 }
+
+/// Launches recorded by stream capture run when the graph is launched, not at capture: they
+/// are billed once, at `cuGraphLaunch`, at the graph's measured cost. Each batch of twenty
+/// 1 ms kernels is captured and its graph launched once, at 25 %, through the linked, dlsym
+/// and cuGetProcAddress clients (each on its own GPU). On the device's timeline the slice
+/// runs at its share, and the clients' own clocks show where the throttle made them wait:
+/// not inside the capture. Billed at capture too, the captured launches carried 20 of every
+/// 21 debits and the clients spent about 70 % of their time capturing (asleep in
+/// `cuLaunchKernel` while the global capture mode forbids other threads' unsafe calls).
+#[test]
+fn launches_recorded_by_stream_capture_are_billed_once_when_the_graph_runs() {
+    let target = 25.0;
+    let runs: Vec<_> = KINDS
+        .into_iter()
+        .map(|kind| {
+            std::thread::spawn(move || {
+                let gpu = FakeGpu::start("v100");
+                let slice = Slice::builder().device(0, "8GiB", Some(25)).build();
+                let env = slice.env(&gpu);
+                let t0 = now();
+                let client = start(kind, launch_args(MS1, "capture", RUN_S), env);
+                until(t0 + SETTLE_NS + WINDOW_NS);
+                let busy = busy_percent(&gpu, None, t0 + SETTLE_NS, WINDOW_NS);
+                (kind, busy, client.join().expect("client thread"))
+            })
+        })
+        .collect();
+    for run in runs {
+        let (kind, busy, out) = run.join().expect("case thread");
+        let capturing = out["capture_ns"].as_u64().expect("capture_ns") as f64 * 100.0
+            / out["elapsed_ns"].as_u64().expect("elapsed_ns") as f64;
+        eprintln!(
+            "capture {kind:?}: target {target}%  device {busy:>5.1}%  capturing {capturing:.1}% of the run"
+        );
+        assert_eq!(out["ok"], out["launches"], "driver codes kept: {out}");
+        assert!(
+            out["launches"].as_u64().unwrap_or(0) > 21,
+            "several captured batches ran: {out}"
+        );
+        assert!(
+            (busy - target).abs() <= TOLERANCE,
+            "{kind:?}: {busy:.1}% for a {target}% share"
+        );
+        // Measured unloaded 0.1-0.5 % (billed at capture: ~70 %); the margin is for a loaded
+        // 2-core machine where the capture's own 20 calls may wait for a core.
+        assert!(
+            capturing < CAPTURE_SLEEPS_PERCENT,
+            "{kind:?}: {capturing:.1}% of the run inside captures: captured launches were billed"
+        );
+    }
+}
+
+/// Far below the ~70 % a capture that sleeps for its launches' tokens takes, far above the
+/// capture's own call time.
+const CAPTURE_SLEEPS_PERCENT: f64 = 25.0;
 
 /// A real driver's NVML (the fake's realistic mode: 1/6 s sample periods published a period
 /// late, 5 % of per-process samples missing, idle processes unlisted, integer percent): the
@@ -543,6 +606,166 @@ fn burst_uses_an_idle_device_and_gives_it_back_within_200_ms() {
     );
 }
 
+/// A `burst` slice at `percent` with `priority` (its own region).
+fn burst_slice(percent: u32, priority: &str) -> Slice {
+    Slice::builder()
+        .raw(&format!(
+            r#"{{"version":1,"region":"{{region}}","policy":"burst","priority":"{priority}","devices":[{{"index":0,"compute":{percent}}}]}}"#
+        ))
+        .build()
+}
+
+/// How long after a capped neighbour's first kernel it runs at its share (less the issue's 5
+/// points) next to slices that were bursting into the idle time: the stated give-back time.
+const GIVE_BACK_NS: u64 = 300_000_000;
+
+/// Two `burst` slices at 30 % and 20 % that both want the whole device split it 3:2 (the idle
+/// time in proportion to their shares, not all-or-nothing: each used to take all of it while
+/// the other looked idle and drop to its share when not), and a capped neighbour at 40 % that
+/// becomes busy runs at its share within `GIVE_BACK_NS`, with neither bursting slice below
+/// its own share. Measured on the device's timeline (docs/performance.md, "Idle time").
+#[test]
+fn bursting_slices_split_idle_time_by_share_and_give_it_back_to_a_capped_neighbour() {
+    let gpu = FakeGpu::start("v100");
+    let (a, b) = (burst_slice(30, "normal"), burst_slice(20, "normal"));
+    let (run_a, pid_a) = start_awaited(
+        &gpu,
+        ClientKind::Linked,
+        launch_args(MS1, "kernel", 9.0),
+        a.env(&gpu),
+    );
+    let (run_b, pid_b) = start_awaited(
+        &gpu,
+        ClientKind::Cudarc,
+        launch_args(MS1, "kernel", 9.0),
+        b.env(&gpu),
+    );
+    // The idle loop saws around saturation (the leaders tick at their own phases): a 3 s
+    // window averages several periods.
+    let t0 = now();
+    let window = 3_000_000_000;
+    until(t0 + SETTLE_NS + window);
+    let from = t0 + SETTLE_NS;
+    let x = busy_percent(&gpu, Some(pid_a), from, window);
+    let y = busy_percent(&gpu, Some(pid_b), from, window);
+    eprintln!(
+        "burst 30 % + 20 %: {x:.1}% + {y:.1}% (ratio {:.2}, target 1.5)",
+        x / y
+    );
+
+    let capped = Slice::builder().device(0, "8GiB", Some(40)).build();
+    let (run_c, pid_c) = start_awaited(
+        &gpu,
+        ClientKind::ProcAddr,
+        launch_args(MS1, "kernel", 2.5),
+        capped.env(&gpu),
+    );
+    let mut first_kernel = 0;
+    cuda_e2e::wait_until(
+        "the capped neighbour runs",
+        cuda_e2e::DEFAULT_TIMEOUT,
+        || {
+            let t = now();
+            let ran = gpu.truth().busy_ns(0, Some(pid_c), t - 20_000_000, t) > 0;
+            if ran {
+                first_kernel = t - 20_000_000;
+            }
+            ran
+        },
+    );
+    let from = first_kernel + GIVE_BACK_NS;
+    until(from + 1_000_000_000);
+    let c = busy_percent(&gpu, Some(pid_c), from, 1_000_000_000);
+    let x2 = busy_percent(&gpu, Some(pid_a), from, 1_000_000_000);
+    let y2 = busy_percent(&gpu, Some(pid_b), from, 1_000_000_000);
+    finish(vec![run_a, run_b, run_c]);
+    eprintln!(
+        "a capped 40 % neighbour, from {} ms after its start: {c:.1}%; the bursting 30 % and 20 %: {x2:.1}% and {y2:.1}%",
+        GIVE_BACK_NS / 1_000_000
+    );
+    // Measured (docs/performance.md): 86-91 % together, ratio 1.44-1.85 (load average 5 to
+    // 14). All-or-nothing burst gave 50 % (each capped while the other was busy); an even
+    // split of the idle time gives a ratio near 1.
+    assert!(x + y > 75.0, "the idle time is used: {x:.1}% + {y:.1}%");
+    assert!(
+        ((x / y) / 1.5 - 1.0).abs() <= 0.3,
+        "split 3:2 within 30 %: {x:.1}% : {y:.1}%"
+    );
+    // Measured at load average 5-6: the neighbour 40.3-41.3 %, the bursting slices 32.5-34.2
+    // and 21.5-23.8 %; at load average 12 (the neighbour's launcher short of CPU, so the
+    // device had idle time the bursting slices took): 34.0 %, 36.0 % and 25.0 %. Twice the
+    // issue's tolerance on each side.
+    assert!(
+        c >= 40.0 - 2.0 * TOLERANCE,
+        "the capped neighbour has its share {} ms after it started: {c:.1}%",
+        GIVE_BACK_NS / 1_000_000
+    );
+    assert!(
+        x2 <= 30.0 + 2.0 * TOLERANCE && y2 <= 20.0 + 2.0 * TOLERANCE,
+        "the bursting slices gave the idle time back: {x2:.1}%, {y2:.1}%"
+    );
+    assert!(
+        x2 >= 30.0 - TOLERANCE && y2 >= 20.0 - TOLERANCE,
+        "nobody below its share: {x2:.1}%, {y2:.1}%"
+    );
+}
+
+/// Priorities order who gets the idle time: two `burst` slices at 30 % that both want the
+/// whole device split it evenly at the same priority; marked high and low, the high one gets
+/// most of the idle time and the low one keeps its share.
+#[test]
+fn a_low_priority_bursting_slice_yields_idle_time_to_a_high_priority_one() {
+    let split = |first: &'static str, second: &'static str| {
+        std::thread::spawn(move || {
+            let gpu = FakeGpu::start("v100");
+            let (a, b) = (burst_slice(30, first), burst_slice(30, second));
+            let (run_a, pid_a) = start_awaited(
+                &gpu,
+                ClientKind::Linked,
+                launch_args(MS1, "kernel", RUN_S + 1.0),
+                a.env(&gpu),
+            );
+            let (run_b, pid_b) = start_awaited(
+                &gpu,
+                ClientKind::Cudarc,
+                launch_args(MS1, "kernel", RUN_S + 1.0),
+                b.env(&gpu),
+            );
+            // 3 s: the idle loop saws around saturation.
+            let (t0, window) = (now(), 3_000_000_000);
+            until(t0 + SETTLE_NS + window);
+            let x = busy_percent(&gpu, Some(pid_a), t0 + SETTLE_NS, window);
+            let y = busy_percent(&gpu, Some(pid_b), t0 + SETTLE_NS, window);
+            finish(vec![run_a, run_b]);
+            (x, y)
+        })
+    };
+    let even = split("normal", "normal");
+    let ranked = split("high", "low");
+    let (even, (high, low)) = (
+        even.join().expect("case thread"),
+        ranked.join().expect("case thread"),
+    );
+    eprintln!(
+        "burst 30 % + 30 %: normal/normal {:.1}% / {:.1}%, high/low {high:.1}% / {low:.1}%",
+        even.0, even.1
+    );
+    // Measured (load average 5 on 2 cores) 0.2-14 points apart at the same priority (the
+    // idle loop's saw-tooth), 29-34 points apart marked high and low.
+    assert!(
+        (even.0 - even.1).abs() <= 3.0 * TOLERANCE,
+        "the same priority splits evenly: {even:?}"
+    );
+    assert!(
+        high >= low + 2.0 * TOLERANCE,
+        "the high-priority slice gets the idle time first: {high:.1}% vs {low:.1}%"
+    );
+    assert!(
+        low >= 30.0 - TOLERANCE,
+        "the low-priority slice keeps its share: {low:.1}%"
+    );
+}
+
 /// No share: the shim must not change what the device does (within noise), and a throttled
 /// process exits as soon as its work is done (the watcher never delays exit).
 #[test]
@@ -734,6 +957,11 @@ fn print_table() {
                 .named("graph launches, 1 ms"),
         );
     }
+    // `THROTTLE_CASES=10 ms,mixed` keeps the cases whose name contains one of the words.
+    if let Ok(only) = std::env::var("THROTTLE_CASES") {
+        let words: Vec<&str> = only.split(',').map(str::trim).collect();
+        cases.retain(|c| words.iter().any(|w| c.name.contains(w)));
+    }
     println!("| case | target | achieved (slice busy, fake GPU truth) |");
     println!("|---|---|---|");
     for group in cases.chunks(3) {
@@ -828,4 +1056,70 @@ fn a_slice_that_never_gets_process_samples_says_so_and_still_follows_its_share()
         (used - 20.0).abs() <= TOLERANCE,
         "still steered: {used:.1}% at a 20 % share"
     );
+}
+
+/// The start-up table of `docs/performance.md` (about a minute): on the device's timeline,
+/// from the slice's first kernel, what it got in its first 250 ms, and how long until its
+/// busy share over a window (50 ms, or four kernels at the share when longer) is within 1.5x
+/// of its share and stays there the next window.
+#[test]
+#[ignore]
+fn print_start_up() {
+    println!("| share | kernel | first 250 ms (x share) | window | within 1.5x after |");
+    println!("|---|---|---|---|---|");
+    for share in [10u32, 50] {
+        for ns in [
+            1_000u64,
+            10_000,
+            100_000,
+            1_000_000,
+            10_000_000,
+            100_000_000,
+        ] {
+            let step = (4 * ns * 100 / u64::from(share)).max(50_000_000);
+            let gpu = FakeGpu::start("v100");
+            let slice = Slice::builder().device(0, "8GiB", Some(share)).build();
+            let (client, pid) = start_awaited(
+                &gpu,
+                ClientKind::Linked,
+                launch_args(ns, "kernel", 3.0),
+                slice.env(&gpu),
+            );
+            let out = client.join().expect("client");
+            assert_eq!(out["ok"], out["launches"], "{out}");
+            let end = now();
+            let truth = gpu.truth();
+            // The first kernel: scan back from the end in 1 ms steps.
+            let mut first = end - 4_000_000_000;
+            while first < end && truth.busy_ns(0, Some(pid), first, first + 1_000_000) == 0 {
+                first += 1_000_000;
+            }
+            let busy = |from: u64, len: u64| {
+                truth.busy_ns(0, Some(pid), from, from + len) as f64 / len as f64
+            };
+            let target = f64::from(share) / 100.0;
+            let within = |u: f64| u >= target / 1.5 && u <= target * 1.5;
+            let converged = (0..)
+                .map(|i| i * step)
+                .take_while(|&at| first + at + 2 * step <= end)
+                .find(|&at| within(busy(first + at, step)) && within(busy(first + at + step, step)))
+                .map_or("not in the run".to_string(), |at| {
+                    format!("{} ms", at / 1_000_000)
+                });
+            let early = busy(first, 250_000_000);
+            println!(
+                "| {share}% | {} | {:.1}% ({:.2}x) | {} ms | {converged} |",
+                if ns >= 1_000_000 {
+                    format!("{} ms", ns / 1_000_000)
+                } else if ns >= 1_000 {
+                    format!("{} us", ns / 1_000)
+                } else {
+                    format!("{ns} ns")
+                },
+                early * 100.0,
+                early / target,
+                step / 1_000_000
+            );
+        }
+    }
 }

@@ -446,7 +446,7 @@ pub unsafe fn launch_kernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    throttle::before_launch();
+    throttle::before_launch_to(stream);
     real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
 }
 
@@ -459,7 +459,8 @@ pub unsafe fn launch_kernel_ex(
 ) -> CUresult {
     // A NULL config is the driver's INVALID_VALUE to return; it enqueues nothing to gate.
     if !config.is_null() {
-        throttle::before_launch();
+        // SAFETY: non-null; the caller passes a valid config (the CUDA API's contract).
+        throttle::before_launch_to(unsafe { (*config).hStream });
     }
     real(config, f, params, extra)
 }
@@ -478,7 +479,7 @@ pub unsafe fn launch_cooperative_kernel(
     stream: CUstream,
     params: *mut *mut c_void,
 ) -> CUresult {
-    throttle::before_launch();
+    throttle::before_launch_to(stream);
     real(f, gx, gy, gz, bx, by, bz, shared, stream, params)
 }
 
@@ -506,7 +507,7 @@ pub unsafe fn graph_launch(
     exec: CUgraphExec,
     stream: CUstream,
 ) -> CUresult {
-    throttle::before_launch();
+    throttle::before_launch_to(stream);
     let result = real(exec, stream);
     if result == CUDA_SUCCESS {
         // The first launch of an exec reserves its graph memory (one relaxed load otherwise).
@@ -540,7 +541,7 @@ pub unsafe fn launch_grid_async(
     grid_height: c_int,
     stream: CUstream,
 ) -> CUresult {
-    throttle::before_launch();
+    throttle::before_launch_to(stream);
     real(f, grid_width, grid_height, stream)
 }
 

@@ -35,8 +35,30 @@
 //! [`NEIGHBOUR_IDLE`] over the tick, the bucket is bypassed; as soon as a tick sees a
 //! neighbour, the bucket (with the `c` it had) applies again. Give-back latency = one tick +
 //! the work already queued.
+//!
+//! `burst` next to busy neighbours shares the device's idle time ([`IdleShare`]): the slice
+//! steers to `m * S` instead of `S`, with one multiple `m >= 1` per slice that every bursting
+//! slice moves by the same law from the same signal, the device's idle fraction: while the
+//! device has idle time and the slice waited for tokens, `m += IDLE_GAIN * (idle -
+//! IDLE_MARGIN)`, the same step for every slice, so the slices' allocations `m * S` grow in
+//! proportion to their shares; when the device is saturated (on either of the last two
+//! ticks), `m - 1` is multiplied by [`KEEP`], at most once per [`BACKOFF_COOLDOWN`] ticks.
+//! Additive increase and multiplicative decrease pull the multiples of slices that all want
+//! more together (Chiu and Jain), so they split the idle time in proportion to their shares;
+//! a capped neighbour that becomes busy saturates the device and the bursting slices halve
+//! their excess until it has room. Each slice's leader ticks at its own phase and its client
+//! may be short of CPU, so the multiples drift apart within a cycle: a gentler decrease
+//! (0.75 of `m` per saturated tick) let the drift accumulate (30 % and 20 % slices read from
+//! 0.8:1 to 2.5:1 on the fake), a reset to the share evened the split (1.1-1.3:1: each
+//! client's equal-sized queued batches dominate right after a reset).
+//! Priorities only change who gets more of the idle time: a high-priority slice keeps
+//! [`HIGH_KEEP`] of its excess when it backs off and claims idle time [`HIGH_WEIGHT`] times as
+//! fast; a low-priority slice claims it at [`LOW_WEIGHT`], only once it has stayed idle for
+//! [`LOW_PATIENCE`] ticks, and keeps nothing, so it yields idle time first. No priority lowers
+//! a share. `c` is held while `m > 1`: it corrects the cost estimate at the share, and the
+//! idle loop closes on the device's own figure.
 
-use gpuslice_common::config::ComputePolicy;
+use gpuslice_common::config::{ComputePolicy, Priority};
 
 /// Integral gain in log space.
 pub const GAIN: f64 = 0.3;
@@ -60,6 +82,95 @@ pub const INITIAL_COST_NS: f64 = 1_000_000.0;
 pub const MIN_COST_NS: f64 = 1.0;
 /// Below this share of the device, the neighbours are taken to be idle (burst).
 pub const NEIGHBOUR_IDLE: f64 = 0.02;
+/// Idle time below this fraction of the device counts as none (the device is saturated):
+/// gaps between a client's batches and NVML's whole percent leave a few percent unused.
+pub const IDLE_MARGIN: f64 = 0.04;
+/// The part of its excess over the share (`m - 1`) a slice keeps when the device saturates:
+/// normal, high priority (low keeps none).
+pub const KEEP: f64 = 0.5;
+pub const HIGH_KEEP: f64 = 0.75;
+/// Ticks of idle device a low-priority slice waits before it takes any of it (a busy
+/// high-priority slice takes it within a tick or two).
+pub const LOW_PATIENCE: u32 = 4;
+/// Ticks after a back-off during which saturation does not back off again: the work queued
+/// before it still runs (and NVML reports a tick late), so backing off on every saturated
+/// tick cut the multiple to 1 and left half the device idle in the model.
+pub const BACKOFF_COOLDOWN: u32 = 3;
+/// Share of the idle time (beyond the margin) a normal slice's multiple grows by per tick.
+pub const IDLE_GAIN: f64 = 1.0;
+/// How much faster than a normal slice a high-priority one claims idle time (and how much
+/// slower a low-priority one does): additive increase in proportion to this weight gives the
+/// heavier slice the larger part of the idle time at equilibrium.
+pub const HIGH_WEIGHT: f64 = 1.5;
+pub const LOW_WEIGHT: f64 = 0.5;
+
+/// `burst`'s share of the device's idle time next to busy neighbours (see the module doc).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdleShare {
+    /// The slice steers to `multiple * share` (>= 1; at most the whole device).
+    pub multiple: f64,
+    pub priority: Priority,
+    idle_ticks: u32,
+    /// Ticks left before the next back-off may happen.
+    cooldown: u32,
+    /// The device's busy fraction the tick before.
+    last_load: f64,
+}
+
+impl IdleShare {
+    pub fn new(priority: Priority) -> IdleShare {
+        IdleShare {
+            multiple: 1.0,
+            priority,
+            idle_ticks: 0,
+            cooldown: 0,
+            last_load: 0.0,
+        }
+    }
+
+    /// Back to the share (no measurement of the neighbours, or the bucket is bypassed).
+    pub fn reset(&mut self) {
+        *self = IdleShare::new(self.priority);
+    }
+
+    /// One tick: `load` = the device's busy fraction, `waited` = the slice wanted more,
+    /// `full` = the multiple at which the slice's bucket hands out the whole device.
+    pub fn step(&mut self, load: f64, waited: bool, full: f64) {
+        let load = load.clamp(0.0, 1.0);
+        let idle = 1.0 - load;
+        // Saturation seen on either of the last two ticks: each slice's leader reads NVML at
+        // its own phase, and a peak only one of them saw made their multiples drift apart.
+        let saturated = 1.0 - load.max(self.last_load) <= IDLE_MARGIN;
+        self.last_load = load;
+        self.cooldown = self.cooldown.saturating_sub(1);
+        if !saturated {
+            self.idle_ticks = self.idle_ticks.saturating_add(1);
+            let (patience, weight) = match self.priority {
+                Priority::High => (1, HIGH_WEIGHT),
+                Priority::Normal => (1, 1.0),
+                Priority::Low => (LOW_PATIENCE, LOW_WEIGHT),
+            };
+            // Only a slice that waited for tokens wants more. One that did not keeps its
+            // multiple (its client may just have been short of CPU: decaying it then made two
+            // slices' multiples drift apart on a loaded machine); saturation takes it down.
+            if waited && self.idle_ticks >= patience {
+                self.multiple += IDLE_GAIN * weight * (idle - IDLE_MARGIN);
+            }
+        } else {
+            self.idle_ticks = 0;
+            if self.cooldown == 0 && self.multiple > 1.0 {
+                let keep = match self.priority {
+                    Priority::High => HIGH_KEEP,
+                    Priority::Normal => KEEP,
+                    Priority::Low => 0.0,
+                };
+                self.multiple = 1.0 + (self.multiple - 1.0) * keep;
+                self.cooldown = BACKOFF_COOLDOWN;
+            }
+        }
+        self.multiple = self.multiple.clamp(1.0, full.max(1.0));
+    }
+}
 
 /// What one tick measured on one device.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -102,6 +213,8 @@ pub struct Controller {
     pub cost_ns: f64,
     pub learned: bool,
     pub bypass: bool,
+    /// `burst` next to busy neighbours: the multiple of the share steered to.
+    pub idle_share: IdleShare,
     busy_sum: f64,
     launch_sum: f64,
     /// Busy measured on ticks without launches, not yet in the sums.
@@ -135,6 +248,7 @@ impl Controller {
             cost_ns,
             learned,
             bypass,
+            idle_share: IdleShare::new(Priority::Normal),
             // A resumed estimate weighs like one tick of launches.
             busy_sum: if learned { cost_ns } else { 0.0 },
             launch_sum: if learned { 1.0 } else { 0.0 },
@@ -146,7 +260,7 @@ impl Controller {
 
     pub fn output(&self, share: f64, redebit_ns: i64) -> Output {
         Output {
-            rate: share * self.log_c.exp(),
+            rate: share * self.idle_share.multiple * self.log_c.exp(),
             cost_ns: self.cost_ns.round().max(1.0) as u64,
             bypass: self.bypass,
             redebit_ns,
@@ -173,10 +287,34 @@ impl Controller {
             if self.bypass {
                 // What the slice did alone says nothing about its share next to others.
                 self.window.clear();
+                self.idle_share.reset();
                 return self.output(share, redebit);
+            }
+            let above = was_bypassing || self.idle_share.multiple > 1.0;
+            match tick.device_busy_ns {
+                Some(device) => self.idle_share.step(
+                    device as f64 / tick.span_ns as f64,
+                    tick.waited,
+                    1.0 / (share * self.log_c.exp()),
+                ),
+                // Neighbours unknown: never taken for idle.
+                None => self.idle_share.reset(),
+            }
+            if self.idle_share.multiple > 1.0 {
+                // Above the share by the idle loop's doing: `c` (the estimate's correction
+                // at the share) is left where it was.
+                self.window.clear();
+                return self.output(share, redebit);
+            }
+            if above {
+                // Back at the share: the work queued above it drains first, and would drive
+                // `c` down (to 0.37 in the model, after which two bursting slices could
+                // never fill the device): `c` waits a window.
+                self.hold_ns = self.hold_ns.max(WINDOW as u64 * tick.span_ns);
             }
         } else {
             self.bypass = false;
+            self.idle_share.reset();
         }
         if self.hold_ns > 0 || !self.learned {
             self.hold_ns = self.hold_ns.saturating_sub(tick.span_ns);
@@ -201,7 +339,17 @@ impl Controller {
             // The gain shrinks as the window grows: k * W stays constant, so the loop keeps
             // the same shape (and margin) on the slower time scale.
             let gain = GAIN * WINDOW as f64 / window as f64;
-            let step = (gain * (share - used) / share).clamp(-MAX_STEP, MAX_STEP);
+            let mut step = (gain * (share - used) / share).clamp(-MAX_STEP, MAX_STEP);
+            let saturated = tick
+                .device_busy_ns
+                .is_some_and(|d| d as f64 >= (1.0 - IDLE_MARGIN) * tick.span_ns as f64);
+            if policy == ComputePolicy::Burst && saturated && step < 0.0 {
+                // On a saturated device a bursting slice above its share is mostly draining
+                // what it queued above it (in the model this drove `c` to 0.3 and left a
+                // low-priority slice at a third of its share): it may come back down to
+                // `c = 1`, not below; a bias below 1 is corrected on unsaturated ticks.
+                step = step.max(-self.log_c.max(0.0));
+            }
             self.log_c = (self.log_c + step).clamp(-LOG_C_LIMIT, LOG_C_LIMIT);
         }
         self.output(share, redebit)
@@ -564,7 +712,9 @@ mod tests {
 
     #[test]
     fn burst_bypasses_while_neighbours_are_idle_and_caps_when_one_appears() {
-        let mut ctl = Controller::resume(0.0, Some(1e6), false);
+        // A `c` above 1 (the slice had been held below its share by a busy device).
+        let mut ctl = Controller::resume(0.5, Some(1e6), false);
+        let rate = 0.25 * 0.5f64.exp();
         let alone = Tick {
             share: 0.25,
             span_ns: TICK,
@@ -576,7 +726,7 @@ mod tests {
         };
         let out = ctl.step(&alone, ComputePolicy::Burst);
         assert!(out.bypass);
-        assert_eq!(ctl.log_c, 0.0, "bursting does not move c");
+        assert_eq!(ctl.log_c, 0.5, "bursting does not move c");
         let neighbour = Tick {
             device_busy_ns: Some(TICK),
             slice_busy_ns: Some(TICK / 2),
@@ -586,13 +736,173 @@ mod tests {
         let out = ctl.step(&neighbour, ComputePolicy::Burst);
         assert!(!out.bypass);
         assert_eq!(out.redebit_ns, 0, "bypassed launches were never debited");
+        // The work queued while bypassing drains first: `c` waits a window, then follows.
+        for _ in 1..WINDOW {
+            let out = ctl.step(&neighbour, ComputePolicy::Burst);
+            assert_eq!(out.rate, rate, "held while the bypass's queue drains");
+        }
         let out = ctl.step(&neighbour, ComputePolicy::Burst);
-        assert!(out.rate < 0.25, "above its share: c goes down");
+        assert!(out.rate < rate, "above its share: c goes down");
+        for _ in 0..40 {
+            ctl.step(&neighbour, ComputePolicy::Burst);
+        }
+        assert_eq!(
+            ctl.log_c, 0.0,
+            "on a saturated device, down to 1 and not below (the drain of a burst)"
+        );
         // `cap` never bypasses.
         assert!(
             !Controller::default()
                 .step(&alone, ComputePolicy::Cap)
                 .bypass
         );
+    }
+
+    /// Slices sharing one device, each with unlimited demand and its own controller: the
+    /// bucket hands out `rate * span` tokens, the slice queues 1 ms kernels while it has
+    /// tokens (at most 100 ms queued), the device serves the queues in proportion to their
+    /// lengths (time-slicing), at most one span per tick; the measurement is one tick late.
+    struct Shared {
+        slices: Vec<(Controller, Output, ComputePolicy, f64, f64, f64)>,
+        shares: Vec<f64>,
+        last: Vec<(u64, u64)>,
+    }
+
+    const KERNEL: f64 = 1e6;
+
+    impl Shared {
+        fn new() -> Shared {
+            Shared {
+                slices: Vec::new(),
+                shares: Vec::new(),
+                last: Vec::new(),
+            }
+        }
+
+        fn add(&mut self, share: f64, policy: ComputePolicy, priority: Priority) {
+            let mut ctl = Controller::resume(0.0, Some(KERNEL), false);
+            ctl.idle_share.priority = priority;
+            let out = ctl.output(share, 0);
+            self.slices.push((ctl, out, policy, 0.0, 0.0, 0.0));
+            self.shares.push(share);
+            self.last.push((0, 0));
+        }
+
+        /// One tick; returns each slice's utilisation.
+        fn tick(&mut self) -> Vec<f64> {
+            let span = TICK as f64;
+            let mut launches = Vec::new();
+            for (i, (_, out, _, tokens, queue, _)) in self.slices.iter_mut().enumerate() {
+                *tokens = tokens.min(0.03e9 * self.shares[i]) + out.rate * span;
+                let mut n = 0u64;
+                while *tokens > 0.0 && *queue + n as f64 * KERNEL < 0.1e9 {
+                    *tokens -= out.cost_ns as f64;
+                    n += 1;
+                }
+                *queue += n as f64 * KERNEL;
+                // It waited for the bucket if tokens, not its full queue, stopped it.
+                launches.push((n, *tokens <= 0.0));
+            }
+            let total: f64 = self.slices.iter().map(|s| s.4).sum();
+            let run = total.min(span);
+            let mut used = Vec::new();
+            for s in self.slices.iter_mut() {
+                let mine = if total > 0.0 { run * s.4 / total } else { 0.0 };
+                s.4 -= mine;
+                s.5 = mine;
+                used.push(mine / span);
+            }
+            let device = (run / span * 100.0).round() / 100.0 * span;
+            for (i, s) in self.slices.iter_mut().enumerate() {
+                let busy = ((s.5 / span * 100.0).round() / 100.0 * span) as u64;
+                let (prev_busy, prev_device) = self.last[i];
+                let tick = Tick {
+                    share: self.shares[i],
+                    span_ns: TICK,
+                    slice_busy_ns: Some(prev_busy),
+                    device_busy_ns: Some(prev_device),
+                    launches: launches[i].0,
+                    launches_total: 0,
+                    waited: launches[i].1,
+                };
+                self.last[i] = (busy, device as u64);
+                s.1 = s.0.step(&tick, s.2);
+            }
+            used
+        }
+
+        /// Mean utilisation of each slice over `ticks` ticks.
+        fn run(&mut self, ticks: usize) -> Vec<f64> {
+            let mut sum = vec![0.0; self.slices.len()];
+            for _ in 0..ticks {
+                for (s, u) in sum.iter_mut().zip(self.tick()) {
+                    *s += u / ticks as f64;
+                }
+            }
+            sum
+        }
+    }
+
+    #[test]
+    fn two_bursting_slices_split_the_idle_time_in_proportion_to_their_shares() {
+        let mut device = Shared::new();
+        device.add(0.3, ComputePolicy::Burst, Priority::Normal);
+        device.add(0.2, ComputePolicy::Burst, Priority::Normal);
+        device.run(40);
+        let used = device.run(40);
+        eprintln!("30 % and 20 % bursting: {used:?}");
+        let (a, b) = (used[0], used[1]);
+        assert!(a + b > 0.85, "the idle time is used: {used:?}");
+        assert!(
+            ((a / b) / 1.5 - 1.0).abs() < 0.15,
+            "3:2 within 15 %: {used:?}"
+        );
+    }
+
+    #[test]
+    fn bursting_slices_give_idle_time_back_when_a_capped_neighbour_becomes_busy() {
+        let mut device = Shared::new();
+        device.add(0.3, ComputePolicy::Burst, Priority::Normal);
+        device.add(0.2, ComputePolicy::Burst, Priority::Normal);
+        device.run(40);
+        device.add(0.4, ComputePolicy::Cap, Priority::Normal);
+        // Ticks until the capped neighbour runs at its share less 5 points.
+        let back = (1..=40)
+            .find(|_| device.tick()[2] >= 0.35)
+            .unwrap_or(usize::MAX);
+        let used = device.run(40);
+        eprintln!("a 40 % capped neighbour: back in {back} ticks, then {used:?}");
+        assert!(back <= 6, "given back within 300 ms: {back} ticks");
+        assert!(
+            used[2] > 0.35,
+            "the capped neighbour keeps its share: {used:?}"
+        );
+        assert!(
+            used[0] >= 0.28 && used[1] >= 0.18,
+            "nobody below its share: {used:?}"
+        );
+    }
+
+    #[test]
+    fn a_low_priority_slice_yields_idle_time_to_a_high_priority_one_first() {
+        let split = |first: Priority, second: Priority| {
+            let mut device = Shared::new();
+            device.add(0.3, ComputePolicy::Burst, first);
+            device.add(0.3, ComputePolicy::Burst, second);
+            device.run(40);
+            device.run(80)
+        };
+        let even = split(Priority::Normal, Priority::Normal);
+        let ranked = split(Priority::High, Priority::Low);
+        eprintln!("normal/normal {even:?}, high/low {ranked:?}");
+        assert!(
+            (even[0] - even[1]).abs() < 0.08,
+            "equal priorities split evenly: {even:?}"
+        );
+        assert!(
+            ranked[0] > ranked[1] + 0.15,
+            "high takes the idle time first: {ranked:?}"
+        );
+        assert!(ranked[1] >= 0.28, "low keeps its share: {ranked:?}");
     }
 }

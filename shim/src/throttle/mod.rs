@@ -9,8 +9,10 @@
 //! * [`watcher`]: the per-process thread (one process of the slice leads and steers).
 //!
 //! Every launch path (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, graph, each with its
-//! `_ptsz` variant, whatever the lookup path) calls [`before_launch`]. It never fails a
-//! launch: at worst the calling thread sleeps until its tokens are due.
+//! `_ptsz` variant, whatever the lookup path) calls [`before_launch_to`] with its stream
+//! ([`before_launch`] for the legacy stream's deprecated launches). It never fails a
+//! launch: at worst the calling thread sleeps until its tokens are due. A launch recorded by
+//! stream capture is not billed ([`capture`]): the graph is, when launched.
 //!
 //! Shared words per device (`Region::throttle_words`), all atomics:
 //! `VTIME` bucket clock · `INV_RATE` refill (32.32) · `COST` per-launch GPU-ns (bit 63: measured,
@@ -20,6 +22,7 @@
 //! · words 9.. the slice's host PIDs on the device (two per word).
 
 pub mod bucket;
+pub mod capture;
 pub mod controller;
 pub mod measure;
 pub mod watcher;
@@ -28,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, O
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::CUdevice;
-use gpuslice_common::config::{ComputePolicy, SliceConfig};
+use gpuslice_common::config::{ComputePolicy, Priority, SliceConfig};
 use gpuslice_common::region::{DeviceId, DeviceLimits, Region, THROTTLE_WORDS};
 use gpuslice_common::MAX_DEVICES;
 
@@ -80,6 +83,8 @@ pub struct DeviceThrottle {
     /// entry's (stricter-wins rule, `common/src/region/mod.rs`), refreshed every tick.
     pub percent: AtomicU32,
     pub policy: ComputePolicy,
+    /// Who gets idle time first under `burst`.
+    pub priority: Priority,
     /// The slice-wide words (in the region, or process-local when there is none).
     pub words: &'static [AtomicU64; THROTTLE_WORDS],
     /// The region entry the leader publishes its measured utilisation to (for
@@ -141,7 +146,27 @@ pub fn before_launch() {
     }
 }
 
-/// [`before_launch`] for a launch on `stream`'s device (the multi-device cooperative launch,
+/// [`before_launch`] for a launch enqueued on `stream`, which is not billed while the stream
+/// captures: it is recorded into a graph and billed when that graph is launched
+/// ([`capture`]). The legacy stream, which cannot capture, may use [`before_launch`].
+#[inline]
+pub fn before_launch_to(stream: gpuslice_abi::cuda::CUstream) {
+    match ACTIVE.load(Ordering::Relaxed) {
+        OFF => {}
+        ON => {
+            if !capture::recording(stream) {
+                throttle_launch()
+            }
+        }
+        _ => {
+            if activate() && !capture::recording(stream) {
+                throttle_launch()
+            }
+        }
+    }
+}
+
+/// [`before_launch_to`] billed on `stream`'s device (the multi-device cooperative launch,
 /// whose entries run on other devices than the current one).
 pub fn before_launch_on_stream(stream: gpuslice_abi::cuda::CUstream) {
     let on = match ACTIVE.load(Ordering::Relaxed) {
@@ -149,7 +174,7 @@ pub fn before_launch_on_stream(stream: gpuslice_abi::cuda::CUstream) {
         ON => true,
         _ => activate(),
     };
-    if on {
+    if on && !capture::recording(stream) {
         if let Some(ordinal) = stream_ordinal(stream) {
             throttle_launch_on(ordinal);
         }
@@ -355,8 +380,9 @@ fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottl
     let percent = effective_percent(configured, region_percent)?;
     if configured == Some(percent) {
         crate::log_info!(
-            "compute share {percent}% ({}) on device {ordinal} {uuid}",
-            config.policy
+            "compute share {percent}% ({}, {} priority) on device {ordinal} {uuid}",
+            config.policy,
+            config.priority
         );
     } else {
         crate::log_info!(
@@ -371,6 +397,7 @@ fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottl
         configured_percent: configured,
         percent: AtomicU32::new(percent),
         policy: config.policy,
+        priority: config.priority,
         words,
         region_entry,
         credit: Credit::new(),
@@ -591,6 +618,7 @@ mod tests {
             devices: vec![device(p)],
             region_path: None,
             policy,
+            priority: Default::default(),
             log_level: None,
         };
         assert!(config_throttles(&config(ComputePolicy::Cap, Some(25))));
@@ -634,6 +662,7 @@ mod tests {
             configured_percent: Some(50),
             percent: AtomicU32::new(50),
             policy: ComputePolicy::Cap,
+            priority: Priority::Normal,
             words: region.throttle_words(id),
             region_entry: Some((region, id)),
             credit: Credit::new(),

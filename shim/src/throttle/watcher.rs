@@ -537,6 +537,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
             launches_between(&state.launch_history, to.saturating_sub(busy.span_ns), to)
         })
     };
+    controller.idle_share.priority = device.priority;
     let tick = Tick {
         share: device.share(),
         span_ns: busy.span_ns,
@@ -570,14 +571,15 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
         region.publish_utilization(entry, basis_points.min(10_000.0) as u32, now_ns());
     }
     crate::log_debug!(
-        "device {}: U={:.3} S={:.2} D={:.3} launches={launches} waited={waited} c={:.3} cost={}ns bypass={}",
+        "device {}: U={:.3} S={:.2} D={:.3} launches={launches} waited={waited} c={:.3} cost={}ns bypass={} m={:.2}",
         device.ordinal,
         slice_busy as f64 / busy.span_ns as f64,
         device.share(),
         device_busy as f64 / busy.span_ns as f64,
         controller.log_c.exp(),
         out.cost_ns,
-        out.bypass
+        out.bypass,
+        controller.idle_share.multiple
     );
     true
 }
@@ -646,6 +648,7 @@ mod tests {
             configured_percent: Some(30),
             percent: std::sync::atomic::AtomicU32::new(30),
             policy: ComputePolicy::Burst,
+            priority: gpuslice_common::config::Priority::Normal,
             words,
             region_entry: None,
             credit: crate::throttle::bucket::Credit::new(),

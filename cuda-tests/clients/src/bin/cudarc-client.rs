@@ -528,10 +528,15 @@ impl Gpu for Cudarc {
                         )
                         .result())
                     }
-                    LaunchPath::Graph => unreachable!("graphs are launched below"),
+                    LaunchPath::Graph | LaunchPath::Capture => {
+                        unreachable!("graphs are launched below")
+                    }
                 }
             }
         };
+        if path == LaunchPath::Capture {
+            return capture(f, grid, block, s, &mut params, count);
+        }
         if path != LaunchPath::Graph {
             return (0..count).map(|_| one(&mut params)).collect();
         }
@@ -752,4 +757,61 @@ fn main() {
     // Exit without running cudarc's context drops: a primary-context release at exit would
     // differ from the other clients, which leave teardown to process exit as applications do.
     std::process::exit(code);
+}
+
+/// The capture launch path: `count` launches recorded on `s` (a created stream) by stream
+/// capture, the graph instantiated and launched once; one result per captured launch, then
+/// the graph launch's. The capture's wall time goes to `CAPTURE_NS`.
+fn capture(
+    f: sys::CUfunction,
+    grid: u32,
+    block: u32,
+    s: sys::CUstream,
+    params: &mut [*mut c_void],
+    count: usize,
+) -> Vec<Res<()>> {
+    use sys::CUstreamCaptureMode_enum::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    let began = std::time::Instant::now();
+    // SAFETY: a stream this client created, a live function, params valid until after the
+    // final synchronisation; graph and exec destroyed after the launch completed.
+    unsafe {
+        if let Err(e) = cu(sys::cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL).result())
+        {
+            return vec![Err(e)];
+        }
+        let mut results: Vec<Res<()>> = (0..count)
+            .map(|_| {
+                cu(result::launch_kernel(
+                    f,
+                    (grid, 1, 1),
+                    (block, 1, 1),
+                    0,
+                    s,
+                    params,
+                ))
+            })
+            .collect();
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        let ended = cu(sys::cuStreamEndCapture(s, &mut graph).result());
+        cuda_clients::CAPTURE_NS.fetch_add(
+            began.elapsed().as_nanos() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        if let Err(e) = ended {
+            results.push(Err(e));
+            return results;
+        }
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        let launched = cu(
+            result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)).map(|e| exec = e),
+        )
+        .and_then(|_| cu(result::graph::launch(exec, s)));
+        results.push(launched);
+        let _ = result::stream::synchronize(s);
+        if !exec.is_null() {
+            let _ = result::graph::exec_destroy(exec);
+        }
+        let _ = result::graph::destroy(graph);
+        results
+    }
 }

@@ -1,0 +1,130 @@
+//! Stream capture: a launch on a capturing stream runs nothing, it records a node of the
+//! graph being captured, and the GPU time comes when that graph is launched (and on every
+//! launch of it). Billing both used to take the slice's tokens twice for one execution and
+//! made the capturing thread sleep inside the capture, where CUDA's global capture mode
+//! forbids other threads' unsafe calls for as long as it lasts. Captured launches are
+//! therefore not billed at all: `cuGraphLaunch` bills the graph at the cost the controller
+//! learns for it (its measured busy time per graph launch).
+//!
+//! Telling a captured launch apart costs one driver call (`cuStreamIsCapturing`), so the
+//! launch path only asks while some capture this process began may still be open:
+//! [`OPEN`] counts the captures begun successfully and not seen ended. It only over-counts
+//! (a stream destroyed mid-capture, a capture ended on another path), which costs that query
+//! per launch, never a missed bill outside capture.
+
+use std::ffi::c_uint;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use gpuslice_abi::cuda::flags::CU_STREAM_CAPTURE_STATUS_NONE;
+use gpuslice_abi::cuda::result::{
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_UNJOINED, CUDA_SUCCESS,
+};
+use gpuslice_abi::cuda::{CUgraph, CUgraphNode, CUresult, CUstream};
+
+use crate::registry::{real, signature as sig};
+
+/// Captures begun by this process and not seen ended.
+static OPEN: AtomicU32 = AtomicU32::new(0);
+
+/// Whether a launch on `stream` is being recorded into a graph (not run now). One relaxed
+/// load when no capture is open.
+#[inline]
+pub fn recording(stream: CUstream) -> bool {
+    OPEN.load(Ordering::Relaxed) != 0 && stream_capturing(stream)
+}
+
+/// The driver's answer for `stream`: capturing (active, or invalidated: nothing runs either);
+/// `false` when it cannot say (the launch is billed, as before).
+#[cold]
+fn stream_capturing(stream: CUstream) -> bool {
+    let mut status: c_uint = CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a valid out-pointer; the driver validates the stream.
+    real::cuStreamIsCapturing().is_some_and(|is| unsafe { is(stream, &mut status) } == CUDA_SUCCESS)
+        && status != CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+fn began(result: CUresult) -> CUresult {
+    if result == CUDA_SUCCESS {
+        OPEN.fetch_add(1, Ordering::Relaxed);
+    }
+    result
+}
+
+/// `cuStreamEndCapture` ends a capture when it succeeds and when it reports the capture
+/// invalidated or unjoined (the driver's documented outcomes); not when the stream was not
+/// capturing, the handle was bad or the call came from the wrong thread. The stream's status
+/// afterwards confirms it.
+fn ended(stream: CUstream, result: CUresult) -> CUresult {
+    if capture_ended(result) && !stream_capturing(stream) {
+        let _ = OPEN.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+    result
+}
+
+/// Pure: whether `cuStreamEndCapture`'s result says a capture was ended.
+pub fn capture_ended(result: CUresult) -> bool {
+    matches!(
+        result,
+        CUDA_SUCCESS | CUDA_ERROR_STREAM_CAPTURE_INVALIDATED | CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+    )
+}
+
+/// `cuStreamBeginCapture[_ptsz]` (the 10.0 ABI, global mode).
+pub unsafe fn begin(real: sig::cuStreamBeginCapture, stream: CUstream) -> CUresult {
+    began(real(stream))
+}
+
+/// `cuStreamBeginCapture_v2[_ptsz]`.
+pub unsafe fn begin_v2(
+    real: sig::cuStreamBeginCapture_v2,
+    stream: CUstream,
+    mode: c_uint,
+) -> CUresult {
+    began(real(stream, mode))
+}
+
+/// `cuStreamBeginCaptureToGraph[_ptsz]` (12.3): captures into an existing graph.
+pub unsafe fn begin_to_graph(
+    real: sig::cuStreamBeginCaptureToGraph,
+    stream: CUstream,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    edge_data: *const std::ffi::c_void,
+    count: usize,
+    mode: c_uint,
+) -> CUresult {
+    began(real(stream, graph, dependencies, edge_data, count, mode))
+}
+
+/// `cuStreamEndCapture[_ptsz]`.
+pub unsafe fn end(
+    real: sig::cuStreamEndCapture,
+    stream: CUstream,
+    graph: *mut CUgraph,
+) -> CUresult {
+    ended(stream, real(stream, graph))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_abi::cuda::result::{
+        CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+    };
+
+    #[test]
+    fn only_the_end_results_that_end_a_capture_count_it_down() {
+        assert!(capture_ended(CUDA_SUCCESS));
+        assert!(capture_ended(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+        assert!(capture_ended(CUDA_ERROR_STREAM_CAPTURE_UNJOINED));
+        assert!(
+            !capture_ended(CUDA_ERROR_ILLEGAL_STATE),
+            "was not capturing"
+        );
+        assert!(
+            !capture_ended(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD),
+            "still capturing"
+        );
+        assert!(!capture_ended(CUDA_ERROR_INVALID_HANDLE));
+    }
+}
