@@ -335,6 +335,8 @@ impl Preparer {
                 "{REGION_CONTAINER_DIR}/{REGION_FILE}"
             ))),
             policy: ComputePolicy::Cap,
+            // Claims carry no priority yet (a DeviceClass config parameter could).
+            priority: Default::default(),
             log_level: None,
         };
         write_atomically(&dir, "limits.json", to_json(&config).as_bytes())
