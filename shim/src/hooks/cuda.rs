@@ -13,11 +13,11 @@ use std::ffi::{c_int, c_uint, c_void};
 use gpuslice_abi::cuda::result::{CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS};
 use gpuslice_abi::cuda::*;
 
-use crate::devices;
+use crate::ground::devices;
+use crate::ground::state;
+use crate::hooks::registry::{real, signature as sig};
+use crate::memory::report::{slice_view, MemoryView};
 use crate::memory::{self, wrappers as mem, AllocTarget, DeviceObject};
-use crate::registry::{real, signature as sig};
-use crate::report::{slice_view, MemoryView};
-use crate::state;
 use crate::throttle;
 
 /// The slice's view of the current context's device given the driver's `physical` figures;

@@ -7,10 +7,10 @@
 use gpuslice_abi::nvml::ret::NVML_SUCCESS;
 use gpuslice_abi::nvml::*;
 
+use crate::ground::state;
+use crate::hooks::registry::signature as sig;
 use crate::memory;
-use crate::registry::signature as sig;
-use crate::report::{nvml_slice_view, NvmlView};
-use crate::state;
+use crate::memory::report::{nvml_slice_view, NvmlView};
 
 /// The slice's view of `device` given the driver's physical one; `None` when the device
 /// is not limited (or no slice is configured), so the driver's answer stands.

@@ -17,8 +17,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::{cuuint64_t, CUresult};
 
-use crate::registry::{cuda_wrapper_for_real_pointer, hook_by_name, signature as sig, HOOKS};
-use crate::{refusal, state};
+use crate::ground::state;
+use crate::hooks::refusal;
+use crate::hooks::registry::{
+    cuda_wrapper_for_real_pointer, hook_by_name, signature as sig, HOOKS,
+};
 
 static UNMAPPED_REPORTED: AtomicBool = AtomicBool::new(false);
 

@@ -32,7 +32,7 @@ use gpuslice_abi::cuda::*;
 use super::ledger::lock;
 use super::pools::Settle;
 use super::{cuda_binding, process, shared, Binding, Process};
-use crate::registry::{real, signature as sig};
+use crate::hooks::registry::{real, signature as sig};
 
 /// `CUgraphMem_attribute`: `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
 pub const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
@@ -143,7 +143,7 @@ fn limited(ordinal: CUdevice) -> Option<u8> {
 /// read before (the book locked by the caller); true if any charge went down.
 fn reread_locked(process: &Process, book: &mut GraphBook, also: Option<CUdevice>) -> bool {
     let mut ordinals: Vec<CUdevice> = book.known().into_iter().map(|(o, _)| o).collect();
-    for extra in [crate::devices::current_cuda_device(), also]
+    for extra in [crate::ground::devices::current_cuda_device(), also]
         .into_iter()
         .flatten()
     {

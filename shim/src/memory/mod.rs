@@ -45,6 +45,7 @@ mod host_pid;
 pub mod ledger;
 mod objects;
 mod pools;
+pub mod report;
 mod vmm;
 pub mod wrappers;
 
@@ -256,7 +257,7 @@ pub fn region_path(config: &SliceConfig) -> PathBuf {
 /// file it is ignored (with a warning): a tenant that set it small would make the slice's
 /// first context under-reserve, i.e. change what is enforced.
 fn context_bound_from_env() -> u64 {
-    if crate::state::anchored() {
+    if crate::ground::state::anchored() {
         if let Ok(text) = std::env::var(CONTEXT_BOUND_ENV) {
             if !text.trim().is_empty() {
                 crate::log_warn!(
@@ -346,7 +347,7 @@ pub const PAUSE_IN_REGISTRATION_ENV: &str = "GPUSLICE_TEST_PAUSE_IN_REGISTRATION
 /// SIGKILL or SIGSTOP the process at the worst moment and show the others carry on. Inert
 /// under an anchored limit file (a tenant has no business pausing its own processes there).
 fn pause_in_registration() {
-    if crate::state::anchored() {
+    if crate::ground::state::anchored() {
         return;
     }
     let Some(marker) = std::env::var_os(PAUSE_IN_REGISTRATION_ENV) else {
@@ -367,7 +368,7 @@ fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult>
     if let Some(binding) = cell.and_then(|c| decode(c.load(Ordering::Acquire))) {
         return Ok(binding);
     }
-    let uuid = match crate::devices::try_cuda_device_uuid(ordinal) {
+    let uuid = match crate::ground::devices::try_cuda_device_uuid(ordinal) {
         Ok(uuid) => uuid,
         // Before cuInit (or for a device that does not exist) the driver refuses every call
         // naming the device: so do we, binding and caching nothing. Matching the device by
@@ -392,7 +393,7 @@ fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult>
 }
 
 fn card_total_for_warning(ordinal: CUdevice) -> Option<u64> {
-    let total_mem = crate::registry::real::cuDeviceTotalMem_v2()?;
+    let total_mem = crate::hooks::registry::real::cuDeviceTotalMem_v2()?;
     let mut bytes = 0usize;
     // SAFETY: valid out-pointer for the call.
     (unsafe { total_mem(&mut bytes, ordinal) } == CUDA_SUCCESS).then_some(bytes as u64)
@@ -468,7 +469,7 @@ fn nvml_binding(shared: &Shared, device: nvmlDevice_t) -> Result<Binding, ()> {
             _ => {}
         }
     }
-    let (index, uuid) = crate::devices::nvml_identity(device);
+    let (index, uuid) = crate::ground::devices::nvml_identity(device);
     let binding = bind(shared, index, &uuid, || None)?;
     for (i, handle) in shared.nvml_handles.iter().enumerate() {
         let claimed = handle.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire);
@@ -483,7 +484,7 @@ fn nvml_binding(shared: &Shared, device: nvmlDevice_t) -> Result<Binding, ()> {
 /// The calling thread's current context (0 = none).
 #[inline]
 fn current_context() -> u64 {
-    let Some(get_current) = crate::registry::real::cuCtxGetCurrent() else {
+    let Some(get_current) = crate::hooks::registry::real::cuCtxGetCurrent() else {
         return 0;
     };
     let mut context: CUcontext = std::ptr::null_mut();
@@ -542,7 +543,7 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
     };
     let ordinal = match target {
         AllocTarget::Device(d) => d,
-        AllocTarget::CurrentContext => match crate::devices::current_cuda_device() {
+        AllocTarget::CurrentContext => match crate::ground::devices::current_cuda_device() {
             Some(d) => d,
             // No current context: the driver will refuse on its own.
             None => return Ok(Reservation::NONE),

@@ -27,14 +27,14 @@ use super::{
     charge_or_refuse, cuda_binding, current_context, device_id, nvml_binding, process, shared,
     Binding, Process, Shared,
 };
-use crate::registry::{real, signature as sig};
-use crate::report::{list_fits, slice_process_list, SliceProcess};
+use crate::hooks::registry::{real, signature as sig};
+use crate::memory::report::{list_fits, slice_process_list, SliceProcess};
 
 /// The limited device entry of the current context's device, `None` = pass-through.
 fn current_limited_device() -> Option<(CUdevice, u8)> {
     let shared = shared()?;
     process()?;
-    let ordinal = crate::devices::current_cuda_device()?;
+    let ordinal = crate::ground::devices::current_cuda_device()?;
     match cuda_binding(shared, ordinal) {
         Ok(Binding::Limited(d)) => Some((ordinal, d)),
         _ => None,
@@ -336,7 +336,7 @@ fn limited_device(ordinal: CUdevice) -> Option<u8> {
 /// 13), else the context pushed for an instant (`cuCtxGetDevice` names only the current one).
 fn context_device(ctx: CUcontext) -> Option<CUdevice> {
     if ctx.is_null() || ctx as u64 == current_context() {
-        return crate::devices::current_cuda_device();
+        return crate::ground::devices::current_cuda_device();
     }
     let mut device: CUdevice = 0;
     if let Some(get) = real::cuCtxGetDevice_v2() {
@@ -350,7 +350,7 @@ fn context_device(ctx: CUcontext) -> Option<CUdevice> {
     if unsafe { push(ctx) } != CUDA_SUCCESS {
         return None;
     }
-    let device = crate::devices::current_cuda_device();
+    let device = crate::ground::devices::current_cuda_device();
     let mut popped: CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer; pops exactly what was pushed above on this thread.
     unsafe { pop(&mut popped) };
@@ -362,10 +362,10 @@ fn context_device(ctx: CUcontext) -> Option<CUdevice> {
 /// context's. `None` when the driver cannot say (an invalid stream: the driver refuses it).
 fn stream_device(stream: CUstream) -> Option<CUdevice> {
     if stream as usize <= gpuslice_abi::cuda::flags::CU_STREAM_PER_THREAD {
-        return crate::devices::current_cuda_device();
+        return crate::ground::devices::current_cuda_device();
     }
     let Some(get_ctx) = real::cuStreamGetCtx() else {
-        return crate::devices::current_cuda_device();
+        return crate::ground::devices::current_cuda_device();
     };
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the driver validates the stream.
@@ -1114,9 +1114,10 @@ fn nvml_lists(shared: &Shared, dead: &DeadSlot) -> Option<bool> {
             continue;
         }
         let uuid = shared.region.device_uuid(DeviceId::from_index(index)?);
-        let list =
-            crate::devices::nvml_compute_processes(crate::devices::real_nvml_handle(&uuid, None)?)
-                .ok()?;
+        let list = crate::ground::devices::nvml_compute_processes(
+            crate::ground::devices::real_nvml_handle(&uuid, None)?,
+        )
+        .ok()?;
         if list.iter().any(|p| p.pid == dead.host_pid) {
             return Some(true);
         }
@@ -1126,12 +1127,15 @@ fn nvml_lists(shared: &Shared, dead: &DeadSlot) -> Option<bool> {
 
 /// The real NVML handle of a CUDA device (by UUID: NVML's index order may differ).
 fn nvml_for_cuda(ordinal: CUdevice) -> Option<nvmlDevice_t> {
-    crate::devices::real_nvml_handle(&crate::devices::cuda_device_uuid(ordinal), None)
+    crate::ground::devices::real_nvml_handle(
+        &crate::ground::devices::cuda_device_uuid(ordinal),
+        None,
+    )
 }
 
 /// NVML's compute process list of `device` through the real library (v3, else v2).
 fn nvml_processes(device: nvmlDevice_t) -> Vec<ListedProcess> {
-    crate::devices::nvml_compute_processes(device)
+    crate::ground::devices::nvml_compute_processes(device)
         .unwrap_or_default()
         .iter()
         .map(|p| ListedProcess {
@@ -1160,7 +1164,7 @@ fn slice_members(shared: &Shared) -> Vec<SliceProcess> {
 /// Also where a process whose host PID is still unknown finds itself, by its charged bytes.
 fn slice_list(device: nvmlDevice_t) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
     members_only(device, |shared, entry| {
-        let raw = crate::devices::nvml_compute_processes(device)?;
+        let raw = crate::ground::devices::nvml_compute_processes(device)?;
         if let Some(process) = process() {
             if process.host_pid.load(std::sync::atomic::Ordering::Relaxed) == 0 {
                 let ours = shared.region.slot_used(process.slot, device_id(entry));
@@ -1249,7 +1253,8 @@ pub unsafe fn process_utilization(
     count: *mut c_uint,
     last_seen: u64,
 ) -> nvmlReturn_t {
-    let read = |_: &Shared, _| crate::devices::read_utilization_samples(real, device, last_seen);
+    let read =
+        |_: &Shared, _| crate::ground::devices::read_utilization_samples(real, device, last_seen);
     match members_only_by(
         device,
         read,
@@ -1273,7 +1278,7 @@ pub fn slice_utilization_samples(
     device: nvmlDevice_t,
 ) -> Option<Result<(Vec<nvmlProcessUtilizationSample_t>, Option<u64>), nvmlReturn_t>> {
     let shared = shared()?;
-    let (index, uuid) = crate::devices::nvml_identity(device);
+    let (index, uuid) = crate::ground::devices::nvml_identity(device);
     let limit = shared.config.limit_for(index, &uuid)?;
     if limit.memory_limit.is_none() && limit.compute_percent.is_none() {
         return None;
@@ -1281,7 +1286,7 @@ pub fn slice_utilization_samples(
     let Some(get) = real::nvmlDeviceGetProcessUtilization() else {
         return Some(Err(NVML_ERROR_NOT_SUPPORTED));
     };
-    let raw = match crate::devices::read_utilization_samples(get, device, 0) {
+    let raw = match crate::ground::devices::read_utilization_samples(get, device, 0) {
         Ok(raw) => raw,
         // No process has a sample: nothing of the slice's either.
         Err(NVML_ERROR_NOT_FOUND) => Vec::new(),
@@ -1311,7 +1316,7 @@ pub unsafe fn other_processes(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    let read = |_: &Shared, _| crate::devices::read_process_list(real, device);
+    let read = |_: &Shared, _| crate::ground::devices::read_process_list(real, device);
     match members_only(device, read) {
         None => real(device, count, infos),
         Some(Err(code)) => code,
@@ -1331,7 +1336,7 @@ pub unsafe fn other_processes_v1(
     infos: *mut nvmlProcessInfo_v1_t,
 ) -> nvmlReturn_t {
     let read = |_: &Shared, _| {
-        let v1 = crate::devices::read_process_list(real, device)?;
+        let v1 = crate::ground::devices::read_process_list(real, device)?;
         Ok(v1
             .into_iter()
             .map(|p| nvmlProcessInfo_t {

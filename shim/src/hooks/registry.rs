@@ -13,7 +13,7 @@
 //!   shell: panic boundary -> fail-closed gate (skipped by a handler marked `[open]`, see
 //!   `refusal`) -> real slot (missing -> NOT_SUPPORTED / FUNCTION_NOT_FOUND) -> handler
 //!   (`passthrough` calls the real function directly), run
-//!   only by the outermost hook on the thread ([`crate::nesting`]; a handler marked `[hot]`,
+//!   only by the outermost hook on the thread ([`crate::hooks::nesting`]; a handler marked `[hot]`,
 //!   the launch paths, skips that check);
 //! * `HOOKS`: name -> wrapper for `dlsym`, and real pointer -> wrapper for `cuGetProcAddress`.
 //!
@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gpuslice_abi::cuda::*;
 use gpuslice_abi::nvml::*;
 
-pub use crate::real::{Library, RealSlot};
+pub use crate::ground::real::{Library, RealSlot};
 
 impl Library {
     /// What a wrapper returns when a panic was contained.
@@ -136,7 +136,7 @@ macro_rules! hook_registry {
                 pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
                     $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
                         if hook_registry!(@gated $($flag)?) {
-                            if let Err(code) = $crate::state::admit(Library::$lib) {
+                            if let Err(code) = $crate::ground::state::admit(Library::$lib) {
                                 return code;
                             }
                         }
@@ -189,7 +189,7 @@ macro_rules! hook_registry {
         unsafe { $($handler)::+($real, $($a),*) }
     };
     (@call $real:ident, [$($a:ident),*], $($handler:ident)::+ ;) => {
-        $crate::nesting::outermost(
+        $crate::hooks::nesting::outermost(
             // SAFETY: handlers take the real function and the caller's arguments unchanged;
             // the caller upholds the C API's contract for them.
             || unsafe { $($handler)::+($real, $($a),*) },
@@ -477,7 +477,12 @@ mod tests {
         let cuda_loaded =
             !unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) }
                 .is_null();
-        if cuda_loaded || !matches!(crate::state::mode(), crate::state::Mode::PassThrough) {
+        if cuda_loaded
+            || !matches!(
+                crate::ground::state::mode(),
+                crate::ground::state::Mode::PassThrough
+            )
+        {
             return;
         }
         let mut pointer = 0;

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use gpuslice_common::config::{self, ConfigError, Loaded, SliceConfig};
 
-use crate::real::Library;
-use crate::refusal::{refusal_line, Fault};
+use crate::ground::real::Library;
+use crate::hooks::refusal::{refusal_line, Fault};
 
 /// How this process treats CUDA/NVML calls.
 #[derive(Debug)]
@@ -52,7 +52,7 @@ static ANCHORED: AtomicBool = AtomicBool::new(false);
 pub fn admit(library: Library) -> Result<(), u32> {
     match mode() {
         Mode::FailClosed(_) => Err(library.fail_closed_code()),
-        Mode::Enforcing(config) => crate::device_check::admit(config, library),
+        Mode::Enforcing(config) => crate::hooks::device_check::admit(config, library),
         Mode::PassThrough => Ok(()),
     }
 }
@@ -208,7 +208,7 @@ pub fn mode_from(loaded: Loaded) -> Mode {
         Loaded::Invalid(error) => Mode::FailClosed(error),
         Loaded::Configured(config) => {
             if let Some(level) = config.log_level {
-                crate::log::set_level(level);
+                crate::ground::log::set_level(level);
             }
             Mode::Enforcing(config)
         }
