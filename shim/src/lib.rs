@@ -14,8 +14,9 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-pub mod ground;
+// `hooks` first: its registry's `hook_table!` is what `ground::driver` expands.
 #[macro_use]
 pub mod hooks;
+pub mod ground;
 pub mod memory;
 pub mod throttle;

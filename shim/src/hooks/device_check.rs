@@ -24,8 +24,8 @@ use gpuslice_abi::nvml::ret::NVML_SUCCESS;
 use gpuslice_common::config::{ConfigError, ConfigSource, DeviceSelector, SliceConfig};
 use gpuslice_common::visible::{unmatched_entries, unmatched_error, SeenDevice};
 
+use crate::ground::driver::real;
 use crate::ground::real::Library;
-use crate::hooks::registry::real;
 
 const UNKNOWN: u8 = 0;
 const MATCHED: u8 = 1;

@@ -21,4 +21,5 @@ pub mod nesting;
 pub mod nvml;
 pub mod proc_address;
 pub mod refusal;
+#[macro_use]
 pub mod registry;

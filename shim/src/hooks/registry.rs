@@ -1,21 +1,22 @@
-//! THE registry: every hooked function is declared exactly once, in the `hook_registry!`
-//! invocation at the bottom of this file, as
+//! THE registry: every hooked function is declared exactly once, in the `hook_table!` macro
+//! below, as
 //!
 //! ```text
-//! Cuda fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult => cuda::mem_alloc;
+//! Cuda fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult => memory::mem_alloc;
 //! Cuda fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult => passthrough;
 //! ```
 //!
-//! (library, exported C name and signature, handler). From that one line the macro generates:
-//! * `signature::NAME`: the C function-pointer type;
-//! * `SLOTS[SlotId::NAME]` + `real::NAME()`: the lazily resolved real function;
-//! * `exports::NAME`: the `#[no_mangle] extern "C"` export (only outside `cfg(test)`), a tiny
-//!   shell: panic boundary -> fail-closed gate (skipped by a handler marked `[open]`, see
-//!   `refusal`) -> real slot (missing -> NOT_SUPPORTED / FUNCTION_NOT_FOUND) -> handler
-//!   (`passthrough` calls the real function directly), run
-//!   only by the outermost hook on the thread ([`crate::hooks::nesting`]; a handler marked `[hot]`,
-//!   the launch paths, skips that check);
-//! * `HOOKS`: name -> wrapper for `dlsym`, and real pointer -> wrapper for `cuGetProcAddress`.
+//! (library, exported C name and signature, handler). From that one table two generators run:
+//! * in the ground layer (`ground::driver`, re-exported here): `signature::NAME`, the C
+//!   function-pointer type, and `SLOTS[SlotId::NAME]` + `real::NAME()`, the lazily resolved
+//!   real function;
+//! * here, `hook_exports!`: `exports::NAME`, the `#[no_mangle] extern "C"` export (only outside
+//!   `cfg(test)`), a tiny shell: panic boundary -> fail-closed gate (skipped by a handler
+//!   marked `[open]`, see `refusal`) -> real slot (missing -> NOT_SUPPORTED /
+//!   FUNCTION_NOT_FOUND) -> handler (`passthrough` calls the real function directly), run
+//!   only by the outermost hook on the thread ([`crate::hooks::nesting`]; a handler marked
+//!   `[hot]`, the launch paths, skips that check); and `HOOKS`: name -> wrapper for `dlsym`,
+//!   and real pointer -> wrapper for `cuGetProcAddress`.
 //!
 //! Handlers are `unsafe fn(real: signature::NAME, args...) -> u32` in `crate::hooks`.
 //! `helpers { ... }` declares real functions the shim calls itself but does not hook.
@@ -26,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gpuslice_abi::cuda::*;
 use gpuslice_abi::nvml::*;
 
+pub use crate::ground::driver::{real, signature, SlotId, HOOK_COUNT, SLOTS, SLOT_COUNT};
 pub use crate::ground::real::{Library, RealSlot};
 
 impl Library {
@@ -70,7 +72,196 @@ impl Hook {
     }
 }
 
-macro_rules! hook_registry {
+/// THE table: every hooked function (with its handler) and every helper the shim calls
+/// itself, declared once. `hook_table!(generator)` hands it to a generator: the hook layer's
+/// `hook_exports` (below) and the ground layer's `real_table` (`ground::driver`, which takes
+/// the signatures and ignores the handlers).
+macro_rules! hook_table {
+    ($generate:ident) => {
+        $generate! {
+        hooks {
+            Cuda fn cuInit(flags: c_uint) -> CUresult => passthrough;
+            Cuda fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult => passthrough;
+            Cuda fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
+                flags: cuuint64_t) -> CUresult => proc_address::get_proc_address [open];
+            Cuda fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
+                flags: cuuint64_t, symbol_status: *mut c_int) -> CUresult => proc_address::get_proc_address_v2 [open];
+            Cuda fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult => cuda::mem_get_info;
+            Cuda fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult => cuda::device_total_mem;
+
+            Cuda fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult => cuda::mem_alloc;
+            Cuda fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width_bytes: usize,
+                height: usize, element_size: c_uint) -> CUresult => mem::mem_alloc_pitch;
+            Cuda fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult
+                => cuda::mem_alloc_managed;
+            Cuda fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => cuda::mem_free;
+            Cuda fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
+                => mem::mem_alloc_async;
+            Cuda fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
+                => mem::mem_alloc_async;
+            Cuda fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult => cuda::mem_free_async;
+            Cuda fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => cuda::mem_free_async;
+            Cuda fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
+                stream: CUstream) -> CUresult => mem::mem_alloc_from_pool_async;
+            Cuda fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
+                stream: CUstream) -> CUresult => mem::mem_alloc_from_pool_async;
+            Cuda fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => mem::mem_pool_destroy;
+            // Which device a pool lives on (a pool allocation is charged there, see memory::pools).
+            Cuda fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult
+                => mem::mem_pool_create;
+            Cuda fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult
+                => mem::device_get_mem_pool;
+            Cuda fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult
+                => mem::device_get_mem_pool;
+            Cuda fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUresult => mem::device_set_mem_pool;
+            Cuda fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult => mem::mem_pool_trim_to;
+            Cuda fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize,
+                prop: *const CUmemAllocationProp, flags: u64) -> CUresult => cuda::mem_create;
+            Cuda fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => cuda::mem_release;
+            Cuda fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle,
+                flags: u64) -> CUresult => mem::mem_map;
+            Cuda fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult => mem::mem_unmap;
+            Cuda fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult => mem::mem_address_free;
+            Cuda fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void)
+                -> CUresult => mem::mem_retain_allocation_handle;
+            Cuda fn cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult
+                => cuda::array_create;
+            Cuda fn cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult
+                => cuda::array_3d_create;
+            Cuda fn cuArrayDestroy(array: CUarray) -> CUresult => cuda::array_destroy;
+            Cuda fn cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+                levels: c_uint) -> CUresult => cuda::mipmapped_array_create;
+            Cuda fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CUresult => cuda::mipmapped_array_destroy;
+            Cuda fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult
+                => mem::ctx_create_v2;
+            Cuda fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, num_params: c_int, flags: c_uint,
+                dev: CUdevice) -> CUresult => mem::ctx_create_v3;
+            Cuda fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice)
+                -> CUresult => mem::ctx_create_v4;
+            Cuda fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => mem::ctx_destroy;
+            // The device-malloc heap is device memory (see memory::wrappers::ctx_set_limit).
+            Cuda fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult => mem::ctx_set_limit;
+            Cuda fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult
+                => mem::primary_ctx_retain;
+            Cuda fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => mem::primary_ctx_release;
+            Cuda fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => mem::primary_ctx_reset;
+
+            Cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
+                bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
+                -> CUresult => cuda::launch_kernel [hot];
+            Cuda fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
+                bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
+                -> CUresult => cuda::launch_kernel [hot];
+            Cuda fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
+                extra: *mut *mut c_void) -> CUresult => cuda::launch_kernel_ex [hot];
+            Cuda fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
+                extra: *mut *mut c_void) -> CUresult => cuda::launch_kernel_ex [hot];
+            Cuda fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+                by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
+                => cuda::launch_cooperative_kernel [hot];
+            Cuda fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+                by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
+                => cuda::launch_cooperative_kernel [hot];
+            Cuda fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, flags: c_uint)
+                -> CUresult => cuda::launch_cooperative_kernel_multi_device;
+            Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch [hot];
+            Cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch [hot];
+            // CUDA graph memory (see memory::graphs): settled after each call that can change it.
+            Cuda fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode,
+                log: *mut c_char, log_size: usize) -> CUresult => graphs::instantiate;
+            Cuda fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode,
+                log: *mut c_char, log_size: usize) -> CUresult => graphs::instantiate;
+            Cuda fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult
+                => graphs::instantiate_with_flags;
+            Cuda fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
+                -> CUresult => graphs::instantiate_with_params;
+            Cuda fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
+                -> CUresult => graphs::instantiate_with_params;
+            Cuda fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult => graphs::upload;
+            Cuda fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => graphs::upload;
+            Cuda fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult => graphs::exec_destroy;
+            Cuda fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult => graphs::trim;
+
+            // The legacy unsuffixed entry points: what a binary built against pre-3.2 headers (or
+            // with CUDA_FORCE_API_VERSION) links, what dlsym of the bare name finds, and what
+            // cuGetProcAddress answers below the version of the suffixed ABI (NVIDIA's own loaders
+            // ask for "cuDevicePrimaryCtxRelease" at 7000 and get the v1 function). Same ABI as
+            // the suffixed function: the same handler. 32-bit ABI: a `_v1` handler.
+            Cuda fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult => cuda::mem_get_info_v1;
+            Cuda fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult => cuda::device_total_mem_v1;
+            Cuda fn cuMemAlloc(dptr: *mut c_uint, bytesize: c_uint) -> CUresult => cuda::mem_alloc_v1;
+            Cuda fn cuMemAllocPitch(dptr: *mut c_uint, pitch: *mut c_uint, width_bytes: c_uint, height: c_uint,
+                element_size: c_uint) -> CUresult => cuda::mem_alloc_pitch_v1;
+            Cuda fn cuMemFree(dptr: c_uint) -> CUresult => cuda::mem_free_v1;
+            Cuda fn cuArrayCreate(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult
+                => cuda::array_create_v1;
+            Cuda fn cuArray3DCreate(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult
+                => cuda::array_3d_create_v1;
+            Cuda fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult => mem::ctx_create_v2;
+            Cuda fn cuCtxDestroy(ctx: CUcontext) -> CUresult => mem::ctx_destroy;
+            Cuda fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult => mem::primary_ctx_release;
+            Cuda fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => mem::primary_ctx_reset;
+            Cuda fn cuLaunch(f: CUfunction) -> CUresult => cuda::launch [hot];
+            Cuda fn cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int) -> CUresult
+                => cuda::launch_grid [hot];
+            Cuda fn cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, stream: CUstream)
+                -> CUresult => cuda::launch_grid_async [hot];
+
+            Nvml fn nvmlInit_v2() -> nvmlReturn_t => passthrough;
+            Nvml fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t => passthrough;
+            // The v1 name, which drivers still export for old binaries: without it a fail-closed
+            // process could open NVML through it.
+            Nvml fn nvmlInit() -> nvmlReturn_t => passthrough;
+            Nvml fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t
+                => nvml::device_get_memory_info;
+            Nvml fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t
+                => nvml::device_get_memory_info_v2;
+            Nvml fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
+                infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => mem::compute_processes_v1;
+            Nvml fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
+                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::compute_processes_v2;
+            Nvml fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
+                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::compute_processes_v3;
+            Nvml fn nvmlDeviceGetGraphicsRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
+                infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => mem::other_processes_v1;
+            Nvml fn nvmlDeviceGetGraphicsRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
+                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+            Nvml fn nvmlDeviceGetGraphicsRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
+                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+            Nvml fn nvmlDeviceGetMPSComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
+                infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => mem::other_processes_v1;
+            Nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
+                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+            Nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
+                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+            // The slice's own share, not the card's (which discloses the neighbours).
+            Nvml fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t)
+                -> nvmlReturn_t => nvml::device_get_utilization_rates;
+            Nvml fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t,
+                samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen: u64) -> nvmlReturn_t
+                => mem::process_utilization;
+        }
+        helpers {
+            Cuda fn cuCtxGetDevice(*mut CUdevice) -> CUresult;
+            Cuda fn cuDeviceGetUuid_v2(*mut CUuuid, CUdevice) -> CUresult;
+            Cuda fn cuDeviceGetUuid(*mut CUuuid, CUdevice) -> CUresult;
+            Nvml fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
+            Nvml fn nvmlDeviceGetIndex(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
+            Nvml fn nvmlDeviceGetHandleByUUID(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
+            Nvml fn nvmlDeviceGetHandleByIndex_v2(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
+            Cuda fn cuDeviceGetCount(*mut c_int) -> CUresult;
+            Cuda fn cuStreamGetCtx(CUstream, *mut CUcontext) -> CUresult;
+            Cuda fn cuCtxGetDevice_v2(*mut CUdevice, CUcontext) -> CUresult;
+            Cuda fn cuCtxPushCurrent_v2(CUcontext) -> CUresult;
+            Cuda fn cuCtxPopCurrent_v2(*mut CUcontext) -> CUresult;
+            Cuda fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
+            Cuda fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void) -> CUresult;
+            Cuda fn cuCtxGetLimit(*mut usize, c_int) -> CUresult;
+        }}
+    };
+}
+
+macro_rules! hook_exports {
     (
         hooks {
             $( $lib:ident fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty
@@ -80,52 +271,6 @@ macro_rules! hook_registry {
             $( $hlib:ident fn $hname:ident ( $($hty:ty),* $(,)? ) -> $hret:ty ; )*
         }
     ) => {
-        /// Position of each function in [`SLOTS`]: hooks first, then helpers.
-        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        #[repr(usize)]
-        pub enum SlotId { $($name,)* $($hname,)* }
-
-        pub const HOOK_COUNT: usize = [$(stringify!($name)),*].len();
-        pub const SLOT_COUNT: usize = HOOK_COUNT + [$(stringify!($hname)),*].len();
-
-        /// The real functions, hooks first (same order as [`HOOKS`]), then helpers.
-        pub static SLOTS: [RealSlot; SLOT_COUNT] = [
-            $( RealSlot::new(Library::$lib, concat!(stringify!($name), "\0").as_bytes()), )*
-            $( RealSlot::new(Library::$hlib, concat!(stringify!($hname), "\0").as_bytes()), )*
-        ];
-
-        /// C signatures of the real functions (and of our exports).
-        #[allow(non_camel_case_types)]
-        pub mod signature {
-            use super::*;
-            $( pub type $name = unsafe extern "C" fn($($ty),*) -> $ret; )*
-            $( pub type $hname = unsafe extern "C" fn($($hty),*) -> $hret; )*
-        }
-
-        /// Typed access to the real functions; `None` = the real library lacks it.
-        #[allow(non_snake_case)]
-        pub mod real {
-            use super::*;
-            $(
-                #[inline]
-                pub fn $name() -> Option<signature::$name> {
-                    let pointer = SLOTS[SlotId::$name as usize].get()?;
-                    // SAFETY: the slot holds what the real library exports under this name,
-                    // whose C signature is the declared one.
-                    Some(unsafe { std::mem::transmute::<*mut c_void, signature::$name>(pointer) })
-                }
-            )*
-            $(
-                #[inline]
-                pub fn $hname() -> Option<signature::$hname> {
-                    let pointer = SLOTS[SlotId::$hname as usize].get()?;
-                    // SAFETY: as above, for a helper.
-                    Some(unsafe { std::mem::transmute::<*mut c_void, signature::$hname>(pointer) })
-                }
-            )*
-        }
-
         /// The exported wrappers. Unit-test builds keep them mangled so the test binary never
         /// interposes its own `cu*`/`nvml*` symbols.
         #[allow(non_snake_case, clippy::too_many_arguments)]
@@ -135,7 +280,7 @@ macro_rules! hook_registry {
                 #[cfg_attr(not(test), no_mangle)]
                 pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
                     $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
-                        if hook_registry!(@gated $($flag)?) {
+                        if hook_exports!(@gated $($flag)?) {
                             if let Err(code) = $crate::ground::state::admit(Library::$lib) {
                                 return code;
                             }
@@ -143,7 +288,7 @@ macro_rules! hook_registry {
                         let Some(real) = real::$name() else {
                             return Library::$lib.missing_code();
                         };
-                        hook_registry!(@call real, [$($arg),*], $($handler)::+ ; $($flag)?)
+                        hook_exports!(@call real, [$($arg),*], $($handler)::+ ; $($flag)?)
                     })
                 }
             )*
@@ -173,7 +318,7 @@ macro_rules! hook_registry {
     (@gated open) => { false };
     (@gated $($flag:ident)?) => { true };
     (@call $real:ident, [$($a:ident),*], $($handler:ident)::+ ; open) => {
-        hook_registry!(@call $real, [$($a),*], $($handler)::+ ;)
+        hook_exports!(@call $real, [$($a),*], $($handler)::+ ;)
     };
     (@call $real:ident, [$($a:ident),*], passthrough ;) => {
         // SAFETY: the caller's arguments go unchanged to the real function of the same
@@ -205,187 +350,7 @@ use crate::hooks::{cuda, nvml, proc_address};
 use crate::memory::graphs;
 use crate::memory::wrappers as mem;
 
-hook_registry! {
-    hooks {
-        Cuda fn cuInit(flags: c_uint) -> CUresult => passthrough;
-        Cuda fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult => passthrough;
-        Cuda fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
-            flags: cuuint64_t) -> CUresult => proc_address::get_proc_address [open];
-        Cuda fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
-            flags: cuuint64_t, symbol_status: *mut c_int) -> CUresult => proc_address::get_proc_address_v2 [open];
-        Cuda fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult => cuda::mem_get_info;
-        Cuda fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult => cuda::device_total_mem;
-
-        Cuda fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult => cuda::mem_alloc;
-        Cuda fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width_bytes: usize,
-            height: usize, element_size: c_uint) -> CUresult => mem::mem_alloc_pitch;
-        Cuda fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult
-            => cuda::mem_alloc_managed;
-        Cuda fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => cuda::mem_free;
-        Cuda fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
-            => mem::mem_alloc_async;
-        Cuda fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
-            => mem::mem_alloc_async;
-        Cuda fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult => cuda::mem_free_async;
-        Cuda fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => cuda::mem_free_async;
-        Cuda fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
-            stream: CUstream) -> CUresult => mem::mem_alloc_from_pool_async;
-        Cuda fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
-            stream: CUstream) -> CUresult => mem::mem_alloc_from_pool_async;
-        Cuda fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => mem::mem_pool_destroy;
-        // Which device a pool lives on (a pool allocation is charged there, see memory::pools).
-        Cuda fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult
-            => mem::mem_pool_create;
-        Cuda fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult
-            => mem::device_get_mem_pool;
-        Cuda fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult
-            => mem::device_get_mem_pool;
-        Cuda fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUresult => mem::device_set_mem_pool;
-        Cuda fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult => mem::mem_pool_trim_to;
-        Cuda fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize,
-            prop: *const CUmemAllocationProp, flags: u64) -> CUresult => cuda::mem_create;
-        Cuda fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => cuda::mem_release;
-        Cuda fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle,
-            flags: u64) -> CUresult => mem::mem_map;
-        Cuda fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult => mem::mem_unmap;
-        Cuda fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult => mem::mem_address_free;
-        Cuda fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void)
-            -> CUresult => mem::mem_retain_allocation_handle;
-        Cuda fn cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult
-            => cuda::array_create;
-        Cuda fn cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult
-            => cuda::array_3d_create;
-        Cuda fn cuArrayDestroy(array: CUarray) -> CUresult => cuda::array_destroy;
-        Cuda fn cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-            levels: c_uint) -> CUresult => cuda::mipmapped_array_create;
-        Cuda fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CUresult => cuda::mipmapped_array_destroy;
-        Cuda fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult
-            => mem::ctx_create_v2;
-        Cuda fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, num_params: c_int, flags: c_uint,
-            dev: CUdevice) -> CUresult => mem::ctx_create_v3;
-        Cuda fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice)
-            -> CUresult => mem::ctx_create_v4;
-        Cuda fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => mem::ctx_destroy;
-        // The device-malloc heap is device memory (see memory::wrappers::ctx_set_limit).
-        Cuda fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult => mem::ctx_set_limit;
-        Cuda fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult
-            => mem::primary_ctx_retain;
-        Cuda fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => mem::primary_ctx_release;
-        Cuda fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => mem::primary_ctx_reset;
-
-        Cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
-            bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-            -> CUresult => cuda::launch_kernel [hot];
-        Cuda fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
-            bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-            -> CUresult => cuda::launch_kernel [hot];
-        Cuda fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
-            extra: *mut *mut c_void) -> CUresult => cuda::launch_kernel_ex [hot];
-        Cuda fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
-            extra: *mut *mut c_void) -> CUresult => cuda::launch_kernel_ex [hot];
-        Cuda fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
-            by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
-            => cuda::launch_cooperative_kernel [hot];
-        Cuda fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
-            by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
-            => cuda::launch_cooperative_kernel [hot];
-        Cuda fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, flags: c_uint)
-            -> CUresult => cuda::launch_cooperative_kernel_multi_device;
-        Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch [hot];
-        Cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch [hot];
-        // CUDA graph memory (see memory::graphs): settled after each call that can change it.
-        Cuda fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode,
-            log: *mut c_char, log_size: usize) -> CUresult => graphs::instantiate;
-        Cuda fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode,
-            log: *mut c_char, log_size: usize) -> CUresult => graphs::instantiate;
-        Cuda fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult
-            => graphs::instantiate_with_flags;
-        Cuda fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
-            -> CUresult => graphs::instantiate_with_params;
-        Cuda fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
-            -> CUresult => graphs::instantiate_with_params;
-        Cuda fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult => graphs::upload;
-        Cuda fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => graphs::upload;
-        Cuda fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult => graphs::exec_destroy;
-        Cuda fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult => graphs::trim;
-
-        // The legacy unsuffixed entry points: what a binary built against pre-3.2 headers (or
-        // with CUDA_FORCE_API_VERSION) links, what dlsym of the bare name finds, and what
-        // cuGetProcAddress answers below the version of the suffixed ABI (NVIDIA's own loaders
-        // ask for "cuDevicePrimaryCtxRelease" at 7000 and get the v1 function). Same ABI as
-        // the suffixed function: the same handler. 32-bit ABI: a `_v1` handler.
-        Cuda fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult => cuda::mem_get_info_v1;
-        Cuda fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult => cuda::device_total_mem_v1;
-        Cuda fn cuMemAlloc(dptr: *mut c_uint, bytesize: c_uint) -> CUresult => cuda::mem_alloc_v1;
-        Cuda fn cuMemAllocPitch(dptr: *mut c_uint, pitch: *mut c_uint, width_bytes: c_uint, height: c_uint,
-            element_size: c_uint) -> CUresult => cuda::mem_alloc_pitch_v1;
-        Cuda fn cuMemFree(dptr: c_uint) -> CUresult => cuda::mem_free_v1;
-        Cuda fn cuArrayCreate(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult
-            => cuda::array_create_v1;
-        Cuda fn cuArray3DCreate(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult
-            => cuda::array_3d_create_v1;
-        Cuda fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult => mem::ctx_create_v2;
-        Cuda fn cuCtxDestroy(ctx: CUcontext) -> CUresult => mem::ctx_destroy;
-        Cuda fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult => mem::primary_ctx_release;
-        Cuda fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => mem::primary_ctx_reset;
-        Cuda fn cuLaunch(f: CUfunction) -> CUresult => cuda::launch [hot];
-        Cuda fn cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int) -> CUresult
-            => cuda::launch_grid [hot];
-        Cuda fn cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, stream: CUstream)
-            -> CUresult => cuda::launch_grid_async [hot];
-
-        Nvml fn nvmlInit_v2() -> nvmlReturn_t => passthrough;
-        Nvml fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t => passthrough;
-        // The v1 name, which drivers still export for old binaries: without it a fail-closed
-        // process could open NVML through it.
-        Nvml fn nvmlInit() -> nvmlReturn_t => passthrough;
-        Nvml fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t
-            => nvml::device_get_memory_info;
-        Nvml fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t
-            => nvml::device_get_memory_info_v2;
-        Nvml fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
-            infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => mem::compute_processes_v1;
-        Nvml fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
-            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::compute_processes_v2;
-        Nvml fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
-            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::compute_processes_v3;
-        Nvml fn nvmlDeviceGetGraphicsRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
-            infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => mem::other_processes_v1;
-        Nvml fn nvmlDeviceGetGraphicsRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
-            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
-        Nvml fn nvmlDeviceGetGraphicsRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
-            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
-        Nvml fn nvmlDeviceGetMPSComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
-            infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => mem::other_processes_v1;
-        Nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
-            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
-        Nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
-            infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
-        // The slice's own share, not the card's (which discloses the neighbours).
-        Nvml fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t)
-            -> nvmlReturn_t => nvml::device_get_utilization_rates;
-        Nvml fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t,
-            samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen: u64) -> nvmlReturn_t
-            => mem::process_utilization;
-    }
-    helpers {
-        Cuda fn cuCtxGetDevice(*mut CUdevice) -> CUresult;
-        Cuda fn cuDeviceGetUuid_v2(*mut CUuuid, CUdevice) -> CUresult;
-        Cuda fn cuDeviceGetUuid(*mut CUuuid, CUdevice) -> CUresult;
-        Nvml fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
-        Nvml fn nvmlDeviceGetIndex(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
-        Nvml fn nvmlDeviceGetHandleByUUID(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
-        Nvml fn nvmlDeviceGetHandleByIndex_v2(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
-        Cuda fn cuDeviceGetCount(*mut c_int) -> CUresult;
-        Cuda fn cuStreamGetCtx(CUstream, *mut CUcontext) -> CUresult;
-        Cuda fn cuCtxGetDevice_v2(*mut CUdevice, CUcontext) -> CUresult;
-        Cuda fn cuCtxPushCurrent_v2(CUcontext) -> CUresult;
-        Cuda fn cuCtxPopCurrent_v2(*mut CUcontext) -> CUresult;
-        Cuda fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
-        Cuda fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void) -> CUresult;
-        Cuda fn cuCtxGetLimit(*mut usize, c_int) -> CUresult;
-    }
-}
+hook_table!(hook_exports);
 
 /// Pure core of the cuGetProcAddress mapping: the wrapper whose real function is exactly
 /// `real`, by pointer identity (so the driver's choice of ABI version and stream semantics is

@@ -32,7 +32,7 @@ use gpuslice_abi::cuda::*;
 use super::ledger::lock;
 use super::pools::Settle;
 use super::{cuda_binding, process, shared, Binding, Process};
-use crate::hooks::registry::{real, signature as sig};
+use crate::ground::driver::{real, signature as sig};
 
 /// `CUgraphMem_attribute`: `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
 pub const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;

@@ -393,7 +393,7 @@ fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult>
 }
 
 fn card_total_for_warning(ordinal: CUdevice) -> Option<u64> {
-    let total_mem = crate::hooks::registry::real::cuDeviceTotalMem_v2()?;
+    let total_mem = crate::ground::driver::real::cuDeviceTotalMem_v2()?;
     let mut bytes = 0usize;
     // SAFETY: valid out-pointer for the call.
     (unsafe { total_mem(&mut bytes, ordinal) } == CUDA_SUCCESS).then_some(bytes as u64)
@@ -484,7 +484,7 @@ fn nvml_binding(shared: &Shared, device: nvmlDevice_t) -> Result<Binding, ()> {
 /// The calling thread's current context (0 = none).
 #[inline]
 fn current_context() -> u64 {
-    let Some(get_current) = crate::hooks::registry::real::cuCtxGetCurrent() else {
+    let Some(get_current) = crate::ground::driver::real::cuCtxGetCurrent() else {
         return 0;
     };
     let mut context: CUcontext = std::ptr::null_mut();

@@ -27,7 +27,7 @@ use super::{
     charge_or_refuse, cuda_binding, current_context, device_id, nvml_binding, process, shared,
     Binding, Process, Shared,
 };
-use crate::hooks::registry::{real, signature as sig};
+use crate::ground::driver::{real, signature as sig};
 use crate::memory::report::{list_fits, slice_process_list, SliceProcess};
 
 /// The limited device entry of the current context's device, `None` = pass-through.

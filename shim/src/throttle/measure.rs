@@ -12,7 +12,7 @@
 
 use gpuslice_abi::nvml::{nvmlDevice_t, nvmlProcessUtilizationSample_t};
 
-use crate::hooks::registry::real;
+use crate::ground::driver::real;
 
 /// A device handle the real NVML gave us (valid for the process's life: the shim never shuts
 /// NVML down). Only the functions below use it, so no caller can hand them a stray pointer.

@@ -159,7 +159,7 @@ pub fn before_launch_on_stream(stream: gpuslice_abi::cuda::CUstream) {
 /// The device `stream` runs on (its context's); the current one for the NULL, legacy and
 /// per-thread streams, or when the driver cannot say.
 fn stream_ordinal(stream: gpuslice_abi::cuda::CUstream) -> Option<CUdevice> {
-    use crate::hooks::registry::real;
+    use crate::ground::driver::real;
     if stream as usize <= gpuslice_abi::cuda::flags::CU_STREAM_PER_THREAD {
         return current_ordinal();
     }
@@ -239,7 +239,7 @@ fn current_ordinal() -> Option<CUdevice> {
         _ => {
             let mut count = 0i32;
             // SAFETY: `count` is a valid out-pointer for the duration of the call.
-            let known = crate::hooks::registry::real::cuDeviceGetCount()
+            let known = crate::ground::driver::real::cuDeviceGetCount()
                 .is_some_and(|get| unsafe { get(&mut count) } == CUDA_SUCCESS);
             if known {
                 DEVICE_COUNT_KIND.store(if count == 1 { 1 } else { 2 }, Ordering::Relaxed);
