@@ -7,6 +7,7 @@
 //!    the dlsym and cuGetProcAddress paths, every handler, the fail-closed gate and refusal);
 //! 2. policy: [`memory`] (the ledger and what each path charges) and [`throttle`] (the
 //!    compute share);
+//! (plus [`lifecycle`], above them all: initialisation, the fail-closed gate, fork handling);
 //! 3. ground: [`ground`] (the real driver, the configuration, device binding, logging).
 //!
 //! Exports are compiled only outside `cfg(test)`: a unit-test binary must never interpose its
@@ -18,5 +19,6 @@
 #[macro_use]
 pub mod hooks;
 pub mod ground;
+pub mod lifecycle;
 pub mod memory;
 pub mod throttle;

@@ -1,27 +1,14 @@
-//! Per-process state: the configuration, loaded lazily ONCE at the first hooked call (never in a
-//! library constructor: the host's own initialisation, its environment and its allocator must
-//! be up first), and the fail-closed gate every export passes.
+//! The configuration this process runs under, as the layers read it: the [`Mode`] (pass
+//! through, fail closed, or enforce a slice), which `lifecycle` loads once per process and
+//! publishes here, and the pure mapping from a configuration outcome to a mode.
 //!
-//! Init order (bytehound-style, explicit):
-//! 1. library load: nothing runs (no constructor);
-//! 2. first `dlsym` call: only the real dlsym is resolved (`real`), no allocation, no locks;
-//! 3. first hooked CUDA/NVML call: `mode()` loads the configuration (allocates, reads the file),
-//!    sets the log level, registers the fork handler, publishes the mode;
-//! 4. after `fork()`: the child handler resets the phase, the child re-initialises at its next
-//!    hooked call (clean per-process state for the ledger and throttle).
-//!
-//! Re-entrancy: the phase word carries the initialising thread's id. The same thread re-entering
-//! during init (config loading calling back into a hooked function) gets pass-through instead
-//! of a deadlock; other threads wait for the result. A thread that waits on an initialiser which
-//! no longer exists (forked away mid-init) takes over.
+//! Reading here never initialises (that is `lifecycle::mode`, at the top): the policy layer
+//! runs inside hooked calls that passed the gate, so the mode is published by then; before
+//! (or in a fork child until its next hooked call) there is none.
 
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
-use gpuslice_common::config::{self, ConfigError, Loaded, SliceConfig};
-
-use crate::ground::real::Library;
-use crate::hooks::refusal::{refusal_line, Fault};
+use gpuslice_common::config::{ConfigError, Loaded, SliceConfig};
 
 /// How this process treats CUDA/NVML calls.
 #[derive(Debug)]
@@ -34,161 +21,45 @@ pub enum Mode {
     Enforcing(SliceConfig),
 }
 
-const PHASE_UNINIT: u64 = 0;
-const PHASE_READY: u64 = 1;
-/// `INITIALIZING | tid << 8` while thread `tid` loads the configuration.
-const PHASE_INITIALIZING: u64 = 2;
-
-static PHASE: AtomicU64 = AtomicU64::new(PHASE_UNINIT);
-static MODE: AtomicPtr<Mode> = AtomicPtr::new(std::ptr::null_mut());
-static PASS_THROUGH_DURING_INIT: Mode = Mode::PassThrough;
-static FORK_HANDLER_REGISTERED: AtomicBool = AtomicBool::new(false);
-
 static ANCHORED: AtomicBool = AtomicBool::new(false);
+static PUBLISHED: AtomicPtr<Mode> = AtomicPtr::new(std::ptr::null_mut());
 
-/// The gate each export passes first: `Err(code)` when the configuration is invalid, or
-/// (once the driver can list them) names a device the node does not have (`device_check`).
+/// The mode `lifecycle` loaded for this process; `None` before it did (and in a fork child
+/// until its next hooked call).
 #[inline]
-pub fn admit(library: Library) -> Result<(), u32> {
-    match mode() {
-        Mode::FailClosed(_) => Err(library.fail_closed_code()),
-        Mode::Enforcing(config) => crate::hooks::device_check::admit(config, library),
-        Mode::PassThrough => Ok(()),
+pub fn published() -> Option<&'static Mode> {
+    // SAFETY: PUBLISHED holds null or a leaked, never freed Box (see `publish`).
+    unsafe { PUBLISHED.load(Ordering::Acquire).as_ref() }
+}
+
+/// The slice configuration when enforcing (without initialising, see the module doc).
+#[inline]
+pub fn slice_config() -> Option<&'static SliceConfig> {
+    match published() {
+        Some(Mode::Enforcing(config)) => Some(config),
+        _ => None,
     }
+}
+
+/// Publishes the process's mode; `mode` is leaked, never freed.
+pub fn publish(mode: &'static Mode) {
+    PUBLISHED.store(mode as *const Mode as *mut Mode, Ordering::Release);
+}
+
+/// A fork child has no mode until it re-initialises. Only stores an atomic: async-signal-safe.
+pub fn unpublish() {
+    PUBLISHED.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+/// Records whether the anchored limit file exists (by `lifecycle`, while loading).
+pub fn set_anchored(anchored: bool) {
+    ANCHORED.store(anchored, Ordering::Release);
 }
 
 /// Whether the anchored limit file exists: then no environment variable may change what is
 /// enforced (the shim's own ones included, see `memory`). Valid once `mode()` has run.
 pub fn anchored() -> bool {
     ANCHORED.load(Ordering::Acquire)
-}
-
-/// This process's mode, initialising it on first use.
-#[inline]
-pub fn mode() -> &'static Mode {
-    if PHASE.load(Ordering::Acquire) == PHASE_READY {
-        // SAFETY: READY is published (Release) only after MODE holds a leaked, never freed Box.
-        return unsafe { &*MODE.load(Ordering::Acquire) };
-    }
-    initialise()
-}
-
-/// The slice configuration when enforcing.
-#[inline]
-pub fn slice_config() -> Option<&'static SliceConfig> {
-    match mode() {
-        Mode::Enforcing(config) => Some(config),
-        _ => None,
-    }
-}
-
-#[cold]
-fn initialise() -> &'static Mode {
-    // SAFETY: gettid has no preconditions.
-    let me = unsafe { libc::gettid() } as u32 as u64;
-    let initialising_by_me = PHASE_INITIALIZING | (me << 8);
-    loop {
-        match PHASE.compare_exchange(
-            PHASE_UNINIT,
-            initialising_by_me,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => {
-                let mode: &'static Mode = Box::leak(Box::new(load_mode()));
-                MODE.store(mode as *const Mode as *mut Mode, Ordering::Release);
-                PHASE.store(PHASE_READY, Ordering::Release);
-                register_fork_handler();
-                return mode;
-            }
-            Err(PHASE_READY) => {
-                // SAFETY: see `mode`.
-                return unsafe { &*MODE.load(Ordering::Acquire) };
-            }
-            Err(current) if current == initialising_by_me => return &PASS_THROUGH_DURING_INIT,
-            Err(current) => {
-                let owner = (current >> 8) as libc::pid_t;
-                if !thread_exists(owner) {
-                    // The initialiser vanished (we are a fork child of a process that was
-                    // mid-init): start over.
-                    let _ = PHASE.compare_exchange(
-                        current,
-                        PHASE_UNINIT,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    );
-                }
-                std::thread::yield_now();
-            }
-        }
-    }
-}
-
-fn thread_exists(tid: libc::pid_t) -> bool {
-    // SAFETY: signal 0 only checks existence; no signal is delivered.
-    let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
-/// Reads the configuration; a panic while doing so fails closed rather than leaving other
-/// threads waiting forever.
-fn load_mode() -> Mode {
-    let loaded = std::panic::catch_unwind(|| {
-        config::load_anchored(Path::new(config::DEFAULT_CONFIG_PATH), &|key| {
-            std::env::var(key).ok()
-        })
-    });
-    let (mode, fault) = match loaded {
-        Ok(outcome) => {
-            ANCHORED.store(outcome.anchored, Ordering::Release);
-            let fault = match &outcome.loaded {
-                Loaded::Configured(config) => {
-                    Fault::Region(crate::memory::region_path(config).display().to_string())
-                }
-                _ => Fault::Configuration,
-            };
-            let mode = mode_from(outcome.loaded);
-            // After `mode_from`: the file's log level decides whether these print.
-            for warning in &outcome.warnings {
-                crate::log_warn!("{warning}");
-            }
-            (attach_region(mode), fault)
-        }
-        Err(_) => (
-            Mode::FailClosed(ConfigError {
-                origin: "gpuslice".into(),
-                field: String::new(),
-                problem: "internal error while loading the configuration".into(),
-            }),
-            Fault::Internal,
-        ),
-    };
-    match &mode {
-        Mode::FailClosed(error) => crate::log_error!("{}", refusal_line(error, fault)),
-        Mode::Enforcing(config) => {
-            crate::log_info!(
-                "enforcing slice from {:?}: {:?}",
-                config.source,
-                config.devices
-            )
-        }
-        Mode::PassThrough => crate::log_debug!("no configuration: pass-through"),
-    }
-    mode
-}
-
-/// An enforcing process opens the slice's shared region and registers in it (the memory
-/// ledger); a region that cannot be opened fails closed like an invalid configuration. The
-/// message names where the region path came from (the limit file and its `region` field, or
-/// the HAMi variable) so the operator knows what to fix, not only which path failed.
-fn attach_region(mode: Mode) -> Mode {
-    match mode {
-        Mode::Enforcing(config) => match crate::memory::attach(&config) {
-            Ok(()) => Mode::Enforcing(config),
-            Err(problem) => Mode::FailClosed(region_error(&config, problem)),
-        },
-        other => other,
-    }
 }
 
 /// The refusal for a region that cannot be used: origin and field say where its path is set.
@@ -213,25 +84,6 @@ pub fn mode_from(loaded: Loaded) -> Mode {
             Mode::Enforcing(config)
         }
     }
-}
-
-fn register_fork_handler() {
-    if FORK_HANDLER_REGISTERED.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    // SAFETY: `after_fork_in_child` is an `extern "C" fn()` that only stores atomics, which is
-    // async-signal-safe as a child-side atfork handler must be.
-    unsafe {
-        libc::pthread_atfork(None, None, Some(after_fork_in_child));
-    }
-}
-
-/// The child of a fork starts with clean per-process state and re-initialises on its next
-/// hooked call. The parent's leaked mode is simply abandoned.
-extern "C" fn after_fork_in_child() {
-    PHASE.store(PHASE_UNINIT, Ordering::Release);
-    crate::memory::after_fork_in_child();
-    crate::throttle::after_fork_in_child();
 }
 
 #[cfg(test)]
@@ -288,14 +140,5 @@ mod tests {
         let error = region_error(&config, "x".into());
         assert_eq!(error.origin, "HAMi env");
         assert!(error.field.starts_with("CUDA_DEVICE_MEMORY_SHARED_CACHE"));
-    }
-
-    #[test]
-    fn mode_initialises_once_and_answers_the_same_afterwards() {
-        let first = mode() as *const Mode;
-        let second = mode() as *const Mode;
-        assert_eq!(first, second);
-        // SAFETY: gettid has no preconditions.
-        assert!(thread_exists(unsafe { libc::gettid() }));
     }
 }

@@ -14,8 +14,8 @@ use gpuslice_abi::cuda::result::{CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS};
 use gpuslice_abi::cuda::*;
 
 use crate::ground::devices;
-use crate::ground::state;
 use crate::hooks::registry::{real, signature as sig};
+use crate::lifecycle;
 use crate::memory::report::{slice_view, MemoryView};
 use crate::memory::{self, wrappers as mem, AllocTarget, DeviceObject};
 use crate::throttle;
@@ -23,7 +23,7 @@ use crate::throttle;
 /// The slice's view of the current context's device given the driver's `physical` figures;
 /// `None` when no slice limits that device.
 fn current_slice_view(physical: impl FnOnce() -> MemoryView) -> Option<MemoryView> {
-    state::slice_config()?;
+    lifecycle::slice_config()?;
     let device = devices::current_cuda_device()?;
     let (limit, used) = memory::cuda_slice(device)?;
     Some(slice_view(physical(), limit, Some(used)))
@@ -31,7 +31,7 @@ fn current_slice_view(physical: impl FnOnce() -> MemoryView) -> Option<MemoryVie
 
 /// The memory limit of `device` in the slice, `None` when unlimited.
 fn device_limit(device: CUdevice) -> Option<u64> {
-    state::slice_config().and_then(|c| devices::cuda_memory_limit(c, device))
+    lifecycle::slice_config().and_then(|c| devices::cuda_memory_limit(c, device))
 }
 
 /// A byte count as the 32-bit ABI reports it: clamped, as the driver clamps, never wrapped.

@@ -7,15 +7,15 @@
 use gpuslice_abi::nvml::ret::NVML_SUCCESS;
 use gpuslice_abi::nvml::*;
 
-use crate::ground::state;
 use crate::hooks::registry::signature as sig;
+use crate::lifecycle;
 use crate::memory;
 use crate::memory::report::{nvml_slice_view, NvmlView};
 
 /// The slice's view of `device` given the driver's physical one; `None` when the device
 /// is not limited (or no slice is configured), so the driver's answer stands.
 fn slice_view_of(device: nvmlDevice_t, physical: NvmlView) -> Option<NvmlView> {
-    state::slice_config()?;
+    lifecycle::slice_config()?;
     let (limit, used) = memory::nvml_slice(device)?;
     Some(nvml_slice_view(physical, limit, Some(used)))
 }
@@ -88,7 +88,7 @@ pub unsafe fn device_get_utilization_rates(
     utilization: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
     let result = real(device, utilization);
-    if result != NVML_SUCCESS || utilization.is_null() || state::slice_config().is_none() {
+    if result != NVML_SUCCESS || utilization.is_null() || lifecycle::slice_config().is_none() {
         return result;
     }
     let Some(samples) = memory::wrappers::slice_utilization_samples(device) else {

@@ -49,7 +49,7 @@ pub fn refusal_line(error: &ConfigError, fault: Fault) -> String {
 /// unlimited.
 pub fn must_hand_out_our_cu_init(symbol: &CStr) -> bool {
     symbol.to_bytes() == b"cuInit"
-        && crate::ground::state::admit(crate::ground::real::Library::Cuda).is_err()
+        && crate::lifecycle::admit(crate::ground::real::Library::Cuda).is_err()
 }
 
 #[cfg(test)]

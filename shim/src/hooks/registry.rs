@@ -281,7 +281,7 @@ macro_rules! hook_exports {
                 pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
                     $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
                         if hook_exports!(@gated $($flag)?) {
-                            if let Err(code) = $crate::ground::state::admit(Library::$lib) {
+                            if let Err(code) = $crate::lifecycle::admit(Library::$lib) {
                                 return code;
                             }
                         }
@@ -444,7 +444,7 @@ mod tests {
                 .is_null();
         if cuda_loaded
             || !matches!(
-                crate::ground::state::mode(),
+                crate::lifecycle::mode(),
                 crate::ground::state::Mode::PassThrough
             )
         {
