@@ -14,12 +14,15 @@
 //!   the real function first, then the caller's arguments unchanged, and returns the C result
 //!   code. They run inside the export's panic boundary and after its fail-closed gate.
 
-pub mod cuda;
+pub mod context;
 pub mod device_check;
 pub mod dlsym;
+pub mod launch;
+pub mod memory;
 pub mod nesting;
 pub mod nvml;
 pub mod proc_address;
+pub mod query;
 pub mod refusal;
 #[macro_use]
 pub mod registry;

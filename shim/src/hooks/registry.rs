@@ -86,126 +86,126 @@ macro_rules! hook_table {
                 flags: cuuint64_t) -> CUresult => proc_address::get_proc_address [open];
             Cuda fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
                 flags: cuuint64_t, symbol_status: *mut c_int) -> CUresult => proc_address::get_proc_address_v2 [open];
-            Cuda fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult => cuda::mem_get_info;
-            Cuda fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult => cuda::device_total_mem;
+            Cuda fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult => query::mem_get_info;
+            Cuda fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult => query::device_total_mem;
 
-            Cuda fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult => cuda::mem_alloc;
+            Cuda fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult => memory::mem_alloc;
             Cuda fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width_bytes: usize,
-                height: usize, element_size: c_uint) -> CUresult => mem::mem_alloc_pitch;
+                height: usize, element_size: c_uint) -> CUresult => memory::mem_alloc_pitch;
             Cuda fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult
-                => cuda::mem_alloc_managed;
-            Cuda fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => cuda::mem_free;
+                => memory::mem_alloc_managed;
+            Cuda fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => memory::mem_free;
             Cuda fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
-                => mem::mem_alloc_async;
+                => memory::mem_alloc_async;
             Cuda fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
-                => mem::mem_alloc_async;
-            Cuda fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult => cuda::mem_free_async;
-            Cuda fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => cuda::mem_free_async;
+                => memory::mem_alloc_async;
+            Cuda fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult => memory::mem_free_async;
+            Cuda fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => memory::mem_free_async;
             Cuda fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
-                stream: CUstream) -> CUresult => mem::mem_alloc_from_pool_async;
+                stream: CUstream) -> CUresult => memory::mem_alloc_from_pool_async;
             Cuda fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
-                stream: CUstream) -> CUresult => mem::mem_alloc_from_pool_async;
-            Cuda fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => mem::mem_pool_destroy;
+                stream: CUstream) -> CUresult => memory::mem_alloc_from_pool_async;
+            Cuda fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => memory::mem_pool_destroy;
             // Which device a pool lives on (a pool allocation is charged there, see memory::pools).
             Cuda fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult
-                => mem::mem_pool_create;
+                => memory::mem_pool_create;
             Cuda fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult
-                => mem::device_get_mem_pool;
+                => memory::device_get_mem_pool;
             Cuda fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult
-                => mem::device_get_mem_pool;
-            Cuda fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUresult => mem::device_set_mem_pool;
-            Cuda fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult => mem::mem_pool_trim_to;
+                => memory::device_get_mem_pool;
+            Cuda fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUresult => memory::device_set_mem_pool;
+            Cuda fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult => memory::mem_pool_trim_to;
             Cuda fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize,
-                prop: *const CUmemAllocationProp, flags: u64) -> CUresult => cuda::mem_create;
-            Cuda fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => cuda::mem_release;
+                prop: *const CUmemAllocationProp, flags: u64) -> CUresult => memory::mem_create;
+            Cuda fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => memory::mem_release;
             Cuda fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle,
-                flags: u64) -> CUresult => mem::mem_map;
-            Cuda fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult => mem::mem_unmap;
-            Cuda fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult => mem::mem_address_free;
+                flags: u64) -> CUresult => memory::mem_map;
+            Cuda fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult => memory::mem_unmap;
+            Cuda fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult => memory::mem_address_free;
             Cuda fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void)
-                -> CUresult => mem::mem_retain_allocation_handle;
+                -> CUresult => memory::mem_retain_allocation_handle;
             Cuda fn cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult
-                => cuda::array_create;
+                => memory::array_create;
             Cuda fn cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult
-                => cuda::array_3d_create;
-            Cuda fn cuArrayDestroy(array: CUarray) -> CUresult => cuda::array_destroy;
+                => memory::array_3d_create;
+            Cuda fn cuArrayDestroy(array: CUarray) -> CUresult => memory::array_destroy;
             Cuda fn cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-                levels: c_uint) -> CUresult => cuda::mipmapped_array_create;
-            Cuda fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CUresult => cuda::mipmapped_array_destroy;
+                levels: c_uint) -> CUresult => memory::mipmapped_array_create;
+            Cuda fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CUresult => memory::mipmapped_array_destroy;
             Cuda fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult
-                => mem::ctx_create_v2;
+                => context::ctx_create_v2;
             Cuda fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, num_params: c_int, flags: c_uint,
-                dev: CUdevice) -> CUresult => mem::ctx_create_v3;
+                dev: CUdevice) -> CUresult => context::ctx_create_v3;
             Cuda fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice)
-                -> CUresult => mem::ctx_create_v4;
-            Cuda fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => mem::ctx_destroy;
-            // The device-malloc heap is device memory (see memory::wrappers::ctx_set_limit).
-            Cuda fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult => mem::ctx_set_limit;
+                -> CUresult => context::ctx_create_v4;
+            Cuda fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => context::ctx_destroy;
+            // The device-malloc heap is device memory (see hooks::context::ctx_set_limit).
+            Cuda fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult => context::ctx_set_limit;
             Cuda fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult
-                => mem::primary_ctx_retain;
-            Cuda fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => mem::primary_ctx_release;
-            Cuda fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => mem::primary_ctx_reset;
+                => context::primary_ctx_retain;
+            Cuda fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => context::primary_ctx_release;
+            Cuda fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => context::primary_ctx_reset;
 
             Cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
                 bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-                -> CUresult => cuda::launch_kernel [hot];
+                -> CUresult => launch::launch_kernel [hot];
             Cuda fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
                 bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-                -> CUresult => cuda::launch_kernel [hot];
+                -> CUresult => launch::launch_kernel [hot];
             Cuda fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
-                extra: *mut *mut c_void) -> CUresult => cuda::launch_kernel_ex [hot];
+                extra: *mut *mut c_void) -> CUresult => launch::launch_kernel_ex [hot];
             Cuda fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
-                extra: *mut *mut c_void) -> CUresult => cuda::launch_kernel_ex [hot];
+                extra: *mut *mut c_void) -> CUresult => launch::launch_kernel_ex [hot];
             Cuda fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
                 by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
-                => cuda::launch_cooperative_kernel [hot];
+                => launch::launch_cooperative_kernel [hot];
             Cuda fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
                 by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
-                => cuda::launch_cooperative_kernel [hot];
+                => launch::launch_cooperative_kernel [hot];
             Cuda fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, flags: c_uint)
-                -> CUresult => cuda::launch_cooperative_kernel_multi_device;
-            Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch [hot];
-            Cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => cuda::graph_launch [hot];
+                -> CUresult => launch::launch_cooperative_kernel_multi_device;
+            Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch [hot];
+            Cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch [hot];
             // CUDA graph memory (see memory::graphs): settled after each call that can change it.
             Cuda fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode,
-                log: *mut c_char, log_size: usize) -> CUresult => graphs::instantiate;
+                log: *mut c_char, log_size: usize) -> CUresult => memory::instantiate;
             Cuda fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode,
-                log: *mut c_char, log_size: usize) -> CUresult => graphs::instantiate;
+                log: *mut c_char, log_size: usize) -> CUresult => memory::instantiate;
             Cuda fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult
-                => graphs::instantiate_with_flags;
+                => memory::instantiate_with_flags;
             Cuda fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
-                -> CUresult => graphs::instantiate_with_params;
+                -> CUresult => memory::instantiate_with_params;
             Cuda fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
-                -> CUresult => graphs::instantiate_with_params;
-            Cuda fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult => graphs::upload;
-            Cuda fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => graphs::upload;
-            Cuda fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult => graphs::exec_destroy;
-            Cuda fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult => graphs::trim;
+                -> CUresult => memory::instantiate_with_params;
+            Cuda fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult => memory::upload;
+            Cuda fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => memory::upload;
+            Cuda fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult => memory::exec_destroy;
+            Cuda fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult => memory::trim;
 
             // The legacy unsuffixed entry points: what a binary built against pre-3.2 headers (or
             // with CUDA_FORCE_API_VERSION) links, what dlsym of the bare name finds, and what
             // cuGetProcAddress answers below the version of the suffixed ABI (NVIDIA's own loaders
             // ask for "cuDevicePrimaryCtxRelease" at 7000 and get the v1 function). Same ABI as
             // the suffixed function: the same handler. 32-bit ABI: a `_v1` handler.
-            Cuda fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult => cuda::mem_get_info_v1;
-            Cuda fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult => cuda::device_total_mem_v1;
-            Cuda fn cuMemAlloc(dptr: *mut c_uint, bytesize: c_uint) -> CUresult => cuda::mem_alloc_v1;
+            Cuda fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult => query::mem_get_info_v1;
+            Cuda fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult => query::device_total_mem_v1;
+            Cuda fn cuMemAlloc(dptr: *mut c_uint, bytesize: c_uint) -> CUresult => memory::mem_alloc_v1;
             Cuda fn cuMemAllocPitch(dptr: *mut c_uint, pitch: *mut c_uint, width_bytes: c_uint, height: c_uint,
-                element_size: c_uint) -> CUresult => cuda::mem_alloc_pitch_v1;
-            Cuda fn cuMemFree(dptr: c_uint) -> CUresult => cuda::mem_free_v1;
+                element_size: c_uint) -> CUresult => memory::mem_alloc_pitch_v1;
+            Cuda fn cuMemFree(dptr: c_uint) -> CUresult => memory::mem_free_v1;
             Cuda fn cuArrayCreate(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult
-                => cuda::array_create_v1;
+                => memory::array_create_v1;
             Cuda fn cuArray3DCreate(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult
-                => cuda::array_3d_create_v1;
-            Cuda fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult => mem::ctx_create_v2;
-            Cuda fn cuCtxDestroy(ctx: CUcontext) -> CUresult => mem::ctx_destroy;
-            Cuda fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult => mem::primary_ctx_release;
-            Cuda fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => mem::primary_ctx_reset;
-            Cuda fn cuLaunch(f: CUfunction) -> CUresult => cuda::launch [hot];
+                => memory::array_3d_create_v1;
+            Cuda fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult => context::ctx_create_v2;
+            Cuda fn cuCtxDestroy(ctx: CUcontext) -> CUresult => context::ctx_destroy;
+            Cuda fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult => context::primary_ctx_release;
+            Cuda fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => context::primary_ctx_reset;
+            Cuda fn cuLaunch(f: CUfunction) -> CUresult => launch::launch [hot];
             Cuda fn cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int) -> CUresult
-                => cuda::launch_grid [hot];
+                => launch::launch_grid [hot];
             Cuda fn cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, stream: CUstream)
-                -> CUresult => cuda::launch_grid_async [hot];
+                -> CUresult => launch::launch_grid_async [hot];
 
             Nvml fn nvmlInit_v2() -> nvmlReturn_t => passthrough;
             Nvml fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t => passthrough;
@@ -217,29 +217,29 @@ macro_rules! hook_table {
             Nvml fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t
                 => nvml::device_get_memory_info_v2;
             Nvml fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
-                infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => mem::compute_processes_v1;
+                infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => nvml::compute_processes_v1;
             Nvml fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
-                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::compute_processes_v2;
+                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => nvml::compute_processes_v2;
             Nvml fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
-                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::compute_processes_v3;
+                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => nvml::compute_processes_v3;
             Nvml fn nvmlDeviceGetGraphicsRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
-                infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => mem::other_processes_v1;
+                infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => nvml::other_processes_v1;
             Nvml fn nvmlDeviceGetGraphicsRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
-                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => nvml::other_processes;
             Nvml fn nvmlDeviceGetGraphicsRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
-                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => nvml::other_processes;
             Nvml fn nvmlDeviceGetMPSComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint,
-                infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => mem::other_processes_v1;
+                infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t => nvml::other_processes_v1;
             Nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint,
-                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => nvml::other_processes;
             Nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint,
-                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => mem::other_processes;
+                infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t => nvml::other_processes;
             // The slice's own share, not the card's (which discloses the neighbours).
             Nvml fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t)
                 -> nvmlReturn_t => nvml::device_get_utilization_rates;
             Nvml fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t,
                 samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen: u64) -> nvmlReturn_t
-                => mem::process_utilization;
+                => nvml::process_utilization;
         }
         helpers {
             Cuda fn cuCtxGetDevice(*mut CUdevice) -> CUresult;
@@ -346,9 +346,7 @@ macro_rules! hook_exports {
     };
 }
 
-use crate::hooks::{cuda, nvml, proc_address};
-use crate::memory::graphs;
-use crate::memory::wrappers as mem;
+use crate::hooks::{context, launch, memory, nvml, proc_address, query};
 
 hook_table!(hook_exports);
 

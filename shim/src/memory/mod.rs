@@ -10,13 +10,14 @@
 //! * [`host_pid`]: which NVML process entry is us (host PID discovery, context cost);
 //! * [`context_start`]: what a new context reserves, the slice's measuring lock, and the
 //!   line that says why a context was refused;
-//! * [`wrappers`]: the FFI handlers for the paths whose size the driver decides (pitch,
-//!   pools, VMM, contexts) and the NVML process lists;
+//! * [`wrappers`]: what the paths whose size the driver decides (pools, VMM, contexts, the
+//!   malloc heap) charge, and which NVML process entries are the slice's;
+//! * [`report`]: the slice's view of memory numbers (pure);
 //! * this file: the process-wide state (region, slot, device bindings) and the seam the plain
-//!   allocation wrappers in `hooks::cuda` call (`allocate`, over `before_alloc` and
+//!   allocation handlers in `hooks::memory` call (`allocate`, over `before_alloc` and
 //!   `after_alloc`; `on_free`).
 //!
-//! Lifecycle: `attach` runs once per process from `state`'s lazy init (and again in a forked
+//! Lifecycle: `attach` runs once per process from `lifecycle`'s lazy init (and again in a forked
 //! child): it opens (or creates) the region — a region that cannot be opened makes the shim
 //! fail closed, like an invalid limit file — and registers this process in a slot. Devices are
 //! bound lazily, by UUID, the first time a hook touches them (`Region::bind_devices`); a
@@ -43,8 +44,8 @@ mod context_start;
 pub mod graphs;
 mod host_pid;
 pub mod ledger;
-mod objects;
-mod pools;
+pub mod objects;
+pub mod pools;
 pub mod report;
 mod vmm;
 pub mod wrappers;
@@ -177,7 +178,7 @@ fn log_reap(
 
 /// How a device is treated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Binding {
+pub enum Binding {
     Unlimited,
     Limited(u8),
 }
@@ -206,7 +207,7 @@ fn decode(word: u32) -> Option<Binding> {
 
 /// Process-wide state that survives fork (the region mapping and its descriptors must be the
 /// same object in the child, which re-registers through it).
-struct Shared {
+pub struct Shared {
     region: Region,
     config: SliceConfig,
     cuda_bindings: [AtomicU32; CACHED_ORDINALS],
@@ -219,23 +220,23 @@ struct Shared {
 
 /// Per-process state; replaced in a forked child.
 pub struct Process {
-    ledger: Ledger<RegionBudget>,
-    slot: SlotId,
+    pub ledger: Ledger<RegionBudget>,
+    pub slot: SlotId,
     /// Host PID (NVML's PID for us); 0 = unknown.
-    host_pid: AtomicU32,
+    pub host_pid: AtomicU32,
 }
 
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
 static PROCESS: AtomicPtr<Process> = AtomicPtr::new(std::ptr::null_mut());
 
 #[inline]
-fn shared() -> Option<&'static Shared> {
+pub fn shared() -> Option<&'static Shared> {
     // SAFETY: SHARED holds null or a leaked, never freed Box published with Release.
     unsafe { SHARED.load(Ordering::Acquire).as_ref() }
 }
 
 #[inline]
-fn process() -> Option<&'static Process> {
+pub fn process() -> Option<&'static Process> {
     // SAFETY: PROCESS holds null or a leaked, never freed Box published with Release.
     unsafe { PROCESS.load(Ordering::Acquire).as_ref() }
 }
@@ -286,7 +287,7 @@ fn context_bound_from_env() -> u64 {
     }
 }
 
-/// Opens the region and registers this process (called by `state` once per process, and
+/// Opens the region and registers this process (called by `lifecycle` once per process, and
 /// again in a forked child). `Err` is the one line the shim prints before failing closed.
 pub fn attach(config: &SliceConfig) -> Result<(), String> {
     let path = region_path(config);
@@ -361,7 +362,7 @@ fn pause_in_registration() {
 /// The memory limit and region entry of a CUDA device (resolved once, then cached). `Err` is
 /// the code the caller answers instead of calling the driver: `CUDA_ERROR_OUT_OF_MEMORY` when
 /// the slice cannot be bound, or the driver's own refusal to name the device.
-fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult> {
+pub fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult> {
     let cell = usize::try_from(ordinal)
         .ok()
         .and_then(|i| shared.cuda_bindings.get(i));
@@ -483,7 +484,7 @@ fn nvml_binding(shared: &Shared, device: nvmlDevice_t) -> Result<Binding, ()> {
 
 /// The calling thread's current context (0 = none).
 #[inline]
-fn current_context() -> u64 {
+pub fn current_context() -> u64 {
     let Some(get_current) = crate::ground::driver::real::cuCtxGetCurrent() else {
         return 0;
     };
@@ -564,7 +565,7 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
 
 /// `Ledger::charge`, and before refusing, pools' cached memory the driver has already given
 /// back is settled first (it may be what stands in the way).
-fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
+pub fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
     if process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
     }
@@ -628,7 +629,7 @@ pub fn after_alloc(reservation: Reservation, result: CUresult, object: DeviceObj
                 },
             );
         }
-        // Primary contexts are booked by `wrappers::primary_ctx_retain`.
+        // Primary contexts are booked by `hooks::context::primary_ctx_retain`.
         DeviceObject::PrimaryContext(_) => process.ledger.refund(device, bytes),
     }
 }

@@ -1,136 +1,27 @@
-//! CUDA driver wrappers: memory queries report the slice, allocation paths go through the
-//! `memory` seam, launch paths through the `throttle` seam. (Pitch, pool, VMM-mapping and
-//! context wrappers, whose real size only the driver knows, live in `memory::wrappers`.)
+//! Memory handlers: allocation and free paths, pools, VMM, arrays, CUDA graph memory. Each
+//! reads the caller's arguments, goes through the `memory` policy (reserve before the driver
+//! allocates, settle with what it reports, refund on free) and answers in the C ABI.
 //!
-//! The legacy entry points of the pre-3.2 ABI (`cuMemAlloc`, `cuMemFree`, `cuMemGetInfo`,
-//! `cuDeviceTotalMem`, `cuMemAllocPitch`, `cuArrayCreate`, `cuArray3DCreate`: 32-bit device
-//! pointers, sizes and descriptor extents) have `_v1` handlers here that widen what they are
-//! given and take the same paths; the deprecated launches (`cuLaunch`, `cuLaunchGrid[Async]`)
-//! pass the throttle like every launch.
+//! The legacy entry points of the pre-3.2 ABI (`cuMemAlloc`, `cuMemFree`, `cuMemAllocPitch`,
+//! `cuArrayCreate`, `cuArray3DCreate`: 32-bit device pointers, sizes and descriptor extents)
+//! have `_v1` handlers here that widen what they are given and take the same paths.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_char, c_uint, c_void};
 
-use gpuslice_abi::cuda::result::{CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS};
+use gpuslice_abi::cuda::result::{
+    CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+};
 use gpuslice_abi::cuda::*;
 
-use crate::ground::devices;
 use crate::hooks::registry::{real, signature as sig};
-use crate::lifecycle;
-use crate::memory::report::{slice_view, MemoryView};
-use crate::memory::{self, wrappers as mem, AllocTarget, DeviceObject};
-use crate::throttle;
+use crate::memory::graphs::*;
+use crate::memory::ledger::{charge_size, lock, pitch_upper_bound, Settled};
+use crate::memory::objects::{Charged, ObjectKind};
+use crate::memory::pools::{home_of, PoolHome};
+use crate::memory::wrappers::*;
+use crate::memory::{self, charge_or_refuse, current_context, process, AllocTarget, DeviceObject};
 
-/// The slice's view of the current context's device given the driver's `physical` figures;
-/// `None` when no slice limits that device.
-fn current_slice_view(physical: impl FnOnce() -> MemoryView) -> Option<MemoryView> {
-    lifecycle::slice_config()?;
-    let device = devices::current_cuda_device()?;
-    let (limit, used) = memory::cuda_slice(device)?;
-    Some(slice_view(physical(), limit, Some(used)))
-}
-
-/// The memory limit of `device` in the slice, `None` when unlimited.
-fn device_limit(device: CUdevice) -> Option<u64> {
-    lifecycle::slice_config().and_then(|c| devices::cuda_memory_limit(c, device))
-}
-
-/// A byte count as the 32-bit ABI reports it: clamped, as the driver clamps, never wrapped.
-pub fn clamp_u32(bytes: u64) -> c_uint {
-    bytes.min(u64::from(c_uint::MAX)) as c_uint
-}
-
-pub unsafe fn mem_get_info(
-    real: sig::cuMemGetInfo_v2,
-    free: *mut usize,
-    total: *mut usize,
-) -> CUresult {
-    let result = real(free, total);
-    if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
-        return result;
-    }
-    let physical = || MemoryView {
-        total: *total as u64,
-        free: *free as u64,
-    };
-    if let Some(view) = current_slice_view(physical) {
-        *total = view.total as usize;
-        *free = view.free as usize;
-    }
-    result
-}
-
-/// The card's (free, total) in full through the real 64-bit `cuMemGetInfo_v2`.
-fn physical_mem_info() -> Option<MemoryView> {
-    let get = real::cuMemGetInfo_v2()?;
-    let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: valid out-pointers for the call.
-    (unsafe { get(&mut free, &mut total) } == CUDA_SUCCESS).then_some(MemoryView {
-        total: total as u64,
-        free: free as u64,
-    })
-}
-
-/// `cuMemGetInfo` of the 32-bit ABI: the slice, clamped to 32 bits. The slice is computed
-/// from the card's full figures (a clamped free minus the slice's use would come out wrong
-/// for slices above 4 GiB), the 32-bit ones serving only when the 64-bit call is missing.
-pub unsafe fn mem_get_info_v1(
-    real: sig::cuMemGetInfo,
-    free: *mut c_uint,
-    total: *mut c_uint,
-) -> CUresult {
-    let result = real(free, total);
-    if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
-        return result;
-    }
-    let physical = || {
-        physical_mem_info().unwrap_or(MemoryView {
-            total: u64::from(*total),
-            free: u64::from(*free),
-        })
-    };
-    if let Some(view) = current_slice_view(physical) {
-        *total = clamp_u32(view.total);
-        *free = clamp_u32(view.free);
-    }
-    result
-}
-
-pub unsafe fn device_total_mem(
-    real: sig::cuDeviceTotalMem_v2,
-    bytes: *mut usize,
-    device: CUdevice,
-) -> CUresult {
-    let result = real(bytes, device);
-    if result != CUDA_SUCCESS || bytes.is_null() {
-        return result;
-    }
-    if let Some(limit) = device_limit(device) {
-        *bytes = (limit as usize).min(*bytes);
-    }
-    result
-}
-
-/// `cuDeviceTotalMem` of the 32-bit ABI: min(limit, card), clamped to 32 bits (the card's
-/// full size from `cuDeviceTotalMem_v2` where the driver has it).
-pub unsafe fn device_total_mem_v1(
-    real: sig::cuDeviceTotalMem,
-    bytes: *mut c_uint,
-    device: CUdevice,
-) -> CUresult {
-    let result = real(bytes, device);
-    if result != CUDA_SUCCESS || bytes.is_null() {
-        return result;
-    }
-    if let Some(limit) = device_limit(device) {
-        let mut full = 0usize;
-        let card = real::cuDeviceTotalMem_v2()
-            // SAFETY: valid out-pointer for the call.
-            .filter(|total| unsafe { total(&mut full, device) } == CUDA_SUCCESS)
-            .map_or(u64::from(*bytes), |_| full as u64);
-        *bytes = clamp_u32(limit.min(card));
-    }
-    result
-}
+// ---------------------------------------------------------------- plain allocations
 
 pub unsafe fn mem_alloc(
     real: sig::cuMemAlloc_v2,
@@ -199,7 +90,7 @@ pub unsafe fn mem_alloc_pitch_v1(
         return real(dptr, pitch, width_bytes, height, element_size);
     }
     let (mut pointer, mut pitch64): (CUdeviceptr, usize) = (0, 0);
-    let result = mem::mem_alloc_pitch(
+    let result = mem_alloc_pitch(
         legacy_pitch_as_v2,
         &mut pointer,
         &mut pitch64,
@@ -431,117 +322,311 @@ pub unsafe fn mipmapped_array_destroy(
     result
 }
 
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn launch_kernel(
-    real: sig::cuLaunchKernel,
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    throttle::before_launch();
-    real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
-}
+// ---------------------------------------------------------------- pitch, pools, VMM
 
-pub unsafe fn launch_kernel_ex(
-    real: sig::cuLaunchKernelEx,
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
+pub unsafe fn mem_alloc_pitch(
+    real: sig::cuMemAllocPitch_v2,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width_bytes: usize,
+    height: usize,
+    element_size: c_uint,
 ) -> CUresult {
-    // A NULL config is the driver's INVALID_VALUE to return; it enqueues nothing to gate.
-    if !config.is_null() {
-        throttle::before_launch();
+    let (Some(process), Some((_, device))) = (process(), current_limited_device()) else {
+        return real(dptr, pitch, width_bytes, height, element_size);
+    };
+    let bound = charge_size(pitch_upper_bound(width_bytes as u64).saturating_mul(height as u64));
+    if let Err(code) = charge_or_refuse(process, device, bound) {
+        return code;
     }
-    real(config, f, params, extra)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn launch_cooperative_kernel(
-    real: sig::cuLaunchCooperativeKernel,
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-) -> CUresult {
-    throttle::before_launch();
-    real(f, gx, gy, gz, bx, by, bz, shared, stream, params)
-}
-
-/// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported): one launch per
-/// entry, each billed on its stream's device. A list the driver will refuse (null, empty,
-/// more entries than devices can exist) is passed through ungated.
-pub unsafe fn launch_cooperative_kernel_multi_device(
-    real: sig::cuLaunchCooperativeKernelMultiDevice,
-    list: *mut CUDA_LAUNCH_PARAMS,
-    n: c_uint,
-    flags: c_uint,
-) -> CUresult {
-    if !list.is_null() && (1..=gpuslice_common::MAX_DEVICES as c_uint).contains(&n) {
-        for i in 0..n as usize {
-            // SAFETY: the caller passes `n` valid entries (the CUDA API's contract).
-            let stream = unsafe { (*list.add(i)).hStream };
-            throttle::before_launch_on_stream(stream);
+    let result = real(dptr, pitch, width_bytes, height, element_size);
+    if result != CUDA_SUCCESS || dptr.is_null() || pitch.is_null() {
+        process.ledger.refund(device, bound);
+        return result;
+    }
+    let actual = charge_size((*pitch as u64).saturating_mul(height as u64));
+    let allocated = *dptr;
+    let settled = process.ledger.settle_or_undo(device, bound, actual, || {
+        // SAFETY: `allocated` is the allocation the driver just made, not yet handed out.
+        real::cuMemFree_v2().is_some_and(|free| unsafe { free(allocated) } == CUDA_SUCCESS)
+    });
+    match settled {
+        Settled::Charged => {}
+        Settled::Undone => {
+            // What the driver leaves behind on failure.
+            *dptr = 0;
+            *pitch = 0;
+            return CUDA_ERROR_OUT_OF_MEMORY;
         }
+        Settled::PastLimit => crate::log_error!(
+            "pitch allocation spent {actual} bytes, past the slice's limit, and could not be freed; charged in full"
+        ),
     }
-    real(list, n, flags)
+    process.ledger.track(
+        ObjectKind::Pointer,
+        *dptr,
+        Charged {
+            device,
+            bytes: actual,
+            pool: 0,
+            context: current_context(),
+        },
+    );
+    result
 }
 
-pub unsafe fn graph_launch(
-    real: sig::cuGraphLaunch,
-    exec: CUgraphExec,
+pub unsafe fn mem_alloc_async(
+    real: sig::cuMemAllocAsync,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
     stream: CUstream,
 ) -> CUresult {
-    throttle::before_launch();
-    let result = real(exec, stream);
-    if result == CUDA_SUCCESS {
-        // The first launch of an exec reserves its graph memory (one relaxed load otherwise).
-        memory::graphs::launched(exec);
+    let Some(process) = process() else {
+        return real(dptr, bytes, stream);
+    };
+    // The stream's device's current pool, whatever context is current.
+    let Some(ordinal) = stream_device(stream) else {
+        return real(dptr, bytes, stream);
+    };
+    let Some(device) = limited_device(ordinal) else {
+        return real(dptr, bytes, stream);
+    };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    let found = real::cuDeviceGetMemPool().map(|get| get(&mut pool, ordinal));
+    if found != Some(CUDA_SUCCESS) || pool.is_null() {
+        // No pool to read: charge it like a plain allocation on the stream's device.
+        return memory::allocate(
+            AllocTarget::Device(ordinal),
+            bytes as u64,
+            || real(dptr, bytes, stream),
+            || DeviceObject::Pointer(memory::read_out(dptr)),
+        );
+    }
+    lock(&process.ledger.pool_homes).learned(pool as u64, Some(PoolHome::Device(ordinal)));
+    let per_thread = real::cuMemAllocAsync_ptsz().is_some_and(|p| p as usize == real as usize);
+    let free = free_async_like(per_thread);
+    pool_alloc(
+        process,
+        device,
+        pool as u64,
+        dptr,
+        bytes,
+        || real(dptr, bytes, stream),
+        |ptr| free(stream, ptr),
+    )
+}
+
+pub unsafe fn mem_alloc_from_pool_async(
+    real: sig::cuMemAllocFromPoolAsync,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    let Some(process) = process() else {
+        return real(dptr, bytes, pool, stream);
+    };
+    // Charged to the pool's device, which may not be the stream's (nor the current one).
+    let ordinal = match pool_home(process, pool as u64) {
+        Some(PoolHome::Host) => return real(dptr, bytes, pool, stream),
+        Some(PoolHome::Device(ordinal)) => Some(ordinal),
+        None => stream_device(stream),
+    };
+    let Some(device) = ordinal.and_then(limited_device) else {
+        return real(dptr, bytes, pool, stream);
+    };
+    let per_thread =
+        real::cuMemAllocFromPoolAsync_ptsz().is_some_and(|p| p as usize == real as usize);
+    let free = free_async_like(per_thread);
+    pool_alloc(
+        process,
+        device,
+        pool as u64,
+        dptr,
+        bytes,
+        || real(dptr, bytes, pool, stream),
+        |ptr| free(stream, ptr),
+    )
+}
+
+/// cuMemPoolCreate: the pool lives where `props->location` says (a host pool on no GPU).
+pub unsafe fn mem_pool_create(
+    real: sig::cuMemPoolCreate,
+    pool: *mut CUmemoryPool,
+    props: *const CUmemPoolProps,
+) -> CUresult {
+    let result = real(pool, props);
+    if result == CUDA_SUCCESS && !pool.is_null() && !props.is_null() {
+        let location = (*props).location;
+        learn_pool_home(*pool as u64, home_of(location.type_, location.id));
     }
     result
 }
 
-/// `cuLaunch` (deprecated): a 1x1 grid of the function's block shape, on the legacy stream.
-pub unsafe fn launch(real: sig::cuLaunch, f: CUfunction) -> CUresult {
-    throttle::before_launch();
-    real(f)
+/// cuDeviceGetDefaultMemPool / cuDeviceGetMemPool: the answer is a pool of `dev`.
+pub unsafe fn device_get_mem_pool(
+    real: sig::cuDeviceGetMemPool,
+    pool: *mut CUmemoryPool,
+    dev: CUdevice,
+) -> CUresult {
+    let result = real(pool, dev);
+    if result == CUDA_SUCCESS && !pool.is_null() {
+        learn_pool_home(*pool as u64, Some(PoolHome::Device(dev)));
+    }
+    result
 }
 
-/// `cuLaunchGrid` (deprecated).
-pub unsafe fn launch_grid(
-    real: sig::cuLaunchGrid,
-    f: CUfunction,
-    grid_width: c_int,
-    grid_height: c_int,
+/// cuDeviceSetMemPool: the driver accepts only a pool of `dev`.
+pub unsafe fn device_set_mem_pool(
+    real: sig::cuDeviceSetMemPool,
+    dev: CUdevice,
+    pool: CUmemoryPool,
 ) -> CUresult {
-    throttle::before_launch();
-    real(f, grid_width, grid_height)
+    let result = real(dev, pool);
+    if result == CUDA_SUCCESS {
+        learn_pool_home(pool as u64, Some(PoolHome::Device(dev)));
+    }
+    result
 }
 
-/// `cuLaunchGridAsync` (deprecated).
-pub unsafe fn launch_grid_async(
-    real: sig::cuLaunchGridAsync,
-    f: CUfunction,
-    grid_width: c_int,
-    grid_height: c_int,
-    stream: CUstream,
+/// cuMemPoolDestroy: the pool is read one last time before (its handle names nothing after);
+/// then it is refunded at once if nothing is allocated from it, else when the last of its
+/// allocations is freed (the driver releases it then).
+pub unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
+    let Some(process) = process() else {
+        return real(pool);
+    };
+    let mut book = lock(&process.ledger.pools);
+    if let Some(device) = book.device_of(pool as u64) {
+        reread_locked(process, &mut book, pool as u64, device);
+    }
+    let result = real(pool);
+    if result == CUDA_SUCCESS {
+        let settle = book.destroyed(pool as u64);
+        drop(book);
+        apply(process, settle);
+        lock(&process.ledger.pool_homes).forget(pool as u64);
+    }
+    result
+}
+
+pub unsafe fn mem_pool_trim_to(
+    real: sig::cuMemPoolTrimTo,
+    pool: CUmemoryPool,
+    keep: usize,
 ) -> CUresult {
-    throttle::before_launch();
-    real(f, grid_width, grid_height, stream)
+    let result = real(pool, keep);
+    if result == CUDA_SUCCESS {
+        if let Some(process) = process() {
+            let mut book = lock(&process.ledger.pools);
+            if let Some(device) = book.device_of(pool as u64) {
+                reread_locked(process, &mut book, pool as u64, device);
+            }
+        }
+    }
+    result
+}
+
+pub unsafe fn mem_map(
+    real: sig::cuMemMap,
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> CUresult {
+    let result = real(ptr, size, offset, handle, flags);
+    if result == CUDA_SUCCESS {
+        if let Some(process) = process() {
+            lock(&process.ledger.vmm).mapped(ptr, size as u64, handle);
+        }
+    }
+    result
+}
+
+pub unsafe fn mem_unmap(real: sig::cuMemUnmap, ptr: CUdeviceptr, size: usize) -> CUresult {
+    unmapping(ptr, size, || real(ptr, size))
+}
+
+pub unsafe fn mem_address_free(
+    real: sig::cuMemAddressFree,
+    ptr: CUdeviceptr,
+    size: usize,
+) -> CUresult {
+    unmapping(ptr, size, || real(ptr, size))
+}
+
+pub unsafe fn mem_retain_allocation_handle(
+    real: sig::cuMemRetainAllocationHandle,
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    let result = real(handle, addr);
+    if result == CUDA_SUCCESS && !handle.is_null() {
+        if let Some(process) = process() {
+            lock(&process.ledger.vmm).retained(*handle);
+        }
+    }
+    result
+}
+
+// ---------------------------------------------------------------- CUDA graph memory
+
+pub unsafe fn instantiate(
+    real: sig::cuGraphInstantiate_v2,
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    error_node: *mut CUgraphNode,
+    log: *mut c_char,
+    log_size: usize,
+) -> CUresult {
+    instantiated(real(exec, graph, error_node, log, log_size), exec)
+}
+
+pub unsafe fn instantiate_with_flags(
+    real: sig::cuGraphInstantiateWithFlags,
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    flags: u64,
+) -> CUresult {
+    instantiated(real(exec, graph, flags), exec)
+}
+
+pub unsafe fn instantiate_with_params(
+    real: sig::cuGraphInstantiateWithParams,
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    params: *mut c_void,
+) -> CUresult {
+    instantiated(real(exec, graph, params), exec)
+}
+
+/// `cuGraphUpload[_ptsz]`: the exec's memory is reserved now.
+pub unsafe fn upload(real: sig::cuGraphUpload, exec: CUgraphExec, stream: CUstream) -> CUresult {
+    let result = real(exec, stream);
+    if result == CUDA_SUCCESS {
+        after(Some(exec as u64), None);
+    }
+    result
+}
+
+/// `cuGraphExecDestroy`: its memory stays in the graph pool (unused) until a trim; a driver
+/// that releases it at once shows it in the reading.
+pub unsafe fn exec_destroy(real: sig::cuGraphExecDestroy, exec: CUgraphExec) -> CUresult {
+    let result = real(exec);
+    if result == CUDA_SUCCESS {
+        after(Some(exec as u64), None);
+    }
+    result
+}
+
+/// `cuDeviceGraphMemTrim`: what no live exec uses goes back to the card.
+pub unsafe fn trim(real: sig::cuDeviceGraphMemTrim, device: CUdevice) -> CUresult {
+    let result = real(device);
+    if result == CUDA_SUCCESS {
+        after(None, Some(device));
+    }
+    result
 }
 
 #[cfg(test)]
@@ -572,14 +657,5 @@ mod tests {
             Flags: 0,
         };
         assert_eq!(mipmapped_bytes(&desc, 4), 64 + 16 + 4 + 1);
-    }
-
-    #[test]
-    fn the_32_bit_abi_clamps_and_never_wraps() {
-        assert_eq!(clamp_u32(0), 0);
-        assert_eq!(clamp_u32(1 << 30), 1 << 30);
-        assert_eq!(clamp_u32(u64::from(u32::MAX)), u32::MAX);
-        assert_eq!(clamp_u32(4 << 30), u32::MAX, "4 GiB does not wrap to 0");
-        assert_eq!(clamp_u32(80 << 30), u32::MAX);
     }
 }
