@@ -309,7 +309,7 @@ fn context_device(ctx: CUcontext) -> Option<CUdevice> {
 /// The device `stream` runs on: its context's ("the current mempool of the provided stream's
 /// device", cuMemAllocAsync). The NULL, legacy and per-thread streams are the current
 /// context's. `None` when the driver cannot say (an invalid stream: the driver refuses it).
-pub fn stream_device(stream: CUstream) -> Option<CUdevice> {
+pub(crate) fn stream_device(stream: CUstream) -> Option<CUdevice> {
     if stream as usize <= gpuslice_abi::cuda::flags::CU_STREAM_PER_THREAD {
         return crate::ground::devices::current_cuda_device();
     }
