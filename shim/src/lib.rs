@@ -2,12 +2,12 @@
 //! `/etc/ld.so.preload`), it sits between CUDA/NVML clients and the real driver and turns one
 //! GPU into an enforced slice.
 //!
-//! Three layers; imports run downward only (the `layers` test fails otherwise):
+//! Three layers; imports run downward only (the `layers` test fails otherwise). The process
+//! [`lifecycle`] (initialisation, the fail-closed gate, fork handling) belongs to the top one.
 //! 1. the hook layer, what a client reaches: [`hooks`] (the registry, the exported shells,
 //!    the dlsym and cuGetProcAddress paths, every handler, the fail-closed gate and refusal);
 //! 2. policy: [`memory`] (the ledger and what each path charges) and [`throttle`] (the
 //!    compute share);
-//! (plus [`lifecycle`], above them all: initialisation, the fail-closed gate, fork handling);
 //! 3. ground: [`ground`] (the real driver, the configuration, device binding, logging).
 //!
 //! Exports are compiled only outside `cfg(test)`: a unit-test binary must never interpose its
@@ -19,6 +19,8 @@
 #[macro_use]
 pub mod hooks;
 pub mod ground;
+#[cfg(test)]
+mod layers;
 pub mod lifecycle;
 pub mod memory;
 pub mod throttle;
