@@ -13,7 +13,7 @@ use crate::hooks::registry::signature as sig;
 use crate::lifecycle;
 use crate::memory;
 use crate::memory::report::{nvml_slice_view, NvmlView};
-use crate::memory::wrappers::*;
+use crate::memory::wrappers::{answer, members_only, members_only_by, slice_list, ProcessList};
 use crate::memory::Shared;
 
 /// The slice's view of `device` given the driver's physical one; `None` when the device
