@@ -2,6 +2,7 @@
 //! in the shared region (`gpuslice_common::region`), and the numbers every view reports.
 //!
 //! Parts:
+//! * [`arrays`]: what an array or mipmapped array of a descriptor costs;
 //! * [`ledger`]: sizes as the device spends them and reserve-before-allocate against the
 //!   region (pure, unit-tested with a counter budget);
 //! * [`objects`]: the sharded per-process table object -> (device, bytes, owning context);
@@ -40,6 +41,7 @@
 //! other's NVML entries. Where NVML cannot tell, a measured figure stays charged, the bound
 //! is charged whole.
 
+pub mod arrays;
 mod context_start;
 pub mod graphs;
 mod host_pid;
