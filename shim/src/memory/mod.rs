@@ -733,7 +733,7 @@ fn reap_for_views(shared: &Shared) {
 
 /// Child side of fork: the parent's objects, pools and contexts are not the child's. Only
 /// atomics and close(2) here (async-signal-safe); the child re-registers at its next hooked
-/// call, when `state` runs `attach` again with the same region object. The parent's slot
+/// call, when `lifecycle` runs `attach` again with the same region object. The parent's slot
 /// descriptors are closed at once: held by a child that never calls CUDA again (a data
 /// loader worker), they would keep the parent's slot looking alive after the parent died.
 pub fn after_fork_in_child() {
