@@ -2,44 +2,25 @@
 //! `/etc/ld.so.preload`), it sits between CUDA/NVML clients and the real driver and turns one
 //! GPU into an enforced slice.
 //!
-//! Module map (the FFI shell is tiny; the logic is plain Rust with unit tests):
-//! * [`registry`]: the ONE table of hooked functions; generates the exports, the real-function
-//!   slots, the name -> wrapper table (dlsym) and the real-pointer -> wrapper map
-//!   (cuGetProcAddress).
-//! * [`real`]: the real `dlsym` (via `dlvsym`), the real driver libraries, lazily resolved slots.
-//! * [`dlsym_hook`]: the exported `dlsym` trampoline and its decision function.
-//! * [`hooks`]: the wrapper bodies (CUDA, NVML, cuGetProcAddress).
-//! * [`state`]: lazy, once-per-process initialisation (config), fork handling, fail-closed gate.
-//! * [`refusal`]: what a fail-closed process says (one line naming what to run) and which
-//!   entry points stay open (cuGetProcAddress, so bindings see error codes, not missing functions).
-//! * [`devices`]: which limit applies to which device (UUID, then index).
-//! * [`device_check`]: fails the slice closed when a limit-file entry names no device.
-//! * [`report`]: the reporting math (slice view of memory numbers: clamping, no wrap).
-//! * [`memory`], [`throttle`]: policy seams, pass-through for now.
-//! * [`nesting`]: hooks never nest on a thread (a driver calling its own exports).
-//! * [`ffi_boundary`], [`log`]: panic containment and `[gpuslice]` logging.
-//! * [`math`]: the built-in `exp`, so libm is not loaded into every process.
+//! Three layers; imports run downward only (the `layers` test fails otherwise). The process
+//! [`lifecycle`] (initialisation, the fail-closed gate, fork handling) belongs to the top one.
+//! 1. the hook layer, what a client reaches: [`hooks`] (the registry, the exported shells,
+//!    the dlsym and cuGetProcAddress paths, every handler, the fail-closed gate and refusal);
+//! 2. policy: [`memory`] (the ledger and what each path charges) and [`throttle`] (the
+//!    compute share);
+//! 3. ground: [`ground`] (the real driver, the configuration, device binding, logging).
 //!
 //! Exports are compiled only outside `cfg(test)`: a unit-test binary must never interpose its
 //! own `dlsym` or `cu*` symbols.
 
 #![allow(clippy::missing_safety_doc)]
 
+// `hooks` first: its registry's `hook_table!` is what `ground::driver` expands.
 #[macro_use]
-pub mod ffi_boundary;
-#[macro_use]
-pub mod log;
-pub mod device_check;
-pub mod devices;
-pub mod dlsym_hook;
 pub mod hooks;
-pub mod math;
+pub mod ground;
+#[cfg(test)]
+mod layers;
+pub mod lifecycle;
 pub mod memory;
-pub mod nesting;
-pub mod real;
-#[macro_use]
-pub mod registry;
-pub mod refusal;
-pub mod report;
-pub mod state;
 pub mod throttle;

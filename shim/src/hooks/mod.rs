@@ -1,7 +1,28 @@
-//! Wrapper bodies ("handlers") named by the registry. Each takes the real function first, then
-//! the caller's arguments unchanged, and returns the C result code. They run inside the
-//! export's panic boundary and after its fail-closed gate.
+//! The hook layer: everything a CUDA or NVML client reaches. It may use every layer below
+//! (`memory`, `throttle`, `ground`); nothing below imports it (checked by `layers`).
+//!
+//! * [`registry`]: the ONE table of hooked functions; generates the exports, the name ->
+//!   wrapper table (dlsym) and the real-pointer -> wrapper map (cuGetProcAddress).
+//! * [`dlsym`]: the exported `dlsym` trampoline and its decision function.
+//! * [`proc_address`]: the cuGetProcAddress handlers.
+//! * [`refusal`]: what a fail-closed process says (one line naming what to run) and which
+//!   entry points stay open (cuGetProcAddress, so bindings see error codes, not missing
+//!   functions).
+//! * [`device_check`]: fails the slice closed when a limit-file entry names no device.
+//! * [`nesting`]: hooks never nest on a thread (a driver calling its own exports).
+//! * the handlers ("wrapper bodies") named by the registry, one file per family. Each takes
+//!   the real function first, then the caller's arguments unchanged, and returns the C result
+//!   code. They run inside the export's panic boundary and after its fail-closed gate.
 
-pub mod cuda;
+pub mod context;
+pub mod device_check;
+pub mod dlsym;
+pub mod launch;
+pub mod memory;
+pub mod nesting;
 pub mod nvml;
 pub mod proc_address;
+pub mod query;
+pub mod refusal;
+#[macro_use]
+pub mod registry;

@@ -1,21 +1,25 @@
 //! NVML wrappers: memory info reports the slice (what nvidia-smi and pynvml show): total =
 //! limit, used = the container's usage from the region, free = the clamped remainder.
 //! Device utilisation reports the slice's own processes' share of the card (see
-//! [`device_get_utilization_rates`]). The process lists and per-process samples (filtered to
-//! the slice, PIDs translated) are in `memory::wrappers`.
+//! [`device_get_utilization_rates`]). The process lists and per-process samples are filtered
+//! to the slice, PIDs translated (what is in the slice: `memory::wrappers`).
 
-use gpuslice_abi::nvml::ret::NVML_SUCCESS;
+use std::ffi::c_uint;
+
+use gpuslice_abi::nvml::ret::{NVML_ERROR_NOT_FOUND, NVML_SUCCESS};
 use gpuslice_abi::nvml::*;
 
+use crate::hooks::registry::signature as sig;
+use crate::lifecycle;
 use crate::memory;
-use crate::registry::signature as sig;
-use crate::report::{nvml_slice_view, NvmlView};
-use crate::state;
+use crate::memory::report::{nvml_slice_view, NvmlView};
+use crate::memory::wrappers::{answer, members_only, members_only_by, slice_list, ProcessList};
+use crate::memory::Shared;
 
 /// The slice's view of `device` given the driver's physical one; `None` when the device
 /// is not limited (or no slice is configured), so the driver's answer stands.
 fn slice_view_of(device: nvmlDevice_t, physical: NvmlView) -> Option<NvmlView> {
-    state::slice_config()?;
+    lifecycle::slice_config()?;
     let (limit, used) = memory::nvml_slice(device)?;
     Some(nvml_slice_view(physical, limit, Some(used)))
 }
@@ -88,7 +92,7 @@ pub unsafe fn device_get_utilization_rates(
     utilization: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
     let result = real(device, utilization);
-    if result != NVML_SUCCESS || utilization.is_null() || state::slice_config().is_none() {
+    if result != NVML_SUCCESS || utilization.is_null() || lifecycle::slice_config().is_none() {
         return result;
     }
     let Some(samples) = memory::wrappers::slice_utilization_samples(device) else {
@@ -142,6 +146,122 @@ pub fn slice_utilization(
     nvmlUtilization_t {
         gpu: share(|p| p.1).min(u64::from(card.gpu.min(100))) as u32,
         memory: share(|p| p.2).min(u64::from(card.memory.min(100))) as u32,
+    }
+}
+
+/// Per-process utilisation samples: only the slice's processes, under the PIDs the container
+/// knows; `NVML_ERROR_NOT_FOUND` (the driver's "no sample") when none of them has one. The
+/// compute throttle reads the real samples through `real::`, unaffected.
+pub unsafe fn process_utilization(
+    real: sig::nvmlDeviceGetProcessUtilization,
+    device: nvmlDevice_t,
+    samples: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    last_seen: u64,
+) -> nvmlReturn_t {
+    let read =
+        |_: &Shared, _| crate::ground::devices::read_utilization_samples(real, device, last_seen);
+    match members_only_by(
+        device,
+        read,
+        |s| s.pid,
+        |s, pid| nvmlProcessUtilizationSample_t { pid, ..s },
+    ) {
+        None => real(device, samples, count, last_seen),
+        Some(Err(code)) => code,
+        Some(Ok(list)) if list.is_empty() => NVML_ERROR_NOT_FOUND,
+        Some(Ok(list)) => answer(list, count, samples, |s| s),
+    }
+}
+
+/// Graphics and MPS process lists (v2/v3): only the slice's processes, as in the compute
+/// lists, so other tenants' PIDs and memory are not disclosed (gpustat, Ray and nvidia-smi
+/// merge these lists with the compute one).
+pub unsafe fn other_processes(
+    real: ProcessList,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    let read = |_: &Shared, _| crate::ground::devices::read_process_list(real, device);
+    match members_only(device, read) {
+        None => real(device, count, infos),
+        Some(Err(code)) => code,
+        Some(Ok(list)) => answer(list, count, infos, |p| p),
+    }
+}
+
+/// The v1 layouts of the graphics and MPS lists, filtered as [`other_processes`].
+pub unsafe fn other_processes_v1(
+    real: unsafe extern "C" fn(
+        nvmlDevice_t,
+        *mut c_uint,
+        *mut nvmlProcessInfo_v1_t,
+    ) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    let read = |_: &Shared, _| {
+        let v1 = crate::ground::devices::read_process_list(real, device)?;
+        Ok(v1
+            .into_iter()
+            .map(|p| nvmlProcessInfo_t {
+                pid: p.pid,
+                usedGpuMemory: p.usedGpuMemory,
+                ..Default::default()
+            })
+            .collect())
+    };
+    match members_only(device, read) {
+        None => real(device, count, infos),
+        Some(Err(code)) => code,
+        Some(Ok(list)) => answer(list, count, infos, |p| nvmlProcessInfo_v1_t {
+            pid: p.pid,
+            usedGpuMemory: p.usedGpuMemory,
+        }),
+    }
+}
+
+pub unsafe fn compute_processes_v1(
+    real: sig::nvmlDeviceGetComputeRunningProcesses,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    match slice_list(device) {
+        None => real(device, count, infos),
+        Some(Err(code)) => code,
+        Some(Ok(list)) => answer(list, count, infos, |p| nvmlProcessInfo_v1_t {
+            pid: p.pid,
+            usedGpuMemory: p.usedGpuMemory,
+        }),
+    }
+}
+
+pub unsafe fn compute_processes_v2(
+    real: sig::nvmlDeviceGetComputeRunningProcesses_v2,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    match slice_list(device) {
+        None => real(device, count, infos),
+        Some(Err(code)) => code,
+        Some(Ok(list)) => answer(list, count, infos, |p| p),
+    }
+}
+
+pub unsafe fn compute_processes_v3(
+    real: sig::nvmlDeviceGetComputeRunningProcesses_v3,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    match slice_list(device) {
+        None => real(device, count, infos),
+        Some(Err(code)) => code,
+        Some(Ok(list)) => answer(list, count, infos, |p| p),
     }
 }
 

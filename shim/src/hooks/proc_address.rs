@@ -17,8 +17,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::{cuuint64_t, CUresult};
 
-use crate::registry::{cuda_wrapper_for_real_pointer, hook_by_name, signature as sig, HOOKS};
-use crate::{refusal, state};
+use crate::hooks::refusal;
+use crate::hooks::registry::{
+    cuda_wrapper_for_real_pointer, hook_by_name, signature as sig, HOOKS,
+};
+use crate::lifecycle;
 
 static UNMAPPED_REPORTED: AtomicBool = AtomicBool::new(false);
 
@@ -48,7 +51,7 @@ unsafe fn redirect(result: CUresult, symbol: *const c_char, pfn: *mut *mut c_voi
                 *pfn = cu_init.wrapper.cast_mut();
             }
         }
-        if state::slice_config().is_some() {
+        if lifecycle::slice_config().is_some() {
             report_unmapped(symbol, real);
         }
     }

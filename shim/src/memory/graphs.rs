@@ -23,7 +23,7 @@
 //! did not see instantiated, a driver that grows the pool on a later launch).
 
 use std::collections::HashSet;
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
@@ -32,7 +32,7 @@ use gpuslice_abi::cuda::*;
 use super::ledger::lock;
 use super::pools::Settle;
 use super::{cuda_binding, process, shared, Binding, Process};
-use crate::registry::{real, signature as sig};
+use crate::ground::driver::real;
 
 /// `CUgraphMem_attribute`: `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
 pub const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
@@ -143,7 +143,7 @@ fn limited(ordinal: CUdevice) -> Option<u8> {
 /// read before (the book locked by the caller); true if any charge went down.
 fn reread_locked(process: &Process, book: &mut GraphBook, also: Option<CUdevice>) -> bool {
     let mut ordinals: Vec<CUdevice> = book.known().into_iter().map(|(o, _)| o).collect();
-    for extra in [crate::devices::current_cuda_device(), also]
+    for extra in [crate::ground::devices::current_cuda_device(), also]
         .into_iter()
         .flatten()
     {
@@ -173,7 +173,7 @@ pub(super) fn reread_if_any(process: &Process) -> bool {
 }
 
 /// After a successful call that can change graph memory: `exec` (if any) is settled now.
-fn after(exec: Option<u64>, also: Option<CUdevice>) {
+pub fn after(exec: Option<u64>, also: Option<CUdevice>) {
     let Some(process) = process() else { return };
     let mut book = lock(&process.ledger.graphs);
     if let Some(exec) = exec {
@@ -186,7 +186,7 @@ fn after(exec: Option<u64>, also: Option<CUdevice>) {
 /// A graph was instantiated into `*exec`: it is unsettled until its upload or first launch.
 /// (With `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` the driver may reserve its memory right away:
 /// read now as well.)
-unsafe fn instantiated(result: CUresult, exec: *mut CUgraphExec) -> CUresult {
+pub unsafe fn instantiated(result: CUresult, exec: *mut CUgraphExec) -> CUresult {
     if result != CUDA_SUCCESS || exec.is_null() {
         return result;
     }
@@ -198,44 +198,6 @@ unsafe fn instantiated(result: CUresult, exec: *mut CUgraphExec) -> CUresult {
     let unsettled = book.instantiated(*exec as u64);
     UNSETTLED.store(unsettled, Ordering::Relaxed);
     reread_locked(process, &mut book, None);
-    result
-}
-
-pub unsafe fn instantiate(
-    real: sig::cuGraphInstantiate_v2,
-    exec: *mut CUgraphExec,
-    graph: CUgraph,
-    error_node: *mut CUgraphNode,
-    log: *mut c_char,
-    log_size: usize,
-) -> CUresult {
-    instantiated(real(exec, graph, error_node, log, log_size), exec)
-}
-
-pub unsafe fn instantiate_with_flags(
-    real: sig::cuGraphInstantiateWithFlags,
-    exec: *mut CUgraphExec,
-    graph: CUgraph,
-    flags: u64,
-) -> CUresult {
-    instantiated(real(exec, graph, flags), exec)
-}
-
-pub unsafe fn instantiate_with_params(
-    real: sig::cuGraphInstantiateWithParams,
-    exec: *mut CUgraphExec,
-    graph: CUgraph,
-    params: *mut c_void,
-) -> CUresult {
-    instantiated(real(exec, graph, params), exec)
-}
-
-/// `cuGraphUpload[_ptsz]`: the exec's memory is reserved now.
-pub unsafe fn upload(real: sig::cuGraphUpload, exec: CUgraphExec, stream: CUstream) -> CUresult {
-    let result = real(exec, stream);
-    if result == CUDA_SUCCESS {
-        after(Some(exec as u64), None);
-    }
     result
 }
 
@@ -257,25 +219,6 @@ fn launched_slow(exec: u64) {
     if was_unsettled {
         reread_locked(process, &mut book, None);
     }
-}
-
-/// `cuGraphExecDestroy`: its memory stays in the graph pool (unused) until a trim; a driver
-/// that releases it at once shows it in the reading.
-pub unsafe fn exec_destroy(real: sig::cuGraphExecDestroy, exec: CUgraphExec) -> CUresult {
-    let result = real(exec);
-    if result == CUDA_SUCCESS {
-        after(Some(exec as u64), None);
-    }
-    result
-}
-
-/// `cuDeviceGraphMemTrim`: what no live exec uses goes back to the card.
-pub unsafe fn trim(real: sig::cuDeviceGraphMemTrim, device: CUdevice) -> CUresult {
-    let result = real(device);
-    if result == CUDA_SUCCESS {
-        after(None, Some(device));
-    }
-    result
 }
 
 /// Child side of fork: the parent's execs are not the child's (atomics only).

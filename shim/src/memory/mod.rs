@@ -2,6 +2,7 @@
 //! in the shared region (`gpuslice_common::region`), and the numbers every view reports.
 //!
 //! Parts:
+//! * [`arrays`]: what an array or mipmapped array of a descriptor costs;
 //! * [`ledger`]: sizes as the device spends them and reserve-before-allocate against the
 //!   region (pure, unit-tested with a counter budget);
 //! * [`objects`]: the sharded per-process table object -> (device, bytes, owning context);
@@ -10,13 +11,14 @@
 //! * [`host_pid`]: which NVML process entry is us (host PID discovery, context cost);
 //! * [`context_start`]: what a new context reserves, the slice's measuring lock, and the
 //!   line that says why a context was refused;
-//! * [`wrappers`]: the FFI handlers for the paths whose size the driver decides (pitch,
-//!   pools, VMM, contexts) and the NVML process lists;
+//! * [`wrappers`]: what the paths whose size the driver decides (pools, VMM, contexts, the
+//!   malloc heap) charge, and which NVML process entries are the slice's;
+//! * [`report`]: the slice's view of memory numbers (pure);
 //! * this file: the process-wide state (region, slot, device bindings) and the seam the plain
-//!   allocation wrappers in `hooks::cuda` call (`allocate`, over `before_alloc` and
+//!   allocation handlers in `hooks::memory` call (`allocate`, over `before_alloc` and
 //!   `after_alloc`; `on_free`).
 //!
-//! Lifecycle: `attach` runs once per process from `state`'s lazy init (and again in a forked
+//! Lifecycle: `attach` runs once per process from `lifecycle`'s lazy init (and again in a forked
 //! child): it opens (or creates) the region — a region that cannot be opened makes the shim
 //! fail closed, like an invalid limit file — and registers this process in a slot. Devices are
 //! bound lazily, by UUID, the first time a hook touches them (`Region::bind_devices`); a
@@ -39,12 +41,14 @@
 //! other's NVML entries. Where NVML cannot tell, a measured figure stays charged, the bound
 //! is charged whole.
 
+pub mod arrays;
 mod context_start;
 pub mod graphs;
 mod host_pid;
 pub mod ledger;
-mod objects;
-mod pools;
+pub mod objects;
+pub mod pools;
+pub mod report;
 mod vmm;
 pub mod wrappers;
 
@@ -176,7 +180,7 @@ fn log_reap(
 
 /// How a device is treated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Binding {
+pub enum Binding {
     Unlimited,
     Limited(u8),
 }
@@ -205,7 +209,7 @@ fn decode(word: u32) -> Option<Binding> {
 
 /// Process-wide state that survives fork (the region mapping and its descriptors must be the
 /// same object in the child, which re-registers through it).
-struct Shared {
+pub struct Shared {
     region: Region,
     config: SliceConfig,
     cuda_bindings: [AtomicU32; CACHED_ORDINALS],
@@ -218,23 +222,23 @@ struct Shared {
 
 /// Per-process state; replaced in a forked child.
 pub struct Process {
-    ledger: Ledger<RegionBudget>,
-    slot: SlotId,
+    pub ledger: Ledger<RegionBudget>,
+    pub slot: SlotId,
     /// Host PID (NVML's PID for us); 0 = unknown.
-    host_pid: AtomicU32,
+    pub host_pid: AtomicU32,
 }
 
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
 static PROCESS: AtomicPtr<Process> = AtomicPtr::new(std::ptr::null_mut());
 
 #[inline]
-fn shared() -> Option<&'static Shared> {
+pub fn shared() -> Option<&'static Shared> {
     // SAFETY: SHARED holds null or a leaked, never freed Box published with Release.
     unsafe { SHARED.load(Ordering::Acquire).as_ref() }
 }
 
 #[inline]
-fn process() -> Option<&'static Process> {
+pub fn process() -> Option<&'static Process> {
     // SAFETY: PROCESS holds null or a leaked, never freed Box published with Release.
     unsafe { PROCESS.load(Ordering::Acquire).as_ref() }
 }
@@ -256,7 +260,7 @@ pub fn region_path(config: &SliceConfig) -> PathBuf {
 /// file it is ignored (with a warning): a tenant that set it small would make the slice's
 /// first context under-reserve, i.e. change what is enforced.
 fn context_bound_from_env() -> u64 {
-    if crate::state::anchored() {
+    if crate::ground::state::anchored() {
         if let Ok(text) = std::env::var(CONTEXT_BOUND_ENV) {
             if !text.trim().is_empty() {
                 crate::log_warn!(
@@ -285,7 +289,7 @@ fn context_bound_from_env() -> u64 {
     }
 }
 
-/// Opens the region and registers this process (called by `state` once per process, and
+/// Opens the region and registers this process (called by `lifecycle` once per process, and
 /// again in a forked child). `Err` is the one line the shim prints before failing closed.
 pub fn attach(config: &SliceConfig) -> Result<(), String> {
     let path = region_path(config);
@@ -346,7 +350,7 @@ pub const PAUSE_IN_REGISTRATION_ENV: &str = "GPUSLICE_TEST_PAUSE_IN_REGISTRATION
 /// SIGKILL or SIGSTOP the process at the worst moment and show the others carry on. Inert
 /// under an anchored limit file (a tenant has no business pausing its own processes there).
 fn pause_in_registration() {
-    if crate::state::anchored() {
+    if crate::ground::state::anchored() {
         return;
     }
     let Some(marker) = std::env::var_os(PAUSE_IN_REGISTRATION_ENV) else {
@@ -360,14 +364,14 @@ fn pause_in_registration() {
 /// The memory limit and region entry of a CUDA device (resolved once, then cached). `Err` is
 /// the code the caller answers instead of calling the driver: `CUDA_ERROR_OUT_OF_MEMORY` when
 /// the slice cannot be bound, or the driver's own refusal to name the device.
-fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult> {
+pub fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult> {
     let cell = usize::try_from(ordinal)
         .ok()
         .and_then(|i| shared.cuda_bindings.get(i));
     if let Some(binding) = cell.and_then(|c| decode(c.load(Ordering::Acquire))) {
         return Ok(binding);
     }
-    let uuid = match crate::devices::try_cuda_device_uuid(ordinal) {
+    let uuid = match crate::ground::devices::try_cuda_device_uuid(ordinal) {
         Ok(uuid) => uuid,
         // Before cuInit (or for a device that does not exist) the driver refuses every call
         // naming the device: so do we, binding and caching nothing. Matching the device by
@@ -392,7 +396,7 @@ fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult>
 }
 
 fn card_total_for_warning(ordinal: CUdevice) -> Option<u64> {
-    let total_mem = crate::registry::real::cuDeviceTotalMem_v2()?;
+    let total_mem = crate::ground::driver::real::cuDeviceTotalMem_v2()?;
     let mut bytes = 0usize;
     // SAFETY: valid out-pointer for the call.
     (unsafe { total_mem(&mut bytes, ordinal) } == CUDA_SUCCESS).then_some(bytes as u64)
@@ -468,7 +472,7 @@ fn nvml_binding(shared: &Shared, device: nvmlDevice_t) -> Result<Binding, ()> {
             _ => {}
         }
     }
-    let (index, uuid) = crate::devices::nvml_identity(device);
+    let (index, uuid) = crate::ground::devices::nvml_identity(device);
     let binding = bind(shared, index, &uuid, || None)?;
     for (i, handle) in shared.nvml_handles.iter().enumerate() {
         let claimed = handle.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire);
@@ -482,8 +486,8 @@ fn nvml_binding(shared: &Shared, device: nvmlDevice_t) -> Result<Binding, ()> {
 
 /// The calling thread's current context (0 = none).
 #[inline]
-fn current_context() -> u64 {
-    let Some(get_current) = crate::registry::real::cuCtxGetCurrent() else {
+pub fn current_context() -> u64 {
+    let Some(get_current) = crate::ground::driver::real::cuCtxGetCurrent() else {
         return 0;
     };
     let mut context: CUcontext = std::ptr::null_mut();
@@ -542,7 +546,7 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
     };
     let ordinal = match target {
         AllocTarget::Device(d) => d,
-        AllocTarget::CurrentContext => match crate::devices::current_cuda_device() {
+        AllocTarget::CurrentContext => match crate::ground::devices::current_cuda_device() {
             Some(d) => d,
             // No current context: the driver will refuse on its own.
             None => return Ok(Reservation::NONE),
@@ -563,7 +567,7 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
 
 /// `Ledger::charge`, and before refusing, pools' cached memory the driver has already given
 /// back is settled first (it may be what stands in the way).
-fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
+pub fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
     if process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
     }
@@ -627,7 +631,7 @@ pub fn after_alloc(reservation: Reservation, result: CUresult, object: DeviceObj
                 },
             );
         }
-        // Primary contexts are booked by `wrappers::primary_ctx_retain`.
+        // Primary contexts are booked by `hooks::context::primary_ctx_retain`.
         DeviceObject::PrimaryContext(_) => process.ledger.refund(device, bytes),
     }
 }
@@ -729,7 +733,7 @@ fn reap_for_views(shared: &Shared) {
 
 /// Child side of fork: the parent's objects, pools and contexts are not the child's. Only
 /// atomics and close(2) here (async-signal-safe); the child re-registers at its next hooked
-/// call, when `state` runs `attach` again with the same region object. The parent's slot
+/// call, when `lifecycle` runs `attach` again with the same region object. The parent's slot
 /// descriptors are closed at once: held by a child that never calls CUDA again (a data
 /// loader worker), they would keep the parent's slot looking alive after the parent died.
 pub fn after_fork_in_child() {

@@ -1,8 +1,10 @@
-//! FFI handlers for the allocation paths whose real size only the driver knows (pitch, pools,
-//! VMM, contexts, the device-malloc heap) and for NVML's process lists. Each is a thin shell: read the arguments,
-//! reserve through the ledger, call the real function, settle with what the driver reports.
+//! What the paths whose real size only the driver knows charge (pools, VMM, contexts, the
+//! device-malloc heap), and which NVML process entries belong to the slice. Their handlers are
+//! in the hook layer (`hooks::memory`, `hooks::context`, `hooks::nvml`): they read the
+//! arguments, reserve through the ledger and these functions, call the real function, settle
+//! with what the driver reports.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_int, c_uint};
 use std::sync::Mutex;
 
 use gpuslice_abi::cuda::limit::MALLOC_HEAP_SIZE;
@@ -20,78 +22,25 @@ use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_T
 
 use super::context_start::{self, Expected, Refused};
 use super::host_pid::{self, ListedProcess};
-use super::ledger::{charge_size, lock, pitch_upper_bound, PrimaryContext, Settled};
+use super::ledger::{charge_size, lock, PrimaryContext, Settled};
 use super::objects::{Charged, ObjectKind};
-use super::pools::{cover, home_of, Cover, Freed, PoolBook, PoolHome, Settle};
+use super::pools::{cover, Cover, Freed, PoolBook, PoolHome, Settle};
 use super::{
     charge_or_refuse, cuda_binding, current_context, device_id, nvml_binding, process, shared,
     Binding, Process, Shared,
 };
-use crate::registry::{real, signature as sig};
-use crate::report::{list_fits, slice_process_list, SliceProcess};
+use crate::ground::driver::real;
+use crate::memory::report::{list_fits, slice_process_list, SliceProcess};
 
 /// The limited device entry of the current context's device, `None` = pass-through.
-fn current_limited_device() -> Option<(CUdevice, u8)> {
+pub fn current_limited_device() -> Option<(CUdevice, u8)> {
     let shared = shared()?;
     process()?;
-    let ordinal = crate::devices::current_cuda_device()?;
+    let ordinal = crate::ground::devices::current_cuda_device()?;
     match cuda_binding(shared, ordinal) {
         Ok(Binding::Limited(d)) => Some((ordinal, d)),
         _ => None,
     }
-}
-
-// ---------------------------------------------------------------- pitch
-
-pub unsafe fn mem_alloc_pitch(
-    real: sig::cuMemAllocPitch_v2,
-    dptr: *mut CUdeviceptr,
-    pitch: *mut usize,
-    width_bytes: usize,
-    height: usize,
-    element_size: c_uint,
-) -> CUresult {
-    let (Some(process), Some((_, device))) = (process(), current_limited_device()) else {
-        return real(dptr, pitch, width_bytes, height, element_size);
-    };
-    let bound = charge_size(pitch_upper_bound(width_bytes as u64).saturating_mul(height as u64));
-    if let Err(code) = charge_or_refuse(process, device, bound) {
-        return code;
-    }
-    let result = real(dptr, pitch, width_bytes, height, element_size);
-    if result != CUDA_SUCCESS || dptr.is_null() || pitch.is_null() {
-        process.ledger.refund(device, bound);
-        return result;
-    }
-    let actual = charge_size((*pitch as u64).saturating_mul(height as u64));
-    let allocated = *dptr;
-    let settled = process.ledger.settle_or_undo(device, bound, actual, || {
-        // SAFETY: `allocated` is the allocation the driver just made, not yet handed out.
-        real::cuMemFree_v2().is_some_and(|free| unsafe { free(allocated) } == CUDA_SUCCESS)
-    });
-    match settled {
-        Settled::Charged => {}
-        Settled::Undone => {
-            // What the driver leaves behind on failure.
-            *dptr = 0;
-            *pitch = 0;
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        Settled::PastLimit => crate::log_error!(
-            "pitch allocation spent {actual} bytes, past the slice's limit, and could not be freed; charged in full"
-        ),
-    }
-    process.ledger.track(
-        ObjectKind::Pointer,
-        *dptr,
-        Charged {
-            device,
-            bytes: actual,
-            pool: 0,
-            context: current_context(),
-        },
-    );
-    result
 }
 
 // ---------------------------------------------------------------- pools
@@ -111,7 +60,7 @@ fn pool_reserved(pool: u64) -> Option<u64> {
     (result == CUDA_SUCCESS).then_some(value)
 }
 
-fn apply(process: &Process, settle: Settle) {
+pub fn apply(process: &Process, settle: Settle) {
     match settle {
         Settle::Unchanged => {}
         Settle::Shrink { device, bytes } => process.ledger.refund(device, bytes),
@@ -128,7 +77,7 @@ fn apply(process: &Process, settle: Settle) {
 }
 
 /// Reads one live pool and settles its charge (the book locked by the caller).
-fn reread_locked(process: &Process, book: &mut PoolBook, pool: u64, device: u8) -> Settle {
+pub fn reread_locked(process: &Process, book: &mut PoolBook, pool: u64, device: u8) -> Settle {
     let settle = match pool_reserved(pool) {
         Some(reserved) => book.settle(pool, device, reserved),
         None => book.unreadable(pool),
@@ -223,7 +172,7 @@ fn undo_pool_alloc(
 /// the request (its OS allocations are coarser): when that does not fit in the slice, the
 /// allocation is freed with `free` (on its stream), the pool trimmed back, and the answer is
 /// `CUDA_ERROR_OUT_OF_MEMORY`; only if that free fails is the growth charged past the limit.
-unsafe fn pool_alloc(
+pub unsafe fn pool_alloc(
     process: &Process,
     device: u8,
     pool: u64,
@@ -310,7 +259,7 @@ unsafe fn pool_alloc(
 
 /// The real stream-ordered free matching an allocation entry point: the `_ptsz` one for a
 /// `_ptsz` allocation (where the NULL stream is the per-thread stream), else the legacy one.
-fn free_async_like(per_thread: bool) -> impl FnOnce(CUstream, CUdeviceptr) -> CUresult {
+pub fn free_async_like(per_thread: bool) -> impl FnOnce(CUstream, CUdeviceptr) -> CUresult {
     move |stream, ptr| {
         let free = if per_thread {
             real::cuMemFreeAsync_ptsz()
@@ -325,7 +274,7 @@ fn free_async_like(per_thread: bool) -> impl FnOnce(CUstream, CUdeviceptr) -> CU
 }
 
 /// The limited device entry of CUDA device `ordinal`, `None` = pass-through.
-fn limited_device(ordinal: CUdevice) -> Option<u8> {
+pub fn limited_device(ordinal: CUdevice) -> Option<u8> {
     match cuda_binding(shared()?, ordinal) {
         Ok(Binding::Limited(d)) => Some(d),
         _ => None,
@@ -336,7 +285,7 @@ fn limited_device(ordinal: CUdevice) -> Option<u8> {
 /// 13), else the context pushed for an instant (`cuCtxGetDevice` names only the current one).
 fn context_device(ctx: CUcontext) -> Option<CUdevice> {
     if ctx.is_null() || ctx as u64 == current_context() {
-        return crate::devices::current_cuda_device();
+        return crate::ground::devices::current_cuda_device();
     }
     let mut device: CUdevice = 0;
     if let Some(get) = real::cuCtxGetDevice_v2() {
@@ -350,7 +299,7 @@ fn context_device(ctx: CUcontext) -> Option<CUdevice> {
     if unsafe { push(ctx) } != CUDA_SUCCESS {
         return None;
     }
-    let device = crate::devices::current_cuda_device();
+    let device = crate::ground::devices::current_cuda_device();
     let mut popped: CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer; pops exactly what was pushed above on this thread.
     unsafe { pop(&mut popped) };
@@ -360,12 +309,12 @@ fn context_device(ctx: CUcontext) -> Option<CUdevice> {
 /// The device `stream` runs on: its context's ("the current mempool of the provided stream's
 /// device", cuMemAllocAsync). The NULL, legacy and per-thread streams are the current
 /// context's. `None` when the driver cannot say (an invalid stream: the driver refuses it).
-fn stream_device(stream: CUstream) -> Option<CUdevice> {
+pub(crate) fn stream_device(stream: CUstream) -> Option<CUdevice> {
     if stream as usize <= gpuslice_abi::cuda::flags::CU_STREAM_PER_THREAD {
-        return crate::devices::current_cuda_device();
+        return crate::ground::devices::current_cuda_device();
     }
     let Some(get_ctx) = real::cuStreamGetCtx() else {
-        return crate::devices::current_cuda_device();
+        return crate::ground::devices::current_cuda_device();
     };
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the driver validates the stream.
@@ -376,7 +325,7 @@ fn stream_device(stream: CUstream) -> Option<CUdevice> {
 }
 
 /// Records where `pool` lives (nothing outside a slice).
-fn learn_pool_home(pool: u64, home: Option<PoolHome>) {
+pub fn learn_pool_home(pool: u64, home: Option<PoolHome>) {
     if let Some(process) = process() {
         lock(&process.ledger.pool_homes).learned(pool, home);
     }
@@ -385,7 +334,7 @@ fn learn_pool_home(pool: u64, home: Option<PoolHome>) {
 /// Where `pool` lives. A pool this process never saw created or named (taken before the shim
 /// bound it, say) is looked for among the devices' default and current pools; `None` when it
 /// is none of them (an imported pool): its stream's device stands in.
-fn pool_home(process: &Process, pool: u64) -> Option<PoolHome> {
+pub fn pool_home(process: &Process, pool: u64) -> Option<PoolHome> {
     if let Some(home) = lock(&process.ledger.pool_homes).home(pool) {
         return Some(home);
     }
@@ -414,182 +363,13 @@ fn pool_home(process: &Process, pool: u64) -> Option<PoolHome> {
     homes.home(pool)
 }
 
-pub unsafe fn mem_alloc_async(
-    real: sig::cuMemAllocAsync,
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    stream: CUstream,
-) -> CUresult {
-    let Some(process) = process() else {
-        return real(dptr, bytes, stream);
-    };
-    // The stream's device's current pool, whatever context is current.
-    let Some(ordinal) = stream_device(stream) else {
-        return real(dptr, bytes, stream);
-    };
-    let Some(device) = limited_device(ordinal) else {
-        return real(dptr, bytes, stream);
-    };
-    let mut pool: CUmemoryPool = std::ptr::null_mut();
-    let found = real::cuDeviceGetMemPool().map(|get| get(&mut pool, ordinal));
-    if found != Some(CUDA_SUCCESS) || pool.is_null() {
-        // No pool to read: charge it like a plain allocation on the stream's device.
-        return super::allocate(
-            super::AllocTarget::Device(ordinal),
-            bytes as u64,
-            || real(dptr, bytes, stream),
-            || super::DeviceObject::Pointer(super::read_out(dptr)),
-        );
-    }
-    lock(&process.ledger.pool_homes).learned(pool as u64, Some(PoolHome::Device(ordinal)));
-    let per_thread = real::cuMemAllocAsync_ptsz().is_some_and(|p| p as usize == real as usize);
-    let free = free_async_like(per_thread);
-    pool_alloc(
-        process,
-        device,
-        pool as u64,
-        dptr,
-        bytes,
-        || real(dptr, bytes, stream),
-        |ptr| free(stream, ptr),
-    )
-}
-
-pub unsafe fn mem_alloc_from_pool_async(
-    real: sig::cuMemAllocFromPoolAsync,
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    pool: CUmemoryPool,
-    stream: CUstream,
-) -> CUresult {
-    let Some(process) = process() else {
-        return real(dptr, bytes, pool, stream);
-    };
-    // Charged to the pool's device, which may not be the stream's (nor the current one).
-    let ordinal = match pool_home(process, pool as u64) {
-        Some(PoolHome::Host) => return real(dptr, bytes, pool, stream),
-        Some(PoolHome::Device(ordinal)) => Some(ordinal),
-        None => stream_device(stream),
-    };
-    let Some(device) = ordinal.and_then(limited_device) else {
-        return real(dptr, bytes, pool, stream);
-    };
-    let per_thread =
-        real::cuMemAllocFromPoolAsync_ptsz().is_some_and(|p| p as usize == real as usize);
-    let free = free_async_like(per_thread);
-    pool_alloc(
-        process,
-        device,
-        pool as u64,
-        dptr,
-        bytes,
-        || real(dptr, bytes, pool, stream),
-        |ptr| free(stream, ptr),
-    )
-}
-
-/// cuMemPoolCreate: the pool lives where `props->location` says (a host pool on no GPU).
-pub unsafe fn mem_pool_create(
-    real: sig::cuMemPoolCreate,
-    pool: *mut CUmemoryPool,
-    props: *const CUmemPoolProps,
-) -> CUresult {
-    let result = real(pool, props);
-    if result == CUDA_SUCCESS && !pool.is_null() && !props.is_null() {
-        let location = (*props).location;
-        learn_pool_home(*pool as u64, home_of(location.type_, location.id));
-    }
-    result
-}
-
-/// cuDeviceGetDefaultMemPool / cuDeviceGetMemPool: the answer is a pool of `dev`.
-pub unsafe fn device_get_mem_pool(
-    real: sig::cuDeviceGetMemPool,
-    pool: *mut CUmemoryPool,
-    dev: CUdevice,
-) -> CUresult {
-    let result = real(pool, dev);
-    if result == CUDA_SUCCESS && !pool.is_null() {
-        learn_pool_home(*pool as u64, Some(PoolHome::Device(dev)));
-    }
-    result
-}
-
-/// cuDeviceSetMemPool: the driver accepts only a pool of `dev`.
-pub unsafe fn device_set_mem_pool(
-    real: sig::cuDeviceSetMemPool,
-    dev: CUdevice,
-    pool: CUmemoryPool,
-) -> CUresult {
-    let result = real(dev, pool);
-    if result == CUDA_SUCCESS {
-        learn_pool_home(pool as u64, Some(PoolHome::Device(dev)));
-    }
-    result
-}
-
-/// cuMemPoolDestroy: the pool is read one last time before (its handle names nothing after);
-/// then it is refunded at once if nothing is allocated from it, else when the last of its
-/// allocations is freed (the driver releases it then).
-pub unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
-    let Some(process) = process() else {
-        return real(pool);
-    };
-    let mut book = lock(&process.ledger.pools);
-    if let Some(device) = book.device_of(pool as u64) {
-        reread_locked(process, &mut book, pool as u64, device);
-    }
-    let result = real(pool);
-    if result == CUDA_SUCCESS {
-        let settle = book.destroyed(pool as u64);
-        drop(book);
-        apply(process, settle);
-        lock(&process.ledger.pool_homes).forget(pool as u64);
-    }
-    result
-}
-
-pub unsafe fn mem_pool_trim_to(
-    real: sig::cuMemPoolTrimTo,
-    pool: CUmemoryPool,
-    keep: usize,
-) -> CUresult {
-    let result = real(pool, keep);
-    if result == CUDA_SUCCESS {
-        if let Some(process) = process() {
-            let mut book = lock(&process.ledger.pools);
-            if let Some(device) = book.device_of(pool as u64) {
-                reread_locked(process, &mut book, pool as u64, device);
-            }
-        }
-    }
-    result
-}
-
 // ---------------------------------------------------------------- VMM
-
-pub unsafe fn mem_map(
-    real: sig::cuMemMap,
-    ptr: CUdeviceptr,
-    size: usize,
-    offset: usize,
-    handle: CUmemGenericAllocationHandle,
-    flags: u64,
-) -> CUresult {
-    let result = real(ptr, size, offset, handle, flags);
-    if result == CUDA_SUCCESS {
-        if let Some(process) = process() {
-            lock(&process.ledger.vmm).mapped(ptr, size as u64, handle);
-        }
-    }
-    result
-}
 
 /// `cuMemUnmap` / `cuMemAddressFree` through `call`: the VMM book's ticket is taken BEFORE
 /// the driver makes the range reusable, so the bookkeeping after it ends exactly the
 /// mappings that existed then, never one another thread made in the freed range meanwhile
 /// (see `vmm`).
-fn unmapping(ptr: CUdeviceptr, size: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+pub fn unmapping(ptr: CUdeviceptr, size: usize, call: impl FnOnce() -> CUresult) -> CUresult {
     let Some(process) = process() else {
         return call();
     };
@@ -604,32 +384,6 @@ fn unmapping(ptr: CUdeviceptr, size: usize, call: impl FnOnce() -> CUresult) -> 
     result
 }
 
-pub unsafe fn mem_unmap(real: sig::cuMemUnmap, ptr: CUdeviceptr, size: usize) -> CUresult {
-    unmapping(ptr, size, || real(ptr, size))
-}
-
-pub unsafe fn mem_address_free(
-    real: sig::cuMemAddressFree,
-    ptr: CUdeviceptr,
-    size: usize,
-) -> CUresult {
-    unmapping(ptr, size, || real(ptr, size))
-}
-
-pub unsafe fn mem_retain_allocation_handle(
-    real: sig::cuMemRetainAllocationHandle,
-    handle: *mut CUmemGenericAllocationHandle,
-    addr: *mut c_void,
-) -> CUresult {
-    let result = real(handle, addr);
-    if result == CUDA_SUCCESS && !handle.is_null() {
-        if let Some(process) = process() {
-            lock(&process.ledger.vmm).retained(*handle);
-        }
-    }
-    result
-}
-
 // ---------------------------------------------------------------- contexts
 
 /// Creates a context on `ordinal` (the caller holds the primaries lock, which serialises
@@ -639,7 +393,7 @@ pub unsafe fn mem_retain_allocation_handle(
 /// real cost does not fit in the slice, `undo` gives the new context back to the real driver
 /// (true = done) and the answer is `CUDA_ERROR_OUT_OF_MEMORY` with nothing charged. Returns
 /// the driver's result and what stays charged.
-fn create_context(
+pub fn create_context(
     process: &Process,
     shared: &Shared,
     ordinal: CUdevice,
@@ -779,7 +533,7 @@ fn claimed_host_pids(shared: &Shared, process: &Process) -> Vec<u32> {
 }
 
 /// The driver destroyed context `ctx` (and every object it owned).
-pub(super) fn context_gone(process: &Process, ctx: u64) {
+pub fn context_gone(process: &Process, ctx: u64) {
     if let Some(charged) = process.ledger.untrack(ObjectKind::Context, ctx) {
         if let Some(shared) = shared() {
             shared
@@ -791,7 +545,7 @@ pub(super) fn context_gone(process: &Process, ctx: u64) {
     reread_pools(process);
 }
 
-unsafe fn ctx_create_with(
+pub unsafe fn ctx_create_with(
     device: CUdevice,
     pctx: *mut CUcontext,
     call: impl FnOnce() -> CUresult,
@@ -829,53 +583,13 @@ unsafe fn ctx_create_with(
     result
 }
 
-pub unsafe fn ctx_create_v2(
-    real: sig::cuCtxCreate_v2,
-    pctx: *mut CUcontext,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    ctx_create_with(dev, pctx, || real(pctx, flags, dev))
-}
-
-pub unsafe fn ctx_create_v3(
-    real: sig::cuCtxCreate_v3,
-    pctx: *mut CUcontext,
-    params: *mut c_void,
-    num_params: c_int,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    ctx_create_with(dev, pctx, || real(pctx, params, num_params, flags, dev))
-}
-
-pub unsafe fn ctx_create_v4(
-    real: sig::cuCtxCreate_v4,
-    pctx: *mut CUcontext,
-    params: *mut c_void,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    ctx_create_with(dev, pctx, || real(pctx, params, flags, dev))
-}
-
-pub unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
-    let result = real(ctx);
-    if result == CUDA_SUCCESS {
-        if let Some(process) = process() {
-            context_gone(process, ctx as u64);
-        }
-    }
-    result
-}
-
 // ---------------------------------------------------------------- limits
 
 /// Serialises this process's heap-limit changes: read, reserve, set and record are one step.
-static HEAP_LIMIT: Mutex<()> = Mutex::new(());
+pub static HEAP_LIMIT: Mutex<()> = Mutex::new(());
 
 /// The current context's device-malloc heap size, `None` when the driver does not say.
-fn heap_limit() -> Option<u64> {
+pub fn heap_limit() -> Option<u64> {
     let get_limit = real::cuCtxGetLimit()?;
     let mut value: usize = 0;
     // SAFETY: cuCtxGetLimit writes one size_t into `value`.
@@ -883,130 +597,12 @@ fn heap_limit() -> Option<u64> {
     (result == CUDA_SUCCESS).then_some(value as u64)
 }
 
-/// `cuCtxSetLimit`. The device-malloc heap (`CU_LIMIT_MALLOC_HEAP_SIZE`) is device memory from
-/// the moment it is set: growth past the current size is reserved on the current context's
-/// device before the call (refused with OUT_OF_MEMORY past the slice, refunded if the driver
-/// fails), a shrink is refunded after it, down to what this process was charged (the default
-/// heap is inside the measured context cost). The charge is an `ObjectKind::Heap` entry owned
-/// by the context, so the context's end refunds it. Other limits pass through.
-pub unsafe fn ctx_set_limit(real: sig::cuCtxSetLimit, limit: c_int, value: usize) -> CUresult {
-    if limit != MALLOC_HEAP_SIZE {
-        return real(limit, value);
-    }
-    let (Some(process), Some((_, device))) = (process(), current_limited_device()) else {
-        return real(limit, value);
-    };
-    let context = current_context();
-    if context == 0 {
-        return real(limit, value);
-    }
-    let _serialised = lock(&HEAP_LIMIT);
-    // Unreadable: charge the whole heap (over-counts the default, never under-counts).
-    let old = heap_limit().unwrap_or_else(|| {
-        crate::log_error!("cuCtxGetLimit failed; charging the whole {value}-byte malloc heap");
-        0
-    });
-    let wanted = value as u64;
-    let growth = wanted.saturating_sub(old);
-    if let Err(code) = charge_or_refuse(process, device, growth) {
-        return code;
-    }
-    let result = real(limit, value);
-    if result != CUDA_SUCCESS {
-        process.ledger.refund(device, growth);
-        return result;
-    }
-    let held = process
-        .ledger
-        .objects
-        .remove(ObjectKind::Heap, context)
-        .map_or(0, |c| c.bytes);
-    // Settle with what the driver holds now (it may round the size up).
-    let now = heap_limit().unwrap_or(wanted);
-    let charged = if now >= old {
-        let need = now - old;
-        if need < growth {
-            process.ledger.refund(device, growth - need);
-        } else if need > growth && !process.ledger.charge_held(device, need - growth) {
-            crate::log_error!(
-                "the driver made the malloc heap {now} bytes, past the slice's limit; charged in full"
-            );
-        }
-        held + need
-    } else {
-        // A shrink: refunded after the driver gave the memory back, down to what was charged.
-        process.ledger.refund(device, growth);
-        let back = (old - now).min(held);
-        process.ledger.refund(device, back);
-        held - back
-    };
-    if charged > 0 {
-        process.ledger.track(
-            ObjectKind::Heap,
-            context,
-            Charged {
-                device,
-                bytes: charged,
-                pool: 0,
-                context,
-            },
-        );
-    }
-    result
-}
-
-fn primary_entry(list: &mut Vec<PrimaryContext>, dev: CUdevice) -> Option<&mut PrimaryContext> {
+pub fn primary_entry(list: &mut Vec<PrimaryContext>, dev: CUdevice) -> Option<&mut PrimaryContext> {
     let index = usize::try_from(dev).ok()?;
     if list.len() <= index {
         list.resize(index + 1, PrimaryContext::default());
     }
     list.get_mut(index)
-}
-
-pub unsafe fn primary_ctx_retain(
-    real: sig::cuDevicePrimaryCtxRetain,
-    pctx: *mut CUcontext,
-    dev: CUdevice,
-) -> CUresult {
-    let (Some(shared), Some(process)) = (shared(), process()) else {
-        return real(pctx, dev);
-    };
-    let mut primaries = lock(&process.ledger.primaries);
-    let Some(entry) = primary_entry(&mut primaries, dev) else {
-        return real(pctx, dev);
-    };
-    if !entry.retain_creates() {
-        let result = real(pctx, dev);
-        if result == CUDA_SUCCESS {
-            entry.retained(None);
-        }
-        return result;
-    }
-    // This retain makes the primary context; undoing it takes it down again through the real
-    // driver (not our hooks, whose bookkeeping has no context yet). With no reference before,
-    // the release does that. After a reset, older references keep it alive through a release,
-    // so it is reset first (it was made just now: nothing else lives in it), then released.
-    let references_before = entry.refs;
-    let undo = || {
-        // SAFETY: plain by-value calls on the device ordinal the retain just succeeded for.
-        let ended = references_before == 0
-            || real::cuDevicePrimaryCtxReset_v2()
-                .is_some_and(|reset| unsafe { reset(dev) } == CUDA_SUCCESS);
-        // SAFETY: as above; drops the one reference the retain took.
-        let released = real::cuDevicePrimaryCtxRelease_v2()
-            .is_some_and(|release| unsafe { release(dev) } == CUDA_SUCCESS);
-        let undone = ended && (released || references_before > 0);
-        if undone && !pctx.is_null() {
-            *pctx = std::ptr::null_mut();
-        }
-        undone
-    };
-    let (result, charge) = create_context(process, shared, dev, || real(pctx, dev), undo);
-    if result == CUDA_SUCCESS {
-        let handle = if pctx.is_null() { 0 } else { *pctx as u64 };
-        entry.retained(Some((handle, charge)));
-    }
-    result
 }
 
 /// The primary context of `dev` was torn down: refund it and what it owned.
@@ -1022,21 +618,10 @@ fn primary_gone(process: &Process, entry: PrimaryContext) {
     process.ledger.context_destroyed(entry.handle);
 }
 
-pub unsafe fn primary_ctx_release(
-    real: sig::cuDevicePrimaryCtxRelease_v2,
-    dev: CUdevice,
-) -> CUresult {
-    end_primary(dev, || real(dev), PrimaryContext::released)
-}
-
-pub unsafe fn primary_ctx_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> CUresult {
-    end_primary(dev, || real(dev), PrimaryContext::reset)
-}
-
 /// Runs the driver's release or reset of `dev`'s primary context under the primaries lock;
 /// when it succeeded and `ends` says which context it ended, books that context and what it
 /// owned as gone.
-fn end_primary(
+pub fn end_primary(
     dev: CUdevice,
     call: impl FnOnce() -> CUresult,
     ends: impl FnOnce(&mut PrimaryContext) -> Option<PrimaryContext>,
@@ -1114,9 +699,10 @@ fn nvml_lists(shared: &Shared, dead: &DeadSlot) -> Option<bool> {
             continue;
         }
         let uuid = shared.region.device_uuid(DeviceId::from_index(index)?);
-        let list =
-            crate::devices::nvml_compute_processes(crate::devices::real_nvml_handle(&uuid, None)?)
-                .ok()?;
+        let list = crate::ground::devices::nvml_compute_processes(
+            crate::ground::devices::real_nvml_handle(&uuid, None)?,
+        )
+        .ok()?;
         if list.iter().any(|p| p.pid == dead.host_pid) {
             return Some(true);
         }
@@ -1126,12 +712,15 @@ fn nvml_lists(shared: &Shared, dead: &DeadSlot) -> Option<bool> {
 
 /// The real NVML handle of a CUDA device (by UUID: NVML's index order may differ).
 fn nvml_for_cuda(ordinal: CUdevice) -> Option<nvmlDevice_t> {
-    crate::devices::real_nvml_handle(&crate::devices::cuda_device_uuid(ordinal), None)
+    crate::ground::devices::real_nvml_handle(
+        &crate::ground::devices::cuda_device_uuid(ordinal),
+        None,
+    )
 }
 
 /// NVML's compute process list of `device` through the real library (v3, else v2).
 fn nvml_processes(device: nvmlDevice_t) -> Vec<ListedProcess> {
-    crate::devices::nvml_compute_processes(device)
+    crate::ground::devices::nvml_compute_processes(device)
         .unwrap_or_default()
         .iter()
         .map(|p| ListedProcess {
@@ -1158,9 +747,9 @@ fn slice_members(shared: &Shared) -> Vec<SliceProcess> {
 
 /// The slice's compute process list for `device`, or `None` when the device is not sliced.
 /// Also where a process whose host PID is still unknown finds itself, by its charged bytes.
-fn slice_list(device: nvmlDevice_t) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
+pub fn slice_list(device: nvmlDevice_t) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
     members_only(device, |shared, entry| {
-        let raw = crate::devices::nvml_compute_processes(device)?;
+        let raw = crate::ground::devices::nvml_compute_processes(device)?;
         if let Some(process) = process() {
             if process.host_pid.load(std::sync::atomic::Ordering::Relaxed) == 0 {
                 let ours = shared.region.slot_used(process.slot, device_id(entry));
@@ -1183,7 +772,7 @@ fn slice_list(device: nvmlDevice_t) -> Option<Result<Vec<nvmlProcessInfo_t>, nvm
 
 /// `read`'s process list of a sliced `device` with only the slice's processes left, under
 /// the PIDs the container knows; `None` when the device is not sliced.
-fn members_only(
+pub fn members_only(
     device: nvmlDevice_t,
     read: impl FnOnce(&Shared, u8) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>,
 ) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
@@ -1196,7 +785,7 @@ fn members_only(
 }
 
 /// [`members_only`] for any per-PID entry (`pid_of` reads its PID, `with_pid` rewrites it).
-fn members_only_by<T: Copy>(
+pub fn members_only_by<T: Copy>(
     device: nvmlDevice_t,
     read: impl FnOnce(&Shared, u8) -> Result<Vec<T>, nvmlReturn_t>,
     pid_of: impl Fn(&T) -> u32,
@@ -1215,7 +804,7 @@ fn members_only_by<T: Copy>(
 }
 
 /// Copies `list` to the caller's buffer under NVML's count protocol.
-unsafe fn answer<S, T>(
+pub unsafe fn answer<S, T>(
     list: Vec<S>,
     count: *mut c_uint,
     infos: *mut T,
@@ -1239,30 +828,6 @@ unsafe fn answer<S, T>(
     }
 }
 
-/// Per-process utilisation samples: only the slice's processes, under the PIDs the container
-/// knows; `NVML_ERROR_NOT_FOUND` (the driver's "no sample") when none of them has one. The
-/// compute throttle reads the real samples through `real::`, unaffected.
-pub unsafe fn process_utilization(
-    real: sig::nvmlDeviceGetProcessUtilization,
-    device: nvmlDevice_t,
-    samples: *mut nvmlProcessUtilizationSample_t,
-    count: *mut c_uint,
-    last_seen: u64,
-) -> nvmlReturn_t {
-    let read = |_: &Shared, _| crate::devices::read_utilization_samples(real, device, last_seen);
-    match members_only_by(
-        device,
-        read,
-        |s| s.pid,
-        |s, pid| nvmlProcessUtilizationSample_t { pid, ..s },
-    ) {
-        None => real(device, samples, count, last_seen),
-        Some(Err(code)) => code,
-        Some(Ok(list)) if list.is_empty() => NVML_ERROR_NOT_FOUND,
-        Some(Ok(list)) => answer(list, count, samples, |s| s),
-    }
-}
-
 /// The real per-process utilisation samples of `device` (all buffered ones:
 /// `lastSeenTimeStamp` 0), kept to the slice's processes under the PIDs the container knows,
 /// with the newest timestamp among ALL samples (the device's own "now" in NVML's clock, so a
@@ -1273,7 +838,7 @@ pub fn slice_utilization_samples(
     device: nvmlDevice_t,
 ) -> Option<Result<(Vec<nvmlProcessUtilizationSample_t>, Option<u64>), nvmlReturn_t>> {
     let shared = shared()?;
-    let (index, uuid) = crate::devices::nvml_identity(device);
+    let (index, uuid) = crate::ground::devices::nvml_identity(device);
     let limit = shared.config.limit_for(index, &uuid)?;
     if limit.memory_limit.is_none() && limit.compute_percent.is_none() {
         return None;
@@ -1281,7 +846,7 @@ pub fn slice_utilization_samples(
     let Some(get) = real::nvmlDeviceGetProcessUtilization() else {
         return Some(Err(NVML_ERROR_NOT_SUPPORTED));
     };
-    let raw = match crate::devices::read_utilization_samples(get, device, 0) {
+    let raw = match crate::ground::devices::read_utilization_samples(get, device, 0) {
         Ok(raw) => raw,
         // No process has a sample: nothing of the slice's either.
         Err(NVML_ERROR_NOT_FOUND) => Vec::new(),
@@ -1299,96 +864,5 @@ pub fn slice_utilization_samples(
 }
 
 /// The signature every v2/v3 process list of NVML shares.
-type ProcessList =
+pub type ProcessList =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
-
-/// Graphics and MPS process lists (v2/v3): only the slice's processes, as in the compute
-/// lists, so other tenants' PIDs and memory are not disclosed (gpustat, Ray and nvidia-smi
-/// merge these lists with the compute one).
-pub unsafe fn other_processes(
-    real: ProcessList,
-    device: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_t,
-) -> nvmlReturn_t {
-    let read = |_: &Shared, _| crate::devices::read_process_list(real, device);
-    match members_only(device, read) {
-        None => real(device, count, infos),
-        Some(Err(code)) => code,
-        Some(Ok(list)) => answer(list, count, infos, |p| p),
-    }
-}
-
-/// The v1 layouts of the graphics and MPS lists, filtered as [`other_processes`].
-pub unsafe fn other_processes_v1(
-    real: unsafe extern "C" fn(
-        nvmlDevice_t,
-        *mut c_uint,
-        *mut nvmlProcessInfo_v1_t,
-    ) -> nvmlReturn_t,
-    device: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_v1_t,
-) -> nvmlReturn_t {
-    let read = |_: &Shared, _| {
-        let v1 = crate::devices::read_process_list(real, device)?;
-        Ok(v1
-            .into_iter()
-            .map(|p| nvmlProcessInfo_t {
-                pid: p.pid,
-                usedGpuMemory: p.usedGpuMemory,
-                ..Default::default()
-            })
-            .collect())
-    };
-    match members_only(device, read) {
-        None => real(device, count, infos),
-        Some(Err(code)) => code,
-        Some(Ok(list)) => answer(list, count, infos, |p| nvmlProcessInfo_v1_t {
-            pid: p.pid,
-            usedGpuMemory: p.usedGpuMemory,
-        }),
-    }
-}
-
-pub unsafe fn compute_processes_v1(
-    real: sig::nvmlDeviceGetComputeRunningProcesses,
-    device: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_v1_t,
-) -> nvmlReturn_t {
-    match slice_list(device) {
-        None => real(device, count, infos),
-        Some(Err(code)) => code,
-        Some(Ok(list)) => answer(list, count, infos, |p| nvmlProcessInfo_v1_t {
-            pid: p.pid,
-            usedGpuMemory: p.usedGpuMemory,
-        }),
-    }
-}
-
-pub unsafe fn compute_processes_v2(
-    real: sig::nvmlDeviceGetComputeRunningProcesses_v2,
-    device: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_t,
-) -> nvmlReturn_t {
-    match slice_list(device) {
-        None => real(device, count, infos),
-        Some(Err(code)) => code,
-        Some(Ok(list)) => answer(list, count, infos, |p| p),
-    }
-}
-
-pub unsafe fn compute_processes_v3(
-    real: sig::nvmlDeviceGetComputeRunningProcesses_v3,
-    device: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_t,
-) -> nvmlReturn_t {
-    match slice_list(device) {
-        None => real(device, count, infos),
-        Some(Err(code)) => code,
-        Some(Ok(list)) => answer(list, count, infos, |p| p),
-    }
-}

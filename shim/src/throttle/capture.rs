@@ -21,7 +21,7 @@ use gpuslice_abi::cuda::result::{
 };
 use gpuslice_abi::cuda::{CUgraph, CUgraphNode, CUresult, CUstream};
 
-use crate::registry::{real, signature as sig};
+use crate::ground::driver::{real, signature as sig};
 
 /// Captures begun by this process and not seen ended.
 static OPEN: AtomicU32 = AtomicU32::new(0);

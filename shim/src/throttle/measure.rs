@@ -12,7 +12,7 @@
 
 use gpuslice_abi::nvml::{nvmlDevice_t, nvmlProcessUtilizationSample_t};
 
-use crate::registry::real;
+use crate::ground::driver::real;
 
 /// A device handle the real NVML gave us (valid for the process's life: the shim never shuts
 /// NVML down). Only the functions below use it, so no caller can hand them a stray pointer.
@@ -21,12 +21,12 @@ pub struct Handle(nvmlDevice_t);
 
 /// The real NVML handle of a device, by UUID first, else by index.
 pub fn device_handle(uuid: &str, index: u32) -> Option<Handle> {
-    crate::devices::real_nvml_handle(uuid, Some(index)).map(Handle)
+    crate::ground::devices::real_nvml_handle(uuid, Some(index)).map(Handle)
 }
 
 /// PIDs (as NVML reports them) of the processes holding a context on the device.
 pub fn running_pids(Handle(handle): Handle) -> Option<Vec<u32>> {
-    let list = crate::devices::nvml_compute_processes(handle).ok()?;
+    let list = crate::ground::devices::nvml_compute_processes(handle).ok()?;
     Some(list.iter().map(|p| p.pid).collect())
 }
 
@@ -50,7 +50,7 @@ pub fn process_busy(
     period_us: Option<u64>,
 ) -> Option<Busy> {
     let get = real::nvmlDeviceGetProcessUtilization()?;
-    match crate::devices::read_utilization_samples(get, handle, last_seen_us) {
+    match crate::ground::devices::read_utilization_samples(get, handle, last_seen_us) {
         Ok(samples) => Some(busy_from_samples(&samples, last_seen_us, held, period_us)),
         // NOT_FOUND: nothing newer than last_seen (or no process): an empty tick.
         Err(gpuslice_abi::nvml::ret::NVML_ERROR_NOT_FOUND) => Some(Busy {

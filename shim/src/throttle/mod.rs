@@ -184,7 +184,7 @@ pub fn before_launch_on_stream(stream: gpuslice_abi::cuda::CUstream) {
 /// The device `stream` runs on (its context's); the current one for the NULL, legacy and
 /// per-thread streams, or when the driver cannot say.
 fn stream_ordinal(stream: gpuslice_abi::cuda::CUstream) -> Option<CUdevice> {
-    use crate::registry::real;
+    use crate::ground::driver::real;
     if stream as usize <= gpuslice_abi::cuda::flags::CU_STREAM_PER_THREAD {
         return current_ordinal();
     }
@@ -260,11 +260,11 @@ fn wait_for_tokens(device: &DeviceThrottle) {
 fn current_ordinal() -> Option<CUdevice> {
     match DEVICE_COUNT_KIND.load(Ordering::Relaxed) {
         1 => Some(0),
-        2 => crate::devices::current_cuda_device(),
+        2 => crate::ground::devices::current_cuda_device(),
         _ => {
             let mut count = 0i32;
             // SAFETY: `count` is a valid out-pointer for the duration of the call.
-            let known = crate::registry::real::cuDeviceGetCount()
+            let known = crate::ground::driver::real::cuDeviceGetCount()
                 .is_some_and(|get| unsafe { get(&mut count) } == CUDA_SUCCESS);
             if known {
                 DEVICE_COUNT_KIND.store(if count == 1 { 1 } else { 2 }, Ordering::Relaxed);
@@ -272,7 +272,7 @@ fn current_ordinal() -> Option<CUdevice> {
             if known && count == 1 {
                 Some(0)
             } else {
-                crate::devices::current_cuda_device()
+                crate::ground::devices::current_cuda_device()
             }
         }
     }
@@ -283,7 +283,7 @@ fn current_ordinal() -> Option<CUdevice> {
 /// share another process's limit file put there: stricter wins).
 #[cold]
 fn activate() -> bool {
-    let on = crate::state::slice_config().is_some_and(|config| {
+    let on = crate::ground::state::slice_config().is_some_and(|config| {
         config_throttles(config)
             || (config.policy != ComputePolicy::Off && crate::memory::region().is_some())
     });
@@ -338,7 +338,7 @@ fn init_device(index: usize, ordinal: CUdevice) -> Option<&'static DeviceThrottl
     {
         return None;
     }
-    let built = crate::state::slice_config().and_then(|c| build_device(c, ordinal));
+    let built = crate::ground::state::slice_config().and_then(|c| build_device(c, ordinal));
     match built {
         Some(device) => {
             let leaked: &'static DeviceThrottle = Box::leak(Box::new(device));
@@ -358,7 +358,7 @@ fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottl
     if config.policy == ComputePolicy::Off {
         return None;
     }
-    let uuid = crate::devices::cuda_device_uuid(ordinal);
+    let uuid = crate::ground::devices::cuda_device_uuid(ordinal);
     let limit = config.limit_for(ordinal as u32, &uuid)?;
     let configured = limit.compute_percent.filter(|p| (1..=99).contains(p));
     let (words, region_entry) = match configured {

@@ -24,8 +24,8 @@ use gpuslice_abi::nvml::ret::NVML_SUCCESS;
 use gpuslice_common::config::{ConfigError, ConfigSource, DeviceSelector, SliceConfig};
 use gpuslice_common::visible::{unmatched_entries, unmatched_error, SeenDevice};
 
-use crate::real::Library;
-use crate::registry::real;
+use crate::ground::driver::real;
+use crate::ground::real::Library;
 
 const UNKNOWN: u8 = 0;
 const MATCHED: u8 = 1;
@@ -129,7 +129,7 @@ fn verdict(config: &SliceConfig, library: Library) -> Option<Option<ConfigError>
                 node.iter().any(|d| selector.matches(d.index, &d.uuid))
                     // MIG devices are not in NVML's index list; NVML finds them by UUID.
                     || matches!(selector, DeviceSelector::Uuid(uuid)
-                        if crate::devices::real_nvml_handle(uuid, None).is_some()),
+                        if crate::ground::devices::real_nvml_handle(uuid, None).is_some()),
             )
         }),
         None => unmatched,
@@ -159,7 +159,8 @@ fn cuda_devices() -> Option<Vec<SeenDevice>> {
         (0..(count.max(0) as u32).min(MAX_LISTED))
             .map(|index| SeenDevice {
                 index,
-                uuid: crate::devices::try_cuda_device_uuid(index as i32).unwrap_or_default(),
+                uuid: crate::ground::devices::try_cuda_device_uuid(index as i32)
+                    .unwrap_or_default(),
             })
             .collect(),
     )
@@ -167,7 +168,7 @@ fn cuda_devices() -> Option<Vec<SeenDevice>> {
 
 /// Every device NVML lists (index, UUID), or `None` when the real NVML cannot be used.
 fn nvml_devices() -> Option<Vec<SeenDevice>> {
-    if !crate::devices::real_nvml_ready() {
+    if !crate::ground::devices::real_nvml_ready() {
         return None;
     }
     let by_index = real::nvmlDeviceGetHandleByIndex_v2()?;
@@ -178,7 +179,7 @@ fn nvml_devices() -> Option<Vec<SeenDevice>> {
         if unsafe { by_index(index, &mut handle) } != NVML_SUCCESS {
             break;
         }
-        let (_, uuid) = crate::devices::nvml_identity(handle);
+        let (_, uuid) = crate::ground::devices::nvml_identity(handle);
         devices.push(SeenDevice { index, uuid });
     }
     Some(devices)

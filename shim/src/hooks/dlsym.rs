@@ -33,8 +33,8 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use crate::real::{real_dlsym, Library};
-use crate::registry::{hook_by_name, Hook};
+use crate::ground::real::{real_dlsym, Library};
+use crate::hooks::registry::{hook_by_name, Hook};
 
 /// Quick pre-filter: every hooked name starts with one of these.
 pub fn could_be_hooked(name: &[u8]) -> bool {
@@ -250,7 +250,7 @@ fn object_is_library(address: *const c_void, library: Library) -> bool {
 /// locally loaded library that looks a name up in its loader's other dependencies is not
 /// covered.)
 fn lookup_in_callers_tree(
-    dlsym: crate::real::DlsymFn,
+    dlsym: crate::ground::real::DlsymFn,
     caller: *const c_void,
     name: *const c_char,
 ) -> Option<*mut c_void> {
@@ -375,8 +375,8 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "4:",
         "ret",
         decide = sym decide_dlsym_answer,
-        real = sym crate::real::REAL_DLSYM,
-        resolve = sym crate::real::resolve_real_dlsym_for_trampoline,
+        real = sym crate::ground::real::REAL_DLSYM,
+        resolve = sym crate::ground::real::resolve_real_dlsym_for_trampoline,
     )
 }
 
@@ -424,8 +424,8 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "mov x0, #0",
         "ret",
         decide = sym decide_dlsym_answer,
-        real = sym crate::real::REAL_DLSYM,
-        resolve = sym crate::real::resolve_real_dlsym_for_trampoline,
+        real = sym crate::ground::real::REAL_DLSYM,
+        resolve = sym crate::ground::real::resolve_real_dlsym_for_trampoline,
     )
 }
 

@@ -46,8 +46,8 @@ fn bounded_line(message: &str) -> String {
 #[macro_export]
 macro_rules! log_at {
     ($level:expr, $($arg:tt)*) => {
-        if $crate::log::enabled($level) {
-            $crate::log::write_line(format_args!($($arg)*));
+        if $crate::ground::log::enabled($level) {
+            $crate::ground::log::write_line(format_args!($($arg)*));
         }
     };
 }

@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 
-/// The real `dlsym`; read by the exported `dlsym` trampoline (see `dlsym_hook`), hence a plain
+/// The real `dlsym`; read by the exported `dlsym` trampoline (see `hooks::dlsym`), hence a plain
 /// pointer-sized static. Null until resolved.
 pub static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
 

@@ -1,6 +1,8 @@
-//! Per-process state: the configuration, loaded lazily ONCE at the first hooked call (never in a
-//! library constructor: the host's own initialisation, its environment and its allocator must
-//! be up first), and the fail-closed gate every export passes.
+//! Process lifecycle, at the top of the layers: the configuration loaded lazily ONCE at the
+//! first hooked call (never in a library constructor: the host's own initialisation, its
+//! environment and its allocator must be up first), the fail-closed gate every export passes,
+//! and fork handling. It calls down into every layer (`memory::attach`, the throttle's and the
+//! ledger's fork resets, `ground::state` to publish the mode); nothing below calls it.
 //!
 //! Init order (bytehound-style, explicit):
 //! 1. library load: nothing runs (no constructor);
@@ -20,19 +22,9 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use gpuslice_common::config::{self, ConfigError, Loaded, SliceConfig};
 
-use crate::real::Library;
-use crate::refusal::{refusal_line, Fault};
-
-/// How this process treats CUDA/NVML calls.
-#[derive(Debug)]
-pub enum Mode {
-    /// No configuration: everything goes straight to the driver.
-    PassThrough,
-    /// Invalid configuration: every entry point refuses (never silently unlimited).
-    FailClosed(ConfigError),
-    /// A valid slice: policies apply.
-    Enforcing(SliceConfig),
-}
+use crate::ground::real::Library;
+use crate::ground::state::{self, mode_from, region_error, Mode};
+use crate::hooks::refusal::{refusal_line, Fault};
 
 const PHASE_UNINIT: u64 = 0;
 const PHASE_READY: u64 = 1;
@@ -44,23 +36,15 @@ static MODE: AtomicPtr<Mode> = AtomicPtr::new(std::ptr::null_mut());
 static PASS_THROUGH_DURING_INIT: Mode = Mode::PassThrough;
 static FORK_HANDLER_REGISTERED: AtomicBool = AtomicBool::new(false);
 
-static ANCHORED: AtomicBool = AtomicBool::new(false);
-
 /// The gate each export passes first: `Err(code)` when the configuration is invalid, or
 /// (once the driver can list them) names a device the node does not have (`device_check`).
 #[inline]
 pub fn admit(library: Library) -> Result<(), u32> {
     match mode() {
         Mode::FailClosed(_) => Err(library.fail_closed_code()),
-        Mode::Enforcing(config) => crate::device_check::admit(config, library),
+        Mode::Enforcing(config) => crate::hooks::device_check::admit(config, library),
         Mode::PassThrough => Ok(()),
     }
-}
-
-/// Whether the anchored limit file exists: then no environment variable may change what is
-/// enforced (the shim's own ones included, see `memory`). Valid once `mode()` has run.
-pub fn anchored() -> bool {
-    ANCHORED.load(Ordering::Acquire)
 }
 
 /// This process's mode, initialising it on first use.
@@ -97,6 +81,7 @@ fn initialise() -> &'static Mode {
             Ok(_) => {
                 let mode: &'static Mode = Box::leak(Box::new(load_mode()));
                 MODE.store(mode as *const Mode as *mut Mode, Ordering::Release);
+                state::publish(mode);
                 PHASE.store(PHASE_READY, Ordering::Release);
                 register_fork_handler();
                 return mode;
@@ -140,7 +125,7 @@ fn load_mode() -> Mode {
     });
     let (mode, fault) = match loaded {
         Ok(outcome) => {
-            ANCHORED.store(outcome.anchored, Ordering::Release);
+            state::set_anchored(outcome.anchored);
             let fault = match &outcome.loaded {
                 Loaded::Configured(config) => {
                     Fault::Region(crate::memory::region_path(config).display().to_string())
@@ -191,30 +176,6 @@ fn attach_region(mode: Mode) -> Mode {
     }
 }
 
-/// The refusal for a region that cannot be used: origin and field say where its path is set.
-pub fn region_error(config: &SliceConfig, problem: String) -> ConfigError {
-    let (origin, field) = config.region_source();
-    ConfigError {
-        origin,
-        field,
-        problem: format!("the shared region cannot be used: {problem}"),
-    }
-}
-
-/// Pure: what a configuration outcome means for this process (also sets the log level).
-pub fn mode_from(loaded: Loaded) -> Mode {
-    match loaded {
-        Loaded::Unconfigured => Mode::PassThrough,
-        Loaded::Invalid(error) => Mode::FailClosed(error),
-        Loaded::Configured(config) => {
-            if let Some(level) = config.log_level {
-                crate::log::set_level(level);
-            }
-            Mode::Enforcing(config)
-        }
-    }
-}
-
 fn register_fork_handler() {
     if FORK_HANDLER_REGISTERED.swap(true, Ordering::AcqRel) {
         return;
@@ -230,6 +191,7 @@ fn register_fork_handler() {
 /// hooked call. The parent's leaked mode is simply abandoned.
 extern "C" fn after_fork_in_child() {
     PHASE.store(PHASE_UNINIT, Ordering::Release);
+    state::unpublish();
     crate::memory::after_fork_in_child();
     crate::throttle::after_fork_in_child();
 }
@@ -237,66 +199,13 @@ extern "C" fn after_fork_in_child() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuslice_common::config::{ComputePolicy, ConfigSource};
-
-    #[test]
-    fn configuration_outcomes_map_to_modes() {
-        assert!(matches!(mode_from(Loaded::Unconfigured), Mode::PassThrough));
-        let error = ConfigError {
-            origin: "/etc/gpuslice/limits.json".into(),
-            field: "devices[0].memory".into(),
-            problem: "bad".into(),
-        };
-        assert!(matches!(
-            mode_from(Loaded::Invalid(error)),
-            Mode::FailClosed(_)
-        ));
-        let config = SliceConfig {
-            source: ConfigSource::Env,
-            devices: vec![],
-            region_path: None,
-            policy: ComputePolicy::Cap,
-            priority: Default::default(),
-            log_level: None,
-        };
-        assert!(matches!(
-            mode_from(Loaded::Configured(config)),
-            Mode::Enforcing(_)
-        ));
-    }
-
-    #[test]
-    fn a_region_refusal_names_where_the_region_path_is_set() {
-        let mut config = SliceConfig {
-            source: ConfigSource::File("/etc/gpuslice/limits.json".into()),
-            devices: vec![],
-            region_path: Some("/var/run/gpuslice/a.region".into()),
-            policy: ComputePolicy::Cap,
-            priority: Default::default(),
-            log_level: None,
-        };
-        let line = region_error(&config, "open: No such file or directory".into()).to_string();
-        assert!(
-            line.starts_with("invalid configuration /etc/gpuslice/limits.json: region: "),
-            "{line}"
-        );
-        config.region_path = None;
-        let error = region_error(&config, "x".into());
-        assert_eq!(
-            error.field,
-            "region (not set; default /tmp/gpuslice.region)"
-        );
-        config.source = ConfigSource::Env;
-        let error = region_error(&config, "x".into());
-        assert_eq!(error.origin, "HAMi env");
-        assert!(error.field.starts_with("CUDA_DEVICE_MEMORY_SHARED_CACHE"));
-    }
 
     #[test]
     fn mode_initialises_once_and_answers_the_same_afterwards() {
         let first = mode() as *const Mode;
         let second = mode() as *const Mode;
         assert_eq!(first, second);
+        assert_eq!(state::published().map(|m| m as *const Mode), Some(first));
         // SAFETY: gettid has no preconditions.
         assert!(thread_exists(unsafe { libc::gettid() }));
     }

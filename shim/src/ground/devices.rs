@@ -20,7 +20,7 @@ use gpuslice_abi::nvml::{
 };
 use gpuslice_common::config::SliceConfig;
 
-use crate::registry::real;
+use crate::ground::driver::real;
 
 /// `GPU-` + the 16 UUID bytes in the 8-4-4-4-12 grouping, lower-case (nvidia-smi's spelling).
 pub fn format_cuda_uuid(uuid: &CUuuid) -> String {

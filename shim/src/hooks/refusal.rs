@@ -48,7 +48,8 @@ pub fn refusal_line(error: &ConfigError, fault: Fault) -> String {
 /// the map passes through), because that one function would let the process use the GPU
 /// unlimited.
 pub fn must_hand_out_our_cu_init(symbol: &CStr) -> bool {
-    symbol.to_bytes() == b"cuInit" && crate::state::admit(crate::real::Library::Cuda).is_err()
+    symbol.to_bytes() == b"cuInit"
+        && crate::lifecycle::admit(crate::ground::real::Library::Cuda).is_err()
 }
 
 #[cfg(test)]

@@ -1,0 +1,21 @@
+//! The ground layer: what the policy layer and the hook layer stand on. Nothing here imports
+//! `hooks`, `lifecycle`, `memory` or `throttle` (checked by `layers`).
+//!
+//! * [`driver`]: the typed real-driver table (slots, signatures, `real::NAME()`), generated
+//!   from the registry's one declaration.
+//! * [`real`]: the real `dlsym` (via `dlvsym`), the real driver libraries, lazily resolved slots.
+//! * [`state`]: the configuration this process runs under (`Mode`), published once.
+//! * [`devices`]: which limit applies to which device (UUID, then index), and the driver
+//!   queries that tell.
+//! * [`ffi_boundary`], [`log`]: panic containment and `[gpuslice]` logging.
+//! * [`math`]: the built-in `exp`, so libm is not loaded into every process.
+
+#[macro_use]
+pub mod ffi_boundary;
+#[macro_use]
+pub mod log;
+pub mod devices;
+pub mod driver;
+pub mod math;
+pub mod real;
+pub mod state;

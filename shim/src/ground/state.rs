@@ -1,0 +1,146 @@
+//! The configuration this process runs under, as the layers read it: the [`Mode`] (pass
+//! through, fail closed, or enforce a slice), which `lifecycle` loads once per process and
+//! publishes here, and the pure mapping from a configuration outcome to a mode.
+//!
+//! Reading here never initialises (that is `lifecycle::mode`, at the top): the policy layer
+//! runs inside hooked calls that passed the gate, so the mode is published by then; before
+//! (or in a fork child until its next hooked call) there is none.
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+
+use gpuslice_common::config::{ConfigError, Loaded, SliceConfig};
+
+/// How this process treats CUDA/NVML calls.
+#[derive(Debug)]
+pub enum Mode {
+    /// No configuration: everything goes straight to the driver.
+    PassThrough,
+    /// Invalid configuration: every entry point refuses (never silently unlimited).
+    FailClosed(ConfigError),
+    /// A valid slice: policies apply.
+    Enforcing(SliceConfig),
+}
+
+static ANCHORED: AtomicBool = AtomicBool::new(false);
+static PUBLISHED: AtomicPtr<Mode> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The mode `lifecycle` loaded for this process; `None` before it did (and in a fork child
+/// until its next hooked call).
+#[inline]
+pub fn published() -> Option<&'static Mode> {
+    // SAFETY: PUBLISHED holds null or a leaked, never freed Box (see `publish`).
+    unsafe { PUBLISHED.load(Ordering::Acquire).as_ref() }
+}
+
+/// The slice configuration when enforcing (without initialising, see the module doc).
+#[inline]
+pub fn slice_config() -> Option<&'static SliceConfig> {
+    match published() {
+        Some(Mode::Enforcing(config)) => Some(config),
+        _ => None,
+    }
+}
+
+/// Publishes the process's mode; `mode` is leaked, never freed.
+pub fn publish(mode: &'static Mode) {
+    PUBLISHED.store(mode as *const Mode as *mut Mode, Ordering::Release);
+}
+
+/// A fork child has no mode until it re-initialises. Only stores an atomic: async-signal-safe.
+pub fn unpublish() {
+    PUBLISHED.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+/// Records whether the anchored limit file exists (by `lifecycle`, while loading).
+pub fn set_anchored(anchored: bool) {
+    ANCHORED.store(anchored, Ordering::Release);
+}
+
+/// Whether the anchored limit file exists: then no environment variable may change what is
+/// enforced (the shim's own ones included, see `memory`). Valid once `mode()` has run.
+pub fn anchored() -> bool {
+    ANCHORED.load(Ordering::Acquire)
+}
+
+/// The refusal for a region that cannot be used: origin and field say where its path is set.
+pub fn region_error(config: &SliceConfig, problem: String) -> ConfigError {
+    let (origin, field) = config.region_source();
+    ConfigError {
+        origin,
+        field,
+        problem: format!("the shared region cannot be used: {problem}"),
+    }
+}
+
+/// Pure: what a configuration outcome means for this process (also sets the log level).
+pub fn mode_from(loaded: Loaded) -> Mode {
+    match loaded {
+        Loaded::Unconfigured => Mode::PassThrough,
+        Loaded::Invalid(error) => Mode::FailClosed(error),
+        Loaded::Configured(config) => {
+            if let Some(level) = config.log_level {
+                crate::ground::log::set_level(level);
+            }
+            Mode::Enforcing(config)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_common::config::{ComputePolicy, ConfigSource};
+
+    #[test]
+    fn configuration_outcomes_map_to_modes() {
+        assert!(matches!(mode_from(Loaded::Unconfigured), Mode::PassThrough));
+        let error = ConfigError {
+            origin: "/etc/gpuslice/limits.json".into(),
+            field: "devices[0].memory".into(),
+            problem: "bad".into(),
+        };
+        assert!(matches!(
+            mode_from(Loaded::Invalid(error)),
+            Mode::FailClosed(_)
+        ));
+        let config = SliceConfig {
+            source: ConfigSource::Env,
+            devices: vec![],
+            region_path: None,
+            policy: ComputePolicy::Cap,
+            priority: Default::default(),
+            log_level: None,
+        };
+        assert!(matches!(
+            mode_from(Loaded::Configured(config)),
+            Mode::Enforcing(_)
+        ));
+    }
+
+    #[test]
+    fn a_region_refusal_names_where_the_region_path_is_set() {
+        let mut config = SliceConfig {
+            source: ConfigSource::File("/etc/gpuslice/limits.json".into()),
+            devices: vec![],
+            region_path: Some("/var/run/gpuslice/a.region".into()),
+            policy: ComputePolicy::Cap,
+            priority: Default::default(),
+            log_level: None,
+        };
+        let line = region_error(&config, "open: No such file or directory".into()).to_string();
+        assert!(
+            line.starts_with("invalid configuration /etc/gpuslice/limits.json: region: "),
+            "{line}"
+        );
+        config.region_path = None;
+        let error = region_error(&config, "x".into());
+        assert_eq!(
+            error.field,
+            "region (not set; default /tmp/gpuslice.region)"
+        );
+        config.source = ConfigSource::Env;
+        let error = region_error(&config, "x".into());
+        assert_eq!(error.origin, "HAMi env");
+        assert!(error.field.starts_with("CUDA_DEVICE_MEMORY_SHARED_CACHE"));
+    }
+}

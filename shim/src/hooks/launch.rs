@@ -1,0 +1,125 @@
+//! Launch handlers: every kernel and graph launch (each `_ptsz` variant, the cooperative and
+//! deprecated ones) passes the `throttle` seam before the real launch.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use gpuslice_abi::cuda::result::CUDA_SUCCESS;
+use gpuslice_abi::cuda::*;
+
+use crate::hooks::registry::signature as sig;
+use crate::memory;
+use crate::throttle;
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_kernel(
+    real: sig::cuLaunchKernel,
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    throttle::before_launch_to(stream);
+    real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+}
+
+pub unsafe fn launch_kernel_ex(
+    real: sig::cuLaunchKernelEx,
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // A NULL config is the driver's INVALID_VALUE to return; it enqueues nothing to gate.
+    if !config.is_null() {
+        // SAFETY: non-null; the caller passes a valid config (the CUDA API's contract).
+        throttle::before_launch_to(unsafe { (*config).hStream });
+    }
+    real(config, f, params, extra)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_cooperative_kernel(
+    real: sig::cuLaunchCooperativeKernel,
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    throttle::before_launch_to(stream);
+    real(f, gx, gy, gz, bx, by, bz, shared, stream, params)
+}
+
+/// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported): one launch per
+/// entry, each billed on its stream's device. A list the driver will refuse (null, empty,
+/// more entries than devices can exist) is passed through ungated.
+pub unsafe fn launch_cooperative_kernel_multi_device(
+    real: sig::cuLaunchCooperativeKernelMultiDevice,
+    list: *mut CUDA_LAUNCH_PARAMS,
+    n: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    if !list.is_null() && (1..=gpuslice_common::MAX_DEVICES as c_uint).contains(&n) {
+        for i in 0..n as usize {
+            // SAFETY: the caller passes `n` valid entries (the CUDA API's contract).
+            let stream = unsafe { (*list.add(i)).hStream };
+            throttle::before_launch_on_stream(stream);
+        }
+    }
+    real(list, n, flags)
+}
+
+pub unsafe fn graph_launch(
+    real: sig::cuGraphLaunch,
+    exec: CUgraphExec,
+    stream: CUstream,
+) -> CUresult {
+    throttle::before_launch_to(stream);
+    let result = real(exec, stream);
+    if result == CUDA_SUCCESS {
+        // The first launch of an exec reserves its graph memory (one relaxed load otherwise).
+        memory::graphs::launched(exec);
+    }
+    result
+}
+
+/// `cuLaunch` (deprecated): a 1x1 grid of the function's block shape, on the legacy stream.
+pub unsafe fn launch(real: sig::cuLaunch, f: CUfunction) -> CUresult {
+    throttle::before_launch();
+    real(f)
+}
+
+/// `cuLaunchGrid` (deprecated).
+pub unsafe fn launch_grid(
+    real: sig::cuLaunchGrid,
+    f: CUfunction,
+    grid_width: c_int,
+    grid_height: c_int,
+) -> CUresult {
+    throttle::before_launch();
+    real(f, grid_width, grid_height)
+}
+
+/// `cuLaunchGridAsync` (deprecated).
+pub unsafe fn launch_grid_async(
+    real: sig::cuLaunchGridAsync,
+    f: CUfunction,
+    grid_width: c_int,
+    grid_height: c_int,
+    stream: CUstream,
+) -> CUresult {
+    throttle::before_launch_to(stream);
+    real(f, grid_width, grid_height, stream)
+}

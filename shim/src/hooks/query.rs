@@ -1,0 +1,140 @@
+//! Query handlers: what the memory queries report (`cuMemGetInfo`, `cuDeviceTotalMem` and
+//! their 32-bit forms): the slice's view of the device, computed from the driver's figures
+//! (`memory::report`).
+
+use std::ffi::c_uint;
+
+use gpuslice_abi::cuda::result::CUDA_SUCCESS;
+use gpuslice_abi::cuda::*;
+
+use crate::ground::devices;
+use crate::hooks::registry::{real, signature as sig};
+use crate::lifecycle;
+use crate::memory;
+use crate::memory::report::{slice_view, MemoryView};
+
+/// The slice's view of the current context's device given the driver's `physical` figures;
+/// `None` when no slice limits that device.
+fn current_slice_view(physical: impl FnOnce() -> MemoryView) -> Option<MemoryView> {
+    lifecycle::slice_config()?;
+    let device = devices::current_cuda_device()?;
+    let (limit, used) = memory::cuda_slice(device)?;
+    Some(slice_view(physical(), limit, Some(used)))
+}
+
+/// The memory limit of `device` in the slice, `None` when unlimited.
+fn device_limit(device: CUdevice) -> Option<u64> {
+    lifecycle::slice_config().and_then(|c| devices::cuda_memory_limit(c, device))
+}
+
+/// A byte count as the 32-bit ABI reports it: clamped, as the driver clamps, never wrapped.
+pub fn clamp_u32(bytes: u64) -> c_uint {
+    bytes.min(u64::from(c_uint::MAX)) as c_uint
+}
+
+pub unsafe fn mem_get_info(
+    real: sig::cuMemGetInfo_v2,
+    free: *mut usize,
+    total: *mut usize,
+) -> CUresult {
+    let result = real(free, total);
+    if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
+        return result;
+    }
+    let physical = || MemoryView {
+        total: *total as u64,
+        free: *free as u64,
+    };
+    if let Some(view) = current_slice_view(physical) {
+        *total = view.total as usize;
+        *free = view.free as usize;
+    }
+    result
+}
+
+/// The card's (free, total) in full through the real 64-bit `cuMemGetInfo_v2`.
+fn physical_mem_info() -> Option<MemoryView> {
+    let get = real::cuMemGetInfo_v2()?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-pointers for the call.
+    (unsafe { get(&mut free, &mut total) } == CUDA_SUCCESS).then_some(MemoryView {
+        total: total as u64,
+        free: free as u64,
+    })
+}
+
+/// `cuMemGetInfo` of the 32-bit ABI: the slice, clamped to 32 bits. The slice is computed
+/// from the card's full figures (a clamped free minus the slice's use would come out wrong
+/// for slices above 4 GiB), the 32-bit ones serving only when the 64-bit call is missing.
+pub unsafe fn mem_get_info_v1(
+    real: sig::cuMemGetInfo,
+    free: *mut c_uint,
+    total: *mut c_uint,
+) -> CUresult {
+    let result = real(free, total);
+    if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
+        return result;
+    }
+    let physical = || {
+        physical_mem_info().unwrap_or(MemoryView {
+            total: u64::from(*total),
+            free: u64::from(*free),
+        })
+    };
+    if let Some(view) = current_slice_view(physical) {
+        *total = clamp_u32(view.total);
+        *free = clamp_u32(view.free);
+    }
+    result
+}
+
+pub unsafe fn device_total_mem(
+    real: sig::cuDeviceTotalMem_v2,
+    bytes: *mut usize,
+    device: CUdevice,
+) -> CUresult {
+    let result = real(bytes, device);
+    if result != CUDA_SUCCESS || bytes.is_null() {
+        return result;
+    }
+    if let Some(limit) = device_limit(device) {
+        *bytes = (limit as usize).min(*bytes);
+    }
+    result
+}
+
+/// `cuDeviceTotalMem` of the 32-bit ABI: min(limit, card), clamped to 32 bits (the card's
+/// full size from `cuDeviceTotalMem_v2` where the driver has it).
+pub unsafe fn device_total_mem_v1(
+    real: sig::cuDeviceTotalMem,
+    bytes: *mut c_uint,
+    device: CUdevice,
+) -> CUresult {
+    let result = real(bytes, device);
+    if result != CUDA_SUCCESS || bytes.is_null() {
+        return result;
+    }
+    if let Some(limit) = device_limit(device) {
+        let mut full = 0usize;
+        let card = real::cuDeviceTotalMem_v2()
+            // SAFETY: valid out-pointer for the call.
+            .filter(|total| unsafe { total(&mut full, device) } == CUDA_SUCCESS)
+            .map_or(u64::from(*bytes), |_| full as u64);
+        *bytes = clamp_u32(limit.min(card));
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_32_bit_abi_clamps_and_never_wraps() {
+        assert_eq!(clamp_u32(0), 0);
+        assert_eq!(clamp_u32(1 << 30), 1 << 30);
+        assert_eq!(clamp_u32(u64::from(u32::MAX)), u32::MAX);
+        assert_eq!(clamp_u32(4 << 30), u32::MAX, "4 GiB does not wrap to 0");
+        assert_eq!(clamp_u32(80 << 30), u32::MAX);
+    }
+}
