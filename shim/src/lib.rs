@@ -19,6 +19,8 @@
 //! * [`nesting`]: hooks never nest on a thread (a driver calling its own exports).
 //! * [`ffi_boundary`], [`log`]: panic containment and `[gpuslice]` logging.
 //! * [`math`]: the built-in `exp`, so libm is not loaded into every process.
+//! * [`find_object`]: a hidden `_dl_find_object` for the static unwinder, so libgcc_s is not
+//!   loaded into every process and the glibc floor stays 2.34.
 //!
 //! Exports are compiled only outside `cfg(test)`: a unit-test binary must never interpose its
 //! own `dlsym` or `cu*` symbols.
@@ -32,6 +34,8 @@ pub mod log;
 pub mod device_check;
 pub mod devices;
 pub mod dlsym_hook;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub mod find_object;
 pub mod hooks;
 pub mod math;
 pub mod memory;
