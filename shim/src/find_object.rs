@@ -178,6 +178,7 @@ mod tests {
             assert_eq!(ours.eh_frame, theirs.eh_frame, "eh_frame_hdr of {pc:?}");
             assert!(!ours.eh_frame.is_null());
             assert_eq!(ours.map_start, theirs.map_start, "start of {pc:?}");
+            assert_eq!(ours.map_end, theirs.map_end, "end of {pc:?}");
             assert!(
                 ours.map_start as usize <= pc as usize && (pc as usize) < ours.map_end as usize
             );
