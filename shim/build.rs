@@ -7,7 +7,6 @@
 //!   instead of being looked up by name in the global scope at every exec. It also makes
 //!   those pointers what the registry means: OUR wrapper, even if the main program happens to
 //!   define a function of the same name (the dlsym rules compare against them).
-//! * (libm is avoided in the source: `src/math.rs`.)
 //! * The unwinder linked statically (`libgcc_eh.a`, hidden symbols, whole archive so every
 //!   `_Unwind_*` is defined before std's `-lgcc_s` is seen; `--as-needed` then drops
 //!   `libgcc_s.so.1`): one fewer library to open, map, relocate and protect per exec (~100 us).
