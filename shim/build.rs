@@ -7,13 +7,19 @@
 //!   instead of being looked up by name in the global scope at every exec. It also makes
 //!   those pointers what the registry means: OUR wrapper, even if the main program happens to
 //!   define a function of the same name (the dlsym rules compare against them).
+//! * The unwinder linked statically (`libgcc_eh.a`, hidden symbols, whole archive so every
+//!   `_Unwind_*` is defined before std's `-lgcc_s` is seen; `--as-needed` then drops
+//!   `libgcc_s.so.1`): one fewer library to open, map, relocate and protect per exec (~100 us).
+//!   Panics are still caught at the FFI boundary (`panic = "unwind"` is unchanged). GCC 12+'s
+//!   static unwinder calls `_dl_find_object` (GLIBC_2.35); `src/ground/find_object.rs` defines it,
+//!   hidden, on top of `dl_iterate_phdr`, so nothing newer than GLIBC_2.34 is imported and the
+//!   shim still loads on RHEL 9 / UBI 9 (glibc 2.34; a preload the loader cannot load is
+//!   skipped, and the container would run unlimited). Skipped, with a warning, where the C
+//!   compiler has no `libgcc_eh.a` (the build then keeps libgcc_s).
 //! * (libm is avoided in the source: `src/math.rs`.)
-//! * NOT done: linking the unwinder statically (`libgcc_eh.a`) to drop `libgcc_s.so.1` was
-//!   measured (one fewer library per exec), but GCC 12's static unwinder imports
-//!   `_dl_find_object@GLIBC_2.35`, which raises the shim's glibc floor from 2.34 to 2.35 and
-//!   so would leave RHEL 9 / UBI 9 based CUDA images (glibc 2.34) running WITHOUT the shim,
-//!   unlimited (the loader skips a preload it cannot load). A floor is a cap that fails open;
-//!   an exec's few tens of microseconds are not worth that.
+
+use std::path::PathBuf;
+use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -24,4 +30,32 @@ fn main() {
         return;
     }
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
+    match static_unwinder_dir() {
+        Some(dir) => {
+            println!("cargo:rustc-link-search=native={}", dir.display());
+            println!("cargo:rustc-link-lib=static:+whole-archive=gcc_eh");
+        }
+        None => println!(
+            "cargo:warning=libgcc_eh.a not found by the C compiler: libgpuslice.so keeps \
+             libgcc_s.so.1 as a dependency (costs every exec of a sliced container)"
+        ),
+    }
+}
+
+/// The directory of the C compiler's `libgcc_eh.a` (what `gcc -static-libgcc` links).
+fn static_unwinder_dir() -> Option<PathBuf> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let output = Command::new(cc)
+        .arg("-print-file-name=libgcc_eh.a")
+        .output()
+        .ok()?;
+    if !output.status.success() {
+        return None;
+    }
+    // gcc prints the bare name back when it has no such file.
+    let path = PathBuf::from(String::from_utf8(output.stdout).ok()?.trim());
+    if !path.is_absolute() || !path.is_file() {
+        return None;
+    }
+    path.parent().map(PathBuf::from)
 }

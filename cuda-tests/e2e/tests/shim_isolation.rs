@@ -359,7 +359,7 @@ fn processes_that_never_touch_cuda_are_unaffected() {
 /// of every shell command). Judged by the loader's own trace (`LD_DEBUG=files`), with and
 /// without the shim.
 #[test]
-fn the_shim_brings_no_library_but_the_unwinder_into_a_process() {
+fn the_shim_brings_no_other_library_into_a_process() {
     let loaded = |preload: bool| -> Vec<String> {
         let mut env: Env = vec![("LD_DEBUG".into(), "files".into())];
         if preload {
@@ -395,14 +395,88 @@ fn the_shim_brings_no_library_but_the_unwinder_into_a_process() {
         .unwrap()
         .to_string_lossy()
         .into_owned();
-    // libgcc_s.so.1 (the unwinder std needs for panics) stays a dependency on purpose: its
-    // static variant would raise the glibc floor to 2.35 (shim/build.rs). Nothing else may
-    // come along (libm did, for one function).
-    let allowed = [shim_name.as_str(), "libgcc_s.so.1"];
-    assert!(
-        added.iter().all(|f| allowed.contains(&f.as_str())) && added.contains(&&shim_name),
-        "objects the preload added to /bin/true: {added:?} (without: {without:?})"
+    // libgcc_s.so.1 (std's unwinder) is linked statically (shim/build.rs), libm is not used.
+    assert_eq!(
+        added,
+        [&shim_name],
+        "objects the preload added to /bin/true (without: {without:?})"
     );
+}
+
+/// The shim must load wherever CUDA containers run: a preload the loader cannot load (a
+/// symbol version the container's glibc lacks) is skipped and the container runs UNLIMITED.
+/// RHEL 9 / UBI 9 CUDA images have glibc 2.34, so nothing newer than GLIBC_2.34 may be
+/// required (the static unwinder's `_dl_find_object@GLIBC_2.35` is defined inside the shim,
+/// `shim/src/find_object.rs`). Read from the library's own version-needs table.
+#[test]
+fn the_shim_needs_no_glibc_newer_than_2_34() {
+    let bytes = std::fs::read(shim_library()).expect("read the shim library");
+    let needs = elf_version_needs(&bytes);
+    assert!(
+        needs.iter().any(|(file, _)| file == "libc.so.6"),
+        "no libc version needs found: {needs:?}"
+    );
+    let too_new: Vec<_> = needs
+        .iter()
+        .filter(|(_, version)| {
+            glibc_version(version).is_some_and(|(major, minor)| (major, minor) > (2, 34))
+        })
+        .collect();
+    assert!(
+        too_new.is_empty(),
+        "the shim requires {too_new:?}: it would not load on glibc 2.34"
+    );
+}
+
+/// `GLIBC_2.34` -> (2, 34); other version names -> None.
+fn glibc_version(name: &str) -> Option<(u32, u32)> {
+    let mut parts = name.strip_prefix("GLIBC_")?.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next().map_or(Some(0), |m| m.parse().ok())?;
+    Some((major, minor))
+}
+
+/// (file, version) of every entry of an ELF64 little-endian object's `SHT_GNU_verneed`
+/// section: the symbol versions the loader must find for the object to load.
+fn elf_version_needs(elf: &[u8]) -> Vec<(String, String)> {
+    const SHT_GNU_VERNEED: u32 = 0x6fff_fffe;
+    let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().unwrap()) as usize;
+    let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) as usize;
+    let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap()) as usize;
+    assert_eq!(&elf[..5], b"\x7fELF\x02", "not an ELF64 file");
+    assert_eq!(elf[5], 1, "not little-endian");
+    let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
+    let section = |i: usize| shoff + i * shentsize;
+    let string = |table: usize, at: usize| {
+        let start = u64_at(section(table) + 0x18) + at;
+        let end = start + elf[start..].iter().position(|&b| b == 0).unwrap();
+        String::from_utf8_lossy(&elf[start..end]).into_owned()
+    };
+    let mut needs = Vec::new();
+    for i in 0..shnum {
+        let header = section(i);
+        if u32_at(header + 4) != SHT_GNU_VERNEED as usize {
+            continue;
+        }
+        let (offset, strtab, count) = (
+            u64_at(header + 0x18),
+            u32_at(header + 0x28),
+            u32_at(header + 0x2c),
+        );
+        let mut need = offset;
+        for _ in 0..count {
+            // Elf64_Verneed: vn_version u16, vn_cnt u16, vn_file u32, vn_aux u32, vn_next u32.
+            let file = string(strtab, u32_at(need + 4));
+            let mut aux = need + u32_at(need + 8);
+            for _ in 0..u16_at(need + 2) {
+                // Elf64_Vernaux: hash u32, flags u16, other u16, name u32, next u32.
+                needs.push((file.clone(), string(strtab, u32_at(aux + 8))));
+                aux += u32_at(aux + 12);
+            }
+            need += u32_at(need + 12);
+        }
+    }
+    needs
 }
 
 fn which(program: &str) -> PathBuf {

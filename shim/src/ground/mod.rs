@@ -9,6 +9,8 @@
 //!   queries that tell.
 //! * [`ffi_boundary`], [`log`]: panic containment and `[gpuslice]` logging.
 //! * [`math`]: the built-in `exp`, so libm is not loaded into every process.
+//! * [`find_object`]: a hidden `_dl_find_object` for the static unwinder, so libgcc_s is not
+//!   loaded into every process and the glibc floor stays 2.34.
 
 #[macro_use]
 pub mod ffi_boundary;
@@ -16,6 +18,8 @@ pub mod ffi_boundary;
 pub mod log;
 pub mod devices;
 pub mod driver;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub mod find_object;
 pub mod math;
 pub mod real;
 pub mod state;
