@@ -184,6 +184,8 @@ struct Containers {
     conf: PathBuf,
     rootfs: PathBuf,
     state: PathBuf,
+    /// The host-PID broker's socket (see `fakegpu::host_pid`).
+    broker: PathBuf,
     devices: Vec<String>,
     names: Vec<String>,
 }
@@ -202,6 +204,8 @@ impl Containers {
         args.extend([
             "-v".into(),
             format!("{}:{STATE_IN_CONTAINER}", self.state.display()),
+            "-v".into(),
+            format!("{}:{STATE_IN_CONTAINER}.hostpid", self.broker.display()),
         ]);
         args.extend(["-e".into(), format!("FAKEGPU_STATE={STATE_IN_CONTAINER}")]);
         for device in &self.devices {
@@ -294,6 +298,18 @@ async fn a_prepared_claim_is_an_enforced_slice_in_podman_containers() {
         .output()
         .unwrap();
     assert!(out.status.success(), "fakegpu smi: {}", text(&out.stderr));
+    // The card reports host PIDs, as the kernel driver does: the fake learns a containerised
+    // process's from this broker (a socket next to the state file, mounted beside it).
+    let broker = fakegpu::host_pid::broker_socket(&state);
+    let (ready, is_ready) = std::sync::mpsc::channel();
+    {
+        let broker = broker.clone();
+        std::thread::spawn(move || {
+            let served = fakegpu::host_pid::serve(&broker, || ready.send(()).unwrap());
+            panic!("the host-PID broker stopped: {served:?}");
+        });
+    }
+    is_ready.recv().expect("the host-PID broker listens");
     std::env::set_var("FAKEGPU_STATE", &state);
     let gpus = inventory::from_nvml(Some(&bin.join("libfakegpu_nvml.so"))).unwrap();
     assert_eq!(gpus.len(), 1);
@@ -374,6 +390,7 @@ async fn a_prepared_claim_is_an_enforced_slice_in_podman_containers() {
         conf,
         rootfs,
         state: state.clone(),
+        broker,
         devices,
         names: Vec::new(),
     };
