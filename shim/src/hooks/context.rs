@@ -9,12 +9,12 @@ use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
 
 use crate::hooks::registry::{real, signature as sig};
-use crate::memory::ledger::{lock, PrimaryContext};
-use crate::memory::objects::{Charged, ObjectKind};
-use crate::memory::wrappers::{
+use crate::memory::driver_sized::{
     context_gone, create_context, ctx_create_with, current_limited_device, end_primary, heap_limit,
     primary_entry, HEAP_LIMIT,
 };
+use crate::memory::ledger::{lock, PrimaryContext};
+use crate::memory::objects::{Charged, ObjectKind};
 use crate::memory::{charge_or_refuse, current_context, process, shared};
 
 pub unsafe fn ctx_create_v2(

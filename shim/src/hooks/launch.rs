@@ -9,6 +9,7 @@ use gpuslice_abi::cuda::*;
 use crate::hooks::registry::signature as sig;
 use crate::memory;
 use crate::throttle;
+use crate::throttle::capture;
 
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn launch_kernel(
@@ -122,4 +123,43 @@ pub unsafe fn launch_grid_async(
 ) -> CUresult {
     throttle::before_launch_to(stream);
     real(f, grid_width, grid_height, stream)
+}
+
+// ---------------------------------------------------------------- stream capture
+// Launches recorded into a graph are billed when the graph runs (`throttle::capture`).
+
+/// `cuStreamBeginCapture[_ptsz]` (the 10.0 ABI, global mode).
+pub unsafe fn capture_begin(real: sig::cuStreamBeginCapture, stream: CUstream) -> CUresult {
+    capture::began(real(stream))
+}
+
+/// `cuStreamBeginCapture_v2[_ptsz]`.
+pub unsafe fn capture_begin_v2(
+    real: sig::cuStreamBeginCapture_v2,
+    stream: CUstream,
+    mode: c_uint,
+) -> CUresult {
+    capture::began(real(stream, mode))
+}
+
+/// `cuStreamBeginCaptureToGraph[_ptsz]` (12.3): captures into an existing graph.
+pub unsafe fn capture_begin_to_graph(
+    real: sig::cuStreamBeginCaptureToGraph,
+    stream: CUstream,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    edge_data: *const std::ffi::c_void,
+    count: usize,
+    mode: c_uint,
+) -> CUresult {
+    capture::began(real(stream, graph, dependencies, edge_data, count, mode))
+}
+
+/// `cuStreamEndCapture[_ptsz]`.
+pub unsafe fn capture_end(
+    real: sig::cuStreamEndCapture,
+    stream: CUstream,
+    graph: *mut CUgraph,
+) -> CUresult {
+    capture::ended(stream, real(stream, graph))
 }

@@ -15,14 +15,14 @@ use gpuslice_abi::cuda::*;
 
 use crate::hooks::registry::{real, signature as sig};
 use crate::memory::arrays::{mipmapped_bytes, owned_array_bytes, ARRAY3D_WITHOUT_MEMORY};
+use crate::memory::driver_sized::{
+    apply, current_limited_device, free_async_like, learn_pool_home, limited_device, pool_alloc,
+    pool_home, reread_locked, stream_device, unmapping,
+};
 use crate::memory::graphs::{after, instantiated};
 use crate::memory::ledger::{charge_size, lock, pitch_upper_bound, Settled};
 use crate::memory::objects::{Charged, ObjectKind};
 use crate::memory::pools::{home_of, PoolHome};
-use crate::memory::wrappers::{
-    apply, current_limited_device, free_async_like, learn_pool_home, limited_device, pool_alloc,
-    pool_home, reread_locked, stream_device, unmapping,
-};
 use crate::memory::{self, charge_or_refuse, current_context, process, AllocTarget, DeviceObject};
 
 // ---------------------------------------------------------------- plain allocations

@@ -2,7 +2,7 @@
 //! limit, used = the container's usage from the region, free = the clamped remainder.
 //! Device utilisation reports the slice's own processes' share of the card (see
 //! [`device_get_utilization_rates`]). The process lists and per-process samples are filtered
-//! to the slice, PIDs translated (what is in the slice: `memory::wrappers`).
+//! to the slice, PIDs translated (what is in the slice: `memory::driver_sized`).
 
 use std::ffi::c_uint;
 
@@ -12,8 +12,8 @@ use gpuslice_abi::nvml::*;
 use crate::hooks::registry::signature as sig;
 use crate::lifecycle;
 use crate::memory;
+use crate::memory::driver_sized::{answer, members_only, members_only_by, slice_list, ProcessList};
 use crate::memory::report::{nvml_slice_view, NvmlView};
-use crate::memory::wrappers::{answer, members_only, members_only_by, slice_list, ProcessList};
 use crate::memory::Shared;
 
 /// The slice's view of `device` given the driver's physical one; `None` when the device
@@ -95,7 +95,7 @@ pub unsafe fn device_get_utilization_rates(
     if result != NVML_SUCCESS || utilization.is_null() || lifecycle::slice_config().is_none() {
         return result;
     }
-    let Some(samples) = memory::wrappers::slice_utilization_samples(device) else {
+    let Some(samples) = memory::driver_sized::slice_utilization_samples(device) else {
         return result;
     };
     let card = *utilization;

@@ -183,17 +183,17 @@ macro_rules! hook_table {
             Cuda fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult => memory::trim;
             // Stream capture: launches recorded into a graph are billed when the graph runs
             // (throttle::capture), so the launch path needs to know a capture may be open.
-            Cuda fn cuStreamBeginCapture(stream: CUstream) -> CUresult => capture::begin;
-            Cuda fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult => capture::begin;
-            Cuda fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_uint) -> CUresult => capture::begin_v2;
-            Cuda fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: c_uint) -> CUresult => capture::begin_v2;
+            Cuda fn cuStreamBeginCapture(stream: CUstream) -> CUresult => launch::capture_begin;
+            Cuda fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult => launch::capture_begin;
+            Cuda fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_uint) -> CUresult => launch::capture_begin_v2;
+            Cuda fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: c_uint) -> CUresult => launch::capture_begin_v2;
             Cuda fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, dependencies: *const CUgraphNode,
-                edge_data: *const c_void, count: usize, mode: c_uint) -> CUresult => capture::begin_to_graph;
+                edge_data: *const c_void, count: usize, mode: c_uint) -> CUresult => launch::capture_begin_to_graph;
             Cuda fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph,
                 dependencies: *const CUgraphNode, edge_data: *const c_void, count: usize, mode: c_uint) -> CUresult
-                => capture::begin_to_graph;
-            Cuda fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => capture::end;
-            Cuda fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => capture::end;
+                => launch::capture_begin_to_graph;
+            Cuda fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => launch::capture_end;
+            Cuda fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => launch::capture_end;
 
             // The legacy unsuffixed entry points: what a binary built against pre-3.2 headers (or
             // with CUDA_FORCE_API_VERSION) links, what dlsym of the bare name finds, and what
@@ -361,7 +361,6 @@ macro_rules! hook_exports {
 }
 
 use crate::hooks::{context, launch, memory, nvml, proc_address, query};
-use crate::throttle::capture;
 
 hook_table!(hook_exports);
 

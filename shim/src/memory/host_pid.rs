@@ -16,7 +16,7 @@
 //! then missing from the slice's process list (never another tenant's process shown in its
 //! place). A context whose cost could not be told keeps what was reserved for it when that
 //! was a measured cost, else is charged the configured bound (or undone when that does not
-//! fit: see `wrappers::create_context`).
+//! fit: see `driver_sized::create_context`).
 //!
 //! The same lists say when a DEAD process's memory has really gone back to the card
 //! ([`release_evidence`]): NVML's word beats the kernel's and any timer.

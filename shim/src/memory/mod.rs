@@ -11,7 +11,7 @@
 //! * [`host_pid`]: which NVML process entry is us (host PID discovery, context cost);
 //! * [`context_start`]: what a new context reserves, the slice's measuring lock, and the
 //!   line that says why a context was refused;
-//! * [`wrappers`]: what the paths whose size the driver decides (pools, VMM, contexts, the
+//! * [`driver_sized`]: what the paths whose size the driver decides (pools, VMM, contexts, the
 //!   malloc heap) charge, and which NVML process entries are the slice's;
 //! * [`report`]: the slice's view of memory numbers (pure);
 //! * this file: the process-wide state (region, slot, device bindings) and the seam the plain
@@ -43,6 +43,7 @@
 
 pub mod arrays;
 mod context_start;
+pub mod driver_sized;
 pub mod graphs;
 mod host_pid;
 pub mod ledger;
@@ -50,7 +51,6 @@ pub mod objects;
 pub mod pools;
 pub mod report;
 mod vmm;
-pub mod wrappers;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -148,7 +148,7 @@ impl Budget for RegionBudget {
         let report = match shared() {
             Some(shared) => self
                 .region
-                .reap_dead_if(|dead| wrappers::driver_released(shared, dead)),
+                .reap_dead_if(|dead| driver_sized::driver_released(shared, dead)),
             None => self.region.reap_dead(),
         };
         log_reap(report);
@@ -572,7 +572,7 @@ pub fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(),
         return Ok(());
     }
     // Both re-read (no short circuit): either may have shrunk.
-    let shrank = wrappers::reread_pools(process) | graphs::reread_if_any(process);
+    let shrank = driver_sized::reread_pools(process) | graphs::reread_if_any(process);
     if shrank && process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
     }
@@ -648,7 +648,7 @@ pub fn on_free(object: DeviceObject, result: CUresult) {
         DeviceObject::Pointer(ptr) => {
             if ledger.untrack(ObjectKind::Pointer, ptr).is_none() {
                 if let Some(from_pool) = ledger.untrack(ObjectKind::PoolPointer, ptr) {
-                    wrappers::pool_pointer_freed(process, from_pool.pool);
+                    driver_sized::pool_pointer_freed(process, from_pool.pool);
                 }
             }
         }
@@ -664,7 +664,7 @@ pub fn on_free(object: DeviceObject, result: CUresult) {
                 ledger.refund(d, b);
             }
         }
-        DeviceObject::Context(ctx) => wrappers::context_gone(process, ctx as u64),
+        DeviceObject::Context(ctx) => driver_sized::context_gone(process, ctx as u64),
         DeviceObject::PrimaryContext(_) => {}
     }
 }
@@ -697,7 +697,7 @@ pub fn nvml_slice(device: nvmlDevice_t) -> Option<(u64, u64)> {
 #[inline]
 fn usage_of(shared: &Shared, device: u8) -> Option<(u64, u64)> {
     if let Some(process) = process() {
-        wrappers::reread_pools_if_any(process);
+        driver_sized::reread_pools_if_any(process);
         graphs::reread_if_any(process);
     }
     reap_for_views(shared);
@@ -727,7 +727,7 @@ fn reap_for_views(shared: &Shared) {
     log_reap(
         shared
             .region
-            .reap_dead_if(|dead| wrappers::driver_released(shared, dead)),
+            .reap_dead_if(|dead| driver_sized::driver_released(shared, dead)),
     );
 }
 

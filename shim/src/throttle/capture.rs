@@ -19,9 +19,9 @@ use gpuslice_abi::cuda::flags::CU_STREAM_CAPTURE_STATUS_NONE;
 use gpuslice_abi::cuda::result::{
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_UNJOINED, CUDA_SUCCESS,
 };
-use gpuslice_abi::cuda::{CUgraph, CUgraphNode, CUresult, CUstream};
+use gpuslice_abi::cuda::{CUresult, CUstream};
 
-use crate::ground::driver::{real, signature as sig};
+use crate::ground::driver::real;
 
 /// Captures begun by this process and not seen ended.
 static OPEN: AtomicU32 = AtomicU32::new(0);
@@ -43,7 +43,8 @@ fn stream_capturing(stream: CUstream) -> bool {
         && status != CU_STREAM_CAPTURE_STATUS_NONE
 }
 
-fn began(result: CUresult) -> CUresult {
+/// A `cuStreamBeginCapture*` call returned `result` (its handler is in `hooks::launch`).
+pub fn began(result: CUresult) -> CUresult {
     if result == CUDA_SUCCESS {
         OPEN.fetch_add(1, Ordering::Relaxed);
     }
@@ -54,7 +55,7 @@ fn began(result: CUresult) -> CUresult {
 /// invalidated or unjoined (the driver's documented outcomes); not when the stream was not
 /// capturing, the handle was bad or the call came from the wrong thread. The stream's status
 /// afterwards confirms it.
-fn ended(stream: CUstream, result: CUresult) -> CUresult {
+pub fn ended(stream: CUstream, result: CUresult) -> CUresult {
     if capture_ended(result) && !stream_capturing(stream) {
         let _ = OPEN.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
@@ -67,42 +68,6 @@ pub fn capture_ended(result: CUresult) -> bool {
         result,
         CUDA_SUCCESS | CUDA_ERROR_STREAM_CAPTURE_INVALIDATED | CUDA_ERROR_STREAM_CAPTURE_UNJOINED
     )
-}
-
-/// `cuStreamBeginCapture[_ptsz]` (the 10.0 ABI, global mode).
-pub unsafe fn begin(real: sig::cuStreamBeginCapture, stream: CUstream) -> CUresult {
-    began(real(stream))
-}
-
-/// `cuStreamBeginCapture_v2[_ptsz]`.
-pub unsafe fn begin_v2(
-    real: sig::cuStreamBeginCapture_v2,
-    stream: CUstream,
-    mode: c_uint,
-) -> CUresult {
-    began(real(stream, mode))
-}
-
-/// `cuStreamBeginCaptureToGraph[_ptsz]` (12.3): captures into an existing graph.
-pub unsafe fn begin_to_graph(
-    real: sig::cuStreamBeginCaptureToGraph,
-    stream: CUstream,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    edge_data: *const std::ffi::c_void,
-    count: usize,
-    mode: c_uint,
-) -> CUresult {
-    began(real(stream, graph, dependencies, edge_data, count, mode))
-}
-
-/// `cuStreamEndCapture[_ptsz]`.
-pub unsafe fn end(
-    real: sig::cuStreamEndCapture,
-    stream: CUstream,
-    graph: *mut CUgraph,
-) -> CUresult {
-    ended(stream, real(stream, graph))
 }
 
 #[cfg(test)]
