@@ -649,7 +649,12 @@ fn create_context(
     use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
     let device = match cuda_binding(shared, ordinal) {
         Ok(Binding::Limited(d)) => d,
-        Ok(Binding::Unlimited) => return (call(), None),
+        Ok(Binding::Unlimited) => {
+            return (
+                crate::throttle::host_pid::around_context_creation(ordinal, call),
+                None,
+            )
+        }
         Err(code) => return (code, None),
     };
     let cost_cell = &shared.context_cost[device as usize];
@@ -797,7 +802,7 @@ unsafe fn ctx_create_with(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let (Some(shared), Some(process)) = (shared(), process()) else {
-        return call();
+        return crate::throttle::host_pid::around_context_creation(device, call);
     };
     let _serialised = lock(&process.ledger.primaries);
     let undo = || {
@@ -969,7 +974,7 @@ pub unsafe fn primary_ctx_retain(
     dev: CUdevice,
 ) -> CUresult {
     let (Some(shared), Some(process)) = (shared(), process()) else {
-        return real(pctx, dev);
+        return crate::throttle::host_pid::around_context_creation(dev, || real(pctx, dev));
     };
     let mut primaries = lock(&process.ledger.primaries);
     let Some(entry) = primary_entry(&mut primaries, dev) else {
