@@ -55,7 +55,7 @@ struct LeaderState {
     last_waits: u64,
     leading: bool,
     warned_no_nvml: bool,
-    /// The "PID table full" line was logged.
+    /// The "neither the slice's region nor the throttle's table has room" line was logged.
     warned_table_full: bool,
     resolve_attempts: u32,
     slice_pids: Vec<u32>,
@@ -292,8 +292,9 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
 
 /// Pure: how the leader will know NVML PID `pid` as the slice's: through the shared PID table
 /// (`inserted`), or through the host PIDs the region records (the leader reads those every
-/// tenth tick), so a full table does not matter to a process the memory ledger knows;
-/// `None` = not at all (the process stays unresolved and says so).
+/// tenth tick), so a full table does not matter to a process recorded in its region slot
+/// (by the memory ledger, or by `host_pid::record`); `None` = not at all (the process stays
+/// unresolved and says so).
 pub fn known_by_leader(inserted: bool, pid: u32, region_pids: &[u32]) -> Option<&'static str> {
     if inserted {
         Some("PID table")
