@@ -115,6 +115,9 @@ struct Case {
     pid_offset: bool,
     /// The fake's realistic NVML sampling (see `fakegpu::nvml_sampling`), for every process.
     realistic: bool,
+    /// The slice's file sets a share and no memory limit: no memory ledger learns or records
+    /// the processes' host PIDs, the throttle alone does.
+    compute_only: bool,
 }
 
 impl Case {
@@ -126,6 +129,7 @@ impl Case {
             neighbours: 0,
             path: "kernel",
             pid_offset: false,
+            compute_only: false,
             realistic: std::env::var("THROTTLE_NVML").is_ok_and(|m| m == "realistic"),
         }
     }
@@ -143,6 +147,11 @@ impl Case {
     }
     fn pid_offset(mut self) -> Case {
         self.pid_offset = true;
+        self
+    }
+    fn compute_only(mut self) -> Case {
+        self.compute_only = true;
+        self.name.push_str(" compute only");
         self
     }
     fn realistic(mut self) -> Case {
@@ -179,9 +188,18 @@ const KINDS: [ClientKind; 3] = [ClientKind::Linked, ClientKind::Cudarc, ClientKi
 
 fn run_case(case: &Case) -> Outcome {
     let gpu = FakeGpu::start("v100");
-    let slice = Slice::builder()
-        .device(0, "8GiB", Some(case.target))
-        .build();
+    let slice = if case.compute_only {
+        Slice::builder()
+            .raw(&format!(
+                r#"{{"version":1,"region":"{{region}}","policy":"cap","devices":[{{"index":0,"compute":{}}}]}}"#,
+                case.target
+            ))
+            .build()
+    } else {
+        Slice::builder()
+            .device(0, "8GiB", Some(case.target))
+            .build()
+    };
     let offset = |mut env: Env| {
         if case.pid_offset {
             env.push(("FAKEGPU_PID_OFFSET".into(), "100000".into()));
@@ -413,6 +431,39 @@ fn a_slice_next_to_a_busy_neighbour_keeps_its_share_with_host_pids() {
             Case::new(30, &[MS1]).neighbour().pid_offset(),
             Case::new(10, &[MS10]).neighbour(),
         ],
+        TOLERANCE,
+    );
+}
+
+/// A compute-only slice (no memory limit: no ledger records its processes) of 20 processes,
+/// more than the 14 PIDs the throttle's shared words hold, next to a busy neighbour: every
+/// process records its host PID in a region slot of its own, so the leader matches all 20
+/// processes' samples. It used to steer on the whole device once the 15th process found the
+/// table full (the neighbour counted as the slice's: the slice sank far below its share).
+/// Margin: twice the issue's tolerance (20 launching processes on a loaded 2-core machine).
+#[test]
+fn a_compute_only_slice_of_20_processes_keeps_its_share_next_to_a_neighbour() {
+    check(
+        &[Case::new(30, &[MS1; 20])
+            .named("x20 1ms")
+            .compute_only()
+            .neighbour()],
+        2.0 * TOLERANCE,
+    );
+}
+
+/// A compute-only slice whose processes NVML names by host PIDs (`FAKEGPU_PID_OFFSET`: as in
+/// a container with its own PID namespace, `getpid()` is not what NVML lists, and there is
+/// no memory ledger to learn it): the throttle learns its host PID from NVML's list around
+/// the first context creation and steers on its own samples, not the neighbour's. It used to
+/// steer on the whole device (the neighbour included) and sink far below its share.
+#[test]
+fn a_compute_only_slice_with_host_pids_keeps_its_share_next_to_a_neighbour() {
+    check(
+        &[Case::new(30, &[MS1])
+            .compute_only()
+            .neighbour()
+            .pid_offset()],
         TOLERANCE,
     );
 }
@@ -971,9 +1022,13 @@ fn print_table() {
     }
 }
 
-/// Host-PID discovery that fails (NVML shows offset PIDs and, with no memory limit, no ledger
-/// learns ours) logs one line and falls back to steering on the whole device: throttling
-/// stays on, under `burst` too (the neighbours are unknown, never taken for idle).
+/// Host-PID discovery that fails logs one line and falls back to steering on the whole
+/// device: throttling stays on, under `burst` too (the neighbours are unknown, never taken
+/// for idle). NVML shows offset PIDs, and the process learns nothing at its context creation:
+/// its own file sets neither a memory limit (no ledger measures the context) nor a share (the
+/// throttle does not diff NVML's list there); the share is the one an earlier process of the
+/// slice put in the region. (A compute-only process diffs the list and is found:
+/// `a_compute_only_slice_with_host_pids_keeps_its_share_next_to_a_neighbour`.)
 #[test]
 fn failed_host_pid_discovery_logs_once_and_still_throttles() {
     let runs: Vec<_> = ["cap", "burst"]
@@ -995,9 +1050,27 @@ fn failed_host_pid_discovery_logs_once_and_still_throttles() {
 /// device busy percent in the steady-state window, stderr).
 fn discovery_fails(policy: &str) -> (usize, f64, String) {
     let gpu = FakeGpu::start("v100");
-    let slice = Slice::builder()
+    let first = Slice::builder()
         .raw(&format!(
             r#"{{"version":1,"region":"{{region}}","policy":"{policy}","devices":[{{"index":0,"compute":30}}]}}"#
+        ))
+        .build();
+    // The first process binds the region entry's 30 % and exits.
+    let bind = [
+        "launch",
+        "--kernels",
+        "1",
+        "--ns-per-wave",
+        "1000",
+        "--duration-s",
+        "0",
+    ];
+    let out = Client::run(ClientKind::Linked, &bind, &first.env(&gpu));
+    assert_eq!(out["ok"], out["launches"], "{out}");
+    let region = first.region_path().display().to_string();
+    let slice = Slice::builder()
+        .raw(&format!(
+            r#"{{"version":1,"region":"{region}","policy":"{policy}","devices":[{{"index":0}}]}}"#
         ))
         .build();
     let mut env = slice.env(&gpu);

@@ -403,7 +403,12 @@ pub fn create_context(
     use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
     let device = match cuda_binding(shared, ordinal) {
         Ok(Binding::Limited(d)) => d,
-        Ok(Binding::Unlimited) => return (call(), None),
+        Ok(Binding::Unlimited) => {
+            return (
+                crate::throttle::host_pid::around_context_creation(ordinal, call),
+                None,
+            )
+        }
         Err(code) => return (code, None),
     };
     let cost_cell = &shared.context_cost[device as usize];
@@ -551,7 +556,7 @@ pub unsafe fn ctx_create_with(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let (Some(shared), Some(process)) = (shared(), process()) else {
-        return call();
+        return crate::throttle::host_pid::around_context_creation(device, call);
     };
     let _serialised = lock(&process.ledger.primaries);
     let undo = || {

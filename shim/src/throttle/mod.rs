@@ -6,6 +6,8 @@
 //! * [`controller`]: the feedback law (learned per-launch cost, integral correction in log
 //!   space, `burst` bypass);
 //! * [`measure`]: NVML through the real library, host-PID discovery;
+//! * [`host_pid`]: a compute-only process's host PID (learned at context creation) and its
+//!   own region slot, which is what lets the slice hold as many processes as the region;
 //! * [`watcher`]: the per-process thread (one process of the slice leads and steers).
 //!
 //! Every launch path (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, graph, each with its
@@ -19,11 +21,13 @@
 //! not just bounded) · `LAUNCHES`,
 //! `WAITS` slice-wide counters flushed by every process · `LEADER` lease · `LOG_C` correction
 //! (f64 bits) · `BYPASS` · `UNRESOLVED_UNTIL` (ms; some process could not find its host PID)
-//! · words 9.. the slice's host PIDs on the device (two per word).
+//! · words 9.. a cache of 14 of the slice's host PIDs on the device (two per word); the
+//! region's process slots hold them all ([`host_pid`]).
 
 pub mod bucket;
 pub mod capture;
 pub mod controller;
+pub mod host_pid;
 pub mod measure;
 pub mod watcher;
 
@@ -495,10 +499,17 @@ fn region(config: &SliceConfig) -> Option<&'static Region> {
 }
 
 /// Pure: which NVML PID is this process, from the running list on the device, the host PID
-/// the kernel told us (0 = none), the one the slice's region recorded for us (0 = none) and
-/// our own PID (right when NVML and we share a PID namespace).
-pub fn discover_pid(listed: &[u32], kernel: u32, region: u32, me: u32) -> Option<u32> {
-    [kernel, region, me]
+/// the kernel told us (0 = none), the one the slice's region recorded for us (0 = none), the
+/// one a context creation showed ([`host_pid::learned`], 0 = none) and our own PID (right
+/// when NVML and we share a PID namespace).
+pub fn discover_pid(
+    listed: &[u32],
+    kernel: u32,
+    region: u32,
+    learned: u32,
+    me: u32,
+) -> Option<u32> {
+    [kernel, region, learned, me]
         .into_iter()
         .find(|&pid| pid != 0 && listed.contains(&pid))
 }
@@ -548,6 +559,7 @@ pub fn after_fork_in_child() {
         device.store(std::ptr::null_mut(), Ordering::Relaxed);
     }
     watcher::after_fork_in_child();
+    host_pid::after_fork_in_child();
 }
 
 /// CLOCK_MONOTONIC in ns (vDSO).
@@ -590,17 +602,18 @@ mod tests {
     use gpuslice_common::config::{ConfigSource, DeviceLimit, DeviceSelector};
 
     #[test]
-    fn discovery_prefers_the_kernel_then_the_region_then_our_own_pid() {
-        assert_eq!(discover_pid(&[1, 900, 5], 900, 0, 5), Some(900));
-        assert_eq!(discover_pid(&[1, 1005, 5], 0, 1005, 5), Some(1005));
-        assert_eq!(discover_pid(&[1, 5], 0, 0, 5), Some(5));
+    fn discovery_prefers_the_kernel_then_the_region_then_a_context_creation_then_our_own_pid() {
+        assert_eq!(discover_pid(&[1, 900, 5], 900, 0, 0, 5), Some(900));
+        assert_eq!(discover_pid(&[1, 1005, 5], 0, 1005, 0, 5), Some(1005));
+        assert_eq!(discover_pid(&[1, 1007, 5], 0, 0, 1007, 5), Some(1007));
+        assert_eq!(discover_pid(&[1, 5], 0, 0, 0, 5), Some(5));
         assert_eq!(
-            discover_pid(&[1, 1005], 0, 0, 5),
+            discover_pid(&[1, 1005], 0, 0, 0, 5),
             None,
             "offset PIDs, nothing known"
         );
         assert_eq!(
-            discover_pid(&[1, 1005], 900, 0, 5),
+            discover_pid(&[1, 1005], 900, 0, 1007, 5),
             None,
             "not listed: not trusted"
         );

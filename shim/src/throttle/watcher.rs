@@ -55,7 +55,7 @@ struct LeaderState {
     last_waits: u64,
     leading: bool,
     warned_no_nvml: bool,
-    /// The "PID table full" line was logged.
+    /// The "neither the slice's region nor the throttle's table has room" line was logged.
     warned_table_full: bool,
     resolve_attempts: u32,
     slice_pids: Vec<u32>,
@@ -99,15 +99,24 @@ fn resolve(device: &DeviceThrottle, state: &mut LeaderState) {
         &listed,
         kernel,
         super::region_host_pid(),
+        super::host_pid::learned(),
         std::process::id(),
     );
     if let Some(pid) = found {
+        // The region's slots hold every process of the slice (the memory ledger's record,
+        // else a slot of our own); the throttle words are a small cache beside them.
+        let recorded = super::host_pid::record(pid);
         let table = device.pid_table();
         if !table.insert(pid) {
             table.retain(|p| listed.contains(&p));
         }
         let inserted = table.insert(pid);
-        match known_by_leader(inserted, pid, &super::region_host_pids()) {
+        let region_pids = if recorded {
+            vec![pid]
+        } else {
+            super::region_host_pids()
+        };
+        match known_by_leader(inserted, pid, &region_pids) {
             Some(how) => {
                 device.unresolved.store(false, Ordering::Relaxed);
                 crate::log_debug!(
@@ -119,7 +128,7 @@ fn resolve(device: &DeviceThrottle, state: &mut LeaderState) {
             None if !state.warned_table_full => {
                 state.warned_table_full = true;
                 crate::log_error!(
-                    "device {}: this process is NVML PID {pid}, but the slice's PID table is full ({} processes) and the region does not record it; the compute share is steered by the whole device's utilisation while it runs (errs towards the cap)",
+                    "device {}: this process is NVML PID {pid}, but neither the slice's region nor the throttle's table of {} PIDs has room for it; the compute share is steered by the whole device's utilisation while it runs (errs towards the cap)",
                     device.ordinal,
                     table.capacity()
                 );
@@ -283,8 +292,9 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
 
 /// Pure: how the leader will know NVML PID `pid` as the slice's: through the shared PID table
 /// (`inserted`), or through the host PIDs the region records (the leader reads those every
-/// tenth tick), so a full table does not matter to a process the memory ledger knows;
-/// `None` = not at all (the process stays unresolved and says so).
+/// tenth tick), so a full table does not matter to a process recorded in its region slot
+/// (by the memory ledger, or by `host_pid::record`); `None` = not at all (the process stays
+/// unresolved and says so).
 pub fn known_by_leader(inserted: bool, pid: u32, region_pids: &[u32]) -> Option<&'static str> {
     if inserted {
         Some("PID table")
