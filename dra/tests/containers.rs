@@ -12,17 +12,14 @@
 mod common;
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::api::FakeApi;
 use common::*;
-use cuda_e2e::containers::{
-    bin_dir, json_lines, rootfs, run_args, skip_or_fail, text, u64_at, HostPidBroker, Podman,
-};
+use cuda_e2e::containers::{bin_dir, skip_or_fail, u64_at, Podman, Stage};
 use gpuslice_dra::inventory;
 use gpuslice_dra::plugin::{serve, Driver};
 use gpuslice_dra::prepare::{Preparer, Settings};
@@ -32,10 +29,8 @@ use serde_json::Value;
 /// A container run with the claim's CDI devices and the fake GPU's state.
 struct Containers {
     podman: Podman,
-    rootfs: PathBuf,
-    state: PathBuf,
-    /// Tells the containers' processes their host PIDs (mounted next to the state file).
-    broker: HostPidBroker,
+    /// The root file system and the fake GPU.
+    stage: Stage,
     devices: Vec<String>,
     names: Vec<String>,
 }
@@ -49,49 +44,19 @@ impl Containers {
         );
         self.names.push(name.clone());
         let devices: Vec<&str> = self.devices.iter().map(String::as_str).collect();
-        run_args(
-            &name,
-            interactive,
-            &self.state,
-            &self.broker,
-            &devices,
-            &self.rootfs,
-        )
+        self.stage.run_args(&name, interactive, &devices)
     }
 
     fn run(&mut self, script: &str) -> Vec<Value> {
         let args = self.args(false);
-        let out = self
-            .podman
-            .cmd()
-            .args(&args)
-            .args(["/bin/sh", "-c", script])
-            .output()
-            .unwrap();
-        json_lines(&out, &format!("container {script:?}"))
+        self.podman.run_script(&args, script)
     }
 
     /// `linked-client hold SIZE` in a container; returns its report and the running child
     /// (closing its stdin ends it).
     fn hold(&mut self, size: &str) -> (Value, Child) {
         let args = self.args(true);
-        let mut child = self
-            .podman
-            .cmd()
-            .args(&args)
-            .args(["/usr/bin/linked-client", "hold", size])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let report = serde_json::from_str(line.trim())
-            .unwrap_or_else(|e| panic!("hold {size}: {line:?}: {e}"));
-        (report, child)
+        self.podman.hold(&args, size)
     }
 }
 
@@ -123,22 +88,12 @@ async fn a_prepared_claim_is_an_enforced_slice_in_podman_containers() {
         }
     };
     let bin = bin_dir();
-    let rootfs = rootfs(scratch.path());
-
-    // The simulated V100, created from the host; the driver reads it through NVML.
-    let state = scratch.path().join("fakegpu.state");
-    fs::write(&state, b"").unwrap();
-    let out = Command::new(bin.join("fakegpu"))
-        .args(["smi", "--json", "--state"])
-        .arg(&state)
-        .env("FAKEGPU_DEVICES", "v100")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "fakegpu smi: {}", text(&out.stderr));
-    // The card reports host PIDs, as the kernel driver does: the fake learns a containerised
-    // process's from this broker (a socket next to the state file, mounted beside it).
-    let broker = HostPidBroker::start(&state);
-    std::env::set_var("FAKEGPU_STATE", &state);
+    // The simulated V100, created from the host; the driver reads it through NVML. The card
+    // reports host PIDs, as the kernel driver does: the fake learns a containerised process's
+    // from the stage's broker (a socket next to the state file, mounted beside it).
+    let stage = Stage::new(scratch.path());
+    let state = stage.state();
+    std::env::set_var("FAKEGPU_STATE", state);
     let gpus = inventory::from_nvml(Some(&bin.join("libfakegpu_nvml.so"))).unwrap();
     assert_eq!(gpus.len(), 1);
     assert_eq!(gpus[0].memory_bytes, 32 * GIB);
@@ -216,9 +171,7 @@ async fn a_prepared_claim_is_an_enforced_slice_in_podman_containers() {
 
     let mut containers = Containers {
         podman,
-        rootfs,
-        state: state.clone(),
-        broker,
+        stage,
         devices,
         names: Vec::new(),
     };

@@ -3,11 +3,11 @@
 //! run containers the same way.
 //!
 //! It owns: whether rootful podman can run here and with which containers.conf ([`Podman`],
-//! [`skip_or_fail`]); the bounded `podman` command; the minimal root file system a container
-//! runs from ([`rootfs`]: the clients, `gpuslice`, `sh`, `env`, `cat`, their `ldd` libraries,
-//! the loader and the fake driver next to libc); the fake's host-PID broker the containers'
-//! processes register through ([`HostPidBroker`]); the `podman run` arguments that mount the
-//! fake GPU's state into a container ([`run_args`]); and reading a command's JSON lines.
+//! [`skip_or_fail`]); the bounded `podman` command and the containers run with it; and a
+//! test's [`Stage`]: the minimal root file system a container runs from (the clients,
+//! `gpuslice`, `sh`, `env`, `cat`, their `ldd` libraries, the loader and the fake driver next
+//! to libc), the simulated V100 created on the host, the fake's host-PID broker the
+//! containers' processes register through, and the `podman run` arguments that mount them.
 //! What a test does with its containers (CDI specs, slices, assertions) stays in the test.
 
 use serde_json::Value;
@@ -19,13 +19,13 @@ use std::sync::OnceLock;
 
 /// Where the fake's state file appears in every container: the fake's default for uid 0, so
 /// `env -i` still reaches the same GPU.
-pub const STATE_IN_CONTAINER: &str = "/tmp/fakegpu-0.state";
+const STATE_IN_CONTAINER: &str = "/tmp/fakegpu-0.state";
 /// The containers.conf written when neither `$CONTAINERS_CONF` nor the CI one exists.
-pub const CONTAINERS_CONF: &str = "# gpuslice container tests: runc, cgroupfs, no systemd\n\
+const CONTAINERS_CONF: &str = "# gpuslice container tests: runc, cgroupfs, no systemd\n\
 [containers]\ndefault_ulimits = []\n\n[engine]\nruntime = \"runc\"\n\
 cgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n";
 /// The client programs copied into every root file system (as `/usr/bin/<name>`).
-pub const CLIENTS: [&str; 3] = ["linked-client", "cudarc-client", "procaddr-client"];
+const CLIENTS: [&str; 3] = ["linked-client", "cudarc-client", "procaddr-client"];
 /// Longest any single podman command may take before the test gives up on it.
 const PODMAN_TIMEOUT: &str = "120";
 
@@ -63,7 +63,7 @@ pub fn bin_dir() -> &'static Path {
 }
 
 /// `CI` is set to true: a test that cannot run must fail rather than skip.
-pub fn ci() -> bool {
+fn ci() -> bool {
     matches!(
         std::env::var("CI").as_deref(),
         Ok("true") | Ok("TRUE") | Ok("1")
@@ -93,7 +93,7 @@ pub struct Podman {
 impl Podman {
     /// Podman if this process is root and `podman --version` runs, with `$CONTAINERS_CONF`,
     /// else `/etc/gpuslice-ci/containers.conf` (`.ci/container-setup.sh`), else
-    /// [`CONTAINERS_CONF`] written into `conf_dir`; otherwise why not.
+    /// `CONTAINERS_CONF` written into `conf_dir`; otherwise why not.
     pub fn probe(conf_dir: &Path) -> Result<Podman, String> {
         // SAFETY: geteuid has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
@@ -136,6 +136,54 @@ impl Podman {
         cmd
     }
 
+    /// Runs `script` with /bin/sh in a new container (`args` from [`Stage::run_args`]); returns each
+    /// stdout line parsed as JSON.
+    pub fn run_script(&self, args: &[String], script: &str) -> Vec<Value> {
+        let out = self
+            .cmd()
+            .args(args)
+            .args(["/bin/sh", "-c", script])
+            .output()
+            .unwrap();
+        json_lines(&out, &format!("container {script:?}"))
+    }
+
+    /// Starts `linked-client hold SIZE` in a new container (`args` from [`Stage::run_args`], made
+    /// interactive) and waits for its report line; returns the report and the running podman
+    /// (closing its stdin is the hold scenario's signal to free and exit).
+    pub fn hold(&self, args: &[String], size: &str) -> (Value, Child) {
+        let mut child = self
+            .cmd()
+            .args(args)
+            .args(["/usr/bin/linked-client", "hold", size])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        match serde_json::from_str(line.trim()) {
+            Ok(report) => (report, child),
+            Err(_) => {
+                drop(child.stdin.take());
+                let out = child.wait_with_output().unwrap();
+                let name = args
+                    .iter()
+                    .skip_while(|arg| *arg != "--name")
+                    .nth(1)
+                    .map_or("a container", String::as_str);
+                panic!(
+                    "hold {size} in {name}: no JSON line (got {line:?}); exit {}; stderr: {}",
+                    out.status,
+                    text(&out.stderr)
+                );
+            }
+        }
+    }
+
     /// Removes container `name` if it is still there (a test that failed half way).
     pub fn remove(&self, name: &str) {
         let _ = self
@@ -147,40 +195,66 @@ impl Podman {
     }
 }
 
-/// `podman run` arguments up to (not including) the command: container `name` on the fake
-/// GPU's `state` (mounted at [`STATE_IN_CONTAINER`], with the host-PID `broker`'s socket next
-/// to it), with CDI `devices`, from `rootfs`; `interactive` keeps stdin open.
-pub fn run_args(
-    name: &str,
-    interactive: bool,
-    state: &Path,
-    broker: &HostPidBroker,
-    devices: &[&str],
-    rootfs: &Path,
-) -> Vec<String> {
-    let mut args: Vec<String> = ["run", "--rm", "--network", "none", "--name", name]
-        .map(String::from)
-        .to_vec();
-    if interactive {
-        args.push("-i".into());
+/// What every container of a test runs on: a root file system (`rootfs`) and one simulated
+/// V100 (`create_v100`) whose state file every container mounts, with the host-PID broker
+/// for it (`HostPidBroker`) mounted next to it.
+#[derive(Debug)]
+pub struct Stage {
+    rootfs: PathBuf,
+    state: PathBuf,
+    broker: HostPidBroker,
+}
+
+impl Stage {
+    /// The root file system at `dir/rootfs`, the fake GPU at `dir/fakegpu.state`.
+    pub fn new(dir: &Path) -> Stage {
+        let rootfs = rootfs(dir);
+        let state = dir.join("fakegpu.state");
+        create_v100(&state);
+        let broker = HostPidBroker::start(&state);
+        Stage {
+            rootfs,
+            state,
+            broker,
+        }
     }
-    args.extend([
-        "-v".into(),
-        format!("{}:{STATE_IN_CONTAINER}", state.display()),
-        "-v".into(),
-        format!("{}:{STATE_IN_CONTAINER}.hostpid", broker.socket.display()),
-        "-e".into(),
-        format!("FAKEGPU_STATE={STATE_IN_CONTAINER}"),
-    ]);
-    for device in devices {
-        args.extend(["--device".into(), device.to_string()]);
+
+    /// The fake GPU's state file on the host.
+    pub fn state(&self) -> &Path {
+        &self.state
     }
-    args.extend(["--rootfs".into(), rootfs.display().to_string()]);
-    args
+
+    /// `podman run` arguments up to (not including) the command: container `name` with the
+    /// fake GPU's state at `STATE_IN_CONTAINER` (and the broker's socket next to it), CDI
+    /// `devices`, from the root file system; `interactive` keeps stdin open.
+    pub fn run_args(&self, name: &str, interactive: bool, devices: &[&str]) -> Vec<String> {
+        let mut args: Vec<String> = ["run", "--rm", "--network", "none", "--name", name]
+            .map(String::from)
+            .to_vec();
+        if interactive {
+            args.push("-i".into());
+        }
+        args.extend([
+            "-v".into(),
+            format!("{}:{STATE_IN_CONTAINER}", self.state.display()),
+            "-v".into(),
+            format!(
+                "{}:{STATE_IN_CONTAINER}.hostpid",
+                self.broker.socket.display()
+            ),
+            "-e".into(),
+            format!("FAKEGPU_STATE={STATE_IN_CONTAINER}"),
+        ]);
+        for device in devices {
+            args.extend(["--device".into(), device.to_string()]);
+        }
+        args.extend(["--rootfs".into(), self.rootfs.display().to_string()]);
+        args
+    }
 }
 
 /// The libraries `ldd` resolves for `file` (absolute paths, the loader included).
-pub fn ldd(file: &Path) -> Vec<PathBuf> {
+fn ldd(file: &Path) -> Vec<PathBuf> {
     let out = Command::new("ldd").arg(file).output().expect("run ldd");
     text(&out.stdout)
         .lines()
@@ -194,7 +268,7 @@ pub fn ldd(file: &Path) -> Vec<PathBuf> {
 }
 
 /// Copies every library `file` needs under `rootfs`, at the same path as on the host.
-pub fn copy_libs(rootfs: &Path, file: &Path) {
+fn copy_libs(rootfs: &Path, file: &Path) {
     for lib in ldd(file) {
         let dest = rootfs.join(lib.strip_prefix("/").unwrap());
         if !dest.exists() {
@@ -221,11 +295,11 @@ fn which(program: &str) -> PathBuf {
     PathBuf::from(text(&out.stdout).trim())
 }
 
-/// A root file system at `dir/rootfs` from what cargo built: the [`CLIENTS`] and `gpuslice`
+/// A root file system at `dir/rootfs` from what cargo built: the `CLIENTS` and `gpuslice`
 /// in /usr/bin, `/bin/sh`, `env` and `cat`, all their libraries and the shim's, and the fake
 /// driver installed next to libc (in the loader's default search path, so `env -i` finds it
 /// too; where the NVIDIA CDI spec mounts the real libcuda.so.1).
-pub fn rootfs(dir: &Path) -> PathBuf {
+fn rootfs(dir: &Path) -> PathBuf {
     let bin = bin_dir();
     let rootfs = dir.join("rootfs");
     for client in CLIENTS {
@@ -257,9 +331,18 @@ pub fn rootfs(dir: &Path) -> PathBuf {
             fs::copy(&loader, &dest).unwrap();
         }
     }
-    let out = Command::new(bin.join("fakegpu"))
+    install_fake(&libc_in_rootfs);
+    for lib in ["libfakegpu_cuda.so", "libfakegpu_nvml.so"] {
+        copy_libs(&rootfs, &bin.join(lib));
+    }
+    rootfs
+}
+
+/// `fakegpu install DIR`: the fake driver's libraries under the names a real driver has.
+pub fn install_fake(dir: &Path) {
+    let out = Command::new(bin_dir().join("fakegpu"))
         .arg("install")
-        .arg(&libc_in_rootfs)
+        .arg(dir)
         .output()
         .unwrap();
     assert!(
@@ -267,10 +350,24 @@ pub fn rootfs(dir: &Path) -> PathBuf {
         "fakegpu install: {}",
         text(&out.stderr)
     );
-    for lib in ["libfakegpu_cuda.so", "libfakegpu_nvml.so"] {
-        copy_libs(&rootfs, &bin.join(lib));
-    }
-    rootfs
+}
+
+/// Creates the simulated V100 at `state` from the host (an empty state file is initialised by
+/// the first opener, here the host's `fakegpu smi`), so the file exists to be bind-mounted.
+fn create_v100(state: &Path) {
+    fs::write(state, b"").unwrap();
+    let out = Command::new(bin_dir().join("fakegpu"))
+        .args(["smi", "--json", "--state"])
+        .arg(state)
+        .env("FAKEGPU_DEVICES", "v100")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "creating the fake GPU on the host failed: {} {}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
 }
 
 /// Each non-empty stdout line of a successful command, parsed as JSON; `what` names the
@@ -312,16 +409,16 @@ pub fn u64_at(value: &Value, path: &[&str]) -> u64 {
 
 /// `fakegpu pid-broker` on the host for a state file: the fake asks it, from inside a
 /// container's PID namespace, for the host PID the driver reports (see the fake's
-/// `host_pid`). Its socket is mounted next to the state file ([`run_args`]). Killed on drop.
+/// `host_pid`). Its socket is mounted next to the state file ([`Stage::run_args`]). Killed on drop.
 #[derive(Debug)]
-pub struct HostPidBroker {
+struct HostPidBroker {
     child: Child,
     socket: PathBuf,
 }
 
 impl HostPidBroker {
     /// Starts the broker for `state` and waits until it listens.
-    pub fn start(state: &Path) -> HostPidBroker {
+    fn start(state: &Path) -> HostPidBroker {
         let mut child = Command::new(bin_dir().join("fakegpu"))
             .args(["pid-broker", "--state"])
             .arg(state)
@@ -339,11 +436,6 @@ impl HostPidBroker {
             .map(PathBuf::from)
             .unwrap_or_else(|| panic!("fakegpu pid-broker printed {line:?}"));
         HostPidBroker { child, socket }
-    }
-
-    /// The broker's socket on the host.
-    pub fn socket(&self) -> &Path {
-        &self.socket
     }
 }
 

@@ -27,8 +27,7 @@ mod agent;
 
 use agent::{is_running, scraped};
 use cuda_e2e::containers::{
-    bin_dir, copy_with_libs, json_lines, rootfs, run_args, skip_or_fail, text, u64_at,
-    HostPidBroker, Podman,
+    bin_dir, copy_with_libs, install_fake, json_lines, skip_or_fail, text, u64_at, Podman, Stage,
 };
 use serde_json::Value;
 use std::fs;
@@ -152,16 +151,13 @@ struct Bed {
     podman: &'static Podman,
     dir: TempDir,
     id: String,
-    rootfs: PathBuf,
-    /// The fake GPU's state file on the host.
-    state: PathBuf,
+    /// The root file system and the fake GPU every container of the test gets.
+    stage: Stage,
     /// Unique CDI kind of this test's devices.
     kind: String,
     spec: Option<PathBuf>,
     containers: Vec<String>,
     next_container: usize,
-    /// Tells the containers' processes their host PIDs (mounted next to the state file).
-    broker: HostPidBroker,
 }
 
 impl Bed {
@@ -170,46 +166,14 @@ impl Bed {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}-{n}", std::process::id());
         let dir = TempDir::new("bed");
-        let bin = bin_dir();
-        let rootfs = rootfs(dir.path());
+        let stage = Stage::new(dir.path());
         // The fake driver on the host too, for the node agent.
-        let host_fake = dir.path().join("fake");
-        let out = Command::new(bin.join("fakegpu"))
-            .arg("install")
-            .arg(&host_fake)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "fakegpu install: {}",
-            text(&out.stderr)
-        );
-
-        // Create the simulated V100 from the host (an empty state file is initialised by the
-        // first opener, here the host's `fakegpu smi`), so the file exists to be bind-mounted.
-        let state = dir.path().join("fakegpu.state");
-        fs::write(&state, b"").unwrap();
-        let out = Command::new(bin.join("fakegpu"))
-            .args(["smi", "--json", "--state"])
-            .arg(&state)
-            .env("FAKEGPU_DEVICES", "v100")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "creating the fake GPU on the host failed: {} {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-
-        let broker = HostPidBroker::start(&state);
+        install_fake(&dir.path().join("fake"));
         Bed {
             podman,
-            broker,
+            stage,
             kind: format!("gpuslice-e2e.dev/t{}", id.replace('-', "x")),
             id,
-            rootfs,
-            state,
             spec: None,
             containers: Vec::new(),
             next_container: 0,
@@ -293,28 +257,14 @@ impl Bed {
     fn run_args(&mut self, device: Option<&str>, interactive: bool) -> (String, Vec<String>) {
         let name = self.container_name();
         let devices: Vec<&str> = device.into_iter().collect();
-        let args = run_args(
-            &name,
-            interactive,
-            &self.state,
-            &self.broker,
-            &devices,
-            &self.rootfs,
-        );
+        let args = self.stage.run_args(&name, interactive, &devices);
         (name, args)
     }
 
     /// Runs `script` with /bin/sh in a new container; returns each stdout line parsed as JSON.
     fn run(&mut self, device: Option<&str>, script: &str) -> Vec<Value> {
         let (_, args) = self.run_args(device, false);
-        let out = self
-            .podman
-            .cmd()
-            .args(&args)
-            .args(["/bin/sh", "-c", script])
-            .output()
-            .unwrap();
-        json_lines(&out, &format!("container {script:?}"))
+        self.podman.run_script(&args, script)
     }
 
     /// Runs `script` in the running container `name` (`podman exec`).
@@ -331,33 +281,8 @@ impl Bed {
     /// Starts `linked-client hold SIZE` in a new container and waits for its report line.
     fn hold(&mut self, device: &str, size: &str) -> Holder {
         let (name, args) = self.run_args(Some(device), true);
-        let mut child = self
-            .podman
-            .cmd()
-            .args(&args)
-            .args(["/usr/bin/linked-client", "hold", size])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (report, mut child) = self.podman.hold(&args, size);
         let stdin = child.stdin.take();
-        let report: Value = match serde_json::from_str(line.trim()) {
-            Ok(value) => value,
-            Err(_) => {
-                drop(stdin);
-                let out = child.wait_with_output().unwrap();
-                panic!(
-                    "hold {size} in {name}: no JSON line (got {line:?}); exit {}; stderr: {}",
-                    out.status,
-                    text(&out.stderr)
-                );
-            }
-        };
         Holder {
             name,
             report,
@@ -370,7 +295,7 @@ impl Bed {
     fn host_smi(&self) -> Value {
         let out = Command::new(bin_dir().join("fakegpu"))
             .args(["smi", "--json", "--state"])
-            .arg(&self.state)
+            .arg(self.stage.state())
             .output()
             .unwrap();
         assert!(out.status.success(), "fakegpu smi: {}", text(&out.stderr));
@@ -401,7 +326,7 @@ impl Bed {
     }
 
     fn truth(&self) -> fakegpu::SharedState {
-        fakegpu::open_state_at(&self.state).expect("open the fake's state on the host")
+        fakegpu::open_state_at(self.stage.state()).expect("open the fake's state on the host")
     }
 
     /// The node agent on the host, for this bed's slices (`gpuslice cdi`'s state directory
@@ -414,7 +339,7 @@ impl Bed {
             ),
             (
                 "FAKEGPU_STATE".to_string(),
-                self.state.display().to_string(),
+                self.stage.state().display().to_string(),
             ),
         ];
         agent::start(
