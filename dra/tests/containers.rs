@@ -12,250 +12,58 @@
 mod common;
 
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::Child;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::api::FakeApi;
 use common::*;
+use cuda_e2e::containers::{bin_dir, skip_or_fail, u64_at, Podman, Stage};
 use gpuslice_dra::inventory;
 use gpuslice_dra::plugin::{serve, Driver};
 use gpuslice_dra::prepare::{Preparer, Settings};
 use gpuslice_dra::proto::dra_v1;
 use serde_json::Value;
 
-const STATE_IN_CONTAINER: &str = "/tmp/fakegpu-0.state";
-const CONTAINERS_CONF: &str = "[containers]\ndefault_ulimits = []\n\n[engine]\n\
-runtime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n";
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    for name in [
-        "linked-client",
-        "gpuslice",
-        "libgpuslice.so",
-        "fakegpu",
-        "libfakegpu_nvml.so",
-    ] {
-        assert!(
-            dir.join(name).is_file(),
-            "{name} is missing in {}: run `cargo build --workspace` first",
-            dir.display()
-        );
-    }
-    dir
-}
-
-/// `podman` with the test containers.conf, or why it cannot run containers here.
-fn podman_conf(scratch: &Path) -> Result<PathBuf, String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("not running as root (rootful podman, /var/run/cdi)".into());
-    }
-    let conf = match std::env::var_os("CONTAINERS_CONF") {
-        Some(conf) => PathBuf::from(conf),
-        None if Path::new("/etc/gpuslice-ci/containers.conf").is_file() => {
-            PathBuf::from("/etc/gpuslice-ci/containers.conf")
-        }
-        None => {
-            let conf = scratch.join("containers.conf");
-            fs::write(&conf, CONTAINERS_CONF).map_err(|e| e.to_string())?;
-            conf
-        }
-    };
-    let version = Command::new("podman").arg("--version").output();
-    match version {
-        Ok(out) if out.status.success() => Ok(conf),
-        Ok(out) => Err(format!("podman --version failed: {}", text(&out.stderr))),
-        Err(e) => Err(format!("podman: {e} (run .ci/container-setup.sh)")),
-    }
-}
-
-fn podman(conf: &Path) -> Command {
-    let mut cmd = Command::new("timeout");
-    cmd.args(["-k", "5", "120", "podman"])
-        .env("CONTAINERS_CONF", conf);
-    cmd
-}
-
-fn ldd(file: &Path) -> Vec<PathBuf> {
-    let out = Command::new("ldd").arg(file).output().expect("run ldd");
-    text(&out.stdout)
-        .lines()
-        .filter_map(|line| {
-            line.split_whitespace()
-                .find(|w| w.starts_with('/'))
-                .map(PathBuf::from)
-        })
-        .collect()
-}
-
-fn copy_with_libs(rootfs: &Path, file: &Path, target: &str) {
-    let dest = rootfs.join(target.trim_start_matches('/'));
-    fs::create_dir_all(dest.parent().unwrap()).unwrap();
-    fs::copy(file, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", file.display()));
-    for lib in ldd(file) {
-        let dest = rootfs.join(lib.strip_prefix("/").unwrap());
-        if !dest.exists() {
-            fs::create_dir_all(dest.parent().unwrap()).unwrap();
-            fs::copy(&lib, &dest).unwrap();
-        }
-    }
-}
-
-/// A root file system with the clients, gpuslice, sh and the fake driver next to libc (where
-/// NVIDIA's CDI spec would mount the real one).
-fn rootfs(scratch: &Path, bin: &Path) -> PathBuf {
-    let rootfs = scratch.join("rootfs");
-    copy_with_libs(
-        &rootfs,
-        &bin.join("linked-client"),
-        "/usr/bin/linked-client",
-    );
-    copy_with_libs(&rootfs, &bin.join("gpuslice"), "/usr/bin/gpuslice");
-    copy_with_libs(&rootfs, Path::new("/bin/sh"), "/bin/sh");
-    for lib in ldd(&bin.join("libgpuslice.so"))
-        .into_iter()
-        .chain(ldd(&bin.join("libfakegpu_nvml.so")))
-    {
-        let dest = rootfs.join(lib.strip_prefix("/").unwrap());
-        if !dest.exists() {
-            fs::create_dir_all(dest.parent().unwrap()).unwrap();
-            fs::copy(&lib, &dest).unwrap();
-        }
-    }
-    for sub in ["tmp", "etc", "proc", "sys", "dev", "var/run"] {
-        fs::create_dir_all(rootfs.join(sub)).unwrap();
-    }
-    let libc_dir = ldd(&bin.join("linked-client"))
-        .into_iter()
-        .find(|lib| lib.file_name().is_some_and(|n| n == "libc.so.6"))
-        .and_then(|lib| lib.parent().map(Path::to_path_buf))
-        .expect("ldd shows libc.so.6");
-    let out = Command::new(bin.join("fakegpu"))
-        .arg("install")
-        .arg(rootfs.join(libc_dir.strip_prefix("/").unwrap()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "fakegpu install: {}",
-        text(&out.stderr)
-    );
-    rootfs
-}
-
-fn json_lines(out: &Output, what: &str) -> Vec<Value> {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout: {}\nstderr: {}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{what}: {l:?}: {e}")))
-        .collect()
-}
-
-fn u64_at(value: &Value, path: &[&str]) -> u64 {
-    let mut at = value;
-    for key in path {
-        at = match key.parse::<usize>() {
-            Ok(i) if at.is_array() => &at[i],
-            _ => &at[*key],
-        };
-    }
-    at.as_u64()
-        .unwrap_or_else(|| panic!("no number at {path:?} in {value}"))
-}
-
 /// A container run with the claim's CDI devices and the fake GPU's state.
 struct Containers {
-    conf: PathBuf,
-    rootfs: PathBuf,
-    state: PathBuf,
-    /// The host-PID broker's socket (see `fakegpu::host_pid`).
-    broker: PathBuf,
+    podman: Podman,
+    /// The root file system and the fake GPU.
+    stage: Stage,
     devices: Vec<String>,
     names: Vec<String>,
 }
 
 impl Containers {
-    fn args(&mut self) -> Vec<String> {
+    fn args(&mut self, interactive: bool) -> Vec<String> {
         let name = format!(
             "gpuslice-dra-e2e-{}-{}",
             std::process::id(),
             self.names.len()
         );
         self.names.push(name.clone());
-        let mut args: Vec<String> = ["run", "--rm", "--network", "none", "--name", &name]
-            .map(String::from)
-            .to_vec();
-        args.extend([
-            "-v".into(),
-            format!("{}:{STATE_IN_CONTAINER}", self.state.display()),
-            "-v".into(),
-            format!("{}:{STATE_IN_CONTAINER}.hostpid", self.broker.display()),
-        ]);
-        args.extend(["-e".into(), format!("FAKEGPU_STATE={STATE_IN_CONTAINER}")]);
-        for device in &self.devices {
-            args.extend(["--device".into(), device.clone()]);
-        }
-        args.extend(["--rootfs".into(), self.rootfs.display().to_string()]);
-        args
+        let devices: Vec<&str> = self.devices.iter().map(String::as_str).collect();
+        self.stage.run_args(&name, interactive, &devices)
     }
 
     fn run(&mut self, script: &str) -> Vec<Value> {
-        let args = self.args();
-        let out = podman(&self.conf)
-            .args(&args)
-            .args(["/bin/sh", "-c", script])
-            .output()
-            .unwrap();
-        json_lines(&out, &format!("container {script:?}"))
+        let args = self.args(false);
+        self.podman.run_script(&args, script)
     }
 
     /// `linked-client hold SIZE` in a container; returns its report and the running child
     /// (closing its stdin ends it).
     fn hold(&mut self, size: &str) -> (Value, Child) {
-        let mut args = self.args();
-        args.insert(1, "-i".into());
-        let mut child = podman(&self.conf)
-            .args(&args)
-            .args(["/usr/bin/linked-client", "hold", size])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let report = serde_json::from_str(line.trim())
-            .unwrap_or_else(|e| panic!("hold {size}: {line:?}: {e}"));
-        (report, child)
+        let args = self.args(true);
+        self.podman.hold(&args, size)
     }
 }
 
 impl Drop for Containers {
     fn drop(&mut self) {
         for name in &self.names {
-            let _ = podman(&self.conf)
-                .args(["rm", "-f", "-t", "0", name])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            self.podman.remove(name);
         }
     }
 }
@@ -272,45 +80,20 @@ impl Drop for RemoveOnDrop {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prepared_claim_is_an_enforced_slice_in_podman_containers() {
     let scratch = Scratch::new("containers");
-    let conf = match podman_conf(scratch.path()) {
-        Ok(conf) => conf,
-        Err(reason) if matches!(std::env::var("CI").as_deref(), Ok("true" | "1")) => {
-            panic!("podman cannot start containers here: {reason} (CI=true: failing)")
-        }
+    let podman = match Podman::probe(scratch.path()) {
+        Ok(podman) => podman,
         Err(reason) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED: podman cannot start containers here: {reason}"
-            );
+            skip_or_fail(&reason);
             return;
         }
     };
     let bin = bin_dir();
-    let rootfs = rootfs(scratch.path(), &bin);
-
-    // The simulated V100, created from the host; the driver reads it through NVML.
-    let state = scratch.path().join("fakegpu.state");
-    fs::write(&state, b"").unwrap();
-    let out = Command::new(bin.join("fakegpu"))
-        .args(["smi", "--json", "--state"])
-        .arg(&state)
-        .env("FAKEGPU_DEVICES", "v100")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "fakegpu smi: {}", text(&out.stderr));
-    // The card reports host PIDs, as the kernel driver does: the fake learns a containerised
-    // process's from this broker (a socket next to the state file, mounted beside it).
-    let broker = fakegpu::host_pid::broker_socket(&state);
-    let (ready, is_ready) = std::sync::mpsc::channel();
-    {
-        let broker = broker.clone();
-        std::thread::spawn(move || {
-            let served = fakegpu::host_pid::serve(&broker, || ready.send(()).unwrap());
-            panic!("the host-PID broker stopped: {served:?}");
-        });
-    }
-    is_ready.recv().expect("the host-PID broker listens");
-    std::env::set_var("FAKEGPU_STATE", &state);
+    // The simulated V100, created from the host; the driver reads it through NVML. The card
+    // reports host PIDs, as the kernel driver does: the fake learns a containerised process's
+    // from the stage's broker (a socket next to the state file, mounted beside it).
+    let stage = Stage::new(scratch.path());
+    let state = stage.state();
+    std::env::set_var("FAKEGPU_STATE", state);
     let gpus = inventory::from_nvml(Some(&bin.join("libfakegpu_nvml.so"))).unwrap();
     assert_eq!(gpus.len(), 1);
     assert_eq!(gpus[0].memory_bytes, 32 * GIB);
@@ -387,10 +170,8 @@ async fn a_prepared_claim_is_an_enforced_slice_in_podman_containers() {
     assert!(spec.starts_with("/var/run/cdi") && spec.exists());
 
     let mut containers = Containers {
-        conf,
-        rootfs,
-        state: state.clone(),
-        broker,
+        podman,
+        stage,
         devices,
         names: Vec::new(),
     };

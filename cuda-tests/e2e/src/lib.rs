@@ -30,6 +30,8 @@
 //! CLIENT_START_BARRIER), so a developer's shell cannot leak a slice, a state file, a context
 //! mode or a barrier into a test.
 
+pub mod containers;
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

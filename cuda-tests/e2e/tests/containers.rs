@@ -26,11 +26,14 @@
 mod agent;
 
 use agent::{is_running, scraped};
+use cuda_e2e::containers::{
+    bin_dir, copy_with_libs, install_fake, json_lines, skip_or_fail, text, u64_at, Podman, Stage,
+};
 use serde_json::Value;
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -39,50 +42,9 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";
 const SUCCESS: &str = "CUDA_SUCCESS";
-/// Where the fake's state file appears in every container: the fake's default for uid 0.
-const STATE_IN_CONTAINER: &str = "/tmp/fakegpu-0.state";
-/// Longest any single podman command may take before the test gives up on it.
-const PODMAN_TIMEOUT: &str = "120";
-const CONTAINERS_CONF: &str = "# gpuslice container tests: runc, cgroupfs, no systemd\n\
-[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = \"runc\"\n\
-cgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n";
-const CLIENTS: [&str; 3] = ["linked-client", "cudarc-client", "procaddr-client"];
 
 // ---------------------------------------------------------------------------------------
 // Artifacts and podman availability
-
-/// The directory cargo built into (target/debug), found from this test binary's path.
-fn bin_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test binary path");
-        // target/debug/deps/containers-<hash> -> target/debug
-        let dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test binary lives in target/<profile>/deps")
-            .to_path_buf();
-        let mut wanted = vec![
-            "gpuslice",
-            "libgpuslice.so",
-            "fakegpu",
-            "libfakegpu_cuda.so",
-            "libfakegpu_nvml.so",
-        ];
-        wanted.extend(CLIENTS);
-        let missing: Vec<_> = wanted
-            .iter()
-            .filter(|name| !dir.join(name).is_file())
-            .collect();
-        assert!(
-            missing.is_empty(),
-            "container tests need {missing:?} in {}: run `cargo build --workspace` first \
-             (`cargo xtask test` does)",
-            dir.display()
-        );
-        dir
-    })
-}
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -92,84 +54,27 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn ci() -> bool {
-    matches!(
-        std::env::var("CI").as_deref(),
-        Ok("true") | Ok("TRUE") | Ok("1")
-    )
-}
-
-/// How podman is run here: the containers.conf to use.
-struct Podman {
-    conf: PathBuf,
-}
-
-impl Podman {
-    /// `timeout 120 podman ARGS` with the test containers.conf.
-    fn cmd(&self) -> Command {
-        let mut cmd = Command::new("timeout");
-        cmd.args(["-k", "5", PODMAN_TIMEOUT, "podman"])
-            .env("CONTAINERS_CONF", &self.conf);
-        cmd
-    }
-}
-
 /// `Some` when podman can start containers; otherwise prints the loud SKIPPED line (or, with
 /// `CI=true`, fails the test).
 fn podman() -> Option<&'static Podman> {
     static PROBE: OnceLock<Result<Podman, String>> = OnceLock::new();
     match PROBE.get_or_init(probe_podman) {
         Ok(podman) => Some(podman),
-        Err(reason) if ci() => {
-            panic!("podman cannot start containers here: {reason} (CI=true: failing, not skipping)")
-        }
         Err(reason) => {
-            // Straight to fd 2: the test harness captures eprintln! of passing tests, and a
-            // skip must be seen.
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED: podman cannot start containers here: {reason}"
-            );
+            skip_or_fail(reason);
             None
         }
     }
 }
 
+/// The shared probe, then /etc/cdi and a trivial container run.
 fn probe_podman() -> Result<Podman, String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("not running as root (these tests use rootful podman and /etc/cdi)".into());
-    }
-    let version = Command::new("podman")
-        .arg("--version")
-        .output()
-        .map_err(|e| format!("`podman --version`: {e} (run .ci/container-setup.sh)"))?;
-    if !version.status.success() {
-        return Err(format!(
-            "`podman --version` failed: {}",
-            text(&version.stderr)
-        ));
-    }
-    let conf = match std::env::var_os("CONTAINERS_CONF") {
-        Some(conf) => PathBuf::from(conf),
-        None if Path::new("/etc/gpuslice-ci/containers.conf").is_file() => {
-            PathBuf::from("/etc/gpuslice-ci/containers.conf")
-        }
-        None => {
-            let dir =
-                std::env::temp_dir().join(format!("gpuslice-e2e-conf-{}", std::process::id()));
-            fs::create_dir_all(&dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-            let conf = dir.join("containers.conf");
-            fs::write(&conf, CONTAINERS_CONF)
-                .map_err(|e| format!("cannot write {}: {e}", conf.display()))?;
-            conf
-        }
-    };
+    let podman = Podman::probe(
+        &std::env::temp_dir().join(format!("gpuslice-e2e-conf-{}", std::process::id())),
+    )?;
     fs::create_dir_all("/etc/cdi").map_err(|e| format!("cannot create /etc/cdi: {e}"))?;
     remove_stale_specs();
 
-    let podman = Podman { conf };
     let dir = TempDir::new("probe");
     let rootfs = dir.path().join("rootfs");
     copy_with_libs(&rootfs, Path::new("/bin/sh"), "/bin/sh");
@@ -210,10 +115,6 @@ fn remove_stale_specs() {
     }
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
 // ---------------------------------------------------------------------------------------
 // File system helpers
 
@@ -243,44 +144,6 @@ impl Drop for TempDir {
     }
 }
 
-/// The libraries `ldd` resolves for `file` (absolute paths, the loader included).
-fn ldd(file: &Path) -> Vec<PathBuf> {
-    let out = Command::new("ldd").arg(file).output().expect("run ldd");
-    text(&out.stdout)
-        .lines()
-        .filter_map(|line| {
-            // "name => /path (0x...)", "/path (0x...)"; "name => not found" has no path.
-            line.split_whitespace()
-                .find(|word| word.starts_with('/'))
-                .map(PathBuf::from)
-        })
-        .collect()
-}
-
-/// Copies `file` to `target` under `rootfs` and every library it needs to the same path as
-/// on the host.
-fn copy_with_libs(rootfs: &Path, file: &Path, target: &str) {
-    let dest = rootfs.join(target.trim_start_matches('/'));
-    fs::create_dir_all(dest.parent().unwrap()).unwrap();
-    fs::copy(file, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", file.display()));
-    for lib in ldd(file) {
-        let dest = rootfs.join(lib.strip_prefix("/").unwrap());
-        if !dest.exists() {
-            fs::create_dir_all(dest.parent().unwrap()).unwrap();
-            fs::copy(&lib, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", lib.display()));
-        }
-    }
-}
-
-fn which(program: &str) -> PathBuf {
-    let out = Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{program} not found on this machine");
-    PathBuf::from(text(&out.stdout).trim())
-}
-
 // ---------------------------------------------------------------------------------------
 // One test's world: rootfs, fake GPU, slices, CDI spec, containers
 
@@ -288,16 +151,13 @@ struct Bed {
     podman: &'static Podman,
     dir: TempDir,
     id: String,
-    rootfs: PathBuf,
-    /// The fake GPU's state file on the host.
-    state: PathBuf,
+    /// The root file system and the fake GPU every container of the test gets.
+    stage: Stage,
     /// Unique CDI kind of this test's devices.
     kind: String,
     spec: Option<PathBuf>,
     containers: Vec<String>,
     next_container: usize,
-    /// Tells the containers' processes their host PIDs (mounted next to the state file).
-    broker: HostPidBroker,
 }
 
 impl Bed {
@@ -306,95 +166,14 @@ impl Bed {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}-{n}", std::process::id());
         let dir = TempDir::new("bed");
-        let bin = bin_dir();
-        let rootfs = dir.path().join("rootfs");
-        for client in CLIENTS {
-            copy_with_libs(&rootfs, &bin.join(client), &format!("/usr/bin/{client}"));
-        }
-        copy_with_libs(&rootfs, &bin.join("gpuslice"), "/usr/bin/gpuslice");
-        // The shim's own dependencies must be in every image it is injected into.
-        for lib in ldd(&bin.join("libgpuslice.so")) {
-            let dest = rootfs.join(lib.strip_prefix("/").unwrap());
-            if !dest.exists() {
-                fs::create_dir_all(dest.parent().unwrap()).unwrap();
-                fs::copy(&lib, &dest).unwrap();
-            }
-        }
-        copy_with_libs(&rootfs, Path::new("/bin/sh"), "/bin/sh");
-        copy_with_libs(&rootfs, &which("env"), "/usr/bin/env");
-        copy_with_libs(&rootfs, &which("cat"), "/bin/cat");
-        for sub in ["tmp", "etc", "proc", "sys", "dev", "var/run"] {
-            fs::create_dir_all(rootfs.join(sub)).unwrap();
-        }
-
-        // The fake driver, in the rootfs next to libc: in the loader's default search path (so
-        // `env -i` finds it too), where the NVIDIA CDI spec mounts the real libcuda.so.1.
-        let libc_dir = ldd(&bin.join("linked-client"))
-            .into_iter()
-            .find(|lib| lib.file_name().is_some_and(|n| n == "libc.so.6"))
-            .and_then(|lib| lib.parent().map(Path::to_path_buf))
-            .expect("ldd shows libc.so.6");
-        // The loader also by its soname in libc's directory, as a distribution image has it
-        // (ldd names only /lib64's): a library loaded into a new link-map namespace
-        // (`dlmopen`, the bypass test) finds its libc's `ld-linux*.so.2` only by search path.
-        for loader in ldd(&bin.join("linked-client")) {
-            let name = loader.file_name().unwrap_or_default();
-            let dest = rootfs.join(libc_dir.strip_prefix("/").unwrap()).join(name);
-            if name.to_string_lossy().starts_with("ld-") && !dest.exists() {
-                fs::copy(&loader, &dest).unwrap();
-            }
-        }
-        let host_fake = dir.path().join("fake");
-        for target in [
-            host_fake.clone(),
-            rootfs.join(libc_dir.strip_prefix("/").unwrap()),
-        ] {
-            let out = Command::new(bin.join("fakegpu"))
-                .arg("install")
-                .arg(&target)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "fakegpu install: {}",
-                text(&out.stderr)
-            );
-        }
-        for lib in ["libfakegpu_cuda.so", "libfakegpu_nvml.so"] {
-            for dep in ldd(&bin.join(lib)) {
-                let dest = rootfs.join(dep.strip_prefix("/").unwrap());
-                if !dest.exists() {
-                    fs::create_dir_all(dest.parent().unwrap()).unwrap();
-                    fs::copy(&dep, &dest).unwrap();
-                }
-            }
-        }
-
-        // Create the simulated V100 from the host (an empty state file is initialised by the
-        // first opener, here the host's `fakegpu smi`), so the file exists to be bind-mounted.
-        let state = dir.path().join("fakegpu.state");
-        fs::write(&state, b"").unwrap();
-        let out = Command::new(bin.join("fakegpu"))
-            .args(["smi", "--json", "--state"])
-            .arg(&state)
-            .env("FAKEGPU_DEVICES", "v100")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "creating the fake GPU on the host failed: {} {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-
-        let broker = HostPidBroker::start(&state);
+        let stage = Stage::new(dir.path());
+        // The fake driver on the host too, for the node agent.
+        install_fake(&dir.path().join("fake"));
         Bed {
             podman,
-            broker,
+            stage,
             kind: format!("gpuslice-e2e.dev/t{}", id.replace('-', "x")),
             id,
-            rootfs,
-            state,
             spec: None,
             containers: Vec::new(),
             next_container: 0,
@@ -487,41 +266,15 @@ impl Bed {
     /// `device` (a CDI device name; `None` = no slice at all).
     fn run_args(&mut self, device: Option<&str>, interactive: bool) -> (String, Vec<String>) {
         let name = self.container_name();
-        let mut args: Vec<String> = ["run", "--rm", "--network", "none", "--name", &name]
-            .map(String::from)
-            .to_vec();
-        if interactive {
-            args.push("-i".into());
-        }
-        args.push("-v".into());
-        args.push(format!("{}:{STATE_IN_CONTAINER}", self.state.display()));
-        args.push("-v".into());
-        args.push(format!(
-            "{}:{STATE_IN_CONTAINER}.hostpid",
-            self.broker.socket.display()
-        ));
-        args.push("-e".into());
-        args.push(format!("FAKEGPU_STATE={STATE_IN_CONTAINER}"));
-        if let Some(device) = device {
-            args.push("--device".into());
-            args.push(device.into());
-        }
-        args.push("--rootfs".into());
-        args.push(self.rootfs.display().to_string());
+        let devices: Vec<&str> = device.into_iter().collect();
+        let args = self.stage.run_args(&name, interactive, &devices);
         (name, args)
     }
 
     /// Runs `script` with /bin/sh in a new container; returns each stdout line parsed as JSON.
     fn run(&mut self, device: Option<&str>, script: &str) -> Vec<Value> {
         let (_, args) = self.run_args(device, false);
-        let out = self
-            .podman
-            .cmd()
-            .args(&args)
-            .args(["/bin/sh", "-c", script])
-            .output()
-            .unwrap();
-        json_lines(&out, &format!("container {script:?}"))
+        self.podman.run_script(&args, script)
     }
 
     /// Runs `script` in the running container `name` (`podman exec`).
@@ -538,33 +291,8 @@ impl Bed {
     /// Starts `linked-client hold SIZE` in a new container and waits for its report line.
     fn hold(&mut self, device: &str, size: &str) -> Holder {
         let (name, args) = self.run_args(Some(device), true);
-        let mut child = self
-            .podman
-            .cmd()
-            .args(&args)
-            .args(["/usr/bin/linked-client", "hold", size])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (report, mut child) = self.podman.hold(&args, size);
         let stdin = child.stdin.take();
-        let report: Value = match serde_json::from_str(line.trim()) {
-            Ok(value) => value,
-            Err(_) => {
-                drop(stdin);
-                let out = child.wait_with_output().unwrap();
-                panic!(
-                    "hold {size} in {name}: no JSON line (got {line:?}); exit {}; stderr: {}",
-                    out.status,
-                    text(&out.stderr)
-                );
-            }
-        };
         Holder {
             name,
             report,
@@ -577,7 +305,7 @@ impl Bed {
     fn host_smi(&self) -> Value {
         let out = Command::new(bin_dir().join("fakegpu"))
             .args(["smi", "--json", "--state"])
-            .arg(&self.state)
+            .arg(self.stage.state())
             .output()
             .unwrap();
         assert!(out.status.success(), "fakegpu smi: {}", text(&out.stderr));
@@ -608,7 +336,7 @@ impl Bed {
     }
 
     fn truth(&self) -> fakegpu::SharedState {
-        fakegpu::open_state_at(&self.state).expect("open the fake's state on the host")
+        fakegpu::open_state_at(self.stage.state()).expect("open the fake's state on the host")
     }
 
     /// The node agent on the host, for this bed's slices (`gpuslice cdi`'s state directory
@@ -621,7 +349,7 @@ impl Bed {
             ),
             (
                 "FAKEGPU_STATE".to_string(),
-                self.state.display().to_string(),
+                self.stage.state().display().to_string(),
             ),
         ];
         agent::start(
@@ -670,54 +398,11 @@ fn ns_pids(pid: u32) -> Vec<u32> {
 impl Drop for Bed {
     fn drop(&mut self) {
         for name in &self.containers {
-            let _ = self
-                .podman
-                .cmd()
-                .args(["rm", "-f", "-t", "0", name])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            self.podman.remove(name);
         }
         if let Some(spec) = &self.spec {
             let _ = fs::remove_file(spec);
         }
-    }
-}
-
-/// `fakegpu pid-broker` on the host for a state file: the fake asks it, from inside a
-/// container's PID namespace, for the host PID the driver reports (see the fake's
-/// `host_pid`). Killed on drop.
-struct HostPidBroker {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl HostPidBroker {
-    fn start(state: &Path) -> HostPidBroker {
-        let mut child = Command::new(bin_dir().join("fakegpu"))
-            .args(["pid-broker", "--state"])
-            .arg(state)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start fakegpu pid-broker");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let socket = line
-            .trim()
-            .strip_prefix("listening on ")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| panic!("fakegpu pid-broker printed {line:?}"));
-        HostPidBroker { child, socket }
-    }
-}
-
-impl Drop for HostPidBroker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -762,41 +447,6 @@ impl Drop for Holder {
     fn drop(&mut self) {
         self.finish();
     }
-}
-
-fn json_lines(out: &Output, what: &str) -> Vec<Value> {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout: {}\nstderr: {}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-        .lines()
-        .filter(|line| !line.trim().is_empty())
-        .map(|line| {
-            serde_json::from_str(line).unwrap_or_else(|e| {
-                panic!(
-                    "{what}: stdout line {line:?} is not JSON ({e}); stderr: {}",
-                    text(&out.stderr)
-                )
-            })
-        })
-        .collect()
-}
-
-/// The number at `path` (object keys or array indices) in `value`.
-fn u64_at(value: &Value, path: &[&str]) -> u64 {
-    let mut at = value;
-    for key in path {
-        at = match key.parse::<usize>() {
-            Ok(i) if at.is_array() => &at[i],
-            _ => &at[*key],
-        };
-    }
-    at.as_u64()
-        .unwrap_or_else(|| panic!("no number at {path:?} in {value}"))
 }
 
 fn str_at<'a>(value: &'a Value, key: &str) -> &'a str {
