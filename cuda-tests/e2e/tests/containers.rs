@@ -1100,7 +1100,7 @@ fn a_compute_only_container_slice_steers_on_its_own_processes_next_to_a_neighbou
     // The neighbour: on the host, no slice, 1 ms kernels back to back.
     let mut neighbour = Command::new(bin_dir().join("linked-client"))
         .args(launch("40"))
-        .env("FAKEGPU_STATE", &bed.state)
+        .env("FAKEGPU_STATE", bed.stage.state())
         .env("LD_LIBRARY_PATH", bed.dir.path().join("fake"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
