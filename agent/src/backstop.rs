@@ -223,14 +223,7 @@ mod tests {
     fn view(processes: Vec<(u32, Option<u64>)>) -> NodeView {
         let slice = SliceState {
             counters: None,
-            found: FoundSlice {
-                name: "a".into(),
-                limit_file: None,
-                config: None,
-                region: None,
-                problems: Vec::new(),
-                orphan_dir: None,
-            },
+            found: FoundSlice::named("a"),
             snapshot: Some(RegionSnapshot {
                 generation: 1,
                 devices: vec![DeviceSnapshot {

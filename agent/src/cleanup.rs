@@ -220,12 +220,9 @@ mod tests {
         let slice = SliceState {
             counters: None,
             found: FoundSlice {
-                name: "old".into(),
-                limit_file: None,
-                config: None,
                 region: Some(region),
-                problems: Vec::new(),
                 orphan_dir: Some(dir.clone()),
+                ..FoundSlice::named("old")
             },
             snapshot: Some(RegionSnapshot {
                 generation: 1,

@@ -236,14 +236,7 @@ mod tests {
             .collect();
         SliceState {
             counters: None,
-            found: FoundSlice {
-                name: name.into(),
-                limit_file: None,
-                config: None,
-                region: None,
-                problems: Vec::new(),
-                orphan_dir: None,
-            },
+            found: FoundSlice::named(name),
             snapshot: Some(RegionSnapshot {
                 generation: 1,
                 devices: Vec::new(),
@@ -276,12 +269,8 @@ mod tests {
         // SAFETY: a valid NUL-terminated path and mode.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let state = read_region(FoundSlice {
-            name: "s".into(),
-            limit_file: None,
-            config: None,
             region: Some(fifo),
-            problems: Vec::new(),
-            orphan_dir: None,
+            ..FoundSlice::named("s")
         });
         assert!(state.snapshot.is_none());
         assert!(

@@ -28,7 +28,7 @@ pub struct Sources {
 }
 
 /// One slice as found on disk.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct FoundSlice {
     pub name: String,
     pub limit_file: Option<PathBuf>,
@@ -41,6 +41,16 @@ pub struct FoundSlice {
     /// For a slice found only from its region directory under the state directory (no limit
     /// file names it): that directory, the clean-up's candidate.
     pub orphan_dir: Option<PathBuf>,
+}
+
+impl FoundSlice {
+    /// A slice known by its name only: no files found yet, nothing wrong with them.
+    pub fn named(name: &str) -> FoundSlice {
+        FoundSlice {
+            name: name.to_string(),
+            ..FoundSlice::default()
+        }
+    }
 }
 
 /// Lists every slice the sources name, sorted by name. Never fails: an unreadable directory
@@ -87,12 +97,10 @@ pub fn discover(sources: &Sources, warn: &mut dyn FnMut(String)) -> Vec<FoundSli
             }
         };
         slices.push(FoundSlice {
-            name: name.clone(),
-            limit_file: None,
-            config: None,
             region,
             problems,
             orphan_dir: Some(dir.clone()),
+            ..FoundSlice::named(name)
         });
     }
     slices.sort_by(|a, b| a.name.cmp(&b.name));
@@ -101,12 +109,8 @@ pub fn discover(sources: &Sources, warn: &mut dyn FnMut(String)) -> Vec<FoundSli
 
 fn from_limit_file(name: &str, file: &Path, region_dirs: &[(String, PathBuf)]) -> FoundSlice {
     let mut found = FoundSlice {
-        name: name.to_string(),
         limit_file: Some(file.to_path_buf()),
-        config: None,
-        region: None,
-        problems: Vec::new(),
-        orphan_dir: None,
+        ..FoundSlice::named(name)
     };
     let text = match read_bounded(file) {
         Ok(text) => text,

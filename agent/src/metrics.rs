@@ -320,12 +320,8 @@ mod tests {
             slices: vec![SliceState {
                 counters: None,
                 found: FoundSlice {
-                    name: "fresh".into(),
-                    limit_file: None,
                     config: Some(config),
-                    region: None,
-                    problems: Vec::new(),
-                    orphan_dir: None,
+                    ..FoundSlice::named("fresh")
                 },
                 snapshot: None,
             }],
