@@ -25,7 +25,7 @@
 #[path = "common/agent.rs"]
 mod agent;
 
-use agent::{is_running, scraped};
+use agent::{assert_reports_without_killing, is_running, scraped};
 use cuda_e2e::containers::{
     bin_dir, copy_with_libs, install_fake, json_lines, skip_or_fail, text, u64_at, Podman, Stage,
 };
@@ -1010,28 +1010,8 @@ fn the_backstop_ends_a_containerised_process_that_bypasses_the_shim() {
     let backstop = ["--grace", "1", "--tolerance", "64MiB"];
     {
         let (_agent, addr) = bed.agent(&backstop);
-        cuda_e2e::wait_until(
-            "the report-only backstop counts an over-cap event of the slice",
-            AGENT_TIMEOUT,
-            || {
-                scraped(
-                    &addr,
-                    "gpuslice_backstop_over_cap_events_total{slice=\"s\",",
-                )
-                .is_some_and(|n| n >= 1.0)
-            },
-        );
-        assert_eq!(
-            scraped(&addr, "gpuslice_slice_memory_driver_bytes{slice=\"s\","),
-            Some((bed.card_bytes(member_pid) + bed.card_bytes(bypass_pid)) as f64),
-            "the process outside the shim is counted against its container's slice"
-        );
-        assert_eq!(
-            scraped(&addr, "gpuslice_card_unsliced_processes{"),
-            Some(0.0)
-        );
-        assert_eq!(scraped(&addr, "gpuslice_backstop_kills_total{"), None);
-        assert!(is_running(bypass_pid) && is_running(member_pid));
+        let slice_bytes = bed.card_bytes(member_pid) + bed.card_bytes(bypass_pid);
+        assert_reports_without_killing(&addr, AGENT_TIMEOUT, slice_bytes, member_pid, bypass_pid);
     }
 
     // Enforcing: the newest process of the slice, the bypasser, is SIGKILLed.

@@ -11,7 +11,7 @@
 #[path = "common/agent.rs"]
 mod agent;
 
-use agent::{http_get, is_running, scraped, Daemon};
+use agent::{assert_reports_without_killing, http_get, is_running, scraped, Daemon};
 use cuda_e2e::{wait_until, Client, ClientKind, FakeGpu, Running, Slice, TempDir, GIB, MIB};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -530,24 +530,8 @@ fn the_backstop_reports_then_ends_a_process_that_bypasses_the_shim() {
     let backstop = ["--grace", "1", "--tolerance", "64MiB"];
     {
         let (_agent, addr) = start_agent(&gpu, work.path(), &slices_dir, &backstop);
-        let events = "gpuslice_backstop_over_cap_events_total{slice=\"s\",";
-        wait_until(
-            "the report-only backstop counts an over-cap event",
-            TIMEOUT,
-            || scraped(&addr, events).is_some_and(|n| n >= 1.0),
-        );
-        // The process outside the shim is counted against its container's slice.
-        let bytes = scraped(&addr, "gpuslice_slice_memory_driver_bytes{slice=\"s\",");
-        assert_eq!(
-            bytes,
-            Some(truth_of(&gpu, &[member_pid, bypass_pid]) as f64)
-        );
-        assert_eq!(
-            scraped(&addr, "gpuslice_card_unsliced_processes{"),
-            Some(0.0)
-        );
-        assert_eq!(scraped(&addr, "gpuslice_backstop_kills_total{"), None);
-        assert!(is_running(bypass_pid) && is_running(member_pid));
+        let slice_bytes = truth_of(&gpu, &[member_pid, bypass_pid]);
+        assert_reports_without_killing(&addr, TIMEOUT, slice_bytes, member_pid, bypass_pid);
     }
 
     // Enforcing: the newest process of the slice (the bypasser) is ended; the member lives.

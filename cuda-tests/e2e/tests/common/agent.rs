@@ -119,3 +119,34 @@ pub fn is_running(pid: u32) -> bool {
         .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.to_string()))
         .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
 }
+
+/// The report-only backstop (slice "s", `--tolerance 64MiB --grace 1`) seen through the agent
+/// at `addr`: an over-cap event is counted (awaited up to `timeout`), the slice's driver bytes
+/// are `slice_bytes` (the bypassing process's included: it is counted against its
+/// container's slice), no process is outside a slice, nothing is killed and both processes
+/// still run.
+pub fn assert_reports_without_killing(
+    addr: &str,
+    timeout: Duration,
+    slice_bytes: u64,
+    member_pid: u32,
+    bypass_pid: u32,
+) {
+    let events = "gpuslice_backstop_over_cap_events_total{slice=\"s\",";
+    cuda_e2e::wait_until(
+        "the report-only backstop counts an over-cap event of the slice",
+        timeout,
+        || scraped(addr, events).is_some_and(|n| n >= 1.0),
+    );
+    assert_eq!(
+        scraped(addr, "gpuslice_slice_memory_driver_bytes{slice=\"s\","),
+        Some(slice_bytes as f64),
+        "the process outside the shim is counted against its container's slice"
+    );
+    assert_eq!(
+        scraped(addr, "gpuslice_card_unsliced_processes{"),
+        Some(0.0)
+    );
+    assert_eq!(scraped(addr, "gpuslice_backstop_kills_total{"), None);
+    assert!(is_running(bypass_pid) && is_running(member_pid));
+}
