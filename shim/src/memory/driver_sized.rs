@@ -60,20 +60,13 @@ fn pool_reserved(pool: u64) -> Option<u64> {
     (result == CUDA_SUCCESS).then_some(value)
 }
 
+/// Settles a pool's charge with what its re-read said ([`Process::settle`]).
 pub fn apply(process: &Process, settle: Settle) {
-    match settle {
-        Settle::Unchanged => {}
-        Settle::Shrink { device, bytes } => process.ledger.refund(device, bytes),
-        Settle::Grow { device, bytes } => {
-            // The driver holds it already: charged past the cap if need be, so a later
-            // shrink never refunds bytes that were not charged.
-            if !process.ledger.charge_held(device, bytes) {
-                crate::log_error!(
-                    "a memory pool grew by {bytes} bytes past the slice's limit; charged in full"
-                );
-            }
-        }
-    }
+    process.settle(settle, |bytes| {
+        crate::log_error!(
+            "a memory pool grew by {bytes} bytes past the slice's limit; charged in full"
+        )
+    });
 }
 
 /// Reads one live pool and settles its charge (the book locked by the caller).

@@ -115,20 +115,15 @@ fn graph_reserved(ordinal: CUdevice) -> Option<u64> {
     (result == CUDA_SUCCESS).then_some(value)
 }
 
+/// Settles a graph pool's charge with what its re-read said ([`Process::settle`]). No call
+/// can give graph memory back for the application: later allocations are refused until it
+/// is trimmed.
 fn apply(process: &Process, settle: Settle) {
-    match settle {
-        Settle::Unchanged => {}
-        Settle::Shrink { device, bytes } => process.ledger.refund(device, bytes),
-        Settle::Grow { device, bytes } => {
-            // Held by the driver already, and no call can give it back for the application:
-            // charged past the cap if need be, so later allocations are refused.
-            if !process.ledger.charge_held(device, bytes) {
-                crate::log_error!(
-                    "CUDA graph memory grew by {bytes} bytes past the slice's limit; charged in full, later allocations are refused until it is trimmed"
-                );
-            }
-        }
-    }
+    process.settle(settle, |bytes| {
+        crate::log_error!(
+            "CUDA graph memory grew by {bytes} bytes past the slice's limit; charged in full, later allocations are refused until it is trimmed"
+        )
+    });
 }
 
 /// The limited device entry of CUDA device `ordinal`, `None` = not limited.

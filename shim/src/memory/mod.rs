@@ -228,6 +228,25 @@ pub struct Process {
     pub host_pid: AtomicU32,
 }
 
+impl Process {
+    /// Applies what a re-read of memory the driver sizes itself (a pool, a device's graph
+    /// pool) says: a shrink is refunded; a growth is charged even past the cap, since the
+    /// driver holds it already and a later shrink must never refund bytes that were not
+    /// charged (the slice then refuses allocations until it shrinks). `past_cap` writes the
+    /// one line saying what grew by how many bytes.
+    pub fn settle(&self, settle: pools::Settle, past_cap: impl FnOnce(u64)) {
+        match settle {
+            pools::Settle::Unchanged => {}
+            pools::Settle::Shrink { device, bytes } => self.ledger.refund(device, bytes),
+            pools::Settle::Grow { device, bytes } => {
+                if !self.ledger.charge_held(device, bytes) {
+                    past_cap(bytes);
+                }
+            }
+        }
+    }
+}
+
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
 static PROCESS: AtomicPtr<Process> = AtomicPtr::new(std::ptr::null_mut());
 
