@@ -95,7 +95,11 @@ const RTLD_DI_LINKMAP: libc::c_int = 2;
 /// `dladdr1`'s flag for "also return the `struct link_map *`" (<dlfcn.h>).
 const RTLD_DL_LINKMAP: libc::c_int = 2;
 
-fn handle_path_is(handle: *mut c_void, library: Library) -> bool {
+/// `judge` applied to the name glibc's link map gives the object behind dlopen handle
+/// `handle` (the path it was loaded from; empty for the main program); `false` when it has
+/// none or glibc cannot say. The name is only borrowed for the call: the object may be
+/// unloaded later.
+fn handle_name_is(handle: *mut c_void, judge: impl FnOnce(&CStr) -> bool) -> bool {
     let mut map: *const LinkMapHead = std::ptr::null();
     // SAFETY: `handle` is what the caller passed to dlsym, i.e. a dlopen handle; dlinfo writes
     // one pointer into `map`.
@@ -110,14 +114,16 @@ fn handle_path_is(handle: *mut c_void, library: Library) -> bool {
         return false;
     }
     // SAFETY: glibc returned a live link_map whose l_name is a NUL-terminated string (possibly
-    // empty for the main program).
+    // empty for the main program), valid while the object is loaded, i.e. during this call.
     let name = unsafe { (*map).l_name };
-    if name.is_null() {
-        return false;
-    }
-    // SAFETY: as above.
-    let path = unsafe { CStr::from_ptr(name) }.to_bytes();
-    is_driver_library_path(path, library)
+    // SAFETY: as above, when not null.
+    !name.is_null() && judge(unsafe { CStr::from_ptr(name) })
+}
+
+fn handle_path_is(handle: *mut c_void, library: Library) -> bool {
+    handle_name_is(handle, |path| {
+        is_driver_library_path(path.to_bytes(), library)
+    })
 }
 
 /// The wrapper (or other function) to hand out for `dlsym(handle, name)` called from
@@ -307,23 +313,8 @@ fn is_main_program(handle: *mut c_void) -> bool {
     if !known.is_null() {
         return known == handle;
     }
-    let mut map: *const LinkMapHead = std::ptr::null();
-    // SAFETY: `handle` is what the caller passed to dlsym, a dlopen handle; dlinfo writes
-    // one pointer into `map`.
-    let rc = unsafe {
-        libc::dlinfo(
-            handle,
-            RTLD_DI_LINKMAP,
-            (&mut map as *mut *const LinkMapHead).cast(),
-        )
-    };
-    if rc != 0 || map.is_null() {
-        return false;
-    }
-    // SAFETY: a live link_map; the main program's l_name is the empty string.
-    let name = unsafe { (*map).l_name };
-    // SAFETY: as above, NUL-terminated when not null.
-    let main = !name.is_null() && unsafe { *name } == 0;
+    // The main program's link map has the empty name.
+    let main = handle_name_is(handle, |name| name.is_empty());
     if main {
         MAIN_PROGRAM.store(handle, Ordering::Release);
     }
