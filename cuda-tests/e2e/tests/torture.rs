@@ -129,14 +129,20 @@ fn assert_no_drift(gpu: &FakeGpu, slice: &Slice, env: &cuda_e2e::Env, cap: u64, 
     holder.release();
 }
 
-#[test]
-fn kill_and_stop_storm_never_passes_the_cap_and_leaves_no_drift() {
-    let mut rng = Rng::from_env_or_clock();
+/// A 2 GiB slice of a fresh simulated V100, the card's high-water mark restarted: what each
+/// storm rages in. Returns the card, the slice, its processes' environment and the cap.
+fn storm_slice() -> (FakeGpu, Slice, cuda_e2e::Env, u64) {
     let gpu = FakeGpu::start("v100");
-    let cap = 2 * 1024 * MIB;
     let slice = Slice::builder().device(0, "2GiB", None).build();
     let env = slice.env(&gpu);
     gpu.truth().reset_peak_memory(0);
+    (gpu, slice, env, 2 * 1024 * MIB)
+}
+
+#[test]
+fn kill_and_stop_storm_never_passes_the_cap_and_leaves_no_drift() {
+    let mut rng = Rng::from_env_or_clock();
+    let (gpu, slice, env, cap) = storm_slice();
     let spawn = |rng: &mut Rng| {
         let kind = ClientKind::ALL[rng.below(3) as usize];
         churn(kind, PATHS[rng.below(PATHS.len() as u64) as usize], 0, &env)
@@ -189,11 +195,7 @@ fn kill_and_stop_storm_never_passes_the_cap_and_leaves_no_drift() {
 #[test]
 fn fork_storm_workers_block_nobody_and_a_killed_parents_budget_follows_the_card() {
     let mut rng = Rng::from_env_or_clock();
-    let gpu = FakeGpu::start("v100");
-    let cap = 2 * 1024 * MIB;
-    let slice = Slice::builder().device(0, "2GiB", None).build();
-    let env = slice.env(&gpu);
-    gpu.truth().reset_peak_memory(0);
+    let (gpu, slice, env, cap) = storm_slice();
     let deadline = Instant::now() + STORM;
     let mut rounds = 0;
     while Instant::now() < deadline {
