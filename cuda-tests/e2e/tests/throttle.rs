@@ -738,8 +738,8 @@ fn bursting_slices_split_idle_time_by_share_and_give_it_back_to_a_capped_neighbo
         launch_args(MS1, "kernel", 9.0),
         b.env(&gpu),
     );
-    // The idle loop saws around saturation (the leaders tick at their own phases): a 3 s
-    // window averages several periods.
+    // A 3 s window: the excesses settle within about a second and readings a percent apart
+    // move them a little now and then.
     let t0 = now();
     let window = 3_000_000_000;
     until(t0 + SETTLE_NS + window);
@@ -781,17 +781,18 @@ fn bursting_slices_split_idle_time_by_share_and_give_it_back_to_a_capped_neighbo
         "a capped 40 % neighbour, from {} ms after its start: {c:.1}%; the bursting 30 % and 20 %: {x2:.1}% and {y2:.1}%",
         GIVE_BACK_NS / 1_000_000
     );
-    // Measured (docs/performance.md): 86-91 % together, ratio 1.44-1.85 (load average 5 to
-    // 14). All-or-nothing burst gave 50 % (each capped while the other was busy); an even
-    // split of the idle time gives a ratio near 1.
+    // Measured (docs/performance.md): 92-93 % together, ratio 1.48-1.54 (load average 3-5,
+    // and with two CPU hogs). The halving this replaced read 1.04-2.05 (CI failed on 2.05);
+    // all-or-nothing burst gave 50 % (each capped while the other was busy); an even split
+    // of the idle time gives a ratio near 1.
     assert!(x + y > 75.0, "the idle time is used: {x:.1}% + {y:.1}%");
     assert!(
-        ((x / y) / 1.5 - 1.0).abs() <= 0.3,
-        "split 3:2 within 30 %: {x:.1}% : {y:.1}%"
+        ((x / y) / 1.5 - 1.0).abs() <= 0.2,
+        "split 3:2 within 20 %: {x:.1}% : {y:.1}%"
     );
-    // Measured at load average 5-6: the neighbour 40.3-41.3 %, the bursting slices 32.5-34.2
-    // and 21.5-23.8 %; at load average 12 (the neighbour's launcher short of CPU, so the
-    // device had idle time the bursting slices took): 34.0 %, 36.0 % and 25.0 %. Twice the
+    // Measured: the neighbour 40.0-41.0 %, the bursting slices 35.1-35.7 and 23.7-24.6 %; at
+    // load average 12 (the neighbour's launcher short of CPU, so the device had idle time
+    // the bursting slices took) the halving gave 34.0 %, 36.0 % and 25.0 %. Twice the
     // issue's tolerance on each side.
     assert!(
         c >= 40.0 - 2.0 * TOLERANCE,

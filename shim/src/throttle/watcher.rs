@@ -144,17 +144,20 @@ fn resolve(device: &DeviceThrottle, state: &mut LeaderState) {
     }
 }
 
+/// The next tick: the next multiple of [`TICK_NS`] on the system-wide monotonic clock, so
+/// every slice's leader on the node measures the same stretches of the device and sees the
+/// same saturation (leaders at their own phases read different figures for one device, and
+/// `burst`'s idle-time shares drifted apart on that). A leader that fell behind (stopped,
+/// overloaded) skips the ticks it missed: no catch-up burst.
+pub fn next_tick(now: u64) -> u64 {
+    (now / TICK_NS + 1) * TICK_NS
+}
+
 fn run() {
     let token = process_token();
     let mut leaders: Vec<LeaderState> = (0..MAX_DEVICES).map(|_| LeaderState::default()).collect();
-    let mut next = now_ns();
     loop {
-        next += TICK_NS;
-        let now = now_ns();
-        if next < now {
-            next = now + TICK_NS; // fell behind (stopped, overloaded): no catch-up burst
-        }
-        super::sleep_until(next);
+        super::sleep_until(next_tick(now_ns()));
         for (index, state) in leaders.iter_mut().enumerate() {
             if DEVICE_STATE[index].load(Ordering::Acquire) != ON {
                 continue;
@@ -596,6 +599,20 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn every_leader_ticks_on_one_grid_and_a_late_one_skips_what_it_missed() {
+        use super::TICK_NS;
+        assert_eq!(super::next_tick(0), TICK_NS);
+        assert_eq!(super::next_tick(TICK_NS - 1), TICK_NS);
+        // Woken exactly on the grid: the next point, not the same one again.
+        assert_eq!(super::next_tick(TICK_NS), 2 * TICK_NS);
+        // Two processes started 17 ms apart tick together.
+        let (a, b) = (5 * TICK_NS + 3_000_000, 5 * TICK_NS + 20_000_000);
+        assert_eq!(super::next_tick(a), super::next_tick(b));
+        // Stopped for 3.5 ticks: the next point after now, none of the missed ones.
+        assert_eq!(super::next_tick(9 * TICK_NS + TICK_NS / 2), 10 * TICK_NS);
+    }
 
     #[test]
     fn an_unresolved_mark_holds_for_its_hold_and_a_stale_one_not_at_all() {
