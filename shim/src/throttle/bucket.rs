@@ -15,6 +15,10 @@
 //! reservations are served in order, whoever makes them, with no lock and no polling. Over any
 //! interval T the tokens handed out are at most `(T + tolerance) * rate`.
 //!
+//! When the leader changes the rate, the refill already promised beyond now is rescaled to the
+//! new rate, in the word ([`rescale_lead`]) and in every sleeper's own reservation
+//! ([`rescaled_due`]): a reservation is a number of tokens, not a wall-clock slot.
+//!
 //! Each process spends a small local credit (a "chunk" reserved from the shared word) so the
 //! common launch touches only process-local memory; see [`Credit`].
 
@@ -63,6 +67,37 @@ pub fn reserve(vtime: &AtomicU64, now: u64, gpu: u64, inv_rate: u64, tolerance: 
             Err(seen) => current = seen,
         }
     }
+}
+
+/// `lead` wall-ns of refill promised at `old_inv`, as wall-ns at `new_inv` (the same tokens).
+#[inline]
+fn rescale(lead: u64, old_inv: u64, new_inv: u64) -> u64 {
+    ((lead as u128 * new_inv as u128) / old_inv.max(1) as u128).min(u64::MAX as u128) as u64
+}
+
+/// The rate changed from `old_inv` to `new_inv` at `now`: the refill already promised beyond
+/// `now` (reservations not yet due) is the same tokens at the new rate, so the word's lead is
+/// scaled by `new_inv / old_inv`. Without this, a slice whose rate rose kept serving the
+/// reservations made at the old rate: twenty processes that each reserved a chunk at a rate
+/// eight times lower waited half a second for refill the new rate brings in 60 ms, and the
+/// controller, seeing the slice idle, wound its correction up to the limit (the compute-only
+/// slice of 20 processes swung between 4 % and 100 % of the device).
+pub fn rescale_lead(vtime: &AtomicU64, now: u64, old_inv: u64, new_inv: u64) {
+    if old_inv == new_inv {
+        return;
+    }
+    let _ = vtime.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |current| {
+        (current > now).then(|| now.saturating_add(rescale(current - now, old_inv, new_inv)))
+    });
+}
+
+/// A sleeper's own reservation under the same change, seen at `now`: due at `due` at
+/// `seen_inv`, due when the new rate brings the same tokens at `new_inv`.
+pub fn rescaled_due(due: u64, now: u64, seen_inv: u64, new_inv: u64) -> u64 {
+    if due <= now || seen_inv == new_inv {
+        return due;
+    }
+    now.saturating_add(rescale(due - now, seen_inv, new_inv))
 }
 
 /// Puts the word back to `now` when it lies more than `max_lead` ahead of it: no share and
@@ -216,6 +251,29 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_rate_change_rescales_the_refill_already_promised_and_only_that() {
+        let one = FIXED_ONE; // rate 1
+        let eighth = 8 * FIXED_ONE; // rate 1/8
+        let word = AtomicU64::new(1_000 + 800);
+        // The rate rises eightfold at 1_000: 800 ns of promised refill are now 100.
+        rescale_lead(&word, 1_000, eighth, one);
+        assert_eq!(word.load(Ordering::Relaxed), 1_100);
+        // And falls back: 100 ns become 800 again.
+        rescale_lead(&word, 1_000, one, eighth);
+        assert_eq!(word.load(Ordering::Relaxed), 1_800);
+        // A word in the past promises nothing; it stays.
+        let idle = AtomicU64::new(500);
+        rescale_lead(&idle, 1_000, eighth, one);
+        assert_eq!(idle.load(Ordering::Relaxed), 500);
+        // A sleeper's own reservation moves the same way; a due one does not move.
+        assert_eq!(rescaled_due(1_800, 1_000, eighth, one), 1_100);
+        assert_eq!(rescaled_due(900, 1_000, eighth, one), 900);
+        assert_eq!(rescaled_due(1_800, 1_000, one, one), 1_800);
+        // Extreme values saturate instead of wrapping.
+        assert_eq!(rescaled_due(u64::MAX, 0, 1, u64::MAX), u64::MAX);
+    }
 
     #[test]
     fn fixed_point_round_trips() {

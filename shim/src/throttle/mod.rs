@@ -56,8 +56,9 @@ pub const W_PIDS: usize = 9;
 pub const TOLERANCE_NS: u64 = 30_000_000;
 /// Refill a process takes from the shared bucket at a time (wall time of refill).
 pub const CHUNK_WALL_NS: u64 = 2_000_000;
-/// Longest single sleep; a launch sleeps again until its reservation is due.
-pub const MAX_WAIT_NS: u64 = 2_000_000_000;
+/// Longest single sleep of a launch waiting for its reservation: it then looks whether the
+/// rate changed (the leader ticks every 50 ms) and sleeps again until the reservation is due.
+pub const RATE_CHECK_NS: u64 = 50_000_000;
 /// A bucket word further ahead of now than this is from another clock (the region file
 /// outlived a reboot) or corrupt, and is put back to now (`bucket::repair_lead`).
 pub const MAX_LEAD_NS: u64 = 60_000_000_000;
@@ -244,13 +245,22 @@ fn wait_for_tokens(device: &DeviceThrottle) {
         device.sleeping.fetch_add(1, Ordering::Relaxed);
         // Until the reservation is due (crediting it earlier let long kernels at a small
         // share run past it), but never past the plausible lead.
-        let due = start.min(now.saturating_add(MAX_LEAD_NS));
+        let mut due = start.min(now.saturating_add(MAX_LEAD_NS));
+        let mut seen_inv = inv_rate;
         loop {
             let t = now_ns();
             if t >= due {
                 break;
             }
-            sleep_until(due.min(t + MAX_WAIT_NS));
+            // A new rate (the leader's tick) moves the reservation with the word
+            // (`bucket::rescale_lead`): wake at least once a tick to see it.
+            let current_inv = device.inv_rate();
+            if current_inv != seen_inv {
+                due = bucket::rescaled_due(due, t, seen_inv, current_inv);
+                seen_inv = current_inv;
+                continue;
+            }
+            sleep_until(due.min(t + RATE_CHECK_NS));
         }
         device.sleeping.fetch_sub(1, Ordering::Relaxed);
         // The slice's launch-wait counter (in the region, for the node agent).
