@@ -205,6 +205,80 @@ def cmd_pair(args):
                    % (target, args.tol, args.neighbour_min))
 
 
+def slice_fractions(case, base):
+    """Each slice's fraction of the device in one matrix case: the sum over its processes of
+    kernels/s relative to the same kernel length alone on the card (so a slice mixing 10 us
+    and 10 ms kernels adds up what each process took). None where a process gave no RESULT."""
+    fractions = {}
+    for proc in case["procs"]:
+        run = result_of(proc["file"])
+        solo = base.get(proc["len"])
+        if run is None or not solo:
+            return None
+        fractions[proc["slice"]] = fractions.get(proc["slice"], 0.0) + run["kernels_per_s"] / solo
+    return fractions
+
+
+def cmd_matrix(args):
+    """Check 9: the compute share matrix (kernel lengths x shares, several processes, a mixed
+    slice, burst and priority) from spin kernels/s relative to each length's solo rate."""
+    try:
+        with open(args.manifest) as f:
+            cases = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        return verdict("FAIL", {}, "cannot read the matrix manifest %s: %s" % (args.manifest, e))
+    base = {}
+    for case in (c for c in cases if c["kind"] == "base"):
+        for proc in case["procs"]:
+            run = result_of(proc["file"])
+            if run is not None and run.get("kernels_per_s"):
+                base[proc["len"]] = run["kernels_per_s"]
+    numbers = {"solo_kernels_per_s": {k: round(v, 1) for k, v in base.items()}}
+    bad, judged = [], 0
+    for case in (c for c in cases if c["kind"] != "base"):
+        name = case["case"]
+        got = slice_fractions(case, base)
+        if got is None:
+            bad.append("%s: a process gave no RESULT (or its length no solo rate)" % name)
+            continue
+        judged += 1
+        numbers[name] = {k: round(100 * v, 1) for k, v in got.items()}
+        targets = case["targets"]
+        if case["kind"] == "share":
+            for slice_name, target in targets.items():
+                if abs(100 * got[slice_name] - target) > args.points:
+                    bad.append("%s: %.1f%% (target %d%% +-%s)"
+                               % (name, 100 * got[slice_name], target, args.points))
+        elif case["kind"] == "burst":
+            (a, ta), (b, tb) = sorted(targets.items(), key=lambda kv: -kv[1])
+            ratio = got[a] / got[b] if got[b] else float("inf")
+            want = ta / float(tb)
+            numbers[name]["ratio"] = round(ratio, 2)
+            if abs(ratio / want - 1.0) > args.burst_tol:
+                bad.append("%s: split %.2f:1 (want %.2f:1 +-%d%%)"
+                           % (name, ratio, want, 100 * args.burst_tol))
+            if got[a] + got[b] < args.burst_min_used:
+                bad.append("%s: the pair used %.1f%% of the device"
+                           % (name, 100 * (got[a] + got[b])))
+        elif case["kind"] == "priority":
+            high, low = got["high"], got["low"]
+            if high < low + args.priority_lead:
+                bad.append("%s: high %.1f%% not %d points over low %.1f%%"
+                           % (name, 100 * high, 100 * args.priority_lead, 100 * low))
+            if 100 * low < targets["low"] - args.points:
+                bad.append("%s: low %.1f%% below its %d%% share" % (name, 100 * low, targets["low"]))
+        else:
+            bad.append("%s: unknown kind %s" % (name, case["kind"]))
+    if not base:
+        bad.insert(0, "no solo baseline gave a RESULT (see validate.log)")
+    if judged == 0 and not bad:
+        return verdict("SKIP", numbers, "no case ran (time budget)")
+    if bad:
+        return verdict("FAIL", numbers, "; ".join(bad))
+    return verdict("PASS", numbers, "%d cases: shares within %s points, burst split within %d%%, "
+                   "high over low" % (judged, args.points, 100 * args.burst_tol))
+
+
 def cmd_overhead(args):
     """Check 6: launch and allocation rates under the shim as ratios of the bare rates."""
     numbers, bad = {}, []
@@ -311,6 +385,12 @@ def main():
     c.add_argument("--tol", type=float, required=True)
     c.add_argument("--util-slack", type=float, default=5.0)
     c.add_argument("--neighbour-min", type=float, default=0.5)
+    c = sub.add_parser("matrix")
+    c.add_argument("manifest")
+    c.add_argument("--points", type=float, required=True)
+    c.add_argument("--burst-tol", type=float, default=0.2)
+    c.add_argument("--burst-min-used", type=float, default=0.75)
+    c.add_argument("--priority-lead", type=float, default=0.10)
     c = sub.add_parser("overhead")
     c.add_argument("--launch", nargs=3, required=True, metavar=("BARE", "UNCONF", "LIMITED"))
     c.add_argument("--alloc", nargs=3, required=True, metavar=("BARE", "UNCONF", "LIMITED"))
@@ -320,7 +400,7 @@ def main():
     args = p.parse_args()
     try:
         return {"cap": cmd_cap, "two": cmd_two, "share": cmd_share, "pair": cmd_pair,
-                "overhead": cmd_overhead, "facts": cmd_facts}[args.cmd](args)
+                "matrix": cmd_matrix, "overhead": cmd_overhead, "facts": cmd_facts}[args.cmd](args)
     except (KeyError, TypeError, ZeroDivisionError, ValueError) as e:
         # A malformed helper output is a wrong outcome, never a crash of the whole script.
         return verdict("FAIL", {}, "cannot evaluate (%s: %s)" % (type(e).__name__, e))

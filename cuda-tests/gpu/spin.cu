@@ -4,7 +4,8 @@
 // the driver the way most applications do: the static CUDA runtime resolves every driver entry
 // point through cuGetProcAddress, so it exercises the shim's proc-address path.
 //
-// Modes (each prints ONE JSON line on stdout; errors go to stderr with exit code 1):
+// Modes (each prints ONE `RESULT {json}` line on stdout, as the Python helpers do, for
+// evaluate.py; errors go to stderr with exit code 1):
 //   spin   [--seconds S] [--cycles C] [--ready F --go G]
 //          compute-bound: back-to-back full-GPU kernels that each spin C clock cycles on every
 //          SM (keeping FMA units busy), for S seconds after a 1 s warm-up. Reports kernels/s.
@@ -106,7 +107,7 @@ static int mode_spin(int argc, char **argv) {
     run_for(seconds, &kernels);
     double elapsed = now_s() - t0;
     CHECK(cudaFree(sink));
-    std::printf("{\"mode\":\"spin\",\"pid\":%d,\"kernels\":%lld,\"seconds\":%.4f,"
+    std::printf("RESULT {\"mode\":\"spin\",\"pid\":%d,\"kernels\":%lld,\"seconds\":%.4f,"
                 "\"kernels_per_s\":%.3f,\"blocks\":%d,\"threads\":%d,\"cycles\":%lld,"
                 "\"sm_count\":%d,\"clock_khz\":%d}\n",
                 static_cast<int>(getpid()), kernels, elapsed, kernels / elapsed, blocks, threads,
@@ -129,7 +130,7 @@ static int mode_launch(int argc, char **argv) {
         CHECK(cudaDeviceSynchronize());
         rates.push_back(count / (now_s() - t0));
     }
-    std::printf("{\"mode\":\"launch\",\"pid\":%d,\"count\":%d,\"reps\":%d,"
+    std::printf("RESULT {\"mode\":\"launch\",\"pid\":%d,\"count\":%d,\"reps\":%d,"
                 "\"launches_per_s\":%.1f,\"min\":%.1f,\"max\":%.1f}\n",
                 static_cast<int>(getpid()), count, reps, median(rates),
                 *std::min_element(rates.begin(), rates.end()),
@@ -152,7 +153,7 @@ static int mode_alloc(int argc, char **argv) {
         }
         rates.push_back(count / (now_s() - t0));
     }
-    std::printf("{\"mode\":\"alloc\",\"pid\":%d,\"count\":%d,\"reps\":%d,\"bytes\":%zu,"
+    std::printf("RESULT {\"mode\":\"alloc\",\"pid\":%d,\"count\":%d,\"reps\":%d,\"bytes\":%zu,"
                 "\"pairs_per_s\":%.1f,\"min\":%.1f,\"max\":%.1f}\n",
                 static_cast<int>(getpid()), count, reps, bytes, median(rates),
                 *std::min_element(rates.begin(), rates.end()),

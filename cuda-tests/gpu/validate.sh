@@ -2,7 +2,8 @@
 # Real-GPU validation of gpuslice: proves the slice on an NVIDIA GPU with the real driver,
 # nvidia-smi, PyTorch, CuPy and an nvcc-built kernel. Run from the repository root:
 #
-#   bash cuda-tests/gpu/validate.sh              # every check (about 4-5 minutes on an H200)
+#   bash cuda-tests/gpu/validate.sh              # every check (about 4-5 minutes on an H200;
+#                                                # the budget leaves check 9 to a second call)
 #   bash cuda-tests/gpu/validate.sh --dry-run    # explain what would run; runs nothing
 #   bash cuda-tests/gpu/validate.sh --only 1,7   # chosen checks only (7 and 8 need no nvidia-smi)
 #
@@ -27,6 +28,7 @@ TOL=${GPUSLICE_VALIDATE_TOL:-0.10}
 MIN_RATIO=${GPUSLICE_VALIDATE_MIN_RATIO:-0.80}
 BUDGET_S=${GPUSLICE_VALIDATE_BUDGET_S:-330}
 MEASURE_S=${GPUSLICE_VALIDATE_MEASURE_S:-4}
+POINTS=${GPUSLICE_VALIDATE_POINTS:-5}
 
 DRY_RUN=0
 ONLY=""
@@ -153,6 +155,12 @@ write_config() {
         "$WORK/$name.region" "$dev" >"$WORK/$name.json"
     printf '%s' "$WORK/$name.json"
 }
+# write_share_config NAME COMPUTE POLICY PRIORITY: a compute-only limit file for device 0.
+write_share_config() {
+    printf '{"version":1,"region":"%s","policy":"%s","priority":"%s","devices":[{"index":0,"compute":%s}]}\n' \
+        "$WORK/$1.region" "$3" "$4" "$2" >"$WORK/$1.json"
+    printf '%s' "$WORK/$1.json"
+}
 # "$IN_SLICE" CONFIG CMD...: CMD under the shim with that limit file (HAMi env cleared, so the
 # file is the only source). "$OUTSIDE" CMD...: the host's view, no shim at all. Both are small
 # executables (not functions) so that `timeout` can run them.
@@ -174,7 +182,7 @@ chmod +x "$IN_SLICE" "$OUTSIDE"
 # ---------------------------------------------------------------------------------------------
 # Plan (printed by --dry-run, and logged on a real run)
 # ---------------------------------------------------------------------------------------------
-CHECK_IDS=(1 2 3 4 5 6 7 8)
+CHECK_IDS=(1 2 3 4 5 6 7 8 9)
 declare -A TITLE=(
     [1]="nvidia-smi shows the slice"
     [2]="PyTorch memory cap"
@@ -184,6 +192,7 @@ declare -A TITLE=(
     [6]="shim overhead"
     [7]="non-CUDA processes unaffected"
     [8]="driver facts the shim relies on"
+    [9]="compute share matrix"
 )
 declare -A PLAN=(
     [1]="nvidia-smi (table, --query-gpu=memory.total,memory.used, -q -d MEMORY) with and without the shim under a ${CAP_MIB} MiB limit: ${CAP_MIB}MiB inside, the whole card outside"
@@ -193,6 +202,7 @@ declare -A PLAN=(
     [5]="compute_share.py (bf16 8192^3 matmul loop) and spin (nvcc, full-GPU spin kernels) alone at 100% without the shim, then at 25/50/100% under the shim: throughput ratio and NVML process utilisation (pynvml, outside the shim) vs target +-${TOL}; then 25% beside an unthrottled neighbour"
     [6]="spin launch (empty kernels/s) and alloc (cudaMalloc+cudaFree pairs/s): bare, shim with no limit file, shim with limits (memory cap, compute 100); ratios >= ${MIN_RATIO}"
     [7]="python3, bash and ls (exit codes 3/5/2, stdout and stderr) bare vs under the shim with a valid, a missing and an invalid limit file: byte-identical"
+    [9]="spin kernels of ~10 us, 1 ms and 10 ms (cycles calibrated on this GPU) alone without the shim, then each at 10/50/90% in one process; four processes of one 50% slice; one 50% slice mixing the three lengths; two burst slices 30% + 20% (split 3:2 +-20%, >= 75% used); burst 30% high + 30% low (high >= low + 10 points): each process's kernels/s over its length's solo rate, summed per slice, within +-${POINTS} points"
     [8]="driver_facts.py without the shim (ctypes on libcuda.so.1, libnvidia-ml.so.1): cuGetProcAddress_v2 at 12080 and the driver's version, default and per-thread stream, returns dlsym of every export the shim hooks; primary context active 0/1/0/1/1/0 over retain, reset, retain, release, release; reports the context's NVML cost, the VMM granularity and a 1-byte cuMemAlloc's cost"
 )
 
@@ -488,6 +498,84 @@ check_8() {
     "$PY" "$HERE/evaluate.py" facts "$WORK/facts.out" | record_eval "$id" "$name"
 }
 
+# matrix_group TAG CASE KIND TARGETS SPEC...: runs every SPEC together (each waits on its
+# --ready/--go pair, so all measure the same seconds) and appends the case to the manifest
+# evaluate.py reads. SPEC = SLICE:LEN:CONFIG (CONFIG "-" = outside every slice, no shim);
+# TARGETS = the JSON members of the slices' targets, e.g. '"a":50'.
+matrix_group() {
+    local tag=$1 case_name=$2 kind=$3 targets=$4 spec slice len cfg i=0 procs="" go=$WORK/$1.go
+    local -a pids=() readies=()
+    shift 4
+    for spec in "$@"; do
+        IFS=: read -r slice len cfg <<<"$spec"
+        local runner=("$IN_SLICE" "$cfg")
+        [ "$cfg" = - ] && runner=("$OUTSIDE")
+        spawn "$tag-$i" 60 "${runner[@]}" "$SPIN" spin --seconds "$MEASURE_S" --cycles "${MATRIX_CYCLES[$len]}" \
+            --ready "$WORK/$tag-$i.ready" --go "$go"
+        pids+=("$BG_LAST")
+        readies+=("$WORK/$tag-$i.ready")
+        procs="$procs${procs:+,}{\"slice\":\"$slice\",\"len\":\"$len\",\"file\":\"$WORK/$tag-$i.out\"}"
+        i=$((i + 1))
+    done
+    wait_files 50 0 "${readies[@]}" || log "   $tag: a workload never got ready"
+    touch "$go"
+    for i in "${!pids[@]}"; do bg_wait "$tag-$i" "${pids[$i]}"; done
+    printf '{"case":"%s","kind":"%s","targets":{%s},"procs":[%s]}\n' "$case_name" "$kind" "$targets" "$procs" >>"$MATRIX"
+}
+
+check_9() {
+    local id=9 name=${TITLE[9]} per_s cfg share len n=0
+    if ! build_spin; then
+        record "$id" "$name" SKIP '{}' "no nvcc, or spin.cu did not build (validate.log)"
+        return
+    fi
+    budget_ok 60 || { record "$id" "$name" SKIP '{}' "time budget (${BUDGET_S}s) spent"; return; }
+    # Calibration: kernels/s at 2,000,000 cycles gives the cycles of a 10 us, 1 ms and 10 ms
+    # kernel on this GPU (launch gaps included, which the solo runs measure too).
+    step matrix-calibrate 60 "$OUTSIDE" "$SPIN" spin --seconds 1 --cycles 2000000
+    per_s=$(sed -n 's/^RESULT .*"kernels_per_s":\([0-9.]*\).*/\1/p' "$WORK/matrix-calibrate.out" | tail -1)
+    if [ "$(num "$per_s")" = null ]; then
+        record "$id" "$name" FAIL '{}' "the calibration spin gave no kernels/s (see validate.log)"
+        return
+    fi
+    declare -gA MATRIX_CYCLES=()
+    for len in 10us:0.00001 1ms:0.001 10ms:0.01; do
+        MATRIX_CYCLES[${len%%:*}]=$(awk -v r="$per_s" -v s="${len#*:}" 'BEGIN { c = 2000000 * r * s; printf "%d", (c < 1000 ? 1000 : c) }')
+    done
+    envinfo matrix_cycles "10us=${MATRIX_CYCLES[10us]} 1ms=${MATRIX_CYCLES[1ms]} 10ms=${MATRIX_CYCLES[10ms]}"
+    MATRIX=$WORK/matrix.jsonl
+    : >"$MATRIX"
+    for len in 10us 1ms 10ms; do
+        budget_ok 12 || break
+        matrix_group "mx-base-$len" "solo $len" base '' "solo:$len:-"
+    done
+    for len in 10us 1ms 10ms; do
+        for share in 10 50 90; do
+            budget_ok 12 || break 2
+            cfg=$(write_share_config "mx-$len-$share" "$share" cap normal)
+            matrix_group "mx-$len-$share" "$len x1 at $share%" share "\"a\":$share" "a:$len:$cfg"
+            n=$((n + 1))
+        done
+    done
+    if budget_ok 12; then
+        cfg=$(write_share_config mx-four 50 cap normal)
+        matrix_group mx-four "1ms x4 at 50%" share '"a":50' "a:1ms:$cfg" "a:1ms:$cfg" "a:1ms:$cfg" "a:1ms:$cfg"
+    fi
+    if budget_ok 12; then
+        cfg=$(write_share_config mx-mixed 50 cap normal)
+        matrix_group mx-mixed "mixed 10us+1ms+10ms at 50%" share '"a":50' "a:10us:$cfg" "a:1ms:$cfg" "a:10ms:$cfg"
+    fi
+    if budget_ok 12; then
+        matrix_group mx-burst "burst 30% + 20%" burst '"a":30,"b":20' \
+            "a:1ms:$(write_share_config mx-burst-a 30 burst normal)" "b:1ms:$(write_share_config mx-burst-b 20 burst normal)"
+    fi
+    if budget_ok 12; then
+        matrix_group mx-priority "burst 30% high + 30% low" priority '"high":30,"low":30' \
+            "high:1ms:$(write_share_config mx-high 30 burst high)" "low:1ms:$(write_share_config mx-low 30 burst low)"
+    fi
+    "$PY" "$HERE/evaluate.py" matrix "$MATRIX" --points "$POINTS" | record_eval "$id" "$name"
+}
+
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
@@ -546,7 +634,7 @@ if [ -x "$CLI" ]; then
 fi
 
 # Longest last, so the budget guard cuts the least; 8 first: the facts the others rest on.
-for id in 8 1 2 3 4 7 6 5; do
+for id in 8 1 2 3 4 7 6 5 9; do
     selected "$id" || continue
     # 7 needs no GPU; 8 needs only a libcuda.so.1 (it says so itself when there is none).
     if [ "$id" != 7 ] && [ "$id" != 8 ] && [ "$HAVE_SMI" -eq 0 ]; then
