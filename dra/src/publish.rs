@@ -5,17 +5,20 @@
 //! content changes the pool's generation goes up (the scheduler then ignores slices of older
 //! generations), the slice is replaced (with the resourceVersion read, so a concurrent writer
 //! makes it fail rather than be overwritten) and any other slice of ours for this node is
-//! deleted.
+//! deleted. The slice is owned by its Node object (an owner reference with the node's UID, as
+//! the upstream kubelet-plugin helper sets it), so the API server's garbage collector deletes
+//! it with the node: a node removed from the cluster leaves no devices for the scheduler.
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
     DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, ResourcePool, ResourceSlice,
     ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 
@@ -197,6 +200,34 @@ pub fn slice_name(driver: &str, node: &str) -> String {
     format!("{node}-{driver}")
 }
 
+/// The owner reference that ties the node's slice to its Node object.
+pub fn node_owner(node: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".to_string(),
+        kind: "Node".to_string(),
+        name: node.to_string(),
+        uid: uid.to_string(),
+        controller: Some(true),
+        ..Default::default()
+    }
+}
+
+/// The Node's owner reference, from the API server (the UID is the node object's identity: a
+/// node deleted and re-registered under the same name is another owner).
+async fn read_node_owner(client: Client, node: &str) -> Result<OwnerReference, String> {
+    let nodes: Api<Node> = Api::all(client);
+    let object = nodes.get(node).await.map_err(|e| {
+        format!(
+            "reading Node {node} (the ResourceSlice is owned by it, so it goes with the node): {e}"
+        )
+    })?;
+    let uid = object
+        .metadata
+        .uid
+        .ok_or_else(|| format!("Node {node} has no metadata.uid"))?;
+    Ok(node_owner(node, &uid))
+}
+
 /// What [`publish`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Published {
@@ -214,6 +245,7 @@ pub async fn publish(
     gpus: &[Gpu],
     model: Model,
 ) -> Result<Published, String> {
+    let owners = Some(vec![read_node_owner(client.clone(), node).await?]);
     let api: Api<ResourceSlice> = Api::all(client);
     let selector = format!("spec.driver={driver},spec.nodeName={node}");
     let existing = api
@@ -233,7 +265,8 @@ pub async fn publish(
     let outcome = match current {
         Some(current)
             if existing.len() == 1
-                && current.spec == desired_spec(driver, node, gpus, model, generation) =>
+                && current.spec == desired_spec(driver, node, gpus, model, generation)
+                && current.metadata.owner_references == owners =>
         {
             Published::Unchanged { generation }
         }
@@ -243,6 +276,7 @@ pub async fn publish(
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
                     resource_version: current.metadata.resource_version.clone(),
+                    owner_references: owners.clone(),
                     ..Default::default()
                 },
                 spec: desired_spec(driver, node, gpus, model, generation),
@@ -257,6 +291,7 @@ pub async fn publish(
             let slice = ResourceSlice {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
+                    owner_references: owners.clone(),
                     ..Default::default()
                 },
                 spec: desired_spec(driver, node, gpus, model, generation),

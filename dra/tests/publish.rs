@@ -42,6 +42,12 @@ async fn products_are_partitionable_devices_consuming_the_cards_counters() {
     assert_eq!(sent["metadata"]["name"], SLICE);
     assert_eq!(sent["spec"]["driver"], "gpuslice.dev");
     assert_eq!(sent["spec"]["nodeName"], NODE);
+    // Owned by the Node object, so the API server's garbage collector deletes it with the node.
+    assert_eq!(
+        sent["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "v1", "kind": "Node", "name": NODE,
+                "uid": common::api::node_uid(NODE), "controller": true}])
+    );
     assert_eq!(
         sent["spec"]["pool"],
         json!({"name": NODE, "generation": 1, "resourceSliceCount": 1})
@@ -88,8 +94,14 @@ async fn products_are_partitionable_devices_consuming_the_cards_counters() {
         .unwrap();
     assert_eq!(outcome, Published::Unchanged { generation: 1 });
     assert!(api.writes().is_empty(), "{:?}", api.writes());
-    // The list asked only for this driver's slices of this node.
-    let list = &api.requests()[0];
+    // It read its Node (for the owner's UID), then listed only this driver's slices of this
+    // node.
+    let node = &api.requests()[0];
+    assert_eq!(
+        (node.method.as_str(), node.path.as_str()),
+        ("GET", "/api/v1/nodes/gpu-node-1")
+    );
+    let list = &api.requests()[1];
     assert_eq!(list.method, "GET");
     assert!(list.query.contains("fieldSelector="), "{}", list.query);
 }
@@ -166,4 +178,46 @@ async fn a_changed_node_replaces_its_slice_with_a_new_generation_and_drops_stale
             "gpu-node-2-gpuslice.dev"
         ]
     );
+}
+
+#[tokio::test]
+async fn the_slice_follows_its_node_object_and_without_one_nothing_is_written() {
+    let api = FakeApi::start();
+    // A slice an older driver wrote without an owner: same content, but it would outlive the
+    // node, so it is replaced once with the owner (and a new generation).
+    publish(api.client(), "gpuslice.dev", NODE, &gpus(), Model::Products)
+        .await
+        .unwrap();
+    let mut orphan = api.slices()[SLICE].clone();
+    orphan["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ownerReferences");
+    api.put_slice(orphan);
+    api.clear_requests();
+    let outcome = publish(api.client(), "gpuslice.dev", NODE, &gpus(), Model::Products)
+        .await
+        .unwrap();
+    assert_eq!(outcome, Published::Replaced { generation: 2 });
+    let owner = &api.slices()[SLICE]["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["uid"], common::api::node_uid(NODE), "{owner}");
+
+    // The node was deleted and registered again under its name: a new UID, a new owner.
+    api.put_node(NODE, "uid-of-the-new-node");
+    let outcome = publish(api.client(), "gpuslice.dev", NODE, &gpus(), Model::Products)
+        .await
+        .unwrap();
+    assert_eq!(outcome, Published::Replaced { generation: 3 });
+    let owner = &api.slices()[SLICE]["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["uid"], "uid-of-the-new-node", "{owner}");
+
+    // No Node object (a wrong --node-name, or the node is gone): a clear error naming it, and
+    // no slice written that nothing would ever delete.
+    api.remove_node(NODE);
+    api.clear_requests();
+    let error = publish(api.client(), "gpuslice.dev", NODE, &gpus(), Model::Capacity)
+        .await
+        .unwrap_err();
+    assert!(error.contains("reading Node gpu-node-1"), "{error}");
+    assert!(api.writes().is_empty(), "{:?}", api.writes());
 }

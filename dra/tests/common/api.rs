@@ -1,5 +1,7 @@
 //! A fake Kubernetes API server for the driver's tests: HTTP/1.1 with keep-alive on a local
 //! port, JSON bodies, and exactly the calls the driver makes:
+//! * `GET  /api/v1/nodes/{name}` (the nodes [`FakeApi::put_node`] registered; `common::NODE` and
+//!   `gpu-node-2` from the start)
 //! * `GET  /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`
 //! * `GET  /apis/resource.k8s.io/v1/resourceslices?fieldSelector=...` (honours
 //!   `spec.driver=` and `spec.nodeName=`)
@@ -29,6 +31,7 @@ pub struct Recorded {
 
 #[derive(Default)]
 struct State {
+    nodes: HashMap<String, Value>,
     claims: HashMap<(String, String), Value>,
     slices: BTreeMap<String, Value>,
     requests: Vec<Recorded>,
@@ -54,7 +57,22 @@ impl FakeApi {
                 std::thread::spawn(move || serve_connection(stream, &state));
             }
         });
-        FakeApi { url, state }
+        let api = FakeApi { url, state };
+        api.put_node(super::NODE, &node_uid(super::NODE));
+        api.put_node("gpu-node-2", &node_uid("gpu-node-2"));
+        api
+    }
+
+    /// Registers a Node object (as the kubelet does) with this UID; replaces one of that name.
+    pub fn put_node(&self, name: &str, uid: &str) {
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+                          "metadata": {"name": name, "uid": uid, "resourceVersion": "1"}});
+        self.lock().nodes.insert(name.to_string(), node);
+    }
+
+    /// Deletes a Node object.
+    pub fn remove_node(&self, name: &str) {
+        self.lock().nodes.remove(name);
     }
 
     /// A kube client for this server.
@@ -205,6 +223,11 @@ fn unescape(text: &str) -> String {
 
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
+/// The UID the fake gives a node registered at start.
+pub fn node_uid(name: &str) -> String {
+    format!("uid-of-node-{name}")
+}
+
 fn route(
     state: &mut State,
     method: &str,
@@ -212,6 +235,14 @@ fn route(
     query: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
+    if let Some(name) = path.strip_prefix("/api/v1/nodes/") {
+        if method == "GET" {
+            return match state.nodes.get(name) {
+                Some(node) => (200, node.clone()),
+                None => status(404, "NotFound", format!("nodes \"{name}\" not found")),
+            };
+        }
+    }
     let claim_prefix = "/apis/resource.k8s.io/v1/namespaces/";
     if method == "GET" && path.starts_with(claim_prefix) {
         let rest = &path[claim_prefix.len()..];
