@@ -715,6 +715,16 @@ fn burst_slice(percent: u32, priority: &str) -> Slice {
         .build()
 }
 
+/// A burst test's client environment: with `THROTTLE_NVML=realistic`, the fake's realistic
+/// NVML sampling too (as the accuracy matrix does), so the idle-time sharing can be measured on
+/// a real driver's coarse, late samples.
+fn burst_env(mut env: Env) -> Env {
+    if std::env::var("THROTTLE_NVML").is_ok_and(|m| m == "realistic") {
+        env.extend(realistic_nvml());
+    }
+    env
+}
+
 /// How long after a capped neighbour's first kernel it runs at its share (less the 5
 /// points) next to slices that were bursting into the idle time: the stated give-back time.
 const GIVE_BACK_NS: u64 = 300_000_000;
@@ -732,13 +742,13 @@ fn bursting_slices_split_idle_time_by_share_and_give_it_back_to_a_capped_neighbo
         &gpu,
         ClientKind::Linked,
         launch_args(MS1, "kernel", 9.0),
-        a.env(&gpu),
+        burst_env(a.env(&gpu)),
     );
     let (run_b, pid_b) = start_awaited(
         &gpu,
         ClientKind::Cudarc,
         launch_args(MS1, "kernel", 9.0),
-        b.env(&gpu),
+        burst_env(b.env(&gpu)),
     );
     // A 3 s window: the excesses settle within about a second and readings a percent apart
     // move them a little now and then.
@@ -758,7 +768,7 @@ fn bursting_slices_split_idle_time_by_share_and_give_it_back_to_a_capped_neighbo
         &gpu,
         ClientKind::ProcAddr,
         launch_args(MS1, "kernel", 2.5),
-        capped.env(&gpu),
+        burst_env(capped.env(&gpu)),
     );
     let mut first_kernel = 0;
     cuda_e2e::wait_until(
@@ -824,13 +834,13 @@ fn a_low_priority_bursting_slice_yields_idle_time_to_a_high_priority_one() {
                 &gpu,
                 ClientKind::Linked,
                 launch_args(MS1, "kernel", RUN_S + 1.0),
-                a.env(&gpu),
+                burst_env(burst_env(a.env(&gpu))),
             );
             let (run_b, pid_b) = start_awaited(
                 &gpu,
                 ClientKind::Cudarc,
                 launch_args(MS1, "kernel", RUN_S + 1.0),
-                b.env(&gpu),
+                burst_env(burst_env(b.env(&gpu))),
             );
             // 3 s: the idle loop saws around saturation.
             let (t0, window) = (now(), 3_000_000_000);
