@@ -600,8 +600,16 @@ pub fn sleep_until(deadline_ns: u64) {
                 std::ptr::null_mut(),
             )
         };
-        if rc != libc::EINTR {
-            return;
+        match rc {
+            libc::EINTR => continue,
+            0 => return,
+            _ => {
+                // A sandbox that refuses clock_nanosleep (a seccomp profile, an emulating
+                // kernel) must not turn every wait into a busy loop: a relative sleep instead.
+                let left = deadline_ns.saturating_sub(now_ns());
+                std::thread::sleep(std::time::Duration::from_nanos(left));
+                return;
+            }
         }
     }
 }
