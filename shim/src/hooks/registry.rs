@@ -265,6 +265,7 @@ macro_rules! hook_table {
             Cuda fn cuDeviceGetCount(*mut c_int) -> CUresult;
             Cuda fn cuStreamGetCtx(CUstream, *mut CUcontext) -> CUresult;
             Cuda fn cuStreamIsCapturing(CUstream, *mut c_uint) -> CUresult;
+            Cuda fn cuStreamQuery(CUstream) -> CUresult;
             Cuda fn cuCtxGetDevice_v2(*mut CUdevice, CUcontext) -> CUresult;
             Cuda fn cuCtxPushCurrent_v2(CUcontext) -> CUresult;
             Cuda fn cuCtxPopCurrent_v2(*mut CUcontext) -> CUresult;

@@ -223,6 +223,9 @@ pub struct Controller {
     window: Vec<(u64, u64)>,
     /// Wall ns during which `c` is held (start-up debt being repaid).
     hold_ns: u64,
+    /// The start-up probe's (lower, upper) bounds on the per-launch cost
+    /// (`throttle::probe`), used while the cost is not learned.
+    launch_bounds: Option<(f64, f64)>,
 }
 
 impl Default for Controller {
@@ -255,13 +258,33 @@ impl Controller {
             pending_busy: 0.0,
             window: Vec::with_capacity(WINDOW + 1),
             hold_ns: 0,
+            launch_bounds: None,
+        }
+    }
+
+    /// The start-up probe's latest (lower, upper) bounds on the per-launch cost (`None`:
+    /// none). They only matter until NVML has measured the cost.
+    pub fn set_launch_bounds(&mut self, bounds: Option<(u64, u64)>) {
+        self.launch_bounds = bounds.map(|(lower, upper)| (lower as f64, upper.max(1) as f64));
+    }
+
+    /// What launches are debited: the learned cost, or until it is learned the guess held
+    /// within the probe's bounds: never above the upper one (the wall time the launches took,
+    /// which the kernels' own time cannot exceed), never below the time the slice's stream
+    /// was seen busy per launch (more than the kernels' time only behind a neighbour's).
+    pub fn debit_cost(&self) -> f64 {
+        match self.launch_bounds {
+            Some((lower, upper)) if !self.learned => {
+                self.cost_ns.min(upper).max(lower).max(MIN_COST_NS)
+            }
+            _ => self.cost_ns,
         }
     }
 
     pub fn output(&self, share: f64, redebit_ns: i64) -> Output {
         Output {
             rate: share * self.idle_share.multiple * self.log_c.exp(),
-            cost_ns: self.cost_ns.round().max(1.0) as u64,
+            cost_ns: self.debit_cost().round().max(1.0) as u64,
             bypass: self.bypass,
             redebit_ns,
         }
@@ -386,8 +409,10 @@ impl Controller {
                 return 0;
             }
             // The first measurement replaces the conservative guess outright, and every
-            // launch so far was debited at the guess: charge (or refund) the difference, at
-            // most half a second of the share, so the start-up overshoot is repaid in tokens.
+            // launch so far was debited at the guess (or the probe's bound): charge (or
+            // refund) the difference, at most half a second of the share, so the start-up
+            // overshoot is repaid in tokens.
+            let old = self.debit_cost();
             self.cost_ns = (busy as f64 / tick.launches as f64).clamp(MIN_COST_NS, 1e9);
             self.busy_sum = busy as f64;
             self.launch_sum = tick.launches as f64;

@@ -1,0 +1,303 @@
+//! The start-up estimate from the slice's own launch timing (issue 18): an upper bound on
+//! the per-launch GPU time, known after a few launches, long before NVML's first sample.
+//!
+//! Until the cost is learned, every launch is debited at the 1 ms guess, so the process
+//! waits for the bucket at almost every launch. Each such wait (the cold path, never the
+//! common launch) asks the driver whether the launch's stream is idle (`cuStreamQuery`).
+//! When it is, every launch the process issued since its first wait has completed, and all
+//! of them ran within the wall time since then, less the sleeps that began with the stream
+//! idle (nothing of the process's was queued, and the only launching thread slept):
+//!
+//! ```text
+//! bound = (now - first wait - idle sleeps) / launches issued        GPU-ns per launch
+//! ```
+//!
+//! The GPU time of those launches cannot exceed it (the kernels ran within that time), so
+//! the bound errs the safe way: time spent behind a neighbour's kernels, or on the CPU between
+//! launches, makes it larger, never smaller. Launches are debited at the smaller of the
+//! controller's guess and the bound ([`super::controller::Controller::debit_cost`]); the
+//! bound only ever lowers the debit below the guess and rises again when later launches are
+//! longer (it is cumulative, so a phase of short kernels does not hide the long ones). Once
+//! NVML has measured the cost (the `COST` word's learned bit), the probe stops: NVML is the
+//! authority, and its first measurement re-bills the launches made at the estimate.
+//!
+//! The bound holds for one launching thread on one stream. A wait from another thread or on
+//! another stream switches the probe off for the process (today's path: the guess, lowered
+//! as NVML shows no trace), because the query says nothing about another stream's work.
+//! What it cannot see: launches of other threads or on other streams between two waits of
+//! the same thread and stream (the shared credit makes some thread wait within a few
+//! launches at the guess, so a second launcher is usually caught at once).
+//! A launcher that is CPU-bound (kernels shorter than the time between launches) is bounded
+//! by that time: its estimate is the launch interval until NVML reports.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// No bound yet.
+pub const NONE: u64 = u64::MAX;
+
+/// Pure: the debit while the cost is not learned: the guess, within the bounds.
+pub fn estimate(guess: u64, lower: u64, upper: u64) -> u64 {
+    guess.min(upper).max(lower).max(1)
+}
+
+/// Pure: the upper bound on the mean GPU time of `launches` launches that all ran within
+/// `elapsed_ns` of wall time, `idle_ns` of which nothing of theirs was queued; `None` when
+/// nothing was issued.
+pub fn bound_ns(elapsed_ns: u64, idle_ns: u64, launches: u64) -> Option<u64> {
+    if launches == 0 {
+        return None;
+    }
+    Some((elapsed_ns.saturating_sub(idle_ns) / launches).max(1))
+}
+
+/// One process's probe on one device (process-local; its atomics are touched only by waits).
+#[derive(Debug)]
+pub struct Probe {
+    /// CLOCK_MONOTONIC ns of the first wait (0 = not yet).
+    start_ns: AtomicU64,
+    /// The process's launch count at the first wait (that launch included).
+    start_launches: AtomicU64,
+    /// Wall ns of sleeps that began with the stream idle and saw no other launch.
+    idle_ns: AtomicU64,
+    /// The stream and thread of the waits (a thread-local's address).
+    stream: AtomicU64,
+    thread: AtomicU64,
+    off: AtomicBool,
+    /// Wall ns during which a wait saw the stream busy with the process's launches.
+    busy_ns: AtomicU64,
+    /// The latest bounds, GPU-ns per launch ([`NONE`]: none; lower 0: none).
+    upper: AtomicU64,
+    lower: AtomicU64,
+}
+
+impl Default for Probe {
+    fn default() -> Self {
+        Probe::new()
+    }
+}
+
+/// A wait the probe takes part in (see [`Probe::begin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    /// The process's launch count at the wait (the waiting launch included).
+    pub launches: u64,
+    /// Other launches of the process asleep on the bucket then (counted, not issued).
+    pub asleep: u64,
+    /// The process's first wait: nothing was issued through the throttle before it.
+    pub first: bool,
+}
+
+impl Probe {
+    pub const fn new() -> Probe {
+        Probe {
+            start_ns: AtomicU64::new(0),
+            start_launches: AtomicU64::new(0),
+            idle_ns: AtomicU64::new(0),
+            stream: AtomicU64::new(0),
+            thread: AtomicU64::new(0),
+            off: AtomicBool::new(false),
+            busy_ns: AtomicU64::new(0),
+            upper: AtomicU64::new(NONE),
+            lower: AtomicU64::new(0),
+        }
+    }
+
+    /// The latest (lower, upper) bounds; `None` when there are none or the probe is off.
+    pub fn bounds(&self) -> Option<(u64, u64)> {
+        let upper = self.upper.load(Ordering::Relaxed);
+        (!self.off.load(Ordering::Relaxed) && upper != NONE)
+            .then(|| (self.lower.load(Ordering::Relaxed).min(upper), upper))
+    }
+
+    /// The debit for a `guess` of the controller's: the guess within the bounds.
+    pub fn estimate(&self, guess: u64) -> u64 {
+        self.bounds()
+            .map_or(guess, |(lower, upper)| estimate(guess, lower, upper))
+    }
+
+    pub fn is_off(&self) -> bool {
+        self.off.load(Ordering::Relaxed)
+    }
+
+    /// A wait begins at `now` on `stream` from `thread`, with `launches` counted so far and
+    /// `asleep` other launches asleep; `None` = the probe does not take part (off, or it just
+    /// switched off: another stream or thread).
+    pub fn begin(
+        &self,
+        now: u64,
+        stream: u64,
+        thread: u64,
+        launches: u64,
+        asleep: u64,
+    ) -> Option<Wait> {
+        if self.off.load(Ordering::Relaxed) {
+            return None;
+        }
+        let wait = Wait {
+            launches,
+            asleep,
+            first: false,
+        };
+        if self.start_ns.load(Ordering::Relaxed) == 0 {
+            if asleep > 0 {
+                // Another thread's first wait is under way.
+                return None;
+            }
+            self.stream.store(stream, Ordering::Relaxed);
+            self.thread.store(thread, Ordering::Relaxed);
+            self.start_launches.store(launches, Ordering::Relaxed);
+            self.start_ns.store(now.max(1), Ordering::Relaxed);
+            return Some(Wait {
+                first: true,
+                ..wait
+            });
+        }
+        if self.stream.load(Ordering::Relaxed) != stream
+            || self.thread.load(Ordering::Relaxed) != thread
+        {
+            // The query no longer covers everything that was issued.
+            self.off.store(true, Ordering::Relaxed);
+            return None;
+        }
+        Some(wait)
+    }
+
+    /// The stream was found idle at `t` during `wait`, after it was seen busy for `busy_ns`
+    /// since the wait began (0: idle at once): every launch issued before the wait completed
+    /// by `t`. Returns the new (lower, upper) bounds (none at the first wait).
+    pub fn idle_at(&self, wait: &Wait, t: u64, busy_ns: u64) -> Option<(u64, u64)> {
+        if wait.first || self.off.load(Ordering::Relaxed) {
+            return None;
+        }
+        let busy = self.busy_ns.fetch_add(busy_ns, Ordering::Relaxed) + busy_ns;
+        // Issued since the first wait: that one and every later launch counted, less the
+        // waiting one (not issued yet) and those asleep.
+        let issued = wait
+            .launches
+            .saturating_sub(self.start_launches.load(Ordering::Relaxed))
+            .saturating_sub(wait.asleep);
+        let elapsed = t.saturating_sub(self.start_ns.load(Ordering::Relaxed));
+        let upper = bound_ns(elapsed, self.idle_ns.load(Ordering::Relaxed), issued)?;
+        // Time the stream was seen busy with launches already issued: alone on the device,
+        // at most their GPU time; behind a neighbour's kernels more (towards the cap).
+        let lower = (busy / issued).min(upper);
+        self.upper.store(upper, Ordering::Relaxed);
+        self.lower.store(lower, Ordering::Relaxed);
+        Some((lower, upper))
+    }
+
+    /// `idle_ns` of `wait`'s sleep passed with the stream idle; they count as idle time when
+    /// no other launch was asleep at the wait and none was counted since (`launches` now).
+    pub fn slept_idle(&self, wait: &Wait, idle_ns: u64, launches: u64) {
+        if wait.asleep == 0 && launches == wait.launches && !self.off.load(Ordering::Relaxed) {
+            self.idle_ns.fetch_add(idle_ns, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: u64 = 1_000;
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn the_bound_is_the_busy_wall_time_per_launch_issued() {
+        assert_eq!(bound_ns(10 * MS, 8 * MS, 100), Some(20 * US));
+        assert_eq!(bound_ns(10 * MS, 0, 0), None, "nothing issued");
+        assert_eq!(bound_ns(MS, 2 * MS, 10), Some(1), "never below 1 ns");
+    }
+
+    /// One thread, one stream, 10 us of GPU time per launch issued 1 ms of sleep apart: the
+    /// bound follows the launches' own time, not the sleeps.
+    #[test]
+    fn sleeps_with_an_idle_stream_do_not_count_and_busy_ones_do() {
+        let probe = Probe::new();
+        let mut now = 1_000 * MS;
+        let mut launches = 1;
+        let mut wait = probe.begin(now, 7, 1, launches, 0).unwrap();
+        assert!(wait.first);
+        assert_eq!(probe.idle_at(&wait, now, 0), None, "nothing issued yet");
+        for _ in 0..10 {
+            // Sleep 1 ms with the stream idle, then issue one 10 us launch; the next waits.
+            now += MS;
+            probe.slept_idle(&wait, MS, launches);
+            now += 10 * US;
+            launches += 1;
+            wait = probe.begin(now, 7, 1, launches, 0).unwrap();
+            assert_eq!(probe.idle_at(&wait, now, 0), Some((0, 10 * US)));
+        }
+        assert_eq!(probe.bounds(), Some((0, 10 * US)));
+        assert_eq!(probe.estimate(1_000 * US), 10 * US, "the guess comes down");
+        // A wait whose stream is busy for 200 us of its 1 ms sleep: only the rest is idle.
+        launches += 1;
+        now += 5 * US;
+        wait = probe.begin(now, 7, 1, launches, 0).unwrap();
+        now += 200 * US;
+        assert_eq!(
+            probe.idle_at(&wait, now, 200 * US),
+            Some((200 * US / 11, (100 * US + 205 * US) / 11))
+        );
+        probe.slept_idle(&wait, 800 * US, launches);
+        now += 800 * US + 10 * US;
+        launches += 1;
+        wait = probe.begin(now, 7, 1, launches, 0).unwrap();
+        // 12 launches issued within 10 x 10 us + 5 us + 200 us + 10 us of non-idle time.
+        assert_eq!(
+            probe.idle_at(&wait, now, 0),
+            Some((200 * US / 12, (100 * US + 215 * US) / 12))
+        );
+    }
+
+    /// 10 ms kernels: each wait sees the stream busy with the last one; the time it stays
+    /// busy raises the debit above a guess that is too small, never above the upper bound.
+    #[test]
+    fn long_kernels_seen_busy_raise_the_estimate_within_the_bounds() {
+        assert_eq!(estimate(1_000, 9_000, 12_000), 9_000);
+        assert_eq!(estimate(1_000_000, 9_000, 12_000), 12_000);
+        assert_eq!(estimate(10_000, 9_000, 12_000), 10_000);
+        let probe = Probe::new();
+        let wait = probe.begin(MS, 7, 1, 1, 0).unwrap();
+        probe.slept_idle(&wait, 0, 1);
+        // One 10 ms kernel issued at 1 ms; the next launch waits at 1.01 ms, sees the stream
+        // busy until 10.9 ms, idle at 11.2 ms.
+        let wait = probe.begin(MS + 10 * US, 7, 1, 2, 0).unwrap();
+        let (lower, upper) = probe.idle_at(&wait, 11_200 * US, 9_890 * US).unwrap();
+        assert_eq!((lower, upper), (9_890 * US, 10_200 * US));
+        assert_eq!(probe.estimate(MS), lower, "the 1 ms guess is raised");
+    }
+
+    #[test]
+    fn another_stream_or_thread_switches_the_probe_off() {
+        let probe = Probe::new();
+        probe.begin(MS, 7, 1, 1, 0).unwrap();
+        let wait = probe.begin(2 * MS, 7, 1, 3, 0).unwrap();
+        assert!(probe.idle_at(&wait, 2 * MS, 0).is_some());
+        assert_eq!(probe.begin(3 * MS, 8, 1, 5, 0), None);
+        assert!(probe.is_off());
+        assert_eq!(probe.bounds(), None, "off: no bound is used");
+        assert_eq!(probe.estimate(7), 7);
+        assert_eq!(probe.idle_at(&wait, 4 * MS, 0), None);
+        let probe = Probe::new();
+        probe.begin(MS, 7, 1, 1, 0).unwrap();
+        assert_eq!(probe.begin(2 * MS, 7, 2, 3, 0), None);
+        assert!(probe.is_off(), "a second launching thread");
+    }
+
+    #[test]
+    fn a_sleep_during_which_something_else_launched_is_not_idle() {
+        let probe = Probe::new();
+        let wait = probe.begin(MS, 7, 1, 1, 0).unwrap();
+        probe.slept_idle(&wait, 5 * MS, 2);
+        let wait = probe.begin(6 * MS, 7, 1, 2, 1).unwrap();
+        probe.slept_idle(&wait, 5 * MS, 2);
+        // Launches asleep on the bucket were counted but not issued.
+        let wait = probe.begin(11 * MS, 7, 1, 4, 1).unwrap();
+        assert_eq!(
+            probe.idle_at(&wait, 11 * MS, 0),
+            Some((0, 5 * MS)),
+            "neither sleep counted as idle; two launches issued"
+        );
+    }
+}
