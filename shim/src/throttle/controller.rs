@@ -417,7 +417,17 @@ impl Controller {
             self.busy_sum = busy as f64;
             self.launch_sum = tick.launches as f64;
             self.learned = true;
-            let owed = (self.cost_ns - old) * tick.launches_total.max(tick.launches) as f64;
+            // With the start-up probe's bounds, launches were debited near their cost all
+            // along (the probe re-bills its own as it goes): only the measured stretch's are
+            // re-billed, as later measurements do. Re-billing them all multiplied a first
+            // figure skewed by queued work by thousands of launches: 10 us kernels at 50 %
+            // then slept up to half a second on the fake.
+            let billed = if self.launch_bounds.is_some() {
+                tick.launches
+            } else {
+                tick.launches_total.max(tick.launches)
+            };
+            let owed = (self.cost_ns - old) * billed as f64;
             let owed = owed.min(share * 0.5e9);
             // Hold c while the debt is repaid (its measurements still show the overshoot)
             // and for one window after.
@@ -621,6 +631,45 @@ mod tests {
         assert!(out.cost_ns < 2_000_000);
         let expected = (out.cost_ns as f64 - 2e6) * 5.0;
         assert!((out.redebit_ns as f64 - expected).abs() < 10.0, "{out:?}");
+    }
+
+    #[test]
+    fn the_start_up_probe_holds_the_debit_within_its_bounds_until_nvml_measures() {
+        let mut ctl = Controller::default();
+        assert_eq!(
+            ctl.output(0.5, 0).cost_ns,
+            1_000_000,
+            "no bounds: the guess"
+        );
+        // Short kernels: the upper bound brings the guess down; long ones: the lower one
+        // (time the stream was seen busy per launch) raises it.
+        ctl.set_launch_bounds(Some((0, 20_000)));
+        assert_eq!(ctl.output(0.5, 0).cost_ns, 20_000);
+        ctl.set_launch_bounds(Some((9_000_000, 12_000_000)));
+        assert_eq!(ctl.output(0.5, 0).cost_ns, 9_000_000);
+        // NVML's first measurement replaces it, and re-bills only the measured stretch's
+        // launches, against what they were debited (the probe re-billed the others).
+        ctl.set_launch_bounds(Some((0, 20_000)));
+        let out = ctl.step(
+            &Tick {
+                share: 0.5,
+                span_ns: TICK,
+                slice_busy_ns: Some(25_000_000),
+                device_busy_ns: Some(25_000_000),
+                launches: 2_500,
+                launches_total: 10_000,
+                waited: true,
+            },
+            ComputePolicy::Cap,
+        );
+        assert_eq!(out.cost_ns, 10_000);
+        assert_eq!(out.redebit_ns, -10_000 * 2_500);
+        ctl.set_launch_bounds(Some((0, 1_000)));
+        assert_eq!(
+            ctl.output(0.5, 0).cost_ns,
+            10_000,
+            "learned: bounds ignored"
+        );
     }
 
     #[test]

@@ -320,23 +320,36 @@ fn probe_begin(
 
 /// The stream was idle at `t` after `busy_ns` seen busy: the new bounds apply to this
 /// process at once (the watcher keeps them applied, and the leader hands them to the
-/// controller, until NVML has measured the cost); the waiting launch, debited at the old
-/// estimate, is refunded or charged the difference.
+/// controller, until NVML has measured the cost). The launches issued since the last bounds
+/// were debited at the old estimate: the shared bucket is charged or refunded the
+/// difference (at the 1 ms guess, the first few launches of 10 us kernels at 10 % held the
+/// process asleep for 20 ms), the waiting launch's on the local credit.
 fn probe_idle_at(device: &DeviceThrottle, wait: &probe::Wait, t: u64, busy_ns: u64) {
-    if device.probe.idle_at(wait, t, busy_ns).is_none() {
+    let Some(bounds) = device.probe.idle_at(wait, t, busy_ns) else {
         return;
-    }
+    };
     let old = device.cost.load(Ordering::Relaxed);
     let guess = match device.words[W_COST].load(Ordering::Relaxed) & !watcher::COST_LEARNED {
         0 => controller::INITIAL_COST_NS as u64,
         guess => guess,
     };
-    let new = device.probe.estimate(guess);
+    let new = probe::estimate(guess, bounds.lower, bounds.upper);
     device.cost.store(new, Ordering::Relaxed);
-    if new < old {
-        device.credit.add(old - new);
+    let delta = new as i64 - old as i64;
+    let issued = i64::try_from(bounds.launches).unwrap_or(i64::MAX);
+    if delta != 0 && issued > 0 {
+        bucket::adjust(
+            &device.words[W_VTIME],
+            now_ns(),
+            delta.saturating_mul(issued),
+            device.inv_rate(),
+            TOLERANCE_NS,
+        );
+    }
+    if delta < 0 {
+        device.credit.add(delta.unsigned_abs());
     } else {
-        let _ = device.credit.try_spend(new - old);
+        let _ = device.credit.try_spend(delta as u64);
     }
 }
 

@@ -9,15 +9,22 @@
 //! idle (nothing of the process's was queued, and the only launching thread slept):
 //!
 //! ```text
-//! bound = (now - first wait - idle sleeps) / launches issued        GPU-ns per launch
+//! upper = (now - first wait - idle sleeps) / launches issued        GPU-ns per launch
+//! lower = (time waits saw the stream busy) / launches issued
 //! ```
 //!
-//! The GPU time of those launches cannot exceed it (the kernels ran within that time), so
-//! the bound errs the safe way: time spent behind a neighbour's kernels, or on the CPU between
-//! launches, makes it larger, never smaller. Launches are debited at the smaller of the
-//! controller's guess and the bound ([`super::controller::Controller::debit_cost`]); the
-//! bound only ever lowers the debit below the guess and rises again when later launches are
-//! longer (it is cumulative, so a phase of short kernels does not hide the long ones). Once
+//! (each sum decayed by [`DECAY`] at every bound, so recent launches weigh most). A wait
+//! that finds the stream busy sleeps towards its due time in growing steps, asking again
+//! after each (`throttle::probe_poll`), so the busy time of longer kernels is seen too.
+//!
+//! The GPU time of those launches cannot exceed the upper bound (the kernels ran within that
+//! time), so it errs the safe way: time spent behind a neighbour's kernels, or on the CPU
+//! between launches, makes it larger, never smaller. The lower one is time the GPU worked
+//! on launches already issued: alone on the device at most their GPU time, behind a
+//! neighbour's kernels more (again towards the cap). Launches are debited at the
+//! controller's guess held within the bounds ([`estimate`],
+//! [`super::controller::Controller::debit_cost`]): a guess too large for short kernels comes
+//! down to the upper bound, one too small for long kernels goes up to the lower one. Once
 //! NVML has measured the cost (the `COST` word's learned bit), the probe stops: NVML is the
 //! authority, and its first measurement re-bills the launches made at the estimate.
 //!
@@ -34,20 +41,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// No bound yet.
 pub const NONE: u64 = u64::MAX;
+/// Weight a bound keeps at each later one: each bound holds for the launches it covers, so
+/// any weighting of them is still a bound on the weighted mean; recent ones weigh most (a
+/// phase of longer kernels shows within a few waits, and one stall of the launching thread,
+/// which counts as active time, is forgotten within a few dozen).
+pub const DECAY: f64 = 0.5;
 
 /// Pure: the debit while the cost is not learned: the guess, within the bounds.
 pub fn estimate(guess: u64, lower: u64, upper: u64) -> u64 {
     guess.min(upper).max(lower).max(1)
-}
-
-/// Pure: the upper bound on the mean GPU time of `launches` launches that all ran within
-/// `elapsed_ns` of wall time, `idle_ns` of which nothing of theirs was queued; `None` when
-/// nothing was issued.
-pub fn bound_ns(elapsed_ns: u64, idle_ns: u64, launches: u64) -> Option<u64> {
-    if launches == 0 {
-        return None;
-    }
-    Some((elapsed_ns.saturating_sub(idle_ns) / launches).max(1))
 }
 
 /// One process's probe on one device (process-local; its atomics are touched only by waits).
@@ -63,8 +65,14 @@ pub struct Probe {
     stream: AtomicU64,
     thread: AtomicU64,
     off: AtomicBool,
-    /// Wall ns during which a wait saw the stream busy with the process's launches.
-    busy_ns: AtomicU64,
+    /// At the last bound: non-idle wall ns since the first wait, and launches issued.
+    last_active_ns: AtomicU64,
+    last_issued: AtomicU64,
+    /// Decayed sums (f64 bits) over the bounds so far: non-idle wall ns, wall ns the stream
+    /// was seen busy, launches issued.
+    sum_active: AtomicU64,
+    sum_busy: AtomicU64,
+    sum_launches: AtomicU64,
     /// The latest bounds, GPU-ns per launch ([`NONE`]: none; lower 0: none).
     upper: AtomicU64,
     lower: AtomicU64,
@@ -74,6 +82,14 @@ impl Default for Probe {
     fn default() -> Self {
         Probe::new()
     }
+}
+
+/// What one idle stream taught: the bounds, and the launches issued since the last ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub lower: u64,
+    pub upper: u64,
+    pub launches: u64,
 }
 
 /// A wait the probe takes part in (see [`Probe::begin`]).
@@ -96,7 +112,11 @@ impl Probe {
             stream: AtomicU64::new(0),
             thread: AtomicU64::new(0),
             off: AtomicBool::new(false),
-            busy_ns: AtomicU64::new(0),
+            last_active_ns: AtomicU64::new(0),
+            last_issued: AtomicU64::new(0),
+            sum_active: AtomicU64::new(0),
+            sum_busy: AtomicU64::new(0),
+            sum_launches: AtomicU64::new(0),
             upper: AtomicU64::new(NONE),
             lower: AtomicU64::new(0),
         }
@@ -164,12 +184,12 @@ impl Probe {
 
     /// The stream was found idle at `t` during `wait`, after it was seen busy for `busy_ns`
     /// since the wait began (0: idle at once): every launch issued before the wait completed
-    /// by `t`. Returns the new (lower, upper) bounds (none at the first wait).
-    pub fn idle_at(&self, wait: &Wait, t: u64, busy_ns: u64) -> Option<(u64, u64)> {
+    /// by `t`. Returns the new (lower, upper) bounds (none at the first wait) and how many
+    /// launches were issued since the previous ones (debited at the estimate before).
+    pub fn idle_at(&self, wait: &Wait, t: u64, busy_ns: u64) -> Option<Bounds> {
         if wait.first || self.off.load(Ordering::Relaxed) {
             return None;
         }
-        let busy = self.busy_ns.fetch_add(busy_ns, Ordering::Relaxed) + busy_ns;
         // Issued since the first wait: that one and every later launch counted, less the
         // waiting one (not issued yet) and those asleep.
         let issued = wait
@@ -177,13 +197,34 @@ impl Probe {
             .saturating_sub(self.start_launches.load(Ordering::Relaxed))
             .saturating_sub(wait.asleep);
         let elapsed = t.saturating_sub(self.start_ns.load(Ordering::Relaxed));
-        let upper = bound_ns(elapsed, self.idle_ns.load(Ordering::Relaxed), issued)?;
+        let active = elapsed.saturating_sub(self.idle_ns.load(Ordering::Relaxed));
+        // Since the last bound: the launches issued after it ran within the active time
+        // after it (the stream was idle then, so everything issued before had completed).
+        let new_launches = issued.saturating_sub(self.last_issued.swap(issued, Ordering::Relaxed));
+        let new_active = active.saturating_sub(self.last_active_ns.swap(active, Ordering::Relaxed));
+        if new_launches == 0 {
+            // Nothing issued since the stream was last seen idle: that time was idle.
+            return None;
+        }
+        let decayed = |sum: &AtomicU64, add: f64| {
+            let value = f64::from_bits(sum.load(Ordering::Relaxed)) * DECAY + add;
+            sum.store(value.to_bits(), Ordering::Relaxed);
+            value
+        };
+        let launches = decayed(&self.sum_launches, new_launches as f64);
+        let active = decayed(&self.sum_active, new_active as f64);
         // Time the stream was seen busy with launches already issued: alone on the device,
         // at most their GPU time; behind a neighbour's kernels more (towards the cap).
-        let lower = (busy / issued).min(upper);
+        let busy = decayed(&self.sum_busy, busy_ns as f64);
+        let upper = ((active / launches).round() as u64).max(1);
+        let lower = ((busy / launches).round() as u64).min(upper);
         self.upper.store(upper, Ordering::Relaxed);
         self.lower.store(lower, Ordering::Relaxed);
-        Some((lower, upper))
+        Some(Bounds {
+            lower,
+            upper,
+            launches: new_launches,
+        })
     }
 
     /// `idle_ns` of `wait`'s sleep passed with the stream idle; they count as idle time when
@@ -202,13 +243,6 @@ mod tests {
     const US: u64 = 1_000;
     const MS: u64 = 1_000_000;
 
-    #[test]
-    fn the_bound_is_the_busy_wall_time_per_launch_issued() {
-        assert_eq!(bound_ns(10 * MS, 8 * MS, 100), Some(20 * US));
-        assert_eq!(bound_ns(10 * MS, 0, 0), None, "nothing issued");
-        assert_eq!(bound_ns(MS, 2 * MS, 10), Some(1), "never below 1 ns");
-    }
-
     /// One thread, one stream, 10 us of GPU time per launch issued 1 ms of sleep apart: the
     /// bound follows the launches' own time, not the sleeps.
     #[test]
@@ -226,28 +260,36 @@ mod tests {
             now += 10 * US;
             launches += 1;
             wait = probe.begin(now, 7, 1, launches, 0).unwrap();
-            assert_eq!(probe.idle_at(&wait, now, 0), Some((0, 10 * US)));
+            assert_eq!(
+                probe.idle_at(&wait, now, 0).map(|b| (b.lower, b.upper)),
+                Some((0, 10 * US))
+            );
         }
         assert_eq!(probe.bounds(), Some((0, 10 * US)));
         assert_eq!(probe.estimate(1_000 * US), 10 * US, "the guess comes down");
-        // A wait whose stream is busy for 200 us of its 1 ms sleep: only the rest is idle.
+        // A launch of 200 us: the next wait sees the stream busy for 190 us of its 1 ms
+        // sleep; only the rest is idle. Both bounds go up, the lower one to what was seen.
         launches += 1;
-        now += 5 * US;
+        now += 10 * US;
         wait = probe.begin(now, 7, 1, launches, 0).unwrap();
-        now += 200 * US;
-        assert_eq!(
-            probe.idle_at(&wait, now, 200 * US),
-            Some((200 * US / 11, (100 * US + 205 * US) / 11))
+        now += 195 * US;
+        let Bounds { lower, upper, .. } = probe.idle_at(&wait, now, 190 * US).unwrap();
+        assert!(
+            lower > 0 && lower < upper && upper > 10 * US,
+            "{lower} {upper}"
         );
-        probe.slept_idle(&wait, 800 * US, launches);
-        now += 800 * US + 10 * US;
-        launches += 1;
-        wait = probe.begin(now, 7, 1, launches, 0).unwrap();
-        // 12 launches issued within 10 x 10 us + 5 us + 200 us + 10 us of non-idle time.
-        assert_eq!(
-            probe.idle_at(&wait, now, 0),
-            Some((200 * US / 12, (100 * US + 215 * US) / 12))
-        );
+        probe.slept_idle(&wait, 805 * US, launches);
+        // Short launches again: the bounds come back down.
+        for _ in 0..40 {
+            now += 10 * US;
+            launches += 1;
+            wait = probe.begin(now, 7, 1, launches, 0).unwrap();
+            probe.idle_at(&wait, now, 0).unwrap();
+            now += MS;
+            probe.slept_idle(&wait, MS, launches);
+        }
+        let (lower, upper) = probe.bounds().unwrap();
+        assert!(lower < US && upper < 11 * US, "{lower} {upper}");
     }
 
     /// 10 ms kernels: each wait sees the stream busy with the last one; the time it stays
@@ -263,7 +305,12 @@ mod tests {
         // One 10 ms kernel issued at 1 ms; the next launch waits at 1.01 ms, sees the stream
         // busy until 10.9 ms, idle at 11.2 ms.
         let wait = probe.begin(MS + 10 * US, 7, 1, 2, 0).unwrap();
-        let (lower, upper) = probe.idle_at(&wait, 11_200 * US, 9_890 * US).unwrap();
+        let Bounds {
+            lower,
+            upper,
+            launches,
+        } = probe.idle_at(&wait, 11_200 * US, 9_890 * US).unwrap();
+        assert_eq!(launches, 1);
         assert_eq!((lower, upper), (9_890 * US, 10_200 * US));
         assert_eq!(probe.estimate(MS), lower, "the 1 ms guess is raised");
     }
@@ -296,7 +343,11 @@ mod tests {
         let wait = probe.begin(11 * MS, 7, 1, 4, 1).unwrap();
         assert_eq!(
             probe.idle_at(&wait, 11 * MS, 0),
-            Some((0, 5 * MS)),
+            Some(Bounds {
+                lower: 0,
+                upper: 5 * MS,
+                launches: 2
+            }),
             "neither sleep counted as idle; two launches issued"
         );
     }
