@@ -382,6 +382,38 @@ fn probe_poll(
     None
 }
 
+/// Runs a synchronisation of the calling thread. While this process's start-up probe runs
+/// on the current device, the time it waited counts as time the GPU was busy with the
+/// launches issued before it (`probe::Probe::synced`): a client that synchronises after each
+/// batch leaves no busy stream for the waits to see, and its long kernels ran at the 1 ms
+/// guess (10 ms kernels at 10 % read 4.8x of the share in their first 250 ms).
+pub fn synchronized(
+    sync: impl FnOnce() -> gpuslice_abi::cuda::CUresult,
+) -> gpuslice_abi::cuda::CUresult {
+    if ACTIVE.load(Ordering::Relaxed) != ON {
+        return sync();
+    }
+    let device = current_ordinal()
+        .and_then(|o| usize::try_from(o).ok())
+        .filter(|&i| i < MAX_DEVICES && DEVICE_STATE[i].load(Ordering::Acquire) == ON)
+        // SAFETY: ON is published (Release) after DEVICES[i] holds a leaked, never freed Box.
+        .map(|i| unsafe { &*DEVICES[i].load(Ordering::Acquire) });
+    let probing = device.filter(|d| {
+        !d.probe.is_off() && d.words[W_COST].load(Ordering::Relaxed) & watcher::COST_LEARNED == 0
+    });
+    let Some(device) = probing else {
+        return sync();
+    };
+    let from = now_ns();
+    let result = sync();
+    if result == CUDA_SUCCESS {
+        device
+            .probe
+            .synced(thread_key(), now_ns().saturating_sub(from));
+    }
+    result
+}
+
 /// This thread, as the probe tells launchers apart: a thread-local's address (no syscall).
 fn thread_key() -> u64 {
     thread_local! {

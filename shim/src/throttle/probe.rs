@@ -13,7 +13,9 @@
 //! lower = (time waits saw the stream busy) / launches issued
 //! ```
 //!
-//! (each sum decayed by [`DECAY`] at every bound, so recent launches weigh most). A wait
+//! (each sum decayed by [`DECAY`] at every bound, so recent launches weigh most; the busy
+//! time also counts the probe's thread's own waits in `cuStreamSynchronize`,
+//! `cuCtxSynchronize` and `cuEventSynchronize`, [`Probe::synced`]). A wait
 //! that finds the stream busy sleeps towards its due time in growing steps, asking again
 //! after each (`throttle::probe_poll`), so the busy time of longer kernels is seen too.
 //!
@@ -73,6 +75,8 @@ pub struct Probe {
     sum_active: AtomicU64,
     sum_busy: AtomicU64,
     sum_launches: AtomicU64,
+    /// Wall ns the probe's thread waited in synchronisations since the last bounds.
+    synced_ns: AtomicU64,
     /// The latest bounds, GPU-ns per launch ([`NONE`]: none; lower 0: none).
     upper: AtomicU64,
     lower: AtomicU64,
@@ -117,6 +121,7 @@ impl Probe {
             sum_active: AtomicU64::new(0),
             sum_busy: AtomicU64::new(0),
             sum_launches: AtomicU64::new(0),
+            synced_ns: AtomicU64::new(0),
             upper: AtomicU64::new(NONE),
             lower: AtomicU64::new(0),
         }
@@ -215,7 +220,8 @@ impl Probe {
         let active = decayed(&self.sum_active, new_active as f64);
         // Time the stream was seen busy with launches already issued: alone on the device,
         // at most their GPU time; behind a neighbour's kernels more (towards the cap).
-        let busy = decayed(&self.sum_busy, busy_ns as f64);
+        let synced = self.synced_ns.swap(0, Ordering::Relaxed);
+        let busy = decayed(&self.sum_busy, busy_ns.saturating_add(synced) as f64);
         let upper = ((active / launches).round() as u64).max(1);
         let lower = ((busy / launches).round() as u64).min(upper);
         self.upper.store(upper, Ordering::Relaxed);
@@ -225,6 +231,19 @@ impl Probe {
             upper,
             launches: new_launches,
         })
+    }
+
+    /// The probe's thread (`thread`) waited `ns` in a synchronisation: the GPU worked on
+    /// what was issued (alone on the device, at most its GPU time), so it counts towards the
+    /// lower bound at the next bounds. Another thread's wait is not counted (it may overlap
+    /// the probe's own view of the stream).
+    pub fn synced(&self, thread: u64, ns: u64) {
+        if !self.off.load(Ordering::Relaxed)
+            && self.start_ns.load(Ordering::Relaxed) != 0
+            && self.thread.load(Ordering::Relaxed) == thread
+        {
+            self.synced_ns.fetch_add(ns, Ordering::Relaxed);
+        }
     }
 
     /// `idle_ns` of `wait`'s sleep passed with the stream idle; they count as idle time when
@@ -313,6 +332,28 @@ mod tests {
         assert_eq!(launches, 1);
         assert_eq!((lower, upper), (9_890 * US, 10_200 * US));
         assert_eq!(probe.estimate(MS), lower, "the 1 ms guess is raised");
+    }
+
+    /// A client that synchronises after each batch: the waits find the stream idle, the
+    /// synchronisation's own wait is the busy time.
+    #[test]
+    fn time_waited_in_synchronisations_raises_the_lower_bound() {
+        let probe = Probe::new();
+        probe.synced(1, 5 * MS);
+        let wait = probe.begin(MS, 7, 1, 1, 0).unwrap();
+        // Four 10 ms kernels issued in 40 us, then 40 ms in cuStreamSynchronize.
+        probe.synced(2, 40 * MS);
+        probe.synced(1, 40 * MS);
+        let wait = probe.begin(41 * MS + 40 * US, 7, 1, 5, 0).unwrap();
+        let Bounds { lower, upper, .. } = probe.idle_at(&wait, 41 * MS + 50 * US, 0).unwrap();
+        assert_eq!(
+            lower,
+            10 * MS,
+            "only this thread's wait, since the first one"
+        );
+        assert_eq!(upper, 40 * MS / 4 + 50 * US / 4);
+        assert_eq!(probe.estimate(MS), 10 * MS);
+        let _ = wait;
     }
 
     #[test]
