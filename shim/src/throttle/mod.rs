@@ -268,7 +268,9 @@ fn wait_for_tokens(device: &DeviceThrottle, stream: gpuslice_abi::cuda::CUstream
         // share run past it), but never past the plausible lead.
         let due = start.min(now.saturating_add(MAX_LEAD_NS));
         if let (Some(wait), None) = (&wait, idle_from) {
-            idle_from = probe_poll(device, wait, stream, busy_from, due);
+            if device.probe.polling(now) {
+                idle_from = probe_poll(device, wait, stream, busy_from, due);
+            }
         }
         loop {
             let t = now_ns();

@@ -88,6 +88,11 @@ impl Default for Probe {
     }
 }
 
+/// How long after its first wait the probe may poll a busy stream during a wait's sleep (a
+/// few wake-ups per wait): NVML's first figure comes within a slowest sample period (1 s)
+/// and its delay; without one, the waits' own queries and the synchronisations go on.
+pub const POLL_FOR_NS: u64 = 2_000_000_000;
+
 /// What one idle stream taught: the bounds, and the launches issued since the last ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
@@ -142,6 +147,12 @@ impl Probe {
 
     pub fn is_off(&self) -> bool {
         self.off.load(Ordering::Relaxed)
+    }
+
+    /// Whether a wait at `now` may poll a busy stream ([`POLL_FOR_NS`]).
+    pub fn polling(&self, now: u64) -> bool {
+        let start = self.start_ns.load(Ordering::Relaxed);
+        start != 0 && now.saturating_sub(start) < POLL_FOR_NS
     }
 
     /// A wait begins at `now` on `stream` from `thread`, with `launches` counted so far and
@@ -371,6 +382,15 @@ mod tests {
         probe.begin(MS, 7, 1, 1, 0).unwrap();
         assert_eq!(probe.begin(2 * MS, 7, 2, 3, 0), None);
         assert!(probe.is_off(), "a second launching thread");
+    }
+
+    #[test]
+    fn polling_is_for_the_first_two_seconds_only() {
+        let probe = Probe::new();
+        assert!(!probe.polling(MS), "not started");
+        probe.begin(MS, 7, 1, 1, 0).unwrap();
+        assert!(probe.polling(MS + POLL_FOR_NS - 1));
+        assert!(!probe.polling(MS + POLL_FOR_NS));
     }
 
     #[test]
