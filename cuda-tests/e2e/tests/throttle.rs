@@ -1191,15 +1191,80 @@ fn a_slice_that_never_gets_process_samples_says_so_and_still_follows_its_share()
     );
 }
 
+/// One process of a slice at `share` % launching `ns` kernels (batches, as `print_table`)
+/// for `run_s` seconds, from a fresh fake GPU: its NVML PID, the instant of its first
+/// kernel on the device's timeline, and the end of the run.
+fn start_up_run(share: u32, ns: u64, run_s: f64) -> (FakeGpu, u32, u64, u64) {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "8GiB", Some(share)).build();
+    let (client, pid) = start_awaited(
+        &gpu,
+        ClientKind::Linked,
+        launch_args(ns, "kernel", run_s),
+        slice.env(&gpu),
+    );
+    let out = client.join().expect("client");
+    assert_eq!(out["ok"], out["launches"], "{out}");
+    let end = now();
+    // The first kernel: scan forward in 1 ms steps from before the run began.
+    let truth = gpu.truth();
+    let run_ns = (run_s * 1e9) as u64;
+    let mut first = end.saturating_sub(run_ns + 1_000_000_000);
+    while first < end && truth.busy_ns(0, Some(pid), first, first + 1_000_000) == 0 {
+        first += 1_000_000;
+    }
+    (gpu, pid, first, end)
+}
+
+/// Issue 18: a process's first moments under a share are not punished. Kernels of 10 us
+/// under the 1 ms start-up guess got 0.29x of a 10 % share in their first 250 ms (0.01x in
+/// the first 100 ms: the guess fell 4x per 50 ms tick while NVML showed nothing); the
+/// start-up probe bounds the cost from the process's own launches within a millisecond (on
+/// the fake, to the launch interval, ~20 us: NVML's first measurement does the rest). It
+/// must not loosen the cap either: no more than 1.5x the share over the first 100 ms or
+/// 250 ms. Margins measured on the 2-core machine: `docs/performance.md`, "Start-up".
+#[test]
+fn short_kernels_get_their_share_from_their_first_250_ms_without_overshooting() {
+    for share in [10u32, 50] {
+        let (gpu, pid, first, _) = start_up_run(share, 10_000, 1.0);
+        let target = f64::from(share) / 100.0;
+        let truth = gpu.truth();
+        let busy =
+            |len: u64| truth.busy_ns(0, Some(pid), first, first + len) as f64 / len as f64 / target;
+        let (first_100, first_250) = (busy(100_000_000), busy(250_000_000));
+        eprintln!(
+            "10 us kernels at {share} %: {first_100:.2}x of the share in the first 100 ms, {first_250:.2}x in 250 ms"
+        );
+        assert!(
+            first_100 >= START_UP_FLOOR_100 && first_250 >= START_UP_FLOOR_250,
+            "{share} %: {first_100:.2}x of the share in the first 100 ms, {first_250:.2}x in 250 ms"
+        );
+        assert!(
+            first_100 <= 1.5 && first_250 <= 1.5,
+            "{share} %: the start-up estimate loosened the cap: {first_100:.2}x, {first_250:.2}x"
+        );
+    }
+}
+
+/// The least part of its share a process of 10 us kernels gets in its first 100 ms and
+/// 250 ms: measured 0.36-1.09x and 0.84-1.08x with the probe (24 runs), 0.01x and 0.29x
+/// without it at 10 %.
+const START_UP_FLOOR_100: f64 = 0.2;
+const START_UP_FLOOR_250: f64 = 0.6;
+
 /// The start-up table of `docs/performance.md` (about a minute): on the device's timeline,
-/// from the slice's first kernel, what it got in its first 250 ms, and how long until its
-/// busy share over a window (50 ms, or four kernels at the share when longer) is within 1.5x
-/// of its share and stays there the next window.
+/// from the slice's first kernel, what it got in its first 100 ms and 250 ms, and how long
+/// until its busy share over a window (50 ms, or four kernels at the share when longer) is
+/// within 1.5x of its share and stays there the next window. `START_UP_NS=10000` runs one
+/// kernel length only.
 #[test]
 #[ignore]
 fn print_start_up() {
-    println!("| share | kernel | first 250 ms (x share) | window | within 1.5x after |");
-    println!("|---|---|---|---|---|");
+    let only: Option<u64> = std::env::var("START_UP_NS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    println!("| share | kernel | first 100 ms (x share) | first 250 ms (x share) | window | within 1.5x after |");
+    println!("|---|---|---|---|---|---|");
     for share in [10u32, 50] {
         for ns in [
             1_000u64,
@@ -1209,24 +1274,12 @@ fn print_start_up() {
             10_000_000,
             100_000_000,
         ] {
-            let step = (4 * ns * 100 / u64::from(share)).max(50_000_000);
-            let gpu = FakeGpu::start("v100");
-            let slice = Slice::builder().device(0, "8GiB", Some(share)).build();
-            let (client, pid) = start_awaited(
-                &gpu,
-                ClientKind::Linked,
-                launch_args(ns, "kernel", 3.0),
-                slice.env(&gpu),
-            );
-            let out = client.join().expect("client");
-            assert_eq!(out["ok"], out["launches"], "{out}");
-            let end = now();
-            let truth = gpu.truth();
-            // The first kernel: scan back from the end in 1 ms steps.
-            let mut first = end - 4_000_000_000;
-            while first < end && truth.busy_ns(0, Some(pid), first, first + 1_000_000) == 0 {
-                first += 1_000_000;
+            if only.is_some_and(|o| o != ns) {
+                continue;
             }
+            let step = (4 * ns * 100 / u64::from(share)).max(50_000_000);
+            let (gpu, pid, first, end) = start_up_run(share, ns, 3.0);
+            let truth = gpu.truth();
             let busy = |from: u64, len: u64| {
                 truth.busy_ns(0, Some(pid), from, from + len) as f64 / len as f64
             };
@@ -1239,9 +1292,9 @@ fn print_start_up() {
                 .map_or("not in the run".to_string(), |at| {
                     format!("{} ms", at / 1_000_000)
                 });
-            let early = busy(first, 250_000_000);
+            let (early, quarter) = (busy(first, 100_000_000), busy(first, 250_000_000));
             println!(
-                "| {share}% | {} | {:.1}% ({:.2}x) | {} ms | {converged} |",
+                "| {share}% | {} | {:.1}% ({:.2}x) | {:.1}% ({:.2}x) | {} ms | {converged} |",
                 if ns >= 1_000_000 {
                     format!("{} ms", ns / 1_000_000)
                 } else if ns >= 1_000 {
@@ -1251,6 +1304,8 @@ fn print_start_up() {
                 },
                 early * 100.0,
                 early / target,
+                quarter * 100.0,
+                quarter / target,
                 step / 1_000_000
             );
         }

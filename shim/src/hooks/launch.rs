@@ -163,3 +163,22 @@ pub unsafe fn capture_end(
 ) -> CUresult {
     capture::ended(stream, real(stream, graph))
 }
+
+// ---------------------------------------------------------------- synchronisation
+// The time a synchronisation waits is time the GPU worked on what the process queued (or
+// on a neighbour's kernels): the start-up probe's lower bound (`throttle::synchronized`).
+
+/// `cuStreamSynchronize[_ptsz]`.
+pub unsafe fn stream_synchronize(real: sig::cuStreamSynchronize, stream: CUstream) -> CUresult {
+    throttle::synchronized(|| real(stream))
+}
+
+/// `cuCtxSynchronize`.
+pub unsafe fn ctx_synchronize(real: sig::cuCtxSynchronize) -> CUresult {
+    throttle::synchronized(|| real())
+}
+
+/// `cuEventSynchronize`.
+pub unsafe fn event_synchronize(real: sig::cuEventSynchronize, event: CUevent) -> CUresult {
+    throttle::synchronized(|| real(event))
+}

@@ -194,6 +194,12 @@ macro_rules! hook_table {
                 => launch::capture_begin_to_graph;
             Cuda fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => launch::capture_end;
             Cuda fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => launch::capture_end;
+            // Synchronisations: the time one waits teaches the start-up probe
+            // (throttle::probe) how long the slice's kernels are, until NVML has measured them.
+            Cuda fn cuStreamSynchronize(stream: CUstream) -> CUresult => launch::stream_synchronize;
+            Cuda fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult => launch::stream_synchronize;
+            Cuda fn cuCtxSynchronize() -> CUresult => launch::ctx_synchronize;
+            Cuda fn cuEventSynchronize(event: CUevent) -> CUresult => launch::event_synchronize;
 
             // The legacy unsuffixed entry points: what a binary built against pre-3.2 headers (or
             // with CUDA_FORCE_API_VERSION) links, what dlsym of the bare name finds, and what
@@ -265,6 +271,7 @@ macro_rules! hook_table {
             Cuda fn cuDeviceGetCount(*mut c_int) -> CUresult;
             Cuda fn cuStreamGetCtx(CUstream, *mut CUcontext) -> CUresult;
             Cuda fn cuStreamIsCapturing(CUstream, *mut c_uint) -> CUresult;
+            Cuda fn cuStreamQuery(CUstream) -> CUresult;
             Cuda fn cuCtxGetDevice_v2(*mut CUdevice, CUcontext) -> CUresult;
             Cuda fn cuCtxPushCurrent_v2(CUcontext) -> CUresult;
             Cuda fn cuCtxPopCurrent_v2(*mut CUcontext) -> CUresult;

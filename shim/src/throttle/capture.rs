@@ -33,6 +33,12 @@ pub fn recording(stream: CUstream) -> bool {
     OPEN.load(Ordering::Relaxed) != 0 && stream_capturing(stream)
 }
 
+/// Whether some capture this process began may still be open (CUDA's global capture mode
+/// then forbids calls such as a query of the legacy stream from any thread).
+pub fn any_open() -> bool {
+    OPEN.load(Ordering::Relaxed) != 0
+}
+
 /// The driver's answer for `stream`: capturing (active, or invalidated: nothing runs either);
 /// `false` when it cannot say (the launch is billed, as before).
 #[cold]

@@ -220,6 +220,9 @@ pub struct Controller {
     window: Vec<(u64, u64)>,
     /// Wall ns during which `c` is held (start-up debt being repaid).
     hold_ns: u64,
+    /// The start-up probe's (lower, upper) bounds on the per-launch cost
+    /// (`throttle::probe`), used while the cost is not learned.
+    launch_bounds: Option<(f64, f64)>,
 }
 
 impl Default for Controller {
@@ -252,13 +255,33 @@ impl Controller {
             pending_busy: 0.0,
             window: Vec::with_capacity(WINDOW + 1),
             hold_ns: 0,
+            launch_bounds: None,
+        }
+    }
+
+    /// The start-up probe's latest (lower, upper) bounds on the per-launch cost (`None`:
+    /// none). They only matter until NVML has measured the cost.
+    pub fn set_launch_bounds(&mut self, bounds: Option<(u64, u64)>) {
+        self.launch_bounds = bounds.map(|(lower, upper)| (lower as f64, upper.max(1) as f64));
+    }
+
+    /// What launches are debited: the learned cost, or until it is learned the guess held
+    /// within the probe's bounds: never above the upper one (the wall time the launches took,
+    /// which the kernels' own time cannot exceed), never below the time the slice's stream
+    /// was seen busy per launch (more than the kernels' time only behind a neighbour's).
+    pub fn debit_cost(&self) -> f64 {
+        match self.launch_bounds {
+            Some((lower, upper)) if !self.learned => {
+                self.cost_ns.min(upper).max(lower).max(MIN_COST_NS)
+            }
+            _ => self.cost_ns,
         }
     }
 
     pub fn output(&self, share: f64, redebit_ns: i64) -> Output {
         Output {
             rate: share * self.idle_share.multiple * self.log_c.exp(),
-            cost_ns: self.cost_ns.round().max(1.0) as u64,
+            cost_ns: self.debit_cost().round().max(1.0) as u64,
             bypass: self.bypass,
             redebit_ns,
         }
@@ -383,13 +406,25 @@ impl Controller {
                 return 0;
             }
             // The first measurement replaces the conservative guess outright, and every
-            // launch so far was debited at the guess: charge (or refund) the difference, at
-            // most half a second of the share, so the start-up overshoot is repaid in tokens.
+            // launch so far was debited at the guess (or the probe's bound): charge (or
+            // refund) the difference, at most half a second of the share, so the start-up
+            // overshoot is repaid in tokens.
+            let old = self.debit_cost();
             self.cost_ns = (busy as f64 / tick.launches as f64).clamp(MIN_COST_NS, 1e9);
             self.busy_sum = busy as f64;
             self.launch_sum = tick.launches as f64;
             self.learned = true;
-            let owed = (self.cost_ns - old) * tick.launches_total.max(tick.launches) as f64;
+            // With the start-up probe's bounds, launches were debited near their cost all
+            // along (the probe re-bills its own as it goes): only the measured stretch's are
+            // re-billed, as later measurements do. Re-billing them all multiplied a first
+            // figure skewed by queued work by thousands of launches: 10 us kernels at 50 %
+            // then slept up to half a second on the fake.
+            let billed = if self.launch_bounds.is_some() {
+                tick.launches
+            } else {
+                tick.launches_total.max(tick.launches)
+            };
+            let owed = (self.cost_ns - old) * billed as f64;
             let owed = owed.min(share * 0.5e9);
             // Hold c while the debt is repaid (its measurements still show the overshoot)
             // and for one window after.
@@ -593,6 +628,45 @@ mod tests {
         assert!(out.cost_ns < 2_000_000);
         let expected = (out.cost_ns as f64 - 2e6) * 5.0;
         assert!((out.redebit_ns as f64 - expected).abs() < 10.0, "{out:?}");
+    }
+
+    #[test]
+    fn the_start_up_probe_holds_the_debit_within_its_bounds_until_nvml_measures() {
+        let mut ctl = Controller::default();
+        assert_eq!(
+            ctl.output(0.5, 0).cost_ns,
+            1_000_000,
+            "no bounds: the guess"
+        );
+        // Short kernels: the upper bound brings the guess down; long ones: the lower one
+        // (time the stream was seen busy per launch) raises it.
+        ctl.set_launch_bounds(Some((0, 20_000)));
+        assert_eq!(ctl.output(0.5, 0).cost_ns, 20_000);
+        ctl.set_launch_bounds(Some((9_000_000, 12_000_000)));
+        assert_eq!(ctl.output(0.5, 0).cost_ns, 9_000_000);
+        // NVML's first measurement replaces it, and re-bills only the measured stretch's
+        // launches, against what they were debited (the probe re-billed the others).
+        ctl.set_launch_bounds(Some((0, 20_000)));
+        let out = ctl.step(
+            &Tick {
+                share: 0.5,
+                span_ns: TICK,
+                slice_busy_ns: Some(25_000_000),
+                device_busy_ns: Some(25_000_000),
+                launches: 2_500,
+                launches_total: 10_000,
+                waited: true,
+            },
+            ComputePolicy::Cap,
+        );
+        assert_eq!(out.cost_ns, 10_000);
+        assert_eq!(out.redebit_ns, -10_000 * 2_500);
+        ctl.set_launch_bounds(Some((0, 1_000)));
+        assert_eq!(
+            ctl.output(0.5, 0).cost_ns,
+            10_000,
+            "learned: bounds ignored"
+        );
     }
 
     #[test]

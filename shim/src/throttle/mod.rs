@@ -8,7 +8,9 @@
 //! * [`measure`]: NVML through the real library, host-PID discovery;
 //! * [`host_pid`]: a compute-only process's host PID (learned at context creation) and its
 //!   own region slot, which is what lets the slice hold as many processes as the region;
-//! * [`watcher`]: the per-process thread (one process of the slice leads and steers).
+//! * [`watcher`]: the per-process thread (one process of the slice leads and steers);
+//! * [`probe`]: the start-up estimate from the process's own launch timing (an upper bound
+//!   on the per-launch cost, before NVML's first sample).
 //!
 //! Every launch path (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, graph, each with its
 //! `_ptsz` variant, whatever the lookup path) calls [`before_launch_to`] with its stream
@@ -29,6 +31,7 @@ pub mod capture;
 pub mod controller;
 pub mod host_pid;
 pub mod measure;
+pub mod probe;
 pub mod watcher;
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -99,13 +102,16 @@ pub struct DeviceThrottle {
     /// Local copies refreshed by the watcher, so launches read no shared cache line.
     pub cost: AtomicU64,
     pub bypass: AtomicBool,
-    /// Launches / waits since the watcher last flushed them to the shared counters.
+    /// Launches this process made on the device (the watcher flushes the growth to the shared
+    /// counter); waits since the watcher last flushed them.
     pub launches: AtomicU64,
     pub waits: AtomicU64,
     /// Launches asleep right now (a long wait spans ticks: still demand).
     pub sleeping: AtomicU64,
     /// This process does not know yet which NVML PID it is on this device.
     pub unresolved: AtomicBool,
+    /// The start-up estimate from this process's own launches (until the cost is learned).
+    pub probe: probe::Probe,
 }
 
 impl DeviceThrottle {
@@ -142,10 +148,10 @@ impl DeviceThrottle {
 pub fn before_launch() {
     match ACTIVE.load(Ordering::Relaxed) {
         OFF => {}
-        ON => throttle_launch(),
+        ON => throttle_launch(std::ptr::null_mut()),
         _ => {
             if activate() {
-                throttle_launch()
+                throttle_launch(std::ptr::null_mut())
             }
         }
     }
@@ -160,12 +166,12 @@ pub fn before_launch_to(stream: gpuslice_abi::cuda::CUstream) {
         OFF => {}
         ON => {
             if !capture::recording(stream) {
-                throttle_launch()
+                throttle_launch(stream)
             }
         }
         _ => {
             if activate() && !capture::recording(stream) {
-                throttle_launch()
+                throttle_launch(stream)
             }
         }
     }
@@ -181,7 +187,7 @@ pub fn before_launch_on_stream(stream: gpuslice_abi::cuda::CUstream) {
     };
     if on && !capture::recording(stream) {
         if let Some(ordinal) = stream_ordinal(stream) {
-            throttle_launch_on(ordinal);
+            throttle_launch_on(ordinal, stream);
         }
     }
 }
@@ -208,15 +214,15 @@ fn stream_ordinal(stream: gpuslice_abi::cuda::CUstream) -> Option<CUdevice> {
 }
 
 #[inline]
-fn throttle_launch() {
+fn throttle_launch(stream: gpuslice_abi::cuda::CUstream) {
     let Some(ordinal) = current_ordinal() else {
         return;
     };
-    throttle_launch_on(ordinal);
+    throttle_launch_on(ordinal, stream);
 }
 
 #[inline]
-fn throttle_launch_on(ordinal: CUdevice) {
+fn throttle_launch_on(ordinal: CUdevice, stream: gpuslice_abi::cuda::CUstream) {
     let Some(device) = device_throttle(ordinal) else {
         return;
     };
@@ -226,14 +232,30 @@ fn throttle_launch_on(ordinal: CUdevice) {
     }
     let cost = device.cost.load(Ordering::Relaxed);
     if !device.credit.try_spend(cost) {
-        wait_for_tokens(device);
+        wait_for_tokens(device, stream);
     }
 }
 
 /// Reserves a chunk from the shared bucket and sleeps until it is due. No lock is held.
+/// Until the cost is learned, the wait also feeds the start-up probe ([`probe`]).
 #[cold]
 #[inline(never)]
-fn wait_for_tokens(device: &DeviceThrottle) {
+fn wait_for_tokens(device: &DeviceThrottle, stream: gpuslice_abi::cuda::CUstream) {
+    let wait = probe_begin(device, stream);
+    // When (monotonic ns) the stream was found idle during this wait.
+    let mut idle_from = None;
+    // When it was first seen busy (0: not probed).
+    let mut busy_from = 0;
+    if let Some(wait) = &wait {
+        let idle = stream_idle(stream);
+        let t = now_ns();
+        if idle {
+            probe_idle_at(device, wait, t, 0);
+            idle_from = Some(t);
+        } else {
+            busy_from = t;
+        }
+    }
     let inv_rate = device.inv_rate();
     let chunk = bucket::gpu_ns(CHUNK_WALL_NS, inv_rate).max(1);
     let amount = device.credit.refill_amount(chunk);
@@ -247,6 +269,11 @@ fn wait_for_tokens(device: &DeviceThrottle) {
         // share run past it), but never past the plausible lead.
         let mut due = start.min(now.saturating_add(MAX_LEAD_NS));
         let mut seen_inv = inv_rate;
+        if let (Some(wait), None) = (&wait, idle_from) {
+            if device.probe.polling(now) {
+                idle_from = probe_poll(device, wait, stream, busy_from, due);
+            }
+        }
         loop {
             let t = now_ns();
             if t >= due {
@@ -263,12 +290,166 @@ fn wait_for_tokens(device: &DeviceThrottle) {
             sleep_until(due.min(t + RATE_CHECK_NS));
         }
         device.sleeping.fetch_sub(1, Ordering::Relaxed);
+        if let (Some(wait), Some(from)) = (&wait, idle_from) {
+            let launches = device.launches.load(Ordering::Relaxed);
+            device
+                .probe
+                .slept_idle(wait, now_ns().saturating_sub(from), launches);
+        }
         // The slice's launch-wait counter (in the region, for the node agent).
         if let Some((region, id)) = device.region_entry {
             region.add_throttled_ns(id, now_ns().saturating_sub(now));
         }
     }
     device.credit.add(amount);
+}
+
+/// First poll of a busy stream during a probing wait, and the most polls per wait: the
+/// sleep is cut into steps growing by half, so the stream's completion is seen within about
+/// a third of its time (the bound errs by that much, upwards), at a few wake-ups per wait
+/// and only until the cost is learned.
+const PROBE_POLL_FIRST_NS: u64 = 20_000;
+const PROBE_POLLS: u32 = 16;
+
+/// The probe's part in a wait: only until NVML has measured the cost, and never while a
+/// capture may be open (a query of the legacy stream would break a global-mode capture).
+fn probe_begin(
+    device: &DeviceThrottle,
+    stream: gpuslice_abi::cuda::CUstream,
+) -> Option<probe::Wait> {
+    let learned = device.words[W_COST].load(Ordering::Relaxed) & watcher::COST_LEARNED != 0;
+    if device.probe.is_off() || learned || capture::any_open() {
+        return None;
+    }
+    device.probe.begin(
+        now_ns(),
+        stream as u64,
+        thread_key(),
+        device.launches.load(Ordering::Relaxed),
+        device.sleeping.load(Ordering::Relaxed),
+    )
+}
+
+/// The stream was idle at `t` after `busy_ns` seen busy: the new bounds apply to this
+/// process at once (the watcher keeps them applied, and the leader hands them to the
+/// controller, until NVML has measured the cost). The launches issued since the last bounds
+/// were debited at the old estimate: the shared bucket is charged or refunded the
+/// difference (at the 1 ms guess, the first few launches of 10 us kernels at 10 % held the
+/// process asleep for 20 ms), the waiting launch's on the local credit.
+fn probe_idle_at(device: &DeviceThrottle, wait: &probe::Wait, t: u64, busy_ns: u64) {
+    let Some(bounds) = device.probe.idle_at(wait, t, busy_ns) else {
+        return;
+    };
+    let old = device.cost.load(Ordering::Relaxed);
+    let guess = match device.words[W_COST].load(Ordering::Relaxed) & !watcher::COST_LEARNED {
+        0 => controller::INITIAL_COST_NS as u64,
+        guess => guess,
+    };
+    let new = probe::estimate(guess, bounds.lower, bounds.upper);
+    device.cost.store(new, Ordering::Relaxed);
+    let delta = new as i64 - old as i64;
+    let issued = i64::try_from(bounds.launches).unwrap_or(i64::MAX);
+    if delta != 0 && issued > 0 {
+        bucket::adjust(
+            &device.words[W_VTIME],
+            now_ns(),
+            delta.saturating_mul(issued),
+            device.inv_rate(),
+            TOLERANCE_NS,
+        );
+    }
+    if delta < 0 {
+        device.credit.add(delta.unsigned_abs());
+    } else {
+        let _ = device.credit.try_spend(delta as u64);
+    }
+}
+
+/// Sleeps in growing steps towards `due` until the stream, seen busy at `busy_from`, is
+/// idle; returns when it was found so (`None`: still busy when the steps reached `due`, or a
+/// capture began). The busy time passed on is up to the last poll that saw it busy.
+fn probe_poll(
+    device: &DeviceThrottle,
+    wait: &probe::Wait,
+    stream: gpuslice_abi::cuda::CUstream,
+    busy_from: u64,
+    due: u64,
+) -> Option<u64> {
+    let mut step = PROBE_POLL_FIRST_NS;
+    let mut busy_until = busy_from;
+    for _ in 0..PROBE_POLLS {
+        let t = now_ns();
+        if t.saturating_add(step) >= due || capture::any_open() {
+            return None;
+        }
+        sleep_until(t + step);
+        let t = now_ns();
+        if stream_idle(stream) {
+            probe_idle_at(device, wait, t, busy_until.saturating_sub(busy_from));
+            return Some(t);
+        }
+        busy_until = t;
+        step += step / 2;
+    }
+    None
+}
+
+/// Runs a synchronisation of the calling thread. While this process's start-up probe runs
+/// on the current device, the time it waited counts as time the GPU was busy with the
+/// launches issued before it (`probe::Probe::synced`): a client that synchronises after each
+/// batch leaves no busy stream for the waits to see, and its long kernels ran at the 1 ms
+/// guess (10 ms kernels at 10 % read 4.8x of the share in their first 250 ms).
+pub fn synchronized(
+    sync: impl FnOnce() -> gpuslice_abi::cuda::CUresult,
+) -> gpuslice_abi::cuda::CUresult {
+    if ACTIVE.load(Ordering::Relaxed) != ON {
+        return sync();
+    }
+    let device = current_ordinal()
+        .and_then(|o| usize::try_from(o).ok())
+        .filter(|&i| i < MAX_DEVICES && DEVICE_STATE[i].load(Ordering::Acquire) == ON)
+        // SAFETY: ON is published (Release) after DEVICES[i] holds a leaked, never freed Box.
+        .map(|i| unsafe { &*DEVICES[i].load(Ordering::Acquire) });
+    let probing = device.filter(|d| {
+        !d.probe.is_off() && d.words[W_COST].load(Ordering::Relaxed) & watcher::COST_LEARNED == 0
+    });
+    let Some(device) = probing else {
+        return sync();
+    };
+    let from = now_ns();
+    let result = sync();
+    if result == CUDA_SUCCESS {
+        device
+            .probe
+            .synced(thread_key(), now_ns().saturating_sub(from));
+    }
+    result
+}
+
+/// This thread, as the probe tells launchers apart: a thread-local's address (no syscall).
+fn thread_key() -> u64 {
+    thread_local! {
+        static KEY: u8 = const { 0 };
+    }
+    KEY.with(|k| k as *const u8 as u64)
+}
+
+/// Whether the driver reports `stream` idle (every launch on it completed). A `_ptsz` launch
+/// passes stream 0 for its thread's per-thread stream and the others for the legacy one:
+/// both must be idle. `false` when the driver cannot say.
+fn stream_idle(stream: gpuslice_abi::cuda::CUstream) -> bool {
+    use gpuslice_abi::cuda::flags::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
+    let Some(query) = crate::ground::driver::real::cuStreamQuery() else {
+        return false;
+    };
+    // SAFETY: the driver validates the handle (the launch's own stream or a special one).
+    let idle = |s: gpuslice_abi::cuda::CUstream| unsafe { query(s) } == CUDA_SUCCESS;
+    if stream.is_null() {
+        idle(CU_STREAM_LEGACY as gpuslice_abi::cuda::CUstream)
+            && idle(CU_STREAM_PER_THREAD as gpuslice_abi::cuda::CUstream)
+    } else {
+        idle(stream)
+    }
 }
 
 fn current_ordinal() -> Option<CUdevice> {
@@ -421,6 +602,7 @@ fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottl
         waits: AtomicU64::new(0),
         sleeping: AtomicU64::new(0),
         unresolved: AtomicBool::new(true),
+        probe: probe::Probe::new(),
     })
 }
 
@@ -703,6 +885,7 @@ mod tests {
             waits: AtomicU64::new(0),
             sleeping: AtomicU64::new(0),
             unresolved: AtomicBool::new(false),
+            probe: probe::Probe::new(),
         };
         assert_eq!(device.refresh_share(), None);
         assert_eq!(device.inv_rate(), bucket::inv_rate_fixed(0.5));

@@ -49,6 +49,8 @@ pub fn after_fork_in_child() {
 /// What the leader remembers between ticks for one device.
 #[derive(Default)]
 struct LeaderState {
+    /// This process's launch count already added to the shared counter.
+    flushed_launches: u64,
     handle: Option<measure::Handle>,
     last_seen_us: u64,
     last_launches: u64,
@@ -209,7 +211,10 @@ pub fn lease_step(current: u64, token: u32, now_ms: u32) -> Option<u64> {
 
 fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
     let words = device.words;
-    let launches = device.launches.swap(0, Ordering::Relaxed);
+    // The process's count only grows (the start-up probe reads it): the growth is flushed.
+    let count = device.launches.load(Ordering::Relaxed);
+    let launches = count.wrapping_sub(state.flushed_launches);
+    state.flushed_launches = count;
     if launches > 0 {
         words[W_LAUNCHES].fetch_add(launches, Ordering::Relaxed);
     }
@@ -233,15 +238,18 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
             device.ordinal
         );
     }
-    let cost = words[W_COST].load(Ordering::Relaxed) & !COST_LEARNED;
-    device.cost.store(
-        if cost == 0 {
-            INITIAL_COST_NS as u64
-        } else {
-            cost
-        },
-        Ordering::Relaxed,
-    );
+    let cost_word = words[W_COST].load(Ordering::Relaxed);
+    let cost = match cost_word & !COST_LEARNED {
+        0 => INITIAL_COST_NS as u64,
+        cost => cost,
+    };
+    // Until NVML has measured the cost, this process's own start-up bounds hold the guess.
+    let cost = if cost_word & COST_LEARNED == 0 {
+        device.probe.estimate(cost)
+    } else {
+        cost
+    };
+    device.cost.store(cost, Ordering::Relaxed);
     device.bypass.store(
         words[W_BYPASS].load(Ordering::Relaxed) == 1,
         Ordering::Relaxed,
@@ -560,6 +568,8 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
         launches_total,
         waited,
     };
+    // This process's start-up bound (the leader's own launches), until the cost is learned.
+    controller.set_launch_bounds(device.probe.bounds());
     let out = controller.step(&tick, device.policy);
     words[W_LOG_C].store(controller.log_c.to_bits(), Ordering::Relaxed);
     // Published learned or not: a guess lowered by a measurement must reach the launches.
@@ -690,6 +700,7 @@ mod tests {
             waits: AtomicU64::new(0),
             sleeping: AtomicU64::new(0),
             unresolved: AtomicBool::new(false),
+            probe: crate::throttle::probe::Probe::new(),
         };
         let mut state = LeaderState::default();
         tick(&device, &mut state, 7);
