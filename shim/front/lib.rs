@@ -531,16 +531,17 @@ unsafe fn c_bytes<'a>(s: *const c_char) -> &'a [u8] {
     core::slice::from_raw_parts(s.cast(), len)
 }
 
-/// A fixed buffer for a path or the one error line (cut when too long).
+/// A fixed buffer for a path or the one error line (cut when too long): room for PATH_MAX
+/// (4096) and the text around it.
 struct Line {
-    bytes: [u8; 1024],
+    bytes: [u8; 4352],
     len: usize,
 }
 
 impl Line {
     const fn new() -> Line {
         Line {
-            bytes: [0; 1024],
+            bytes: [0; 4352],
             len: 0,
         }
     }
