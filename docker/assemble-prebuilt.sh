@@ -7,7 +7,8 @@
 #   BIN_DIR: where libgpuslice.so and gpuslice are (default: target/release, else target/debug)
 # Then:  podman build -f docker/Dockerfile --target prebuilt -t gpuslice:prebuilt OUT
 #
-# OUT/rootfs/ gets /opt/gpuslice/{libgpuslice.so,gpuslice,install.sh} (plus libgpuslice.so.debug,
+# OUT/rootfs/ gets /opt/gpuslice/{libgpuslice.so,libgpuslice_core.so,gpuslice,install.sh} (plus
+# libgpuslice_core.so.debug,
 # split off when objcopy is available), /bin/sh, cp and mv, and
 # the shared libraries all of them need (from ldd, at the same paths as on this machine).
 set -euo pipefail
@@ -23,7 +24,7 @@ if [ -z "$bin_dir" ]; then
         bin_dir="$root/target/debug"
     fi
 fi
-for file in libgpuslice.so gpuslice; do
+for file in libgpuslice.so libgpuslice_core.so gpuslice; do
     if [ ! -f "$bin_dir/$file" ]; then
         echo "assemble-prebuilt: $bin_dir/$file not found; build it first" \
             "(cargo build -p gpuslice-shim -p gpuslice-ctl)" >&2
@@ -50,6 +51,7 @@ copy_with_libs() {
 }
 
 copy_with_libs "$bin_dir/libgpuslice.so" /opt/gpuslice/libgpuslice.so
+copy_with_libs "$bin_dir/libgpuslice_core.so" /opt/gpuslice/libgpuslice_core.so
 # Ship the shim as the source-built image does: debug info split off (docker/split-debug.sh).
 if command -v objcopy >/dev/null; then
     sh "$here/split-debug.sh" "$bin_dir/libgpuslice.so" "$rootfs/opt/gpuslice"

@@ -1,6 +1,7 @@
 #!/bin/sh
-# gpuslice installer: copies libgpuslice.so (and its separate .debug file, when the image
-# has one) and gpuslice from this image into a host
+# gpuslice installer: copies the shim's two files, libgpuslice.so (the front every process
+# maps) and libgpuslice_core.so (which the front loads from its own directory; plus its
+# separate .debug file, when the image has one), and gpuslice from this image into a host
 # directory (the DaemonSet pattern: `-v /opt/gpuslice:/host`, or a hostPath volume).
 #
 # Usage: install.sh [DEST]   (DEST defaults to /host; the source is $GPUSLICE_SRC or
@@ -21,10 +22,12 @@ if [ ! -d "$dest" ]; then
     exit 1
 fi
 
-# libgpuslice.so.debug (the shim's separate debug info, for debuggers) is optional.
-for file in libgpuslice.so gpuslice libgpuslice.so.debug; do
+# libgpuslice_core.so.debug (the core's separate debug info, for debuggers) is optional.
+# The core goes first: a front that finds a core of another version refuses it and fails
+# closed (CUDA and NVML calls error), so a process started mid-install is never unlimited.
+for file in libgpuslice_core.so libgpuslice.so gpuslice libgpuslice_core.so.debug; do
     if [ ! -f "$src/$file" ]; then
-        [ "$file" = libgpuslice.so.debug ] && continue
+        [ "$file" = libgpuslice_core.so.debug ] && continue
         echo "gpuslice install: $src/$file is missing from the image" >&2
         exit 1
     fi

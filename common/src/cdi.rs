@@ -4,7 +4,9 @@
 //! put a container under a slice with exactly the same mounts.
 //!
 //! Each device's `containerEdits` carry, and only carry: `libgpuslice.so` read-only at the
-//! container lib path, a generated `/etc/ld.so.preload` naming it, the slice's limit file
+//! container lib path and `libgpuslice_core.so` read-only beside it (the front library loads
+//! the core from its own directory, see `shim/front/lib.rs`), a generated `/etc/ld.so.preload`
+//! naming the front, the slice's limit file
 //! read-only at [`DEFAULT_CONFIG_PATH`] with `GPUSLICE_CONFIG` set to it, and the slice's
 //! region DIRECTORY read-write where the limit file's `"region"` lies.
 
@@ -25,6 +27,9 @@ pub const CDI_VERSION: &str = "0.5.0";
 pub const DEFAULT_KIND: &str = "gpuslice.dev/slice";
 /// Default container path of the shim.
 pub const DEFAULT_CONTAINER_LIB: &str = "/usr/lib/gpuslice/libgpuslice.so";
+/// File name of the shim's core, which the front (`libgpuslice.so`) loads from the directory
+/// it was loaded from: both files are installed and mounted side by side.
+pub const CORE_LIBRARY_NAME: &str = "libgpuslice_core.so";
 /// Container path of the generated preload list.
 pub const LD_SO_PRELOAD: &str = "/etc/ld.so.preload";
 /// The directories container runtimes scan for CDI specs.
@@ -47,13 +52,20 @@ pub struct SliceMounts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpecInputs {
     pub kind: String,
-    /// libgpuslice.so on the host (absolute).
+    /// libgpuslice.so on the host (absolute); the core is mounted from beside it
+    /// ([`core_beside`]).
     pub lib_host: PathBuf,
     /// libgpuslice.so in the container (absolute).
     pub lib_container: String,
     /// The generated preload list on the host (absolute).
     pub preload_host: PathBuf,
     pub slices: Vec<SliceMounts>,
+}
+
+/// The core library that goes with the front library at `lib` (host or container path): the
+/// file [`CORE_LIBRARY_NAME`] in the same directory.
+pub fn core_beside(lib: &Path) -> PathBuf {
+    lib.with_file_name(CORE_LIBRARY_NAME)
 }
 
 /// The CDI spec for `inputs` (pure; `inputs` are assumed validated, as `gpuslice cdi` and the DRA driver do).
@@ -71,6 +83,12 @@ pub fn generate_spec(inputs: &SpecInputs) -> Value {
                         {
                             "hostPath": inputs.lib_host.to_string_lossy(),
                             "containerPath": inputs.lib_container,
+                            "options": ro,
+                        },
+                        {
+                            "hostPath": core_beside(&inputs.lib_host).to_string_lossy(),
+                            "containerPath": core_beside(Path::new(&inputs.lib_container))
+                                .to_string_lossy(),
                             "options": ro,
                         },
                         {

@@ -33,9 +33,9 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 pub use gpuslice_common::cdi::{
-    check_container_path, check_device_name, check_kind, generate_spec, preload_contents,
-    write_atomically, SliceMounts, SpecInputs, DEFAULT_CONTAINER_LIB, DEFAULT_KIND, LD_SO_PRELOAD,
-    RUNTIME_SPEC_DIRS,
+    check_container_path, check_device_name, check_kind, core_beside, generate_spec,
+    preload_contents, write_atomically, SliceMounts, SpecInputs, CORE_LIBRARY_NAME,
+    DEFAULT_CONTAINER_LIB, DEFAULT_KIND, LD_SO_PRELOAD, RUNTIME_SPEC_DIRS,
 };
 use gpuslice_common::config::{parse_limit_file, DEFAULT_CONFIG_PATH};
 
@@ -409,6 +409,11 @@ pub fn run(args: &CdiArgs) -> Result<(), CdiError> {
             .with_file_name("libgpuslice.so"),
     };
     let lib_host = canonical_file("libgpuslice.so (--lib)", &lib)?;
+    // The front fails closed without its core: refuse a spec that would mount only one.
+    canonical_file(
+        &format!("{CORE_LIBRARY_NAME} (beside --lib)"),
+        &core_beside(&lib_host),
+    )?;
 
     let mut mounts = Vec::new();
     let (vendor, class) = args.kind.split_once('/').unwrap_or((&args.kind, ""));
@@ -556,6 +561,7 @@ mod tests {
     fn args(tmp: &Path, slices: &[String]) -> CdiArgs {
         let lib = tmp.join("libgpuslice.so");
         fs::write(&lib, b"not really a library").unwrap();
+        fs::write(core_beside(&lib), b"not really the core").unwrap();
         CdiArgs {
             slices: slices.to_vec(),
             slices_dir: None,
@@ -691,6 +697,10 @@ mod tests {
         );
         let lib = mount(device, DEFAULT_CONTAINER_LIB);
         assert_eq!(lib["hostPath"], "/opt/gpuslice/libgpuslice.so");
+        // The front loads its core from its own directory: mounted beside it, read-only.
+        let core = mount(device, "/usr/lib/gpuslice/libgpuslice_core.so");
+        assert_eq!(core["hostPath"], "/opt/gpuslice/libgpuslice_core.so");
+        assert_eq!(core["options"], lib["options"]);
         assert_eq!(lib["options"][0], "ro");
         // The shim is mmap'd executable: its mount must not be noexec.
         assert!(!lib["options"]
@@ -840,6 +850,10 @@ mod tests {
             "{\"version\": 1, \"devices\": [{\"index\": 0, \"memory\": \"8XB\"}]}",
         )
         .unwrap();
+        // A front library without its core beside it (the front would fail closed).
+        fs::create_dir_all(tmp.0.join("alone")).unwrap();
+        let coreless = tmp.0.join("alone/libgpuslice.so");
+        fs::write(&coreless, b"not really a library").unwrap();
         let cases: Vec<(Vec<String>, Tweak, i32, &str)> = vec![
             (
                 vec![format!("a={}", no_region.display())],
@@ -892,6 +906,12 @@ mod tests {
                 Box::new(|a| a.lib = Some("/nonexistent/libgpuslice.so".into())),
                 3,
                 "--lib",
+            ),
+            (
+                vec![format!("a={}", good.display())],
+                Box::new(move |a| a.lib = Some(coreless.clone())),
+                3,
+                "libgpuslice_core.so (beside --lib)",
             ),
             (
                 vec![format!("a={}", good.display())],

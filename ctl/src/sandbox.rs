@@ -83,19 +83,32 @@ pub fn sibling(name: &str, how_to_build: &str) -> CliResult<PathBuf> {
     }
 }
 
-/// `--lib PATH`, else `libgpuslice.so` beside this binary.
+/// `--lib PATH`, else `libgpuslice.so` beside this binary; either way with its core
+/// (`libgpuslice_core.so`) beside it, without which every CUDA call would fail closed.
 pub fn find_shim(lib: Option<&Path>) -> CliResult<PathBuf> {
-    match lib {
-        Some(path) if path.is_file() => Ok(crate::slice::absolute(path)),
-        Some(path) => Err(CliError::invalid(format!(
-            "--lib {}: no such file; give the path of libgpuslice.so",
-            path.display()
-        ))),
+    let shim = match lib {
+        Some(path) if path.is_file() => crate::slice::absolute(path),
+        Some(path) => {
+            return Err(CliError::invalid(format!(
+                "--lib {}: no such file; give the path of libgpuslice.so",
+                path.display()
+            )))
+        }
         None => sibling(
             "libgpuslice.so",
             "build it with `cargo build -p gpuslice-shim` or pass --lib PATH",
-        ),
+        )?,
+    };
+    let core = gpuslice_common::cdi::core_beside(&shim);
+    if !core.is_file() {
+        return Err(CliError::invalid(format!(
+            "{}: {} is missing beside it (the shim is two files; `cargo build -p \
+             gpuslice-shim` builds both)",
+            shim.display(),
+            core.display()
+        )));
     }
+    Ok(shim)
 }
 
 /// Whether a real NVIDIA driver is usable: a device node and a loadable libcuda.so.1.
@@ -338,6 +351,24 @@ pub fn check_against_cards(config: &SliceConfig, cards: &[Card], explicit: bool)
 mod tests {
     use super::*;
     use gpuslice_common::config::parse_limit_file;
+
+    #[test]
+    fn a_shim_without_its_core_beside_it_is_refused() {
+        let dir = std::env::temp_dir().join(format!("gpuslice-find-shim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let front = dir.join("libgpuslice.so");
+        std::fs::write(&front, b"stand-in").unwrap();
+        let refused = find_shim(Some(&front)).unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("libgpuslice_core.so is missing"),
+            "{refused}"
+        );
+        std::fs::write(dir.join("libgpuslice_core.so"), b"stand-in").unwrap();
+        assert_eq!(find_shim(Some(&front)).unwrap(), front);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn card() -> Card {
         Card {

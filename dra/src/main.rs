@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use gpuslice_common::cdi::{check_container_path, DEFAULT_CONTAINER_LIB};
+use gpuslice_common::cdi::{check_container_path, core_beside, DEFAULT_CONTAINER_LIB};
 use gpuslice_dra::model::Model;
 use gpuslice_dra::plugin::{serve, Driver};
 use gpuslice_dra::prepare::{NvidiaCdi, Preparer, Settings};
@@ -91,6 +91,15 @@ fn run(args: Args) -> Result<(), String> {
     check_container_path("--container-lib", &args.container_lib)?;
     let lib = std::fs::canonicalize(&args.lib)
         .map_err(|e| format!("--lib {}: {e}", args.lib.display()))?;
+    // The front fails closed without its core beside it: refuse to start without one.
+    let core = core_beside(&lib);
+    if !core.is_file() {
+        return Err(format!(
+            "--lib {}: {} is missing beside it (the shim is two files)",
+            args.lib.display(),
+            core.display()
+        ));
+    }
     let gpus = inventory::from_nvml(args.nvml_lib.as_deref())?;
     eprintln!(
         "gpuslice-dra: node {}: {} GPU(s)",

@@ -56,6 +56,8 @@ async fn the_binary_publishes_registers_prepares_and_stops_on_sigterm() {
     .unwrap();
     let lib = scratch.path().join("libgpuslice.so");
     std::fs::write(&lib, b"stand-in").unwrap();
+    // The shim is two files; the driver refuses to start without the core beside the front.
+    std::fs::write(scratch.path().join("libgpuslice_core.so"), b"stand-in").unwrap();
     let plugin_dir = scratch.path().join("plugins/gpuslice.dev");
     let registry_dir = scratch.path().join("plugins_registry");
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuslice-dra"))

@@ -96,6 +96,11 @@ fn a_quarter_product_becomes_an_8gib_25_percent_slice_with_its_cdi_spec() {
         fs::read_to_string(mount("/etc/ld.so.preload")["hostPath"].as_str().unwrap()).unwrap(),
         "/usr/lib/gpuslice/libgpuslice.so\n"
     );
+    // The front loads its core from its own directory: both files are mounted side by side.
+    assert!(mount("/usr/lib/gpuslice/libgpuslice_core.so")["hostPath"]
+        .as_str()
+        .unwrap()
+        .ends_with("/libgpuslice_core.so"));
 }
 
 #[test]

@@ -43,6 +43,7 @@ pub fn bin_dir() -> &'static Path {
         let mut wanted = vec![
             "gpuslice",
             "libgpuslice.so",
+            "libgpuslice_core.so",
             "fakegpu",
             "libfakegpu_cuda.so",
             "libfakegpu_nvml.so",
@@ -308,6 +309,7 @@ fn rootfs(dir: &Path) -> PathBuf {
     copy_with_libs(&rootfs, &bin.join("gpuslice"), "/usr/bin/gpuslice");
     // The shim's own dependencies must be in every image it is injected into.
     copy_libs(&rootfs, &bin.join("libgpuslice.so"));
+    copy_libs(&rootfs, &bin.join("libgpuslice_core.so"));
     copy_with_libs(&rootfs, Path::new("/bin/sh"), "/bin/sh");
     copy_with_libs(&rootfs, &which("env"), "/usr/bin/env");
     copy_with_libs(&rootfs, &which("cat"), "/bin/cat");

@@ -84,9 +84,15 @@ pub fn artifact(name: &str) -> PathBuf {
     path
 }
 
-/// `libgpuslice.so`.
+/// `libgpuslice.so`: the front library every process maps (`shim/front/`); it loads
+/// [`shim_core_library`] from its own directory at the first hooked call.
 pub fn shim_library() -> PathBuf {
     artifact("libgpuslice.so")
+}
+
+/// `libgpuslice_core.so`: the shim proper, beside [`shim_library`].
+pub fn shim_core_library() -> PathBuf {
+    artifact("libgpuslice_core.so")
 }
 
 /// The `gpuslice` CLI.

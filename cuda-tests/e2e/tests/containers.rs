@@ -741,8 +741,9 @@ fn prebuilt_installer_image_copies_the_binaries_to_the_host() {
     );
     let run = run.unwrap();
     assert!(run.status.success(), "installer: {}", text(&run.stderr));
-    // The shim ships as docker/split-debug.sh makes it from cargo's: debug info split off
-    // into libgpuslice.so.debug (objcopy is deterministic, so the same bytes).
+    // The shim ships as docker/split-debug.sh makes it from cargo's: the front as built, the
+    // core's debug info split off into libgpuslice_core.so.debug (objcopy is deterministic,
+    // so the same bytes).
     let split = dir.path().join("split");
     let out = Command::new("sh")
         .arg(workspace_root().join("docker/split-debug.sh"))
@@ -757,7 +758,11 @@ fn prebuilt_installer_image_copies_the_binaries_to_the_host() {
     );
     for (file, expected) in [
         ("libgpuslice.so", split.join("libgpuslice.so")),
-        ("libgpuslice.so.debug", split.join("libgpuslice.so.debug")),
+        ("libgpuslice_core.so", split.join("libgpuslice_core.so")),
+        (
+            "libgpuslice_core.so.debug",
+            split.join("libgpuslice_core.so.debug"),
+        ),
         ("gpuslice", bin.join("gpuslice")),
     ] {
         let installed = fs::read(host.join(file))
@@ -776,7 +781,12 @@ fn prebuilt_installer_image_copies_the_binaries_to_the_host() {
     names.sort();
     assert_eq!(
         names,
-        ["gpuslice", "libgpuslice.so", "libgpuslice.so.debug"]
+        [
+            "gpuslice",
+            "libgpuslice.so",
+            "libgpuslice_core.so",
+            "libgpuslice_core.so.debug"
+        ]
     );
 }
 

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use cuda_e2e::{
-    build_c_once, cc, command, run_with_timeout, shim_library, Env, TempDir, DEFAULT_TIMEOUT, GIB,
+    build_c_once, cc, command, run_with_timeout, shim_core_library, shim_library, Env, TempDir,
+    DEFAULT_TIMEOUT, GIB,
 };
 
 const SOURCES: &[(&str, &str)] = &[
@@ -115,9 +116,20 @@ enum Shim {
 }
 
 fn run_program(program: &Path, args: &[&str], shim: Shim, extra: &[(&str, String)]) -> Run {
+    run_program_preloading(program, args, shim, &shim_library(), extra)
+}
+
+/// [`run_program`] with `library` as the shim.
+fn run_program_preloading(
+    program: &Path,
+    args: &[&str],
+    shim: Shim,
+    library: &Path,
+    extra: &[(&str, String)],
+) -> Run {
     let mut env: Env = vec![("LD_LIBRARY_PATH".into(), programs().display().to_string())];
     if shim == Shim::With {
-        env.push(("LD_PRELOAD".into(), shim_library().display().to_string()));
+        env.push(("LD_PRELOAD".into(), library.display().to_string()));
     }
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
     let output = run_with_timeout(command(program, args, &env), None, DEFAULT_TIMEOUT);
@@ -408,24 +420,174 @@ fn the_shim_brings_no_other_library_into_a_process() {
 /// RHEL 9 / UBI 9 CUDA images have glibc 2.34, so nothing newer than GLIBC_2.34 may be
 /// required (the static unwinder's `_dl_find_object@GLIBC_2.35` is defined inside the shim,
 /// `shim/src/find_object.rs`). Read from the library's own version-needs table.
+/// Both files count: the front is what the loader preloads, the core what it dlopens at the
+/// first hooked call (a core that cannot load fails closed, but fails).
 #[test]
 fn the_shim_needs_no_glibc_newer_than_2_34() {
-    let bytes = std::fs::read(shim_library()).expect("read the shim library");
-    let needs = elf_version_needs(&bytes);
-    assert!(
-        needs.iter().any(|(file, _)| file == "libc.so.6"),
-        "no libc version needs found: {needs:?}"
-    );
-    let too_new: Vec<_> = needs
-        .iter()
-        .filter(|(_, version)| {
-            glibc_version(version).is_some_and(|(major, minor)| (major, minor) > (2, 34))
+    for library in [shim_library(), shim_core_library()] {
+        let bytes = std::fs::read(&library).expect("read the shim library");
+        let needs = elf_version_needs(&bytes);
+        assert!(
+            needs.iter().any(|(file, _)| file == "libc.so.6"),
+            "{}: no libc version needs found: {needs:?}",
+            library.display()
+        );
+        let too_new: Vec<_> = needs
+            .iter()
+            .filter(|(_, version)| {
+                glibc_version(version).is_some_and(|(major, minor)| (major, minor) > (2, 34))
+            })
+            .collect();
+        assert!(
+            too_new.is_empty(),
+            "{} requires {too_new:?}: it would not load on glibc 2.34",
+            library.display()
+        );
+    }
+}
+
+/// The defined dynamic function symbols of `library` (`nm -D --defined-only`), sorted.
+fn exported_functions(library: &Path) -> Vec<String> {
+    let output = std::process::Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(library)
+        .output()
+        .expect("run nm (binutils)");
+    assert!(output.status.success(), "nm {}", library.display());
+    let mut names: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let (_, kind, name) = (words.next()?, words.next()?, words.next()?);
+            (kind == "T").then(|| name.split('@').next().unwrap_or(name).to_string())
         })
         .collect();
+    names.sort();
+    names
+}
+
+/// The front (what every process maps) exports exactly the hooks of the registry plus
+/// `dlsym`: one it lacked would never reach the shim (a direct call or a weak reference
+/// binding to the driver is a path around the slice), one too many would interpose on a name
+/// the core does not handle. The core's exports are the registry (it can still be preloaded
+/// alone) plus the attach entry point.
+#[test]
+fn the_front_exports_exactly_the_registry() {
+    let front = exported_functions(&shim_library());
+    let core = exported_functions(&shim_core_library());
+    let core_hooks: Vec<&String> = core
+        .iter()
+        .filter(|name| *name != "gpuslice_core_attach")
+        .collect();
     assert!(
-        too_new.is_empty(),
-        "the shim requires {too_new:?}: it would not load on glibc 2.34"
+        core.iter().any(|n| n == "gpuslice_core_attach"),
+        "the core has no attach entry point: {core:?}"
     );
+    assert_eq!(
+        front.iter().collect::<Vec<_>>(),
+        core_hooks,
+        "front and core export different hooks"
+    );
+    for name in [
+        "dlsym",
+        "cuInit",
+        "cuMemAlloc_v2",
+        "cuLaunchKernel_ptsz",
+        "nvmlInit_v2",
+    ] {
+        assert!(front.iter().any(|n| n == name), "{name} missing: {front:?}");
+    }
+}
+
+/// Without its core beside it (a half-installed or half-mounted shim), the front fails
+/// CLOSED: one clear line on stderr, every CUDA and NVML entry point refuses (never the
+/// unlimited driver), and a process that never touches CUDA runs exactly as without the shim.
+#[test]
+fn without_its_core_the_front_fails_closed_with_one_clear_line() {
+    let dir = TempDir::new("shim-no-core");
+    let alone = dir.path().join("libgpuslice.so");
+    std::fs::copy(shim_library(), &alone).unwrap();
+    let config = limit_file(
+        &dir,
+        r#"{"version": 1, "devices": [{"index": 0, "memory": "1GiB"}]}"#,
+    );
+    for args in PATHS {
+        let binary = if args[0] == "linked" {
+            "client_linked"
+        } else {
+            "client_dl"
+        };
+        let run =
+            run_program_preloading(&programs().join(binary), args, Shim::With, &alone, &config);
+        assert!(run.success, "{args:?}:\n{}\n{}", run.stdout, run.stderr);
+        // The CUDA runtime's path: cuGetProcAddress itself refuses (no core, no mapping to
+        // hand out), so nothing reaches the driver unlimited.
+        let (line, key) = if args[0] == "procaddr" {
+            ("self", "rc")
+        } else {
+            (args[0], "init")
+        };
+        assert_eq!(
+            run.field(line, key),
+            "3",
+            "{args:?}: CUDA_ERROR_NOT_INITIALIZED\n{}",
+            run.stdout
+        );
+        if args[0] == "linked" {
+            assert_eq!(
+                run.field("linked nvml", "init"),
+                "1",
+                "NVML_ERROR_UNINITIALIZED"
+            );
+        }
+        let lines: Vec<_> = run.stderr.lines().collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "{args:?}: one line per process: {}",
+            run.stderr
+        );
+        assert!(
+            lines[0].contains("cannot load")
+                && lines[0].contains(&dir.path().join("libgpuslice_core.so").display().to_string()),
+            "names what is missing: {}",
+            lines[0]
+        );
+    }
+    let program = which("/bin/sh");
+    let args = ["-c", "echo hi | tr a-z A-Z"];
+    let real = run_program(&program, &args, Shim::Without, &[]);
+    let shimmed = run_program_preloading(&program, &args, Shim::With, &alone, &config);
+    assert_eq!((shimmed.stdout, shimmed.stderr), (real.stdout, real.stderr));
+}
+
+/// The core is loaded at the first lookup or call of a HOOKED name, never for another name:
+/// Python and other hosts call dlsym constantly (judged by the loader's own trace).
+#[test]
+fn lookups_of_other_names_never_load_the_core() {
+    let python = which("python3");
+    let loads_core = |lookup: &str| -> bool {
+        let code = format!("import ctypes; print(hasattr(ctypes.CDLL(None), '{lookup}'))");
+        let run = run_program(
+            &python,
+            &["-c", &code],
+            Shim::With,
+            &[("LD_DEBUG", "files".into())],
+        );
+        assert!(run.success, "{}", run.stderr);
+        run.stderr
+            .lines()
+            .any(|l| l.contains("file=") && l.contains("libgpuslice_core.so"))
+    };
+    for other in [
+        "strlen",
+        "cudnnCreate",
+        "curl_easy_init",
+        "nvmlSomethingNew",
+    ] {
+        assert!(!loads_core(other), "dlsym of {other} loaded the core");
+    }
+    assert!(loads_core("cuInit"), "a hooked name loads the core");
 }
 
 /// `GLIBC_2.34` -> (2, 34); other version names -> None.

@@ -70,6 +70,7 @@ pub fn gpus() -> Vec<Gpu> {
 pub fn settings(scratch: &Scratch, nvidia: bool) -> Settings {
     let lib = scratch.path().join("libgpuslice.so");
     std::fs::write(&lib, b"stand-in").unwrap();
+    std::fs::write(scratch.path().join("libgpuslice_core.so"), b"stand-in").unwrap();
     Settings {
         driver: "gpuslice.dev".into(),
         node: NODE.into(),

@@ -177,8 +177,8 @@ fn answer_for_hook(
         // The real library lacks it: forwarding reproduces NULL and its dlerror text.
         return std::ptr::null_mut();
     }
-    hook.slot.seed(real, hook.wrapper);
-    hook.wrapper as *mut c_void
+    hook.slot.seed(real, hook.wrapper());
+    hook.wrapper() as *mut c_void
 }
 
 /// `RTLD_DEFAULT` and the main program's handle (`dlopen(NULL)`, `ctypes.CDLL(None)`)
@@ -202,14 +202,13 @@ fn answer_in_global_scope(
     };
     // SAFETY: the caller's handle (RTLD_DEFAULT or the main program's) and name.
     let first = unsafe { dlsym(handle, name) };
-    if first.is_null() || !std::ptr::eq(first, hook.wrapper) {
+    if first.is_null() || !std::ptr::eq(first, hook.wrapper()) {
         // Not found at all (our export is not global: the shim was dlopened locally), or
         // the main program defines it before us: forwarding answers exactly that.
         return std::ptr::null_mut();
     }
-    // SAFETY: RTLD_NEXT is resolved relative to this function's object, the shim: the
-    // global scope after our export. The name is the caller's NUL-terminated string.
-    let next = unsafe { dlsym(libc::RTLD_NEXT, name) };
+    // SAFETY: the caller's NUL-terminated name.
+    let next = unsafe { next_definition(dlsym, name) };
     if !next.is_null() {
         return hand_out(next, hook);
     }
@@ -219,9 +218,24 @@ fn answer_in_global_scope(
         }
         // Leave the failed lookup's text for the caller's dlerror().
         // SAFETY: as above.
-        unsafe { dlsym(libc::RTLD_NEXT, name) };
+        unsafe { next_definition(dlsym, name) };
     }
     ANSWER_NULL
+}
+
+/// `dlsym(RTLD_NEXT, name)` as the object that exports the hooks would ask it: the next
+/// definition in the global scope after our export. With a front attached that is the
+/// front's question to ask (a library dlopened `RTLD_LOCAL` gets its loader's scope for
+/// RTLD_NEXT, not the global one); preloaded itself, this library asks.
+#[inline(never)]
+unsafe fn next_definition(dlsym: crate::ground::real::DlsymFn, name: *const c_char) -> *mut c_void {
+    if let Some(next) = crate::hooks::front::front_next() {
+        return next(name);
+    }
+    // SAFETY: RTLD_NEXT is resolved relative to this function's object (the caller of the
+    // real dlsym; not a tail call: the result is inspected after it); the caller's name.
+    let found = dlsym(libc::RTLD_NEXT, name);
+    std::hint::black_box(found)
 }
 
 /// What to return for a definition `found` of a hooked name: our wrapper when it is the
@@ -229,8 +243,8 @@ fn answer_in_global_scope(
 /// provides the name.
 fn hand_out(found: *mut c_void, hook: &'static Hook) -> *mut c_void {
     if object_is_library(found, hook.library()) {
-        hook.slot.seed(found, hook.wrapper);
-        hook.wrapper as *mut c_void
+        hook.slot.seed(found, hook.wrapper());
+        hook.wrapper() as *mut c_void
     } else {
         found
     }

@@ -4,6 +4,8 @@
 //! * [`registry`]: the ONE table of hooked functions; generates the exports, the name ->
 //!   wrapper table (dlsym) and the real-pointer -> wrapper map (cuGetProcAddress).
 //! * [`dlsym`]: the exported `dlsym` trampoline and its decision function.
+//! * [`front`]: how the front library (`libgpuslice.so`, `shim/front/`) attaches this one:
+//!   its exports become the pointers the shim hands out, its `RTLD_NEXT` lookups ours.
 //! * [`proc_address`]: the cuGetProcAddress handlers.
 //! * [`refusal`]: what a fail-closed process says (one line naming what to run) and which
 //!   entry points stay open (cuGetProcAddress, so bindings see error codes, not missing
@@ -17,6 +19,7 @@
 pub mod context;
 pub mod device_check;
 pub mod dlsym;
+pub mod front;
 pub mod launch;
 pub mod memory;
 pub mod nesting;

@@ -48,7 +48,7 @@ unsafe fn redirect(result: CUresult, symbol: *const c_char, pfn: *mut *mut c_voi
         let symbol = CStr::from_ptr(symbol);
         if refusal::must_hand_out_our_cu_init(symbol) {
             if let Some(cu_init) = hook_by_name("cuInit") {
-                *pfn = cu_init.wrapper.cast_mut();
+                *pfn = cu_init.wrapper().cast_mut();
             }
         }
         if lifecycle::slice_config().is_some() {
@@ -61,7 +61,7 @@ unsafe fn redirect(result: CUresult, symbol: *const c_char, pfn: *mut *mut c_voi
 fn report_unmapped(symbol: &CStr, pointer: *mut c_void) {
     // A driver whose own references to its exports are not bound at link time hands out
     // whatever the dynamic linker resolved them to: our export, i.e. already the wrapper.
-    if HOOKS.iter().any(|h| std::ptr::eq(h.wrapper, pointer)) {
+    if HOOKS.iter().any(|h| std::ptr::eq(h.wrapper(), pointer)) {
         return;
     }
     let name = symbol.to_string_lossy();

@@ -58,17 +58,28 @@ impl Library {
 pub struct Hook {
     pub name: &'static str,
     pub slot: &'static RealSlot,
-    /// Our export (`exports::NAME`) as an untyped pointer.
-    pub wrapper: *const c_void,
+    /// This library's own export (`exports::NAME`) as an untyped pointer: the handler the
+    /// front's trampoline jumps to. Never handed out when a front is attached: see `wrapper`.
+    pub own_export: *const c_void,
+    /// Position in the registry (the front's export table has the same order).
+    pub id: usize,
 }
 
-// SAFETY: `wrapper` is the address of a function; it is never written and functions can be
+// SAFETY: `own_export` is the address of a function; it is never written and functions can be
 // called from any thread.
 unsafe impl Sync for Hook {}
 
 impl Hook {
     pub fn library(&self) -> Library {
         self.slot.library
+    }
+
+    /// THE pointer for this hook that the shim hands out and recognises (dlsym and
+    /// cuGetProcAddress answers, identity checks): the front's export of the name once a front
+    /// attached (`hooks::front`), this library's own export when it was preloaded itself.
+    #[inline]
+    pub fn wrapper(&self) -> *const c_void {
+        crate::hooks::front::front_export(self.id).unwrap_or(self.own_export)
     }
 }
 
@@ -321,7 +332,8 @@ macro_rules! hook_exports {
             $( Hook {
                 name: stringify!($name),
                 slot: &SLOTS[SlotId::$name as usize],
-                wrapper: exports::$name as *const c_void,
+                own_export: exports::$name as *const c_void,
+                id: SlotId::$name as usize,
             }, )*
         ];
 
@@ -404,7 +416,7 @@ pub fn cuda_wrapper_for_real_pointer(real: *mut c_void) -> *mut c_void {
         HOOKS
             .iter()
             .filter(|h| h.library() == Library::Cuda)
-            .filter_map(|h| h.slot.peek().map(|p| (p, h.wrapper))),
+            .filter_map(|h| h.slot.peek().map(|p| (p, h.wrapper()))),
     )
 }
 
@@ -418,9 +430,10 @@ mod tests {
             let found = hook_by_name(hook.name).expect("declared name is found");
             assert!(std::ptr::eq(found, &HOOKS[index]));
             assert_eq!(hook.slot.name(), hook.name);
-            assert!(!hook.wrapper.is_null());
+            assert!(!hook.wrapper().is_null());
+            assert_eq!(hook.id, index);
         }
-        let mut wrappers: Vec<_> = HOOKS.iter().map(|h| h.wrapper as usize).collect();
+        let mut wrappers: Vec<_> = HOOKS.iter().map(|h| h.wrapper() as usize).collect();
         wrappers.sort_unstable();
         wrappers.dedup();
         assert_eq!(wrappers.len(), HOOK_COUNT, "each hook has its own wrapper");
@@ -531,7 +544,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .filter(|(_, h)| h.library() == Library::Cuda)
-                .map(|(i, h)| ((0x10_0000 + i * 16) as *mut c_void, h.wrapper))
+                .map(|(i, h)| ((0x10_0000 + i * 16) as *mut c_void, h.wrapper()))
         };
         let fake_real = |name: &str| {
             let index = HOOKS.iter().position(|h| h.name == name).unwrap();
@@ -545,8 +558,14 @@ mod tests {
         ] {
             let mapped_v1 = map_by_identity(fake_real(v1), table());
             let mapped_v2 = map_by_identity(fake_real(v2), table());
-            assert_eq!(mapped_v1, hook_by_name(v1).unwrap().wrapper as *mut c_void);
-            assert_eq!(mapped_v2, hook_by_name(v2).unwrap().wrapper as *mut c_void);
+            assert_eq!(
+                mapped_v1,
+                hook_by_name(v1).unwrap().wrapper() as *mut c_void
+            );
+            assert_eq!(
+                mapped_v2,
+                hook_by_name(v2).unwrap().wrapper() as *mut c_void
+            );
             assert_ne!(mapped_v1, mapped_v2, "{v1}: each ABI keeps its own wrapper");
         }
     }
