@@ -104,7 +104,7 @@ fn main() {
         assert_eq!(init(0), 0, "cuInit");
         assert_eq!(retain(&mut context, 0), 0, "cuDevicePrimaryCtxRetain");
         assert_eq!(set_current(context), 0, "cuCtxSetCurrent");
-        assert_eq!(load(&mut module, b"bench\0".as_ptr().cast()), 0);
+        assert_eq!(load(&mut module, c"bench".as_ptr().cast()), 0);
         assert_eq!(get_function(&mut function, module, c"k".as_ptr()), 0);
     }
     let mut ns_per_wave: u64 = 1;
