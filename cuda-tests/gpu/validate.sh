@@ -217,13 +217,15 @@ detect_tools() {
     fi
     have nvcc && HAVE_NVCC=1
     HAVE_SHIM=0
-    [ -f "$SHIM" ] && HAVE_SHIM=1
+    # The front (libgpuslice.so) loads its core from its own directory at the first CUDA
+    # call, and without it fails closed: every check would fail, for want of a file.
+    [ -f "$SHIM" ] && [ -f "$(dirname "$SHIM")/libgpuslice_core.so" ] && HAVE_SHIM=1
 }
 
 print_plan() {
     local id
     log "gpuslice real-GPU validation: plan (cap ${CAP_MIB} MiB, tolerance ${TOL}, budget ${BUDGET_S}s)"
-    log "  shim:        $SHIM ($([ "$HAVE_SHIM" -eq 1 ] && echo found || echo MISSING: cargo build --release -p gpuslice-shim -p gpuslice-ctl))"
+    log "  shim:        $SHIM ($([ "$HAVE_SHIM" -eq 1 ] && echo "found, with libgpuslice_core.so beside it" || echo "MISSING, or no libgpuslice_core.so beside it: cargo build --release -p gpuslice-shim -p gpuslice-ctl, and carry both"))"
     log "  gpuslice:    $CLI ($([ -x "$CLI" ] && echo found || echo 'missing: optional, used for gpuslice check'))"
     log "  nvidia-smi:  $([ "$HAVE_SMI" -eq 1 ] && command -v nvidia-smi || echo absent)"
     log "  python3:     $([ "$HAVE_PY" -eq 1 ] && command -v "$PY" || echo absent)  torch: $HAVE_TORCH  cupy: $HAVE_CUPY  pynvml: $HAVE_PYNVML  nvcc: $HAVE_NVCC"
@@ -617,7 +619,7 @@ for id in "${CHECK_IDS[@]}"; do
     if [ "$id" != 8 ] && selected "$id"; then NEEDS_SHIM=1; fi
 done
 if [ "$HAVE_SHIM" -eq 0 ] && [ "$NEEDS_SHIM" -eq 1 ]; then
-    log "validate.sh: $SHIM not found: build it (cargo build --release -p gpuslice-shim -p gpuslice-ctl) or set GPUSLICE_LIB"
+    log "validate.sh: $SHIM or libgpuslice_core.so beside it not found: build them (cargo build --release -p gpuslice-shim -p gpuslice-ctl) or set GPUSLICE_LIB"
     exit 2
 fi
 if [ "$HAVE_SMI" -eq 1 ]; then
