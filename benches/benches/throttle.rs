@@ -21,26 +21,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gpuslice_benches::{artifact_dir, open_global, symbol};
-
-type InitFn = unsafe extern "C" fn(u32) -> u32;
-type RetainFn = unsafe extern "C" fn(*mut *mut c_void, i32) -> u32;
-type SetCurrentFn = unsafe extern "C" fn(*mut c_void) -> u32;
-type ModuleLoadFn = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> u32;
-type GetFunctionFn = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> u32;
-type LaunchFn = unsafe extern "C" fn(
-    *mut c_void,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    *mut c_void,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> u32;
+use gpuslice_benches::{
+    artifact_dir, launch_once, open_global, prepare_kernel, symbol, use_scratch_slice, LaunchFn,
+};
 
 type StreamCreateFn = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> u32;
 type BeginCaptureFn = unsafe extern "C" fn(*mut c_void, c_uint) -> u32;
@@ -50,27 +33,6 @@ type GraphLaunchFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32;
 
 const SCENARIO_ENV: &str = "GPUSLICE_BENCH_THROTTLE";
 
-/// One kernel launch of 1 ns on the default stream.
-fn launch(f: LaunchFn, function: *mut c_void, params: &mut [*mut c_void; 1]) {
-    // SAFETY: a loaded function, grid 1x1x1 of 1 thread, kernelParams[0] -> u64.
-    let rc = unsafe {
-        f(
-            function,
-            1,
-            1,
-            1,
-            1,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    };
-    assert_eq!(black_box(rc), 0);
-}
-
 fn scenario(c: &mut Criterion, share: bool) {
     let dir = artifact_dir();
     let scratch = std::env::temp_dir().join(format!(
@@ -78,44 +40,15 @@ fn scenario(c: &mut Criterion, share: bool) {
         std::process::id(),
         share
     ));
-    std::fs::create_dir_all(&scratch).unwrap();
-    let limits = scratch.join("limits.json");
-    let compute = if share { r#","compute":90"# } else { "" };
-    std::fs::write(
-        &limits,
-        format!(
-            r#"{{"version":1,"region":"{}","devices":[{{"index":0,"memory":"30GiB"{compute}}}]}}"#,
-            scratch.join("region").display()
-        ),
-    )
-    .unwrap();
-    std::env::set_var("FAKEGPU_STATE", scratch.join("state"));
-    std::env::set_var("GPUSLICE_CONFIG", &limits);
+    use_scratch_slice(&scratch, share.then_some(90));
     let driver = open_global(&dir.join("libfakegpu_cuda.so"));
     let _nvml = open_global(&dir.join("libfakegpu_nvml.so"));
     let shim = open_global(&dir.join("libgpuslice.so"));
-
-    let init: InitFn = unsafe { symbol(shim, c"cuInit") };
-    let retain: RetainFn = unsafe { symbol(shim, c"cuDevicePrimaryCtxRetain") };
-    let set_current: SetCurrentFn = unsafe { symbol(driver, c"cuCtxSetCurrent") };
-    let load: ModuleLoadFn = unsafe { symbol(driver, c"cuModuleLoadData") };
-    let get_function: GetFunctionFn = unsafe { symbol(driver, c"cuModuleGetFunction") };
+    // SAFETY: live handles of the shim and the fake driver, just opened.
+    let kernel = unsafe { prepare_kernel(shim, driver) };
+    // SAFETY (both): cuLaunchKernel's C signature, from live handles.
     let direct: LaunchFn = unsafe { symbol(driver, c"cuLaunchKernel") };
     let sliced: LaunchFn = unsafe { symbol(shim, c"cuLaunchKernel") };
-    let (mut context, mut module, mut function) = (
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    );
-    let image = b"bench\0";
-    // SAFETY: valid out-pointers and NUL-terminated strings; the fake accepts any image.
-    unsafe {
-        assert_eq!(init(0), 0);
-        assert_eq!(retain(&mut context, 0), 0);
-        assert_eq!(set_current(context), 0);
-        assert_eq!(load(&mut module, image.as_ptr().cast()), 0);
-        assert_eq!(get_function(&mut function, module, c"k".as_ptr()), 0);
-    }
     let mut ns_per_wave: u64 = 1;
     let mut params = [(&mut ns_per_wave as *mut u64).cast::<c_void>()];
     if share {
@@ -123,7 +56,7 @@ fn scenario(c: &mut Criterion, share: bool) {
         // measures the launch with tokens available, not the start-up.
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(2) {
-            launch(sliced, function, &mut params);
+            launch_once(sliced, kernel, &mut params);
         }
     }
 
@@ -134,9 +67,11 @@ fn scenario(c: &mut Criterion, share: bool) {
     };
     let mut group = c.benchmark_group(name);
     group.bench_function("driver", |b| {
-        b.iter(|| launch(direct, function, &mut params))
+        b.iter(|| launch_once(direct, kernel, &mut params))
     });
-    group.bench_function("shim", |b| b.iter(|| launch(sliced, function, &mut params)));
+    group.bench_function("shim", |b| {
+        b.iter(|| launch_once(sliced, kernel, &mut params))
+    });
     group.finish();
 
     // A captured graph of one 1 ns kernel, launched on its stream.
@@ -164,7 +99,7 @@ fn scenario(c: &mut Criterion, share: bool) {
         assert_eq!(stream_create(&mut stream, 1), 0);
         assert_eq!(begin(stream, 0), 0);
         let rc = direct(
-            function,
+            kernel.function(),
             1,
             1,
             1,

@@ -17,7 +17,7 @@
 use std::ffi::c_void;
 use std::path::PathBuf;
 
-use gpuslice_benches::{open_global, symbol};
+use gpuslice_benches::{open_global, symbol, use_scratch_slice};
 
 type AllocFn = unsafe extern "C" fn(*mut u64, usize) -> u32;
 type FreeFn = unsafe extern "C" fn(u64) -> u32;
@@ -46,18 +46,7 @@ fn main() {
     }
     let shim = shim.unwrap_or_else(|| fail("--shim or --driver"));
     let scratch = scratch.unwrap_or_else(|| fail("--scratch DIR"));
-    std::fs::create_dir_all(&scratch).expect("create the scratch directory");
-    let limits = scratch.join("limits.json");
-    std::fs::write(
-        &limits,
-        format!(
-            r#"{{"version":1,"region":"{}","devices":[{{"index":0,"memory":"30GiB"}}]}}"#,
-            scratch.join("region").display()
-        ),
-    )
-    .expect("write the limit file");
-    std::env::set_var("FAKEGPU_STATE", scratch.join("state"));
-    std::env::set_var("GPUSLICE_CONFIG", &limits);
+    use_scratch_slice(&scratch, None);
 
     let dir = std::env::current_exe()
         .expect("own path")

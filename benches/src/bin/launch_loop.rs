@@ -12,35 +12,20 @@
 //! a limit file in DIR with a 90 % share (`--share`) or none (`--no-share`), then launches 1 ns
 //! kernels through the shim's `cuLaunchKernel`: with a share, for 2 s first so the watcher
 //! learns their cost (the launches measured then find tokens, as the criterion bench's do),
-//! then N more inside `measured` (the only function callgrind collects in). The script reads the inclusive counts of the shim's `cuLaunchKernel` and the
-//! fake's (called from it) and divides the difference by the calls.
+//! then N more inside `measured` (the only function callgrind collects in). `--driver` makes
+//! the N measured launches call the fake's own `cuLaunchKernel` instead (the shim still loaded
+//! and configured the same way): the script's "added" figure is the difference of the two
+//! counts divided by N, so the loop and the fake's work cancel out.
 //! Build: `cargo build --release -p fakegpu-cuda -p fakegpu-nvml -p gpuslice-shim -p
 //! gpuslice-benches`.
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::c_void;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuslice_benches::{open_global, symbol};
-
-type InitFn = unsafe extern "C" fn(u32) -> u32;
-type RetainFn = unsafe extern "C" fn(*mut *mut c_void, i32) -> u32;
-type SetCurrentFn = unsafe extern "C" fn(*mut c_void) -> u32;
-type ModuleLoadFn = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> u32;
-type GetFunctionFn = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> u32;
-type LaunchFn = unsafe extern "C" fn(
-    *mut c_void,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    *mut c_void,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> u32;
+use gpuslice_benches::{
+    launch_once, open_global, prepare_kernel, symbol, use_scratch_slice, LaunchFn,
+};
 
 fn main() {
     let mut share = None;
@@ -64,20 +49,7 @@ fn main() {
     }
     let share = share.unwrap_or_else(|| fail("--share or --no-share"));
     let scratch = scratch.unwrap_or_else(|| fail("--scratch DIR"));
-    std::fs::create_dir_all(&scratch).expect("create the scratch directory");
-    let limits = scratch.join("limits.json");
-    let compute = if share { r#","compute":90"# } else { "" };
-    std::fs::write(
-        &limits,
-        format!(
-            r#"{{"version":1,"region":"{}","devices":[{{"index":0,"memory":"30GiB"{compute}}}]}}"#,
-            scratch.join("region").display()
-        ),
-    )
-    .expect("write the limit file");
-    std::env::set_var("FAKEGPU_STATE", scratch.join("state"));
-    std::env::set_var("GPUSLICE_CONFIG", &limits);
-
+    use_scratch_slice(&scratch, share.then_some(90));
     let dir = std::env::current_exe()
         .expect("own path")
         .parent()
@@ -86,49 +58,15 @@ fn main() {
     let driver = open_global(&dir.join("libfakegpu_cuda.so"));
     let _nvml = open_global(&dir.join("libfakegpu_nvml.so"));
     let shim = open_global(&dir.join("libgpuslice.so"));
-    // SAFETY (all six): the C signatures of these driver entry points, from live handles.
-    let init: InitFn = unsafe { symbol(shim, c"cuInit") };
-    let retain: RetainFn = unsafe { symbol(shim, c"cuDevicePrimaryCtxRetain") };
-    let set_current: SetCurrentFn = unsafe { symbol(driver, c"cuCtxSetCurrent") };
-    let load: ModuleLoadFn = unsafe { symbol(driver, c"cuModuleLoadData") };
-    let get_function: GetFunctionFn = unsafe { symbol(driver, c"cuModuleGetFunction") };
+    // SAFETY: live handles of the shim and the fake driver, just opened.
+    let kernel = unsafe { prepare_kernel(shim, driver) };
+    // SAFETY (both): cuLaunchKernel's C signature, from live handles.
     let sliced: LaunchFn = unsafe { symbol(shim, c"cuLaunchKernel") };
     let real: LaunchFn = unsafe { symbol(driver, c"cuLaunchKernel") };
-    let (mut context, mut module, mut function) = (
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    );
-    // SAFETY: valid out-pointers and NUL-terminated strings; the fake accepts any image.
-    unsafe {
-        assert_eq!(init(0), 0, "cuInit");
-        assert_eq!(retain(&mut context, 0), 0, "cuDevicePrimaryCtxRetain");
-        assert_eq!(set_current(context), 0, "cuCtxSetCurrent");
-        assert_eq!(load(&mut module, c"bench".as_ptr().cast()), 0);
-        assert_eq!(get_function(&mut function, module, c"k".as_ptr()), 0);
-    }
+    let mut launch = sliced;
     let mut ns_per_wave: u64 = 1;
     let mut params = [(&mut ns_per_wave as *mut u64).cast::<c_void>()];
-    let mut launch = sliced;
-    let mut once = |launch: LaunchFn| {
-        // SAFETY: a loaded function, grid 1x1x1 of 1 thread, kernelParams[0] -> u64.
-        let rc = unsafe {
-            launch(
-                function,
-                1,
-                1,
-                1,
-                1,
-                1,
-                1,
-                0,
-                std::ptr::null_mut(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        };
-        assert_eq!(std::hint::black_box(rc), 0, "cuLaunchKernel");
-    };
+    let mut once = |f: LaunchFn| launch_once(f, kernel, &mut params);
     if share {
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(2) {
