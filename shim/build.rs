@@ -167,6 +167,11 @@ fn build_front() {
     let front_source = manifest.join("front/lib.rs");
     println!("cargo:rerun-if-changed={}", registry_path.display());
     println!("cargo:rerun-if-changed={}", front_source.display());
+    // The exported dlsym's machine code, which the front includes from the core's sources.
+    println!(
+        "cargo:rerun-if-changed={}",
+        manifest.join("src/hooks/dlsym_asm.rs").display()
+    );
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     if arch != "x86_64" && arch != "aarch64" {
         println!("cargo:warning=no gpuslice front library for {arch}: libgpuslice.so not built");

@@ -335,102 +335,19 @@ fn is_main_program(handle: *mut c_void) -> bool {
     main
 }
 
-#[cfg(all(not(test), target_arch = "x86_64"))]
-#[unsafe(naked)]
-#[no_mangle]
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        // RTLD_NEXT == (void*)-1: never look, tail-jump with the caller's return address.
-        "cmp rdi, -1",
-        "je 2f",
-        // Entry rsp = 8 mod 16; two pushes + 8 make it 0 mod 16 at the call.
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        // Third argument: the caller's return address (RTLD_DEFAULT's scope depends on it).
-        "mov rdx, qword ptr [rsp + 24]",
-        "call {decide}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "jz 2f",
-        // ANSWER_NULL (1): the answer is NULL.
-        "cmp rax, 1",
-        "jne 5f",
-        "xor eax, eax",
-        "5:",
-        "ret",
-        "2:",
-        "mov rax, qword ptr [rip + {real}]",
-        "test rax, rax",
-        "jz 3f",
-        "jmp rax",
-        "3:",
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "call {resolve}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "jz 4f",
-        "jmp rax",
-        "4:",
-        "ret",
-        decide = sym decide_dlsym_answer,
-        real = sym crate::ground::real::REAL_DLSYM,
-        resolve = sym crate::ground::real::resolve_real_dlsym_for_trampoline,
-    )
-}
+// `dlsym_trampoline!`: the exported dlsym's machine code, shared with the front library (unit
+// tests export no dlsym: it would interpose the test binary's own lookups).
+#[cfg(not(test))]
+include!("dlsym_asm.rs");
 
-#[cfg(all(not(test), target_arch = "aarch64"))]
+#[cfg(all(not(test), any(target_arch = "x86_64", target_arch = "aarch64")))]
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        // RTLD_NEXT == (void*)-1: tail-branch with x30 (the caller's return address) intact.
-        "cmn x0, #1",
-        "b.eq 2f",
-        "stp x29, x30, [sp, #-32]!",
-        "mov x29, sp",
-        "stp x0, x1, [sp, #16]",
-        // Third argument: the caller's return address (RTLD_DEFAULT's scope depends on it).
-        "mov x2, x30",
-        "bl {decide}",
-        "mov x16, x0",
-        "ldp x0, x1, [sp, #16]",
-        "ldp x29, x30, [sp], #32",
-        "cbz x16, 2f",
-        // ANSWER_NULL (1): the answer is NULL.
-        "mov x0, x16",
-        "cmp x16, #1",
-        "b.ne 5f",
-        "mov x0, #0",
-        "5:",
-        "ret",
-        "2:",
-        "adrp x16, {real}",
-        "ldr x16, [x16, :lo12:{real}]",
-        "cbz x16, 3f",
-        "br x16",
-        "3:",
-        "stp x29, x30, [sp, #-32]!",
-        "mov x29, sp",
-        "stp x0, x1, [sp, #16]",
-        "bl {resolve}",
-        "mov x16, x0",
-        "ldp x0, x1, [sp, #16]",
-        "ldp x29, x30, [sp], #32",
-        "cbz x16, 4f",
-        "br x16",
-        "4:",
-        "mov x0, #0",
-        "ret",
-        decide = sym decide_dlsym_answer,
-        real = sym crate::ground::real::REAL_DLSYM,
-        resolve = sym crate::ground::real::resolve_real_dlsym_for_trampoline,
+    dlsym_trampoline!(
+        decide_dlsym_answer,
+        crate::ground::real::REAL_DLSYM,
+        crate::ground::real::resolve_real_dlsym_for_trampoline
     )
 }
 
