@@ -544,6 +544,12 @@ fn init_device(index: usize, ordinal: CUdevice) -> Option<&'static DeviceThrottl
         }
         None => {
             DEVICE_STATE[index].store(OFF, Ordering::Release);
+            // The process's only device has no share (and an OFF device never looks again):
+            // no launch needs the throttle's check any more. It was ~25 of the ~93
+            // instructions a launch of a memory-only slice costs (docs/performance.md).
+            if DEVICE_COUNT_KIND.load(Ordering::Relaxed) == 1 {
+                let _ = ACTIVE.compare_exchange(ON, OFF, Ordering::AcqRel, Ordering::Relaxed);
+            }
             None
         }
     }
