@@ -579,11 +579,10 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     words[W_BYPASS].store(u64::from(out.bypass), Ordering::Relaxed);
     device.bypass.store(out.bypass, Ordering::Relaxed);
     let inv_rate = bucket::inv_rate_fixed(out.rate);
-    // Launches reserve at the share's rate until the first tick publishes one.
-    let old_inv = match words[W_INV_RATE].swap(inv_rate, Ordering::Relaxed) {
-        0 => bucket::inv_rate_fixed(device.share()),
-        inv => inv,
-    };
+    // The rate launches reserved at (the share's until a first tick published one); only
+    // the leader writes the word.
+    let old_inv = device.inv_rate();
+    words[W_INV_RATE].store(inv_rate, Ordering::Relaxed);
     bucket::rescale_lead(&words[W_VTIME], now_ns(), old_inv, inv_rate);
     if out.redebit_ns != 0 {
         bucket::adjust(
