@@ -146,20 +146,17 @@ wait_files() {
     done
 }
 
-# write_config NAME MEMORY COMPUTE: a limit file (and its own region) for device 0; "" = unset.
+# write_config NAME MEMORY COMPUTE [POLICY [PRIORITY]]: a limit file (and its own region) for
+# device 0; "" = unset; POLICY defaults to cap, PRIORITY is written only when given.
 write_config() {
-    local name=$1 mem=$2 compute=$3 dev='"index":0'
+    local name=$1 mem=$2 compute=$3 policy=${4:-cap} priority=${5:-} dev='"index":0' top
     [ -n "$mem" ] && dev="$dev,\"memory\":\"$mem\""
     [ -n "$compute" ] && dev="$dev,\"compute\":$compute"
-    printf '{"version":1,"region":"%s","policy":"cap","devices":[{%s}]}\n' \
-        "$WORK/$name.region" "$dev" >"$WORK/$name.json"
+    top="\"policy\":\"$policy\""
+    [ -n "$priority" ] && top="$top,\"priority\":\"$priority\""
+    printf '{"version":1,"region":"%s",%s,"devices":[{%s}]}\n' \
+        "$WORK/$name.region" "$top" "$dev" >"$WORK/$name.json"
     printf '%s' "$WORK/$name.json"
-}
-# write_share_config NAME COMPUTE POLICY PRIORITY: a compute-only limit file for device 0.
-write_share_config() {
-    printf '{"version":1,"region":"%s","policy":"%s","priority":"%s","devices":[{"index":0,"compute":%s}]}\n' \
-        "$WORK/$1.region" "$3" "$4" "$2" >"$WORK/$1.json"
-    printf '%s' "$WORK/$1.json"
 }
 # "$IN_SLICE" CONFIG CMD...: CMD under the shim with that limit file (HAMi env cleared, so the
 # file is the only source). "$OUTSIDE" CMD...: the host's view, no shim at all. Both are small
@@ -526,7 +523,7 @@ matrix_group() {
 }
 
 check_9() {
-    local id=9 name=${TITLE[9]} per_s cfg share len n=0
+    local id=9 name=${TITLE[9]} per_s cfg share len
     if ! build_spin; then
         record "$id" "$name" SKIP '{}' "no nvcc, or spin.cu did not build (validate.log)"
         return
@@ -554,26 +551,25 @@ check_9() {
     for len in 10us 1ms 10ms; do
         for share in 10 50 90; do
             budget_ok 12 || break 2
-            cfg=$(write_share_config "mx-$len-$share" "$share" cap normal)
+            cfg=$(write_config "mx-$len-$share" "" "$share" cap normal)
             matrix_group "mx-$len-$share" "$len x1 at $share%" share "\"a\":$share" "a:$len:$cfg"
-            n=$((n + 1))
         done
     done
     if budget_ok 12; then
-        cfg=$(write_share_config mx-four 50 cap normal)
+        cfg=$(write_config mx-four "" 50 cap normal)
         matrix_group mx-four "1ms x4 at 50%" share '"a":50' "a:1ms:$cfg" "a:1ms:$cfg" "a:1ms:$cfg" "a:1ms:$cfg"
     fi
     if budget_ok 12; then
-        cfg=$(write_share_config mx-mixed 50 cap normal)
+        cfg=$(write_config mx-mixed "" 50 cap normal)
         matrix_group mx-mixed "mixed 10us+1ms+10ms at 50%" share '"a":50' "a:10us:$cfg" "a:1ms:$cfg" "a:10ms:$cfg"
     fi
     if budget_ok 12; then
         matrix_group mx-burst "burst 30% + 20%" burst '"a":30,"b":20' \
-            "a:1ms:$(write_share_config mx-burst-a 30 burst normal)" "b:1ms:$(write_share_config mx-burst-b 20 burst normal)"
+            "a:1ms:$(write_config mx-burst-a "" 30 burst normal)" "b:1ms:$(write_config mx-burst-b "" 20 burst normal)"
     fi
     if budget_ok 12; then
         matrix_group mx-priority "burst 30% high + 30% low" priority '"high":30,"low":30' \
-            "high:1ms:$(write_share_config mx-high 30 burst high)" "low:1ms:$(write_share_config mx-low 30 burst low)"
+            "high:1ms:$(write_config mx-high "" 30 burst high)" "low:1ms:$(write_config mx-low "" 30 burst low)"
     fi
     "$PY" "$HERE/evaluate.py" matrix "$MATRIX" --points "$POINTS" | record_eval "$id" "$name"
 }
