@@ -214,7 +214,7 @@ fn an_exited_process_memory_shows_back_in_the_others_views() {
 #[test]
 fn processes_of_different_users_share_one_slice() {
     if !nix_is_root() {
-        eprintln!("SKIPPED: needs root to run a client as another user");
+        cuda_e2e::skip::skip_or_fail("needs root to run a client as another user");
         return;
     }
     let gpu = FakeGpu::start("v100");
