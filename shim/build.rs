@@ -184,7 +184,21 @@ fn build_front() {
     let built = out_dir.join("libgpuslice.so");
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let target = std::env::var("TARGET").unwrap();
-    let mut command = Command::new(rustc);
+    // Under `cargo clippy` the workspace's wrapper is clippy-driver: compiling the front
+    // through it lints the front with the same flags (and `CLIPPY_ARGS`, so `-D warnings`)
+    // as every crate of the workspace, although cargo never sees the front as a crate.
+    let wrapper = std::env::var("RUSTC_WORKSPACE_WRAPPER")
+        .ok()
+        .filter(|w| !w.is_empty());
+    println!("cargo:rerun-if-env-changed=RUSTC_WORKSPACE_WRAPPER");
+    let mut command = match &wrapper {
+        Some(wrapper) => {
+            let mut c = Command::new(wrapper);
+            c.arg(&rustc);
+            c
+        }
+        None => Command::new(&rustc),
+    };
     command
         .env("GPUSLICE_FRONT_EXPORTS", &exports)
         .args(["--edition", "2021", "--crate-type", "cdylib"])

@@ -430,7 +430,6 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     dlsym_trampoline!(decide_dlsym, REAL_DLSYM, resolve_real_dlsym)
 }
 
-
 // ---- small helpers (no libc beyond the four imports) ----
 
 /// The bytes of a NUL-terminated string, without the NUL.
