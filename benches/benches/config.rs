@@ -1,6 +1,6 @@
 //! Limit-file parsing cost (criterion): what every process of a slice pays at its first
-//! CUDA call. Issue 12 measured 7.2 s for 40,000 device entries (a quadratic duplicate
-//! check); parsing is now linear and bounded:
+//! CUDA call. A quadratic duplicate check once took 7.2 s for 40,000 device entries;
+//! parsing is linear and bounded:
 //! * `parse/<n>`: a valid file with `n` UUID entries (up to the 128-entry limit): time per
 //!   parse should grow in proportion to `n`;
 //! * `refuse_oversized`: a 1 MiB + 1 byte file, refused before JSON parsing;

@@ -17,8 +17,8 @@
 //! with more than [`MAX_DEVICE_ENTRIES`] device entries is malformed; parsing is linear in
 //! the file's size.
 //!
-//! INTERFACE PINNED FOR PARALLEL WORK: the types below are used by the shim and the CLI;
-//! items may be added, never renamed or removed.
+//! The types below are shared by the shim and the CLI (and a limit file written by one
+//! version is read by another): add items, never rename or remove them.
 //!
 //! ## Limit file (schema version 1)
 //! ```json

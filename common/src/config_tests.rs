@@ -780,7 +780,7 @@ proptest! {
     }
 }
 
-// ---- Issue 12: a limit file that cannot fail open ----
+// ---- A limit file that cannot fail open ----
 
 const UUID_A: &str = "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf";
 

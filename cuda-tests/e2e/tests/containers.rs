@@ -790,7 +790,7 @@ fn prebuilt_installer_image_copies_the_binaries_to_the_host() {
     );
 }
 
-/// The anchored limit file wins (issue 12): inside a CDI container, a tenant that writes a
+/// The anchored limit file wins: inside a CDI container, a tenant that writes a
 /// limit file of its own and points `GPUSLICE_CONFIG` at it (and sets the HAMi limit and the
 /// context bound too) is still held to the operator's 1 GiB, on every client path, and is
 /// told that its variables are ignored.

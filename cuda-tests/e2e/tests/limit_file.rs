@@ -1,4 +1,4 @@
-//! A limit file that cannot fail open (issue 12), end to end: clients under libgpuslice.so
+//! A limit file that cannot fail open, end to end: clients under libgpuslice.so
 //! against fakegpu, judged by the fake's physical numbers and by what the shim prints, and
 //! `gpuslice check` on the same files.
 //!

@@ -366,7 +366,7 @@ fn processes_that_never_touch_cuda_are_unaffected() {
     }
 }
 
-/// What every exec in a sliced container pays for the preload (issue 15): the loader maps the
+/// What every exec in a sliced container pays for the preload: the loader maps the
 /// shim and NOTHING else on its behalf (libm and libgcc_s used to come with it, at every exec
 /// of every shell command). Judged by the loader's own trace (`LD_DEBUG=files`), with and
 /// without the shim.

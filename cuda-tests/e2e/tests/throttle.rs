@@ -1216,7 +1216,7 @@ fn start_up_run(share: u32, ns: u64, run_s: f64) -> (FakeGpu, u32, u64, u64) {
     (gpu, pid, first, end)
 }
 
-/// Issue 18: a process's first moments under a share are not punished. Kernels of 10 us
+/// A process's first moments under a share are not punished. Kernels of 10 us
 /// under the 1 ms start-up guess got 0.29x of a 10 % share in their first 250 ms (0.01x in
 /// the first 100 ms: the guess fell 4x per 50 ms tick while NVML showed nothing); the
 /// start-up probe bounds the cost from the process's own launches within a millisecond (on

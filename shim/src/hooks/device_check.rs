@@ -1,5 +1,5 @@
-//! Fails the slice closed when a limit-file entry names no device of the node (issue 12: a
-//! one-character typo in a UUID used to leave the card unlimited, silently).
+//! Fails the slice closed when a limit-file entry names no device of the node (otherwise a
+//! one-character typo in a UUID would leave the card unlimited, silently).
 //!
 //! The configuration is loaded before the driver is up, so the devices are not known then.
 //! The decision is taken once, at the first CUDA or NVML call that can list them:

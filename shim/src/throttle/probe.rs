@@ -1,4 +1,4 @@
-//! The start-up estimate from the slice's own launch timing (issue 18): an upper bound on
+//! The start-up estimate from the slice's own launch timing: an upper bound on
 //! the per-launch GPU time, known after a few launches, long before NVML's first sample.
 //!
 //! Until the cost is learned, every launch is debited at the 1 ms guess, so the process
