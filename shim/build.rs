@@ -16,7 +16,7 @@
 //!   shim still loads on RHEL 9 / UBI 9 (glibc 2.34; a preload the loader cannot load is
 //!   skipped, and the container would run unlimited). Skipped, with a warning, where the C
 //!   compiler has no `libgcc_eh.a` (the build then keeps libgcc_s).
-//! * (libm is avoided in the source: `src/math.rs`.)
+//! * (libm is avoided in the source: `src/ground/math.rs`.)
 //!
 //! It also builds the FRONT, `libgpuslice.so` (`front/lib.rs`; this crate is the core,
 //! `libgpuslice_core.so`): a `no_std` library that must be `panic = "abort"`, which no profile

@@ -4,7 +4,8 @@
 //! (or a Kubernetes DRA claim that resolves to it) puts a container under that slice.
 //!
 //! Each device's `containerEdits` carry, and only carry:
-//! * `libgpuslice.so` bind-mounted read-only at `--container-lib`
+//! * the shim's two files, `libgpuslice.so` (the front) and `libgpuslice_core.so` (the core it
+//!   loads from its own directory), bind-mounted read-only at `--container-lib` and beside it
 //!   (default `/usr/lib/gpuslice/libgpuslice.so`);
 //! * a generated `/etc/ld.so.preload` (read-only, one line: the container path of the shim), so
 //!   every dynamically linked process loads the shim even with `LD_PRELOAD` unset or `env -i`;

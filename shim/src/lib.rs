@@ -1,6 +1,7 @@
-//! libgpuslice.so: injected into every process of a container (LD_PRELOAD or
-//! `/etc/ld.so.preload`), it sits between CUDA/NVML clients and the real driver and turns one
-//! GPU into an enforced slice.
+//! libgpuslice_core.so, the shim proper. The front, `libgpuslice.so` (`front/lib.rs`, built
+//! by `build.rs`), is what is injected into every process of a container (LD_PRELOAD or
+//! `/etc/ld.so.preload`) and loads this core at the first hooked call; together they sit
+//! between CUDA/NVML clients and the real driver and turn one GPU into an enforced slice.
 //!
 //! Three layers; imports run downward only (the `layers` test fails otherwise). The process
 //! [`lifecycle`] (initialisation, the fail-closed gate, fork handling) belongs to the top one.

@@ -688,11 +688,6 @@ pub fn on_free(object: DeviceObject, result: CUresult) {
     }
 }
 
-/// Bytes the whole slice uses on CUDA device `device`; `None` = not limited here.
-pub fn slice_used(device: CUdevice) -> Option<u64> {
-    cuda_slice(device).map(|(_, used)| used)
-}
-
 /// (limit, container-wide use) of a CUDA device in the slice; `None` = not limited.
 #[inline]
 pub fn cuda_slice(device: CUdevice) -> Option<(u64, u64)> {
