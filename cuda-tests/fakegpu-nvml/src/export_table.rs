@@ -196,14 +196,40 @@ pub const TABLE_GUID: [u8; 16] = [
 fn table() -> &'static [usize] {
     static TABLE: OnceLock<Box<[usize]>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let size = table_bytes(fakegpu::nvml_view::cuda_driver_version());
+        let cuda = fakegpu::nvml_view::cuda_driver_version();
+        let size = table_bytes(cuda);
+        let empty = empty_slots(cuda);
         let mut t = vec![0usize; size / 8];
         t[0] = size;
         for (i, e) in t.iter_mut().enumerate().skip(1) {
-            *e = SLOTS[i / 16][i % 16] as usize;
+            if !empty.contains(&i) {
+                *e = SLOTS[i / 16][i % 16] as usize;
+            }
         }
         t.into_boxed_slice()
     })
+}
+
+/// The slots the real library leaves null (read from the relocations of its table in
+/// Debian's libnvidia-ml1 535.261.03 and 550.163.01): the 550 list is the 535 one plus 42, 43
+/// and 241, so the layout grows by appending and retires slots by nulling them.
+const EMPTY_SLOTS_535: &[usize] = &[
+    1, 2, 24, 29, 30, 31, 35, 46, 47, 48, 57, 58, 60, 64, 90, 104, 108, 121, 122, 139, 149, 150,
+    157, 158, 159, 160, 161, 162, 163, 167, 176, 177, 178, 187, 190, 191, 198, 201, 202, 207, 211,
+    216, 217, 235, 236,
+];
+const EMPTY_SLOTS_550: &[usize] = &[
+    1, 2, 24, 29, 30, 31, 35, 42, 43, 46, 47, 48, 57, 58, 60, 64, 90, 104, 108, 121, 122, 139, 149,
+    150, 157, 158, 159, 160, 161, 162, 163, 167, 176, 177, 178, 187, 190, 191, 198, 201, 202, 207,
+    211, 216, 217, 235, 236, 241,
+];
+
+fn empty_slots(cuda_version: i32) -> &'static [usize] {
+    if cuda_version < 12040 {
+        EMPTY_SLOTS_535
+    } else {
+        EMPTY_SLOTS_550
+    }
 }
 
 /// The size the real library of the reported driver branch gives its table: 1960 bytes in
