@@ -389,14 +389,44 @@ unsafe extern "C" fn private_list<const I: usize>(
         return NVML_ERROR_UNKNOWN;
     };
     let run = || {
-        std::panic::catch_unwind(|| {
+        crate::ffi_panic_boundary!(NVML_ERROR_UNKNOWN, {
             // SAFETY: the caller's arguments, passed on as the driver's slot takes them.
             unsafe { filtered_private_list(real, device, count, buf) }
         })
-        .unwrap_or(NVML_ERROR_UNKNOWN)
     };
     // SAFETY: as above.
     crate::hooks::nesting::outermost(run, || unsafe { real(device, count, buf) })
+}
+
+/// A slice member's entry under the PID its container knows. nvidia-smi leaves a row out of
+/// its table when the name is empty (what a driver that cannot see the process's name gives);
+/// the member is visible here by that PID, so its name is taken from `/proc` then.
+fn with_container_pid(entry: PrivateProcessEntry, pid: c_uint) -> PrivateProcessEntry {
+    let mut entry = PrivateProcessEntry { pid, ..entry };
+    if entry.name[0] == 0 {
+        let name = program_name(pid);
+        let len = name.len().min(entry.name.len() - 1);
+        entry.name[..len].copy_from_slice(&name.as_bytes()[..len]);
+    }
+    entry
+}
+
+/// `/proc/PID/cmdline`'s first word (what nvidia-smi shows as the name), else `comm`, else
+/// empty.
+fn program_name(pid: c_uint) -> String {
+    let argv0 = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .and_then(|c| {
+            let first = c.split(|b| *b == 0).next()?;
+            (!first.is_empty()).then(|| String::from_utf8_lossy(first).into_owned())
+        });
+    argv0
+        .or_else(|| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()
+                .map(|c| c.trim_end().to_owned())
+        })
+        .unwrap_or_default()
 }
 
 unsafe fn filtered_private_list(
@@ -419,7 +449,7 @@ unsafe fn filtered_private_list(
         device,
         read,
         |e: &PrivateProcessEntry| e.pid,
-        |e, pid| PrivateProcessEntry { pid, ..e },
+        |e, pid| with_container_pid(e, pid),
     ) {
         None => real(device, count, buf),
         Some(Err(code)) => code,
