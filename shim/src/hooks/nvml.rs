@@ -449,7 +449,7 @@ unsafe fn filtered_private_list(
         device,
         read,
         |e: &PrivateProcessEntry| e.pid,
-        |e, pid| with_container_pid(e, pid),
+        with_container_pid,
     ) {
         None => real(device, count, buf),
         Some(Err(code)) => code,
@@ -476,6 +476,36 @@ mod tests {
         gpu: 90,
         memory: 40,
     };
+
+    #[test]
+    fn only_the_checked_table_layouts_are_interposed() {
+        assert!(known_layout(1960) && known_layout(2008));
+        for other in [0, 8, 1952, 2016, 4096] {
+            assert!(!known_layout(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn a_member_entry_gets_its_container_pid_and_a_missing_name() {
+        let blank = PrivateProcessEntry {
+            pid: 4242,
+            _pad: 0,
+            used_gpu_memory: 7 << 20,
+            gpu_instance_id: u32::MAX,
+            compute_instance_id: u32::MAX,
+            used_cc_protected_memory: 0,
+            name: [0; 4096],
+        };
+        let me = std::process::id();
+        let e = with_container_pid(blank, me);
+        assert_eq!((e.pid, e.used_gpu_memory), (me, 7 << 20));
+        let len = e.name.iter().position(|b| *b == 0).unwrap();
+        assert!(len > 0, "named from /proc");
+        let mut named = blank;
+        named.name[..4].copy_from_slice(b"keep");
+        let e = with_container_pid(named, me);
+        assert_eq!(&e.name[..5], b"keep\0", "the driver's name stands");
+    }
 
     #[test]
     fn an_idle_slice_reads_zero_whatever_the_card_shows() {
