@@ -342,6 +342,42 @@ fn in_a_slice_nvidia_smi_shows_the_slice() {
     neighbour.release();
 }
 
+/// The seed's check as a user types it: `gpuslice run --fake-gpu -m 8GiB -- nvidia-smi ...`.
+#[test]
+fn gpuslice_run_with_nvidia_smi_prints_the_seeds_line() {
+    let smis = builds();
+    if smis.is_empty() {
+        return;
+    }
+    let gpu = FakeGpu::start("v100");
+    let env: Env = vec![(
+        "FAKEGPU_STATE".into(),
+        gpu.state_path().display().to_string(),
+    )];
+    for smi in &smis {
+        let mut env = env.clone();
+        env.push(("FAKEGPU_DRIVER_VERSION".into(), smi.cuda.into()));
+        let path = smi.path.display().to_string();
+        let args = [
+            "run",
+            "--fake-gpu",
+            "-m",
+            "8GiB",
+            "--",
+            &path,
+            "--query-gpu=name,memory.total",
+            "--format=csv,noheader",
+        ];
+        let out = cuda_e2e::run_with_timeout(
+            cuda_e2e::command(&cuda_e2e::gpuslice_binary(), &args, &env),
+            None,
+            DEFAULT_TIMEOUT,
+        );
+        let (stdout, _) = checked(smi, &args, out);
+        assert_eq!(stdout, "Tesla V100-PCIE-32GB, 8192 MiB\n");
+    }
+}
+
 /// Two slices of one card, a process in each: nvidia-smi in each slice lists its own process
 /// alone (table and query); the host lists both.
 #[test]
