@@ -1,5 +1,12 @@
 //! nvidia-smi's private entry point: `nvmlInternalGetExportTable(&table, &guid)` and the
-//! table it hands out for GUID `6c3efec4-8fc9-4e6c-a327-ee696e12f7c4`.
+//! table it hands out for GUID `6c3efec4-8fc9-4e6c-a327-ee696e12f7c4`, laid out as the real
+//! library of the reported driver branch lays it out (size word, null slots).
+//!
+//! Every slot is its own trampoline (`slot::<N>`), so a call names its slot
+//! (`FAKEGPU_NVML_TRACE_TABLE` logs them): that is how the served slots were found. Served:
+//! 26 (debug log), 81 (handle by index), 213-215 (process lists); every other non-null slot
+//! answers NOT_SUPPORTED and writes nothing. cuda-tests/README.md lists the facts and where
+//! each comes from.
 
 use crate::core::{self, guard, out, NvmlResult};
 use gpuslice_abi::nvml::ret::*;
