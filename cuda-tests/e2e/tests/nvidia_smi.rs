@@ -378,6 +378,32 @@ fn gpuslice_run_with_nvidia_smi_prints_the_seeds_line() {
     }
 }
 
+/// A slice's process killed with SIGKILL leaves nvidia-smi's list once the driver has
+/// released it; nvidia-smi in the slice then shows no process and the slice's memory free.
+#[test]
+fn a_killed_slice_process_leaves_the_list() {
+    let smis = builds();
+    if smis.is_empty() {
+        return;
+    }
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "8GiB", None).build();
+    let env = slice.env(&gpu);
+    for smi in &smis {
+        let holder = Client::spawn(ClientKind::Linked, &["hold", "1GiB"], &env);
+        let pid = holder.pid();
+        assert_eq!(compute_apps(smi, &env).len(), 1);
+        holder.kill();
+        cuda_e2e::wait_until("the killed holder leaves the list", DEFAULT_TIMEOUT, || {
+            compute_apps(smi, &env).is_empty() && memory_cell(&run(smi, &[], &env).0).0 == 0
+        });
+        let (table, _) = run(smi, &[], &env);
+        assert!(table.contains("No running processes found"), "{table}");
+        assert!(!table_pids(&table).contains(&pid));
+        assert_eq!(memory_cell(&table), (0, 8192), "{table}");
+    }
+}
+
 /// Two slices of one card, a process in each: nvidia-smi in each slice lists its own process
 /// alone (table and query); the host lists both.
 #[test]
@@ -547,6 +573,13 @@ fn in_a_cdi_container_nvidia_smi_shows_the_slice_and_its_own_process() {
             parts[3],
         );
         assert_eq!(table_pids(parts[3]), vec![container_pid], "{}", parts[3]);
+        let slice_used = 8 * GIB - hold["mem_free"].as_u64().unwrap();
+        assert_eq!(
+            memory_cell(parts[3]),
+            (slice_used / MIB, 8192),
+            "the slice's use as cuMemGetInfo saw it: {}",
+            parts[3]
+        );
         assert!(!table_pids(parts[3]).contains(&neighbour.pid()));
     }
     neighbour.release();
