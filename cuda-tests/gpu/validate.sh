@@ -179,7 +179,7 @@ chmod +x "$IN_SLICE" "$OUTSIDE"
 # ---------------------------------------------------------------------------------------------
 # Plan (printed by --dry-run, and logged on a real run)
 # ---------------------------------------------------------------------------------------------
-CHECK_IDS=(1 2 3 4 5 6 7 8 9)
+CHECK_IDS=(1 2 3 4 5 6 7 8 9 10)
 declare -A TITLE=(
     [1]="nvidia-smi shows the slice"
     [2]="PyTorch memory cap"
@@ -190,6 +190,7 @@ declare -A TITLE=(
     [7]="non-CUDA processes unaffected"
     [8]="driver facts the shim relies on"
     [9]="compute share matrix"
+    [10]="nvidia-smi lists only the slice's processes"
 )
 declare -A PLAN=(
     [1]="nvidia-smi (table, --query-gpu=memory.total,memory.used, -q -d MEMORY) with and without the shim under a ${CAP_MIB} MiB limit: ${CAP_MIB}MiB inside, the whole card outside"
@@ -200,6 +201,7 @@ declare -A PLAN=(
     [6]="spin launch (empty kernels/s) and alloc (cudaMalloc+cudaFree pairs/s): bare, shim with no limit file, shim with limits (memory cap, compute 100); ratios >= ${MIN_RATIO}"
     [7]="python3, bash and ls (exit codes 3/5/2, stdout and stderr) bare vs under the shim with a valid, a missing and an invalid limit file: byte-identical"
     [9]="spin kernels of ~10 us, 1 ms and 10 ms (cycles calibrated on this GPU) alone without the shim, then each at 10/50/90% in one process; four processes of one 50% slice; one 50% slice mixing the three lengths; two burst slices 30% + 20% (split 3:2 +-20%, >= 75% used); burst 30% high + 30% low (high >= low + 10 points): each process's kernels/s over its length's solo rate, summed per slice, within +-${POINTS} points"
+    [10]="a process holding 512 MiB in each of two slices: nvidia-smi (--query-compute-apps and the table, which read NVML's private export table) in slice A lists A's process alone, in B B's alone, both without the shim; the shim must know the driver's table layout (GPUSLICE_LOG=debug says when it does not)"
     [8]="driver_facts.py without the shim (ctypes on libcuda.so.1, libnvidia-ml.so.1): cuGetProcAddress_v2 at 12080 and the driver's version, default and per-thread stream, returns dlsym of every export the shim hooks; primary context active 0/1/0/1/1/0 over retain, reset, retain, release, release; reports the context's NVML cost, the VMM granularity and a 1-byte cuMemAlloc's cost"
 )
 
@@ -275,6 +277,70 @@ check_1() {
         record "$id" "$name" FAIL "$numbers" "${bad#; }"
     else
         record "$id" "$name" PASS "$numbers" "slice ${slice_total} MiB inside (table, query, -q), card ${card_total} MiB outside"
+    fi
+}
+
+# smi_pids NAME PREFIX...: the PIDs nvidia-smi's compute-apps query lists, sorted, one line.
+smi_pids() {
+    local name=$1
+    shift
+    step "$name" 30 "$@" nvidia-smi --query-compute-apps=pid --format=csv,noheader -i 0 || return 1
+    tr -d ' ' <"$WORK/$name.out" | grep -E '^[0-9]+$' | sort -n | tr '\n' ' ' | sed 's/ $//'
+}
+# table_pids FILE: the PIDs in the Processes box of a saved nvidia-smi table.
+table_pids() {
+    sed -n '/Processes:/,$p' "$1" | awk -F'|' 'NF > 2 { split($2, c, " "); if (c[1] ~ /^[0-9]+$/ && c[4] ~ /^[0-9]+$/) print c[4] }' |
+        sort -n | tr '\n' ' ' | sed 's/ $//'
+}
+
+check_10() {
+    local id=10 name=${TITLE[10]} helper cfg_a cfg_b pid_a pid_b hold_a hold_b a b both table_a bad="" layout=""
+    if [ "$HAVE_TORCH" -eq 1 ]; then helper=torch_cap.py
+    elif [ "$HAVE_CUPY" -eq 1 ]; then helper=cupy_cap.py
+    else record "$id" "$name" SKIP '{}' "neither torch nor cupy for $PY"; return; fi
+    budget_ok 60 || { record "$id" "$name" SKIP '{}' "time budget (${BUDGET_S}s) spent"; return; }
+    cfg_a=$(write_config smi-a "${CAP_MIB}MiB" "")
+    cfg_b=$(write_config smi-b "${CAP_MIB}MiB" "")
+    spawn smi-hold-a 120 "$IN_SLICE" "$cfg_a" "$PY" "$HERE/$helper" --mode hold --hold-mib 512 \
+        --ready "$WORK/smi-a.ready" --release "$WORK/smi.release"
+    hold_a=$BG_LAST
+    spawn smi-hold-b 120 "$IN_SLICE" "$cfg_b" "$PY" "$HERE/$helper" --mode hold --hold-mib 512 \
+        --ready "$WORK/smi-b.ready" --release "$WORK/smi.release"
+    hold_b=$BG_LAST
+    if ! wait_files 90 0 "$WORK/smi-a.ready" "$WORK/smi-b.ready"; then
+        touch "$WORK/smi.release"
+        bg_wait smi-hold-a "$hold_a"
+        bg_wait smi-hold-b "$hold_b"
+        record "$id" "$name" FAIL '{}' "the holders never held 512 MiB (see validate.log)"
+        return
+    fi
+    pid_a=$(grep -o '"pid": *[0-9]*' "$WORK/smi-hold-a.out" | grep -o '[0-9]*$' | head -1)
+    pid_b=$(grep -o '"pid": *[0-9]*' "$WORK/smi-hold-b.out" | grep -o '[0-9]*$' | head -1)
+    a=$(smi_pids smi-pids-a "$IN_SLICE" "$cfg_a") || bad="$bad; nvidia-smi failed in slice A"
+    b=$(smi_pids smi-pids-b "$IN_SLICE" "$cfg_b") || bad="$bad; nvidia-smi failed in slice B"
+    both=$(smi_pids smi-pids-card "$OUTSIDE") || bad="$bad; nvidia-smi failed without the shim"
+    if step smi-table-a 30 "$IN_SLICE" "$cfg_a" env GPUSLICE_LOG=debug nvidia-smi; then
+        table_a=$(table_pids "$WORK/smi-table-a.out")
+        layout=$(grep -o 'unknown layout ([0-9]* bytes)' "$WORK/smi-table-a.err" | head -1)
+    else
+        bad="$bad; the nvidia-smi table failed in slice A"
+    fi
+    touch "$WORK/smi.release"
+    bg_wait smi-hold-a "$hold_a"
+    bg_wait smi-hold-b "$hold_b"
+    [ -n "$layout" ] && bad="$bad; the shim does not know this driver's table: $layout"
+    [ "$a" = "$pid_a" ] || bad="$bad; slice A lists '${a}', want '${pid_a}'"
+    [ "$b" = "$pid_b" ] || bad="$bad; slice B lists '${b}', want '${pid_b}'"
+    [ "${table_a:-}" = "$pid_a" ] || bad="$bad; slice A's table lists '${table_a:-}', want '${pid_a}'"
+    [ "$both" = "$(printf '%s\n%s\n' "$pid_a" "$pid_b" | sort -n | tr '\n' ' ' | sed 's/ $//')" ] ||
+        bad="$bad; without the shim nvidia-smi lists '${both}', want both holders"
+    local numbers
+    numbers=$(printf '{"pid_a":%s,"pid_b":%s,"slice_a":"%s","slice_b":"%s","card":"%s","table_a":"%s"}' \
+        "$(num "$pid_a")" "$(num "$pid_b")" "$a" "$b" "$both" "${table_a:-}")
+    if [ -n "$bad" ]; then
+        record "$id" "$name" FAIL "$numbers" "${bad#; }"
+    else
+        record "$id" "$name" PASS "$numbers" "each slice lists its own process alone (query and table), the card both"
     fi
 }
 
@@ -632,7 +698,7 @@ if [ -x "$CLI" ]; then
 fi
 
 # Longest last, so the budget guard cuts the least; 8 first: the facts the others rest on.
-for id in 8 1 2 3 4 7 6 5 9; do
+for id in 8 1 10 2 3 4 7 6 5 9; do
     selected "$id" || continue
     # 7 needs no GPU; 8 needs only a libcuda.so.1 (it says so itself when there is none).
     if [ "$id" != 7 ] && [ "$id" != 8 ] && [ "$HAVE_SMI" -eq 0 ]; then

@@ -196,6 +196,38 @@ impl Dev {
             })
             .collect()
     }
+
+    /// [`Dev::compute_processes`] with each process's name as the driver reports it: the
+    /// program its card-namespace PID runs (`/proc/PID/cmdline`'s first word, else `comm`),
+    /// empty when that PID is not visible from here.
+    pub fn compute_processes_named(&self) -> Vec<crate::export_table::NamedProcess> {
+        self.state.reap_dead_processes();
+        self.state
+            .processes(self.index)
+            .into_iter()
+            .map(|p| crate::export_table::NamedProcess {
+                pid: nvml_view::nvml_pid(p.pid),
+                used_memory: p.used_memory,
+                name: process_name(p.pid),
+            })
+            .collect()
+    }
+}
+
+pub fn process_name(pid: u32) -> String {
+    let argv0 = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .and_then(|c| {
+            let first = c.split(|b| *b == 0).next()?;
+            (!first.is_empty()).then(|| String::from_utf8_lossy(first).into_owned())
+        });
+    argv0
+        .or_else(|| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()
+                .map(|c| c.trim_end().to_owned())
+        })
+        .unwrap_or_default()
 }
 
 // ---- argument helpers ----

@@ -12,6 +12,8 @@
 #![allow(non_snake_case)] // exported names are the NVML ABI
 
 mod core;
+mod export_table;
+mod smi_entry;
 
 use crate::core::{guard, out};
 use gpuslice_abi::nvml::ret::*;
@@ -678,4 +680,17 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         // SAFETY: the caller passes null or valid pointers sized by `*count`.
         unsafe { core::process_utilization(&dev, samples, count, last_seen_us) }
     })
+}
+
+// ---- nvidia-smi's private table ----
+
+/// # Safety
+/// `table` must be null or writable; `guid` null or 16 readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlInternalGetExportTable(
+    table: *mut *const usize,
+    guid: *const u8,
+) -> nvmlReturn_t {
+    // SAFETY: same contract.
+    unsafe { export_table::get_export_table(table, guid) }
 }

@@ -3,10 +3,15 @@
 //! Device utilisation reports the slice's own processes' share of the card (see
 //! [`device_get_utilization_rates`]). The process lists and per-process samples are filtered
 //! to the slice, PIDs translated (what is in the slice: `memory::driver_sized`).
+//!
+//! nvidia-smi reads its process lists through NVML's private export table
+//! (`nvmlInternalGetExportTable`), not the public lists: [`internal_export_table`] hands it a
+//! copy of the driver's table whose process-list slots apply the same filter.
 
-use std::ffi::c_uint;
+use std::ffi::{c_uint, c_void};
+use std::sync::OnceLock;
 
-use gpuslice_abi::nvml::ret::{NVML_ERROR_NOT_FOUND, NVML_SUCCESS};
+use gpuslice_abi::nvml::ret::{NVML_ERROR_NOT_FOUND, NVML_ERROR_UNKNOWN, NVML_SUCCESS};
 use gpuslice_abi::nvml::*;
 
 use crate::hooks::registry::signature as sig;
@@ -265,6 +270,193 @@ pub unsafe fn compute_processes_v3(
     }
 }
 
+// ---------------------------------------------------------------- the private table
+
+/// The table nvidia-smi asks `nvmlInternalGetExportTable` for,
+/// `6c3efec4-8fc9-4e6c-a327-ee696e12f7c4`, as the bytes it passes (first three fields
+/// little-endian).
+pub const SMI_TABLE_GUID: [u8; 16] = [
+    0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e, 0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4,
+];
+
+/// Table layouts the shim knows, by the size in bytes the driver writes in word 0: 1960 in
+/// 535.261.03, 2008 in 550.163.01 (Debian's libnvidia-ml1 packages; 550's layout is 535's with
+/// slots appended). In both, slots 213, 214 and 215 are the compute, graphics and MPS process
+/// lists, `(device, unsigned *count, entry *buf)` with NVML's count protocol.
+const KNOWN_TABLE_BYTES: [usize; 2] = [1960, 2008];
+/// The process-list slots: compute, graphics, MPS compute.
+pub const PROCESS_LIST_SLOTS: [usize; 3] = [213, 214, 215];
+
+/// One entry of the private process lists (4128 bytes): `nvmlProcessDetail_v1_t`'s numbers,
+/// then the process name inline.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PrivateProcessEntry {
+    pub pid: c_uint,
+    _pad: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+    pub used_cc_protected_memory: u64,
+    pub name: [u8; 4096],
+}
+
+const _: () = assert!(std::mem::size_of::<PrivateProcessEntry>() == 4128);
+
+type PrivateList =
+    unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut PrivateProcessEntry) -> nvmlReturn_t;
+
+/// The driver's table and the copy handed out instead (both as addresses).
+struct Interposed {
+    original: usize,
+    copy: &'static [usize],
+    real: [Option<PrivateList>; 3],
+}
+
+static INTERPOSED: OnceLock<Option<Interposed>> = OnceLock::new();
+
+/// Pure: whether a table of `size_bytes` has a layout whose process-list slots are known.
+pub fn known_layout(size_bytes: usize) -> bool {
+    KNOWN_TABLE_BYTES.contains(&size_bytes)
+}
+
+/// `nvmlInternalGetExportTable(&table, &guid)`: the driver's answer, except that for
+/// nvidia-smi's table of a known layout the caller gets a copy whose process-list slots keep
+/// to the slice. Any other table, an unknown layout (said once at debug level), or a second
+/// driver table in the same process pass through unchanged.
+pub unsafe fn internal_export_table(
+    real: sig::nvmlInternalGetExportTable,
+    table: *mut *const c_void,
+    guid: *const c_void,
+) -> nvmlReturn_t {
+    let result = real(table, guid);
+    if result != NVML_SUCCESS || table.is_null() || guid.is_null() || (*table).is_null() {
+        return result;
+    }
+    if *guid.cast::<[u8; 16]>() != SMI_TABLE_GUID {
+        return result;
+    }
+    let original = *table as usize;
+    let interposed = INTERPOSED.get_or_init(|| {
+        // SAFETY: the driver's table starts with its size in bytes.
+        let size = unsafe { *(original as *const usize) };
+        if !known_layout(size) {
+            crate::log_debug!(
+                "nvidia-smi's NVML table has an unknown layout ({size} bytes); its process \
+                 lists pass through unfiltered"
+            );
+            return None;
+        }
+        // SAFETY: a table of `size` bytes, as its first word says.
+        let words = unsafe { std::slice::from_raw_parts(original as *const usize, size / 8) };
+        let mut copy = words.to_vec();
+        let mut real = [None; 3];
+        for (i, &slot) in PROCESS_LIST_SLOTS.iter().enumerate() {
+            if words[slot] != 0 {
+                // SAFETY: in the known layouts this slot is a process list of this signature.
+                real[i] = Some(unsafe { std::mem::transmute::<usize, PrivateList>(words[slot]) });
+                copy[slot] = PRIVATE_LIST_WRAPPERS[i] as usize;
+            }
+        }
+        Some(Interposed {
+            original,
+            copy: Box::leak(copy.into_boxed_slice()),
+            real,
+        })
+    });
+    match interposed {
+        Some(t) if t.original == original => *table = t.copy.as_ptr().cast(),
+        _ => {}
+    }
+    result
+}
+
+const PRIVATE_LIST_WRAPPERS: [PrivateList; 3] =
+    [private_list::<0>, private_list::<1>, private_list::<2>];
+
+/// A process-list slot of the copied table: the slice's processes only, under the PIDs the
+/// container knows (the policy of the public lists, [`members_only_by`]). Not an exported
+/// symbol, so it carries its own panic boundary and nesting check.
+unsafe extern "C" fn private_list<const I: usize>(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    buf: *mut PrivateProcessEntry,
+) -> nvmlReturn_t {
+    let Some(Some(table)) = INTERPOSED.get() else {
+        return NVML_ERROR_UNKNOWN;
+    };
+    let Some(real) = table.real[I] else {
+        return NVML_ERROR_UNKNOWN;
+    };
+    let run = || {
+        crate::ffi_panic_boundary!(NVML_ERROR_UNKNOWN, {
+            // SAFETY: the caller's arguments, passed on as the driver's slot takes them.
+            unsafe { filtered_private_list(real, device, count, buf) }
+        })
+    };
+    // SAFETY: as above.
+    crate::hooks::nesting::outermost(run, || unsafe { real(device, count, buf) })
+}
+
+/// A slice member's entry under the PID its container knows. nvidia-smi leaves a row out of
+/// its table when the name is empty (what a driver that cannot see the process's name gives);
+/// the member is visible here by that PID, so its name is taken from `/proc` then.
+fn with_container_pid(entry: PrivateProcessEntry, pid: c_uint) -> PrivateProcessEntry {
+    let mut entry = PrivateProcessEntry { pid, ..entry };
+    if entry.name[0] == 0 {
+        let name = program_name(pid);
+        let len = name.len().min(entry.name.len() - 1);
+        entry.name[..len].copy_from_slice(&name.as_bytes()[..len]);
+    }
+    entry
+}
+
+/// `/proc/PID/cmdline`'s first word (what nvidia-smi shows as the name), else `comm`, else
+/// empty.
+fn program_name(pid: c_uint) -> String {
+    let argv0 = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .and_then(|c| {
+            let first = c.split(|b| *b == 0).next()?;
+            (!first.is_empty()).then(|| String::from_utf8_lossy(first).into_owned())
+        });
+    argv0
+        .or_else(|| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()
+                .map(|c| c.trim_end().to_owned())
+        })
+        .unwrap_or_default()
+}
+
+unsafe fn filtered_private_list(
+    real: PrivateList,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    buf: *mut PrivateProcessEntry,
+) -> nvmlReturn_t {
+    // The driver fills the caller's own buffer (its size is the caller's to vouch for); the
+    // slice's entries are then written back over it, compacted.
+    let read = |_: &Shared, _| {
+        let result = real(device, count, buf);
+        if result != NVML_SUCCESS {
+            return Err(result);
+        }
+        let n = if count.is_null() { 0 } else { *count as usize };
+        Ok((0..n).map(|i| buf.add(i).read()).collect::<Vec<_>>())
+    };
+    match members_only_by(
+        device,
+        read,
+        |e: &PrivateProcessEntry| e.pid,
+        with_container_pid,
+    ) {
+        None => real(device, count, buf),
+        Some(Err(code)) => code,
+        Some(Ok(list)) => answer(list, count, buf, |e| e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,6 +476,36 @@ mod tests {
         gpu: 90,
         memory: 40,
     };
+
+    #[test]
+    fn only_the_checked_table_layouts_are_interposed() {
+        assert!(known_layout(1960) && known_layout(2008));
+        for other in [0, 8, 1952, 2016, 4096] {
+            assert!(!known_layout(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn a_member_entry_gets_its_container_pid_and_a_missing_name() {
+        let blank = PrivateProcessEntry {
+            pid: 4242,
+            _pad: 0,
+            used_gpu_memory: 7 << 20,
+            gpu_instance_id: u32::MAX,
+            compute_instance_id: u32::MAX,
+            used_cc_protected_memory: 0,
+            name: [0; 4096],
+        };
+        let me = std::process::id();
+        let e = with_container_pid(blank, me);
+        assert_eq!((e.pid, e.used_gpu_memory), (me, 7 << 20));
+        let len = e.name.iter().position(|b| *b == 0).unwrap();
+        assert!(len > 0, "named from /proc");
+        let mut named = blank;
+        named.name[..4].copy_from_slice(b"keep");
+        let e = with_container_pid(named, me);
+        assert_eq!(&e.name[..5], b"keep\0", "the driver's name stands");
+    }
 
     #[test]
     fn an_idle_slice_reads_zero_whatever_the_card_shows() {

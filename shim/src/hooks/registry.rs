@@ -270,6 +270,9 @@ macro_rules! hook_table {
             Nvml fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t,
                 samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen: u64) -> nvmlReturn_t
                 => nvml::process_utilization;
+            // nvidia-smi's private table: its process lists, filtered as the public ones.
+            Nvml fn nvmlInternalGetExportTable(table: *mut *const c_void, guid: *const c_void) -> nvmlReturn_t
+                => nvml::internal_export_table;
         }
         helpers {
             Cuda fn cuCtxGetDevice(*mut CUdevice) -> CUresult;
