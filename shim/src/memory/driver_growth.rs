@@ -45,16 +45,7 @@ static WARNED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MA
 static BUSY: AtomicBool = AtomicBool::new(false);
 /// A launch or limit change since the last reconciliation.
 static DIRTY: AtomicBool = AtomicBool::new(false);
-static LAST_NS: AtomicU64 = AtomicU64::new(0);
 static STARTED: AtomicBool = AtomicBool::new(false);
-
-/// Monotonic ns since this module's first use.
-fn now_ns() -> u64 {
-    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    BASE.get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_nanos() as u64
-}
 
 /// A kernel launch (hot path: one load, and a store only when the flag was clear).
 #[inline]
@@ -95,7 +86,6 @@ pub fn reconcile(process: &Process) {
         return;
     }
     DIRTY.store(false, Ordering::Relaxed);
-    LAST_NS.store(now_ns(), Ordering::Relaxed);
     if let (Some(shared), host_pid) = (shared(), process.host_pid.load(Ordering::Relaxed)) {
         if host_pid != 0 {
             reconcile_devices(shared, process, host_pid);
@@ -164,10 +154,7 @@ fn ensure_started() {
             // A forked child's copy of this loop does not exist (threads do not survive
             // fork); its own starts at its first charge.
             if let Some(process) = process() {
-                let since = now_ns().saturating_sub(LAST_NS.load(Ordering::Relaxed));
-                if since >= PERIOD.as_nanos() as u64 {
-                    reconcile(process);
-                }
+                reconcile(process);
             }
         });
     if let Err(error) = spawned {
