@@ -127,7 +127,8 @@ impl Backstop {
                 }
                 // One event per grace period while it stays over.
                 self.over_since.insert(key.clone(), now);
-                let blamed = self.unaccounted(view, index, card, settings, now, &mut still_unaccounted);
+                let blamed =
+                    self.unaccounted(view, index, card, settings, now, &mut still_unaccounted);
                 let victim = blamed
                     .into_iter()
                     .map(|(pid, bytes)| (bytes, start_time(pid).unwrap_or(0), pid))
@@ -377,7 +378,9 @@ mod tests {
         owner_of_12.owner.insert(12, 0);
         let mut backstop = Backstop::default();
         let t0 = Instant::now();
-        assert!(backstop.judge(&owner_of_12, &settings, t0, &starts).is_empty());
+        assert!(backstop
+            .judge(&owner_of_12, &settings, t0, &starts)
+            .is_empty());
         let t1 = t0 + Duration::from_secs(1);
         let victim = |actions: Vec<Action>| match actions.as_slice() {
             [Action::OverCap { victim, .. }] => *victim,
@@ -402,7 +405,10 @@ mod tests {
         }
         // Past the bound it is bytes the shim did not see.
         let late = t1 + DRIVER_GROWTH_BOUND + Duration::from_secs(2);
-        assert_eq!(victim(backstop.judge(&growth, &settings, late, &starts)), Some(11));
+        assert_eq!(
+            victim(backstop.judge(&growth, &settings, late, &starts)),
+            Some(11)
+        );
         // Everything in the ledger (the ledger itself past the cap): accounted, no victim.
         let charged = with_ledger(growth.clone(), &[(11, 300 * MIB)]);
         let mut fresh = Backstop::default();

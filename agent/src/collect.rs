@@ -188,22 +188,42 @@ pub fn collect(sources: &Sources, driver: &mut Driver, warn: &mut dyn FnMut(Stri
     }
 }
 
-/// The mapped file of one `/proc/PID/maps` line (its sixth field on; `None`: anonymous).
-fn mapped_path(line: &str) -> Option<&str> {
+/// One shared file mapping of a `/proc/PID/maps` line: (its length, the file's path as
+/// the kernel prints it). `None`: private or anonymous.
+fn shared_mapping(line: &str) -> Option<(u64, &str)> {
+    let mut fields = line.split_whitespace();
+    let range = fields.next()?;
+    if !fields.next()?.ends_with('s') {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    let len = u64::from_str_radix(end, 16).ok()? - u64::from_str_radix(start, 16).ok()?;
     let mut rest = line;
     for _ in 0..5 {
         rest = rest.trim_start();
         rest = &rest[rest.find(char::is_whitespace)?..];
     }
     let path = rest.trim();
-    path.starts_with('/').then_some(path)
+    path.starts_with('/').then_some((len, path))
 }
 
-/// Whether a process mapping `mapped` (a maps path, maybe ending in " (deleted)") maps
-/// `region`'s file although `region` no longer leads to it: the same path marked deleted
-/// (unlinked, or replaced by another file), or a file of the same name plus a suffix in the
-/// same directory while `region` is gone (renamed, `s.region` -> `s.region.old`).
-fn maps_broken_region(mapped: &str, region: &std::path::Path, region_exists: bool) -> bool {
+/// How long a region's mapping is (the whole file, page-rounded).
+fn region_mapping_len() -> u64 {
+    (gpuslice_common::region::REGION_SIZE as u64).div_ceil(4096) * 4096
+}
+
+/// Whether a process's shared mapping of `len` bytes of `mapped` (a maps path, maybe ending
+/// in " (deleted)") is `region`'s file although `region` no longer leads to it: the same
+/// path marked deleted (unlinked, or replaced by another file); or, a region's size, a
+/// deleted file of the same directory (the kernel may print an unlinked file as `#<inode>`)
+/// or, while `region` is gone, a file of its directory whose name begins with its name
+/// (renamed, `region` -> `region.old`).
+fn maps_broken_region(
+    len: u64,
+    mapped: &str,
+    region: &std::path::Path,
+    region_exists: bool,
+) -> bool {
     let (path, deleted) = match mapped.strip_suffix(" (deleted)") {
         Some(p) => (p, true),
         None => (mapped, false),
@@ -216,12 +236,14 @@ fn maps_broken_region(mapped: &str, region: &std::path::Path, region_exists: boo
     else {
         return false;
     };
-    !region_exists
-        && path.parent() == Some(dir)
-        && path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.len() > name.len() && n.starts_with(name))
+    if len != region_mapping_len() || path.parent() != Some(dir) {
+        return false;
+    }
+    let renamed = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.len() > name.len() && n.starts_with(name));
+    deleted || (renamed && !region_exists)
 }
 
 /// (slice, PID, mapped file) for every PID in `pids` that maps a slice's broken region.
@@ -241,12 +263,15 @@ pub fn broken_region_members(
     }
     for &pid in pids {
         let Some(maps) = maps_of(pid) else { continue };
-        let hit = maps.lines().filter_map(mapped_path).find_map(|mapped| {
-            regions
-                .iter()
-                .find(|(_, region, exists)| maps_broken_region(mapped, region, *exists))
-                .map(|(i, _, _)| (*i, mapped.to_string()))
-        });
+        let hit = maps
+            .lines()
+            .filter_map(shared_mapping)
+            .find_map(|(len, mapped)| {
+                regions
+                    .iter()
+                    .find(|(_, region, exists)| maps_broken_region(len, mapped, region, *exists))
+                    .map(|(i, _, _)| (*i, mapped.to_string()))
+            });
         if let Some((index, mapped)) = hit {
             found.push((index, pid, mapped));
         }
@@ -477,34 +502,52 @@ mod tests {
 
     #[test]
     fn a_process_mapping_an_unlinked_or_renamed_region_is_the_slices() {
-        let dir = std::env::temp_dir().join(format!("gpuslice-agent-broken-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("gpuslice-agent-broken-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let region = dir.join("s.region");
         let mut s = slice("s", &[]);
         s.found.region = Some(region.clone());
-        let line = |path: &str| format!("7f00-7f10 rw-s 00000000 fd:01 1234     {path}\n");
+        let len = region_mapping_len();
+        let line = |path: &str| {
+            format!(
+                "7f0000000-{:x} rw-s 00000000 fd:01 1234     {path}\n",
+                0x7f000_0000 + len
+            )
+        };
         let r = region.display().to_string();
         let maps = |pid: u32| {
             Some(match pid {
                 1 => line(&format!("{r} (deleted)")),
                 2 => line(&format!("{r}.old")),
                 3 => line("/usr/lib/libc.so.6"),
+                5 => line(&format!("{} (deleted)", dir.join("#1234").display())),
+                6 => format!(
+                    "7f00-7f10 rw-s 00000000 fd:01 1234     {} (deleted)\n",
+                    dir.join("#1").display()
+                ),
                 _ => return None,
             })
         };
         // Gone from its path: the unlinked copy and the renamed one are the slice's.
-        let found = broken_region_members(std::slice::from_ref(&s), &[1, 2, 3, 4], &maps);
+        let found = broken_region_members(std::slice::from_ref(&s), &[1, 2, 3, 4, 5, 6], &maps);
+        let hash = format!("{} (deleted)", dir.join("#1234").display());
         assert_eq!(
             found,
-            [(0, 1, format!("{r} (deleted)")), (0, 2, format!("{r}.old"))]
+            [
+                (0, 1, format!("{r} (deleted)")),
+                (0, 2, format!("{r}.old")),
+                (0, 5, hash),
+            ],
+            "6 is not a region's size"
         );
         // A region at its path again: a renamed file beside it is not the slice's live one,
         // but a deleted one at the path still is (the file was replaced).
         std::fs::write(&region, b"x").unwrap();
         let found = broken_region_members(std::slice::from_ref(&s), &[1, 2], &maps);
         assert_eq!(found, [(0, 1, format!("{r} (deleted)"))]);
-        assert_eq!(mapped_path("7f00-7f10 r-xp 00000000 00:00 0 "), None);
+        assert_eq!(shared_mapping("7f00-7f10 rw-p 00000000 00:00 0 "), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -227,7 +227,10 @@ fn watch(
         logged = current;
         let seen = problems::problems(&view, settings.tolerance_bytes);
         for p in &seen {
-            if !open_problems.iter().any(|o: &problems::Problem| o.key == p.key) {
+            if !open_problems
+                .iter()
+                .any(|o: &problems::Problem| o.key == p.key)
+            {
                 log(&p.line);
             }
         }
