@@ -534,7 +534,8 @@ fn the_backstop_reports_then_ends_a_process_that_bypasses_the_shim() {
         assert_reports_without_killing(&addr, TIMEOUT, slice_bytes, member_pid, bypass_pid);
     }
 
-    // Enforcing: the newest process of the slice (the bypasser) is ended; the member lives.
+    // Enforcing: the process the ledger does not account for (the bypasser) is ended; the
+    // member lives.
     let mut enforce = backstop.to_vec();
     enforce.push("--enforce");
     let (_agent, addr) = start_agent(&gpu, work.path(), &slices_dir, &enforce);
