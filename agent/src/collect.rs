@@ -513,7 +513,7 @@ mod tests {
         let line = |path: &str| {
             format!(
                 "7f0000000-{:x} rw-s 00000000 fd:01 1234     {path}\n",
-                0x7f000_0000 + len
+                0x7_f000_0000 + len
             )
         };
         let r = region.display().to_string();

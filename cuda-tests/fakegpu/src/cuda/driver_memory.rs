@@ -151,7 +151,7 @@ impl Cuda {
         Ok(())
     }
 
-    fn ctx_memory<'t>(t: &'t mut Tables, ctx: u64) -> R<&'t mut CtxMemory> {
+    fn ctx_memory(t: &mut Tables, ctx: u64) -> R<&mut CtxMemory> {
         let dev = t
             .contexts
             .get(&ctx)

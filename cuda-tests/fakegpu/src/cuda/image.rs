@@ -239,7 +239,7 @@ pub unsafe fn image_at<'a>(ptr: *const c_void) -> Option<&'a [u8]> {
         let shoff = u64_at(h, 0x28).unwrap_or(0) as usize;
         let table =
             shoff + u16_at(h, 0x3A).unwrap_or(0) as usize * u16_at(h, 0x3C).unwrap_or(0) as usize;
-        if table > MAX_IMAGE || table < 64 {
+        if !(64..=MAX_IMAGE).contains(&table) {
             return None;
         }
         // The sections' contents may come after the table.
@@ -358,7 +358,7 @@ mod tests {
         b[0x3C..0x3E].copy_from_slice(&((sections.len() + 1) as u16).to_le_bytes());
         b[0x3E..0x40].copy_from_slice(&(sections.len() as u16).to_le_bytes());
         b.extend_from_slice(&names);
-        let mut entry = |name: u32, kind: u32, flags: u64, off: u64, size: u64| {
+        let entry = |name: u32, kind: u32, flags: u64, off: u64, size: u64| {
             let mut e = vec![0u8; 64];
             e[..4].copy_from_slice(&name.to_le_bytes());
             e[4..8].copy_from_slice(&kind.to_le_bytes());
