@@ -77,3 +77,80 @@ pub fn problems(view: &NodeView, tolerance: u64) -> Vec<Problem> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collect::SliceState;
+    use crate::discovery::FoundSlice;
+    use crate::driver::Card;
+    use gpuslice_common::region::{
+        DeviceId, DeviceSnapshot, ProcessSnapshot, RegionSnapshot, SlotId, MAX_DEVICES,
+    };
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_bypass_an_over_cap_slice_and_stale_slots_are_one_line_each() {
+        let stale = ProcessSnapshot {
+            slot: SlotId::from_index(1).unwrap(),
+            pid: 5,
+            host_pid: 5,
+            start_time: 0,
+            pid_ns: 0,
+            used_bytes: [MIB; MAX_DEVICES],
+            contexts: [0; MAX_DEVICES],
+            liveness: Liveness::Stale,
+        };
+        let slice = SliceState {
+            counters: None,
+            found: FoundSlice::named("a"),
+            snapshot: Some(RegionSnapshot {
+                generation: 1,
+                devices: vec![DeviceSnapshot {
+                    id: DeviceId::from_index(0).unwrap(),
+                    uuid: "GPU-1".into(),
+                    memory_limit: Some(1024 * MIB),
+                    compute_percent: None,
+                    used_bytes: 0,
+                    measured_utilization: None,
+                    context_cost: None,
+                }],
+                processes: vec![stale],
+            }),
+        };
+        let mut used = [0; MAX_DEVICES];
+        used[0] = 900 * MIB;
+        let view = NodeView {
+            slices: vec![slice],
+            cards: Ok(vec![Card {
+                index: 0,
+                uuid: "GPU-1".into(),
+                total: 16384 * MIB,
+                used: 0,
+                free: 0,
+                utilization: None,
+                // 10: in the ledger; 11: in the slice's container, not registered.
+                processes: vec![(10, Some(900 * MIB)), (11, Some(400 * MIB))],
+            }]),
+            owner: [(10, 0), (11, 0)].into_iter().collect(),
+            unverified: 0,
+            ledger: [(10, (0, used))].into_iter().collect(),
+            broken: Vec::new(),
+        };
+        let found = problems(&view, 64 * MIB);
+        let keys: Vec<&str> = found.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["stale:a", "over:a:GPU-1", "unaccounted:a:11:GPU-1"],
+            "{found:?}"
+        );
+        assert!(found[2].line.contains("process 11 holds 419430400 bytes"));
+        // A broken region's holder is that problem, not a bypass.
+        let mut broken = view.clone();
+        broken.broken.push((0, 11, "/r (deleted)".into()));
+        assert!(!problems(&broken, 64 * MIB)
+            .iter()
+            .any(|p| p.key.starts_with("unaccounted")));
+    }
+}
