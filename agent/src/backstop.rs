@@ -19,7 +19,8 @@
 //! slice and holds more than the tolerance for longer than the grace time is an event too
 //! (slice label empty), and with `--enforce` that process is ended: on such a device every
 //! process must be some slice's. A process that maps a slice's broken region is that slice's
-//! (`collect`), never of no slice; a slice whose region cannot be read is not judged.
+//! (`collect`), never of no slice; a slice whose region cannot be read, or whose processes
+//! map a region that is no longer its file, is not judged.
 //!
 //! The tolerance absorbs what the ledger and the driver legitimately count differently
 //! (allocation rounding, a context being created); the grace time absorbs a moment's
@@ -104,6 +105,11 @@ impl Backstop {
             let Some(snapshot) = &slice.snapshot else {
                 continue;
             };
+            // Processes still map a region that is no longer the slice's file: what they
+            // hold is in a ledger the agent cannot read, so the slice is not judged.
+            if view.broken.iter().any(|(i, _, _)| *i == index) {
+                continue;
+            }
             for device in &snapshot.devices {
                 let (Some(limit), Some(card)) = (
                     device.memory_limit,
@@ -409,6 +415,14 @@ mod tests {
             victim(backstop.judge(&growth, &settings, late, &starts)),
             Some(11)
         );
+        // A holder of a replaced region (its ledger unreadable): the slice is not judged.
+        let mut replaced = owner_of_12.clone();
+        replaced.broken.push((0, 12, "/r (deleted)".into()));
+        let mut careful = Backstop::default();
+        assert!(careful.judge(&replaced, &settings, t0, &starts).is_empty());
+        assert!(careful
+            .judge(&replaced, &settings, late, &starts)
+            .is_empty());
         // Everything in the ledger (the ledger itself past the cap): accounted, no victim.
         let charged = with_ledger(growth.clone(), &[(11, 300 * MIB)]);
         let mut fresh = Backstop::default();
