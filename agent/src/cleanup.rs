@@ -235,6 +235,8 @@ mod tests {
             cards: Err("none".into()),
             owner: HashMap::new(),
             unverified: 0,
+            ledger: HashMap::new(),
+            broken: Vec::new(),
         };
         (root, view)
     }

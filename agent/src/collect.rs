@@ -10,7 +10,9 @@
 
 use crate::discovery::{discover, FoundSlice, Sources};
 use crate::driver::{Card, Driver};
-use gpuslice_common::region::{Liveness, ProcessSnapshot, Region, RegionSnapshot, SliceCounters};
+use gpuslice_common::region::{
+    Liveness, ProcessSnapshot, Region, RegionSnapshot, SliceCounters, MAX_DEVICES,
+};
 use std::collections::HashMap;
 
 /// A slice and what its region holds.
@@ -67,6 +69,13 @@ pub struct NodeView {
     /// verify (see [`verified_host_pid`]): while there are any, "belongs to no slice" is not
     /// a safe judgment (an agent without the host's PID view sees every process so).
     pub unverified: usize,
+    /// Host PID -> (slice, bytes per device entry) of every verified registered process: what
+    /// the slice's ledger accounts for it.
+    pub ledger: HashMap<u32, (usize, [u64; MAX_DEVICES])>,
+    /// Processes of a slice whose region is broken (unlinked, renamed or replaced while they
+    /// map it): (slice, host PID, the file they map). Members of that slice (never "of no
+    /// slice"), whose ledger cannot be read.
+    pub broken: Vec<(usize, u32, String)>,
 }
 
 impl NodeView {
@@ -76,6 +85,28 @@ impl NodeView {
             .iter()
             .filter(|(pid, _)| self.owner.get(pid) == Some(&slice))
             .fold((0, 0), |(bytes, n), (_, b)| (bytes + b.unwrap_or(0), n + 1))
+    }
+
+    /// What the ledger accounts for `pid` on `card`: `None` for a process of no slice's
+    /// region (a bypasser in a slice's container, a stranger).
+    pub fn ledger_bytes(&self, pid: u32, card: &Card) -> Option<u64> {
+        let (slice, bytes) = self.ledger.get(&pid)?;
+        let snapshot = self.slices.get(*slice)?.snapshot.as_ref()?;
+        let entry = snapshot.devices.iter().find(|d| d.uuid == card.uuid)?;
+        Some(bytes[entry.id.index()])
+    }
+
+    /// The slice's processes on `card` whose driver bytes exceed what its ledger accounts for
+    /// them (all of it for an unregistered one): (PID, driver bytes, ledger bytes). Processes
+    /// of a broken region are left out (their ledger is unreadable, not bypassed).
+    pub fn unaccounted(&self, slice: usize, card: &Card) -> Vec<(u32, u64, Option<u64>)> {
+        card.processes
+            .iter()
+            .filter(|(pid, _)| self.owner.get(pid) == Some(&slice))
+            .filter(|(pid, _)| !self.broken.iter().any(|(_, b, _)| b == pid))
+            .map(|&(pid, bytes)| (pid, bytes.unwrap_or(0), self.ledger_bytes(pid, card)))
+            .filter(|&(_, driver, ledger)| driver > ledger.unwrap_or(0))
+            .collect()
     }
 
     /// The card's processes that belong to no slice.
@@ -102,13 +133,46 @@ pub fn collect(sources: &Sources, driver: &mut Driver, warn: &mut dyn FnMut(Stri
         Err(_) => Vec::new(),
     };
     let own_ns = own_pid_namespace();
-    let owner = membership(
+    let mut slices = slices;
+    let mut ledger = HashMap::new();
+    for (index, slice) in slices.iter().enumerate() {
+        for p in slice.registered() {
+            if let Some(pid) = verified_host_pid(p, own_ns) {
+                ledger.entry(pid).or_insert((index, p.used_bytes));
+            }
+        }
+    }
+    // Processes that map a slice's region file which is no longer at its path (or no longer
+    // the file there): the slice's, whatever the region says now.
+    let strangers: Vec<u32> = driver_pids
+        .iter()
+        .copied()
+        .filter(|pid| !ledger.contains_key(pid))
+        .collect();
+    let broken = broken_region_members(&slices, &strangers, &|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()
+    });
+    for (index, pid, mapped) in &broken {
+        let slice = &mut slices[*index];
+        let region = slice
+            .found
+            .region
+            .as_ref()
+            .map_or(String::new(), |r| r.display().to_string());
+        slice.found.problems.push(format!(
+            "region {region} is broken: process {pid} of the slice maps {mapped}; its ledger cannot be read and its processes are not judged"
+        ));
+    }
+    let mut owner = membership(
         &slices,
         &driver_pids,
         &|p| verified_host_pid(p, own_ns),
         &cgroup_of,
         cgroup_of(std::process::id()),
     );
+    for (index, pid, _) in &broken {
+        owner.insert(*pid, *index);
+    }
     let unverified = slices
         .iter()
         .flat_map(|s| s.registered())
@@ -119,7 +183,100 @@ pub fn collect(sources: &Sources, driver: &mut Driver, warn: &mut dyn FnMut(Stri
         cards,
         owner,
         unverified,
+        ledger,
+        broken,
     }
+}
+
+/// One shared file mapping of a `/proc/PID/maps` line: (its length, the file's path as
+/// the kernel prints it). `None`: private or anonymous.
+fn shared_mapping(line: &str) -> Option<(u64, &str)> {
+    let mut fields = line.split_whitespace();
+    let range = fields.next()?;
+    if !fields.next()?.ends_with('s') {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    let len = u64::from_str_radix(end, 16).ok()? - u64::from_str_radix(start, 16).ok()?;
+    let mut rest = line;
+    for _ in 0..5 {
+        rest = rest.trim_start();
+        rest = &rest[rest.find(char::is_whitespace)?..];
+    }
+    let path = rest.trim();
+    path.starts_with('/').then_some((len, path))
+}
+
+/// How long a region's mapping is (the whole file, page-rounded).
+fn region_mapping_len() -> u64 {
+    (gpuslice_common::region::REGION_SIZE as u64).div_ceil(4096) * 4096
+}
+
+/// Whether a process's shared mapping of `len` bytes of `mapped` (a maps path, maybe ending
+/// in " (deleted)") is `region`'s file although `region` no longer leads to it: the same
+/// path marked deleted (unlinked, or replaced by another file); or, a region's size, a
+/// deleted file of the same directory (the kernel may print an unlinked file as `#<inode>`)
+/// or, while `region` is gone, a file of its directory whose name begins with its name
+/// (renamed, `region` -> `region.old`).
+fn maps_broken_region(
+    len: u64,
+    mapped: &str,
+    region: &std::path::Path,
+    region_exists: bool,
+) -> bool {
+    let (path, deleted) = match mapped.strip_suffix(" (deleted)") {
+        Some(p) => (p, true),
+        None => (mapped, false),
+    };
+    let path = std::path::Path::new(path);
+    if path == region {
+        return deleted;
+    }
+    let (Some(dir), Some(name)) = (region.parent(), region.file_name().and_then(|n| n.to_str()))
+    else {
+        return false;
+    };
+    if len != region_mapping_len() || path.parent() != Some(dir) {
+        return false;
+    }
+    let renamed = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.len() > name.len() && n.starts_with(name));
+    deleted || (renamed && !region_exists)
+}
+
+/// (slice, PID, mapped file) for every PID in `pids` that maps a slice's broken region.
+pub fn broken_region_members(
+    slices: &[SliceState],
+    pids: &[u32],
+    maps_of: &dyn Fn(u32) -> Option<String>,
+) -> Vec<(usize, u32, String)> {
+    let regions: Vec<(usize, &std::path::Path, bool)> = slices
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.found.region.as_deref().map(|r| (i, r, r.exists())))
+        .collect();
+    let mut found = Vec::new();
+    if regions.is_empty() {
+        return found;
+    }
+    for &pid in pids {
+        let Some(maps) = maps_of(pid) else { continue };
+        let hit = maps
+            .lines()
+            .filter_map(shared_mapping)
+            .find_map(|(len, mapped)| {
+                regions
+                    .iter()
+                    .find(|(_, region, exists)| maps_broken_region(len, mapped, region, *exists))
+                    .map(|(i, _, _)| (*i, mapped.to_string()))
+            });
+        if let Some((index, mapped)) = hit {
+            found.push((index, pid, mapped));
+        }
+    }
+    found
 }
 
 fn read_region(mut found: FoundSlice) -> SliceState {
@@ -341,6 +498,57 @@ mod tests {
             None,
             "the PID was reused by a later process"
         );
+    }
+
+    #[test]
+    fn a_process_mapping_an_unlinked_or_renamed_region_is_the_slices() {
+        let dir =
+            std::env::temp_dir().join(format!("gpuslice-agent-broken-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let region = dir.join("s.region");
+        let mut s = slice("s", &[]);
+        s.found.region = Some(region.clone());
+        let len = region_mapping_len();
+        let line = |path: &str| {
+            format!(
+                "7f0000000-{:x} rw-s 00000000 fd:01 1234     {path}\n",
+                0x7_f000_0000 + len
+            )
+        };
+        let r = region.display().to_string();
+        let maps = |pid: u32| {
+            Some(match pid {
+                1 => line(&format!("{r} (deleted)")),
+                2 => line(&format!("{r}.old")),
+                3 => line("/usr/lib/libc.so.6"),
+                5 => line(&format!("{} (deleted)", dir.join("#1234").display())),
+                6 => format!(
+                    "7f00-7f10 rw-s 00000000 fd:01 1234     {} (deleted)\n",
+                    dir.join("#1").display()
+                ),
+                _ => return None,
+            })
+        };
+        // Gone from its path: the unlinked copy and the renamed one are the slice's.
+        let found = broken_region_members(std::slice::from_ref(&s), &[1, 2, 3, 4, 5, 6], &maps);
+        let hash = format!("{} (deleted)", dir.join("#1234").display());
+        assert_eq!(
+            found,
+            [
+                (0, 1, format!("{r} (deleted)")),
+                (0, 2, format!("{r}.old")),
+                (0, 5, hash),
+            ],
+            "6 is not a region's size"
+        );
+        // A region at its path again: a renamed file beside it is not the slice's live one,
+        // but a deleted one at the path still is (the file was replaced).
+        std::fs::write(&region, b"x").unwrap();
+        let found = broken_region_members(std::slice::from_ref(&s), &[1, 2], &maps);
+        assert_eq!(found, [(0, 1, format!("{r} (deleted)"))]);
+        assert_eq!(shared_mapping("7f00-7f10 rw-p 00000000 00:00 0 "), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! `--interval`: logs slices' problems when they change and runs the backstop).
 //!
 //! Modules: `discovery` (which slices exist), `driver` (NVML), `collect` (one view of the
-//! node, membership), `metrics` + `exposition` (the text format), `backstop`.
+//! node, membership), `metrics` + `exposition` (the text format), `backstop`, `problems`
+//! (one line per problem seen).
 
 mod backstop;
 mod cleanup;
@@ -19,6 +20,7 @@ mod discovery;
 mod driver;
 mod exposition;
 mod metrics;
+mod problems;
 
 use backstop::{Backstop, Counters, Settings};
 use clap::Parser;
@@ -110,6 +112,15 @@ fn main() {
         let mut driver = driver::Driver::default();
         let started = Instant::now();
         let view = collect::collect(&sources, &mut driver, &mut |w| log(&w));
+        // Every problem, one line each, on standard error (the exposition has their metrics).
+        for slice in &view.slices {
+            for p in &slice.found.problems {
+                log(&format!("slice {}: {p}", slice.found.name));
+            }
+        }
+        for p in problems::problems(&view, args.tolerance) {
+            log(&p.line);
+        }
         let text = metrics::render(&view, &Counters::default(), started.elapsed().as_secs_f64());
         // A reader that hangs up early (`| head`) ends the output, not with a panic.
         let _ = std::io::stdout().write_all(text.as_bytes());
@@ -176,6 +187,7 @@ fn watch(
     let mut logged: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut driver_problem: Option<String> = None;
     let mut warned: Vec<String> = Vec::new();
+    let mut open_problems: Vec<problems::Problem> = Vec::new();
     loop {
         let mut warnings = Vec::new();
         let view = collect::collect(sources, &mut driver, &mut |w| warnings.push(w));
@@ -213,6 +225,21 @@ fn watch(
             }
         }
         logged = current;
+        let seen = problems::problems(&view, settings.tolerance_bytes);
+        for p in &seen {
+            if !open_problems
+                .iter()
+                .any(|o: &problems::Problem| o.key == p.key)
+            {
+                log(&p.line);
+            }
+        }
+        for o in &open_problems {
+            if !seen.iter().any(|p| p.key == o.key) {
+                log(&format!("resolved: {}", o.line));
+            }
+        }
+        open_problems = seen;
         let actions = backstop.judge(&view, settings, Instant::now(), &backstop::proc_start_time);
         if !actions.is_empty() {
             let mut counters = counters.lock().unwrap_or_else(|p| p.into_inner());

@@ -122,6 +122,36 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
         Counter,
         "Processes the backstop ended with SIGKILL (only with --enforce).",
     );
+    let mut accounted = Family::new(
+        "gpuslice_backstop_accounted_over_cap_events_total",
+        Counter,
+        "Times the slice stayed over its cap past the grace time by bytes its ledger accounts for (memory the driver took on its processes' account): no process is ended, its allocations are refused until it is back under.",
+    );
+    let mut unaccounted_bytes = Family::new(
+        "gpuslice_slice_unaccounted_bytes",
+        Gauge,
+        "Bytes the driver reports for the slice's processes on the device beyond what its ledger accounts for them (all of an unregistered process's: a bypass; a registered one's surplus until the shim charges the driver's growth).",
+    );
+    let mut unaccounted_processes = Family::new(
+        "gpuslice_slice_unaccounted_processes",
+        Gauge,
+        "The slice's processes on the device whose driver bytes exceed what its ledger accounts for them.",
+    );
+    let mut over_cap_bytes = Family::new(
+        "gpuslice_slice_memory_over_cap_bytes",
+        Gauge,
+        "How far the driver's count of the slice's processes on the device is above its cap (0: within it).",
+    );
+    let mut broken_region = Family::new(
+        "gpuslice_slice_broken_region_processes",
+        Gauge,
+        "Processes of the slice that map its region file after it was unlinked, renamed or replaced (the slice's ledger cannot be read; they are not judged).",
+    );
+    let mut stale_slots = Family::new(
+        "gpuslice_slice_stale_slots",
+        Gauge,
+        "Slots of the slice's region held by processes that have exited, awaiting reaping.",
+    );
     let mut unverified = Family::new(
         "gpuslice_unverified_processes",
         Gauge,
@@ -156,6 +186,16 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
             1.0,
         );
         slice_processes.add(&[("slice", name)], slice.registered().count() as f64);
+        let broken = view.broken.iter().filter(|(i, _, _)| *i == index).count();
+        broken_region.add(&[("slice", name)], broken as f64);
+        if let Some(snapshot) = &slice.snapshot {
+            let stale = snapshot
+                .processes
+                .iter()
+                .filter(|p| p.liveness == gpuslice_common::region::Liveness::Stale)
+                .count();
+            stale_slots.add(&[("slice", name)], stale as f64);
+        }
         let Some(snapshot) = &slice.snapshot else {
             // No process of the slice has run yet (or its region is unreadable): the caps
             // its limit file sets, on the cards they select here.
@@ -223,6 +263,16 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
                 let (bytes, n) = view.driver_usage(index, card);
                 driver_bytes.add(&labels, bytes as f64);
                 driver_processes.add(&labels, n as f64);
+                let surplus = view.unaccounted(index, card);
+                let sum: u64 = surplus
+                    .iter()
+                    .map(|(_, driver, ledger)| driver - ledger.unwrap_or(0))
+                    .sum();
+                unaccounted_bytes.add(&labels, sum as f64);
+                unaccounted_processes.add(&labels, surplus.len() as f64);
+                if let Some(cap) = device.memory_limit {
+                    over_cap_bytes.add(&labels, bytes.saturating_sub(cap) as f64);
+                }
             }
         }
     }
@@ -255,6 +305,12 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
             *count as f64,
         );
     }
+    for ((slice, uuid, index), count) in &counters.accounted {
+        accounted.add(
+            &[("slice", slice), ("uuid", uuid), ("index", index)],
+            *count as f64,
+        );
+    }
     unverified.add(&[], view.unverified as f64);
     scrape.add(&[], scrape_seconds);
 
@@ -280,8 +336,14 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
         &card_util,
         &unsliced,
         &unsliced_bytes,
+        &unaccounted_bytes,
+        &unaccounted_processes,
+        &over_cap_bytes,
+        &broken_region,
+        &stale_slots,
         &over_cap,
         &kills,
+        &accounted,
         &unverified,
         &scrape,
     ] {
@@ -332,6 +394,8 @@ mod tests {
             ]),
             owner: Default::default(),
             unverified: 0,
+            ledger: Default::default(),
+            broken: Vec::new(),
         };
         let text = render(&view, &Counters::default(), 0.0);
         let caps: Vec<&str> = text

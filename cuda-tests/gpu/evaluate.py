@@ -360,6 +360,34 @@ def cmd_facts(args):
                       numbers["context_mib"], numbers["context_source"] or "NVML could not tell"))
 
 
+def cmd_growth(args):
+    """Check 11: the driver's own growth is charged within the bound and refuses more."""
+    r = result_of(args.file)
+    if r is None:
+        return verdict("FAIL", {}, "no RESULT line in %s" % args.file)
+    numbers = {k: r.get(k) for k in ("cap_mib", "headroom_mib", "launch", "after_alloc",
+                                      "charged_after_s", "max_gap_mib", "driver_mib",
+                                      "slice_used_mib")}
+    bad = []
+    if r.get("launch") != 0:
+        bad.append("the launch failed (CUresult %s)" % r.get("launch"))
+    grown = (r.get("driver_mib") or 0) - (r.get("cap_mib") or 0)
+    if grown > 0 and r.get("after_alloc") != 2:
+        bad.append("the driver took the slice %s MiB past its cap, yet the next allocation "
+                   "returned %s, not CUDA_ERROR_OUT_OF_MEMORY" % (grown, r.get("after_alloc")))
+    charged = r.get("charged_after_s")
+    if charged is None:
+        bad.append("the slice never covered the driver's figure within the watch")
+    elif charged > args.bound_s:
+        bad.append("charged after %.2f s, past the %.1f s bound" % (charged, args.bound_s))
+    if bad:
+        return verdict("FAIL", numbers, "; ".join(bad))
+    return verdict("PASS", numbers,
+                   "driver grew the process to %s MiB (cap %s); charged after %.2f s (bound %.1f s), "
+                   "next allocation refused" % (r.get("driver_mib"), r.get("cap_mib"), charged,
+                                                args.bound_s))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -397,10 +425,14 @@ def main():
     c.add_argument("--min-ratio", type=float, required=True)
     c = sub.add_parser("facts")
     c.add_argument("file")
+    c = sub.add_parser("growth")
+    c.add_argument("file")
+    c.add_argument("--bound-s", type=float, default=1.5)
     args = p.parse_args()
     try:
         return {"cap": cmd_cap, "two": cmd_two, "share": cmd_share, "pair": cmd_pair,
-                "matrix": cmd_matrix, "overhead": cmd_overhead, "facts": cmd_facts}[args.cmd](args)
+                "matrix": cmd_matrix, "overhead": cmd_overhead, "facts": cmd_facts,
+                "growth": cmd_growth}[args.cmd](args)
     except (KeyError, TypeError, ZeroDivisionError, ValueError) as e:
         # A malformed helper output is a wrong outcome, never a crash of the whole script.
         return verdict("FAIL", {}, "cannot evaluate (%s: %s)" % (type(e).__name__, e))

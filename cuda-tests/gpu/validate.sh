@@ -179,7 +179,7 @@ chmod +x "$IN_SLICE" "$OUTSIDE"
 # ---------------------------------------------------------------------------------------------
 # Plan (printed by --dry-run, and logged on a real run)
 # ---------------------------------------------------------------------------------------------
-CHECK_IDS=(1 2 3 4 5 6 7 8 9 10)
+CHECK_IDS=(1 2 3 4 5 6 7 8 9 10 11)
 declare -A TITLE=(
     [1]="nvidia-smi shows the slice"
     [2]="PyTorch memory cap"
@@ -191,6 +191,7 @@ declare -A TITLE=(
     [8]="driver facts the shim relies on"
     [9]="compute share matrix"
     [10]="nvidia-smi lists only the slice's processes"
+    [11]="the driver's own memory is charged within the bound"
 )
 declare -A PLAN=(
     [1]="nvidia-smi (table, --query-gpu=memory.total,memory.used, -q -d MEMORY) with and without the shim under a ${CAP_MIB} MiB limit: ${CAP_MIB}MiB inside, the whole card outside"
@@ -202,6 +203,7 @@ declare -A PLAN=(
     [7]="python3, bash and ls (exit codes 3/5/2, stdout and stderr) bare vs under the shim with a valid, a missing and an invalid limit file: byte-identical"
     [9]="spin kernels of ~10 us, 1 ms and 10 ms (cycles calibrated on this GPU) alone without the shim, then each at 10/50/90% in one process; four processes of one 50% slice; one 50% slice mixing the three lengths; two burst slices 30% + 20% (split 3:2 +-20%, >= 75% used); burst 30% high + 30% low (high >= low + 10 points): each process's kernels/s over its length's solo rate, summed per slice, within +-${POINTS} points"
     [10]="a process holding 512 MiB in each of two slices: nvidia-smi (--query-compute-apps and the table, which read NVML's private export table) in slice A lists A's process alone, in B B's alone, both without the shim; the shim must know the driver's table layout (GPUSLICE_LOG=debug says when it does not)"
+    [11]="driver_growth.py under a ${CAP_MIB} MiB limit: fills the slice to 256 MiB below the cap, loads a PTX module with 128 MiB of static data whose kernel has a 4 KiB stack frame, launches it once (lazy loading places the module, local memory grows for every resident thread): the next 2 MiB allocation is refused, and the slice's cuMemGetInfo covers the driver's per-process figure (nvidia-smi, outside the shim) within 1.5 s of the launch"
     [8]="driver_facts.py without the shim (ctypes on libcuda.so.1, libnvidia-ml.so.1): cuGetProcAddress_v2 at 12080 and the driver's version, default and per-thread stream, returns dlsym of every export the shim hooks; primary context active 0/1/0/1/1/0 over retain, reset, retain, release, release; reports the context's NVML cost, the VMM granularity and a 1-byte cuMemAlloc's cost"
 )
 
@@ -563,6 +565,14 @@ check_8() {
     "$PY" "$HERE/evaluate.py" facts "$WORK/facts.out" | record_eval "$id" "$name"
 }
 
+check_11() {
+    local id=11 name=${TITLE[11]} cfg
+    budget_ok 30 || { record "$id" "$name" SKIP '{}' "time budget (${BUDGET_S}s) spent"; return; }
+    cfg=$(write_config growth "${CAP_MIB}MiB" "")
+    step growth 60 "$IN_SLICE" "$cfg" "$PY" "$HERE/driver_growth.py"
+    "$PY" "$HERE/evaluate.py" growth "$WORK/growth.out" --bound-s 1.5 | record_eval "$id" "$name"
+}
+
 # matrix_group TAG CASE KIND TARGETS SPEC...: runs every SPEC together (each waits on its
 # --ready/--go pair, so all measure the same seconds) and appends the case to the manifest
 # evaluate.py reads. SPEC = SLICE:LEN:CONFIG (CONFIG "-" = outside every slice, no shim);
@@ -698,7 +708,7 @@ if [ -x "$CLI" ]; then
 fi
 
 # Longest last, so the budget guard cuts the least; 8 first: the facts the others rest on.
-for id in 8 1 10 2 3 4 7 6 5 9; do
+for id in 8 1 10 2 3 4 11 7 6 5 9; do
     selected "$id" || continue
     # 7 needs no GPU; 8 needs only a libcuda.so.1 (it says so itself when there is none).
     if [ "$id" != 7 ] && [ "$id" != 8 ] && [ "$HAVE_SMI" -eq 0 ]; then

@@ -495,6 +495,21 @@ impl Driver {
         )
     }
 
+    /// `cuCtxSetLimit(limit, bytes)` on the current context.
+    pub fn set_limit(&self, limit: i32, bytes: usize) -> Res<()> {
+        call!(self, cuCtxSetLimit(limit, bytes))
+    }
+
+    /// Loads the NUL-terminated PTX `ptx` (kept loaded) and returns its `kernel`.
+    pub fn load_ptx(&self, ptx: &str, kernel: &str) -> Res<u64> {
+        let mut module: CUmodule = std::ptr::null_mut();
+        call!(self, cuModuleLoadData(&mut module, ptx.as_ptr().cast()))?;
+        let name = std::ffi::CString::new(kernel).expect("no NUL");
+        let mut func: CUfunction = std::ptr::null_mut();
+        call!(self, cuModuleGetFunction(&mut func, module, name.as_ptr()))?;
+        Ok(func as u64)
+    }
+
     pub fn alloc(&self, path: AllocPath, size: usize) -> Res<Allocation> {
         let mut a = Allocation {
             path,

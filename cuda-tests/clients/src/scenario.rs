@@ -84,6 +84,23 @@ pub trait Gpu: Sync {
             self.client()
         )))
     }
+    /// `driver-growth`: loads the NUL-terminated PTX `ptx` with `cuModuleLoadData` (kept
+    /// loaded) and returns its `kernel`. `Err` = the client cannot express it.
+    fn load_ptx(&self, ptx: &str, kernel: &str) -> Result<Res<u64>, Usage> {
+        let _ = (ptx, kernel);
+        Err(Usage(format!(
+            "{}: driver-growth is not implemented by this client",
+            self.client()
+        )))
+    }
+    /// `driver-growth`: `cuCtxSetLimit(limit, bytes)` on the current context.
+    fn set_limit(&self, limit: i32, bytes: usize) -> Result<Res<()>, Usage> {
+        let _ = (limit, bytes);
+        Err(Usage(format!(
+            "{}: driver-growth is not implemented by this client",
+            self.client()
+        )))
+    }
     /// `graph-memory`: captures on `stream` `allocs` x `cuMemAllocAsync(size)`, a launch of
     /// `func` and a `cuMemFreeAsync` of each; instantiates, uploads when asked, launches once, synchronises.
     /// Returns (graph, exec, launch result), both kept alive. `Err` = the client cannot
@@ -198,6 +215,12 @@ impl Gpu for Driver {
     fn set_heap_limit(&self, bytes: usize) -> Result<Res<()>, Usage> {
         Ok(Driver::set_heap_limit(self, bytes))
     }
+    fn load_ptx(&self, ptx: &str, kernel: &str) -> Result<Res<u64>, Usage> {
+        Ok(Driver::load_ptx(self, ptx, kernel))
+    }
+    fn set_limit(&self, limit: i32, bytes: usize) -> Result<Res<()>, Usage> {
+        Ok(Driver::set_limit(self, limit, bytes))
+    }
     fn graph_with_memory(
         &self,
         size: usize,
@@ -250,6 +273,10 @@ reserve. --hold-us keeps each mapping that long before the unmap (default 0), so
 threads hold memory at once. Reports each call's results and mem_free.
 heap: cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, SIZE) on the current context (the driver backs
 the device-malloc heap with device memory); prints the result and mem_free.
+driver-growth FILL [--static SIZE] [--local SIZE] [--stack SIZE] [--after SIZE] [--launch 0]:
+allocates FILL, sets the stack limit, loads a PTX module with SIZE of static data whose kernel
+has a --local stack frame per thread, launches it once, then tries --after more (2 MiB); holds
+until stdin ends (driver-API clients only).
 pool-destroy-held: until an allocation fails (or N succeeded), creates a pool, allocates SIZE
 from it and destroys the pool with that allocation outstanding (the driver releases the
 pool's memory once its allocations are freed); then frees every allocation
@@ -336,6 +363,14 @@ impl Args {
         crate::parse_size(text).map_err(|e| Usage(format!("{what} {text:?}: {e}")))
     }
 
+    /// `--name SIZE` (sizes as `parse_size` reads them), `None` when absent.
+    fn size_opt(&self, name: &str) -> Result<Option<usize>, Usage> {
+        self.options
+            .get(name)
+            .map(|v| crate::parse_size(v).map_err(|e| Usage(format!("--{name} {v:?}: {e}"))))
+            .transpose()
+    }
+
     fn alloc_path(&self) -> Result<AllocPath, Usage> {
         match self.options.get("path") {
             None => Ok(AllocPath::Alloc),
@@ -375,6 +410,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "caching-allocator" => caching_allocator(gpu),
         "hold" => hold(gpu, &rest)?,
         "heap" => heap(gpu, &rest)?,
+        "driver-growth" => driver_growth(gpu, &rest)?,
         "context-cycle" => context_cycle(gpu, &rest)?,
         "pool-destroy-held" => pool_destroy_held(gpu, &rest)?,
         "graph-memory" => graph_memory(gpu, &rest)?,
@@ -721,6 +757,69 @@ fn heap<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         }
     };
     print_and_hold(gpu, "heap", line)
+}
+
+/// The PTX `driver-growth` loads: `static` bytes of module-scope `__device__` data and a
+/// kernel `grow` whose stack frame (`__local_depot0`) is `local` bytes per thread, as nvcc
+/// writes them.
+pub fn growth_ptx(static_bytes: usize, local: usize) -> String {
+    format!(
+        ".version 7.0\n.target sm_70\n.address_size 64\n\
+         .global .align 8 .b8 table[{static_bytes}];\n\
+         .visible .entry grow(.param .u64 ns_per_wave)\n{{\n\
+         \t.local .align 8 .b8 __local_depot0[{local}];\n\tret;\n}}\n\0"
+    )
+}
+
+/// What the driver takes without being asked, in a full slice: allocates FILL, sets the
+/// stack limit (`--stack BYTES`, per thread; 0 = leave it), loads a module with `--static`
+/// bytes of static data and launches its kernel once, whose stack frame is `--local` bytes
+/// per thread (lazy loading places the module and grows local memory at that launch); then
+/// tries `--after` bytes more (2 MiB by default). `--launch 0`: the module is only loaded
+/// (with `CUDA_MODULE_LOADING=EAGER` the load places it; no call the shim sees). Prints each result, mem_free, and holds
+/// everything until stdin reaches EOF.
+fn driver_growth<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let fill = args.size_at(0, "FILL")?;
+    let static_bytes = args.size_opt("static")?.unwrap_or(0);
+    let local: usize = args.size_opt("local")?.unwrap_or(0);
+    let stack: usize = args.size_opt("stack")?.unwrap_or(0);
+    let after: usize = args.size_opt("after")?.unwrap_or(2 << 20);
+    if let Err(e) = setup(gpu) {
+        return Ok(e);
+    }
+    let held = gpu.alloc(AllocPath::Alloc, fill);
+    let stack_result = if stack > 0 {
+        Some(gpu.set_limit(gpuslice_abi::cuda::limit::STACK_SIZE, stack)?)
+    } else {
+        None
+    };
+    let ptx = growth_ptx(static_bytes, local);
+    let func = gpu.load_ptx(&ptx, "grow")?;
+    let launch = match &func {
+        Ok(_) if args.get::<u32>("launch", 1)? == 0 => Ok(()),
+        Ok(f) => {
+            let r = gpu
+                .launch(LaunchPath::Kernel, *f, 1, 32, 0, 1000, 1)
+                .pop()
+                .unwrap_or(Ok(()));
+            r.and_then(|()| gpu.synchronize())
+        }
+        Err(f) => Err(*f),
+    };
+    let more = gpu.alloc(AllocPath::Alloc, after);
+    let line = json!({
+        "fill": res_name(gpu, &held),
+        "stack": stack_result.as_ref().map(|r| res_name(gpu, r)),
+        "load": res_name(gpu, &func),
+        "launch": res_name(gpu, &launch),
+        "after": res_name(gpu, &more),
+        "mem_free": mem_free_now(gpu),
+    });
+    if let Ok(m) = &more {
+        let _ = gpu.free(m);
+    }
+    let _keep = held;
+    print_and_hold(gpu, "driver-growth", line)
 }
 
 /// How `context-cycle` ends its context (`--end`).

@@ -1024,7 +1024,8 @@ fn the_backstop_ends_a_containerised_process_that_bypasses_the_shim() {
         assert_reports_without_killing(&addr, AGENT_TIMEOUT, slice_bytes, member_pid, bypass_pid);
     }
 
-    // Enforcing: the newest process of the slice, the bypasser, is SIGKILLed.
+    // Enforcing: the process whose bytes the ledger does not account for, the bypasser, is
+    // SIGKILLed.
     let mut enforce = backstop.to_vec();
     enforce.push("--enforce");
     let (_agent, addr) = bed.agent(&enforce);

@@ -517,7 +517,8 @@ fn the_backstop_reports_then_ends_a_process_that_bypasses_the_shim() {
         assert_reports_without_killing(&addr, TIMEOUT, slice_bytes, member_pid, bypass_pid);
     }
 
-    // Enforcing: the newest process of the slice (the bypasser) is ended; the member lives.
+    // Enforcing: the process the ledger does not account for (the bypasser) is ended; the
+    // member lives.
     let mut enforce = backstop.to_vec();
     enforce.push("--enforce");
     let (_agent, addr) = start_agent(&gpu, work.path(), &slices_dir, &enforce);
@@ -790,4 +791,183 @@ fn the_slices_measured_utilisation_and_the_cards_reach_prometheus() {
             .is_some_and(|seconds| seconds > 0.0)
         },
     );
+}
+
+/// Waits for the agent's scraped value at `prefix` to satisfy `ok`.
+fn await_scraped(addr: &str, what: &str, prefix: &str, ok: impl Fn(f64) -> bool) {
+    wait_until(what, TIMEOUT, || scraped(addr, prefix).is_some_and(&ok));
+}
+
+#[test]
+fn the_backstop_ends_the_bypasser_not_the_newer_process_whose_driver_growth_the_slice_charged() {
+    let cgroup = match Cgroup::create() {
+        Ok(c) => c,
+        Err(why) if ci() => panic!("{why} (CI=true: failing, not skipping)"),
+        Err(why) => {
+            let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+            return;
+        }
+    };
+    let gpu = FakeGpu::start("v100");
+    let work = TempDir::new("node-agent-growth");
+    let slices_dir = work.path().join("slices");
+    std::fs::create_dir_all(&slices_dir).unwrap();
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    std::fs::copy(slice.config_path(), slices_dir.join("s.json")).unwrap();
+    // First the bypasser: the shim is preloaded, but the driver it reaches through
+    // dlmopen(LM_ID_NEWLM) never passes it: 400 MiB + its context the ledger does not see.
+    let bypass = Client::spawn(
+        ClientKind::ProcAddr,
+        &["--dlmopen", "hold", "400MiB"],
+        &slice.env(&gpu),
+    );
+    assert_eq!(bypass.first["result"], "CUDA_SUCCESS", "{}", bypass.first);
+    cgroup.add(bypass.pid());
+    // Then, newer, the well-behaved process: fills the slice, then the driver places a module
+    // with 64 MiB of static data and 320 MiB of local memory for a kernel's stack frame at
+    // its first launch. The slice charges that (past its cap) and refuses it more.
+    let member = Client::spawn(
+        ClientKind::Linked,
+        &[
+            "driver-growth",
+            "600MiB",
+            "--static",
+            "64MiB",
+            "--local",
+            "3KiB",
+        ],
+        &slice.env(&gpu),
+    );
+    let line = &member.first;
+    assert_eq!(line["launch"], "CUDA_SUCCESS", "{line}");
+    assert_eq!(line["after"], "CUDA_ERROR_OUT_OF_MEMORY", "{line}");
+    cgroup.add(member.pid());
+    let (member_pid, bypass_pid) = (member.pid(), bypass.pid());
+    assert!(truth_of(&gpu, &[member_pid]) > GIB + 200 * MIB);
+
+    let args = ["--grace", "1", "--tolerance", "64MiB", "--enforce"];
+    let (agent, addr) = start_agent(&gpu, work.path(), &slices_dir, &args);
+    wait_until("the backstop ends a process", TIMEOUT, || {
+        !is_running(bypass_pid) || !is_running(member_pid)
+    });
+    assert!(
+        is_running(member_pid),
+        "the well-behaved process was killed"
+    );
+    wait_until("the bypasser is ended", TIMEOUT, || !is_running(bypass_pid));
+    // The slice stays over its cap by what the driver took for the member, all of it in the
+    // ledger: counted as such, and no one else is ended for it.
+    await_scraped(
+        &addr,
+        "accounted over-cap events",
+        "gpuslice_backstop_accounted_over_cap_events_total{slice=\"s\",",
+        |n| n >= 2.0,
+    );
+    assert_eq!(
+        scraped(&addr, "gpuslice_backstop_kills_total{slice=\"s\","),
+        Some(1.0),
+        "exactly the bypasser"
+    );
+    assert!(
+        is_running(member_pid),
+        "the well-behaved process was killed"
+    );
+    assert_eq!(
+        scraped(&addr, "gpuslice_slice_unaccounted_bytes{slice=\"s\","),
+        Some(0.0),
+        "the ledger accounts for every byte of the member"
+    );
+    let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
+    assert!(
+        log.contains(&format!("process {bypass_pid} holds"))
+            && log.contains("is not in the slice's ledger"),
+        "one line names the bypass: {log}"
+    );
+    drop(bypass);
+    assert!(member.release().success());
+}
+
+/// `gpuslice-node --once` for `gpu` and `slices_dir`: (exposition, log).
+fn once(gpu: &FakeGpu, dir: &Path, slices_dir: &Path) -> (String, String) {
+    let binary = std::env::var_os("E2E_AGENT_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cuda_e2e::artifact("gpuslice-node"));
+    let out = Command::new(binary)
+        .arg("--once")
+        .arg("--slices-dir")
+        .arg(slices_dir)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .envs(gpu.env())
+        .output()
+        .expect("run gpuslice-node --once");
+    assert!(out.status.success());
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn exposition_value(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn a_slice_process_is_never_taken_for_one_of_no_slice_after_its_region_is_unlinked_or_renamed() {
+    for breakage in ["unlink", "rename"] {
+        let gpu = FakeGpu::start("v100");
+        let work = TempDir::new("node-agent-broken-region");
+        let slices_dir = work.path().join("slices");
+        std::fs::create_dir_all(&slices_dir).unwrap();
+        let slice = Slice::builder().device(0, "1GiB", None).build();
+        std::fs::copy(slice.config_path(), slices_dir.join("s.json")).unwrap();
+        let member = hold(ClientKind::Cudarc, "100MiB", &slice.env(&gpu));
+        let region = slice.region_path();
+        match breakage {
+            "unlink" => std::fs::remove_file(&region).unwrap(),
+            _ => std::fs::rename(&region, region.with_file_name("region.old")).unwrap(),
+        }
+        let (text, log) = once(&gpu, work.path(), &slices_dir);
+        assert!(
+            log.contains("is broken") && log.contains(&format!("process {}", member.pid())),
+            "{breakage}: --once names the broken region: {log}"
+        );
+        assert_eq!(
+            exposition_value(&text, "gpuslice_slice_up{slice=\"s\"}"),
+            Some(0.0),
+            "{breakage}: not reported up"
+        );
+        assert_eq!(
+            exposition_value(&text, "gpuslice_slice_broken_region_processes{slice=\"s\"}"),
+            Some(1.0),
+            "{breakage}"
+        );
+        assert_eq!(
+            exposition_value(&text, "gpuslice_card_unsliced_processes{"),
+            Some(0.0),
+            "{breakage}: the holder is the slice's"
+        );
+        // Enforcing on a slices-only device, with a real stranger beside it: the stranger is
+        // ended (so strangers were judged past the grace time), the slice's process is not.
+        let stranger = hold(ClientKind::Cudarc, "200MiB", &gpu.env());
+        let stranger_pid = stranger.pid();
+        let args = ["--grace", "1", "--slices-only", "0", "--enforce"];
+        let (_agent, addr) = start_agent(&gpu, work.path(), &slices_dir, &args);
+        wait_until("the stranger is ended", TIMEOUT, || {
+            !is_running(stranger_pid)
+        });
+        assert_eq!(
+            scraped(&addr, "gpuslice_backstop_kills_total{slice=\"\","),
+            Some(1.0),
+            "{breakage}: exactly the stranger"
+        );
+        assert!(
+            is_running(member.pid()),
+            "{breakage}: the slice's own process was killed"
+        );
+        drop(stranger);
+        assert!(member.release().success());
+    }
 }

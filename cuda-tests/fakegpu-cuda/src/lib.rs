@@ -529,15 +529,17 @@ cuda_api! {
     // ---- modules, libraries, functions ----
     fn cuModuleLoadData["cuModuleLoadData", 2000, Default](m: *mut CUmodule, image: *const c_void) {
         if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        put(m, hp(cu().module_load(!image.is_null())?))
+        // SAFETY: `image` is null or an image the API accepts (the caller's contract).
+        put(m, hp(cu().module_load_data(unsafe { fakegpu::cuda::image::image_at(image) })?))
     }
     fn cuModuleLoadDataEx["cuModuleLoadDataEx", 2010, Default](m: *mut CUmodule, image: *const c_void, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) {
         if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        put(m, hp(cu().module_load(!image.is_null())?))
+        // SAFETY: `image` is null or an image the API accepts (the caller's contract).
+        put(m, hp(cu().module_load_data(unsafe { fakegpu::cuda::image::image_at(image) })?))
     }
     fn cuModuleLoad["cuModuleLoad", 2000, Default](m: *mut CUmodule, fname: *const c_char) {
         if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        put(m, hp(cu().module_load_file(std::path::Path::new(cstr(fname)?))?))
+        put(m, hp(cu().module_load_path(std::path::Path::new(cstr(fname)?))?))
     }
     fn cuModuleUnload["cuModuleUnload", 2000, Default](m: CUmodule) { cu().module_unload(h(m)) }
     fn cuModuleGetFunction["cuModuleGetFunction", 2000, Default](f: *mut CUfunction, m: CUmodule, name: *const c_char) {
@@ -552,7 +554,8 @@ cuda_api! {
     }
     fn cuLibraryLoadData["cuLibraryLoadData", 12000, Default](l: *mut CUlibrary, code: *const c_void, _jo: *mut c_int, _jv: *mut *mut c_void, _jn: c_uint, _lo: *mut c_int, _lv: *mut *mut c_void, _ln: c_uint) {
         if l.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        put(l, hp(cu().library_load(!code.is_null())?))
+        // SAFETY: `code` is null or an image the API accepts (the caller's contract).
+        put(l, hp(cu().library_load_data(unsafe { fakegpu::cuda::image::image_at(code) })?))
     }
     fn cuLibraryUnload["cuLibraryUnload", 12000, Default](l: CUlibrary) { cu().library_unload(h(l)) }
     fn cuLibraryGetKernel["cuLibraryGetKernel", 12000, Default](k: *mut CUkernel, l: CUlibrary, name: *const c_char) {

@@ -65,7 +65,12 @@ pub unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresul
 /// by the context, so the context's end refunds it. Other limits pass through.
 pub unsafe fn ctx_set_limit(real: sig::cuCtxSetLimit, limit: c_int, value: usize) -> CUresult {
     if limit != MALLOC_HEAP_SIZE {
-        return real(limit, value);
+        // The stack and the printf FIFO: the driver sizes them; its word is read at once.
+        let result = real(limit, value);
+        if result == CUDA_SUCCESS {
+            crate::memory::driver_growth::after_limit_change();
+        }
+        return result;
     }
     let (Some(process), Some((_, device))) = (process(), current_limited_device()) else {
         return real(limit, value);

@@ -1,5 +1,6 @@
 //! Launch handlers: every kernel and graph launch (each `_ptsz` variant, the cooperative and
-//! deprecated ones) passes the `throttle` seam before the real launch.
+//! deprecated ones) passes the `throttle` seam before the real launch, and tells the memory
+//! policy that the driver may have grown (lazy loading, local memory: `driver_growth`).
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -26,6 +27,7 @@ pub unsafe fn launch_kernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
+    memory::driver_growth::launched();
     throttle::before_launch_to(stream);
     real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
 }
@@ -39,6 +41,7 @@ pub unsafe fn launch_kernel_ex(
 ) -> CUresult {
     // A NULL config is the driver's INVALID_VALUE to return; it enqueues nothing to gate.
     if !config.is_null() {
+        memory::driver_growth::launched();
         // SAFETY: non-null; the caller passes a valid config (the CUDA API's contract).
         throttle::before_launch_to(unsafe { (*config).hStream });
     }
@@ -59,6 +62,7 @@ pub unsafe fn launch_cooperative_kernel(
     stream: CUstream,
     params: *mut *mut c_void,
 ) -> CUresult {
+    memory::driver_growth::launched();
     throttle::before_launch_to(stream);
     real(f, gx, gy, gz, bx, by, bz, shared, stream, params)
 }
@@ -72,6 +76,7 @@ pub unsafe fn launch_cooperative_kernel_multi_device(
     n: c_uint,
     flags: c_uint,
 ) -> CUresult {
+    memory::driver_growth::launched();
     if !list.is_null() && (1..=gpuslice_common::MAX_DEVICES as c_uint).contains(&n) {
         for i in 0..n as usize {
             // SAFETY: the caller passes `n` valid entries (the CUDA API's contract).
@@ -87,6 +92,7 @@ pub unsafe fn graph_launch(
     exec: CUgraphExec,
     stream: CUstream,
 ) -> CUresult {
+    memory::driver_growth::launched();
     throttle::before_launch_to(stream);
     let result = real(exec, stream);
     if result == CUDA_SUCCESS {
@@ -98,6 +104,7 @@ pub unsafe fn graph_launch(
 
 /// `cuLaunch` (deprecated): a 1x1 grid of the function's block shape, on the legacy stream.
 pub unsafe fn launch(real: sig::cuLaunch, f: CUfunction) -> CUresult {
+    memory::driver_growth::launched();
     throttle::before_launch();
     real(f)
 }
@@ -109,6 +116,7 @@ pub unsafe fn launch_grid(
     grid_width: c_int,
     grid_height: c_int,
 ) -> CUresult {
+    memory::driver_growth::launched();
     throttle::before_launch();
     real(f, grid_width, grid_height)
 }
@@ -121,6 +129,7 @@ pub unsafe fn launch_grid_async(
     grid_height: c_int,
     stream: CUstream,
 ) -> CUresult {
+    memory::driver_growth::launched();
     throttle::before_launch_to(stream);
     real(f, grid_width, grid_height, stream)
 }

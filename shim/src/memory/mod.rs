@@ -11,6 +11,8 @@
 //! * [`host_pid`]: which NVML process entry is us (host PID discovery, context cost);
 //! * [`context_start`]: what a new context reserves, the slice's measuring lock, and the
 //!   line that says why a context was refused;
+//! * [`driver_growth`]: what the driver takes on the process's account unasked (modules,
+//!   local memory, limits), learnt from NVML and charged to the slot;
 //! * [`driver_sized`]: what the paths whose size the driver decides (pools, VMM, contexts, the
 //!   malloc heap) charge, and which NVML process entries are the slice's;
 //! * [`report`]: the slice's view of memory numbers (pure);
@@ -43,6 +45,7 @@
 
 pub mod arrays;
 mod context_start;
+pub mod driver_growth;
 pub mod driver_sized;
 pub mod graphs;
 mod host_pid;
@@ -587,6 +590,8 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
 /// `Ledger::charge`, and before refusing, pools' cached memory the driver has already given
 /// back is settled first (it may be what stands in the way).
 pub fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
+    // The driver's own growth since the last launch counts before this charge is judged.
+    driver_growth::before_charge(process);
     if process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
     }
@@ -711,6 +716,7 @@ pub fn nvml_slice(device: nvmlDevice_t) -> Option<(u64, u64)> {
 #[inline]
 fn usage_of(shared: &Shared, device: u8) -> Option<(u64, u64)> {
     if let Some(process) = process() {
+        driver_growth::before_charge(process);
         driver_sized::reread_pools_if_any(process);
         graphs::reread_if_any(process);
     }
@@ -756,4 +762,5 @@ pub fn after_fork_in_child() {
     }
     PROCESS.store(std::ptr::null_mut(), Ordering::Release);
     graphs::after_fork_in_child();
+    driver_growth::after_fork_in_child();
 }

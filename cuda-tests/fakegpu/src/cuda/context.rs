@@ -8,9 +8,9 @@
 //! Limits (`cuCtxSetLimit` / `cuCtxGetLimit`): `CU_LIMIT_MALLOC_HEAP_SIZE` is backed by device
 //! memory as the driver's device-malloc heap is: the default 8 MiB is part of the context's
 //! overhead, growth past it is charged when set (OUT_OF_MEMORY if the card is full, nothing
-//! changed), a shrink frees it, and the context's end frees the rest. Every other limit is
-//! accepted and reported back but costs no memory (the real stack and printf FIFO do; not
-//! modelled).
+//! changed), a shrink frees it, and the context's end frees the rest. The stack
+//! (`CU_LIMIT_STACK_SIZE`) and the printf FIFO are device memory too (see `driver_memory`);
+//! every other limit is accepted and reported back but costs no memory.
 
 use super::{kind, sleep_until, with_stack, Cuda, Tables, R};
 use gpuslice_abi::cuda::result::*;
@@ -118,6 +118,7 @@ impl Cuda {
     fn teardown(&self, t: &mut Tables, ctx: u64, dev: u32, heap: u64) {
         let Ok(st) = self.check() else { return };
         self.release_ctx_memory(t, ctx);
+        self.ctx_driver_memory_gone(t, ctx);
         t.streams.retain(|_, s| s.ctx != ctx);
         t.events.retain(|_, e| e.ctx != ctx);
         t.modules.retain(|_, m| m.ctx != ctx);
@@ -282,6 +283,9 @@ impl Cuda {
         }
         let st = self.check()?;
         let mut t = self.lock();
+        if self.set_driver_limit(&mut t, cur.ctx, limit, value)? {
+            return Ok(());
+        }
         let c = t
             .contexts
             .get_mut(&cur.ctx)
@@ -311,6 +315,9 @@ impl Cuda {
         }
         let t = self.lock();
         let c = t.contexts.get(&cur.ctx).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if let Some(v) = Self::driver_limit(&t, cur.ctx, limit) {
+            return Ok(v);
+        }
         if limit == LIMIT_MALLOC_HEAP_SIZE {
             return Ok(DEFAULT_MALLOC_HEAP + c.heap);
         }
@@ -424,9 +431,9 @@ mod tests {
             "below the default frees no more"
         );
         assert_eq!(c.ctx_get_limit(2).unwrap(), DEFAULT_MALLOC_HEAP);
-        // Other limits: accepted, reported, no memory.
-        c.ctx_set_limit(0, 4096).unwrap();
-        assert_eq!(c.ctx_get_limit(0).unwrap(), 4096);
+        // Other limits (not the stack or printf FIFO): accepted, reported, no memory.
+        c.ctx_set_limit(3, 4096).unwrap();
+        assert_eq!(c.ctx_get_limit(3).unwrap(), 4096);
         assert_eq!(st.used_memory(0), 10 << 20);
         assert_eq!(c.ctx_set_limit(99, 1), Err(CUDA_ERROR_INVALID_VALUE));
         // Destroying the context frees its heap.

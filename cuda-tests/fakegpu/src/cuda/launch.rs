@@ -143,6 +143,7 @@ impl Cuda {
         if let Some(graph) = info.capture {
             return self.graph_add_kernel(graph, f, grid, block, ns_per_wave);
         }
+        self.first_launch(f, info.cur.ctx)?;
         let st = self.check()?;
         let (sms, threads) = st.sm_shape(info.cur.dev);
         let duration = kernel_duration(sms, threads, grid, block, ns_per_wave);

@@ -9,7 +9,9 @@
 
 pub mod context;
 pub mod device;
+pub mod driver_memory;
 pub mod graph;
+pub mod image;
 pub mod launch;
 pub mod memory;
 pub mod module;
@@ -111,6 +113,8 @@ pub(crate) struct Tables {
     pub arrays: HashMap<u64, memory::ArrayAlloc>,
     pub host: HashMap<usize, usize>,
     pub vmm: vmm::Vmm,
+    /// What the driver takes on its own account (modules, local memory, limits).
+    pub driver_memory: driver_memory::DriverMemory,
 }
 
 impl Tables {

@@ -63,6 +63,7 @@ impl Cuda {
         self.check()?;
         let mut t = self.lock();
         let module = t.modules.remove(&m).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.module_image_gone(&mut t, m);
         for f in module.funcs.values() {
             t.functions.remove(f);
         }
@@ -112,6 +113,7 @@ impl Cuda {
             return Ok((g, GLOBAL_SIZE));
         }
         let ctx = module.ctx;
+        self.module_data_needed(&mut t, m)?;
         let cur = Self::live_ctx(&t, ctx)?;
         let g = self.alloc_in(&mut t, &cur, GLOBAL_SIZE, 0, AllocKind::Global, false)?;
         t.modules
@@ -143,6 +145,7 @@ impl Cuda {
         self.check()?;
         let mut t = self.lock();
         let lib = t.libraries.remove(&l).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.library_image_gone(&mut t, l);
         for k in lib.kernels.values() {
             if let Some(kernel) = t.kernels.remove(k) {
                 for f in kernel.funcs.values() {
@@ -219,8 +222,9 @@ impl Cuda {
 
     pub fn func_attribute(&self, attr: i32, f: u64) -> R<i32> {
         let st = self.check()?;
-        let t = self.lock();
+        let mut t = self.lock();
         Self::check_function(&t, f)?;
+        let local = self.function_local_bytes(&mut t, f);
         let dev = t
             .functions
             .get(&f)
@@ -230,14 +234,15 @@ impl Cuda {
             .device(dev)
             .map_or(70, |d| (d.cc_major * 10 + d.cc_minor) as i32);
         Ok(match attr {
-            0 => 1024,     // MAX_THREADS_PER_BLOCK
-            1..=3 => 0,    // SHARED / CONST / LOCAL size bytes
-            4 => 32,       // NUM_REGS
-            5 | 6 => cc,   // PTX_VERSION, BINARY_VERSION
-            7 => 0,        // CACHE_MODE_CA
-            8 => 48 << 10, // MAX_DYNAMIC_SHARED_SIZE_BYTES
-            9 => -1,       // PREFERRED_SHARED_MEMORY_CARVEOUT
-            10..=15 => 0,  // cluster attributes
+            0 => 1024,                              // MAX_THREADS_PER_BLOCK
+            1 | 2 => 0,                             // SHARED / CONST size bytes
+            3 => local.min(i32::MAX as u64) as i32, // LOCAL_SIZE_BYTES
+            4 => 32,                                // NUM_REGS
+            5 | 6 => cc,                            // PTX_VERSION, BINARY_VERSION
+            7 => 0,                                 // CACHE_MODE_CA
+            8 => 48 << 10,                          // MAX_DYNAMIC_SHARED_SIZE_BYTES
+            9 => -1,                                // PREFERRED_SHARED_MEMORY_CARVEOUT
+            10..=15 => 0,                           // cluster attributes
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         })
     }

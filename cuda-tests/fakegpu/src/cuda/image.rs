@@ -1,0 +1,422 @@
+//! What a loaded module image costs on the device, read from the image itself: how many bytes
+//! of it the driver places in device memory, and each kernel's per-thread local memory.
+//!
+//! Rules (the fake runs no code, so these stand for what the driver's loader does):
+//! * cubin (an ELF file, `\x7fELF`): the sum of the sizes of its sections the loader places
+//!   in memory (`SHF_ALLOC`): code (`.text.<kernel>`), constant banks (`.nv.constant<N>`),
+//!   initialised and zero-initialised static `__device__` data (`.nv.global.init`,
+//!   `.nv.global`, the latter `SHT_NOBITS`: no bytes in the file, all of them on the device).
+//!   `.nv.shared.*` is on-chip shared memory and does not count. Per-kernel local memory is
+//!   not read from a cubin's `.nv.info` attributes; it comes from `FAKEGPU_KERNEL_LOCAL_BYTES`.
+//! * PTX (text): the JIT's output is the code plus the module's static data. Counted: the
+//!   text's length (an upper bound of the code it compiles to) plus every module-scope
+//!   `.global` / `.const` variable's declared size (`.global .align 8 .b8 buf[1048576];` is
+//!   1 MiB). A kernel's per-thread local memory is its `.local` declarations (nvcc's
+//!   `__local_depot<N>[bytes]`, the stack frame), summed per `.entry`.
+//! * fatbin (`0xBA55ED50`): its payload size (`fat_size` of the header): the loader keeps the
+//!   entry for the device and the fake does not pick one.
+//!
+//! `FAKEGPU_KERNEL_LOCAL_BYTES=name=bytes[,name=bytes...]` overrides or adds a kernel's local
+//! bytes by name (for cubins, fatbins, and images that are not real code).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+/// What an image costs: bytes on the device, per-thread local bytes per kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub device_bytes: u64,
+    pub local_bytes: HashMap<String, u64>,
+}
+
+const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
+pub const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+/// Larger images than this are not believed (a pointer to something else, read on).
+const MAX_IMAGE: usize = 1 << 30;
+const SHF_ALLOC: u64 = 0x2;
+
+/// What `image` costs, by the rules in the module doc.
+pub fn parse(image: &[u8]) -> ImageInfo {
+    if image.starts_with(ELF_MAGIC) {
+        return parse_elf(image).unwrap_or(ImageInfo {
+            device_bytes: image.len() as u64,
+            local_bytes: HashMap::new(),
+        });
+    }
+    if image.len() >= 16 && u32_at(image, 0) == Some(FATBIN_MAGIC) {
+        return ImageInfo {
+            device_bytes: u64_at(image, 8).unwrap_or(0),
+            local_bytes: HashMap::new(),
+        };
+    }
+    let text = String::from_utf8_lossy(image.split(|&b| b == 0).next().unwrap_or(&[]));
+    parse_ptx(&text)
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as u64)
+}
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// A 64-bit little-endian ELF's allocated sections (cubins are ELF64 LE).
+fn parse_elf(b: &[u8]) -> Option<ImageInfo> {
+    if b.get(4) != Some(&2) || b.get(5) != Some(&1) {
+        return None;
+    }
+    let shoff = u64_at(b, 0x28)? as usize;
+    let shentsize = u16_at(b, 0x3A)? as usize;
+    let shnum = u16_at(b, 0x3C)? as usize;
+    let shstrndx = u16_at(b, 0x3E)? as usize;
+    if shentsize < 64 {
+        return None;
+    }
+    let section = |i: usize| -> Option<(u32, u32, u64, u64, u64)> {
+        let at = shoff.checked_add(i.checked_mul(shentsize)?)?;
+        // (name, type, flags, offset, size)
+        Some((
+            u32_at(b, at)?,
+            u32_at(b, at + 4)?,
+            u64_at(b, at + 8)?,
+            u64_at(b, at + 0x18)?,
+            u64_at(b, at + 0x20)?,
+        ))
+    };
+    let (_, _, _, str_off, str_size) = section(shstrndx)?;
+    let names = b.get(str_off as usize..(str_off + str_size) as usize)?;
+    let name_of = |at: u32| -> String {
+        let rest = names.get(at as usize..).unwrap_or(&[]);
+        let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
+        String::from_utf8_lossy(&rest[..end]).into_owned()
+    };
+    let mut device_bytes = 0u64;
+    for i in 0..shnum {
+        let (name, _, flags, _, size) = section(i)?;
+        if flags & SHF_ALLOC == 0 || name_of(name).starts_with(".nv.shared") {
+            continue;
+        }
+        device_bytes = device_bytes.saturating_add(size);
+    }
+    Some(ImageInfo {
+        device_bytes,
+        local_bytes: HashMap::new(),
+    })
+}
+
+/// Bytes of a PTX scalar type (`.b8`, `.u32`, `.f64`, ...); `None` for anything else.
+fn type_bytes(word: &str) -> Option<u64> {
+    let bits: u64 = word
+        .strip_prefix(".b")
+        .or_else(|| word.strip_prefix(".u"))
+        .or_else(|| word.strip_prefix(".s"))
+        .or_else(|| word.strip_prefix(".f"))?
+        .parse()
+        .ok()?;
+    matches!(bits, 8 | 16 | 32 | 64).then_some(bits / 8)
+}
+
+/// The size a declaration (`.global .align 4 .b8 name[64][2];`) gives its variable.
+fn declared_bytes(statement: &str) -> u64 {
+    let mut words = statement.split_whitespace();
+    let mut element = None;
+    let mut rest = "";
+    for w in words.by_ref() {
+        if let Some(b) = type_bytes(w) {
+            element = Some(b);
+            rest = statement[statement.find(w).unwrap_or(0) + w.len()..].trim();
+            break;
+        }
+    }
+    let Some(element) = element else { return 0 };
+    // `name[a][b] = {...}`: the dimensions before any initialiser.
+    let decl = rest.split('=').next().unwrap_or("");
+    let mut count = 1u64;
+    for dim in decl.split('[').skip(1) {
+        let n = dim.split(']').next().unwrap_or("").trim();
+        count = count.saturating_mul(n.parse().unwrap_or(1));
+    }
+    element.saturating_mul(count)
+}
+
+fn parse_ptx(text: &str) -> ImageInfo {
+    let mut device_bytes = text.len() as u64;
+    let mut local_bytes = HashMap::new();
+    let mut depth = 0usize;
+    let mut entry: Option<String> = None;
+    // Comments are dropped first. Directives such as `.version` end without ';', so a
+    // statement is read from its last declaration keyword on.
+    let clean: String = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let from_last = |s: &str, word: &str| s.rfind(word).map(|at| s[at..].to_string());
+    let mut statement = String::new();
+    // Depth of an initialiser's braces (`= {1, 2}`), which are no block.
+    let mut init = 0usize;
+    for c in clean.chars() {
+        if init > 0 {
+            match c {
+                '{' => init += 1,
+                '}' => init -= 1,
+                _ => {}
+            }
+            continue;
+        }
+        if c == '{' && statement.trim_end().ends_with('=') {
+            init = 1;
+            continue;
+        }
+        match c {
+            '{' | '}' | ';' => {
+                let s = statement.trim();
+                if depth == 0 {
+                    if let Some(decl) = from_last(s, ".entry") {
+                        let name = decl[6..]
+                            .trim_start()
+                            .split(|c: char| c == '(' || c.is_whitespace())
+                            .next()
+                            .unwrap_or("");
+                        entry = Some(name.to_string());
+                    } else if c == ';' {
+                        let decl = from_last(s, ".global").or_else(|| from_last(s, ".const"));
+                        if let Some(decl) = decl {
+                            device_bytes = device_bytes.saturating_add(declared_bytes(&decl));
+                        }
+                    }
+                } else if c == ';' {
+                    if let (Some(name), Some(decl)) = (&entry, from_last(s, ".local")) {
+                        *local_bytes.entry(name.clone()).or_insert(0u64) += declared_bytes(&decl);
+                    }
+                }
+                statement.clear();
+                match c {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth = depth.saturating_sub(1);
+                        if depth == 0 {
+                            entry = None;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            _ => statement.push(c),
+        }
+    }
+    ImageInfo {
+        device_bytes,
+        local_bytes,
+    }
+}
+
+/// The image at `ptr`, as long as its own format says (see the module doc); `None` for null.
+///
+/// # Safety
+/// `ptr` is null or points to a module image the CUDA API accepts (cubin, fatbin, or
+/// NUL-terminated PTX), readable for the length its header states.
+pub unsafe fn image_at<'a>(ptr: *const c_void) -> Option<&'a [u8]> {
+    if ptr.is_null() {
+        return None;
+    }
+    let p = ptr as *const u8;
+    // SAFETY: called only for lengths the image's format guarantees (checked magic first).
+    let head = |n: usize| unsafe { std::slice::from_raw_parts(p, n) };
+    // Byte by byte, so that short text stops at its NUL (no magic byte is 0).
+    let starts = |magic: &[u8]| {
+        magic
+            .iter()
+            .enumerate()
+            // SAFETY: byte i is read only when bytes 0..i matched non-NUL magic bytes.
+            .all(|(i, &m)| unsafe { *p.add(i) } == m)
+    };
+    let len = if starts(ELF_MAGIC) {
+        let h = head(64);
+        let shoff = u64_at(h, 0x28).unwrap_or(0) as usize;
+        let table =
+            shoff + u16_at(h, 0x3A).unwrap_or(0) as usize * u16_at(h, 0x3C).unwrap_or(0) as usize;
+        if !(64..=MAX_IMAGE).contains(&table) {
+            return None;
+        }
+        // The sections' contents may come after the table.
+        let all = head(table);
+        let mut end = table;
+        let shentsize = u16_at(h, 0x3A).unwrap_or(0) as usize;
+        for i in 0..u16_at(h, 0x3C).unwrap_or(0) as usize {
+            let at = shoff + i * shentsize;
+            let kind = u32_at(all, at + 4).unwrap_or(0);
+            let (off, size) = (
+                u64_at(all, at + 0x18).unwrap_or(0) as usize,
+                u64_at(all, at + 0x20).unwrap_or(0) as usize,
+            );
+            // SHT_NOBITS (8) has no bytes in the file.
+            if kind != 8 {
+                end = end.max(off.saturating_add(size));
+            }
+        }
+        end
+    } else if starts(&FATBIN_MAGIC.to_le_bytes()) {
+        let h = head(16);
+        u16_at(h, 6).unwrap_or(16) as usize + u64_at(h, 8).unwrap_or(0) as usize
+    } else {
+        let mut n = 0;
+        // SAFETY: NUL-terminated text: every byte up to the NUL is readable.
+        while n < MAX_IMAGE && unsafe { *p.add(n) } != 0 {
+            n += 1;
+        }
+        n
+    };
+    if len > MAX_IMAGE {
+        return None;
+    }
+    // SAFETY: the length the image's own header (or NUL) gives, per the contract.
+    Some(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
+/// `FAKEGPU_KERNEL_LOCAL_BYTES`: `name=bytes` pairs, comma-separated; bad pairs are named on
+/// stderr and skipped.
+pub fn local_bytes_from_env() -> HashMap<String, u64> {
+    let Ok(text) = std::env::var("FAKEGPU_KERNEL_LOCAL_BYTES") else {
+        return HashMap::new();
+    };
+    parse_local_bytes(&text)
+}
+
+pub fn parse_local_bytes(text: &str) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match pair
+            .split_once('=')
+            .map(|(n, b)| (n.trim(), b.trim().parse::<u64>()))
+        {
+            Some((name, Ok(bytes))) if !name.is_empty() => {
+                out.insert(name.to_string(), bytes);
+            }
+            _ => eprintln!(
+                "fakegpu: FAKEGPU_KERNEL_LOCAL_BYTES: {pair:?} is not name=bytes; ignored"
+            ),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+// a comment with .global .b8 fake[999];
+.global .align 8 .b8 table[1048576];
+.const .align 4 .u32 coeffs[256] = {1, 2};
+.visible .entry deep(
+    .param .u64 deep_param_0
+)
+{
+    .local .align 8 .b8 __local_depot0[4096];
+    .reg .b64 %SP;
+    ret;
+}
+.visible .entry flat()
+{
+    ret;
+}
+"#;
+
+    #[test]
+    fn ptx_counts_text_static_data_and_each_kernels_local_depot() {
+        let info = parse(PTX.as_bytes());
+        assert_eq!(info.device_bytes, PTX.len() as u64 + 1_048_576 + 1024);
+        assert_eq!(info.local_bytes.get("deep"), Some(&4096));
+        assert_eq!(info.local_bytes.get("flat"), None);
+    }
+
+    fn elf(sections: &[(&str, u32, u64, u64)]) -> Vec<u8> {
+        // Header, then the names, then the section table.
+        let mut names = vec![0u8];
+        let mut offsets = Vec::new();
+        for (n, ..) in sections {
+            offsets.push(names.len() as u32);
+            names.extend_from_slice(n.as_bytes());
+            names.push(0);
+        }
+        let shstr_name = names.len() as u32;
+        names.extend_from_slice(b".shstrtab\0");
+        let shoff = 64 + names.len();
+        let mut b = vec![0u8; 64];
+        b[..4].copy_from_slice(ELF_MAGIC);
+        b[4] = 2;
+        b[5] = 1;
+        b[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+        b[0x3A..0x3C].copy_from_slice(&64u16.to_le_bytes());
+        b[0x3C..0x3E].copy_from_slice(&((sections.len() + 1) as u16).to_le_bytes());
+        b[0x3E..0x40].copy_from_slice(&(sections.len() as u16).to_le_bytes());
+        b.extend_from_slice(&names);
+        let entry = |name: u32, kind: u32, flags: u64, off: u64, size: u64| {
+            let mut e = vec![0u8; 64];
+            e[..4].copy_from_slice(&name.to_le_bytes());
+            e[4..8].copy_from_slice(&kind.to_le_bytes());
+            e[8..16].copy_from_slice(&flags.to_le_bytes());
+            e[0x18..0x20].copy_from_slice(&off.to_le_bytes());
+            e[0x20..0x28].copy_from_slice(&size.to_le_bytes());
+            e
+        };
+        let mut table = Vec::new();
+        for (i, (_, kind, flags, size)) in sections.iter().enumerate() {
+            table.extend(entry(offsets[i], *kind, *flags, 0, *size));
+        }
+        table.extend(entry(shstr_name, 3, 0, 64, names.len() as u64));
+        b.extend(table);
+        b
+    }
+
+    #[test]
+    fn a_cubin_counts_its_allocated_sections_but_not_shared_memory() {
+        let image = elf(&[
+            // NOBITS throughout, so that no section's bytes lie past this short file's end.
+            (".text.k", 8, 0x6, 4096),
+            (".nv.constant0.k", 8, 0x2, 512),
+            (".nv.global", 8, 0x3, 64 << 20),
+            (".nv.shared.k", 8, 0x3, 48 << 10),
+            (".nv.info.k", 0x7000_0000, 0, 100),
+        ]);
+        let info = parse(&image);
+        assert_eq!(info.device_bytes, 4096 + 512 + (64 << 20));
+        // SAFETY: a complete image in a live buffer.
+        let read = unsafe { image_at(image.as_ptr().cast()) }.unwrap();
+        assert_eq!(
+            read.len(),
+            image.len(),
+            "the length is the section table's end"
+        );
+    }
+
+    #[test]
+    fn a_fatbin_counts_its_payload_and_text_ends_at_its_nul() {
+        let mut fat = Vec::new();
+        fat.extend_from_slice(&FATBIN_MAGIC.to_le_bytes());
+        fat.extend_from_slice(&1u16.to_le_bytes());
+        fat.extend_from_slice(&16u16.to_le_bytes());
+        fat.extend_from_slice(&(3u64 << 20).to_le_bytes());
+        assert_eq!(parse(&fat).device_bytes, 3 << 20);
+        let text = b"abc\0def";
+        // SAFETY: NUL-terminated.
+        assert_eq!(unsafe { image_at(text.as_ptr().cast()) }.unwrap(), b"abc");
+        // SAFETY: null is allowed.
+        assert!(unsafe { image_at(std::ptr::null()) }.is_none());
+    }
+
+    #[test]
+    fn the_local_bytes_knob_is_parsed() {
+        let m = parse_local_bytes("a=10, b = 20,bad,c=x");
+        assert_eq!(m.len(), 2);
+        assert_eq!(m["a"], 10);
+        assert_eq!(m["b"], 20);
+    }
+}

@@ -1,0 +1,197 @@
+//! Memory the driver takes on this process's account without an allocation call asking for
+//! it (module images and their static data, loaded lazily at a kernel's first launch; local
+//! memory grown for a kernel's stack; the stack and printf FIFO limits), learnt from the
+//! driver's own word: NVML's `usedGpuMemory` of this process, reconciled with what the slice
+//! charged this process's slot.
+//!
+//! Reconciliation, per device entry the process holds memory on: `own` is what the process's
+//! calls charged (its slot's bytes, read before and after the NVML list, the larger kept, minus
+//! what reconciliation itself charged); the driver's surplus is `usedGpuMemory - own`. That
+//! surplus is charged to the slot, past the cap if need be (the driver holds it already), and
+//! refunded as it shrinks (a module unloaded, a context ended). Reading the slot on both sides
+//! of the NVML read keeps an allocation or a free in flight from passing for the driver's:
+//! the ledger charges before the driver allocates and refunds after it frees.
+//!
+//! When it runs: before every charge and every memory view of the slice if a launch or a limit
+//! change happened since the last one (lazy loading and local memory grow at launches), right
+//! after `cuCtxSetLimit`, and every [`PERIOD`] from a thread of this module (module loads and
+//! anything else the shim does not see). So a process's card bytes exceed what its slot is
+//! charged by at most what the driver took since the last reconciliation, for at most
+//! [`PERIOD`] plus one NVML read ([`BOUND`], what the node agent allows for); and its next
+//! allocation after the driver grew is judged with the growth counted: when the growth took
+//! the slice over its cap, allocations are refused until the slice is back under it.
+//!
+//! Needs this process's NVML PID (`Process::host_pid`); while unknown nothing is reconciled.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use gpuslice_common::region::{DeviceId, MAX_DEVICES};
+
+use super::{process, shared, Process, Shared};
+
+/// How often the thread reconciles.
+pub const PERIOD: Duration = Duration::from_millis(500);
+/// How long a process's card bytes may exceed its charge (PERIOD plus a margin for one NVML
+/// read on a loaded machine).
+pub const BOUND: Duration = Duration::from_millis(1500);
+
+/// Bytes reconciliation has charged per device entry (this process's; zeroed after fork).
+static TAKEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// The "past its cap" line was written for the entry (until the surplus shrinks again).
+static WARNED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+/// One reconciliation at a time; a caller that finds one running skips its own (that one
+/// reads the same driver). A flag, not a mutex: a fork child inherits no held lock.
+static BUSY: AtomicBool = AtomicBool::new(false);
+/// A launch or limit change since the last reconciliation.
+static DIRTY: AtomicBool = AtomicBool::new(false);
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// A kernel launch (hot path: one load, and a store only when the flag was clear).
+#[inline]
+pub fn launched() {
+    if !DIRTY.load(Ordering::Relaxed) {
+        DIRTY.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Before a charge or a view: reconcile if something may have grown since the last time.
+#[inline]
+pub fn before_charge(process: &Process) {
+    if DIRTY.load(Ordering::Relaxed) {
+        reconcile(process);
+    } else {
+        ensure_started();
+    }
+}
+
+/// After `cuCtxSetLimit` (the stack, the printf FIFO: sized by the driver).
+pub fn after_limit_change() {
+    if let Some(process) = process() {
+        reconcile(process);
+    }
+}
+
+/// The surplus to charge for one device entry: NVML's bytes for us minus what our calls
+/// charged. `slot_before`/`slot_after`: the slot's bytes read around the NVML read.
+pub fn surplus(nvml_used: u64, slot_before: u64, slot_after: u64, taken: u64) -> u64 {
+    let own = slot_before.max(slot_after).saturating_sub(taken);
+    nvml_used.saturating_sub(own)
+}
+
+/// One reconciliation of every device entry this process holds memory on.
+pub fn reconcile(process: &Process) {
+    ensure_started();
+    if BUSY.swap(true, Ordering::Acquire) {
+        return;
+    }
+    DIRTY.store(false, Ordering::Relaxed);
+    if let (Some(shared), host_pid) = (shared(), process.host_pid.load(Ordering::Relaxed)) {
+        if host_pid != 0 {
+            reconcile_devices(shared, process, host_pid);
+        }
+    }
+    BUSY.store(false, Ordering::Release);
+}
+
+fn reconcile_devices(shared: &Shared, process: &Process, host_pid: u32) {
+    for index in 0..MAX_DEVICES {
+        let Some(id) = DeviceId::from_index(index) else {
+            continue;
+        };
+        let have = TAKEN[index].load(Ordering::Relaxed);
+        let before = shared.region.slot_used(process.slot, id);
+        if before == 0 && have == 0 {
+            continue;
+        }
+        let Some(nvml_used) = nvml_used(shared, id, host_pid) else {
+            continue;
+        };
+        let after = shared.region.slot_used(process.slot, id);
+        let want = surplus(nvml_used, before, after, have);
+        let device = index as u8;
+        if want > have {
+            let fits = process.ledger.charge_held(device, want - have);
+            if !fits && !WARNED[index].swap(true, Ordering::Relaxed) {
+                crate::log_warn!(
+                    "the driver holds {want} bytes on this process's account that no allocation asked for (modules, local memory, limits); the slice is past its cap on device entry {device}: allocations are refused until it is back under"
+                );
+            }
+        } else if want < have {
+            process.ledger.refund(device, have - want);
+            WARNED[index].store(false, Ordering::Relaxed);
+        }
+        if want != have {
+            crate::log_debug!(
+                "driver's own memory on device entry {device}: {want} bytes (was {have})"
+            );
+        }
+        TAKEN[index].store(want, Ordering::Relaxed);
+    }
+}
+
+/// NVML's `usedGpuMemory` for `host_pid` on the slice's device `id`.
+fn nvml_used(shared: &Shared, id: DeviceId, host_pid: u32) -> Option<u64> {
+    let uuid = shared.region.device_uuid(id);
+    let handle = crate::ground::devices::real_nvml_handle(&uuid, None)?;
+    let list = crate::ground::devices::nvml_compute_processes(handle).ok()?;
+    list.iter()
+        .find(|p| p.pid == host_pid)
+        .map(|p| p.usedGpuMemory)
+        .filter(|&b| b != u64::MAX)
+}
+
+/// Starts the thread once per process.
+fn ensure_started() {
+    if STARTED.load(Ordering::Relaxed) || STARTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("gpuslice-growth".into())
+        .stack_size(256 << 10)
+        .spawn(|| loop {
+            std::thread::sleep(PERIOD);
+            // A forked child's copy of this loop does not exist (threads do not survive
+            // fork); its own starts at its first charge.
+            if let Some(process) = process() {
+                reconcile(process);
+            }
+        });
+    if let Err(error) = spawned {
+        crate::log_error!(
+            "cannot start the driver-memory reconciliation ({error}): memory the driver takes on its own is charged only at allocations"
+        );
+    }
+}
+
+/// Child side of fork (atomics only): the child's slot starts empty, and no thread runs.
+pub fn after_fork_in_child() {
+    for (taken, warned) in TAKEN.iter().zip(&WARNED) {
+        taken.store(0, Ordering::Relaxed);
+        warned.store(false, Ordering::Relaxed);
+    }
+    BUSY.store(false, Ordering::Relaxed);
+    STARTED.store(false, Ordering::Relaxed);
+    DIRTY.store(true, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_surplus_is_what_the_driver_holds_beyond_what_calls_charged() {
+        // 300 MiB context + 100 MiB allocations charged; the driver holds 460: 60 surplus.
+        assert_eq!(surplus(460, 400, 400, 0), 60);
+        // Already charged 60: unchanged.
+        assert_eq!(surplus(460, 460, 460, 60), 60);
+        // An allocation in flight (charged between the two slot reads, the driver already
+        // counting it): the later read covers it, no surplus invented.
+        assert_eq!(surplus(500, 400, 440, 0), 60);
+        // A free in flight (the driver freed before its NVML read, the slot refunds after):
+        // the earlier read covers it.
+        assert_eq!(surplus(360, 400, 360, 0), 0);
+        // The driver gave its own memory back: the surplus shrinks to 0.
+        assert_eq!(surplus(400, 460, 460, 60), 0);
+    }
+}
