@@ -802,9 +802,8 @@ fn await_scraped(addr: &str, what: &str, prefix: &str, ok: impl Fn(f64) -> bool)
 fn the_backstop_ends_the_bypasser_not_the_newer_process_whose_driver_growth_the_slice_charged() {
     let cgroup = match Cgroup::create() {
         Ok(c) => c,
-        Err(why) if ci() => panic!("{why} (CI=true: failing, not skipping)"),
         Err(why) => {
-            let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+            cuda_e2e::skip::skip_or_fail(&why);
             return;
         }
     };
