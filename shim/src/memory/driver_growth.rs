@@ -72,6 +72,19 @@ pub fn after_limit_change() {
     }
 }
 
+/// Before an allocation is refused: when some surplus is charged, reconcile afresh, since it
+/// may have been read while growth the shim charges only after the driver call (a pool's)
+/// was not yet in the slot, and so counted twice. True when that gave bytes back.
+pub fn recheck_before_refusing(process: &Process) -> bool {
+    let charged = || TAKEN.iter().map(|t| t.load(Ordering::Relaxed)).sum::<u64>();
+    let before = charged();
+    if before == 0 {
+        return false;
+    }
+    reconcile(process);
+    charged() < before
+}
+
 /// The surplus to charge for one device entry: NVML's bytes for us minus what our calls
 /// charged. `slot_before`/`slot_after`: the slot's bytes read around the NVML read.
 pub fn surplus(nvml_used: u64, slot_before: u64, slot_after: u64, taken: u64) -> u64 {

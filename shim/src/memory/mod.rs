@@ -600,6 +600,13 @@ pub fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(),
     if shrank && process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
     }
+    // The driver's surplus may have been read while growth that the shim charges after the
+    // driver call (a pool's) was not yet in the slot, so counted twice: read it afresh.
+    if driver_growth::recheck_before_refusing(process)
+        && process.ledger.charge(device, bytes).is_ok()
+    {
+        return Ok(());
+    }
     crate::log_debug!("refusing {bytes} bytes on device entry {device}: slice limit reached");
     if let Some(shared) = shared() {
         // Kept in the region, so the node agent's counter survives this process.
