@@ -11,7 +11,8 @@ use gpuslice_common::cdi::{check_container_path, core_beside, DEFAULT_CONTAINER_
 use gpuslice_dra::model::Model;
 use gpuslice_dra::plugin::{serve, Driver};
 use gpuslice_dra::prepare::{NvidiaCdi, Preparer, Settings};
-use gpuslice_dra::{inventory, publish, DRIVER_NAME};
+use gpuslice_dra::publish::{OnMissingGate, Publisher};
+use gpuslice_dra::{inventory, DRIVER_NAME};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum NvidiaCdiMode {
@@ -29,9 +30,15 @@ struct Args {
     /// This node's name (the pool name and spec.nodeName of the ResourceSlice).
     #[arg(long, env = "NODE_NAME")]
     node_name: String,
-    /// How the GPUs are offered: fixed 25/50/100% products, or consumable capacity.
+    /// How the GPUs are offered: fixed 25/50/100% products (needs DRAPartitionableDevices),
+    /// consumable capacity (needs DRAConsumableCapacity), or four 25% units per card (needs no
+    /// feature gate).
     #[arg(long, value_enum, default_value = "products")]
     model: Model,
+    /// What to publish when the API server drops the model's fields (its feature gate is off):
+    /// nothing, or the gate-free units model.
+    #[arg(long, value_enum, default_value = "withdraw")]
+    on_missing_gate: OnMissingGate,
     /// Host directory of the claims' limit files, regions and checkpoints.
     #[arg(long, default_value = "/var/lib/gpuslice/dra")]
     state_dir: PathBuf,
@@ -147,16 +154,24 @@ fn run(args: Args) -> Result<(), String> {
             .map_err(|e| format!("cannot configure the Kubernetes client: {e}"))?;
         let publisher = {
             let client = client.clone();
-            let node = args.node_name.clone();
-            let model = args.model;
             let period = Duration::from_secs(args.republish_seconds.max(1));
+            let mut publisher =
+                Publisher::new(DRIVER_NAME, &args.node_name, args.model, args.on_missing_gate);
             async move {
+                let mut last = String::new();
                 loop {
-                    match publish::publish(client.clone(), DRIVER_NAME, &node, &gpus, model).await
-                    {
-                        Ok(outcome) => eprintln!("gpuslice-dra: ResourceSlice: {outcome:?}"),
-                        Err(e) => eprintln!("gpuslice-dra: publishing: {e}"),
+                    let result = publisher
+                        .publish_and_report(client.clone(), &gpus, &Default::default())
+                        .await;
+                    // One line per change, not one per period.
+                    let line = match result {
+                        Ok(outcome) => format!("ResourceSlices: {outcome:?}"),
+                        Err(e) => format!("publishing: {e}"),
+                    };
+                    if line != last || !line.contains("Unchanged") {
+                        eprintln!("gpuslice-dra: {line}");
                     }
+                    last = line;
                     tokio::time::sleep(period).await;
                 }
             }
