@@ -100,6 +100,9 @@ pub struct GpuShare {
     pub compute: u32,
 }
 
+/// What one prepared claim promises, per GPU UUID.
+pub type Promised = BTreeMap<String, GpuShare>;
+
 /// `checkpoint.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Checkpoint {
@@ -326,7 +329,7 @@ impl Preparer {
     /// What every claim prepared on this node (a checkpoint) promises, per GPU UUID, from its
     /// limit file: the enforced truth, and what survives a restart. A prepared claim whose
     /// limit file cannot be read is an error: the guard fails closed.
-    pub fn ledger(&self) -> Result<Vec<(ClaimRef, BTreeMap<String, GpuShare>)>, String> {
+    pub fn ledger(&self) -> Result<Vec<(ClaimRef, Promised)>, String> {
         let mut out = Vec::new();
         let entries = match fs::read_dir(self.settings.state_dir.join("claims")) {
             Ok(entries) => entries,

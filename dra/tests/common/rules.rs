@@ -472,7 +472,7 @@ fn validate_request_policy(errs: &mut Errors, path: &str, value: Option<u128>, p
                 );
             }
             let mut check = |v: u128, raw: Option<&Value>| {
-                if (v - min.min(v)) % step != 0 {
+                if !(v - min.min(v)).is_multiple_of(step) {
                     errs.push(
                         Kind::Invalid,
                         format!("{path}.validRange.step"),
