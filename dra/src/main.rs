@@ -9,10 +9,10 @@ use std::time::Duration;
 use clap::Parser;
 use gpuslice_common::cdi::{check_container_path, core_beside, DEFAULT_CONTAINER_LIB};
 use gpuslice_dra::model::Model;
-use gpuslice_dra::plugin::{serve, Driver};
+use gpuslice_dra::plugin::{serve_with_health, Driver, HealthService};
 use gpuslice_dra::prepare::{NvidiaCdi, Preparer, Settings};
 use gpuslice_dra::publish::{OnMissingGate, Publisher};
-use gpuslice_dra::{inventory, DRIVER_NAME};
+use gpuslice_dra::{health, inventory, DRIVER_NAME};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum NvidiaCdiMode {
@@ -66,10 +66,14 @@ struct Args {
     /// The kind of NVIDIA's CDI spec.
     #[arg(long, default_value = "nvidia.com/gpu")]
     nvidia_cdi_kind: String,
-    /// Seconds between re-publications of the ResourceSlice (a deleted or edited slice is
+    /// Seconds between re-publications of the ResourceSlices (a deleted or edited slice is
     /// restored).
     #[arg(long, default_value_t = 60)]
     republish_seconds: u64,
+    /// Milliseconds between health checks of the GPUs (NVML Xid/ECC events, a GPU gone); an
+    /// unhealthy GPU's devices are tainted at once.
+    #[arg(long, default_value_t = 2000)]
+    health_millis: u64,
 }
 
 /// Whether a CDI spec of `kind` is in one of the runtime spec directories.
@@ -148,20 +152,30 @@ fn run(args: Args) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let unhealthy = runtime.block_on(async {
+        health::spawn(
+            args.nvml_lib.as_deref(),
+            gpus.clone(),
+            Duration::from_millis(args.health_millis.max(10)),
+        )
+    })?;
     runtime.block_on(async move {
         let client = kube::Client::try_default()
             .await
             .map_err(|e| format!("cannot configure the Kubernetes client: {e}"))?;
+        let health_service = HealthService::new(&args.node_name, &gpus, unhealthy.clone());
         let publisher = {
             let client = client.clone();
+            let mut unhealthy = unhealthy;
             let period = Duration::from_secs(args.republish_seconds.max(1));
             let mut publisher =
                 Publisher::new(DRIVER_NAME, &args.node_name, args.model, args.on_missing_gate);
             async move {
                 let mut last = String::new();
                 loop {
+                    let now = unhealthy.borrow_and_update().clone();
                     let result = publisher
-                        .publish_and_report(client.clone(), &gpus, &Default::default())
+                        .publish_and_report(client.clone(), &gpus, &now)
                         .await;
                     // One line per change, not one per period.
                     let line = match result {
@@ -172,7 +186,16 @@ fn run(args: Args) -> Result<(), String> {
                         eprintln!("gpuslice-dra: {line}");
                     }
                     last = line;
-                    tokio::time::sleep(period).await;
+                    // The next period, or at once when a GPU's health changes.
+                    tokio::select! {
+                        _ = tokio::time::sleep(period) => {}
+                        changed = unhealthy.changed() => {
+                            // The health thread is gone: keep to the period.
+                            if changed.is_err() {
+                                tokio::time::sleep(period).await;
+                            }
+                        }
+                    }
                 }
             }
         };
@@ -194,8 +217,9 @@ fn run(args: Args) -> Result<(), String> {
             plugin_socket.display(),
             registration_socket.display()
         );
-        let result = serve(
+        let result = serve_with_health(
             driver,
+            Some(health_service),
             DRIVER_NAME,
             &plugin_socket,
             &registration_socket,
