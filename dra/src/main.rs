@@ -70,6 +70,10 @@ struct Args {
     /// restored).
     #[arg(long, default_value_t = 60)]
     republish_seconds: u64,
+    /// Where the driver's metrics go, as Prometheus text, rewritten when they change (for a
+    /// node exporter's textfile collector) [default: <state-dir>/gpuslice-dra.prom].
+    #[arg(long)]
+    metrics_file: Option<PathBuf>,
     /// Milliseconds between health checks of the GPUs (NVML Xid/ECC events, a GPU gone); an
     /// unhealthy GPU's devices are tainted at once.
     #[arg(long, default_value_t = 2000)]
@@ -164,8 +168,13 @@ fn run(args: Args) -> Result<(), String> {
             .await
             .map_err(|e| format!("cannot configure the Kubernetes client: {e}"))?;
         let health_service = HealthService::new(&args.node_name, &gpus, unhealthy.clone());
+        let metrics_file = args
+            .metrics_file
+            .clone()
+            .unwrap_or_else(|| args.state_dir.join("gpuslice-dra.prom"));
         let publisher = {
             let client = client.clone();
+            let mut metrics = String::new();
             let mut unhealthy = unhealthy;
             let period = Duration::from_secs(args.republish_seconds.max(1));
             let mut publisher =
@@ -186,6 +195,13 @@ fn run(args: Args) -> Result<(), String> {
                         eprintln!("gpuslice-dra: {line}");
                     }
                     last = line;
+                    let now_metrics = publisher.metrics(&now);
+                    if now_metrics != metrics {
+                        if let Err(e) = write_metrics(&metrics_file, &now_metrics) {
+                            eprintln!("gpuslice-dra: metrics: {e}");
+                        }
+                        metrics = now_metrics;
+                    }
                     // The next period, or at once when a GPU's health changes.
                     tokio::select! {
                         _ = tokio::time::sleep(period) => {}
@@ -229,6 +245,18 @@ fn run(args: Args) -> Result<(), String> {
         publisher.abort();
         result
     })
+}
+
+/// Replaces `path` with `text` atomically (a collector never reads half a file).
+fn write_metrics(path: &Path, text: &str) -> Result<(), String> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| format!("{}: not a file name", path.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    gpuslice_common::cdi::write_atomically(dir, name, text.as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn main() -> ExitCode {

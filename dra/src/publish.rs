@@ -495,6 +495,47 @@ impl Publisher {
         self.layout
     }
 
+    /// The publisher's standing as Prometheus text (for a node exporter's textfile
+    /// collector): which model is asked and published, whether a gate is missing, how many
+    /// GPUs are unhealthy.
+    pub fn metrics(&self, unhealthy: &BTreeMap<u32, String>) -> String {
+        let (published, gate) = match &self.standing {
+            Standing::AsAsked => (self.model.name(), None),
+            Standing::Degraded { gate, now, .. } => (now.map_or("none", Model::name), Some(*gate)),
+        };
+        let mut out = String::new();
+        out.push_str(
+            "# HELP gpuslice_dra_model The model asked for (--model) and the one published.\n\
+             # TYPE gpuslice_dra_model gauge\n",
+        );
+        out.push_str(&format!(
+            "gpuslice_dra_model{{node=\"{}\",asked=\"{}\",published=\"{published}\"}} 1\n",
+            self.node,
+            self.model.name()
+        ));
+        out.push_str(
+            "# HELP gpuslice_dra_feature_gate_missing 1 when the API server drops the asked \
+             model's fields (its feature gate is off).\n\
+             # TYPE gpuslice_dra_feature_gate_missing gauge\n",
+        );
+        out.push_str(&format!(
+            "gpuslice_dra_feature_gate_missing{{node=\"{}\",gate=\"{}\"}} {}\n",
+            self.node,
+            gate.or(self.model.feature_gate()).unwrap_or("none"),
+            u8::from(gate.is_some())
+        ));
+        out.push_str(
+            "# HELP gpuslice_dra_unhealthy_gpus GPUs whose devices are tainted or withheld.\n\
+             # TYPE gpuslice_dra_unhealthy_gpus gauge\n",
+        );
+        out.push_str(&format!(
+            "gpuslice_dra_unhealthy_gpus{{node=\"{}\"}} {}\n",
+            self.node,
+            unhealthy.len()
+        ));
+        out
+    }
+
     /// What happened that an operator must hear of (each once): to log and to record as an
     /// Event on the Node.
     pub fn take_notices(&mut self) -> Vec<String> {

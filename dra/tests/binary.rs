@@ -204,6 +204,8 @@ async fn the_binary_falls_back_to_units_where_the_gate_is_off() {
             })
     })
     .await;
+    let prom = scratch.path().join("state/gpuslice-dra.prom");
+    wait_for("the metrics", || prom.exists()).await;
     let slice = &api.slices()["gpu-node-1-gpuslice.dev"];
     assert!(slice["spec"]["devices"][0]["name"]
         .as_str()
@@ -220,4 +222,18 @@ async fn the_binary_falls_back_to_units_where_the_gate_is_off() {
     assert_eq!(lines.len(), 1, "{text}");
     assert!(lines[0].contains("units model instead"), "{text}");
     assert_eq!(api.events().len(), 1);
+    // The metric says the same.
+    let metrics = std::fs::read_to_string(&prom).unwrap();
+    assert!(
+        metrics.contains(
+            "gpuslice_dra_model{node=\"gpu-node-1\",asked=\"products\",published=\"units\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "gpuslice_dra_feature_gate_missing{node=\"gpu-node-1\",gate=\"DRAPartitionableDevices\"} 1"
+        ),
+        "{metrics}"
+    );
 }

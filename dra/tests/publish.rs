@@ -587,3 +587,131 @@ async fn many_gpus_go_in_slices_within_every_versions_limits() {
         }
     }
 }
+
+/// The fake's rules on their own, against what upstream's strategy and validation say.
+#[test]
+fn the_fake_drops_and_refuses_as_upstream_does() {
+    use common::rules::{drop_disabled_fields, validate_resource_slice};
+    let device = json!({
+        "name": "d",
+        "taints": [{"key": "k", "effect": "NoSchedule"}],
+        "consumesCounters": [{"counterSet": "s", "counters": {"c": {"value": "1"}}}],
+        "allowMultipleAllocations": true,
+        "capacity": {"memory": {"value": "1Gi", "requestPolicy": {"default": "1Gi"}}},
+        "bindingConditions": ["ready"],
+        "bindsToNode": true,
+    });
+    let spec = json!({"driver": "gpuslice.dev", "nodeName": "n",
+                      "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+                      "sharedCounters": [{"name": "s", "counters": {"c": {"value": "1"}}}],
+                      "perDeviceNodeSelection": null,
+                      "devices": [device]});
+    // 1.35 with every gate off: all of the gated fields go.
+    let mut dropped = spec.clone();
+    drop_disabled_fields(&Cluster::V1_35, &mut dropped, None);
+    assert!(dropped.get("sharedCounters").is_none());
+    let d = &dropped["devices"][0];
+    for field in [
+        "taints",
+        "consumesCounters",
+        "allowMultipleAllocations",
+        "bindingConditions",
+        "bindsToNode",
+    ] {
+        assert!(d.get(field).is_none(), "{field} kept: {d}");
+    }
+    assert!(d["capacity"]["memory"].get("requestPolicy").is_none());
+    assert_eq!(d["capacity"]["memory"]["value"], "1Gi");
+    // The ratchet: an update keeps what the stored object uses.
+    let mut update = spec.clone();
+    drop_disabled_fields(&Cluster::V1_35, &mut update, Some(&spec));
+    assert_eq!(update, spec);
+    // 1.36 defaults keep them all.
+    let mut kept = spec.clone();
+    drop_disabled_fields(&Cluster::V1_36, &mut kept, None);
+    assert_eq!(kept, spec);
+
+    let slice = |spec: Value| json!({"metadata": {"name": "s1"}, "spec": spec});
+    let texts = |cluster: &Cluster, spec: Value| -> Vec<String> {
+        validate_resource_slice(cluster, &slice(spec), None)
+            .iter()
+            .map(|e| e.text())
+            .collect()
+    };
+    // A request policy without allowMultipleAllocations is forbidden.
+    let mut forbidden = kept.clone();
+    forbidden["devices"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("allowMultipleAllocations");
+    forbidden.as_object_mut().unwrap().remove("sharedCounters");
+    forbidden["devices"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("consumesCounters");
+    assert!(texts(&Cluster::V1_36, forbidden.clone()).contains(
+        &"spec.devices[0].capacity[memory].requestPolicy: Forbidden: allowMultipleAllocations must be true".to_string()
+    ));
+    // 65 devices that consume counters: 1.35 allows 64, 1.34 128.
+    let mut many = json!({"driver": "gpuslice.dev", "nodeName": "n",
+                          "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+                          "sharedCounters": [{"name": "s", "counters": {"c": {"value": "100"}}}],
+                          "devices": []});
+    for i in 0..65 {
+        many["devices"].as_array_mut().unwrap().push(json!({
+            "name": format!("d{i}"),
+            "consumesCounters": [{"counterSet": "s", "counters": {"c": {"value": "1"}}}]}));
+    }
+    assert!(texts(&Cluster::V1_34_GATES, many.clone()).is_empty());
+    let mut devices_only = many.clone();
+    devices_only
+        .as_object_mut()
+        .unwrap()
+        .remove("sharedCounters");
+    assert_eq!(
+        texts(&Cluster::V1_36, devices_only),
+        vec!["spec.devices: Too many: 65: must have at most 64 items".to_string()]
+    );
+    // Names, pool and node selection.
+    let bad = json!({"driver": "GPU_slice", "pool": {"name": "", "generation": -1, "resourceSliceCount": 0},
+                     "devices": [{"name": "Bad_Name"}, {"name": "Bad_Name"}]});
+    let errors = texts(&Cluster::V1_36, bad);
+    for expected in [
+        "spec.pool.name: Required value",
+        "spec.pool.resourceSliceCount: Invalid value: 0: must be greater than zero",
+        "spec.pool.generation: Invalid value: -1: must be greater than or equal to zero",
+        "spec: Required value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required",
+        "spec.devices[1].name: Duplicate value: \"Bad_Name\"",
+    ] {
+        assert!(errors.iter().any(|e| e == expected), "{expected:?} not in {errors:#?}");
+    }
+    assert!(errors.iter().any(|e| e.starts_with(
+        "spec.devices[0].name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 label"
+    )));
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("spec.driver: Invalid value: \"gpu_slice\"")),
+        "{errors:#?}"
+    );
+    // Over 32 counters in all sets on 1.34.
+    let mut counters = json!({"driver": "gpuslice.dev", "nodeName": "n",
+                              "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+                              "sharedCounters": []});
+    for i in 0..17 {
+        counters["sharedCounters"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({
+            "name": format!("gpu-{i}"),
+            "counters": {"memory": {"value": "1Gi"}, "compute": {"value": "100"}}}));
+    }
+    assert_eq!(
+        texts(&Cluster::V1_34_GATES, counters.clone()),
+        vec!["spec.sharedCounters: Invalid value: 34: the total number of shared counters must not exceed 32".to_string()]
+    );
+    assert_eq!(
+        texts(&Cluster::V1_35_GATES, counters),
+        vec!["spec.sharedCounters: Too many: 17: must have at most 8 items".to_string()]
+    );
+}
