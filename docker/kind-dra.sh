@@ -9,7 +9,7 @@
 #
 # Needs on the host: an NVIDIA GPU with its driver, docker, the NVIDIA container toolkit
 # (nvidia-ctk) configured for docker, kind >= 0.30 and kubectl. The node image must be
-# Kubernetes 1.34+ (resource.k8s.io/v1). Usage: docker/kind-dra.sh [products|capacity]
+# Kubernetes 1.34+ (resource.k8s.io/v1). Usage: docker/kind-dra.sh [products|capacity|units]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +32,8 @@ apiVersion: kind.x-k8s.io/v1alpha4
 featureGates:
   DRAPartitionableDevices: true
   DRAConsumableCapacity: true
+  DRADeviceTaints: true
+  DRAExtendedResource: true
 nodes:
   - role: control-plane
   - role: worker

@@ -9,6 +9,7 @@
 //! Its own crate rather than a `gpuslice dra` subcommand: it needs tokio, tonic and kube,
 //! which the CLI (copied into every container) and the shim must never pull in.
 
+pub mod health;
 pub mod inventory;
 pub mod model;
 pub mod plugin;

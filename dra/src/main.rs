@@ -9,9 +9,10 @@ use std::time::Duration;
 use clap::Parser;
 use gpuslice_common::cdi::{check_container_path, core_beside, DEFAULT_CONTAINER_LIB};
 use gpuslice_dra::model::Model;
-use gpuslice_dra::plugin::{serve, Driver};
+use gpuslice_dra::plugin::{serve_with_health, Driver, HealthService};
 use gpuslice_dra::prepare::{NvidiaCdi, Preparer, Settings};
-use gpuslice_dra::{inventory, publish, DRIVER_NAME};
+use gpuslice_dra::publish::{OnMissingGate, Publisher};
+use gpuslice_dra::{health, inventory, DRIVER_NAME};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum NvidiaCdiMode {
@@ -29,9 +30,15 @@ struct Args {
     /// This node's name (the pool name and spec.nodeName of the ResourceSlice).
     #[arg(long, env = "NODE_NAME")]
     node_name: String,
-    /// How the GPUs are offered: fixed 25/50/100% products, or consumable capacity.
+    /// How the GPUs are offered: fixed 25/50/100% products (needs DRAPartitionableDevices),
+    /// consumable capacity (needs DRAConsumableCapacity), or four 25% units per card (needs no
+    /// feature gate).
     #[arg(long, value_enum, default_value = "products")]
     model: Model,
+    /// What to publish when the API server drops the model's fields (its feature gate is off):
+    /// nothing, or the gate-free units model.
+    #[arg(long, value_enum, default_value = "withdraw")]
+    on_missing_gate: OnMissingGate,
     /// Host directory of the claims' limit files, regions and checkpoints.
     #[arg(long, default_value = "/var/lib/gpuslice/dra")]
     state_dir: PathBuf,
@@ -59,10 +66,18 @@ struct Args {
     /// The kind of NVIDIA's CDI spec.
     #[arg(long, default_value = "nvidia.com/gpu")]
     nvidia_cdi_kind: String,
-    /// Seconds between re-publications of the ResourceSlice (a deleted or edited slice is
+    /// Seconds between re-publications of the ResourceSlices (a deleted or edited slice is
     /// restored).
     #[arg(long, default_value_t = 60)]
     republish_seconds: u64,
+    /// Where the driver's metrics go, as Prometheus text, rewritten when they change (for a
+    /// node exporter's textfile collector) [default: <state-dir>/gpuslice-dra.prom].
+    #[arg(long)]
+    metrics_file: Option<PathBuf>,
+    /// Milliseconds between health checks of the GPUs (NVML Xid/ECC events, a GPU gone); an
+    /// unhealthy GPU's devices are tainted at once.
+    #[arg(long, default_value_t = 2000)]
+    health_millis: u64,
 }
 
 /// Whether a CDI spec of `kind` is in one of the runtime spec directories.
@@ -141,23 +156,62 @@ fn run(args: Args) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let unhealthy = runtime.block_on(async {
+        health::spawn(
+            args.nvml_lib.as_deref(),
+            gpus.clone(),
+            Duration::from_millis(args.health_millis.max(10)),
+        )
+    })?;
     runtime.block_on(async move {
         let client = kube::Client::try_default()
             .await
             .map_err(|e| format!("cannot configure the Kubernetes client: {e}"))?;
+        let health_service = HealthService::new(&args.node_name, &gpus, unhealthy.clone());
+        let metrics_file = args
+            .metrics_file
+            .clone()
+            .unwrap_or_else(|| args.state_dir.join("gpuslice-dra.prom"));
         let publisher = {
             let client = client.clone();
-            let node = args.node_name.clone();
-            let model = args.model;
+            let mut metrics = String::new();
+            let mut unhealthy = unhealthy;
             let period = Duration::from_secs(args.republish_seconds.max(1));
+            let mut publisher =
+                Publisher::new(DRIVER_NAME, &args.node_name, args.model, args.on_missing_gate);
             async move {
+                let mut last = String::new();
                 loop {
-                    match publish::publish(client.clone(), DRIVER_NAME, &node, &gpus, model).await
-                    {
-                        Ok(outcome) => eprintln!("gpuslice-dra: ResourceSlice: {outcome:?}"),
-                        Err(e) => eprintln!("gpuslice-dra: publishing: {e}"),
+                    let now = unhealthy.borrow_and_update().clone();
+                    let result = publisher
+                        .publish_and_report(client.clone(), &gpus, &now)
+                        .await;
+                    // One line per change, not one per period.
+                    let line = match result {
+                        Ok(outcome) => format!("ResourceSlices: {outcome:?}"),
+                        Err(e) => format!("publishing: {e}"),
+                    };
+                    if line != last || !line.contains("Unchanged") {
+                        eprintln!("gpuslice-dra: {line}");
                     }
-                    tokio::time::sleep(period).await;
+                    last = line;
+                    let now_metrics = publisher.metrics(&now);
+                    if now_metrics != metrics {
+                        if let Err(e) = write_metrics(&metrics_file, &now_metrics) {
+                            eprintln!("gpuslice-dra: metrics: {e}");
+                        }
+                        metrics = now_metrics;
+                    }
+                    // The next period, or at once when a GPU's health changes.
+                    tokio::select! {
+                        _ = tokio::time::sleep(period) => {}
+                        changed = unhealthy.changed() => {
+                            // The health thread is gone: keep to the period.
+                            if changed.is_err() {
+                                tokio::time::sleep(period).await;
+                            }
+                        }
+                    }
                 }
             }
         };
@@ -179,8 +233,9 @@ fn run(args: Args) -> Result<(), String> {
             plugin_socket.display(),
             registration_socket.display()
         );
-        let result = serve(
+        let result = serve_with_health(
             driver,
+            Some(health_service),
             DRIVER_NAME,
             &plugin_socket,
             &registration_socket,
@@ -190,6 +245,18 @@ fn run(args: Args) -> Result<(), String> {
         publisher.abort();
         result
     })
+}
+
+/// Replaces `path` with `text` atomically (a collector never reads half a file).
+fn write_metrics(path: &Path, text: &str) -> Result<(), String> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| format!("{}: not a file name", path.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    gpuslice_common::cdi::write_atomically(dir, name, text.as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn main() -> ExitCode {

@@ -1,14 +1,18 @@
 //! How the node's GPUs are offered, and what an allocated device of ours means.
 //!
-//! Two models, chosen by `--model`:
+//! Three models, chosen by `--model`:
 //! * **products** (Kube-DC's way of selling): every GPU `i` is offered as fixed products,
 //!   four 25% devices `gpu-i-25-a..d`, two 50% devices `gpu-i-50-a..b` and one 100% device
 //!   `gpu-i-100`, each consuming its share of the card's shared counters (`memory`, `compute`)
 //!   so the scheduler never hands out more than one card (partitionable devices:
-//!   `DRAPartitionableDevices`, alpha in Kubernetes 1.33 and 1.34).
+//!   `DRAPartitionableDevices`, alpha in Kubernetes 1.33-1.35, beta and on by default in 1.36).
 //! * **capacity**: one device `gpu-i` per GPU with `allowMultipleAllocations` and consumable
 //!   capacities `memory` (bytes) and `compute` (percent); a claim asks for an amount
-//!   (`DRAConsumableCapacity`, alpha in Kubernetes 1.34).
+//!   (`DRAConsumableCapacity`, alpha in Kubernetes 1.34-1.35, beta in 1.36).
+//! * **units**, which needs no feature gate: every GPU as [`UNITS_PER_GPU`] equal, ordinary
+//!   devices `gpu-i-unit-a..d` (25% each). A larger slice is a claim for a count of units
+//!   constrained to one card (`matchAttribute: gpuslice.dev/uuid`). Each unit is allocated to
+//!   one claim at most, so the scheduler of any 1.34+ cluster cannot promise more than a card.
 
 use std::collections::BTreeMap;
 
@@ -21,7 +25,33 @@ use crate::quantity;
 pub enum Model {
     Products,
     Capacity,
+    Units,
 }
+
+impl Model {
+    /// The feature gate the model's fields need on the API server and scheduler (`None`: the
+    /// model needs none).
+    pub fn feature_gate(self) -> Option<&'static str> {
+        match self {
+            Model::Products => Some("DRAPartitionableDevices"),
+            Model::Capacity => Some("DRAConsumableCapacity"),
+            Model::Units => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Model::Products => "products",
+            Model::Capacity => "capacity",
+            Model::Units => "units",
+        }
+    }
+}
+
+/// Units per GPU in the gate-free model; a unit is `100 / UNITS_PER_GPU` percent of the card.
+pub const UNITS_PER_GPU: u32 = 4;
+/// The share (percent) of one unit.
+pub const UNIT_SHARE: u32 = 100 / UNITS_PER_GPU;
 
 /// The fixed products: (share in percent, devices per GPU).
 pub const PRODUCTS: [(u32, u32); 3] = [(25, 4), (50, 2), (100, 1)];
@@ -50,6 +80,13 @@ pub fn product_devices(index: u32) -> Vec<(String, u32)> {
     out
 }
 
+/// The device names of the units of GPU `index` (units model).
+pub fn unit_devices(index: u32) -> Vec<String> {
+    (0..UNITS_PER_GPU)
+        .map(|n| format!("gpu-{index}-unit-{}", char::from(b'a' + n as u8)))
+        .collect()
+}
+
 /// The device name of GPU `index` in the capacity model.
 pub fn capacity_device(index: u32) -> String {
     format!("gpu-{index}")
@@ -62,12 +99,32 @@ pub enum DeviceName {
     Product { gpu: u32, share: u32 },
     /// A whole GPU whose capacity is consumed by amount (capacity model).
     Consumable { gpu: u32 },
+    /// One unit ([`UNIT_SHARE`]%) of GPU `gpu` (units model).
+    Unit { gpu: u32 },
 }
 
-/// Parses `gpu-I`, `gpu-I-100` or `gpu-I-SHARE-L`; `None` for anything else (including a
-/// share or letter that no product has).
+impl DeviceName {
+    /// The GPU index the device is on.
+    pub fn gpu(self) -> u32 {
+        match self {
+            DeviceName::Product { gpu, .. }
+            | DeviceName::Consumable { gpu }
+            | DeviceName::Unit { gpu } => gpu,
+        }
+    }
+}
+
+/// Parses `gpu-I`, `gpu-I-100`, `gpu-I-SHARE-L` or `gpu-I-unit-L`; `None` for anything else
+/// (including a share or letter that no product or unit has).
 pub fn parse_device_name(name: &str) -> Option<DeviceName> {
     let rest = name.strip_prefix("gpu-")?;
+    if let Some((gpu_text, _)) = rest.split_once("-unit-") {
+        let gpu: u32 = gpu_text.parse().ok()?;
+        return (gpu_text.len() <= 4
+            && gpu_text.bytes().all(|b| b.is_ascii_digit())
+            && unit_devices(gpu).iter().any(|known| known == name))
+        .then_some(DeviceName::Unit { gpu });
+    }
     let mut parts = rest.split('-');
     let gpu_text = parts.next()?;
     if gpu_text.is_empty() || !gpu_text.bytes().all(|b| b.is_ascii_digit()) || gpu_text.len() > 4 {
@@ -131,6 +188,13 @@ mod tests {
             parse_device_name(&capacity_device(2)),
             Some(DeviceName::Consumable { gpu: 2 })
         );
+        for name in unit_devices(5) {
+            assert_eq!(
+                parse_device_name(&name),
+                Some(DeviceName::Unit { gpu: 5 }),
+                "{name}"
+            );
+        }
     }
 
     #[test]
@@ -145,6 +209,11 @@ mod tests {
             "cpu-0",
             "gpu-0-25-a-b",
             "gpu-+1",
+            "gpu-0-unit-e",
+            "gpu-0-unit-",
+            "gpu--unit-a",
+            "gpu-+0-unit-a",
+            "gpu-0-unit-a-b",
         ] {
             assert_eq!(parse_device_name(name), None, "{name}");
         }

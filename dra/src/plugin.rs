@@ -1,6 +1,7 @@
 //! The kubelet-facing gRPC side: the registration service (on the kubelet's plugins_registry
-//! socket) and the DRA node service in both versions the kubelets speak, `v1` and `v1beta1`
-//! (on the plugin's own socket). Both versions answer from the same [`Driver`]; the claim
+//! socket), the DRA node service in both versions the kubelets speak, `v1` and `v1beta1`, and
+//! the resource-health service `v1alpha1.DRAResourceHealth` (on the plugin's own socket; a
+//! kubelet without the ResourceHealthStatus gate never calls it). Both versions answer from the same [`Driver`]; the claim
 //! itself is read from the API server (resource.k8s.io/v1) because the kubelet sends only its
 //! namespace, name and UID.
 
@@ -16,8 +17,9 @@ use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
+use crate::health::Unhealthy;
 use crate::prepare::{ClaimRef, PreparedDevice, Preparer};
-use crate::proto::{dra_v1, dra_v1beta1, pluginregistration as reg};
+use crate::proto::{dra_health_v1alpha1 as health, dra_v1, dra_v1beta1, pluginregistration as reg};
 
 /// The DRA services this plugin serves, as the registration API names them.
 pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
@@ -191,6 +193,115 @@ pub struct DraService {
 dra_service!(dra_v1);
 dra_service!(dra_v1beta1);
 
+/// `NodeWatchResources`: every device the driver may publish on this node (in any model: the
+/// kubelet matches them to the claims it prepared), Healthy or Unhealthy by its GPU, sent
+/// once at the start and again whenever a GPU's health changes.
+#[derive(Clone)]
+pub struct HealthService {
+    /// The pool (the node's name).
+    pub pool: String,
+    /// (GPU index, device name).
+    pub devices: Vec<(u32, String)>,
+    pub unhealthy: tokio::sync::watch::Receiver<Unhealthy>,
+    /// Set by [`serve_with_health`]: open streams end when the plugin stops (a graceful
+    /// shutdown would otherwise wait for the kubelet to hang up).
+    stopping: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl HealthService {
+    /// The devices of `gpus` in every model.
+    pub fn new(
+        pool: &str,
+        gpus: &[crate::inventory::Gpu],
+        unhealthy: tokio::sync::watch::Receiver<Unhealthy>,
+    ) -> HealthService {
+        use crate::model;
+        let mut devices = Vec::new();
+        for gpu in gpus {
+            let i = gpu.index;
+            devices.extend(model::product_devices(i).into_iter().map(|(d, _)| (i, d)));
+            devices.push((i, model::capacity_device(i)));
+            devices.extend(model::unit_devices(i).into_iter().map(|d| (i, d)));
+        }
+        HealthService {
+            pool: pool.to_string(),
+            devices,
+            unhealthy,
+            stopping: None,
+        }
+    }
+
+    /// The full list for `unhealthy`.
+    pub fn report(&self, unhealthy: &Unhealthy) -> health::NodeWatchResourcesResponse {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        health::NodeWatchResourcesResponse {
+            devices: self
+                .devices
+                .iter()
+                .map(|(gpu, name)| health::DeviceHealth {
+                    device: Some(health::DeviceIdentifier {
+                        pool_name: self.pool.clone(),
+                        device_name: name.clone(),
+                    }),
+                    health: if unhealthy.contains_key(gpu) {
+                        health::HealthStatus::Unhealthy
+                    } else {
+                        health::HealthStatus::Healthy
+                    } as i32,
+                    last_updated_time: now,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl health::dra_resource_health_server::DraResourceHealth for HealthService {
+    type NodeWatchResourcesStream = std::pin::Pin<
+        Box<
+            dyn tokio_stream::Stream<Item = Result<health::NodeWatchResourcesResponse, Status>>
+                + Send,
+        >,
+    >;
+
+    async fn node_watch_resources(
+        &self,
+        _request: Request<health::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        let this = self.clone();
+        let mut unhealthy = self.unhealthy.clone();
+        let mut stopping = self.stopping.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        // Ends when the kubelet goes away (send fails), the health thread does, or the plugin
+        // stops.
+        tokio::spawn(async move {
+            let stopped = async {
+                match stopping.as_mut() {
+                    Some(s) => {
+                        let _ = s.wait_for(|stop| *stop).await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(stopped);
+            loop {
+                let report = this.report(&unhealthy.borrow_and_update().clone());
+                if tx.send(Ok(report)).await.is_err() {
+                    return;
+                }
+                tokio::select! {
+                    changed = unhealthy.changed() => if changed.is_err() { return },
+                    _ = &mut stopped => return,
+                }
+            }
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
 /// The registration service: tells the kubelet our name, socket and versions.
 #[derive(Clone)]
 pub struct RegistrationService {
@@ -259,12 +370,36 @@ pub async fn serve(
     registration_socket: &Path,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
+    serve_with_health(
+        driver,
+        None,
+        driver_name,
+        plugin_socket,
+        registration_socket,
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve`], with the resource-health service on the DRA socket when `health` is given.
+pub async fn serve_with_health(
+    driver: Arc<Driver>,
+    health: Option<HealthService>,
+    driver_name: &str,
+    plugin_socket: &Path,
+    registration_socket: &Path,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
     let dra = bind(plugin_socket)
         .map_err(|e| format!("cannot listen on {}: {e}", plugin_socket.display()))?;
     let registration = bind(registration_socket)
         .map_err(|e| format!("cannot listen on {}: {e}", registration_socket.display()))?;
     let service = DraService { driver };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let health = health.map(|mut h| {
+        h.stopping = Some(stop_rx.clone());
+        h
+    });
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
@@ -275,6 +410,9 @@ pub async fn serve(
         .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
             service,
         ))
+        .add_optional_service(
+            health.map(health::dra_resource_health_server::DraResourceHealthServer::new),
+        )
         .serve_with_incoming_shutdown(UnixListenerStream::new(dra), stopped(stop_rx.clone()));
     // Registration last: the kubelet calls the DRA socket as soon as it has registered us.
     let registration_server = tonic::transport::Server::builder()

@@ -16,3 +16,8 @@ pub mod dra_v1 {
 pub mod dra_v1beta1 {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
 }
+
+/// `v1alpha1.DRAResourceHealth`: the kubelet's resource-health API (NodeWatchResources).
+pub mod dra_health_v1alpha1 {
+    tonic::include_proto!("v1alpha1");
+}

@@ -1,21 +1,39 @@
-//! Publishing the node's GPUs as ResourceSlices (resource.k8s.io/v1): what the slice says
-//! ([`desired_spec`], pure) and keeping the API server's copy equal to it ([`publish`]).
+//! Publishing the node's GPUs as ResourceSlices (resource.k8s.io/v1): what the slices say
+//! ([`desired_slices`], pure) and keeping the API server's copy equal to it, safely, on
+//! whatever cluster the driver meets ([`Publisher`]).
 //!
-//! One pool per node (named after the node) in one ResourceSlice `<node>-<driver>`. When the
-//! content changes the pool's generation goes up (the scheduler then ignores slices of older
-//! generations), the slice is replaced (with the resourceVersion read, so a concurrent writer
-//! makes it fail rather than be overwritten) and any other slice of ours for this node is
-//! deleted. The slice is owned by its Node object (an owner reference with the node's UID, as
-//! the upstream kubelet-plugin helper sets it), so the API server's garbage collector deletes
-//! it with the node: a node removed from the cluster leaves no devices for the scheduler.
+//! One pool per node (named after the node). GPUs go in groups of [`GPUS_PER_SLICE`], one
+//! slice of devices per group, named `<node>-<driver>` (then `-1`, `-2`...). Where the model
+//! has shared counters (products) their place depends on the API server ([`Layout`]): in the
+//! devices' slice for 1.34 (whose validation wants a device's counter set in its own slice),
+//! in a slice of their own `<node>-<driver>-counters[-N]` from 1.35 (whose validation refuses
+//! `sharedCounters` and `devices` in one slice). When the content changes the pool's
+//! generation goes up (the scheduler ignores slices of older generations), every slice is
+//! written with the resourceVersion read (a concurrent writer makes it fail rather than be
+//! overwritten) and any other slice of ours for this node is deleted. Every slice is owned by
+//! its Node object (an owner reference with the node's UID, as the upstream kubelet-plugin
+//! helper sets it), so the garbage collector deletes them with the node.
+//!
+//! The API server of a cluster whose feature gate is off does not refuse a model's fields: it
+//! drops them when it stores the slice (its registry strategy), and the seven products of a
+//! card become seven independent devices the scheduler may hand out together. So before a
+//! model that needs a gate is published, a dry-run create shows what the server would store;
+//! and what a real write stored is read back too. If the model's fields were dropped, the
+//! model is not published: [`Publisher`] says so once (its notice), and publishes the gate-free
+//! units model instead if the operator allowed it ([`OnMissingGate::Units`]), or nothing. A
+//! degraded publisher probes again with a dry-run each period (it writes nothing while the
+//! answer stays the same) and returns to the model once the server keeps its fields.
+//!
+//! Devices of an unhealthy GPU carry a NoSchedule [`TAINT_KEY`] taint; where the server drops
+//! taints (`DRADeviceTaints` off) they are left out of the slice instead.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
-    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, ResourcePool, ResourceSlice,
-    ResourceSliceSpec,
+    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, DeviceTaint, ResourcePool,
+    ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -31,12 +49,35 @@ pub const MEMORY_STEP: u64 = 256 << 20;
 /// Default memory and compute of a request that names no amount (capacity model).
 pub const DEFAULT_MEMORY: u64 = 1 << 30;
 pub const DEFAULT_COMPUTE: u32 = 10;
+/// GPUs per slice: 8 counter sets is 1.35's limit per slice, and 8 GPUs of products are 56
+/// devices, under its 64 for devices that consume counters (1.34: 32 counters in all sets).
+pub const GPUS_PER_SLICE: usize = 8;
+/// The taint on the devices of a GPU the driver saw failing.
+pub const TAINT_KEY: &str = "gpuslice.dev/unhealthy";
+
+/// Where the shared counters go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// In the slice of the devices that consume them (Kubernetes 1.34).
+    Combined,
+    /// In slices of their own (Kubernetes 1.35 and later).
+    Split,
+}
+
+/// What the operator allowed when a model's feature gate is off (`--on-missing-gate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnMissingGate {
+    /// Publish no devices (claims already prepared stay as they are).
+    Withdraw,
+    /// Publish the units model, which needs no gate.
+    Units,
+}
 
 fn quantity(text: String) -> Quantity {
     Quantity(text)
 }
 
-fn attributes(gpu: &Gpu, share: Option<u32>) -> BTreeMap<String, DeviceAttribute> {
+fn attributes(gpu: &Gpu, model: Model, share: Option<u32>) -> BTreeMap<String, DeviceAttribute> {
     let string = |s: &str| DeviceAttribute {
         string: Some(s.to_string()),
         ..Default::default()
@@ -52,6 +93,7 @@ fn attributes(gpu: &Gpu, share: Option<u32>) -> BTreeMap<String, DeviceAttribute
     let mut out = BTreeMap::new();
     out.insert("uuid".to_string(), string(&gpu.uuid));
     out.insert("index".to_string(), int(gpu.index as i64));
+    out.insert("model".to_string(), string(model.name()));
     out.insert("productName".to_string(), string(&gpu.name));
     let (major, minor) = gpu.compute_capability;
     out.insert(
@@ -93,114 +135,199 @@ fn counters(memory: u64, compute: u32) -> BTreeMap<String, Counter> {
     ])
 }
 
-/// The spec of the node's ResourceSlice (pool generation `generation`).
-pub fn desired_spec(
-    driver: &str,
-    node: &str,
-    gpus: &[Gpu],
-    model: Model,
-    generation: i64,
-) -> ResourceSliceSpec {
-    let mut devices = Vec::new();
-    let mut shared = Vec::new();
-    for gpu in gpus {
-        match model {
-            Model::Products => {
-                shared.push(CounterSet {
-                    name: counter_set_name(gpu.index),
-                    counters: counters(gpu.memory_bytes, 100),
-                });
-                for (name, share) in model::product_devices(gpu.index) {
-                    let memory = model::product_memory(gpu.memory_bytes, share);
-                    devices.push(Device {
-                        name,
-                        attributes: Some(attributes(gpu, Some(share))),
-                        capacity: Some(BTreeMap::from([
-                            (
-                                "memory".to_string(),
-                                DeviceCapacity {
-                                    value: quantity(format_bytes(memory)),
-                                    request_policy: None,
-                                },
-                            ),
-                            (
-                                "compute".to_string(),
-                                DeviceCapacity {
-                                    value: quantity(share.to_string()),
-                                    request_policy: None,
-                                },
-                            ),
-                        ])),
-                        consumes_counters: Some(vec![DeviceCounterConsumption {
-                            counter_set: counter_set_name(gpu.index),
-                            counters: counters(memory, share),
-                        }]),
-                        ..Default::default()
-                    });
-                }
-            }
-            Model::Capacity => {
-                devices.push(Device {
-                    name: model::capacity_device(gpu.index),
-                    attributes: Some(attributes(gpu, None)),
-                    allow_multiple_allocations: Some(true),
-                    capacity: Some(BTreeMap::from([
-                        (
-                            "memory".to_string(),
-                            DeviceCapacity {
-                                value: quantity(format_bytes(gpu.memory_bytes)),
-                                request_policy: Some(CapacityRequestPolicy {
-                                    default: Some(quantity(format_bytes(DEFAULT_MEMORY))),
-                                    valid_range: Some(CapacityRequestPolicyRange {
-                                        min: quantity(format_bytes(MEMORY_STEP)),
-                                        max: Some(quantity(format_bytes(gpu.memory_bytes))),
-                                        step: Some(quantity(format_bytes(MEMORY_STEP))),
-                                    }),
-                                    valid_values: None,
-                                }),
-                            },
-                        ),
-                        (
-                            "compute".to_string(),
-                            DeviceCapacity {
-                                value: quantity("100".to_string()),
-                                request_policy: Some(CapacityRequestPolicy {
-                                    default: Some(quantity(DEFAULT_COMPUTE.to_string())),
-                                    valid_range: Some(CapacityRequestPolicyRange {
-                                        min: quantity("1".to_string()),
-                                        max: Some(quantity("100".to_string())),
-                                        step: Some(quantity("1".to_string())),
-                                    }),
-                                    valid_values: None,
-                                }),
-                            },
-                        ),
-                    ])),
-                    ..Default::default()
-                });
-            }
-        }
-    }
-    ResourceSliceSpec {
-        driver: driver.to_string(),
-        node_name: Some(node.to_string()),
-        pool: ResourcePool {
-            name: node.to_string(),
-            generation,
-            resource_slice_count: 1,
-        },
-        devices: Some(devices),
-        shared_counters: (!shared.is_empty()).then_some(shared),
-        ..Default::default()
+fn fixed_capacity(memory: u64, compute: u32) -> BTreeMap<String, DeviceCapacity> {
+    BTreeMap::from([
+        (
+            "memory".to_string(),
+            DeviceCapacity {
+                value: quantity(format_bytes(memory)),
+                request_policy: None,
+            },
+        ),
+        (
+            "compute".to_string(),
+            DeviceCapacity {
+                value: quantity(compute.to_string()),
+                request_policy: None,
+            },
+        ),
+    ])
+}
+
+fn range(default: String, min: String, max: String, step: String) -> CapacityRequestPolicy {
+    CapacityRequestPolicy {
+        default: Some(quantity(default)),
+        valid_range: Some(CapacityRequestPolicyRange {
+            min: quantity(min),
+            max: Some(quantity(max)),
+            step: Some(quantity(step)),
+        }),
+        valid_values: None,
     }
 }
 
-/// The name of the node's ResourceSlice.
+/// The devices of one GPU in `model`; `taint`: the reason it is unhealthy, if it is.
+fn gpu_devices(gpu: &Gpu, model: Model, taint: Option<&str>) -> Vec<Device> {
+    let taints = taint.map(|reason| {
+        vec![DeviceTaint {
+            key: TAINT_KEY.to_string(),
+            value: Some(reason.to_string()),
+            effect: "NoSchedule".to_string(),
+            time_added: None,
+        }]
+    });
+    let mut devices = match model {
+        Model::Products => model::product_devices(gpu.index)
+            .into_iter()
+            .map(|(name, share)| {
+                let memory = model::product_memory(gpu.memory_bytes, share);
+                Device {
+                    name,
+                    attributes: Some(attributes(gpu, model, Some(share))),
+                    capacity: Some(fixed_capacity(memory, share)),
+                    consumes_counters: Some(vec![DeviceCounterConsumption {
+                        counter_set: counter_set_name(gpu.index),
+                        counters: counters(memory, share),
+                    }]),
+                    ..Default::default()
+                }
+            })
+            .collect(),
+        Model::Units => {
+            let memory = model::product_memory(gpu.memory_bytes, model::UNIT_SHARE);
+            model::unit_devices(gpu.index)
+                .into_iter()
+                .map(|name| Device {
+                    name,
+                    attributes: Some(attributes(gpu, model, Some(model::UNIT_SHARE))),
+                    capacity: Some(fixed_capacity(memory, model::UNIT_SHARE)),
+                    ..Default::default()
+                })
+                .collect()
+        }
+        Model::Capacity => {
+            let memory = format_bytes(gpu.memory_bytes);
+            vec![Device {
+                name: model::capacity_device(gpu.index),
+                attributes: Some(attributes(gpu, model, None)),
+                allow_multiple_allocations: Some(true),
+                capacity: Some(BTreeMap::from([
+                    (
+                        "memory".to_string(),
+                        DeviceCapacity {
+                            value: quantity(memory.clone()),
+                            request_policy: Some(range(
+                                format_bytes(DEFAULT_MEMORY),
+                                format_bytes(MEMORY_STEP),
+                                memory,
+                                format_bytes(MEMORY_STEP),
+                            )),
+                        },
+                    ),
+                    (
+                        "compute".to_string(),
+                        DeviceCapacity {
+                            value: quantity("100".to_string()),
+                            request_policy: Some(range(
+                                DEFAULT_COMPUTE.to_string(),
+                                "1".to_string(),
+                                "100".to_string(),
+                                "1".to_string(),
+                            )),
+                        },
+                    ),
+                ])),
+                ..Default::default()
+            }]
+        }
+    };
+    for device in &mut devices {
+        device.taints = taints.clone();
+    }
+    devices
+}
+
+/// The name of the node's first (or only) slice of devices.
 pub fn slice_name(driver: &str, node: &str) -> String {
     format!("{node}-{driver}")
 }
 
-/// The owner reference that ties the node's slice to its Node object.
+fn numbered(base: String, group: usize) -> String {
+    if group == 0 {
+        base
+    } else {
+        format!("{base}-{group}")
+    }
+}
+
+/// What the driver publishes for `gpus` in `model` (pool generation `generation`), as
+/// (slice name, spec), in the order they are written. `unhealthy`: GPU index -> reason (a
+/// label value), whose devices are tainted, or left out when `withhold_unhealthy`.
+#[allow(clippy::too_many_arguments)]
+pub fn desired_slices(
+    driver: &str,
+    node: &str,
+    gpus: &[Gpu],
+    model: Model,
+    layout: Layout,
+    generation: i64,
+    unhealthy: &BTreeMap<u32, String>,
+    withhold_unhealthy: bool,
+) -> Vec<(String, ResourceSliceSpec)> {
+    let groups: Vec<&[Gpu]> = if gpus.is_empty() {
+        vec![&[]]
+    } else {
+        gpus.chunks(GPUS_PER_SLICE).collect()
+    };
+    let mut slices = Vec::new();
+    for (n, group) in groups.iter().enumerate() {
+        let mut devices = Vec::new();
+        let mut shared = Vec::new();
+        for gpu in group.iter() {
+            if model == Model::Products {
+                shared.push(CounterSet {
+                    name: counter_set_name(gpu.index),
+                    counters: counters(gpu.memory_bytes, 100),
+                });
+            }
+            let taint = unhealthy.get(&gpu.index).map(String::as_str);
+            if taint.is_some() && withhold_unhealthy {
+                continue;
+            }
+            devices.extend(gpu_devices(gpu, model, taint));
+        }
+        let spec =
+            |devices: Option<Vec<Device>>, shared: Option<Vec<CounterSet>>| ResourceSliceSpec {
+                driver: driver.to_string(),
+                node_name: Some(node.to_string()),
+                pool: ResourcePool {
+                    name: node.to_string(),
+                    generation,
+                    resource_slice_count: 0,
+                },
+                devices,
+                shared_counters: shared,
+                ..Default::default()
+            };
+        let name = numbered(slice_name(driver, node), n);
+        match (layout, shared.is_empty()) {
+            (Layout::Split, false) => {
+                let counters_name = numbered(format!("{}-counters", slice_name(driver, node)), n);
+                slices.push((counters_name, spec(None, Some(shared))));
+                slices.push((name, spec(Some(devices), None)));
+            }
+            (_, true) => slices.push((name, spec(Some(devices), None))),
+            (Layout::Combined, false) => slices.push((name, spec(Some(devices), Some(shared)))),
+        }
+    }
+    let count = slices.len() as i64;
+    for (_, spec) in &mut slices {
+        spec.pool.resource_slice_count = count;
+    }
+    slices
+}
+
+/// The owner reference that ties the node's slices to its Node object.
 pub fn node_owner(node: &str, uid: &str) -> OwnerReference {
     OwnerReference {
         api_version: "v1".to_string(),
@@ -214,11 +341,11 @@ pub fn node_owner(node: &str, uid: &str) -> OwnerReference {
 
 /// The Node's owner reference, from the API server (the UID is the node object's identity: a
 /// node deleted and re-registered under the same name is another owner).
-async fn read_node_owner(client: Client, node: &str) -> Result<OwnerReference, String> {
+pub async fn read_node_owner(client: Client, node: &str) -> Result<OwnerReference, String> {
     let nodes: Api<Node> = Api::all(client);
     let object = nodes.get(node).await.map_err(|e| {
         format!(
-            "reading Node {node} (the ResourceSlice is owned by it, so it goes with the node): {e}"
+            "reading Node {node} (the ResourceSlices are owned by it, so they go with the node): {e}"
         )
     })?;
     let uid = object
@@ -228,89 +355,507 @@ async fn read_node_owner(client: Client, node: &str) -> Result<OwnerReference, S
     Ok(node_owner(node, &uid))
 }
 
-/// What [`publish`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Published {
-    Created { generation: i64 },
-    Replaced { generation: i64 },
-    Unchanged { generation: i64 },
-}
-
-/// Makes the API server's ResourceSlices of this driver and node say `desired_spec` (see the
-/// module doc). Errors name the call that failed.
-pub async fn publish(
-    client: Client,
-    driver: &str,
-    node: &str,
-    gpus: &[Gpu],
-    model: Model,
-) -> Result<Published, String> {
-    let owners = Some(vec![read_node_owner(client.clone(), node).await?]);
-    let api: Api<ResourceSlice> = Api::all(client);
-    let selector = format!("spec.driver={driver},spec.nodeName={node}");
-    let existing = api
-        .list(&ListParams::default().fields(&selector))
-        .await
-        .map_err(|e| format!("listing ResourceSlices ({selector}): {e}"))?
-        .items;
-    let name = slice_name(driver, node);
-    let generation = existing
+/// The fields of `sent` that are missing from `stored` (what the API server dropped), by
+/// their paths; empty when it kept everything the driver uses.
+pub fn dropped_fields(sent: &ResourceSliceSpec, stored: &ResourceSliceSpec) -> Vec<String> {
+    let mut out = Vec::new();
+    let nonempty = |v: &Option<Vec<CounterSet>>| v.as_ref().is_some_and(|v| !v.is_empty());
+    if nonempty(&sent.shared_counters) && !nonempty(&stored.shared_counters) {
+        out.push("spec.sharedCounters".to_string());
+    }
+    let stored_devices: BTreeMap<&str, &Device> = stored
+        .devices
         .iter()
-        .map(|s| s.spec.pool.generation)
-        .max()
-        .unwrap_or(0);
-    let current = existing
-        .iter()
-        .find(|s| s.metadata.name.as_deref() == Some(name.as_str()));
-    let outcome = match current {
-        Some(current)
-            if existing.len() == 1
-                && current.spec == desired_spec(driver, node, gpus, model, generation)
-                && current.metadata.owner_references == owners =>
-        {
-            Published::Unchanged { generation }
-        }
-        Some(current) => {
-            let generation = generation + 1;
-            let slice = ResourceSlice {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    resource_version: current.metadata.resource_version.clone(),
-                    owner_references: owners.clone(),
-                    ..Default::default()
-                },
-                spec: desired_spec(driver, node, gpus, model, generation),
-            };
-            api.replace(&name, &PostParams::default(), &slice)
-                .await
-                .map_err(|e| format!("replacing ResourceSlice {name}: {e}"))?;
-            Published::Replaced { generation }
-        }
-        None => {
-            let generation = generation + 1;
-            let slice = ResourceSlice {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    owner_references: owners.clone(),
-                    ..Default::default()
-                },
-                spec: desired_spec(driver, node, gpus, model, generation),
-            };
-            api.create(&PostParams::default(), &slice)
-                .await
-                .map_err(|e| format!("creating ResourceSlice {name}: {e}"))?;
-            Published::Created { generation }
+        .flatten()
+        .map(|d| (d.name.as_str(), d))
+        .collect();
+    let mut add = |what: &str| {
+        let path = format!("spec.devices[].{what}");
+        if !out.contains(&path) {
+            out.push(path);
         }
     };
-    for stale in &existing {
-        let Some(stale_name) = stale.metadata.name.as_deref() else {
+    for device in sent.devices.iter().flatten() {
+        let Some(kept) = stored_devices.get(device.name.as_str()) else {
+            add("(device missing)");
             continue;
         };
-        if stale_name != name {
-            api.delete(stale_name, &DeleteParams::default())
-                .await
-                .map_err(|e| format!("deleting stale ResourceSlice {stale_name}: {e}"))?;
+        let has =
+            |v: &Option<Vec<DeviceCounterConsumption>>| v.as_ref().is_some_and(|v| !v.is_empty());
+        if has(&device.consumes_counters) && !has(&kept.consumes_counters) {
+            add("consumesCounters");
+        }
+        if device.allow_multiple_allocations.is_some() && kept.allow_multiple_allocations.is_none()
+        {
+            add("allowMultipleAllocations");
+        }
+        let policies = |d: &Device| {
+            d.capacity
+                .iter()
+                .flatten()
+                .filter(|(_, c)| c.request_policy.is_some())
+                .count()
+        };
+        if policies(device) > policies(kept) {
+            add("capacity[].requestPolicy");
+        }
+        let taints = |d: &Device| d.taints.as_ref().map_or(0, Vec::len);
+        if taints(device) > taints(kept) {
+            add("taints");
         }
     }
-    Ok(outcome)
+    out
+}
+
+/// Whether `dropped` (from [`dropped_fields`]) takes away what keeps `model` from
+/// over-committing a card.
+pub fn model_fields_dropped(model: Model, dropped: &[String]) -> bool {
+    dropped.iter().any(|path| match model {
+        Model::Products => path == "spec.sharedCounters" || path.ends_with("consumesCounters"),
+        Model::Capacity => {
+            path.ends_with("allowMultipleAllocations") || path.ends_with("requestPolicy")
+        }
+        Model::Units => false,
+    }) || dropped.iter().any(|p| p.ends_with("(device missing)"))
+}
+
+/// Taints the server set that the driver did not (`timeAdded`) are not a difference.
+fn normalised(spec: &ResourceSliceSpec) -> ResourceSliceSpec {
+    let mut spec = spec.clone();
+    for device in spec.devices.iter_mut().flatten() {
+        for taint in device.taints.iter_mut().flatten() {
+            taint.time_added = None;
+        }
+    }
+    spec
+}
+
+/// What one publication did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Published {
+    Created {
+        generation: i64,
+    },
+    Replaced {
+        generation: i64,
+    },
+    Unchanged {
+        generation: i64,
+    },
+    /// Nothing of this driver is published for the node (any slice there was, was deleted).
+    Withdrawn,
+}
+
+/// The model the publisher is publishing, and why not the one asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// The model asked for (its fields kept by the server, or it needs no gate).
+    AsAsked,
+    /// The asked model's gate is off: `now` is published instead (`None`: nothing).
+    Degraded {
+        gate: &'static str,
+        dropped: Vec<String>,
+        now: Option<Model>,
+    },
+}
+
+/// Keeps the node's slices right, from one call to [`Publisher::publish`] to the next.
+pub struct Publisher {
+    pub driver: String,
+    pub node: String,
+    pub model: Model,
+    pub on_missing_gate: OnMissingGate,
+    standing: Standing,
+    layout: Option<Layout>,
+    /// `Some(false)` once the server was seen dropping device taints.
+    taints_kept: Option<bool>,
+    notices: Vec<String>,
+}
+
+impl Publisher {
+    pub fn new(driver: &str, node: &str, model: Model, on_missing_gate: OnMissingGate) -> Self {
+        Publisher {
+            driver: driver.to_string(),
+            node: node.to_string(),
+            model,
+            on_missing_gate,
+            standing: Standing::AsAsked,
+            layout: None,
+            taints_kept: None,
+            notices: Vec::new(),
+        }
+    }
+
+    pub fn standing(&self) -> &Standing {
+        &self.standing
+    }
+
+    /// The layout chosen (after the first publication of a model with counters).
+    pub fn layout(&self) -> Option<Layout> {
+        self.layout
+    }
+
+    /// The publisher's standing as Prometheus text (for a node exporter's textfile
+    /// collector): which model is asked and published, whether a gate is missing, how many
+    /// GPUs are unhealthy.
+    pub fn metrics(&self, unhealthy: &BTreeMap<u32, String>) -> String {
+        let (published, gate) = match &self.standing {
+            Standing::AsAsked => (self.model.name(), None),
+            Standing::Degraded { gate, now, .. } => (now.map_or("none", Model::name), Some(*gate)),
+        };
+        let mut out = String::new();
+        out.push_str(
+            "# HELP gpuslice_dra_model The model asked for (--model) and the one published.\n\
+             # TYPE gpuslice_dra_model gauge\n",
+        );
+        out.push_str(&format!(
+            "gpuslice_dra_model{{node=\"{}\",asked=\"{}\",published=\"{published}\"}} 1\n",
+            self.node,
+            self.model.name()
+        ));
+        out.push_str(
+            "# HELP gpuslice_dra_feature_gate_missing 1 when the API server drops the asked \
+             model's fields (its feature gate is off).\n\
+             # TYPE gpuslice_dra_feature_gate_missing gauge\n",
+        );
+        out.push_str(&format!(
+            "gpuslice_dra_feature_gate_missing{{node=\"{}\",gate=\"{}\"}} {}\n",
+            self.node,
+            gate.or(self.model.feature_gate()).unwrap_or("none"),
+            u8::from(gate.is_some())
+        ));
+        out.push_str(
+            "# HELP gpuslice_dra_unhealthy_gpus GPUs whose devices are tainted or withheld.\n\
+             # TYPE gpuslice_dra_unhealthy_gpus gauge\n",
+        );
+        out.push_str(&format!(
+            "gpuslice_dra_unhealthy_gpus{{node=\"{}\"}} {}\n",
+            self.node,
+            unhealthy.len()
+        ));
+        out
+    }
+
+    /// What happened that an operator must hear of (each once): to log and to record as an
+    /// Event on the Node.
+    pub fn take_notices(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notices)
+    }
+
+    fn effective(&self) -> Option<Model> {
+        match &self.standing {
+            Standing::AsAsked => Some(self.model),
+            Standing::Degraded { now, .. } => *now,
+        }
+    }
+
+    fn degrade(&mut self, dropped: Vec<String>) {
+        let gate = self.model.feature_gate().unwrap_or("?");
+        let now = match self.on_missing_gate {
+            OnMissingGate::Withdraw => None,
+            OnMissingGate::Units => Some(Model::Units),
+        };
+        let instead = match now {
+            Some(m) => format!("publishing the {} model instead (--on-missing-gate=units)", m.name()),
+            None => "publishing no devices (--on-missing-gate=withdraw; =units publishes the gate-free units model)".to_string(),
+        };
+        self.notices.push(format!(
+            "the API server drops {} of the {} model (feature gate {gate} is off on it): its \
+             devices would be independent and a card over-committable; {instead}",
+            dropped.join(", "),
+            self.model.name(),
+        ));
+        self.standing = Standing::Degraded { gate, dropped, now };
+    }
+
+    /// [`Publisher::publish`], then each notice as one log line and a Warning Event on the
+    /// Node (an Event that cannot be recorded is logged, never fatal).
+    pub async fn publish_and_report(
+        &mut self,
+        client: Client,
+        gpus: &[Gpu],
+        unhealthy: &BTreeMap<u32, String>,
+    ) -> Result<Published, String> {
+        let result = self.publish(client.clone(), gpus, unhealthy).await;
+        for notice in self.take_notices() {
+            eprintln!("gpuslice-dra: ResourceSlices: {notice}");
+            let recorded = match read_node_owner(client.clone(), &self.node).await {
+                Ok(owner) => node_event(client.clone(), &owner, "DRAModel", &notice).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = recorded {
+                eprintln!("gpuslice-dra: {e}");
+            }
+        }
+        result
+    }
+
+    /// One publication: probes a gated model (dry run) if it is not known to be kept, writes
+    /// what should be published, and reads back what was stored.
+    pub async fn publish(
+        &mut self,
+        client: Client,
+        gpus: &[Gpu],
+        unhealthy: &BTreeMap<u32, String>,
+    ) -> Result<Published, String> {
+        let owner = read_node_owner(client.clone(), &self.node).await?;
+        let api: Api<ResourceSlice> = Api::all(client.clone());
+        // The asked model with a gate: probe it (again, while degraded) with a dry run.
+        if self.model.feature_gate().is_some()
+            && (self.layout.is_none() || matches!(self.standing, Standing::Degraded { .. }))
+        {
+            match self.probe(&api, &owner, gpus).await? {
+                None => {
+                    if matches!(self.standing, Standing::Degraded { .. }) {
+                        self.notices.push(format!(
+                            "the API server now keeps the fields of the {} model: publishing it",
+                            self.model.name()
+                        ));
+                    }
+                    self.standing = Standing::AsAsked;
+                }
+                Some(dropped) => {
+                    if !matches!(self.standing, Standing::Degraded { .. }) {
+                        self.degrade(dropped);
+                    }
+                }
+            }
+        }
+        let (published, dropped) = self.write(&api, &owner, gpus, unhealthy).await?;
+        // What was stored, read back: a server whose answer changed since the probe (or the
+        // replicas of one API server disagreeing) must not leave an over-committable slice.
+        if self.effective() == Some(self.model) && model_fields_dropped(self.model, &dropped) {
+            self.degrade(dropped);
+            return Ok(self.write(&api, &owner, gpus, unhealthy).await?.0);
+        }
+        if dropped.iter().any(|p| p.ends_with("taints")) && self.taints_kept != Some(false) {
+            self.taints_kept = Some(false);
+            self.notices.push(
+                "the API server drops device taints (feature gate DRADeviceTaints is off on \
+                 it): the devices of an unhealthy GPU are left out of the slices instead"
+                    .to_string(),
+            );
+            return Ok(self.write(&api, &owner, gpus, unhealthy).await?.0);
+        }
+        Ok(published)
+    }
+
+    /// A dry-run create of the model's first slices in each layout (1.35's first): `None`
+    /// when the server keeps the model's fields, else the fields it drops. Sets the layout.
+    async fn probe(
+        &mut self,
+        api: &Api<ResourceSlice>,
+        owner: &OwnerReference,
+        gpus: &[Gpu],
+    ) -> Result<Option<Vec<String>>, String> {
+        let dry = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let mut refusals = Vec::new();
+        for layout in [Layout::Split, Layout::Combined] {
+            let first: Vec<_> = gpus.iter().take(1).cloned().collect();
+            let slices = desired_slices(
+                &self.driver,
+                &self.node,
+                &first,
+                self.model,
+                layout,
+                1,
+                &BTreeMap::new(),
+                false,
+            );
+            let mut dropped = Vec::new();
+            let mut refused = None;
+            for (name, spec) in &slices {
+                let slice = ResourceSlice {
+                    metadata: ObjectMeta {
+                        name: Some(format!("{name}-probe")),
+                        owner_references: Some(vec![owner.clone()]),
+                        ..Default::default()
+                    },
+                    spec: spec.clone(),
+                };
+                match api.create(&dry, &slice).await {
+                    Ok(stored) => dropped.extend(dropped_fields(spec, &stored.spec)),
+                    Err(kube::Error::Api(e)) if e.code == 422 => {
+                        refused = Some(e.message);
+                        break;
+                    }
+                    Err(e) => return Err(format!("dry-run create of ResourceSlice {name}: {e}")),
+                }
+            }
+            match refused {
+                None => {
+                    self.layout = Some(layout);
+                    dropped.dedup();
+                    return Ok((!dropped.is_empty()).then_some(dropped));
+                }
+                Some(message) => refusals.push(format!("{layout:?}: {message}")),
+            }
+        }
+        Err(format!(
+            "the API server refuses the {} model's slices in every layout: {}",
+            self.model.name(),
+            refusals.join("; ")
+        ))
+    }
+
+    /// Makes the server's slices of this driver and node what the effective model says.
+    /// Returns the outcome and the fields the server dropped from what was written.
+    async fn write(
+        &mut self,
+        api: &Api<ResourceSlice>,
+        owner: &OwnerReference,
+        gpus: &[Gpu],
+        unhealthy: &BTreeMap<u32, String>,
+    ) -> Result<(Published, Vec<String>), String> {
+        let owners = Some(vec![owner.clone()]);
+        let selector = format!("spec.driver={},spec.nodeName={}", self.driver, self.node);
+        let existing = api
+            .list(&ListParams::default().fields(&selector))
+            .await
+            .map_err(|e| format!("listing ResourceSlices ({selector}): {e}"))?
+            .items;
+        let generation = existing
+            .iter()
+            .map(|s| s.spec.pool.generation)
+            .max()
+            .unwrap_or(0);
+        let Some(model) = self.effective() else {
+            for slice in &existing {
+                let name = slice.metadata.name.clone().unwrap_or_default();
+                api.delete(&name, &DeleteParams::default())
+                    .await
+                    .map_err(|e| format!("deleting ResourceSlice {name}: {e}"))?;
+            }
+            return Ok((Published::Withdrawn, Vec::new()));
+        };
+        let layout = self.layout.unwrap_or(Layout::Split);
+        let withhold = self.taints_kept == Some(false);
+        let want = |generation| {
+            desired_slices(
+                &self.driver,
+                &self.node,
+                gpus,
+                model,
+                layout,
+                generation,
+                unhealthy,
+                withhold,
+            )
+        };
+        let by_name: BTreeMap<&str, &ResourceSlice> = existing
+            .iter()
+            .filter_map(|s| Some((s.metadata.name.as_deref()?, s)))
+            .collect();
+        let same = {
+            let desired = want(generation);
+            desired.len() == existing.len()
+                && desired.iter().all(|(name, spec)| {
+                    by_name.get(name.as_str()).is_some_and(|s| {
+                        normalised(&s.spec) == *spec && s.metadata.owner_references == owners
+                    })
+                })
+        };
+        if same {
+            return Ok((Published::Unchanged { generation }, Vec::new()));
+        }
+        let generation = generation + 1;
+        let mut dropped = Vec::new();
+        let mut created_all = true;
+        for (name, spec) in want(generation) {
+            let current = by_name.get(name.as_str());
+            let slice = ResourceSlice {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    resource_version: current.and_then(|s| s.metadata.resource_version.clone()),
+                    owner_references: owners.clone(),
+                    ..Default::default()
+                },
+                spec: spec.clone(),
+            };
+            let stored = match current {
+                Some(_) => {
+                    created_all = false;
+                    api.replace(&name, &PostParams::default(), &slice)
+                        .await
+                        .map_err(|e| format!("replacing ResourceSlice {name}: {e}"))?
+                }
+                None => api
+                    .create(&PostParams::default(), &slice)
+                    .await
+                    .map_err(|e| format!("creating ResourceSlice {name}: {e}"))?,
+            };
+            for path in dropped_fields(&spec, &stored.spec) {
+                if !dropped.contains(&path) {
+                    dropped.push(path);
+                }
+            }
+        }
+        let names: Vec<String> = want(generation).into_iter().map(|(n, _)| n).collect();
+        for stale in &existing {
+            let Some(stale_name) = stale.metadata.name.as_deref() else {
+                continue;
+            };
+            if !names.iter().any(|n| n == stale_name) {
+                api.delete(stale_name, &DeleteParams::default())
+                    .await
+                    .map_err(|e| format!("deleting stale ResourceSlice {stale_name}: {e}"))?;
+            }
+        }
+        let published = if created_all && existing.is_empty() {
+            Published::Created { generation }
+        } else {
+            Published::Replaced { generation }
+        };
+        Ok((published, dropped))
+    }
+}
+
+/// Records `message` as a Warning Event on the Node (`reason`: one word), as a kubelet
+/// plugin's events appear in `kubectl describe node`.
+pub async fn node_event(
+    client: Client,
+    owner: &OwnerReference,
+    reason: &str,
+    message: &str,
+) -> Result<(), String> {
+    use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+    let now = k8s_openapi::chrono::Utc::now();
+    let event = Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.gpuslice-dra.", owner.name)),
+            namespace: Some("default".to_string()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".to_string()),
+            kind: Some("Node".to_string()),
+            name: Some(owner.name.clone()),
+            uid: Some(owner.uid.clone()),
+            ..Default::default()
+        },
+        reason: Some(reason.to_string()),
+        message: Some(message.to_string()),
+        type_: Some("Warning".to_string()),
+        source: Some(EventSource {
+            component: Some("gpuslice-dra".to_string()),
+            host: Some(owner.name.clone()),
+        }),
+        reporting_component: Some("gpuslice.dev/gpuslice-dra".to_string()),
+        reporting_instance: Some(owner.name.clone()),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        event_time: Some(MicroTime(now)),
+        action: Some("Publish".to_string()),
+        count: Some(1),
+        ..Default::default()
+    };
+    let api: Api<Event> = Api::namespaced(client, "default");
+    api.create(&PostParams::default(), &event)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("recording an Event on Node {}: {e}", owner.name))
 }

@@ -219,8 +219,8 @@ async fn concurrent_prepares_each_get_their_own_slice_and_one_claim_one_slice() 
         "gpu-0-25-b",
         "gpu-0-25-c",
         "gpu-0-25-d",
-        "gpu-1-50-a",
-        "gpu-1-50-b",
+        "gpu-1-25-a",
+        "gpu-1-25-b",
     ];
     for (n, product) in products.iter().enumerate() {
         api.put_claim(&claim(
@@ -273,7 +273,7 @@ async fn concurrent_prepares_each_get_their_own_slice_and_one_claim_one_slice() 
         "team-b",
         "good",
         &uid(101),
-        &[ours("gpu", "gpu-1-100")],
+        &[ours("gpu", "gpu-1-50-a")],
     ));
     let response = plugin
         .v1()
@@ -332,5 +332,165 @@ async fn concurrent_prepares_each_get_their_own_slice_and_one_claim_one_slice() 
             uid(101)
         ))]
     );
+    plugin.stop().await;
+}
+
+async fn prepare(
+    plugin: &Plugin,
+    namespace: &str,
+    name: &str,
+    id: &str,
+) -> dra_v1::NodePrepareResourceResponse {
+    plugin
+        .v1()
+        .await
+        .node_prepare_resources(dra_v1::NodePrepareResourcesRequest {
+            claims: vec![v1_claim(namespace, name, id)],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .claims[id]
+        .clone()
+}
+
+/// The scheduler (a dropped counter, a stale slice, a bug) allocated the whole card and a
+/// quarter of it to two claims, and a third product too: the driver prepares the first and
+/// refuses the others with an error naming the card and the claims, across a restart, until
+/// the first is unprepared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_never_promises_a_card_twice_whatever_the_scheduler_did() {
+    let scratch = Scratch::new("guard");
+    let api = FakeApi::start();
+    api.put_claim(&claim(
+        "team-a",
+        "whole",
+        &uid(1),
+        &[ours("gpu", "gpu-0-100")],
+    ));
+    api.put_claim(&claim(
+        "team-b",
+        "quarter",
+        &uid(2),
+        &[ours("gpu", "gpu-0-25-a")],
+    ));
+    api.put_claim(&claim(
+        "team-c",
+        "half",
+        &uid(3),
+        &[ours("gpu", "gpu-0-50-b")],
+    ));
+    // Another card is not this card's business.
+    api.put_claim(&claim(
+        "team-d",
+        "other",
+        &uid(4),
+        &[ours("gpu", "gpu-1-100")],
+    ));
+    let plugin = Plugin::start(&scratch, &api).await;
+    assert_eq!(prepare(&plugin, "team-a", "whole", &uid(1)).await.error, "");
+    let refused = prepare(&plugin, "team-b", "quarter", &uid(2)).await;
+    assert!(refused.devices.is_empty());
+    for part in [
+        "team-b/quarter",
+        &uid(2),
+        "not prepared",
+        "GPU 0",
+        UUID0,
+        "32Gi",
+        "team-a/whole",
+        &uid(1),
+        "40Gi and 125%",
+    ] {
+        assert!(
+            refused.error.contains(part),
+            "{:?} lacks {part:?}",
+            refused.error
+        );
+    }
+    assert!(!scratch.path().join("state/claims").join(uid(2)).exists());
+    assert_eq!(prepare(&plugin, "team-d", "other", &uid(4)).await.error, "");
+
+    // A restart: the guard knows the prepared claims from their files.
+    plugin.stop().await;
+    let plugin = Plugin::start(&scratch, &api).await;
+    let refused = prepare(&plugin, "team-c", "half", &uid(3)).await;
+    assert!(refused.error.contains("team-a/whole"), "{}", refused.error);
+    assert!(refused.error.contains("48Gi and 150%"), "{}", refused.error);
+
+    // Once the whole card is given back, the others fit (75% together).
+    let response = plugin
+        .v1()
+        .await
+        .node_unprepare_resources(dra_v1::NodeUnprepareResourcesRequest {
+            claims: vec![v1_claim("team-a", "whole", &uid(1))],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.claims[&uid(1)].error, "");
+    assert_eq!(
+        prepare(&plugin, "team-b", "quarter", &uid(2)).await.error,
+        ""
+    );
+    assert_eq!(prepare(&plugin, "team-c", "half", &uid(3)).await.error, "");
+    plugin.stop().await;
+}
+
+/// Many claims of one card prepared at once: what is prepared never adds up to more than the
+/// card, and exactly the ones that fit are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_prepares_of_one_card_never_add_up_to_more_than_the_card() {
+    let scratch = Scratch::new("guard-race");
+    let api = FakeApi::start();
+    let products = [
+        "gpu-0-100",
+        "gpu-0-50-a",
+        "gpu-0-50-b",
+        "gpu-0-25-a",
+        "gpu-0-25-b",
+        "gpu-0-25-c",
+    ];
+    for (n, product) in products.iter().enumerate() {
+        api.put_claim(&claim(
+            "ns",
+            &format!("c{n}"),
+            &uid(n),
+            &[ours("gpu", product)],
+        ));
+    }
+    let plugin = Plugin::start(&scratch, &api).await;
+    let mut calls = Vec::new();
+    for n in 0..products.len() {
+        let mut client = plugin.v1().await;
+        calls.push(tokio::spawn(async move {
+            let response = client
+                .node_prepare_resources(dra_v1::NodePrepareResourcesRequest {
+                    claims: vec![v1_claim("ns", &format!("c{n}"), &uid(n))],
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            (n, response.claims[&uid(n)].error.is_empty())
+        }));
+    }
+    let mut share = 0;
+    for call in calls {
+        let (n, ok) = call.await.unwrap();
+        if ok {
+            share += [100, 50, 50, 25, 25, 25][n];
+        }
+    }
+    assert!((75..=100).contains(&share), "{share}% of the card prepared");
+    // The truth on disk: the limit files of the prepared claims.
+    let preparer = Preparer::new(settings(&scratch, true), gpus());
+    let on_disk: u32 = preparer
+        .ledger()
+        .unwrap()
+        .iter()
+        .filter_map(|(_, by_uuid)| by_uuid.get(UUID0))
+        .map(|s| s.compute)
+        .sum();
+    assert_eq!(on_disk, share);
     plugin.stop().await;
 }

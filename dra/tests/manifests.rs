@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use gpuslice_dra::inventory::Gpu;
-use gpuslice_dra::model::{Model, PRODUCTS};
-use gpuslice_dra::publish::{desired_spec, slice_name};
+use gpuslice_dra::model::{self, Model, PRODUCTS};
+use gpuslice_dra::publish::{desired_slices, Layout};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -124,8 +124,7 @@ fn a_misspelt_field_fails() {
 
 #[test]
 fn the_resourceslice_example_is_what_the_driver_publishes() {
-    let doc = documents(&k8s_dir().join("resourceslice-example.yaml")).remove(0);
-    let example: ResourceSlice = serde_json::from_value(doc).unwrap();
+    let docs = documents(&k8s_dir().join("resourceslice-example.yaml"));
     let v100 = Gpu {
         index: 0,
         uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
@@ -135,24 +134,58 @@ fn the_resourceslice_example_is_what_the_driver_publishes() {
         driver_version: "580.65.06".into(),
         cuda_driver_version: (13, 0),
     };
-    assert_eq!(
-        example.metadata.name.as_deref(),
-        Some(slice_name("gpuslice.dev", "gpu-node-1").as_str())
+    let want = desired_slices(
+        "gpuslice.dev",
+        "gpu-node-1",
+        &[v100],
+        Model::Products,
+        Layout::Split,
+        1,
+        &Default::default(),
+        false,
     );
-    assert_eq!(
-        example.spec,
-        desired_spec("gpuslice.dev", "gpu-node-1", &[v100], Model::Products, 1)
-    );
+    assert_eq!(docs.len(), want.len());
+    for (doc, (name, spec)) in docs.into_iter().zip(want) {
+        let example: ResourceSlice = serde_json::from_value(doc).unwrap();
+        assert_eq!(example.metadata.name.as_deref(), Some(name.as_str()));
+        assert_eq!(example.spec, spec, "{name}");
+    }
 }
 
 #[test]
-fn the_claim_templates_ask_for_products_the_driver_offers() {
+fn the_claim_templates_ask_for_products_or_units_of_one_card() {
     let templates = documents(&k8s_dir().join("resourceclaimtemplates.yaml"));
     let mut shares = Vec::new();
+    let mut units = Vec::new();
     for doc in templates {
         let template: ResourceClaimTemplate = serde_json::from_value(doc).unwrap();
-        for request in template.spec.spec.devices.unwrap().requests.unwrap() {
+        let name = template.metadata.name.clone().unwrap();
+        let devices = template.spec.spec.devices.unwrap();
+        for request in devices.requests.unwrap() {
             let exactly = request.exactly.unwrap();
+            if exactly.device_class_name == "unit.gpuslice.dev" {
+                let count = exactly.count.unwrap();
+                assert_eq!(
+                    exactly.allocation_mode.as_deref(),
+                    Some("ExactCount"),
+                    "{name}"
+                );
+                assert!((1..=model::UNITS_PER_GPU as i64).contains(&count), "{name}");
+                // More than one unit: all on one card.
+                if count > 1 {
+                    let constraints = devices.constraints.clone().unwrap_or_default();
+                    assert!(
+                        constraints.iter().any(|c| c.match_attribute.as_deref()
+                            == Some("gpuslice.dev/uuid")
+                            && c.requests
+                                .as_ref()
+                                .is_some_and(|r| r.contains(&request.name))),
+                        "{name}: units not constrained to one card"
+                    );
+                }
+                units.push(count as u32 * model::UNIT_SHARE);
+                continue;
+            }
             assert_eq!(exactly.device_class_name, "slice.gpuslice.dev");
             for selector in exactly.selectors.unwrap_or_default() {
                 let expression = selector.cel.unwrap().expression;
@@ -167,4 +200,49 @@ fn the_claim_templates_ask_for_products_the_driver_offers() {
     }
     let offered: Vec<u32> = PRODUCTS.iter().map(|(share, _)| *share).collect();
     assert_eq!(shares, offered);
+    assert_eq!(units, vec![25, 50, 100]);
+}
+
+#[test]
+fn product_classes_carry_extended_resource_names_the_pod_asks_for() {
+    let classes: Vec<DeviceClass> = documents(&k8s_dir().join("deviceclass.yaml"))
+        .into_iter()
+        .map(|d| serde_json::from_value(d).unwrap())
+        .collect();
+    let extended: Vec<(String, String)> = classes
+        .iter()
+        .filter_map(|c| {
+            let name = c.spec.extended_resource_name.clone()?;
+            let expression = c.spec.selectors.as_ref()?[0]
+                .cel
+                .as_ref()?
+                .expression
+                .clone();
+            Some((name, expression))
+        })
+        .collect();
+    for (share, _) in PRODUCTS {
+        let (_, expression) = extended
+            .iter()
+            .find(|(name, _)| *name == format!("gpuslice.dev/gpu-{share}"))
+            .unwrap_or_else(|| panic!("no class for gpuslice.dev/gpu-{share}"));
+        assert!(
+            expression.ends_with(&format!(".share == {share}"))
+                && expression.contains(".model == \"products\""),
+            "{expression}"
+        );
+    }
+    let pod: Pod =
+        serde_json::from_value(documents(&k8s_dir().join("pod-extended-resource.yaml")).remove(0))
+            .unwrap();
+    let limits = pod.spec.unwrap().containers[0]
+        .resources
+        .clone()
+        .unwrap()
+        .limits
+        .unwrap();
+    for (resource, amount) in limits {
+        assert!(extended.iter().any(|(n, _)| *n == resource), "{resource}");
+        assert_eq!(amount.0, "1");
+    }
 }

@@ -289,3 +289,66 @@ fn bad_claims_get_errors_naming_what_is_wrong() {
     let error = p.unprepare("../../etc").unwrap_err();
     assert!(error.contains("not a UID"), "{error}");
 }
+
+#[test]
+fn units_add_up_per_card_and_the_guard_fails_closed_on_an_unreadable_ledger() {
+    let scratch = Scratch::new("units");
+    let p = preparer(&scratch);
+    let a = "0b9f4c1e-7777-4000-8000-00000000000a";
+    let b = "0b9f4c1e-7777-4000-8000-00000000000b";
+    let c = "0b9f4c1e-7777-4000-8000-00000000000c";
+    // Three units of GPU 1 (count 3, matchAttribute uuid): 24 GiB and 75%.
+    p.prepare(
+        &want(a),
+        &claim(
+            "team-a",
+            "three",
+            a,
+            &[
+                ours("gpu", "gpu-1-unit-a"),
+                ours("gpu", "gpu-1-unit-b"),
+                ours("gpu", "gpu-1-unit-c"),
+            ],
+        ),
+    )
+    .unwrap();
+    let limits = p.claim_dir(a).join("limits.json");
+    let config = parse_limit_file(&limits, &fs::read_to_string(&limits).unwrap()).unwrap();
+    assert_eq!(config.devices[0].memory_limit, Some(24 * GIB));
+    assert_eq!(config.devices[0].compute_percent, Some(75));
+    // The same unit again (a stale slice, a scheduler bug): refused.
+    let error = p
+        .prepare(
+            &want(b),
+            &claim(
+                "team-b",
+                "two",
+                b,
+                &[ours("gpu", "gpu-1-unit-c"), ours("gpu", "gpu-1-unit-d")],
+            ),
+        )
+        .unwrap_err();
+    assert!(
+        error.contains("16Gi and 50%") && error.contains("claim-"),
+        "{error}"
+    );
+    // Consumed capacity over the card with what is prepared: refused too.
+    let mut big = ours("r", "gpu-1");
+    big.consumed = Some(("12Gi", "10"));
+    let error = p
+        .prepare(&want(c), &claim("team-c", "big", c, &[big]))
+        .unwrap_err();
+    assert!(error.contains("36Gi and 85%"), "{error}");
+    // A prepared claim's limit file is unreadable: nothing more is prepared on trust.
+    fs::write(&limits, b"{ not json").unwrap();
+    let error = p
+        .prepare(
+            &want(b),
+            &claim("team-b", "one", b, &[ours("gpu", "gpu-0-unit-a")]),
+        )
+        .unwrap_err();
+    assert!(
+        error.contains("not prepared") && error.contains(a),
+        "{error}"
+    );
+}

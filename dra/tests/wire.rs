@@ -166,3 +166,36 @@ fn services_carry_the_upstream_package_names() {
         "pluginregistration.Registration"
     );
 }
+
+#[test]
+fn the_health_service_has_the_upstream_names_and_field_numbers() {
+    use gpuslice_dra::plugin::HealthService;
+    use gpuslice_dra::proto::dra_health_v1alpha1 as h;
+    // The kubelet calls /v1alpha1.DRAResourceHealth/NodeWatchResources.
+    assert_eq!(
+        <h::dra_resource_health_server::DraResourceHealthServer<HealthService> as NamedService>::NAME,
+        "v1alpha1.DRAResourceHealth"
+    );
+    // NodeWatchResourcesResponse{devices=1: [DeviceHealth{device=1: DeviceIdentifier{
+    // pool_name=1, device_name=2}, health=2 (enum varint), last_updated_time=3 (int64)}]}
+    let identifier = cat(&[field(1, b"p"), field(2, b"d")]);
+    let device = cat(&[field(1, &identifier), vec![0x10, 0x02], vec![0x18, 0x07]]);
+    let expected = field(1, &device);
+    let response = h::NodeWatchResourcesResponse {
+        devices: vec![h::DeviceHealth {
+            device: Some(h::DeviceIdentifier {
+                pool_name: "p".into(),
+                device_name: "d".into(),
+            }),
+            health: h::HealthStatus::Unhealthy as i32,
+            last_updated_time: 7,
+        }],
+    };
+    assert_eq!(response.encode_to_vec(), expected);
+    assert_eq!(
+        h::NodeWatchResourcesResponse::decode(&expected[..]).unwrap(),
+        response
+    );
+    assert_eq!(h::HealthStatus::Healthy as i32, 1);
+    assert_eq!(h::HealthStatus::Unknown as i32, 0);
+}

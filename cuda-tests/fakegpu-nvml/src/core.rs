@@ -124,14 +124,15 @@ pub fn handle_by_index(state: &SharedState, index: u32) -> NvmlResult<nvmlDevice
     if index >= device_count(state) {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
+    crate::faults::check_lost(index)?;
     Ok(handle_for(index))
 }
 
 pub fn handle_by_uuid(state: &SharedState, uuid: &str) -> NvmlResult<nvmlDevice_t> {
     (0..device_count(state))
         .find(|&i| state.device(i).is_some_and(|d| d.uuid == uuid))
-        .map(handle_for)
         .ok_or(NVML_ERROR_NOT_FOUND)
+        .and_then(|i| crate::faults::check_lost(i).map(|()| handle_for(i)))
 }
 
 pub fn handle_by_pci_bus_id(state: &SharedState, bus_id: &str) -> NvmlResult<nvmlDevice_t> {
@@ -154,6 +155,11 @@ pub struct Dev {
     pub profile: BoardProfile,
 }
 
+/// The handle of device `index`.
+pub fn handle_of(index: u32) -> nvmlDevice_t {
+    handle_for(index)
+}
+
 pub fn device(handle: nvmlDevice_t) -> NvmlResult<Dev> {
     let state = initialized()?;
     let index = index_of(handle)?;
@@ -161,6 +167,7 @@ pub fn device(handle: nvmlDevice_t) -> NvmlResult<Dev> {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
     let spec = state.device(index).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    crate::faults::check_lost(index)?;
     let profile = nvml_view::board_profile(&spec);
     Ok(Dev {
         state,

@@ -13,6 +13,7 @@
 
 mod core;
 mod export_table;
+mod faults;
 mod smi_entry;
 
 use crate::core::{guard, out};
@@ -693,4 +694,99 @@ pub unsafe extern "C" fn nvmlInternalGetExportTable(
 ) -> nvmlReturn_t {
     // SAFETY: same contract.
     unsafe { export_table::get_export_table(table, guid) }
+}
+
+// ---- events (injected faults: `FAKEGPU_NVML_FAULTS`, see faults.rs) ----
+
+/// # Safety
+/// `set` must be null or a valid `nvmlEventSet_t*`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut *mut std::ffi::c_void) -> nvmlReturn_t {
+    guard(|| {
+        core::initialized()?;
+        // SAFETY: the caller passes null or a valid pointer.
+        let set = unsafe { out(set) }?;
+        *set = Box::into_raw(faults::EventSet::new()) as *mut std::ffi::c_void;
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `set` must be null or an event set from `nvmlEventSetCreate`, not yet freed.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetFree(set: *mut std::ffi::c_void) -> nvmlReturn_t {
+    guard(|| {
+        if set.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: `set` came from Box::into_raw in nvmlEventSetCreate and is freed once.
+        drop(unsafe { Box::from_raw(set as *mut faults::EventSet) });
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `types` must be null or a valid `unsigned long long*`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: nvmlDevice_t,
+    types: *mut u64,
+) -> nvmlReturn_t {
+    guard(|| {
+        core::device(device)?;
+        // SAFETY: the caller passes null or a valid pointer.
+        *unsafe { out(types) }? = faults::EVENT_SINGLE_BIT_ECC
+            | faults::EVENT_DOUBLE_BIT_ECC
+            | faults::EVENT_XID_CRITICAL;
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `set` must be null or a live event set from `nvmlEventSetCreate`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    types: u64,
+    set: *mut std::ffi::c_void,
+) -> nvmlReturn_t {
+    guard(|| {
+        let dev = core::device(device)?;
+        if set.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: a live set from nvmlEventSetCreate (the caller's contract).
+        let set = unsafe { &*(set as *const faults::EventSet) };
+        set.register(dev.index, types);
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `set` must be null or a live event set; `data` null or a valid `nvmlEventData_t*`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: *mut std::ffi::c_void,
+    data: *mut faults::EventData,
+    timeout_ms: c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        core::initialized()?;
+        if set.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: the caller passes null or a valid pointer.
+        let data = unsafe { out(data) }?;
+        // SAFETY: a live set from nvmlEventSetCreate (the caller's contract).
+        let set = unsafe { &*(set as *const faults::EventSet) };
+        let (index, kind, code) = set.wait(timeout_ms)?;
+        *data = faults::EventData {
+            device: core::handle_of(index),
+            event_type: kind,
+            event_data: code,
+            gpu_instance_id: u32::MAX,
+            compute_instance_id: u32::MAX,
+        };
+        Ok(())
+    })
 }

@@ -14,8 +14,6 @@ use gpuslice_abi::nvml::ret::*;
 use gpuslice_abi::nvml::*;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 
-/// NVML_ERROR_TIMEOUT: nvmlEventSetWait found no event in time.
-const NVML_ERROR_TIMEOUT: nvmlReturn_t = 10;
 /// nvmlBrandType_t NVML_BRAND_TESLA (datacenter boards, all presets).
 const NVML_BRAND_TESLA: c_uint = 2;
 /// nvmlGpuVirtualizationMode_t NVML_GPU_VIRTUALIZATION_MODE_NONE: bare metal.
@@ -368,123 +366,6 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
             }
         }
         Ok(())
-    })
-}
-
-// ---- events ----
-
-/// What an `nvmlEventSet_t` points to; the fake raises no events, so a set holds nothing
-/// but a marker that tells its handles from foreign pointers.
-struct EventSet {
-    magic: u64,
-}
-
-const EVENT_SET_MAGIC: u64 = 0x6661_6b65_6576_7473;
-
-/// # Safety
-/// `set` must be null or a valid pointer.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut *mut c_void) -> nvmlReturn_t {
-    guard(|| {
-        core::initialized()?;
-        // SAFETY: the caller passes null or a valid pointer.
-        let set = unsafe { out(set) }?;
-        *set = Box::into_raw(Box::new(EventSet {
-            magic: EVENT_SET_MAGIC,
-        }))
-        .cast();
-        Ok(())
-    })
-}
-
-/// # Safety
-/// `set` must be null or a set from [`nvmlEventSetCreate`] not yet freed.
-unsafe fn event_set<'a>(set: *mut c_void) -> core::NvmlResult<&'a mut EventSet> {
-    // SAFETY: per the caller's contract.
-    let set = unsafe { set.cast::<EventSet>().as_mut() }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-    if set.magic != EVENT_SET_MAGIC {
-        return Err(NVML_ERROR_INVALID_ARGUMENT);
-    }
-    Ok(set)
-}
-
-/// # Safety
-/// `set` must be null or a set from [`nvmlEventSetCreate`] not yet freed.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetFree(set: *mut c_void) -> nvmlReturn_t {
-    guard(|| {
-        core::initialized()?;
-        // SAFETY: per the caller's contract.
-        let live = unsafe { event_set(set) }?;
-        live.magic = 0;
-        // SAFETY: `set` came from Box::into_raw in nvmlEventSetCreate and is freed once (the
-        // magic is cleared first, so a second free is refused while the memory lasts).
-        drop(unsafe { Box::from_raw(set.cast::<EventSet>()) });
-        Ok(())
-    })
-}
-
-/// The fake raises no events (no XID errors, no clock changes): no type is supported.
-///
-/// # Safety
-/// `types` must be null or a valid pointer.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
-    device: nvmlDevice_t,
-    types: *mut c_ulonglong,
-) -> nvmlReturn_t {
-    guard(|| {
-        core::device(device)?;
-        // SAFETY: the caller passes null or a valid pointer.
-        *unsafe { out(types) }? = 0;
-        Ok(())
-    })
-}
-
-/// Registering for an event type the device does not support is NOT_SUPPORTED (nvml.h); the
-/// fake supports none, so only an empty mask succeeds.
-///
-/// # Safety
-/// `set` must be null or a live event set.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
-    device: nvmlDevice_t,
-    types: c_ulonglong,
-    set: *mut c_void,
-) -> nvmlReturn_t {
-    guard(|| {
-        core::device(device)?;
-        // SAFETY: per the caller's contract.
-        unsafe { event_set(set) }?;
-        if types != 0 {
-            return Err(NVML_ERROR_NOT_SUPPORTED);
-        }
-        Ok(())
-    })
-}
-
-/// No event ever arrives: waits `timeout_ms` (capped at 10 s so a stuck caller stays
-/// killable quickly) and answers TIMEOUT.
-///
-/// # Safety
-/// `set` must be null or a live event set; `data` null or writable.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetWait_v2(
-    set: *mut c_void,
-    data: *mut c_void,
-    timeout_ms: c_uint,
-) -> nvmlReturn_t {
-    guard(|| {
-        core::initialized()?;
-        // SAFETY: per the caller's contract.
-        unsafe { event_set(set) }?;
-        if data.is_null() {
-            return Err(NVML_ERROR_INVALID_ARGUMENT);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(u64::from(
-            timeout_ms.min(10_000),
-        )));
-        Err(NVML_ERROR_TIMEOUT)
     })
 }
 

@@ -1,12 +1,18 @@
 //! A fake Kubernetes API server for the driver's tests: HTTP/1.1 with keep-alive on a local
-//! port, JSON bodies, and exactly the calls the driver makes:
+//! port, JSON bodies, playing a stated Kubernetes version and feature-gate set ([`Cluster`]:
+//! what it drops from a ResourceSlice and what it refuses, with the real status and message,
+//! are upstream's rules in [`super::rules`]), and exactly the calls the driver makes:
+//! * `GET  /version`
+//! * `POST /api/v1/namespaces/{ns}/events` (stored: [`FakeApi::events`])
 //! * `GET  /api/v1/nodes/{name}` (the nodes [`FakeApi::put_node`] registered; `common::NODE` and
 //!   `gpu-node-2` from the start)
 //! * `GET  /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`
 //! * `GET  /apis/resource.k8s.io/v1/resourceslices?fieldSelector=...` (honours
 //!   `spec.driver=` and `spec.nodeName=`)
-//! * `POST /apis/resource.k8s.io/v1/resourceslices` (409 when the name exists)
-//! * `PUT  /apis/resource.k8s.io/v1/resourceslices/{name}` (409 on a stale resourceVersion)
+//! * `POST /apis/resource.k8s.io/v1/resourceslices` (409 when the name exists; 422 when
+//!   invalid; `?dryRun=All` answers what would be stored and stores nothing)
+//! * `PUT  /apis/resource.k8s.io/v1/resourceslices/{name}` (409 on a stale resourceVersion;
+//!   422 when invalid)
 //! * `DELETE /apis/resource.k8s.io/v1/resourceslices/{name}`
 //!
 //! Anything else is answered 404 and recorded, so a test sees an unexpected call. Every
@@ -20,6 +26,9 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
+pub use super::rules::Cluster;
+use super::rules::{drop_disabled_fields, invalid_status, validate_resource_slice};
+
 /// One request the server received.
 #[derive(Debug, Clone)]
 pub struct Recorded {
@@ -29,8 +38,9 @@ pub struct Recorded {
     pub body: Option<Value>,
 }
 
-#[derive(Default)]
 struct State {
+    cluster: Cluster,
+    events: Vec<Value>,
     nodes: HashMap<String, Value>,
     claims: HashMap<(String, String), Value>,
     slices: BTreeMap<String, Value>,
@@ -46,10 +56,24 @@ pub struct FakeApi {
 }
 
 impl FakeApi {
+    /// A server playing Kubernetes 1.36 with its default gates.
     pub fn start() -> FakeApi {
+        FakeApi::start_as(Cluster::V1_36)
+    }
+
+    /// A server playing `cluster`.
+    pub fn start_as(cluster: Cluster) -> FakeApi {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let state = Arc::new(Mutex::new(State::default()));
+        let state = Arc::new(Mutex::new(State {
+            cluster,
+            events: Vec::new(),
+            nodes: HashMap::new(),
+            claims: HashMap::new(),
+            slices: BTreeMap::new(),
+            requests: Vec::new(),
+            resource_version: 0,
+        }));
         let shared = state.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
@@ -98,6 +122,16 @@ impl FakeApi {
         value["metadata"]["resourceVersion"] = json!(state.resource_version.to_string());
         let name = value["metadata"]["name"].as_str().unwrap().to_string();
         state.slices.insert(name, value);
+    }
+
+    /// Plays another version or gate set from now on (an upgrade, a gate turned on).
+    pub fn set_cluster(&self, cluster: Cluster) {
+        self.lock().cluster = cluster;
+    }
+
+    /// The Events recorded.
+    pub fn events(&self) -> Vec<Value> {
+        self.lock().events.clone()
     }
 
     pub fn slices(&self) -> BTreeMap<String, Value> {
@@ -181,6 +215,7 @@ fn serve_connection(stream: TcpStream, state: &Mutex<State>) {
             201 => "Created",
             404 => "Not Found",
             409 => "Conflict",
+            422 => "Unprocessable Entity",
             _ => "Bad Request",
         };
         let head = format!(
@@ -223,6 +258,10 @@ fn unescape(text: &str) -> String {
 
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
+fn dry_run(query: &str) -> bool {
+    query.split('&').any(|kv| kv == "dryRun=All")
+}
+
 /// The UID the fake gives a node registered at start.
 pub fn node_uid(name: &str) -> String {
     format!("uid-of-node-{name}")
@@ -235,6 +274,24 @@ fn route(
     query: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
+    if path == "/version" && method == "GET" {
+        return (200, state.cluster.version());
+    }
+    if method == "POST" && path.starts_with("/api/v1/namespaces/") && path.ends_with("/events") {
+        let mut event = body.expect("POST without a body");
+        state.resource_version += 1;
+        let name = format!(
+            "{}{}",
+            event["metadata"]["generateName"]
+                .as_str()
+                .unwrap_or("event."),
+            state.resource_version
+        );
+        event["metadata"]["name"] = json!(name);
+        event["metadata"]["resourceVersion"] = json!(state.resource_version.to_string());
+        state.events.push(event.clone());
+        return (201, event);
+    }
     if let Some(name) = path.strip_prefix("/api/v1/nodes/") {
         if method == "GET" {
             return match state.nodes.get(name) {
@@ -301,12 +358,26 @@ fn route(
             .as_str()
             .unwrap_or_default()
             .to_string();
-        if name.is_empty() || state.slices.contains_key(&name) {
+        if state.slices.contains_key(&name) {
             return status(
                 409,
                 "AlreadyExists",
-                format!("resourceslices {name:?} already exists"),
+                format!("resourceslices.resource.k8s.io {name:?} already exists"),
             );
+        }
+        // PrepareForCreate, then Validate.
+        let cluster = state.cluster;
+        slice["metadata"]["generation"] = json!(1);
+        drop_disabled_fields(&cluster, &mut slice["spec"], None);
+        let errors = validate_resource_slice(&cluster, &slice, None);
+        if !errors.is_empty() {
+            return (
+                422,
+                invalid_status("resource.k8s.io", "ResourceSlice", &name, &errors),
+            );
+        }
+        if dry_run(query) {
+            return (201, slice);
         }
         state.resource_version += 1;
         slice["metadata"]["resourceVersion"] = json!(state.resource_version.to_string());
@@ -329,8 +400,33 @@ fn route(
                     return status(
                         409,
                         "Conflict",
-                        format!("resourceslices {name:?}: stale resourceVersion"),
+                        format!(
+                            "Operation cannot be fulfilled on resourceslices.resource.k8s.io \
+                             {name:?}: the object has been modified; please apply your changes \
+                             to the latest version and try again"
+                        ),
                     );
+                }
+                // PrepareForUpdate, then ValidateUpdate.
+                let cluster = state.cluster;
+                let old = stored.clone();
+                let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
+                slice["metadata"]["uid"] = old["metadata"]["uid"].clone();
+                slice["metadata"]["generation"] = json!(if slice["spec"] != old["spec"] {
+                    generation + 1
+                } else {
+                    generation
+                });
+                drop_disabled_fields(&cluster, &mut slice["spec"], Some(&old["spec"]));
+                let errors = validate_resource_slice(&cluster, &slice, Some(&old));
+                if !errors.is_empty() {
+                    return (
+                        422,
+                        invalid_status("resource.k8s.io", "ResourceSlice", name, &errors),
+                    );
+                }
+                if dry_run(query) {
+                    return (200, slice);
                 }
                 state.resource_version += 1;
                 slice["metadata"]["resourceVersion"] = json!(state.resource_version.to_string());

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod rules;
+pub mod scheduler;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
