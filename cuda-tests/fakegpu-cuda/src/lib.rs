@@ -6,15 +6,16 @@
 //! `#[no_mangle]` functions and the proc-address table, whose pointers are the functions
 //! themselves, i.e. exactly what `dlsym(handle, "<exported name>")` returns.
 //!
-//! `cuGetExportTable` answers CUDA_ERROR_NOT_FOUND: the private export tables of the CUDA
-//! runtime are not simulated, so `libcudart` cannot run on the fake (driver API clients and
-//! cudarc can).
+//! `cuGetExportTable` serves the CUDA runtime's private tables (see `export_tables`), so
+//! NVIDIA's `libcudart` runs on the fake as well as driver API clients and cudarc.
 
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
+mod export_tables;
 mod ffi;
 
 use fakegpu::cuda::launch::read_ns_per_wave;
+use fakegpu::cuda::module::ImageSource;
 use fakegpu::cuda::procaddr::{lookup, Lookup, ProcEntry, Variant};
 use fakegpu::cuda::{Cuda, R};
 use ffi::{cstr, get, guard, h, hp, put, put_opt, put_str};
@@ -87,8 +88,7 @@ fn launch_common(
     extra: *mut *mut c_void,
     cooperative: bool,
 ) -> R<()> {
-    // SAFETY: kernelParams / extra come from the caller with the CUDA API's guarantees.
-    let ns = unsafe { read_ns_per_wave(params, extra) };
+    let ns = node_ns(h(f), params, extra);
     if cooperative {
         cu().launch_cooperative(h(f), grid, block, ns, h(stream))
     } else {
@@ -129,8 +129,13 @@ fn launch_ex(
     )
 }
 
-fn node_ns(params: *mut *mut c_void, extra: *mut *mut c_void) -> Option<u64> {
-    // SAFETY: node params come from the caller with the CUDA API's guarantees.
+/// A kernel's `ns_per_wave`: from its first argument when its image says so (the clients'
+/// spin kernel), else none (the geometry at the default rate).
+fn node_ns(f: u64, params: *mut *mut c_void, extra: *mut *mut c_void) -> Option<u64> {
+    if !cu().reads_ns_param(f) {
+        return None;
+    }
+    // SAFETY: kernel params come from the caller with the CUDA API's guarantees.
     unsafe { read_ns_per_wave(params, extra) }
 }
 
@@ -529,11 +534,11 @@ cuda_api! {
     // ---- modules, libraries, functions ----
     fn cuModuleLoadData["cuModuleLoadData", 2000, Default](m: *mut CUmodule, image: *const c_void) {
         if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        put(m, hp(cu().module_load(!image.is_null())?))
+        put(m, hp(cu().module_load(ImageSource::Memory(image as usize))?))
     }
     fn cuModuleLoadDataEx["cuModuleLoadDataEx", 2010, Default](m: *mut CUmodule, image: *const c_void, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) {
         if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        put(m, hp(cu().module_load(!image.is_null())?))
+        put(m, hp(cu().module_load(ImageSource::Memory(image as usize))?))
     }
     fn cuModuleLoad["cuModuleLoad", 2000, Default](m: *mut CUmodule, fname: *const c_char) {
         if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
@@ -552,7 +557,7 @@ cuda_api! {
     }
     fn cuLibraryLoadData["cuLibraryLoadData", 12000, Default](l: *mut CUlibrary, code: *const c_void, _jo: *mut c_int, _jv: *mut *mut c_void, _jn: c_uint, _lo: *mut c_int, _lv: *mut *mut c_void, _ln: c_uint) {
         if l.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        put(l, hp(cu().library_load(!code.is_null())?))
+        put(l, hp(cu().library_load(ImageSource::Memory(code as usize))?))
     }
     fn cuLibraryUnload["cuLibraryUnload", 12000, Default](l: CUlibrary) { cu().library_unload(h(l)) }
     fn cuLibraryGetKernel["cuLibraryGetKernel", 12000, Default](k: *mut CUkernel, l: CUlibrary, name: *const c_char) {
@@ -632,7 +637,7 @@ cuda_api! {
     fn cuGraphAddKernelNode["cuGraphAddKernelNode", 10000, Default](node: *mut CUgraphNode, g: CUgraph, _deps: *const CUgraphNode, _ndeps: usize, params: *const CUDA_KERNEL_NODE_PARAMS) {
         if node.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         let p = get(params)?;
-        let ns = node_ns(p.kernelParams, p.extra);
+        let ns = node_ns(h(p.func), p.kernelParams, p.extra);
         let n = cu().graph_add_kernel_node(h(g), h(p.func), [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], ns)?;
         put(node, hp(n))
     }
@@ -640,7 +645,7 @@ cuda_api! {
         if node.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         let p = get(params)?;
         let f = if p.func.is_null() { p.kern } else { p.func };
-        let ns = node_ns(p.kernelParams, p.extra);
+        let ns = node_ns(h(f), p.kernelParams, p.extra);
         let n = cu().graph_add_kernel_node(h(g), h(f), [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], ns)?;
         put(node, hp(n))
     }
@@ -733,8 +738,7 @@ cuda_api! {
             None => { put_opt(s, std::ptr::null()); Err(CUDA_ERROR_INVALID_VALUE) }
         }
     }
-    fn cuGetExportTable["cuGetExportTable", 3000, Default](table: *mut *const c_void, _id: *const CUuuid) {
-        put_opt(table, std::ptr::null());
-        Err(CUDA_ERROR_NOT_FOUND)
+    fn cuGetExportTable["cuGetExportTable", 3000, Default](table: *mut *const c_void, id: *const CUuuid) {
+        export_tables::get_export_table(table, id)
     }
 }

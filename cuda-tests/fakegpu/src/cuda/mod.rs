@@ -8,8 +8,10 @@
 //! stale or mixed-up handle is reported, never dereferenced.
 
 pub mod context;
+pub mod ctx_storage;
 pub mod device;
 pub mod graph;
+pub mod integrity;
 pub mod launch;
 pub mod memory;
 pub mod module;
@@ -111,6 +113,8 @@ pub(crate) struct Tables {
     pub arrays: HashMap<u64, memory::ArrayAlloc>,
     pub host: HashMap<usize, usize>,
     pub vmm: vmm::Vmm,
+    /// The runtime's context-local storage: (context, key) -> value.
+    pub ctx_storage: HashMap<(u64, usize), usize>,
 }
 
 impl Tables {
@@ -263,6 +267,11 @@ pub(crate) mod testutil {
         // Each test thread starts with an empty context stack.
         with_stack(|s| s.clear());
         cuda
+    }
+
+    /// An image of the test clients' kind (not a known format: kernels read `ns_per_wave`).
+    pub fn raw_image() -> super::module::ImageSource {
+        super::module::ImageSource::Memory(b"any bytes\0".as_ptr() as usize)
     }
 
     pub fn small_overhead() -> Config {
