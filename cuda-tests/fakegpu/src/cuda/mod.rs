@@ -17,6 +17,7 @@ pub mod memory;
 pub mod module;
 pub mod pool;
 pub mod procaddr;
+pub mod runtime_support;
 pub mod stream;
 pub mod vmm;
 
@@ -52,6 +53,7 @@ pub mod kind {
     pub const ARRAY: u64 = 0xA0;
     pub const MIPMAP: u64 = 0xA1;
     pub const VMM: u64 = 0xB0;
+    pub const LINK: u64 = 0x1C;
 }
 
 pub fn kind_of(handle: u64) -> u64 {
@@ -112,6 +114,9 @@ pub(crate) struct Tables {
     pub allocs: BTreeMap<u64, memory::Alloc>,
     pub arrays: HashMap<u64, memory::ArrayAlloc>,
     pub host: HashMap<usize, usize>,
+    /// Host ranges registered with `cuMemHostRegister`: base -> size.
+    pub host_registered: HashMap<usize, usize>,
+    pub links: HashMap<u64, runtime_support::Link>,
     pub vmm: vmm::Vmm,
     /// The runtime's context-local storage: (context, key) -> value.
     pub ctx_storage: HashMap<(u64, usize), usize>,

@@ -166,6 +166,8 @@ pub struct Func {
 pub struct Library {
     pub kernels: HashMap<String, u64>,
     pub timing: Timing,
+    /// The library as a module, per context (`cuLibraryGetModule`).
+    pub modules: HashMap<u64, u64>,
 }
 
 pub struct Kernel {
@@ -316,6 +318,7 @@ impl Cuda {
             Library {
                 kernels: HashMap::new(),
                 timing: image.timing(),
+                modules: HashMap::new(),
             },
         );
         Ok(h)
@@ -388,6 +391,19 @@ impl Cuda {
             .funcs
             .insert(cur.ctx, f);
         Ok(f)
+    }
+
+    /// The kernel name of a function or CUkernel.
+    pub fn func_name(&self, f: u64) -> R<String> {
+        self.check()?;
+        let t = self.lock();
+        if let Some(func) = t.functions.get(&f) {
+            return Ok(func.name.clone());
+        }
+        t.kernels
+            .get(&f)
+            .map(|k| k.name.clone())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
     }
 
     /// A launchable handle: a live function, or a CUkernel (which 12.x accepts as one).
