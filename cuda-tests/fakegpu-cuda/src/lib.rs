@@ -1367,6 +1367,26 @@ cuda_api! {
         if h < LOG_CALLBACK_BASE || h >= LOG_CALLBACKS.load(std::sync::atomic::Ordering::Relaxed) { return Err(CUDA_ERROR_INVALID_VALUE); }
         Ok(())
     }
+    fn cuGraphGetNodes["cuGraphGetNodes", 10000, Default](g: CUgraph, nodes: *mut CUgraphNode, n: *mut usize) {
+        if n.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let all = cu().graph_nodes(h(g))?;
+        if !nodes.is_null() {
+            // SAFETY: the caller passes room for `*n` nodes.
+            let room = unsafe { *n };
+            for (i, &node) in all.iter().take(room).enumerate() {
+                // SAFETY: i < room.
+                unsafe { *nodes.add(i) = hp(node) };
+            }
+            for i in all.len()..room {
+                // SAFETY: i < room; the rest are set to NULL, as documented.
+                unsafe { *nodes.add(i) = std::ptr::null_mut() };
+            }
+            if room < all.len() {
+                return put(n, room);
+            }
+        }
+        put(n, all.len())
+    }
     fn cuProfilerStart["cuProfilerStart", 4000, Default]() { cu().current().map(|_| ()) }
     fn cuProfilerStop["cuProfilerStop", 4000, Default]() { cu().current().map(|_| ()) }
 

@@ -127,7 +127,6 @@ unsupported! {
     cuGraphExternalSemaphoresWaitNodeGetParams["cuGraphExternalSemaphoresWaitNodeGetParams", 11020]
     cuGraphExternalSemaphoresWaitNodeSetParams["cuGraphExternalSemaphoresWaitNodeSetParams", 11020]
     cuGraphGetEdges["cuGraphGetEdges", 10000]
-    cuGraphGetNodes["cuGraphGetNodes", 10000]
     cuGraphGetRootNodes["cuGraphGetRootNodes", 10000]
     cuGraphHostNodeGetParams["cuGraphHostNodeGetParams", 10000]
     cuGraphHostNodeSetParams["cuGraphHostNodeSetParams", 10000]

@@ -213,6 +213,18 @@ impl Cuda {
         })
     }
 
+    /// `cuGraphGetNodes`: a graph's nodes (kernels, then memory nodes), as handles of
+    /// their own (`NODE` kind, graph and position): they name nodes for counting and
+    /// identity; no per-node query takes them.
+    pub fn graph_nodes(&self, graph: u64) -> R<Vec<u64>> {
+        self.check()?;
+        let t = self.lock();
+        let g = t.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let n = (g.nodes.len() + g.mem.len()) as u64;
+        let base = (kind::NODE << 40) | ((graph & 0xf_ffff) << 20);
+        Ok((0..n).map(|i| base | (i & 0xf_ffff)).collect())
+    }
+
     /// Whether a stream handle is one of the default streams (NULL, legacy, per-thread).
     pub fn is_default_stream(&self, stream: u64) -> bool {
         is_default_stream(stream)
