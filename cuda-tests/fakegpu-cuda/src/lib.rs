@@ -110,7 +110,13 @@ fn launch_common(
 fn launch_legacy(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> R<()> {
     let dim = |d: c_int| u32::try_from(d).map_err(|_| CUDA_ERROR_INVALID_VALUE);
     let grid = [dim(width)?, dim(height)?, 1];
-    cu().launch(h(f), grid, [1, 1, 1], None, h(stream))
+    cu().launch(
+        h(f),
+        grid,
+        [1, 1, 1],
+        Some(cu().config.ns_per_wave),
+        h(stream),
+    )
 }
 
 /// A byte count as the pre-3.2 ABI reports it: clamped to 32 bits, never wrapped.
@@ -137,13 +143,14 @@ fn launch_ex(
 }
 
 /// A kernel's `ns_per_wave`: from its first argument when its image says so (the clients'
-/// spin kernel), else none (the geometry at the default rate).
+/// spin kernel), else `FAKEGPU_NS_PER_WAVE` (the geometry at the configured rate).
 fn node_ns(f: u64, params: *mut *mut c_void, extra: *mut *mut c_void) -> Option<u64> {
+    let configured = Some(cu().config.ns_per_wave);
     if !cu().reads_ns_param(f) {
-        return None;
+        return configured;
     }
     // SAFETY: kernel params come from the caller with the CUDA API's guarantees.
-    unsafe { read_ns_per_wave(params, extra) }
+    unsafe { read_ns_per_wave(params, extra) }.or(configured)
 }
 
 fn get_proc_address(

@@ -66,6 +66,9 @@ pub struct Config {
     pub driver_version: i32,
     pub ctx_overhead: u64,
     pub queue_depth: usize,
+    /// `FAKEGPU_NS_PER_WAVE`: the time per wave of kernels that carry no `ns_per_wave`
+    /// argument (framework kernels from fatbins and cubins), clamped like the argument.
+    pub ns_per_wave: u64,
 }
 
 impl Config {
@@ -77,6 +80,9 @@ impl Config {
             driver_version: num("FAKEGPU_DRIVER_VERSION").map_or(13000, |v| v as i32),
             ctx_overhead: num("FAKEGPU_CTX_OVERHEAD").unwrap_or(300 << 20),
             queue_depth: num("FAKEGPU_QUEUE_DEPTH").map_or(1024, |v| v.max(1) as usize),
+            ns_per_wave: num("FAKEGPU_NS_PER_WAVE")
+                .unwrap_or(launch::DEFAULT_NS_PER_WAVE)
+                .min(launch::MAX_NS_PER_WAVE),
         }
     }
 }
@@ -87,6 +93,7 @@ impl Default for Config {
             driver_version: 13000,
             ctx_overhead: 300 << 20,
             queue_depth: 1024,
+            ns_per_wave: launch::DEFAULT_NS_PER_WAVE,
         }
     }
 }
