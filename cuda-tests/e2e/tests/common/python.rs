@@ -98,6 +98,8 @@ impl Py {
         py
     }
 
+    /// The process id (the serial compute binary measures it on the timeline).
+    #[allow(dead_code)]
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -53,9 +53,9 @@ impl Md2 {
                 self.last = self.checksum[j];
             }
         }
-        for j in 0..16 {
-            self.x[16 + j] = b[j];
-            self.x[32 + j] = b[j] ^ self.x[j];
+        for (j, &byte) in b.iter().enumerate() {
+            self.x[16 + j] = byte;
+            self.x[32 + j] = byte ^ self.x[j];
         }
         let mut t = 0u8;
         for j in 0..18u8 {

@@ -283,7 +283,7 @@ pub(crate) mod testutil {
 
     /// An image of the test clients' kind (not a known format: kernels read `ns_per_wave`).
     pub fn raw_image() -> super::module::ImageSource {
-        super::module::ImageSource::Memory(b"any bytes\0".as_ptr() as usize)
+        super::module::ImageSource::Memory(c"any bytes".as_ptr() as usize)
     }
 
     pub fn small_overhead() -> Config {
