@@ -447,6 +447,52 @@ mod tests {
     use super::*;
 
     #[test]
+    fn image_formats_decide_how_kernels_take_time() {
+        let fatbin = 0xba55_ed50u32.to_le_bytes();
+        assert_eq!(classify_bytes(&fatbin), ImageKind::Fatbin);
+        assert_eq!(classify_bytes(b"\x7fELF\x02"), ImageKind::Cubin);
+        let spin = "// c\n.version 7.0\n.target sm_70\n.visible .entry spin(.param .u64 ns_per_wave)\n{}\n\
+                    .visible .entry other(.param .u64 p, .param .u64 ns_per_wave)\n{}";
+        assert_eq!(
+            classify_bytes(spin.as_bytes()),
+            ImageKind::Ptx(vec!["spin".to_string()])
+        );
+        assert_eq!(classify_bytes(b"any bytes"), ImageKind::Raw);
+
+        let c = driver(small_overhead());
+        c.ctx_create(0, 0).unwrap();
+        let header: [u32; 4] = [0xba55_ed50, 0x0010_0001, 0, 0];
+        let m = c
+            .module_load(ImageSource::Memory(header.as_ptr() as usize))
+            .unwrap();
+        let f = c.module_get_function(m, "gemm").unwrap();
+        assert!(!c.reads_ns_param(f), "framework kernels: geometry timing");
+        let spin_c = std::ffi::CString::new(spin).unwrap();
+        let m = c
+            .module_load(ImageSource::Memory(spin_c.as_ptr() as usize))
+            .unwrap();
+        assert!(c.reads_ns_param(c.module_get_function(m, "spin").unwrap()));
+        assert!(!c.reads_ns_param(c.module_get_function(m, "other").unwrap()));
+        let raw = c.module_load(raw_image()).unwrap();
+        assert!(c.reads_ns_param(c.module_get_function(raw, "k").unwrap()));
+        let l = c
+            .library_load(ImageSource::Memory(header.as_ptr() as usize))
+            .unwrap();
+        let k = c.library_get_kernel(l, "k").unwrap();
+        assert!(!c.reads_ns_param(k));
+        assert!(!c.reads_ns_param(c.kernel_get_function(k).unwrap()));
+        assert_eq!(
+            c.module_load(ImageSource::FatbinWrapper(header.as_ptr() as usize)),
+            Err(CUDA_ERROR_INVALID_IMAGE),
+            "a header is not a wrapper"
+        );
+        assert_eq!(
+            c.module_load(ImageSource::Memory(0)),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+    }
+
+    #[test]
     fn modules_and_libraries() {
         let c = driver(small_overhead());
         assert_eq!(c.module_load(raw_image()), Err(CUDA_ERROR_INVALID_CONTEXT));
