@@ -46,6 +46,7 @@ fn the_runtime_tables_are_served_and_unknown_slots_refuse() {
     let retain =
         sym!(b"cuDevicePrimaryCtxRetain": unsafe extern "C" fn(*mut *mut c_void, c_int) -> u32);
     let set_current = sym!(b"cuCtxSetCurrent": unsafe extern "C" fn(*mut c_void) -> u32);
+    let tex = sym!(b"cuTexObjectCreate": unsafe extern "C" fn() -> u32);
     // SAFETY: C calls with valid pointers throughout.
     unsafe {
         assert_eq!(init(0), SUCCESS);
@@ -107,12 +108,11 @@ fn the_runtime_tables_are_served_and_unknown_slots_refuse() {
         assert_ne!(r[0], 0x3341_181c_03cb_675c);
 
         // An id nobody serves.
-        let mut t2: *const c_void = 1 as *const c_void;
+        let mut t2: *const c_void = std::ptr::dangling::<c_void>();
         assert_eq!(get(&mut t2, &[0u8; 16]), NOT_FOUND);
         assert!(t2.is_null());
 
         // A refused entry point, as dlsym finds it.
-        let tex = sym!(b"cuTexObjectCreate": unsafe extern "C" fn() -> u32);
         assert_eq!(tex(), NOT_SUPPORTED);
     }
     let _ = std::fs::remove_file(&state);
