@@ -9,6 +9,10 @@
 //! 3. compute: NVML's measured utilisation of an unthrottled run against a run in the 25%
 //!    slice.
 //!
+//! Between 2 and 3, when PyTorch is installed (`python3 -c "import torch"` works), the same
+//! slice under PyTorch from PyPI: what `torch.cuda.mem_get_info()` reports, and allocating
+//! until `torch.cuda.OutOfMemoryError`. Without it, one line says the step was skipped.
+//!
 //! A step whose outcome is wrong ends the demo with exit code 4, so CI notices a broken demo.
 //! Step 3 fails the demo unless the slice's measured utilisation is within 10 points of its
 //! share (the throttle holds it within 5 on the test matrix, loaded machines included).
@@ -88,6 +92,7 @@ pub fn run(args: &DemoArgs) -> CliResult<()> {
 
     step_view(&sandbox, &card)?;
     step_cap(&sandbox)?;
+    step_torch(&sandbox)?;
     step_compute(&sandbox)?;
     say(&format!(
         "demo complete in {:.1} s: memory capped, compute held to its share, queries show the slice.",
@@ -174,6 +179,87 @@ pub fn last_json_line(stdout: &str) -> Option<Value> {
         .rev()
         .filter_map(|line| serde_json::from_str::<Value>(line.trim()).ok())
         .find(Value::is_object)
+}
+
+/// The PyTorch step's script: one JSON line (slice as seen, then a fill to OOM).
+const TORCH_SCRIPT: &str = r#"
+import json, warnings
+warnings.simplefilter("ignore")
+import torch
+free, total = torch.cuda.mem_get_info()
+xs, oom = [], False
+try:
+    while True:
+        xs.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+except torch.cuda.OutOfMemoryError:
+    oom = True
+print(json.dumps({"free": free, "total": total, "filled": len(xs) * (256 << 20), "oom": oom,
+                  "version": torch.__version__}))
+"#;
+
+/// How long PyTorch may take to import and fill the slice on a loaded machine.
+const TORCH_DEADLINE: Duration = Duration::from_secs(90);
+
+fn torch_installed() -> bool {
+    Command::new("python3")
+        .args(["-c", "import torch"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn step_torch(sandbox: &Sandbox) -> CliResult<()> {
+    say("[2+] PyTorch from PyPI in the same slice");
+    if !torch_installed() {
+        say("      PyTorch is not installed for python3 (pip install torch): step skipped");
+        return Ok(());
+    }
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", TORCH_SCRIPT]).stdin(Stdio::null());
+    sandbox.in_slice(&mut cmd);
+    let output = output_within(cmd, "python3 (torch)", TORCH_DEADLINE)?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let out = last_json_line(&stdout).ok_or_else(|| {
+        failed(
+            "2+",
+            format!(
+                "PyTorch printed no result ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
+        )
+    })?;
+    let total = out["total"].as_u64();
+    let filled = out["filled"].as_u64().unwrap_or(0);
+    say(&format!(
+        "      torch {} torch.cuda.mem_get_info(): total {}, free {}",
+        out["version"].as_str().unwrap_or("?"),
+        total.map_or("?".into(), format_size_approx),
+        out["free"].as_u64().map_or("?".into(), format_size_approx)
+    ));
+    if total != Some(SLICE_MEMORY) {
+        return Err(failed(
+            "2+",
+            format!("PyTorch saw total {total:?} bytes, not the slice's {SLICE_MEMORY}"),
+        ));
+    }
+    say(&format!(
+        "      torch.empty(256 MiB) until refused: {} allocated, then {}",
+        format_size_approx(filled),
+        if out["oom"] == true {
+            "torch.cuda.OutOfMemoryError"
+        } else {
+            "no error"
+        },
+    ));
+    if out["oom"] != true || filled > SLICE_MEMORY {
+        return Err(failed(
+            "2+",
+            format!("PyTorch was not held to the slice: {out}"),
+        ));
+    }
+    Ok(())
 }
 
 fn step_view(sandbox: &Sandbox, card: &crate::smi::Card) -> CliResult<()> {

@@ -1153,3 +1153,160 @@ fn a_compute_only_container_slice_steers_on_its_own_processes_next_to_a_neighbou
         "the slice holds its 30 % next to the neighbour: {slice:.1}% (neighbour {other:.1}%)"
     );
 }
+
+/// The prefix of the Python that has PyTorch (`E2E_PYTHON`, default `python3`), or `None`
+/// after a loud skip (a failure with `CI=true`).
+fn torch_prefix() -> Option<PathBuf> {
+    let python = std::env::var("E2E_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&python)
+        .args([
+            "-c",
+            "import sys, torch; print(sys.prefix); print(sys.executable)",
+        ])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let text = text(&o.stdout);
+            text.lines().next().map(PathBuf::from)
+        }
+        _ => {
+            let reason = format!("PyTorch is not installed for {python}");
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("{reason} (CI=true: failing, not skipping)");
+            }
+            let _ = std::io::Write::write_fmt(
+                &mut std::io::stderr(),
+                format_args!("SKIPPED: {reason}\n"),
+            );
+            None
+        }
+    }
+}
+
+/// Copies into `rootfs` the system libraries (those outside `prefix`) that `files` need.
+fn copy_system_libs(rootfs: &Path, prefix: &Path, files: &[PathBuf]) {
+    for chunk in files.chunks(64) {
+        let out = Command::new("ldd").args(chunk).output().expect("run ldd");
+        for lib in text(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')))
+            .map(PathBuf::from)
+        {
+            if lib.starts_with(prefix) || !lib.is_file() {
+                continue;
+            }
+            let dest = rootfs.join(lib.strip_prefix("/").unwrap());
+            if !dest.exists() {
+                fs::create_dir_all(dest.parent().unwrap()).unwrap();
+                fs::copy(&lib, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", lib.display()));
+            }
+        }
+    }
+}
+
+/// Shared objects directly in `dir` (not recursive).
+fn shared_objects(dir: &Path) -> Vec<PathBuf> {
+    fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.to_string_lossy().contains(".so"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// PyTorch from PyPI in a podman container that gets a 2 GiB slice through CDI: it sees the
+/// slice, is refused at it with torch.cuda.OutOfMemoryError, and the card (host truth)
+/// never holds more for it. The interpreter and its packages are mounted read-only from
+/// the host at the same path; the system libraries they need are copied into the image.
+#[test]
+fn pytorch_in_a_cdi_container_is_held_to_its_slice() {
+    let Some(podman) = podman() else { return };
+    let Some(prefix) = torch_prefix() else { return };
+    let mut bed = Bed::new(podman);
+    let rootfs = bed.dir.path().join("rootfs");
+    let site = prefix
+        .join("lib")
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .find_map(|e| {
+            let p = e.path().join("site-packages");
+            p.join("torch").is_dir().then_some(p)
+        });
+    let site = site.expect("torch's site-packages under the prefix");
+    let mut files = vec![fs::canonicalize(prefix.join("bin/python3")).unwrap()];
+    for dir in [
+        site.join("torch/lib"),
+        site.join("torch"),
+        site.join("numpy/_core"),
+        site.join("nvidia/cu13/lib"),
+    ] {
+        files.extend(shared_objects(&dir));
+    }
+    if let Some(dynload) = prefix
+        .join("lib")
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .find_map(|e| {
+            let p = e.path().join("lib-dynload");
+            p.is_dir().then_some(p)
+        })
+    {
+        files.extend(shared_objects(&dynload));
+    }
+    files.extend(shared_objects(&prefix.join("lib")));
+    copy_system_libs(&rootfs, &prefix, &files);
+    let script = r#"
+import json, warnings
+warnings.simplefilter("ignore")
+import torch
+free, total = torch.cuda.mem_get_info()
+print(json.dumps({"free": free, "total": total}), flush=True)
+xs, oom = [], False
+try:
+    while True:
+        xs.append(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+except torch.cuda.OutOfMemoryError:
+    oom = True
+print(json.dumps({"oom": oom, "filled": len(xs) * (64 << 20)}), flush=True)
+del xs
+torch.cuda.empty_cache()
+print(json.dumps({"after": torch.cuda.mem_get_info()[0]}), flush=True)
+"#;
+    fs::create_dir_all(rootfs.join("usr/share")).unwrap();
+    fs::write(rootfs.join("usr/share/torch_slice.py"), script).unwrap();
+
+    let devices = bed.write_spec(&[("torch", "2GiB")]);
+    let (_, mut args) = bed.run_args(Some(&devices[0]), false);
+    let at = args.iter().position(|a| a == "--rootfs").unwrap();
+    let mount = format!("{}:{}:ro", prefix.display(), prefix.display());
+    args.splice(at..at, ["-v".to_string(), mount]);
+    let python = prefix.join("bin/python3");
+    let lines = bed.podman.run_script(
+        &args,
+        &format!("{} /usr/share/torch_slice.py", python.display()),
+    );
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let physical = bed.physical_total();
+    assert_eq!(u64_at(&lines[0], &["total"]), 2 * GIB, "{}", lines[0]);
+    assert!(u64_at(&lines[0], &["free"]) < 2 * GIB, "{}", lines[0]);
+    assert_eq!(
+        lines[1]["oom"], true,
+        "torch.cuda.OutOfMemoryError: {}",
+        lines[1]
+    );
+    let filled = u64_at(&lines[1], &["filled"]);
+    assert!(filled >= GIB, "the slice was usable: {}", lines[1]);
+    assert!(
+        u64_at(&lines[2], &["after"]) >= 2 * GIB - 400 * MIB,
+        "empty_cache gave the memory back to the slice: {}",
+        lines[2]
+    );
+    let peak = bed.truth().peak_memory(0);
+    assert!(peak <= 2 * GIB, "the card held {peak} for the container");
+    assert!(physical > 16 * GIB, "and had far more: {physical}");
+}

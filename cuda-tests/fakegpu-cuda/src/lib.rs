@@ -6,16 +6,19 @@
 //! `#[no_mangle]` functions and the proc-address table, whose pointers are the functions
 //! themselves, i.e. exactly what `dlsym(handle, "<exported name>")` returns.
 //!
-//! `cuGetExportTable` answers CUDA_ERROR_NOT_FOUND: the private export tables of the CUDA
-//! runtime are not simulated, so `libcudart` cannot run on the fake (driver API clients and
-//! cudarc can).
+//! `cuGetExportTable` serves the CUDA runtime's private tables (see `export_tables`), so
+//! NVIDIA's `libcudart` runs on the fake as well as driver API clients and cudarc.
 
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
+mod export_tables;
 mod ffi;
+mod unsupported;
 
 use fakegpu::cuda::launch::read_ns_per_wave;
+use fakegpu::cuda::module::ImageSource;
 use fakegpu::cuda::procaddr::{lookup, Lookup, ProcEntry, Variant};
+use fakegpu::cuda::runtime_support::{CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST};
 use fakegpu::cuda::{Cuda, R};
 use ffi::{cstr, get, guard, h, hp, put, put_opt, put_str};
 use gpuslice_abi::cuda::proc_address::*;
@@ -36,7 +39,11 @@ macro_rules! cuda_api {
         $(
             #[no_mangle]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-                guard(|| -> R<()> { $body })
+                let r = guard(|| -> R<()> { $body });
+                if trace_calls() {
+                    eprintln!("fakegpu: {} -> {}", stringify!($name), r);
+                }
+                r
             }
         )*
 
@@ -63,6 +70,7 @@ pub fn proc_table() -> &'static [ProcEntry] {
     static TABLE: OnceLock<Vec<ProcEntry>> = OnceLock::new();
     TABLE.get_or_init(|| {
         let mut t = exports();
+        t.extend(unsupported::entries());
         for &(base, ver, target) in ALIASES {
             let e = *t
                 .iter()
@@ -87,8 +95,7 @@ fn launch_common(
     extra: *mut *mut c_void,
     cooperative: bool,
 ) -> R<()> {
-    // SAFETY: kernelParams / extra come from the caller with the CUDA API's guarantees.
-    let ns = unsafe { read_ns_per_wave(params, extra) };
+    let ns = node_ns(h(f), params, extra);
     if cooperative {
         cu().launch_cooperative(h(f), grid, block, ns, h(stream))
     } else {
@@ -103,7 +110,13 @@ fn launch_common(
 fn launch_legacy(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> R<()> {
     let dim = |d: c_int| u32::try_from(d).map_err(|_| CUDA_ERROR_INVALID_VALUE);
     let grid = [dim(width)?, dim(height)?, 1];
-    cu().launch(h(f), grid, [1, 1, 1], None, h(stream))
+    cu().launch(
+        h(f),
+        grid,
+        [1, 1, 1],
+        Some(cu().config.ns_per_wave),
+        h(stream),
+    )
 }
 
 /// A byte count as the pre-3.2 ABI reports it: clamped to 32 bits, never wrapped.
@@ -129,9 +142,15 @@ fn launch_ex(
     )
 }
 
-fn node_ns(params: *mut *mut c_void, extra: *mut *mut c_void) -> Option<u64> {
-    // SAFETY: node params come from the caller with the CUDA API's guarantees.
-    unsafe { read_ns_per_wave(params, extra) }
+/// A kernel's `ns_per_wave`: from its first argument when its image says so (the clients'
+/// spin kernel), else `FAKEGPU_NS_PER_WAVE` (the geometry at the configured rate).
+fn node_ns(f: u64, params: *mut *mut c_void, extra: *mut *mut c_void) -> Option<u64> {
+    let configured = Some(cu().config.ns_per_wave);
+    if !cu().reads_ns_param(f) {
+        return configured;
+    }
+    // SAFETY: kernel params come from the caller with the CUDA API's guarantees.
+    unsafe { read_ns_per_wave(params, extra) }.or(configured)
 }
 
 fn get_proc_address(
@@ -146,6 +165,7 @@ fn get_proc_address(
     }
     let name = cstr(symbol).unwrap_or("");
     let r = lookup(proc_table(), name, version, flags, cu().driver_version());
+    trace_lookup(name, version, flags, r);
     let (ptr, st, res) = match r {
         Lookup::Found(p) => (p, CU_GET_PROC_ADDRESS_SUCCESS, Ok(())),
         Lookup::NotFound => (
@@ -162,6 +182,263 @@ fn get_proc_address(
     put(pfn, ptr as *mut c_void)?;
     put_opt(status, st);
     res
+}
+
+/// `FAKEGPU_TRACE_CALLS=1`: one line per call of an export (name and result).
+fn trace_calls() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("FAKEGPU_TRACE_CALLS").is_some_and(|v| v != "0"))
+}
+
+/// `FAKEGPU_TRACE_PROCS=1`: one line per `cuGetProcAddress` lookup (name, version, flags,
+/// answer), how the tables of names each client asks for were made.
+fn trace_lookup(name: &str, version: c_int, flags: u64, r: Lookup) {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("FAKEGPU_TRACE_PROCS").is_some_and(|v| v != "0")) {
+        let answer = match r {
+            Lookup::Found(_) => "found",
+            Lookup::NotFound => "not-found",
+            Lookup::VersionNotSufficient => "version-not-sufficient",
+        };
+        eprintln!("fakegpu: cuGetProcAddress {name} {version} {flags} {answer}");
+    }
+}
+
+/// `CUDA_MEMCPY2D`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_MEMCPY2D {
+    pub srcXInBytes: usize,
+    pub srcY: usize,
+    pub srcMemoryType: c_uint,
+    pub srcHost: *const c_void,
+    pub srcDevice: CUdeviceptr,
+    pub srcArray: *mut c_void,
+    pub srcPitch: usize,
+    pub dstXInBytes: usize,
+    pub dstY: usize,
+    pub dstMemoryType: c_uint,
+    pub dstHost: *mut c_void,
+    pub dstDevice: CUdeviceptr,
+    pub dstArray: *mut c_void,
+    pub dstPitch: usize,
+    pub WidthInBytes: usize,
+    pub Height: usize,
+}
+
+/// Whether an address is device memory of this process (unified addressing).
+fn is_dev(p: CUdeviceptr) -> R<bool> {
+    Ok(cu()
+        .pointer_info(p)?
+        .is_some_and(|i| i.memory_type == CU_MEMORYTYPE_DEVICE))
+}
+
+/// A 2D copy, row by row; arrays are not simulated as copy endpoints.
+fn memcpy_2d(p: CUDA_MEMCPY2D, stream: Option<CUstream>) -> R<()> {
+    if let Some(s) = stream {
+        cu().stream_info(h(s))?;
+    }
+    let side = |ty: c_uint, host: u64, dev: u64| -> R<(u64, bool)> {
+        match ty {
+            1 => Ok((host, false)),
+            2 => Ok((dev, true)),
+            4 => Ok((dev, is_dev(dev)?)),
+            3 => {
+                eprintln!("fakegpu: cuMemcpy2D with a CUDA array is not simulated: CUDA_ERROR_NOT_SUPPORTED");
+                Err(CUDA_ERROR_NOT_SUPPORTED)
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    };
+    let (src, sdev) = side(p.srcMemoryType, p.srcHost as u64, p.srcDevice)?;
+    let (dst, ddev) = side(p.dstMemoryType, p.dstHost as u64, p.dstDevice)?;
+    if p.WidthInBytes > p.srcPitch.max(p.WidthInBytes)
+        || (p.Height > 1 && (p.WidthInBytes > p.srcPitch || p.WidthInBytes > p.dstPitch))
+    {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for row in 0..p.Height {
+        let s = src + ((p.srcY + row) * p.srcPitch + p.srcXInBytes) as u64;
+        let d = dst + ((p.dstY + row) * p.dstPitch + p.dstXInBytes) as u64;
+        memcpy(d, ddev, s, sdev, p.WidthInBytes, stream.is_none())?;
+    }
+    Ok(())
+}
+
+fn write_pointer_attr(
+    data: *mut c_void,
+    attr: c_int,
+    ptr: CUdeviceptr,
+    info: Option<&fakegpu::cuda::runtime_support::PointerInfo>,
+) -> R<()> {
+    let dev = info.is_some_and(|i| i.memory_type == CU_MEMORYTYPE_DEVICE);
+    match attr {
+        1 => put(data as *mut CUcontext, hp(info.map_or(0, |i| i.ctx))),
+        2 => put(data as *mut c_uint, info.map_or(0, |i| i.memory_type)),
+        // Unified addressing: one address for host and device.
+        3 => put(
+            data as *mut CUdeviceptr,
+            if info.is_some() { ptr } else { 0 },
+        ),
+        4 => match info {
+            Some(i) if i.memory_type == CU_MEMORYTYPE_HOST || i.managed => {
+                put(data as *mut u64, ptr)
+            }
+            Some(_) => Err(CUDA_ERROR_INVALID_VALUE),
+            None => put(data as *mut u64, 0),
+        },
+        6 | 10 | 15 => put(data as *mut c_int, 0), // SYNC_MEMOPS, IS_LEGACY_CUDA_IPC_CAPABLE, RDMA
+        7 => put(data as *mut u64, info.map_or(0, |i| i.buffer_id)),
+        8 => put(data as *mut c_int, info.is_some_and(|i| i.managed) as c_int),
+        9 => put(data as *mut c_int, info.map_or(-2, |i| i.dev as c_int)),
+        11 => put(data as *mut CUdeviceptr, info.map_or(0, |i| i.base)),
+        12 => put(data as *mut usize, info.map_or(0, |i| i.size as usize)),
+        13 => put(data as *mut c_int, info.is_some() as c_int),
+        14 => put(data as *mut u64, 0), // ALLOWED_HANDLE_TYPES: none
+        16 => put(data as *mut c_int, if info.is_some() { 3 } else { 0 }), // ACCESS_FLAGS: read-write
+        17 => put(
+            data as *mut CUmemoryPool,
+            hp(info.and_then(|i| i.pool).unwrap_or(0)),
+        ),
+        18 => put(data as *mut usize, info.map_or(0, |i| i.size as usize)),
+        19 => put(data as *mut CUdeviceptr, info.map_or(0, |i| i.base)),
+        20 => put(data as *mut u64, info.map_or(0, |i| i.buffer_id)),
+        _ => {
+            let _ = dev;
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+    }
+}
+
+const LOG_CALLBACK_BASE: u64 = 0x109 << 40;
+static LOG_CALLBACKS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(LOG_CALLBACK_BASE);
+
+thread_local! {
+    /// The thread's stream capture mode (`cuThreadExchangeStreamCaptureMode`); 0 = GLOBAL.
+    static CAPTURE_MODE: std::cell::Cell<c_uint> = const { std::cell::Cell::new(0) };
+}
+
+fn capture_info(
+    s: CUstream,
+    status: *mut c_uint,
+    id: *mut c_ulonglong,
+    g: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    edges: *mut *const c_void,
+    n: *mut usize,
+) -> R<()> {
+    if status.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (st, cid, graph) = cu().stream_capture_info(h(s))?;
+    put(status, st)?;
+    put_opt(id, cid);
+    put_opt(g, hp(graph));
+    // The fake's captured graphs are a chain: it reports no open dependency list.
+    put_opt(deps, std::ptr::null());
+    put_opt(edges, std::ptr::null());
+    put_opt(n, 0);
+    Ok(())
+}
+
+/// Host functions run once the stream's earlier work is done: here at enqueue, on the
+/// caller's thread, after waiting for it. Not under capture (no host nodes).
+fn host_func_after(s: CUstream) -> R<()> {
+    if cu().stream_capture_info(h(s))?.0 != 0 {
+        eprintln!("fakegpu: cuLaunchHostFunc under stream capture is not simulated: CUDA_ERROR_NOT_SUPPORTED");
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    cu().stream_synchronize(h(s))
+}
+
+fn location_device(loc: CUmemLocation) -> R<CUdevice> {
+    match loc.type_ {
+        1 => Ok(loc.id),            // CU_MEM_LOCATION_TYPE_DEVICE
+        2..=4 => Ok(CU_DEVICE_CPU), // HOST, HOST_NUMA, HOST_NUMA_CURRENT
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+const CU_DEVICE_CPU: CUdevice = -1;
+
+/// Device of a `cuMem*MemPool` location: device pools only (CU_MEM_ALLOCATION_TYPE_PINNED).
+fn pool_location(loc: CUmemLocation, ty: c_int) -> R<CUdevice> {
+    if ty != 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if loc.type_ != 1 {
+        eprintln!("fakegpu: host memory pools are not simulated: CUDA_ERROR_NOT_SUPPORTED");
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(loc.id)
+}
+
+/// A prefetch or advice over a managed (or any device) range: checked, nothing to move.
+fn prefetch_or_advise(ptr: CUdeviceptr, n: usize, dev: CUdevice, s: Option<CUstream>) -> R<()> {
+    if let Some(s) = s {
+        cu().stream_info(h(s))?;
+    }
+    if dev != CU_DEVICE_CPU {
+        cu().device_spec(dev)?;
+    }
+    match cu().pointer_info(ptr)? {
+        Some(i) if i.memory_type == CU_MEMORYTYPE_DEVICE && ptr + n as u64 <= i.base + i.size => {
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuFuncSetAttribute` / `cuKernelSetAttribute`: the settable attributes, checked against
+/// the device (dynamic shared memory up to the opt-in maximum, carveout -1..=100).
+fn set_func_attribute(f: u64, attrib: c_int, value: c_int, dev: CUdevice) -> R<()> {
+    cu().func_attribute(0, f)?;
+    match attrib {
+        8 => {
+            let max = cu().device_attribute(attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev)?;
+            if value < 0 || value > max {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            Ok(())
+        }
+        9 => {
+            if (-1..=100).contains(&value) {
+                Ok(())
+            } else {
+                Err(CUDA_ERROR_INVALID_VALUE)
+            }
+        }
+        10..=15 => Ok(()), // cluster attributes: accepted, no clusters are modelled
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// Blocks of `block` threads one SM holds at once (threads only; 32 blocks at most).
+fn occupancy(f: CUfunction, block: c_int) -> R<c_int> {
+    cu().func_attribute(0, h(f))?;
+    let per_sm = cu().device_attribute(attr::MAX_THREADS_PER_MULTIPROCESSOR, cu().ctx_device()?)?;
+    Ok((per_sm / block).clamp(0, 32))
+}
+
+/// A C string that lives as long as the process (names handed out by `cu*GetName`).
+fn c_leaked(s: &str) -> *const c_char {
+    static CACHE: OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, &'static std::ffi::CStr>>,
+    > = OnceLock::new();
+    let mut m = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    m.entry(s.to_string())
+        .or_insert_with(|| {
+            Box::leak(
+                CString::new(s.replace('\0', ""))
+                    .expect("no NUL")
+                    .into_boxed_c_str(),
+            )
+        })
+        .as_ptr()
 }
 
 fn error_string(code: CUresult) -> Option<&'static str> {
@@ -400,6 +677,13 @@ cuda_api! {
     fn cuMemsetD32_v2_ptds["cuMemsetD32", 7000, Ptds](dst: CUdeviceptr, v: c_uint, n: usize) { cu().memset(dst, v, 4, n as u64) }
     fn cuMemsetD8Async["cuMemsetD8Async", 3020, Default](dst: CUdeviceptr, v: c_uchar, n: usize, s: CUstream) { memset_async(dst, v as u32, 1, n, s) }
     fn cuMemsetD8Async_ptsz["cuMemsetD8Async", 7000, Ptsz](dst: CUdeviceptr, v: c_uchar, n: usize, s: CUstream) { memset_async(dst, v as u32, 1, n, s) }
+    fn cuMemsetD32Async["cuMemsetD32Async", 3020, Default](dst: CUdeviceptr, v: c_uint, n: usize, s: CUstream) { memset_async(dst, v, 4, n, s) }
+    fn cuMemsetD32Async_ptsz["cuMemsetD32Async", 7000, Ptsz](dst: CUdeviceptr, v: c_uint, n: usize, s: CUstream) { memset_async(dst, v, 4, n, s) }
+    // Stream memory operations write at enqueue (the fake's copies and memsets do too).
+    fn cuStreamWriteValue32["cuStreamWriteValue32", 8000, Default](s: CUstream, addr: CUdeviceptr, v: c_uint, _flags: c_uint) { memset_async(addr, v, 4, 1, s) }
+    fn cuStreamWriteValue32_ptsz["cuStreamWriteValue32", 8000, Ptsz](s: CUstream, addr: CUdeviceptr, v: c_uint, _flags: c_uint) { memset_async(addr, v, 4, 1, s) }
+    fn cuStreamWriteValue32_v2["cuStreamWriteValue32", 11070, Default](s: CUstream, addr: CUdeviceptr, v: c_uint, _flags: c_uint) { memset_async(addr, v, 4, 1, s) }
+    fn cuStreamWriteValue32_v2_ptsz["cuStreamWriteValue32", 11070, Ptsz](s: CUstream, addr: CUdeviceptr, v: c_uint, _flags: c_uint) { memset_async(addr, v, 4, 1, s) }
 
     // ---- arrays ----
     fn cuArrayCreate["cuArrayCreate", 2000, Default](p: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) {
@@ -529,17 +813,15 @@ cuda_api! {
     // ---- modules, libraries, functions ----
     fn cuModuleLoadData["cuModuleLoadData", 2000, Default](m: *mut CUmodule, image: *const c_void) {
         if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        // SAFETY: `image` is null or an image the API accepts (the caller's contract).
-        put(m, hp(cu().module_load_data(unsafe { fakegpu::cuda::image::image_at(image) })?))
+        put(m, hp(cu().module_load(ImageSource::Memory(image as usize))?))
     }
     fn cuModuleLoadDataEx["cuModuleLoadDataEx", 2010, Default](m: *mut CUmodule, image: *const c_void, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) {
         if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        // SAFETY: `image` is null or an image the API accepts (the caller's contract).
-        put(m, hp(cu().module_load_data(unsafe { fakegpu::cuda::image::image_at(image) })?))
+        put(m, hp(cu().module_load(ImageSource::Memory(image as usize))?))
     }
     fn cuModuleLoad["cuModuleLoad", 2000, Default](m: *mut CUmodule, fname: *const c_char) {
         if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        put(m, hp(cu().module_load_path(std::path::Path::new(cstr(fname)?))?))
+        put(m, hp(cu().module_load_file(std::path::Path::new(cstr(fname)?))?))
     }
     fn cuModuleUnload["cuModuleUnload", 2000, Default](m: CUmodule) { cu().module_unload(h(m)) }
     fn cuModuleGetFunction["cuModuleGetFunction", 2000, Default](f: *mut CUfunction, m: CUmodule, name: *const c_char) {
@@ -554,8 +836,7 @@ cuda_api! {
     }
     fn cuLibraryLoadData["cuLibraryLoadData", 12000, Default](l: *mut CUlibrary, code: *const c_void, _jo: *mut c_int, _jv: *mut *mut c_void, _jn: c_uint, _lo: *mut c_int, _lv: *mut *mut c_void, _ln: c_uint) {
         if l.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        // SAFETY: `code` is null or an image the API accepts (the caller's contract).
-        put(l, hp(cu().library_load_data(unsafe { fakegpu::cuda::image::image_at(code) })?))
+        put(l, hp(cu().library_load(ImageSource::Memory(code as usize))?))
     }
     fn cuLibraryUnload["cuLibraryUnload", 12000, Default](l: CUlibrary) { cu().library_unload(h(l)) }
     fn cuLibraryGetKernel["cuLibraryGetKernel", 12000, Default](k: *mut CUkernel, l: CUlibrary, name: *const c_char) {
@@ -635,7 +916,7 @@ cuda_api! {
     fn cuGraphAddKernelNode["cuGraphAddKernelNode", 10000, Default](node: *mut CUgraphNode, g: CUgraph, _deps: *const CUgraphNode, _ndeps: usize, params: *const CUDA_KERNEL_NODE_PARAMS) {
         if node.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         let p = get(params)?;
-        let ns = node_ns(p.kernelParams, p.extra);
+        let ns = node_ns(h(p.func), p.kernelParams, p.extra);
         let n = cu().graph_add_kernel_node(h(g), h(p.func), [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], ns)?;
         put(node, hp(n))
     }
@@ -643,7 +924,7 @@ cuda_api! {
         if node.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         let p = get(params)?;
         let f = if p.func.is_null() { p.kern } else { p.func };
-        let ns = node_ns(p.kernelParams, p.extra);
+        let ns = node_ns(h(f), p.kernelParams, p.extra);
         let n = cu().graph_add_kernel_node(h(g), h(f), [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], ns)?;
         put(node, hp(n))
     }
@@ -717,6 +998,436 @@ cuda_api! {
     }
     fn cuEventDestroy_v2["cuEventDestroy", 4000, Default](e: CUevent) { cu().event_destroy(h(e)) }
 
+    // ---- what the CUDA runtime, PyTorch, CuPy and cuBLAS call on their common paths ----
+    fn cuCtxGetFlags["cuCtxGetFlags", 7000, Default](flags: *mut c_uint) {
+        if flags.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(flags, cu().ctx_flags()?)
+    }
+    fn cuCtxGetId["cuCtxGetId", 12000, Default](ctx: CUcontext, id: *mut c_ulonglong) {
+        if id.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(id, cu().ctx_id(h(ctx))?)
+    }
+    fn cuCtxGetStreamPriorityRange["cuCtxGetStreamPriorityRange", 5050, Default](least: *mut c_int, greatest: *mut c_int) {
+        cu().current()?;
+        // The range stream creation clamps to (see fakegpu::cuda::stream).
+        put_opt(least, 0);
+        put_opt(greatest, -5);
+        Ok(())
+    }
+    fn cuCtxGetCacheConfig["cuCtxGetCacheConfig", 3020, Default](cfg: *mut c_int) {
+        if cfg.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().current()?;
+        put(cfg, 0) // CU_FUNC_CACHE_PREFER_NONE: the fake keeps no preference
+    }
+    fn cuCtxSetCacheConfig["cuCtxSetCacheConfig", 3020, Default](cfg: c_int) {
+        cu().current()?;
+        // A preference the driver may ignore (cuCtxSetCacheConfig docs); valid values only.
+        if !(0..=3).contains(&cfg) { return Err(CUDA_ERROR_INVALID_VALUE); }
+        Ok(())
+    }
+    fn cuCtxGetSharedMemConfig["cuCtxGetSharedMemConfig", 4020, Default](cfg: *mut c_int) {
+        if cfg.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().current()?;
+        put(cfg, 1) // CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE
+    }
+    fn cuCtxSetSharedMemConfig["cuCtxSetSharedMemConfig", 4020, Default](cfg: c_int) {
+        cu().current()?;
+        if !(0..=2).contains(&cfg) { return Err(CUDA_ERROR_INVALID_VALUE); }
+        Ok(())
+    }
+    fn cuCtxResetPersistingL2Cache["cuCtxResetPersistingL2Cache", 11000, Default]() {
+        cu().current().map(|_| ()) // nothing is ever persisted in the fake's L2
+    }
+    fn cuCtxEnablePeerAccess["cuCtxEnablePeerAccess", 4000, Default](ctx: CUcontext, _flags: c_uint) {
+        cu().current()?;
+        cu().ctx_id(h(ctx))?;
+        Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED) // no peer access between simulated GPUs
+    }
+    fn cuCtxDisablePeerAccess["cuCtxDisablePeerAccess", 4000, Default](ctx: CUcontext) {
+        cu().current()?;
+        cu().ctx_id(h(ctx))?;
+        Err(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
+    }
+    fn cuDeviceCanAccessPeer["cuDeviceCanAccessPeer", 4000, Default](can: *mut c_int, dev: CUdevice, peer: CUdevice) {
+        if can.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().device_spec(dev)?;
+        cu().device_spec(peer)?;
+        put(can, 0)
+    }
+    fn cuDeviceGetP2PAttribute["cuDeviceGetP2PAttribute", 8000, Default](value: *mut c_int, _attr: c_int, src: CUdevice, dst: CUdevice) {
+        if value.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().device_spec(src)?;
+        cu().device_spec(dst)?;
+        if src == dst { return Err(CUDA_ERROR_INVALID_DEVICE); }
+        put(value, 0)
+    }
+
+    fn cuModuleGetLoadingMode["cuModuleGetLoadingMode", 11070, Default](mode: *mut c_int) {
+        if mode.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        // CUDA_MODULE_LOADING picks it, lazy by default since 12.2 (CU_MODULE_LAZY_LOADING = 2).
+        let eager = std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v.eq_ignore_ascii_case("EAGER"));
+        put(mode, if eager { 1 } else { 2 })
+    }
+    fn cuModuleLoadFatBinary["cuModuleLoadFatBinary", 2000, Default](m: *mut CUmodule, image: *const c_void) {
+        if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(m, hp(cu().module_load(ImageSource::Memory(image as usize))?))
+    }
+    fn cuLibraryLoadFromFile["cuLibraryLoadFromFile", 12000, Default](l: *mut CUlibrary, path: *const c_char, _jo: *mut c_int, _jv: *mut *mut c_void, _jn: c_uint, _lo: *mut c_int, _lv: *mut *mut c_void, _ln: c_uint) {
+        if l.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(l, hp(cu().library_load(ImageSource::File(cstr(path)?.into()))?))
+    }
+    fn cuLibraryGetModule["cuLibraryGetModule", 12000, Default](m: *mut CUmodule, l: CUlibrary) {
+        if m.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(m, hp(cu().library_get_module(h(l))?))
+    }
+    fn cuLibraryGetGlobal["cuLibraryGetGlobal", 12000, Default](dptr: *mut CUdeviceptr, bytes: *mut usize, l: CUlibrary, name: *const c_char) {
+        let (g, s) = cu().library_get_global(h(l), cstr(name)?)?;
+        put_opt(dptr, g);
+        put_opt(bytes, s as usize);
+        Ok(())
+    }
+    fn cuKernelGetAttribute["cuKernelGetAttribute", 12000, Default](pi: *mut c_int, attrib: c_int, k: CUkernel, dev: CUdevice) {
+        if pi.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().device_spec(dev)?;
+        put(pi, cu().func_attribute(attrib, h(k))?)
+    }
+    fn cuKernelSetAttribute["cuKernelSetAttribute", 12000, Default](attrib: c_int, value: c_int, k: CUkernel, dev: CUdevice) {
+        cu().device_spec(dev)?;
+        set_func_attribute(h(k), attrib, value, dev)
+    }
+    fn cuKernelSetCacheConfig["cuKernelSetCacheConfig", 12000, Default](k: CUkernel, cfg: c_int, dev: CUdevice) {
+        cu().device_spec(dev)?;
+        cu().func_attribute(0, h(k))?;
+        if !(0..=3).contains(&cfg) { return Err(CUDA_ERROR_INVALID_VALUE); }
+        Ok(())
+    }
+    fn cuKernelGetName["cuKernelGetName", 12030, Default](name: *mut *const c_char, k: CUkernel) {
+        if name.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(name, c_leaked(&cu().func_name(h(k))?))
+    }
+    fn cuFuncSetAttribute["cuFuncSetAttribute", 9000, Default](f: CUfunction, attrib: c_int, value: c_int) {
+        set_func_attribute(h(f), attrib, value, 0)
+    }
+    fn cuFuncSetCacheConfig["cuFuncSetCacheConfig", 3000, Default](f: CUfunction, cfg: c_int) {
+        cu().func_attribute(0, h(f))?;
+        if !(0..=3).contains(&cfg) { return Err(CUDA_ERROR_INVALID_VALUE); }
+        Ok(())
+    }
+    fn cuFuncSetSharedMemConfig["cuFuncSetSharedMemConfig", 4020, Default](f: CUfunction, cfg: c_int) {
+        cu().func_attribute(0, h(f))?;
+        if !(0..=2).contains(&cfg) { return Err(CUDA_ERROR_INVALID_VALUE); }
+        Ok(())
+    }
+    fn cuFuncGetName["cuFuncGetName", 12030, Default](name: *mut *const c_char, f: CUfunction) {
+        if name.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(name, c_leaked(&cu().func_name(h(f))?))
+    }
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessor["cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, Default](n: *mut c_int, f: CUfunction, block: c_int, _smem: usize) {
+        if n.is_null() || block <= 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(n, occupancy(f, block)?)
+    }
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags["cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, Default](n: *mut c_int, f: CUfunction, block: c_int, _smem: usize, _flags: c_uint) {
+        if n.is_null() || block <= 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(n, occupancy(f, block)?)
+    }
+
+    fn cuStreamGetFlags["cuStreamGetFlags", 5050, Default](s: CUstream, flags: *mut c_uint) {
+        if flags.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(flags, cu().stream_props(h(s))?.flags)
+    }
+    fn cuStreamGetFlags_ptsz["cuStreamGetFlags", 7000, Ptsz](s: CUstream, flags: *mut c_uint) {
+        if flags.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(flags, cu().stream_props(h(s))?.flags)
+    }
+    fn cuStreamGetPriority["cuStreamGetPriority", 5050, Default](s: CUstream, prio: *mut c_int) {
+        if prio.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(prio, cu().stream_props(h(s))?.priority)
+    }
+    fn cuStreamGetPriority_ptsz["cuStreamGetPriority", 7000, Ptsz](s: CUstream, prio: *mut c_int) {
+        if prio.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(prio, cu().stream_props(h(s))?.priority)
+    }
+    fn cuStreamGetId["cuStreamGetId", 12000, Default](s: CUstream, id: *mut c_ulonglong) {
+        if id.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(id, cu().stream_props(h(s))?.id)
+    }
+    fn cuStreamGetId_ptsz["cuStreamGetId", 12000, Ptsz](s: CUstream, id: *mut c_ulonglong) {
+        if id.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let s = if h(s) == 0 { 2 } else { h(s) };
+        put(id, cu().stream_props(s)?.id)
+    }
+    fn cuStreamGetDevice["cuStreamGetDevice", 12080, Default](s: CUstream, dev: *mut CUdevice) {
+        if dev.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(dev, cu().stream_props(h(s))?.dev as CUdevice)
+    }
+    fn cuStreamGetDevice_ptsz["cuStreamGetDevice", 12080, Ptsz](s: CUstream, dev: *mut CUdevice) {
+        if dev.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(dev, cu().stream_props(h(s))?.dev as CUdevice)
+    }
+    fn cuStreamGetCaptureInfo["cuStreamGetCaptureInfo", 10010, Default](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong) {
+        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut())
+    }
+    fn cuStreamGetCaptureInfo_ptsz["cuStreamGetCaptureInfo", 10010, Ptsz](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong) {
+        capture_info(s, status, id, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut())
+    }
+    fn cuStreamGetCaptureInfo_v2["cuStreamGetCaptureInfo", 11030, Default](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong, g: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize) {
+        capture_info(s, status, id, g, deps, std::ptr::null_mut(), n)
+    }
+    fn cuStreamGetCaptureInfo_v2_ptsz["cuStreamGetCaptureInfo", 11030, Ptsz](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong, g: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize) {
+        capture_info(s, status, id, g, deps, std::ptr::null_mut(), n)
+    }
+    fn cuStreamGetCaptureInfo_v3["cuStreamGetCaptureInfo", 12030, Default](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, n: *mut usize) {
+        capture_info(s, status, id, g, deps, edges, n)
+    }
+    fn cuStreamGetCaptureInfo_v3_ptsz["cuStreamGetCaptureInfo", 12030, Ptsz](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, n: *mut usize) {
+        capture_info(s, status, id, g, deps, edges, n)
+    }
+    fn cuThreadExchangeStreamCaptureMode["cuThreadExchangeStreamCaptureMode", 10010, Default](mode: *mut c_uint) {
+        let m = get(mode)?;
+        if m > 2 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(mode, CAPTURE_MODE.with(|c| c.replace(m)))
+    }
+    fn cuLaunchHostFunc["cuLaunchHostFunc", 10000, Default](s: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void) {
+        let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        host_func_after(s)?;
+        // SAFETY: the caller's callback with the caller's data, as cuLaunchHostFunc runs it.
+        unsafe { f(data) };
+        Ok(())
+    }
+    fn cuLaunchHostFunc_ptsz["cuLaunchHostFunc", 10000, Ptsz](s: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void) {
+        let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        host_func_after(s)?;
+        // SAFETY: as in cuLaunchHostFunc.
+        unsafe { f(data) };
+        Ok(())
+    }
+    fn cuStreamAddCallback["cuStreamAddCallback", 5000, Default](s: CUstream, f: Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>, data: *mut c_void, flags: c_uint) {
+        let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if flags != 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        host_func_after(s)?;
+        // SAFETY: the caller's callback with the caller's data and the stream's status.
+        unsafe { f(s, CUDA_SUCCESS, data) };
+        Ok(())
+    }
+    fn cuStreamAddCallback_ptsz["cuStreamAddCallback", 7000, Ptsz](s: CUstream, f: Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>, data: *mut c_void, flags: c_uint) {
+        let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if flags != 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        host_func_after(s)?;
+        // SAFETY: as in cuStreamAddCallback.
+        unsafe { f(s, CUDA_SUCCESS, data) };
+        Ok(())
+    }
+    fn cuEventRecordWithFlags["cuEventRecordWithFlags", 11010, Default](e: CUevent, s: CUstream, flags: c_uint) {
+        if flags > 1 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().event_record(h(e), h(s))
+    }
+    fn cuEventRecordWithFlags_ptsz["cuEventRecordWithFlags", 11010, Ptsz](e: CUevent, s: CUstream, flags: c_uint) {
+        if flags > 1 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().event_record(h(e), h(s))
+    }
+
+    fn cuMemcpy["cuMemcpy", 4000, Default](dst: CUdeviceptr, src: CUdeviceptr, n: usize) {
+        memcpy(dst, is_dev(dst)?, src, is_dev(src)?, n, true)
+    }
+    fn cuMemcpy_ptds["cuMemcpy", 7000, Ptds](dst: CUdeviceptr, src: CUdeviceptr, n: usize) {
+        memcpy(dst, is_dev(dst)?, src, is_dev(src)?, n, true)
+    }
+    fn cuMemcpyAsync["cuMemcpyAsync", 4000, Default](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) {
+        memcpy_async(dst, is_dev(dst)?, src, is_dev(src)?, n, s)
+    }
+    fn cuMemcpyAsync_ptsz["cuMemcpyAsync", 7000, Ptsz](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) {
+        memcpy_async(dst, is_dev(dst)?, src, is_dev(src)?, n, s)
+    }
+    fn cuMemcpyDtoDAsync_v2["cuMemcpyDtoDAsync", 3020, Default](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) {
+        memcpy_async(dst, true, src, true, n, s)
+    }
+    fn cuMemcpyDtoDAsync_v2_ptsz["cuMemcpyDtoDAsync", 7000, Ptsz](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) {
+        memcpy_async(dst, true, src, true, n, s)
+    }
+    fn cuMemcpyPeer["cuMemcpyPeer", 4000, Default](dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize) {
+        cu().ctx_id(h(dctx))?;
+        cu().ctx_id(h(sctx))?;
+        memcpy(dst, true, src, true, n, true)
+    }
+    fn cuMemcpyPeer_ptds["cuMemcpyPeer", 7000, Ptds](dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize) {
+        cu().ctx_id(h(dctx))?;
+        cu().ctx_id(h(sctx))?;
+        memcpy(dst, true, src, true, n, true)
+    }
+    fn cuMemcpyPeerAsync["cuMemcpyPeerAsync", 4000, Default](dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize, s: CUstream) {
+        cu().ctx_id(h(dctx))?;
+        cu().ctx_id(h(sctx))?;
+        memcpy_async(dst, true, src, true, n, s)
+    }
+    fn cuMemcpyPeerAsync_ptsz["cuMemcpyPeerAsync", 7000, Ptsz](dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize, s: CUstream) {
+        cu().ctx_id(h(dctx))?;
+        cu().ctx_id(h(sctx))?;
+        memcpy_async(dst, true, src, true, n, s)
+    }
+    fn cuMemcpy2D_v2["cuMemcpy2D", 3020, Default](p: *const CUDA_MEMCPY2D) { memcpy_2d(get(p)?, None) }
+    fn cuMemcpy2D_v2_ptds["cuMemcpy2D", 7000, Ptds](p: *const CUDA_MEMCPY2D) { memcpy_2d(get(p)?, None) }
+    fn cuMemcpy2DUnaligned_v2["cuMemcpy2DUnaligned", 3020, Default](p: *const CUDA_MEMCPY2D) { memcpy_2d(get(p)?, None) }
+    fn cuMemcpy2DUnaligned_v2_ptds["cuMemcpy2DUnaligned", 7000, Ptds](p: *const CUDA_MEMCPY2D) { memcpy_2d(get(p)?, None) }
+    fn cuMemcpy2DAsync_v2["cuMemcpy2DAsync", 3020, Default](p: *const CUDA_MEMCPY2D, s: CUstream) { memcpy_2d(get(p)?, Some(s)) }
+    fn cuMemcpy2DAsync_v2_ptsz["cuMemcpy2DAsync", 7000, Ptsz](p: *const CUDA_MEMCPY2D, s: CUstream) { memcpy_2d(get(p)?, Some(s)) }
+    fn cuPointerGetAttribute["cuPointerGetAttribute", 4000, Default](data: *mut c_void, attr: c_int, ptr: CUdeviceptr) {
+        if data.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let info = cu().pointer_info(ptr)?.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        write_pointer_attr(data, attr, ptr, Some(&info))
+    }
+    fn cuPointerGetAttributes["cuPointerGetAttributes", 7000, Default](n: c_uint, attrs: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) {
+        if n == 0 || attrs.is_null() || data.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        // Unknown pointers are not an error here: their attributes read as zero/null.
+        let info = cu().pointer_info(ptr)?;
+        for i in 0..n as usize {
+            // SAFETY: the caller passes `n` attributes and `n` out-pointers.
+            let (a, d) = unsafe { (*attrs.add(i), *data.add(i)) };
+            if d.is_null() { continue; }
+            write_pointer_attr(d, a, ptr, info.as_ref())?;
+        }
+        Ok(())
+    }
+    fn cuMemHostRegister_v2["cuMemHostRegister", 6050, Default](p: *mut c_void, size: usize, flags: c_uint) {
+        if flags & !0xf != 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().host_register(p as u64, size as u64)
+    }
+    fn cuMemHostUnregister["cuMemHostUnregister", 4000, Default](p: *mut c_void) { cu().host_unregister(p as u64) }
+    fn cuMemHostGetDevicePointer_v2["cuMemHostGetDevicePointer", 3020, Default](dptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) {
+        if dptr.is_null() || flags != 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        match cu().pointer_info(p as u64)? {
+            // Unified addressing: the host address is the device address.
+            Some(i) if i.memory_type == CU_MEMORYTYPE_HOST => put(dptr, p as CUdeviceptr),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    fn cuMemHostGetFlags["cuMemHostGetFlags", 2030, Default](flags: *mut c_uint, p: *mut c_void) {
+        if flags.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        match cu().pointer_info(p as u64)? {
+            Some(i) if i.memory_type == CU_MEMORYTYPE_HOST => put(flags, 0),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    fn cuMemPrefetchAsync["cuMemPrefetchAsync", 8000, Default](ptr: CUdeviceptr, n: usize, dev: CUdevice, s: CUstream) {
+        // Managed memory lives on the device in the fake (no migration): a valid prefetch
+        // has nothing to move.
+        prefetch_or_advise(ptr, n, dev, Some(s))
+    }
+    fn cuMemPrefetchAsync_ptsz["cuMemPrefetchAsync", 8000, Ptsz](ptr: CUdeviceptr, n: usize, dev: CUdevice, s: CUstream) {
+        prefetch_or_advise(ptr, n, dev, Some(s))
+    }
+    fn cuMemPrefetchAsync_v2["cuMemPrefetchAsync", 12020, Default](ptr: CUdeviceptr, n: usize, loc: CUmemLocation, _flags: c_uint, s: CUstream) {
+        prefetch_or_advise(ptr, n, location_device(loc)?, Some(s))
+    }
+    fn cuMemPrefetchAsync_v2_ptsz["cuMemPrefetchAsync", 12020, Ptsz](ptr: CUdeviceptr, n: usize, loc: CUmemLocation, _flags: c_uint, s: CUstream) {
+        prefetch_or_advise(ptr, n, location_device(loc)?, Some(s))
+    }
+    fn cuMemAdvise["cuMemAdvise", 8000, Default](ptr: CUdeviceptr, n: usize, advice: c_int, dev: CUdevice) {
+        if !(1..=6).contains(&advice) { return Err(CUDA_ERROR_INVALID_VALUE); }
+        prefetch_or_advise(ptr, n, dev, None)
+    }
+    fn cuMemAdvise_v2["cuMemAdvise", 12020, Default](ptr: CUdeviceptr, n: usize, advice: c_int, loc: CUmemLocation) {
+        if !(1..=6).contains(&advice) { return Err(CUDA_ERROR_INVALID_VALUE); }
+        prefetch_or_advise(ptr, n, location_device(loc)?, None)
+    }
+    fn cuMemGetDefaultMemPool["cuMemGetDefaultMemPool", 13000, Default](pool: *mut CUmemoryPool, loc: *const CUmemLocation, ty: c_int) {
+        if pool.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let dev = pool_location(get(loc)?, ty)?;
+        put(pool, hp(cu().device_default_pool(dev)?))
+    }
+    fn cuMemGetMemPool["cuMemGetMemPool", 13000, Default](pool: *mut CUmemoryPool, loc: *const CUmemLocation, ty: c_int) {
+        if pool.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let dev = pool_location(get(loc)?, ty)?;
+        put(pool, hp(cu().device_get_pool(dev)?))
+    }
+    fn cuMemSetMemPool["cuMemSetMemPool", 13000, Default](loc: *const CUmemLocation, ty: c_int, pool: CUmemoryPool) {
+        let dev = pool_location(get(loc)?, ty)?;
+        cu().device_set_pool(dev, h(pool))
+    }
+    fn cuMemPoolSetAccess["cuMemPoolSetAccess", 11020, Default](pool: CUmemoryPool, desc: *const CUmemAccessDesc, count: usize) {
+        cu().pool_get_attribute(h(pool), 1)?;
+        for i in 0..count {
+            // SAFETY: the caller passes `count` descriptors.
+            let d = get(unsafe { desc.add(i) })?;
+            // Only the pool's own device exists for it: access to it is always read-write.
+            if d.location.type_ != 1 { return Err(CUDA_ERROR_INVALID_VALUE); }
+            cu().device_spec(d.location.id)?;
+            if d.flags != 3 { return Err(CUDA_ERROR_INVALID_DEVICE); }
+        }
+        Ok(())
+    }
+    fn cuMemPoolGetAccess["cuMemPoolGetAccess", 11020, Default](flags: *mut c_uint, pool: CUmemoryPool, loc: *const CUmemLocation) {
+        if flags.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().pool_get_attribute(h(pool), 1)?;
+        let l = get(loc)?;
+        if l.type_ != 1 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().device_spec(l.id)?;
+        put(flags, 3) // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    }
+
+    // The fake driver never logs, so a registered callback is never called: truthfully.
+    fn cuLogsRegisterCallback["cuLogsRegisterCallback", 12090, Default](_cb: *mut c_void, _data: *mut c_void, handle: *mut *mut c_void) {
+        if handle.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(handle, hp(LOG_CALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))
+    }
+    fn cuLogsUnregisterCallback["cuLogsUnregisterCallback", 12090, Default](handle: *mut c_void) {
+        let h = h(handle);
+        if h < LOG_CALLBACK_BASE || h >= LOG_CALLBACKS.load(std::sync::atomic::Ordering::Relaxed) { return Err(CUDA_ERROR_INVALID_VALUE); }
+        Ok(())
+    }
+    fn cuGraphGetNodes["cuGraphGetNodes", 10000, Default](g: CUgraph, nodes: *mut CUgraphNode, n: *mut usize) {
+        if n.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let all = cu().graph_nodes(h(g))?;
+        if !nodes.is_null() {
+            // SAFETY: the caller passes room for `*n` nodes.
+            let room = unsafe { *n };
+            for (i, &node) in all.iter().take(room).enumerate() {
+                // SAFETY: i < room.
+                unsafe { *nodes.add(i) = hp(node) };
+            }
+            for i in all.len()..room {
+                // SAFETY: i < room; the rest are set to NULL, as documented.
+                unsafe { *nodes.add(i) = std::ptr::null_mut() };
+            }
+            if room < all.len() {
+                return put(n, room);
+            }
+        }
+        put(n, all.len())
+    }
+    fn cuProfilerStart["cuProfilerStart", 4000, Default]() { cu().current().map(|_| ()) }
+    fn cuProfilerStop["cuProfilerStop", 4000, Default]() { cu().current().map(|_| ()) }
+
+    fn cuLinkCreate["cuLinkCreate", 5050, Default](_n: c_uint, _o: *mut c_int, _v: *mut *mut c_void, state: *mut *mut c_void) {
+        if state.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(state, hp(cu().link_create()?))
+    }
+    fn cuLinkCreate_v2["cuLinkCreate", 6050, Default](_n: c_uint, _o: *mut c_int, _v: *mut *mut c_void, state: *mut *mut c_void) {
+        if state.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(state, hp(cu().link_create()?))
+    }
+    fn cuLinkAddData["cuLinkAddData", 5050, Default](state: *mut c_void, _ty: c_int, data: *mut c_void, size: usize, _name: *const c_char, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) {
+        if size == 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().link_add(h(state), &ImageSource::Memory(data as usize))
+    }
+    fn cuLinkAddData_v2["cuLinkAddData", 6050, Default](state: *mut c_void, _ty: c_int, data: *mut c_void, size: usize, _name: *const c_char, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) {
+        if size == 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().link_add(h(state), &ImageSource::Memory(data as usize))
+    }
+    fn cuLinkAddFile["cuLinkAddFile", 5050, Default](state: *mut c_void, _ty: c_int, path: *const c_char, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) {
+        cu().link_add(h(state), &ImageSource::File(cstr(path)?.into()))
+    }
+    fn cuLinkAddFile_v2["cuLinkAddFile", 6050, Default](state: *mut c_void, _ty: c_int, path: *const c_char, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) {
+        cu().link_add(h(state), &ImageSource::File(cstr(path)?.into()))
+    }
+    fn cuLinkComplete["cuLinkComplete", 5050, Default](state: *mut c_void, cubin: *mut *mut c_void, size: *mut usize) {
+        if cubin.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        let (p, n) = cu().link_complete(h(state))?;
+        put(cubin, hp(p))?;
+        put_opt(size, n as usize);
+        Ok(())
+    }
+    fn cuLinkDestroy["cuLinkDestroy", 5050, Default](state: *mut c_void) { cu().link_destroy(h(state)) }
+
     // ---- lookup and errors (usable before cuInit) ----
     fn cuGetProcAddress["cuGetProcAddress", 11030, Default](symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
         get_proc_address(symbol, pfn, version, flags, std::ptr::null_mut())
@@ -736,8 +1447,7 @@ cuda_api! {
             None => { put_opt(s, std::ptr::null()); Err(CUDA_ERROR_INVALID_VALUE) }
         }
     }
-    fn cuGetExportTable["cuGetExportTable", 3000, Default](table: *mut *const c_void, _id: *const CUuuid) {
-        put_opt(table, std::ptr::null());
-        Err(CUDA_ERROR_NOT_FOUND)
+    fn cuGetExportTable["cuGetExportTable", 3000, Default](table: *mut *const c_void, id: *const CUuuid) {
+        export_tables::get_export_table(table, id)
     }
 }

@@ -121,6 +121,7 @@ impl Cuda {
         self.ctx_driver_memory_gone(t, ctx);
         t.streams.retain(|_, s| s.ctx != ctx);
         t.events.retain(|_, e| e.ctx != ctx);
+        t.ctx_storage.retain(|(c, _), _| *c != ctx);
         t.modules.retain(|_, m| m.ctx != ctx);
         let modules: Vec<u64> = t.modules.keys().copied().collect();
         t.functions
@@ -156,6 +157,15 @@ impl Cuda {
         );
         t.primary[dev as usize] = Some(h);
         h
+    }
+
+    /// The primary context's handle, neither retained nor activated (the runtime's private
+    /// interface asks for it before it retains).
+    pub fn primary_peek(&self, dev: i32) -> R<u64> {
+        self.check()?;
+        let dev = self.device_index(dev)?;
+        let mut t = self.lock();
+        Ok(self.primary_handle(&mut t, dev))
     }
 
     pub fn primary_retain(&self, dev: i32) -> R<u64> {

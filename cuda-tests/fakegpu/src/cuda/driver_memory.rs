@@ -119,6 +119,37 @@ impl DriverMemory {
 }
 
 /// Local bytes a context reserves per thread beyond the default, and their charge.
+/// What the image at `src` costs ([`image::parse`]); nothing for an image it cannot read.
+///
+/// # Safety
+/// As [`super::module::classify`]: a `Memory` address is a readable image, a
+/// `FatbinWrapper` a readable `__fatBinC_Wrapper_t`.
+pub(crate) unsafe fn image_info(src: &super::module::ImageSource) -> ImageInfo {
+    use super::module::ImageSource;
+    /// `__fatBinC_Wrapper_t`: magic, version, then the pointer to the fatbin.
+    const WRAPPER_MAGIC: u32 = 0x4662_43b1;
+    let at = |p: usize| {
+        if p == 0 {
+            return None;
+        }
+        // SAFETY: per the contract, a readable image or wrapper (at least its magic).
+        let magic = unsafe { (p as *const u32).read_unaligned() };
+        let image = if magic == WRAPPER_MAGIC {
+            // SAFETY: a wrapper holds the fatbin's address at byte 8.
+            unsafe { ((p + 8) as *const usize).read_unaligned() }
+        } else {
+            p
+        };
+        // SAFETY: per the contract (the wrapper's data is the fatbin it was registered with).
+        unsafe { image::image_at(image as *const std::ffi::c_void) }.map(image::parse)
+    };
+    match src {
+        ImageSource::Memory(p) | ImageSource::FatbinWrapper(p) => at(*p),
+        ImageSource::File(path) => std::fs::read(path).ok().map(|b| image::parse(&b)),
+    }
+    .unwrap_or_default()
+}
+
 fn local_charge(c: &CtxMemory, resident_threads: u64) -> u64 {
     let per_thread = c.stack.unwrap_or(DEFAULT_STACK).max(c.kernel_local);
     round_up(
@@ -181,27 +212,9 @@ impl Cuda {
         Ok(())
     }
 
-    /// `cuModuleLoadData[Ex]` with the image read from the caller's pointer (`None`: null).
-    pub fn module_load_data(&self, image: Option<&[u8]>) -> R<u64> {
-        let info = image.map(image::parse);
-        let m = self.module_load(info.is_some())?;
-        self.attach_image(m, info.unwrap_or_default())?;
-        Ok(m)
-    }
-
-    /// `cuModuleLoad`: the image is the file's contents.
-    pub fn module_load_path(&self, path: &std::path::Path) -> R<u64> {
-        let m = self.module_load_file(path)?;
-        let info = std::fs::read(path)
-            .map(|b| image::parse(&b))
-            .unwrap_or_default();
-        self.attach_image(m, info)?;
-        Ok(m)
-    }
-
     /// Records a new module's image; eager loading places it now (undoing the load when it
     /// does not fit).
-    fn attach_image(&self, m: u64, info: ImageInfo) -> R<()> {
+    pub(crate) fn attach_image(&self, m: u64, info: ImageInfo) -> R<()> {
         let mut t = self.lock();
         let Some(ctx) = t.modules.get(&m).map(|module| module.ctx) else {
             return Ok(());
@@ -255,14 +268,11 @@ impl Cuda {
         self.place_module(t, m)
     }
 
-    /// `cuLibraryLoadData` with the image read from the caller's pointer.
-    pub fn library_load_data(&self, code: Option<&[u8]>) -> R<u64> {
-        let info = code.map(image::parse);
-        let l = self.library_load(info.is_some())?;
+    /// Records a new library's image; eager loading places it in the current context now
+    /// (undoing the load when it does not fit).
+    pub(crate) fn attach_library(&self, l: u64, info: ImageInfo) -> R<()> {
         let mut t = self.lock();
-        t.driver_memory
-            .libraries
-            .insert(l, info.unwrap_or_default());
+        t.driver_memory.libraries.insert(l, info);
         let eager = !t.driver_memory.settings().lazy;
         drop(t);
         if eager {
@@ -275,7 +285,7 @@ impl Cuda {
                 }
             }
         }
-        Ok(l)
+        Ok(())
     }
 
     fn place_library(&self, t: &mut Tables, l: u64, ctx: u64) -> R<()> {
@@ -468,9 +478,22 @@ impl Cuda {
 
 #[cfg(test)]
 mod tests {
+    use super::super::module::ImageSource;
     use super::super::testutil::*;
     use super::super::Config;
     use super::*;
+
+    /// Loads PTX text through the one module funnel, as `cuModuleLoadData` would.
+    fn load_ptx(c: &Cuda, ptx: &str) -> R<u64> {
+        let image = std::ffi::CString::new(ptx).unwrap();
+        c.module_load(ImageSource::Memory(image.as_ptr() as usize))
+    }
+
+    /// As [`load_ptx`], as `cuLibraryLoadData` would.
+    fn load_ptx_library(c: &Cuda, ptx: &str) -> R<u64> {
+        let image = std::ffi::CString::new(ptx).unwrap();
+        c.library_load(ImageSource::Memory(image.as_ptr() as usize))
+    }
 
     const MIB: u64 = 1 << 20;
 
@@ -501,7 +524,7 @@ mod tests {
         let st = c.check().unwrap();
         let base = st.used_memory(0);
         let ptx = big_ptx(64);
-        let m = c.module_load_data(Some(ptx.as_bytes())).unwrap();
+        let m = load_ptx(&c, &ptx).unwrap();
         assert_eq!(st.used_memory(0), base, "lazy: nothing at load");
         let f = c.module_get_function(m, "k").unwrap();
         c.launch(f, [1, 1, 1], [32, 1, 1], Some(1), 0).unwrap();
@@ -534,14 +557,11 @@ mod tests {
         let c = with(false, &[]);
         let st = c.check().unwrap();
         let base = st.used_memory(0);
-        let m = c.module_load_data(Some(big_ptx(64).as_bytes())).unwrap();
+        let m = load_ptx(&c, &big_ptx(64)).unwrap();
         assert!(st.used_memory(0) > base + 56 * MIB);
         // The 1 GiB test card cannot hold a 2 GiB image: refused, nothing left behind.
         let before = st.used_memory(0);
-        assert_eq!(
-            c.module_load_data(Some(big_ptx(2048).as_bytes())),
-            Err(CUDA_ERROR_OUT_OF_MEMORY)
-        );
+        assert_eq!(load_ptx(&c, &big_ptx(2048)), Err(CUDA_ERROR_OUT_OF_MEMORY));
         assert_eq!(st.used_memory(0), before);
         c.module_unload(m).unwrap();
         assert_eq!(st.used_memory(0), base);
@@ -553,7 +573,7 @@ mod tests {
         let st = c.check().unwrap();
         let base = st.used_memory(0);
         let m = c
-            .module_load_data(Some(b".version 7.0\0".as_slice()))
+            .module_load(ImageSource::Memory(b".version 7.0\0".as_ptr() as usize))
             .unwrap();
         let f = c.module_get_function(m, "huge").unwrap();
         // 64 KiB x 163,840 threads = 10 GiB: not on a 1 GiB card.
@@ -589,7 +609,7 @@ mod tests {
         let c = with(true, &[]);
         let st = c.check().unwrap();
         let base = st.used_memory(0);
-        let l = c.library_load_data(Some(big_ptx(32).as_bytes())).unwrap();
+        let l = load_ptx_library(&c, &big_ptx(32)).unwrap();
         let k = c.library_get_kernel(l, "k").unwrap();
         let f = c.kernel_get_function(k).unwrap();
         assert_eq!(st.used_memory(0), base);

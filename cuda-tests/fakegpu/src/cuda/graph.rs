@@ -366,7 +366,7 @@ mod tests {
         let st = c.check().unwrap();
         c.ctx_create(0, 0).unwrap();
         let f = c
-            .module_get_function(c.module_load(true).unwrap(), "k")
+            .module_get_function(c.module_load(raw_image()).unwrap(), "k")
             .unwrap();
         let s = c.stream_create(1, 0).unwrap();
         assert_eq!(
@@ -427,7 +427,7 @@ mod tests {
         c.ctx_create(0, 0).unwrap();
         let base = st.used_memory(0);
         let f = c
-            .module_get_function(c.module_load(true).unwrap(), "k")
+            .module_get_function(c.module_load(raw_image()).unwrap(), "k")
             .unwrap();
         let s = c.stream_create(1, 0).unwrap();
         let outside = c.mem_alloc_async(MIB, None, s).unwrap();
@@ -521,7 +521,7 @@ mod tests {
         let st = c.check().unwrap();
         c.ctx_create(0, 0).unwrap();
         let f = c
-            .module_get_function(c.module_load(true).unwrap(), "k")
+            .module_get_function(c.module_load(raw_image()).unwrap(), "k")
             .unwrap();
         let s = c.stream_create(1, 0).unwrap();
         c.stream_begin_capture(s, 0).unwrap();

@@ -248,7 +248,7 @@ mod tests {
         let st = c.check().unwrap();
         c.ctx_create(0, 0).unwrap();
         let f = c
-            .module_get_function(c.module_load(true).unwrap(), "k")
+            .module_get_function(c.module_load(raw_image()).unwrap(), "k")
             .unwrap();
         assert_eq!(
             c.launch(f, [1, 1, 1], [2048, 1, 1], None, 0),
@@ -292,7 +292,7 @@ mod tests {
         let c = driver(small_overhead());
         c.ctx_create(0, 0).unwrap();
         let f = c
-            .module_get_function(c.module_load(true).unwrap(), "k")
+            .module_get_function(c.module_load(raw_image()).unwrap(), "k")
             .unwrap();
         // 80 SMs x (2048/1024 = 2 blocks) = 160 resident blocks.
         c.launch_cooperative(f, [160, 1, 1], [1024, 1, 1], Some(1), 0)

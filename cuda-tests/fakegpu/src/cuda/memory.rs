@@ -336,6 +336,11 @@ impl Cuda {
 
     pub fn mem_free(&self, ptr: u64) -> R<()> {
         self.current()?;
+        // Freeing NULL does nothing and succeeds: NVIDIA's static runtime (linked into
+        // cuBLAS) calls cuMemFree(0) while it sets up, and fails to start otherwise.
+        if ptr == 0 {
+            return Ok(());
+        }
         let mut t = self.lock();
         match t.allocs.get(&ptr) {
             Some(a) if !matches!(a.kind, AllocKind::Ipc | AllocKind::Global) => {}

@@ -8,15 +8,18 @@
 //! stale or mixed-up handle is reported, never dereferenced.
 
 pub mod context;
+pub mod ctx_storage;
 pub mod device;
 pub mod driver_memory;
 pub mod graph;
 pub mod image;
+pub mod integrity;
 pub mod launch;
 pub mod memory;
 pub mod module;
 pub mod pool;
 pub mod procaddr;
+pub mod runtime_support;
 pub mod stream;
 pub mod vmm;
 
@@ -52,6 +55,7 @@ pub mod kind {
     pub const ARRAY: u64 = 0xA0;
     pub const MIPMAP: u64 = 0xA1;
     pub const VMM: u64 = 0xB0;
+    pub const LINK: u64 = 0x1C;
 }
 
 pub fn kind_of(handle: u64) -> u64 {
@@ -64,6 +68,9 @@ pub struct Config {
     pub driver_version: i32,
     pub ctx_overhead: u64,
     pub queue_depth: usize,
+    /// `FAKEGPU_NS_PER_WAVE`: the time per wave of kernels that carry no `ns_per_wave`
+    /// argument (framework kernels from fatbins and cubins), clamped like the argument.
+    pub ns_per_wave: u64,
 }
 
 impl Config {
@@ -75,6 +82,9 @@ impl Config {
             driver_version: num("FAKEGPU_DRIVER_VERSION").map_or(13000, |v| v as i32),
             ctx_overhead: num("FAKEGPU_CTX_OVERHEAD").unwrap_or(300 << 20),
             queue_depth: num("FAKEGPU_QUEUE_DEPTH").map_or(1024, |v| v.max(1) as usize),
+            ns_per_wave: num("FAKEGPU_NS_PER_WAVE")
+                .unwrap_or(launch::DEFAULT_NS_PER_WAVE)
+                .min(launch::MAX_NS_PER_WAVE),
         }
     }
 }
@@ -85,6 +95,7 @@ impl Default for Config {
             driver_version: 13000,
             ctx_overhead: 300 << 20,
             queue_depth: 1024,
+            ns_per_wave: launch::DEFAULT_NS_PER_WAVE,
         }
     }
 }
@@ -112,9 +123,14 @@ pub(crate) struct Tables {
     pub allocs: BTreeMap<u64, memory::Alloc>,
     pub arrays: HashMap<u64, memory::ArrayAlloc>,
     pub host: HashMap<usize, usize>,
+    /// Host ranges registered with `cuMemHostRegister`: base -> size.
+    pub host_registered: HashMap<usize, usize>,
+    pub links: HashMap<u64, runtime_support::Link>,
     pub vmm: vmm::Vmm,
     /// What the driver takes on its own account (modules, local memory, limits).
     pub driver_memory: driver_memory::DriverMemory,
+    /// The runtime's context-local storage: (context, key) -> value.
+    pub ctx_storage: HashMap<(u64, usize), usize>,
 }
 
 impl Tables {
@@ -267,6 +283,11 @@ pub(crate) mod testutil {
         // Each test thread starts with an empty context stack.
         with_stack(|s| s.clear());
         cuda
+    }
+
+    /// An image of the test clients' kind (not a known format: kernels read `ns_per_wave`).
+    pub fn raw_image() -> super::module::ImageSource {
+        super::module::ImageSource::Memory(c"any bytes".as_ptr() as usize)
     }
 
     pub fn small_overhead() -> Config {

@@ -1,14 +1,158 @@
 //! Modules, libraries, kernels and functions. Any bytes form a module and any non-empty name
 //! is a kernel (or a 256-byte global): the fake runs no code, it only models time and memory.
-//! Module images and globals cost no device memory.
+//! What images cost on the device is `driver_memory`'s (each load below hands it the image).
+//!
+//! Every load goes through one function per kind (`module_load` for modules from memory,
+//! a file or the runtime's fatbin registration; `library_load` for libraries), which reads
+//! the image's format first (see [`ImageKind`]): the format decides how its kernels take
+//! time (see [`Timing`]).
 
 use super::memory::AllocKind;
 use super::{kind, Cuda, Tables, R};
 use gpuslice_abi::cuda::result::*;
 use std::collections::HashMap;
 
+/// Where an image comes from.
+#[derive(Clone, Debug)]
+pub enum ImageSource {
+    /// Bytes in the caller's memory (`cuModuleLoadData[Ex]`, `cuModuleLoadFatBinary`,
+    /// `cuLibraryLoadData`): a fatbin wrapper or header, an ELF cubin, PTX text or anything.
+    Memory(usize),
+    /// The runtime's `__fatBinC_Wrapper_t` (what `__cudaRegisterFatBinary` was handed).
+    FatbinWrapper(usize),
+    /// A file (`cuModuleLoad`, `cuLibraryLoadFromFile`).
+    File(std::path::PathBuf),
+}
+
+/// An image's format, read from its first bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ImageKind {
+    /// A fatbin (wrapper magic 0x466243b1 or header magic 0xba55ed50): what nvcc embeds
+    /// and what libcudart, cuBLAS and PyTorch register.
+    Fatbin,
+    /// An ELF cubin (`\x7fELF`), as NVRTC and nvJitLink produce.
+    Cubin,
+    /// PTX text (starts, after comments and blank lines, with a `.version` directive); the
+    /// names of its entries whose first parameter is called `ns_per_wave`.
+    Ptx(Vec<String>),
+    /// Anything else: the test clients' own images.
+    Raw,
+}
+
+/// How a module's kernels take device time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Timing {
+    /// `kernelParams[0]` points to the kernel's `ns_per_wave` (the clients' spin kernel).
+    NsPerWaveParam,
+    /// Only these kernels read `ns_per_wave` from their first parameter (PTX).
+    ParamFor(Vec<String>),
+    /// The launch geometry at `FAKEGPU_NS_PER_WAVE` (framework kernels, whose first
+    /// argument is a real argument).
+    Geometry,
+}
+
+impl ImageKind {
+    pub fn timing(&self) -> Timing {
+        match self {
+            ImageKind::Raw => Timing::NsPerWaveParam,
+            ImageKind::Ptx(names) => Timing::ParamFor(names.clone()),
+            ImageKind::Fatbin | ImageKind::Cubin => Timing::Geometry,
+        }
+    }
+}
+
+const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43b1;
+const FATBIN_MAGIC: u32 = 0xba55_ed50;
+
+/// How much of a PTX image is searched for entries (images are NUL-terminated text).
+const PTX_SCAN_LIMIT: usize = 16 << 20;
+
+/// The format of bytes that start with `head`.
+pub fn classify_bytes(head: &[u8]) -> ImageKind {
+    let magic = head
+        .get(..4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    if magic == Some(FATBIN_WRAPPER_MAGIC) || magic == Some(FATBIN_MAGIC) {
+        return ImageKind::Fatbin;
+    }
+    if head.starts_with(b"\x7fELF") {
+        return ImageKind::Cubin;
+    }
+    let text = String::from_utf8_lossy(head);
+    let first = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with("//"));
+    if first.is_some_and(|l| l.starts_with(".version")) {
+        return ImageKind::Ptx(ptx_ns_entries(&text));
+    }
+    ImageKind::Raw
+}
+
+/// Names of the `.entry` kernels whose first parameter is named `ns_per_wave`.
+fn ptx_ns_entries(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(".entry") {
+        rest = &rest[i + ".entry".len()..];
+        let Some(open) = rest.find('(') else { break };
+        let name = rest[..open].trim();
+        let params = &rest[open + 1..];
+        let first = params.split([',', ')']).next().unwrap_or("");
+        let pname = first.split_whitespace().last().unwrap_or("");
+        if pname == "ns_per_wave" && !name.is_empty() {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+/// Reads an image's format from where it lies.
+///
+/// # Safety
+/// For [`ImageSource::Memory`] the address must be a readable image as the CUDA API
+/// requires of `cuModuleLoadData` callers (a fatbin, an ELF, or NUL-terminated text);
+/// for [`ImageSource::FatbinWrapper`] a readable `__fatBinC_Wrapper_t`.
+pub unsafe fn classify(src: &ImageSource) -> R<ImageKind> {
+    match src {
+        ImageSource::Memory(0) | ImageSource::FatbinWrapper(0) => Err(CUDA_ERROR_INVALID_VALUE),
+        ImageSource::FatbinWrapper(p) => {
+            // SAFETY: per the contract, a readable wrapper (magic, version, data, ...).
+            let magic = unsafe { (*p as *const u32).read_unaligned() };
+            if magic != FATBIN_WRAPPER_MAGIC {
+                return Err(CUDA_ERROR_INVALID_IMAGE);
+            }
+            Ok(ImageKind::Fatbin)
+        }
+        ImageSource::Memory(p) => {
+            // SAFETY: per the contract the first 4 bytes are readable (every format is
+            // longer, and text images are NUL-terminated, so the scan stops in bounds).
+            let head = unsafe { std::slice::from_raw_parts(*p as *const u8, 4) };
+            if head.contains(&0) {
+                return Ok(classify_bytes(head));
+            }
+            let magic = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+            if magic == FATBIN_WRAPPER_MAGIC || magic == FATBIN_MAGIC || head == b"\x7fELF" {
+                return Ok(classify_bytes(head));
+            }
+            // SAFETY: text image, NUL-terminated per the contract; bounded scan.
+            let len = (0..PTX_SCAN_LIMIT)
+                .find(|&i| unsafe { *(*p as *const u8).add(i) } == 0)
+                .unwrap_or(PTX_SCAN_LIMIT);
+            // SAFETY: `len` bytes were just read one by one.
+            let bytes = unsafe { std::slice::from_raw_parts(*p as *const u8, len) };
+            Ok(classify_bytes(bytes))
+        }
+        ImageSource::File(path) => {
+            let bytes = std::fs::read(path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+            Ok(classify_bytes(&bytes))
+        }
+    }
+}
+
 pub struct Module {
     pub ctx: u64,
+    pub timing: Timing,
     pub funcs: HashMap<String, u64>,
     pub globals: HashMap<String, u64>,
 }
@@ -21,6 +165,9 @@ pub struct Func {
 
 pub struct Library {
     pub kernels: HashMap<String, u64>,
+    pub timing: Timing,
+    /// The library as a module, per context (`cuLibraryGetModule`).
+    pub modules: HashMap<u64, u64>,
 }
 
 pub struct Kernel {
@@ -33,30 +180,66 @@ pub struct Kernel {
 pub const GLOBAL_SIZE: u64 = 256;
 
 impl Cuda {
-    pub fn module_load(&self, image_present: bool) -> R<u64> {
+    /// Every module load: from memory, a file, or the runtime's fatbin registration.
+    pub fn module_load(&self, src: ImageSource) -> R<u64> {
         let cur = self.current()?;
-        if !image_present {
-            return Err(CUDA_ERROR_INVALID_VALUE);
+        if let ImageSource::File(path) = &src {
+            if !path.is_file() {
+                return Err(CUDA_ERROR_FILE_NOT_FOUND);
+            }
         }
+        // SAFETY: the source comes from the caller with the CUDA API's guarantees.
+        let image = unsafe { classify(&src) }?;
         let mut t = self.lock();
         let h = t.handle(kind::MODULE);
         t.modules.insert(
             h,
             Module {
                 ctx: cur.ctx,
+                timing: image.timing(),
                 funcs: HashMap::new(),
                 globals: HashMap::new(),
             },
         );
+        drop(t);
+        // What the image costs on the device (placed now or, lazily, at its first launch).
+        // SAFETY: as for `classify` above.
+        self.attach_image(h, unsafe { super::driver_memory::image_info(&src) })?;
         Ok(h)
     }
 
     pub fn module_load_file(&self, path: &std::path::Path) -> R<u64> {
-        self.current()?;
-        if !path.is_file() {
-            return Err(CUDA_ERROR_FILE_NOT_FOUND);
+        self.module_load(ImageSource::File(path.to_path_buf()))
+    }
+
+    /// Whether a launch of `f` (a function or a CUkernel) reads its `ns_per_wave` from
+    /// `kernelParams[0]` (see [`Timing`]); false for unknown handles.
+    pub fn reads_ns_param(&self, f: u64) -> bool {
+        let t = self.lock();
+        let (timing, name) = if let Some(func) = t.functions.get(&f) {
+            let timing = match func.module {
+                Some(m) => t.modules.get(&m).map(|m| &m.timing),
+                None => t
+                    .kernels
+                    .values()
+                    .find(|k| k.funcs.values().any(|&x| x == f))
+                    .and_then(|k| t.libraries.get(&k.library))
+                    .map(|l| &l.timing),
+            };
+            (timing, func.name.as_str())
+        } else if let Some(k) = t.kernels.get(&f) {
+            (
+                t.libraries.get(&k.library).map(|l| &l.timing),
+                k.name.as_str(),
+            )
+        } else {
+            return false;
+        };
+        match timing {
+            Some(Timing::NsPerWaveParam) => true,
+            Some(Timing::ParamFor(names)) => names.iter().any(|n| n == name),
+            _ => false,
         }
-        self.module_load(true)
     }
 
     pub fn module_unload(&self, m: u64) -> R<()> {
@@ -124,20 +307,29 @@ impl Cuda {
         Ok((g, GLOBAL_SIZE))
     }
 
-    /// Libraries are context-independent.
-    pub fn library_load(&self, code_present: bool) -> R<u64> {
+    /// Every library load (libraries are context-independent).
+    pub fn library_load(&self, src: ImageSource) -> R<u64> {
         self.check()?;
-        if !code_present {
-            return Err(CUDA_ERROR_INVALID_VALUE);
+        if let ImageSource::File(path) = &src {
+            if !path.is_file() {
+                return Err(CUDA_ERROR_FILE_NOT_FOUND);
+            }
         }
+        // SAFETY: the source comes from the caller with the CUDA API's guarantees.
+        let image = unsafe { classify(&src) }?;
         let mut t = self.lock();
         let h = t.handle(kind::LIBRARY);
         t.libraries.insert(
             h,
             Library {
                 kernels: HashMap::new(),
+                timing: image.timing(),
+                modules: HashMap::new(),
             },
         );
+        drop(t);
+        // SAFETY: as for `classify` above.
+        self.attach_library(h, unsafe { super::driver_memory::image_info(&src) })?;
         Ok(h)
     }
 
@@ -211,6 +403,19 @@ impl Cuda {
         Ok(f)
     }
 
+    /// The kernel name of a function or CUkernel.
+    pub fn func_name(&self, f: u64) -> R<String> {
+        self.check()?;
+        let t = self.lock();
+        if let Some(func) = t.functions.get(&f) {
+            return Ok(func.name.clone());
+        }
+        t.kernels
+            .get(&f)
+            .map(|k| k.name.clone())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
     /// A launchable handle: a live function, or a CUkernel (which 12.x accepts as one).
     pub(crate) fn check_function(t: &Tables, f: u64) -> R<()> {
         if t.functions.contains_key(&f) || t.kernels.contains_key(&f) {
@@ -254,11 +459,57 @@ mod tests {
     use super::*;
 
     #[test]
+    fn image_formats_decide_how_kernels_take_time() {
+        let fatbin = 0xba55_ed50u32.to_le_bytes();
+        assert_eq!(classify_bytes(&fatbin), ImageKind::Fatbin);
+        assert_eq!(classify_bytes(b"\x7fELF\x02"), ImageKind::Cubin);
+        let spin = "// c\n.version 7.0\n.target sm_70\n.visible .entry spin(.param .u64 ns_per_wave)\n{}\n\
+                    .visible .entry other(.param .u64 p, .param .u64 ns_per_wave)\n{}";
+        assert_eq!(
+            classify_bytes(spin.as_bytes()),
+            ImageKind::Ptx(vec!["spin".to_string()])
+        );
+        assert_eq!(classify_bytes(b"any bytes"), ImageKind::Raw);
+
+        let c = driver(small_overhead());
+        c.ctx_create(0, 0).unwrap();
+        let header: [u32; 4] = [0xba55_ed50, 0x0010_0001, 0, 0];
+        let m = c
+            .module_load(ImageSource::Memory(header.as_ptr() as usize))
+            .unwrap();
+        let f = c.module_get_function(m, "gemm").unwrap();
+        assert!(!c.reads_ns_param(f), "framework kernels: geometry timing");
+        let spin_c = std::ffi::CString::new(spin).unwrap();
+        let m = c
+            .module_load(ImageSource::Memory(spin_c.as_ptr() as usize))
+            .unwrap();
+        assert!(c.reads_ns_param(c.module_get_function(m, "spin").unwrap()));
+        assert!(!c.reads_ns_param(c.module_get_function(m, "other").unwrap()));
+        let raw = c.module_load(raw_image()).unwrap();
+        assert!(c.reads_ns_param(c.module_get_function(raw, "k").unwrap()));
+        let l = c
+            .library_load(ImageSource::Memory(header.as_ptr() as usize))
+            .unwrap();
+        let k = c.library_get_kernel(l, "k").unwrap();
+        assert!(!c.reads_ns_param(k));
+        assert!(!c.reads_ns_param(c.kernel_get_function(k).unwrap()));
+        assert_eq!(
+            c.module_load(ImageSource::FatbinWrapper(header.as_ptr() as usize)),
+            Err(CUDA_ERROR_INVALID_IMAGE),
+            "a header is not a wrapper"
+        );
+        assert_eq!(
+            c.module_load(ImageSource::Memory(0)),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+    }
+
+    #[test]
     fn modules_and_libraries() {
         let c = driver(small_overhead());
-        assert_eq!(c.module_load(true), Err(CUDA_ERROR_INVALID_CONTEXT));
+        assert_eq!(c.module_load(raw_image()), Err(CUDA_ERROR_INVALID_CONTEXT));
         c.ctx_create(0, 0).unwrap();
-        let m = c.module_load(true).unwrap();
+        let m = c.module_load(raw_image()).unwrap();
         let f = c.module_get_function(m, "spin").unwrap();
         assert_eq!(c.module_get_function(m, "spin").unwrap(), f);
         assert_eq!(c.module_get_function(m, ""), Err(CUDA_ERROR_NOT_FOUND));
@@ -272,7 +523,7 @@ mod tests {
         c.module_unload(m).unwrap();
         assert_eq!(c.func_attribute(4, f), Err(CUDA_ERROR_INVALID_HANDLE));
         assert_eq!(c.module_unload(m), Err(CUDA_ERROR_INVALID_HANDLE));
-        let l = c.library_load(true).unwrap();
+        let l = c.library_load(raw_image()).unwrap();
         let k = c.library_get_kernel(l, "k").unwrap();
         let kf = c.kernel_get_function(k).unwrap();
         assert_eq!(c.kernel_get_function(k).unwrap(), kf);

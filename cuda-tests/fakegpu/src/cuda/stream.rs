@@ -233,7 +233,7 @@ mod tests {
     fn streams_and_events_follow_the_timeline() {
         let c = driver(small_overhead());
         c.ctx_create(0, 0).unwrap();
-        let m = c.module_load(true).unwrap();
+        let m = c.module_load(raw_image()).unwrap();
         let f = c.module_get_function(m, "k").unwrap();
         let s = c.stream_create(0, 0).unwrap();
         let (e0, e1) = (c.event_create(0).unwrap(), c.event_create(0).unwrap());

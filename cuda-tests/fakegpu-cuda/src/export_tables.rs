@@ -1,0 +1,545 @@
+//! `cuGetExportTable`: the private driver tables NVIDIA's CUDA runtime (libcudart) asks for
+//! after its `cuGetProcAddress` lookups. Without them every runtime call fails with
+//! `cudaErrorSymbolNotFound` (500).
+//!
+//! A table is an array of pointer-sized slots identified by a 16-byte id (CUuuid byte
+//! order). Most tables start with their own size in bytes; the known slots below are served
+//! by the model, and every other slot of a served table is a trampoline that prints one line
+//! naming the table, the slot and its first arguments, and answers
+//! `CUDA_ERROR_NOT_SUPPORTED`: a call the fake cannot serve fails loudly, never silently.
+//! What each slot does and where that is known from: cuda-tests/README.md ("The CUDA
+//! runtime's private tables"). `FAKEGPU_TRACE_EXPORTS=1` prints every table request and
+//! every served slot call, which is how the slots a runtime uses were found.
+
+use crate::ffi::{get, guard, h, hp, put};
+use fakegpu::cuda::module::ImageSource;
+use fakegpu::cuda::R;
+use gpuslice_abi::cuda::result::*;
+use gpuslice_abi::cuda::{CUcontext, CUdevice, CUmodule, CUresult, CUuuid};
+use std::ffi::{c_uint, c_void};
+use std::sync::OnceLock;
+
+fn cu() -> &'static fakegpu::cuda::Cuda {
+    fakegpu::cuda::Cuda::global()
+}
+
+fn tracing() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("FAKEGPU_TRACE_EXPORTS").is_some_and(|v| v != "0"))
+}
+
+macro_rules! trace {
+    ($($a:tt)*) => {
+        if tracing() {
+            eprintln!("fakegpu: {}", format_args!($($a)*));
+        }
+    };
+}
+
+/// Parses "6bd5fb6c-5bf4-e74a-8987-d93912fd9df9" (bytes in CUuuid order) at compile time.
+const fn id(s: &str) -> [u8; 16] {
+    let b = s.as_bytes();
+    let mut out = [0u8; 16];
+    let (mut i, mut n) = (0, 0);
+    while i < b.len() {
+        if b[i] == b'-' {
+            i += 1;
+            continue;
+        }
+        out[n / 2] = (out[n / 2] << 4) | hex(b[i]);
+        n += 1;
+        i += 1;
+    }
+    assert!(n == 32, "a table id has 32 hex digits");
+    out
+}
+
+const fn hex(c: u8) -> u8 {
+    match c {
+        b'0'..=b'9' => c - b'0',
+        b'a'..=b'f' => c - b'a' + 10,
+        b'A'..=b'F' => c - b'A' + 10,
+        _ => panic!("not a hex digit"),
+    }
+}
+
+/// What a slot holds.
+#[derive(Clone, Copy)]
+enum Slot {
+    /// The table's size in bytes (slot count x 8).
+    SizeOf,
+    /// A served function.
+    Fn(*const c_void),
+    /// Not known: a logging trampoline that answers CUDA_ERROR_NOT_SUPPORTED.
+    Unknown,
+}
+
+struct TableDef {
+    name: &'static str,
+    id: [u8; 16],
+    slots: usize,
+    known: &'static [(usize, Slot)],
+}
+
+// SAFETY: the pointers are addresses of functions with 'static lifetime; never written.
+unsafe impl Sync for TableDef {}
+unsafe impl Send for TableDef {}
+
+/// Table names follow the public write-ups of this interface (ZLUDA's `dark_api`); the
+/// runtime itself only knows the ids.
+static TABLES: &[TableDef] = &[
+    TableDef {
+        name: "CUDART_INTERFACE",
+        id: id("6bd5fb6c-5bf4-e74a-8987-d93912fd9df9"),
+        slots: 13,
+        known: &[
+            (0, Slot::SizeOf),
+            (1, Slot::Fn(rt_module_from_wrapper as *const c_void)),
+            (2, Slot::Fn(rt_primary_context as *const c_void)),
+            (6, Slot::Fn(rt_module_from_wrapper_ext as *const c_void)),
+            (7, Slot::Fn(rt_noop_usize as *const c_void)),
+            (8, Slot::Fn(rt_module_from_fatbin_ext as *const c_void)),
+            (12, Slot::Fn(rt_load_compilers as *const c_void)),
+        ],
+    },
+    TableDef {
+        name: "TOOLS_TLS",
+        id: id("42d85a81-23f6-cb47-8298-f6e78a3aecdc"),
+        slots: 4,
+        known: &[(0, Slot::SizeOf)],
+    },
+    TableDef {
+        name: "TOOLS_RUNTIME_CALLBACK_HOOKS",
+        id: id("a094798c-2e74-2e74-93f2-0800200c0a66"),
+        slots: 7,
+        known: &[
+            (0, Slot::SizeOf),
+            (2, Slot::Fn(hooks_buffer_1 as *const c_void)),
+            (6, Slot::Fn(hooks_buffer_2 as *const c_void)),
+        ],
+    },
+    TableDef {
+        name: "CONTEXT_LOCAL_STORAGE_INTERFACE_V0301",
+        id: id("c693336e-1121-df11-a8c3-68f355d89593"),
+        slots: 4,
+        known: &[
+            (0, Slot::Fn(cls_put as *const c_void)),
+            (1, Slot::Fn(cls_delete as *const c_void)),
+            (2, Slot::Fn(cls_get as *const c_void)),
+        ],
+    },
+    TableDef {
+        name: "CTX_CREATE_BYPASS",
+        id: id("0ca50b8c-1004-929a-89a7-d0df10e77286"),
+        slots: 2,
+        known: &[
+            (0, Slot::SizeOf),
+            (1, Slot::Fn(ctx_create_bypass as *const c_void)),
+        ],
+    },
+    TableDef {
+        name: "HEAP_ACCESS",
+        id: id("195bcbf4-d67d-024a-acc5-1d29cea631ae"),
+        slots: 3,
+        known: &[(0, Slot::SizeOf)],
+    },
+    TableDef {
+        name: "DEVICE_EXTENDED_RT",
+        id: id("b10541e1-f7c7-c74a-9f64-f223be99f1e2"),
+        slots: 26,
+        known: &[
+            (0, Slot::SizeOf),
+            (13, Slot::Fn(device_flag_byte as *const c_void)),
+        ],
+    },
+    TableDef {
+        name: "INTEGRITY_CHECK",
+        id: id("d4082055-bde6-704b-8d34-ba123c66e1f2"),
+        slots: 3,
+        known: &[
+            (0, Slot::SizeOf),
+            (1, Slot::Fn(integrity_check as *const c_void)),
+        ],
+    },
+    TableDef {
+        name: "CONTEXT_CHECKS",
+        id: id("263e8860-7cd2-6143-92f6-bbd5006dfa7e"),
+        slots: 4,
+        known: &[
+            (0, Slot::SizeOf),
+            (2, Slot::Fn(context_check as *const c_void)),
+            (3, Slot::Fn(check_zero as *const c_void)),
+        ],
+    },
+];
+
+/// Most slots any table has; trampolines exist for this many.
+const MAX_SLOTS: usize = 32;
+
+/// The built tables: one array of slots each, alive for the process.
+struct Built(Vec<Box<[*const c_void]>>);
+// SAFETY: built once, read-only afterwards; the pointers are code addresses or sizes.
+unsafe impl Sync for Built {}
+unsafe impl Send for Built {}
+
+fn built() -> &'static Built {
+    static B: OnceLock<Built> = OnceLock::new();
+    B.get_or_init(|| {
+        Built(
+            TABLES
+                .iter()
+                .enumerate()
+                .map(|(ti, t)| {
+                    (0..t.slots)
+                        .map(|s| {
+                            let slot = t
+                                .known
+                                .iter()
+                                .find(|(i, _)| *i == s)
+                                .map_or(Slot::Unknown, |(_, k)| *k);
+                            match slot {
+                                Slot::SizeOf => (t.slots * 8) as *const c_void,
+                                Slot::Fn(p) => p,
+                                Slot::Unknown => trampoline(ti, s),
+                            }
+                        })
+                        .collect()
+                })
+                .collect(),
+        )
+    })
+}
+
+/// `cuGetExportTable(&table, id)`.
+pub fn get_export_table(table: *mut *const c_void, id: *const CUuuid) -> R<()> {
+    if table.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let want = get(id)?.bytes.map(|b| b as u8);
+    match TABLES.iter().position(|t| t.id == want) {
+        Some(i) => {
+            trace!("cuGetExportTable {} served", TABLES[i].name);
+            put(table, built().0[i].as_ptr() as *const c_void)
+        }
+        None => {
+            // The runtime takes CUDA_ERROR_NOT_FOUND as "this driver has no such table" and
+            // carries on without the optional ones (the integrity check, f8cff951-...).
+            trace!("cuGetExportTable {} not served", fmt_id(&want));
+            put(table, std::ptr::null())?;
+            Err(CUDA_ERROR_NOT_FOUND)
+        }
+    }
+}
+
+fn fmt_id(b: &[u8; 16]) -> String {
+    let hexs: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hexs[0..8],
+        &hexs[8..12],
+        &hexs[12..16],
+        &hexs[16..20],
+        &hexs[20..32]
+    )
+}
+
+/// The (table, slot) trampolines: a distinct function per pair, so the line names both.
+fn trampoline(table: usize, slot: usize) -> *const c_void {
+    macro_rules! row {
+        ($t:literal) => {
+            [
+                unknown::<$t, 0> as *const c_void,
+                unknown::<$t, 1> as *const c_void,
+                unknown::<$t, 2> as *const c_void,
+                unknown::<$t, 3> as *const c_void,
+                unknown::<$t, 4> as *const c_void,
+                unknown::<$t, 5> as *const c_void,
+                unknown::<$t, 6> as *const c_void,
+                unknown::<$t, 7> as *const c_void,
+                unknown::<$t, 8> as *const c_void,
+                unknown::<$t, 9> as *const c_void,
+                unknown::<$t, 10> as *const c_void,
+                unknown::<$t, 11> as *const c_void,
+                unknown::<$t, 12> as *const c_void,
+                unknown::<$t, 13> as *const c_void,
+                unknown::<$t, 14> as *const c_void,
+                unknown::<$t, 15> as *const c_void,
+                unknown::<$t, 16> as *const c_void,
+                unknown::<$t, 17> as *const c_void,
+                unknown::<$t, 18> as *const c_void,
+                unknown::<$t, 19> as *const c_void,
+                unknown::<$t, 20> as *const c_void,
+                unknown::<$t, 21> as *const c_void,
+                unknown::<$t, 22> as *const c_void,
+                unknown::<$t, 23> as *const c_void,
+                unknown::<$t, 24> as *const c_void,
+                unknown::<$t, 25> as *const c_void,
+                unknown::<$t, 26> as *const c_void,
+                unknown::<$t, 27> as *const c_void,
+                unknown::<$t, 28> as *const c_void,
+                unknown::<$t, 29> as *const c_void,
+                unknown::<$t, 30> as *const c_void,
+                unknown::<$t, 31> as *const c_void,
+            ]
+        };
+    }
+    let rows: [[*const c_void; MAX_SLOTS]; 12] = [
+        row!(0),
+        row!(1),
+        row!(2),
+        row!(3),
+        row!(4),
+        row!(5),
+        row!(6),
+        row!(7),
+        row!(8),
+        row!(9),
+        row!(10),
+        row!(11),
+    ];
+    assert!(TABLES.len() <= rows.len(), "a trampoline row per table");
+    rows[table][slot]
+}
+
+/// An unknown slot: one line naming it, then CUDA_ERROR_NOT_SUPPORTED. The six integer
+/// argument registers are printed as they are (what the caller passed, or leftovers).
+unsafe extern "C" fn unknown<const T: usize, const S: usize>(
+    a0: usize,
+    a1: usize,
+    a2: usize,
+    a3: usize,
+    a4: usize,
+    a5: usize,
+) -> CUresult {
+    let name = TABLES.get(T).map_or("?", |t| t.name);
+    eprintln!(
+        "fakegpu: cuGetExportTable {name} slot {S} is not simulated \
+         (args {a0:#x} {a1:#x} {a2:#x} {a3:#x} {a4:#x} {a5:#x}): CUDA_ERROR_NOT_SUPPORTED"
+    );
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+// ---- CUDART_INTERFACE ----
+
+/// Slot 1: a module from a `__fatBinC_Wrapper_t` (what `__cudaRegisterFatBinary` got).
+unsafe extern "C" fn rt_module_from_wrapper(m: *mut CUmodule, wrapper: *const c_void) -> CUresult {
+    trace!("CUDART_INTERFACE[1] module from wrapper {wrapper:p}");
+    guard(|| {
+        put(
+            m,
+            hp(cu().module_load(ImageSource::FatbinWrapper(wrapper as usize))?),
+        )
+    })
+}
+
+/// Slot 6: as slot 1 with three more arguments (seen as null/0; anything else is refused).
+unsafe extern "C" fn rt_module_from_wrapper_ext(
+    m: *mut CUmodule,
+    wrapper: *const c_void,
+    a3: *mut c_void,
+    a4: *mut c_void,
+    a5: c_uint,
+) -> CUresult {
+    trace!("CUDART_INTERFACE[6] module from wrapper {wrapper:p} ({a3:p} {a4:p} {a5})");
+    guard(|| {
+        if !a3.is_null() || !a4.is_null() || a5 != 0 {
+            eprintln!(
+                "fakegpu: CUDART_INTERFACE slot 6 with options ({a3:p} {a4:p} {a5}) is not \
+                 simulated: CUDA_ERROR_NOT_SUPPORTED"
+            );
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        put(
+            m,
+            hp(cu().module_load(ImageSource::FatbinWrapper(wrapper as usize))?),
+        )
+    })
+}
+
+/// Slot 8: a module from a fatbin header directly (module first is slot 1's order swapped).
+unsafe extern "C" fn rt_module_from_fatbin_ext(
+    fatbin: *const c_void,
+    m: *mut CUmodule,
+    a3: *mut c_void,
+    a4: *mut c_void,
+    a5: c_uint,
+) -> CUresult {
+    trace!("CUDART_INTERFACE[8] module from fatbin {fatbin:p} ({a3:p} {a4:p} {a5})");
+    guard(|| {
+        if !a3.is_null() || !a4.is_null() || a5 != 0 {
+            eprintln!(
+                "fakegpu: CUDART_INTERFACE slot 8 with options ({a3:p} {a4:p} {a5}) is not \
+                 simulated: CUDA_ERROR_NOT_SUPPORTED"
+            );
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        put(
+            m,
+            hp(cu().module_load(ImageSource::Memory(fatbin as usize))?),
+        )
+    })
+}
+
+/// Slot 2: the device's primary context handle, without retaining or activating it (the
+/// runtime retains it itself through `cuDevicePrimaryCtxRetain`).
+unsafe extern "C" fn rt_primary_context(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    trace!("CUDART_INTERFACE[2] primary context of {dev}");
+    guard(|| put(pctx, hp(cu().primary_peek(dev)?)))
+}
+
+/// Slot 7: takes one integer and returns nothing; no effect observed.
+unsafe extern "C" fn rt_noop_usize(a: usize) {
+    trace!("CUDART_INTERFACE[7]({a:#x})");
+}
+
+/// Slot 12: the driver loads its JIT compilers here; the fake has none to load.
+unsafe extern "C" fn rt_load_compilers() -> CUresult {
+    trace!("CUDART_INTERFACE[12] load compilers");
+    CUDA_SUCCESS
+}
+
+// ---- TOOLS_RUNTIME_CALLBACK_HOOKS ----
+
+/// Zeroed buffers the runtime keeps tools callback state in (no tool is attached).
+struct HookBuffer<const N: usize>(std::cell::UnsafeCell<[u32; N]>);
+// SAFETY: the buffer is only ever written by the runtime through the pointer it is handed.
+unsafe impl<const N: usize> Sync for HookBuffer<N> {}
+
+static HOOKS_1: HookBuffer<1024> = HookBuffer(std::cell::UnsafeCell::new([0; 1024]));
+static HOOKS_2: HookBuffer<14> = HookBuffer(std::cell::UnsafeCell::new([0; 14]));
+
+unsafe extern "C" fn hooks_buffer_1(ptr: *mut *mut c_void, size: *mut usize) {
+    trace!("TOOLS_RUNTIME_CALLBACK_HOOKS[2]");
+    let _ = put(ptr, HOOKS_1.0.get() as *mut c_void);
+    let _ = put(size, 1024);
+}
+
+unsafe extern "C" fn hooks_buffer_2(ptr: *mut *mut c_void, size: *mut usize) {
+    trace!("TOOLS_RUNTIME_CALLBACK_HOOKS[6]");
+    let _ = put(ptr, HOOKS_2.0.get() as *mut c_void);
+    let _ = put(size, 14);
+}
+
+// ---- CONTEXT_LOCAL_STORAGE ----
+
+/// Slot 0: stores `value` under (`ctx` or the current context, `key`). The destructor the
+/// runtime passes is kept but not called: the entry goes with the context.
+unsafe extern "C" fn cls_put(
+    ctx: CUcontext,
+    key: *mut c_void,
+    value: *mut c_void,
+    _dtor: *const c_void,
+) -> CUresult {
+    trace!("CONTEXT_LOCAL_STORAGE[0] put {ctx:p} {key:p} = {value:p}");
+    guard(|| cu().ctx_storage_put(h(ctx), key as usize, value as usize))
+}
+
+unsafe extern "C" fn cls_delete(ctx: CUcontext, key: *mut c_void) -> CUresult {
+    trace!("CONTEXT_LOCAL_STORAGE[1] delete {ctx:p} {key:p}");
+    guard(|| cu().ctx_storage_delete(h(ctx), key as usize))
+}
+
+/// Slot 2: the stored value, or CUDA_ERROR_INVALID_HANDLE when nothing is stored (the
+/// runtime takes that as "first use of this context").
+unsafe extern "C" fn cls_get(
+    value: *mut *mut c_void,
+    ctx: CUcontext,
+    key: *mut c_void,
+) -> CUresult {
+    let r = guard(|| {
+        put(
+            value,
+            hp(cu().ctx_storage_get(h(ctx), key as usize)? as u64),
+        )
+    });
+    trace!("CONTEXT_LOCAL_STORAGE[2] get {ctx:p} {key:p}: {r}");
+    r
+}
+
+// ---- CTX_CREATE_BYPASS ----
+
+unsafe extern "C" fn ctx_create_bypass(
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    trace!("CTX_CREATE_BYPASS[1] flags {flags:#x} dev {dev}");
+    guard(|| {
+        if pctx.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        put(pctx, hp(cu().ctx_create(flags, dev)?))
+    })
+}
+
+// ---- DEVICE_EXTENDED_RT ----
+
+/// Slot 13: one byte per device, 0 on the GPUs it was observed on.
+unsafe extern "C" fn device_flag_byte(result: *mut u8, dev: CUdevice) -> CUresult {
+    trace!("DEVICE_EXTENDED_RT[13] dev {dev}");
+    guard(|| {
+        cu().device_spec(dev)?;
+        put(result, 0)
+    })
+}
+
+// ---- INTEGRITY_CHECK ----
+
+fn table_addr(name: &str) -> u64 {
+    TABLES
+        .iter()
+        .position(|t| t.name == name)
+        .map_or(0, |i| built().0[i].as_ptr() as u64)
+}
+
+/// Slot 1: the runtime's check that it talks to a real driver (see fakegpu's `integrity`).
+unsafe extern "C" fn integrity_check(
+    version: u32,
+    unix_seconds: u64,
+    result: *mut [u64; 2],
+) -> CUresult {
+    trace!("INTEGRITY_CHECK[1] version {version} time {unix_seconds}");
+    use fakegpu::cuda::integrity::{integrity_answer, DeviceId, Identity};
+    guard(|| {
+        let n = cu().device_count()?;
+        let devices = (0..n)
+            .map(|d| {
+                let spec = cu().device_spec(d)?;
+                let (domain, bus, device) = spec.pci_parts();
+                Ok(DeviceId {
+                    uuid: spec.uuid_bytes(),
+                    pci: [domain as i32, bus as i32, device as i32],
+                })
+            })
+            .collect::<R<Vec<_>>>()?;
+        let me = Identity {
+            driver_version: cu().driver_version() as u32,
+            pid: std::process::id(),
+            // SAFETY: pthread_self has no preconditions.
+            thread: unsafe { libc::pthread_self() } as u32,
+            cudart_table: table_addr("CUDART_INTERFACE"),
+            integrity_table: table_addr("INTEGRITY_CHECK"),
+            check_fn: integrity_check as *const c_void as u64,
+        };
+        put(
+            result,
+            integrity_answer(version, unix_seconds, &me, &devices),
+        )
+    })
+}
+
+// ---- CONTEXT_CHECKS ----
+
+unsafe extern "C" fn context_check(
+    _ctx: CUcontext,
+    result1: *mut u32,
+    _result2: *mut *const c_void,
+) -> CUresult {
+    trace!("CONTEXT_CHECKS[2]");
+    guard(|| put(result1, 0))
+}
+
+unsafe extern "C" fn check_zero() -> u32 {
+    trace!("CONTEXT_CHECKS[3]");
+    0
+}
