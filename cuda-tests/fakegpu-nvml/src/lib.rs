@@ -698,6 +698,10 @@ pub unsafe extern "C" fn nvmlInternalGetExportTable(
 
 // ---- events (injected faults: `FAKEGPU_NVML_FAULTS`, see faults.rs) ----
 
+/// The event types the fake can raise (the injectable faults).
+const SUPPORTED_EVENTS: u64 =
+    faults::EVENT_SINGLE_BIT_ECC | faults::EVENT_DOUBLE_BIT_ECC | faults::EVENT_XID_CRITICAL;
+
 /// # Safety
 /// `set` must be null or a valid `nvmlEventSet_t*`.
 #[no_mangle]
@@ -735,9 +739,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     guard(|| {
         core::device(device)?;
         // SAFETY: the caller passes null or a valid pointer.
-        *unsafe { out(types) }? = faults::EVENT_SINGLE_BIT_ECC
-            | faults::EVENT_DOUBLE_BIT_ECC
-            | faults::EVENT_XID_CRITICAL;
+        *unsafe { out(types) }? = SUPPORTED_EVENTS;
         Ok(())
     })
 }
@@ -754,6 +756,10 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
         let dev = core::device(device)?;
         if set.is_null() {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // nvml.h: registering a type the device does not support is NOT_SUPPORTED.
+        if types & !SUPPORTED_EVENTS != 0 {
+            return Err(NVML_ERROR_NOT_SUPPORTED);
         }
         // SAFETY: a live set from nvmlEventSetCreate (the caller's contract).
         let set = unsafe { &*(set as *const faults::EventSet) };
