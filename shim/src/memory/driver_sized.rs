@@ -236,7 +236,7 @@ pub unsafe fn pool_alloc(
             book.allocated(pool, device);
             drop(book);
             process.ledger.track(
-                ObjectKind::PoolPointer,
+                ObjectKind::Pointer,
                 ptr,
                 Charged {
                     device,

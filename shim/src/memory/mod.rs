@@ -664,10 +664,12 @@ pub fn on_free(object: DeviceObject, result: CUresult) {
     let Some(process) = process() else { return };
     let ledger = &process.ledger;
     match object {
+        // Whichever free path: the oldest entry under the address is the object freed (see
+        // `objects`), a plain or a pool allocation alike.
         DeviceObject::Pointer(ptr) => {
-            if ledger.untrack(ObjectKind::Pointer, ptr).is_none() {
-                if let Some(from_pool) = ledger.untrack(ObjectKind::PoolPointer, ptr) {
-                    driver_sized::pool_pointer_freed(process, from_pool.pool);
+            if let Some(freed) = ledger.untrack(ObjectKind::Pointer, ptr) {
+                if freed.pool != 0 {
+                    driver_sized::pool_pointer_freed(process, freed.pool);
                 }
             }
         }
