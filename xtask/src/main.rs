@@ -19,6 +19,7 @@ const SERIAL_TEST_BINARIES: &[(&str, &str)] = &[
     ("gpuslice-common", "region_timing"),
     ("cuda-e2e", "throttle"),
     ("cuda-e2e", "torture"),
+    ("cuda-e2e", "late_release"),
 ];
 
 fn main() {

@@ -97,8 +97,10 @@
 //! [`DeadSlot`] (its bytes, host PID, how far its owner has got in exiting per /proc, how long
 //! it has been seen dead) and the caller decides whether the driver has released it (the shim
 //! asks NVML's process list). Undecided slots stay claimed and charged (`ReapReport::pending`).
-//! [`Region::reap_dead`] frees only what cannot return budget early: dead slots holding
-//! nothing, and those dead for [`RELEASE_TIMEOUT`] (so nothing stays unavailable for good).
+//! [`Region::reap_dead`] frees only what returns no budget: dead slots holding nothing. No
+//! timer of the region gives a dead slot's bytes back: a slow driver keeps them charged for
+//! as long as it holds the memory ([`RELEASE_TIMEOUT`] is for the caller's judge, when
+//! nothing at all can tell).
 //! A reaper frees a slot under the slot's reclaim lock (its second byte, non-blocking: a
 //! second reaper skips the slot) with a CAS naming the claim generation it judged, so a slot
 //! re-claimed meanwhile is never freed.
@@ -410,13 +412,18 @@ pub struct DeadSlot {
     /// Bytes still charged per device entry.
     pub used_bytes: [u64; MAX_DEVICES],
     pub exit: ExitState,
+    /// Its host PID is our PID namespace's and now names another running process: an NVML
+    /// entry under that PID may be the newcomer's, not the dead process's.
+    pub host_pid_reused: bool,
     /// Time since a reap first found it dead (0 on that first reap).
     pub dead_for: std::time::Duration,
 }
 
-/// How long a dead slot stays charged at most while nothing proves the driver released its
-/// memory (another PID namespace without NVML evidence, an exec'd process, a driver that is
-/// slow to tear down). Bounded so a dead process's budget is never lost for good.
+/// How long a dead slot stays charged at most when NOTHING can tell whether the driver
+/// released its memory (no NVML answer or no host PID, and another PID namespace or an exec'd
+/// owner), so that a dead process's budget is never lost for good. A judge that has the
+/// driver's word (NVML lists the host PID) never uses it: a slow driver keeps the budget
+/// charged for as long as it holds the memory.
 pub const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl DeadSlot {
@@ -427,10 +434,9 @@ impl DeadSlot {
         self.exit == ExitState::Exited || self.dead_for >= RELEASE_TIMEOUT
     }
 
-    /// Freeing it returns no budget early: it holds nothing, or has been dead for
-    /// [`RELEASE_TIMEOUT`]. What `reap_dead` and a full registration use.
-    pub fn holds_nothing_or_timed_out(&self) -> bool {
-        self.bytes() == 0 || self.dead_for >= RELEASE_TIMEOUT
+    /// Freeing it returns no budget: it holds nothing. What `reap_dead` and `register` use.
+    pub fn holds_nothing(&self) -> bool {
+        self.bytes() == 0
     }
 
     pub fn bytes(&self) -> u64 {

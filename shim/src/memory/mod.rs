@@ -335,13 +335,19 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
             path.display()
         )
     })?;
+    // A full region offers its dead slots to the driver's word before refusing.
     let slot = shared
         .region
-        .register_with(&identity, |_| pause_in_registration())
+        .register_with(
+            &identity,
+            |_| pause_in_registration(),
+            |dead| driver_sized::driver_released(shared, dead),
+        )
         .map_err(|e| e.to_string())?;
     // Slots of processes that exited (or were killed) still count until reaped; a starting
-    // process clears those that have finished exiting. (NVML is not asked here: this runs
-    // inside the first hooked call; the charge path asks it before refusing.)
+    // process clears those that hold nothing. Those holding bytes wait for the driver's word
+    // (NVML, asked by the charge path before it refuses and by the views), however long the
+    // driver takes: no timer gives them back.
     log_reap(shared.region.reap_dead());
     let process: &'static Process = Box::leak(Box::new(Process {
         ledger: Ledger::new(RegionBudget {
