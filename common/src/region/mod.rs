@@ -204,6 +204,9 @@ pub enum RegionError {
     /// The path now names a different file than the one this process mapped, or the slice's
     /// live processes use another file (deleted or renamed over) than the one at the path.
     Replaced { path: PathBuf },
+    /// The file is empty or blank (truncated or zeroed) while processes of the slice map
+    /// it: initialising it afresh would start a second ledger.
+    Emptied { path: PathBuf },
     /// A symbolic link is at the region's name: never followed.
     Symlink { path: PathBuf },
     /// Something other than a regular file is at the region's name.
@@ -272,6 +275,12 @@ impl fmt::Display for RegionError {
             RegionError::Replaced { path } => write!(
                 f,
                 "shared region {}: the slice's running processes use another file than the one now at this path (it was deleted or replaced while they run); refusing to start a second ledger: stop the slice's processes, or put the file back",
+                path.display()
+            ),
+            RegionError::Emptied { path } => write!(
+                f,
+                "shared region {}: the file was emptied (truncated or zeroed) while processes of the slice map it; refusing to start a second ledger in it: stop the slice's processes, then `gpuslice reset --region {}`",
+                path.display(),
                 path.display()
             ),
             RegionError::Symlink { path } => write!(

@@ -133,6 +133,73 @@ fn a_deleted_or_replaced_region_never_starts_a_second_ledger() {
     assert_eq!(after["results"][0], "CUDA_SUCCESS", "{after}");
 }
 
+/// Emptied in place (zeroed, truncated to 0) or made unreadable (chmod 000) while a process of
+/// the slice holds 600 of its 1 GiB: a newcomer either fails closed naming the file or joins
+/// the one ledger, never initialises the file afresh (which let it take another 600 MiB:
+/// +404 MiB over the cap before).
+#[test]
+fn a_region_emptied_or_chmoded_under_live_processes_never_starts_a_second_ledger() {
+    use std::os::unix::fs::PermissionsExt;
+    for how in ["zeroed", "truncated", "chmod 000"] {
+        let gpu = FakeGpu::start("v100");
+        let slice = Slice::builder().device(0, "1GiB", None).build();
+        let env = slice.env(&gpu);
+        let region = slice.region_path();
+        let holder = Client::spawn(ClientKind::Linked, &["hold", "600MiB"], &env);
+        assert_eq!(holder.first["result"], "CUDA_SUCCESS", "{}", holder.first);
+        gpu.truth().reset_peak_memory(0);
+        match how {
+            "zeroed" => {
+                let len = std::fs::metadata(&region).unwrap().len() as usize;
+                let mut file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&region)
+                    .unwrap();
+                std::io::Write::write_all(&mut file, &vec![0u8; len]).unwrap();
+            }
+            "truncated" => std::fs::OpenOptions::new()
+                .write(true)
+                .open(&region)
+                .unwrap()
+                .set_len(0)
+                .unwrap(),
+            _ => std::fs::set_permissions(&region, std::fs::Permissions::from_mode(0o000))
+                .unwrap(),
+        }
+        let out = Client::output(ClientKind::Cudarc, &["alloc", "600MiB"], &env);
+        let json = last_json(&out);
+        let lines = gpuslice_lines(&out);
+        eprintln!("{how}: newcomer {json}; {lines:?}");
+        assert_ne!(
+            json["results"][0], "CUDA_SUCCESS",
+            "{how}: a second ledger let the newcomer past the cap: {json} {lines:?}"
+        );
+        if how == "chmod 000" {
+            // Root opens it anyway and joins the one ledger (refused at the cap); anyone
+            // else fails closed naming the file.
+            let refused_at_the_cap = json["results"][0] == "CUDA_ERROR_OUT_OF_MEMORY"
+                || json["error"] == "CUDA_ERROR_OUT_OF_MEMORY";
+            if !refused_at_the_cap {
+                assert_refused_naming(&out, &region.display().to_string(), how);
+            }
+        } else {
+            assert_refused_naming(&out, &region.display().to_string(), how);
+            assert!(
+                gpu_lines_mention(&out, "emptied"),
+                "{how}: the line says what happened: {lines:?}"
+            );
+        }
+        let peak = gpu.truth().peak_memory(0);
+        assert!(
+            peak <= GIB,
+            "{how}: the card reached {} MiB, past the 1 GiB cap",
+            peak / MIB
+        );
+        // (Truncated, the holder dies of SIGBUS at its next touch of the region: documented.)
+        holder.kill();
+    }
+}
+
 fn gpu_lines_mention(out: &std::process::Output, word: &str) -> bool {
     gpuslice_lines(out).iter().any(|l| l.contains(word))
 }
