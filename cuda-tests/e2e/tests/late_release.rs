@@ -104,9 +104,13 @@ fn a_slow_driver_keeps_a_dead_members_budget_charged_however_long_it_takes() {
         died.elapsed(),
         gpu.truth().peak_memory(0) / MIB
     );
-    assert!(still_held, "the fake released the dead holder during the check");
+    assert!(
+        still_held,
+        "the fake released the dead holder during the check"
+    );
     assert_eq!(
-        late["results"][0], "CUDA_ERROR_OUT_OF_MEMORY",
+        late["results"][0],
+        "CUDA_ERROR_OUT_OF_MEMORY",
         "{:?} after the death the dead holder's budget came back without the driver: {late}",
         died.elapsed()
     );

@@ -163,8 +163,7 @@ fn a_region_emptied_or_chmoded_under_live_processes_never_starts_a_second_ledger
                 .unwrap()
                 .set_len(0)
                 .unwrap(),
-            _ => std::fs::set_permissions(&region, std::fs::Permissions::from_mode(0o000))
-                .unwrap(),
+            _ => std::fs::set_permissions(&region, std::fs::Permissions::from_mode(0o000)).unwrap(),
         }
         let out = Client::output(ClientKind::Cudarc, &["alloc", "600MiB"], &env);
         let json = last_json(&out);

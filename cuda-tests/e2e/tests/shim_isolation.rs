@@ -580,8 +580,7 @@ fn a_front_reached_through_symbolic_links_finds_its_core_beside_the_real_file() 
     std::fs::copy(shim_library(), install.join("libgpuslice.so")).unwrap();
     std::fs::copy(shim_core_library(), install.join("libgpuslice_core.so")).unwrap();
     // etc/preload.d/libgpuslice.so -> ../../opt/gpuslice/libgpuslice.so -> /abs/usr/lib/...
-    std::os::unix::fs::symlink(install.join("libgpuslice.so"), hop.join("libgpuslice.so"))
-        .unwrap();
+    std::os::unix::fs::symlink(install.join("libgpuslice.so"), hop.join("libgpuslice.so")).unwrap();
     std::os::unix::fs::symlink(
         "../../opt/gpuslice/libgpuslice.so",
         links.join("libgpuslice.so"),

@@ -197,13 +197,19 @@ mod tests {
         let s = Duration::from_secs;
         // NVML still lists it: neither the kernel nor any timer gives the bytes back, however
         // long the driver takes...
-        assert_eq!(release_evidence(Some(true), true, false, s(30), timeout), None);
+        assert_eq!(
+            release_evidence(Some(true), true, false, s(30), timeout),
+            None
+        );
         assert_eq!(
             release_evidence(Some(true), true, false, s(86_400), timeout),
             None
         );
         // ...unless its PID names another running process: the entry may be that one's.
-        assert_eq!(release_evidence(Some(true), true, true, s(30), timeout), None);
+        assert_eq!(
+            release_evidence(Some(true), true, true, s(30), timeout),
+            None
+        );
         assert_eq!(
             release_evidence(Some(true), true, true, STILL_LISTED_TIMEOUT, timeout),
             Some(Released::ListedTooLong)

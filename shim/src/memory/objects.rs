@@ -227,15 +227,15 @@ mod tests {
     #[test]
     fn a_late_stream_ordered_free_takes_its_own_entry_not_a_plain_allocation_at_its_address() {
         let table = ObjectTable::default();
-        let from_pool = Charged {
-            pool: 0x90,
-            ..c(0)
-        };
+        let from_pool = Charged { pool: 0x90, ..c(0) };
         // A pool allocation is freed by the driver; before its bookkeeping runs, a plain
         // cuMemAlloc gets the same address and records it.
         table.insert(ObjectKind::Pointer, 0x40_0000, from_pool);
         table.insert(ObjectKind::Pointer, 0x40_0000, c(32));
-        assert_eq!(table.remove(ObjectKind::Pointer, 0x40_0000), Some(from_pool));
+        assert_eq!(
+            table.remove(ObjectKind::Pointer, 0x40_0000),
+            Some(from_pool)
+        );
         assert_eq!(table.get(ObjectKind::Pointer, 0x40_0000), Some(c(32)));
     }
 
