@@ -40,12 +40,12 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
     let mut ledger = Family::new(
         "gpuslice_slice_memory_ledger_bytes",
         Gauge,
-        "Bytes the slice's ledger (region) counts on the device against the cap, including slots of exited processes not yet reaped.",
+        "Bytes the slice's ledger (region) counts on the device against the cap, without those of exited processes whose memory the driver has released (their slots await reaping).",
     );
     let mut ledger_stale = Family::new(
         "gpuslice_slice_memory_ledger_stale_bytes",
         Gauge,
-        "Of the ledger's bytes, those held by slots of processes that have exited and await reaping.",
+        "Of the ledger's bytes, those of processes that have exited whose memory the driver still holds (or cannot say).",
     );
     let mut driver_bytes = Family::new(
         "gpuslice_slice_memory_driver_bytes",
@@ -135,6 +135,14 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
 
     let cards = view.cards.as_ref().ok();
     driver_up.add(&[], if cards.is_some() { 1.0 } else { 0.0 });
+    // The driver's word on a host PID: listed on any card (None: the driver cannot be asked).
+    let listed = |host_pid: u32| {
+        cards.map(|cards| {
+            cards
+                .iter()
+                .any(|c| c.processes.iter().any(|(pid, _)| *pid == host_pid))
+        })
+    };
     for (index, slice) in view.slices.iter().enumerate() {
         let name = slice.found.name.as_str();
         let up = if slice.found.problems.is_empty() {
@@ -195,7 +203,9 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
             if let Some(bytes) = device.memory_limit {
                 limit.add(&labels, bytes as f64);
             }
-            ledger.add(&labels, device.used_bytes as f64);
+            let entry = device.id.index();
+            let released = snapshot.released_bytes(entry, &listed);
+            ledger.add(&labels, device.used_bytes.saturating_sub(released) as f64);
             let kept = slice
                 .counters
                 .as_ref()
@@ -204,11 +214,11 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
                 refused.add(&labels, *refusals as f64);
                 throttled.add(&labels, *waited_ns as f64 / 1e9);
             }
-            let entry = device.id.index();
             let stale: u64 = snapshot
                 .processes
                 .iter()
                 .filter(|p| p.liveness == gpuslice_common::region::Liveness::Stale)
+                .filter(|p| !p.exited_and_released(&listed))
                 .map(|p| p.used_bytes[entry])
                 .sum();
             ledger_stale.add(&labels, stale as f64);

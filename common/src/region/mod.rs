@@ -515,6 +515,30 @@ pub struct ProcessSnapshot {
     pub liveness: Liveness,
 }
 
+impl ProcessSnapshot {
+    /// Whether this slot's process has exited and the driver no longer holds its memory, on
+    /// the driver's word: `listed` says whether the driver lists a host PID (`None`: it cannot
+    /// be asked). What readers (`gpuslice status`, the node agent) leave out of the slice's
+    /// use before a starting process reaps the slot. Without the driver's word (or a host PID
+    /// to ask about) the bytes stay counted: the driver may hold them still.
+    pub fn exited_and_released(&self, listed: &dyn Fn(u32) -> Option<bool>) -> bool {
+        self.liveness == Liveness::Stale && self.host_pid != 0 && listed(self.host_pid) == Some(false)
+    }
+}
+
+impl RegionSnapshot {
+    /// Bytes on device entry `entry` of slots whose process exited and whose memory the
+    /// driver has released ([`ProcessSnapshot::exited_and_released`]): counted by the ledger
+    /// until a process of the slice reaps them, used by nobody.
+    pub fn released_bytes(&self, entry: usize, listed: &dyn Fn(u32) -> Option<bool>) -> u64 {
+        self.processes
+            .iter()
+            .filter(|p| p.exited_and_released(listed))
+            .map(|p| p.used_bytes.get(entry).copied().unwrap_or(0))
+            .fold(0u64, u64::saturating_add)
+    }
+}
+
 /// Plain owned copy of a region for display (`gpuslice status`). Not a consistent cut: each
 /// counter is read once, atomically, while processes keep running.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -277,6 +277,38 @@ fn an_exited_process_memory_shows_back_in_the_others_views() {
     viewer.release();
 }
 
+/// Processes that exit normally leave their slots (and context bytes) in the region until a
+/// starting process reaps them; `gpuslice status` must not show those bytes as used once the
+/// driver lists the processes no more (it showed 3 x 300 MiB "used" by nobody).
+#[test]
+fn status_never_shows_memory_of_processes_that_have_exited() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice.env(&gpu);
+    for kind in ClientKind::ALL {
+        let out = Client::run(kind, &["alloc", "100MiB"], &env);
+        assert_eq!(out["results"][0], "CUDA_SUCCESS", "{out}");
+    }
+    wait_until("the card freed the exited", DEFAULT_TIMEOUT, || {
+        gpu.truth().used_memory(0) == 0
+    });
+    let status = cuda_e2e::region_status_with(&slice.region_path(), &gpu.env());
+    eprintln!("status after three exits: {status}");
+    assert_eq!(
+        status["devices"][0]["used"], 0,
+        "status counts memory of exited processes: {status}"
+    );
+    for p in status["processes"].as_array().unwrap() {
+        assert_eq!(p["used_total"], 0, "{p}");
+        assert_ne!(p["state"], "alive", "{p}");
+    }
+    // A live holder is still shown.
+    let holder = Client::spawn(ClientKind::Linked, &["hold", "100MiB"], &env);
+    let status = cuda_e2e::region_status_with(&slice.region_path(), &gpu.env());
+    assert_eq!(status["devices"][0]["used"], CONTEXT + 100 * MIB, "{status}");
+    holder.release();
+}
+
 #[test]
 fn processes_of_different_users_share_one_slice() {
     if !nix_is_root() {
