@@ -103,7 +103,11 @@ fn snapshot(path: &Path) -> CliResult<View> {
     })?;
     let listed = driver_pids();
     let listed = |host_pid: u32| listed.as_ref().map(|pids| pids.contains(&host_pid));
-    Ok(from_snapshot(&region.snapshot(), monotonic_now_ns(), &listed))
+    Ok(from_snapshot(
+        &region.snapshot(),
+        monotonic_now_ns(),
+        &listed,
+    ))
 }
 
 /// The host PIDs of every compute process the driver (NVML) lists on any device; `None` when

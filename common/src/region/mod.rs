@@ -516,13 +516,28 @@ pub struct ProcessSnapshot {
 }
 
 impl ProcessSnapshot {
-    /// Whether this slot's process has exited and the driver no longer holds its memory, on
-    /// the driver's word: `listed` says whether the driver lists a host PID (`None`: it cannot
-    /// be asked). What readers (`gpuslice status`, the node agent) leave out of the slice's
-    /// use before a starting process reaps the slot. Without the driver's word (or a host PID
-    /// to ask about) the bytes stay counted: the driver may hold them still.
+    /// Whether this slot's process has exited and the driver no longer holds its memory, by
+    /// the evidence the shim itself reaps on: with its host PID known, the driver's word
+    /// (`listed`: whether the driver lists a host PID, `None`: it cannot be asked); without
+    /// one (a process that never had to ask NVML who it is), the kernel's, where the slot is
+    /// of the reader's PID namespace: gone or a zombie, every descriptor closed, the
+    /// driver's included. What readers (`gpuslice status`, the node agent) leave out of the
+    /// slice's use before a starting process reaps the slot; otherwise the bytes stay
+    /// counted (the driver may hold them still).
     pub fn exited_and_released(&self, listed: &dyn Fn(u32) -> Option<bool>) -> bool {
-        self.liveness == Liveness::Stale && self.host_pid != 0 && listed(self.host_pid) == Some(false)
+        if self.liveness != Liveness::Stale {
+            return false;
+        }
+        if self.host_pid != 0 {
+            return listed(self.host_pid) == Some(false);
+        }
+        let identity = ProcessIdentity {
+            pid: self.pid,
+            host_pid: 0,
+            start_time: self.start_time,
+            pid_ns: self.pid_ns,
+        };
+        identity.same_namespace_as_current() && !identity.is_alive()
     }
 }
 
@@ -1009,6 +1024,14 @@ impl Region {
     /// Whether the holder of `device`'s measuring turn is stopped or traced (SIGSTOP, a
     /// debugger, `docker pause`): waiting for it is then pointless. False when unknown
     /// (no holder recorded, or one in another PID namespace).
+    /// The PID (in its own namespace) that last took the measuring turn of `device` (0 =
+    /// none yet): a waiter sees turns pass by its changes.
+    pub fn measuring_holder(&self, device: DeviceId) -> u64 {
+        self.map.layout().devices[device.index()]
+            .measuring_pid
+            .load(Ordering::Acquire)
+    }
+
     pub fn measuring_holder_stopped(&self, device: DeviceId) -> bool {
         let entry = &self.map.layout().devices[device.index()];
         let pid = entry.measuring_pid.load(Ordering::Acquire);

@@ -305,7 +305,11 @@ fn status_never_shows_memory_of_processes_that_have_exited() {
     // A live holder is still shown.
     let holder = Client::spawn(ClientKind::Linked, &["hold", "100MiB"], &env);
     let status = cuda_e2e::region_status_with(&slice.region_path(), &gpu.env());
-    assert_eq!(status["devices"][0]["used"], CONTEXT + 100 * MIB, "{status}");
+    assert_eq!(
+        status["devices"][0]["used"],
+        CONTEXT + 100 * MIB,
+        "{status}"
+    );
     holder.release();
 }
 
