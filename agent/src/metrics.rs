@@ -360,4 +360,79 @@ mod tests {
             "{text}"
         );
     }
+
+    /// A slot of a process that exited: its bytes count while the driver still lists its
+    /// host PID, and nowhere once the driver has released them.
+    #[test]
+    fn memory_of_an_exited_process_the_driver_released_is_not_shown() {
+        use gpuslice_common::region::{
+            DeviceId, DeviceSnapshot, Liveness, ProcessSnapshot, RegionSnapshot, SlotId,
+        };
+        const MIB: u64 = 1 << 20;
+        let process = |pid: u32, bytes: u64, liveness| {
+            let mut used_bytes = [0; gpuslice_common::region::MAX_DEVICES];
+            used_bytes[0] = bytes;
+            ProcessSnapshot {
+                slot: SlotId::from_index(pid as usize % 8).unwrap(),
+                pid,
+                host_pid: pid,
+                start_time: 1,
+                pid_ns: 1,
+                used_bytes,
+                contexts: [0; gpuslice_common::region::MAX_DEVICES],
+                liveness,
+            }
+        };
+        let render_with = |listed: Vec<(u32, Option<u64>)>| {
+            let view = NodeView {
+                slices: vec![SliceState {
+                    counters: None,
+                    found: FoundSlice::named("s"),
+                    snapshot: Some(RegionSnapshot {
+                        generation: 1,
+                        devices: vec![DeviceSnapshot {
+                            id: DeviceId::from_index(0).unwrap(),
+                            uuid: "GPU-a".into(),
+                            memory_limit: Some(1 << 30),
+                            compute_percent: None,
+                            used_bytes: 500 * MIB,
+                            measured_utilization: None,
+                            context_cost: None,
+                        }],
+                        processes: vec![
+                            process(10, 200 * MIB, Liveness::Alive),
+                            process(11, 300 * MIB, Liveness::Stale),
+                        ],
+                    }),
+                }],
+                cards: Ok(vec![Card {
+                    index: 0,
+                    uuid: "GPU-a".into(),
+                    total: 1 << 34,
+                    used: 0,
+                    free: 1 << 34,
+                    utilization: None,
+                    processes: listed,
+                }]),
+                owner: Default::default(),
+                unverified: 0,
+            };
+            let text = render(&view, &Counters::default(), 0.0);
+            let value = |name: &str| -> String {
+                text.lines()
+                    .find(|l| l.starts_with(&format!("{name}{{")))
+                    .and_then(|l| l.rsplit(' ').next())
+                    .unwrap_or_else(|| panic!("no {name} in {text}"))
+                    .to_string()
+            };
+            (
+                value("gpuslice_slice_memory_ledger_bytes"),
+                value("gpuslice_slice_memory_ledger_stale_bytes"),
+            )
+        };
+        let held = render_with(vec![(10, Some(200 * MIB)), (11, Some(300 * MIB))]);
+        assert_eq!(held, ((500 * MIB).to_string(), (300 * MIB).to_string()));
+        let released = render_with(vec![(10, Some(200 * MIB))]);
+        assert_eq!(released, ((200 * MIB).to_string(), "0".to_string()));
+    }
 }
