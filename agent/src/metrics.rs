@@ -40,12 +40,12 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
     let mut ledger = Family::new(
         "gpuslice_slice_memory_ledger_bytes",
         Gauge,
-        "Bytes the slice's ledger (region) counts on the device against the cap, including slots of exited processes not yet reaped.",
+        "Bytes the slice's ledger (region) counts on the device against the cap, without those of exited processes whose memory the driver has released (their slots await reaping).",
     );
     let mut ledger_stale = Family::new(
         "gpuslice_slice_memory_ledger_stale_bytes",
         Gauge,
-        "Of the ledger's bytes, those held by slots of processes that have exited and await reaping.",
+        "Of the ledger's bytes, those of processes that have exited whose memory the driver still holds (or cannot say).",
     );
     let mut driver_bytes = Family::new(
         "gpuslice_slice_memory_driver_bytes",
@@ -165,6 +165,14 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
 
     let cards = view.cards.as_ref().ok();
     driver_up.add(&[], if cards.is_some() { 1.0 } else { 0.0 });
+    // The driver's word on a host PID: listed on any card (None: the driver cannot be asked).
+    let listed = |host_pid: u32| {
+        cards.map(|cards| {
+            cards
+                .iter()
+                .any(|c| c.processes.iter().any(|(pid, _)| *pid == host_pid))
+        })
+    };
     for (index, slice) in view.slices.iter().enumerate() {
         let name = slice.found.name.as_str();
         let up = if slice.found.problems.is_empty() {
@@ -235,7 +243,9 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
             if let Some(bytes) = device.memory_limit {
                 limit.add(&labels, bytes as f64);
             }
-            ledger.add(&labels, device.used_bytes as f64);
+            let entry = device.id.index();
+            let released = snapshot.released_bytes(entry, &listed);
+            ledger.add(&labels, device.used_bytes.saturating_sub(released) as f64);
             let kept = slice
                 .counters
                 .as_ref()
@@ -244,11 +254,11 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
                 refused.add(&labels, *refusals as f64);
                 throttled.add(&labels, *waited_ns as f64 / 1e9);
             }
-            let entry = device.id.index();
             let stale: u64 = snapshot
                 .processes
                 .iter()
                 .filter(|p| p.liveness == gpuslice_common::region::Liveness::Stale)
+                .filter(|p| !p.exited_and_released(&listed))
                 .map(|p| p.used_bytes[entry])
                 .sum();
             ledger_stale.add(&labels, stale as f64);
@@ -413,5 +423,80 @@ mod tests {
             !text.contains("gpuslice_slice_memory_ledger_bytes{"),
             "{text}"
         );
+    }
+
+    /// A slot of a process that exited: its bytes count while the driver still lists its
+    /// host PID, and nowhere once the driver has released them.
+    #[test]
+    fn memory_of_an_exited_process_the_driver_released_is_not_shown() {
+        use gpuslice_common::region::{
+            DeviceId, DeviceSnapshot, Liveness, ProcessSnapshot, RegionSnapshot, SlotId,
+        };
+        const MIB: u64 = 1 << 20;
+        let process = |pid: u32, bytes: u64, liveness| {
+            let mut used_bytes = [0; gpuslice_common::region::MAX_DEVICES];
+            used_bytes[0] = bytes;
+            ProcessSnapshot {
+                slot: SlotId::from_index(pid as usize % 8).unwrap(),
+                pid,
+                host_pid: pid,
+                start_time: 1,
+                pid_ns: 1,
+                used_bytes,
+                contexts: [0; gpuslice_common::region::MAX_DEVICES],
+                liveness,
+            }
+        };
+        let render_with = |listed: Vec<(u32, Option<u64>)>| {
+            let view = NodeView {
+                slices: vec![SliceState {
+                    counters: None,
+                    found: FoundSlice::named("s"),
+                    snapshot: Some(RegionSnapshot {
+                        generation: 1,
+                        devices: vec![DeviceSnapshot {
+                            id: DeviceId::from_index(0).unwrap(),
+                            uuid: "GPU-a".into(),
+                            memory_limit: Some(1 << 30),
+                            compute_percent: None,
+                            used_bytes: 500 * MIB,
+                            measured_utilization: None,
+                            context_cost: None,
+                        }],
+                        processes: vec![
+                            process(10, 200 * MIB, Liveness::Alive),
+                            process(11, 300 * MIB, Liveness::Stale),
+                        ],
+                    }),
+                }],
+                cards: Ok(vec![Card {
+                    index: 0,
+                    uuid: "GPU-a".into(),
+                    total: 1 << 34,
+                    used: 0,
+                    free: 1 << 34,
+                    utilization: None,
+                    processes: listed,
+                }]),
+                owner: Default::default(),
+                unverified: 0,
+            };
+            let text = render(&view, &Counters::default(), 0.0);
+            let value = |name: &str| -> String {
+                text.lines()
+                    .find(|l| l.starts_with(&format!("{name}{{")))
+                    .and_then(|l| l.rsplit(' ').next())
+                    .unwrap_or_else(|| panic!("no {name} in {text}"))
+                    .to_string()
+            };
+            (
+                value("gpuslice_slice_memory_ledger_bytes"),
+                value("gpuslice_slice_memory_ledger_stale_bytes"),
+            )
+        };
+        let held = render_with(vec![(10, Some(200 * MIB)), (11, Some(300 * MIB))]);
+        assert_eq!(held, ((500 * MIB).to_string(), (300 * MIB).to_string()));
+        let released = render_with(vec![(10, Some(200 * MIB))]);
+        assert_eq!(released, ((200 * MIB).to_string(), "0".to_string()));
     }
 }

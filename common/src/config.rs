@@ -914,6 +914,27 @@ fn get_set(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
     get(name).filter(|value| !value.trim().is_empty())
 }
 
+/// Indexed HAMi variables are looked for up to this index (those past [`MAX_DEVICES`] are
+/// refused: they name a device no process of gpuslice can limit).
+const HAMI_INDEX_SCAN: u32 = 256;
+
+/// The indexed HAMi variables that are set (`CUDA_DEVICE_MEMORY_LIMIT_<i>`,
+/// `CUDA_DEVICE_SM_LIMIT_<i>`, `i` < [`MAX_DEVICES`]) with the device index each names: each
+/// must name a device of the node (the shim checks once the driver can list them), as a
+/// limit-file entry must. HAMi's un-indexed defaults name no particular device.
+pub fn hami_indexed_variables(get: &dyn Fn(&str) -> Option<String>) -> Vec<(String, u32)> {
+    let mut named = Vec::new();
+    for index in 0..MAX_DEVICES as u32 {
+        for prefix in [HAMI_MEMORY_LIMIT_ENV, HAMI_SM_LIMIT_ENV] {
+            let name = format!("{prefix}_{index}");
+            if get_set(get, &name).is_some() {
+                named.push((name, index));
+            }
+        }
+    }
+    named
+}
+
 /// The HAMi-compatible env configuration (see the module doc for the mapping). `Ok(None)` when
 /// none of the HAMi variables is set.
 pub fn from_hami_env(
@@ -965,6 +986,24 @@ pub fn from_hami_env(
                 memory_limit,
                 compute_percent,
             });
+        }
+    }
+
+    // An indexed variable past the devices a process can have names a device no node gives
+    // it: refused, never ignored (ignored, it left the card it meant unlimited).
+    for prefix in [HAMI_MEMORY_LIMIT_ENV, HAMI_SM_LIMIT_ENV] {
+        for index in MAX_DEVICES as u32..HAMI_INDEX_SCAN {
+            let name = format!("{prefix}_{index}");
+            if get_set(get, &name).is_some() {
+                return Err(ConfigError::new(
+                    name,
+                    "",
+                    format!(
+                        "names device index {index}; gpuslice limits devices 0..{} of a process, so this limit would apply to nothing and leave the device it meant unlimited",
+                        MAX_DEVICES - 1
+                    ),
+                ));
+            }
         }
     }
 

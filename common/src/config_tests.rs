@@ -1088,3 +1088,29 @@ fn priority_comes_from_the_file_or_hamis_task_priority_and_defaults_to_normal() 
     let normal = file(r#"{"version": 1, "devices": []}"#).unwrap();
     assert!(!to_json(&normal).contains("priority"));
 }
+
+#[test]
+fn hami_variables_past_the_device_limit_are_refused_not_ignored() {
+    for name in ["CUDA_DEVICE_MEMORY_LIMIT_16", "CUDA_DEVICE_SM_LIMIT_200"] {
+        let error = from_hami_env(&env(&[(name, "1")])).unwrap_err();
+        assert_eq!(error.origin, name);
+        assert!(error.problem.contains("leave the device"), "{error}");
+    }
+}
+
+#[test]
+fn hami_indexed_variables_name_their_devices_and_defaults_name_none() {
+    let get = env(&[
+        ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_7", "1g"),
+        ("CUDA_DEVICE_SM_LIMIT_0", "50"),
+        ("CUDA_DEVICE_SM_LIMIT_2", " "),
+    ]);
+    assert_eq!(
+        hami_indexed_variables(&get),
+        vec![
+            ("CUDA_DEVICE_SM_LIMIT_0".to_string(), 0),
+            ("CUDA_DEVICE_MEMORY_LIMIT_7".to_string(), 7),
+        ]
+    );
+}

@@ -157,11 +157,15 @@ fn child_process_entry() {
             let device = region.bind_devices(&gpu0(Some(100 * MIB))).unwrap().ids[0];
             let identity = ProcessIdentity::current().unwrap();
             let slot = region
-                .register_with(&identity, |slot| {
-                    say(format!("claimed slot={}", slot.index()));
-                    // SAFETY: raise only sends a signal to ourselves.
-                    unsafe { libc::raise(libc::SIGSTOP) };
-                })
+                .register_with(
+                    &identity,
+                    |slot| {
+                        say(format!("claimed slot={}", slot.index()));
+                        // SAFETY: raise only sends a signal to ourselves.
+                        unsafe { libc::raise(libc::SIGSTOP) };
+                    },
+                    DeadSlot::holds_nothing,
+                )
                 .unwrap();
             region.reserve(slot, device, bytes).unwrap();
             say("continued".into());

@@ -48,13 +48,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Write a limit file from flags or HAMi env (validated, atomic, mode 0644).
+    /// Write a limit file from flags or HAMi env (validated; on standard output, or with -o
+    /// FILE atomically with mode 0644).
     #[command(
-        after_help = "Examples:\n  gpuslice write --device 0:memory=8GiB,compute=25 --region /var/run/gpuslice/a.region\n  \
+        after_help = "Examples:\n  gpuslice write --device 0:memory=8GiB,compute=25 --region /var/run/gpuslice/a.region > limits.json\n  \
             gpuslice write -d GPU-8a5d...:memory=16g -d 1 --memory 4g -o ./limits.json\n  \
             CUDA_DEVICE_MEMORY_LIMIT=8g gpuslice write --from-env -o ./limits.json\n\n\
             Limits larger than the card are accepted (the card is not known here); \
-            `gpuslice check` warns about them when NVML is available.\n\n\
+            `gpuslice check` warns about them when NVML is available. The anchored file \
+            /etc/gpuslice/limits.json (which caps every shim process of the machine) is written \
+            only when named with -o.\n\n\
             Exit codes: 0 written or identical, 2 bad flags, 3 invalid env or a different file \
             exists (use --force), 4 cannot write."
     )]

@@ -46,6 +46,10 @@ pub enum ProcessState {
     Alive,
     /// The owner died without releasing its slot; it waits to be reaped.
     Stale,
+    /// The owner exited and the driver has released its memory (it lists the host PID no
+    /// more): nothing of it counts, though its slot waits for a process of the slice to
+    /// reap it.
+    Exited,
     /// Could not be judged (the file could not be opened to probe its locks).
     Unknown,
 }
@@ -55,6 +59,7 @@ impl ProcessState {
         match self {
             ProcessState::Alive => "alive",
             ProcessState::Stale => "stale",
+            ProcessState::Exited => "exited",
             ProcessState::Unknown => "unknown",
         }
     }
@@ -96,7 +101,28 @@ fn snapshot(path: &Path) -> CliResult<View> {
             path.display()
         ))
     })?;
-    Ok(from_snapshot(&region.snapshot(), monotonic_now_ns()))
+    let listed = driver_pids();
+    let listed = |host_pid: u32| listed.as_ref().map(|pids| pids.contains(&host_pid));
+    Ok(from_snapshot(
+        &region.snapshot(),
+        monotonic_now_ns(),
+        &listed,
+    ))
+}
+
+/// The host PIDs of every compute process the driver (NVML) lists on any device; `None` when
+/// NVML cannot answer (then no stale slot is taken for released).
+fn driver_pids() -> Option<std::collections::HashSet<u32>> {
+    let nvml = crate::smi::open_nvml_quietly()?;
+    let count = nvml.device_count().ok()?;
+    let mut pids = std::collections::HashSet::new();
+    for index in 0..count {
+        let device = nvml.device_by_index(index).ok()?;
+        for process in device.running_compute_processes().ok()? {
+            pids.insert(process.pid);
+        }
+    }
+    Some(pids)
 }
 
 /// CLOCK_MONOTONIC, the clock the shim stamps its measurements with (shared by every
@@ -111,8 +137,14 @@ fn monotonic_now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The display view of a region snapshot taken at `now_ns` (CLOCK_MONOTONIC).
-pub fn from_snapshot(snapshot: &RegionSnapshot, now_ns: u64) -> View {
+/// The display view of a region snapshot taken at `now_ns` (CLOCK_MONOTONIC). `listed` is
+/// the driver's word on a host PID (`None`: cannot tell): the bytes of a process that has
+/// exited and that the driver lists no more are shown nowhere.
+pub fn from_snapshot(
+    snapshot: &RegionSnapshot,
+    now_ns: u64,
+    listed: &dyn Fn(u32) -> Option<bool>,
+) -> View {
     let devices = snapshot
         .devices
         .iter()
@@ -120,7 +152,9 @@ pub fn from_snapshot(snapshot: &RegionSnapshot, now_ns: u64) -> View {
             index: d.id.index(),
             uuid: d.uuid.clone(),
             limit: d.memory_limit,
-            used: d.used_bytes,
+            used: d
+                .used_bytes
+                .saturating_sub(snapshot.released_bytes(d.id.index(), listed)),
             compute_percent: d.compute_percent.filter(|p| *p < 100),
             utilization: d
                 .measured_utilization
@@ -132,21 +166,25 @@ pub fn from_snapshot(snapshot: &RegionSnapshot, now_ns: u64) -> View {
     let processes = snapshot
         .processes
         .iter()
-        .map(|p| ProcessView {
-            pid: p.pid,
-            host_pid: (p.host_pid != 0).then_some(p.host_pid),
-            used: p
-                .used_bytes
-                .iter()
-                .enumerate()
-                .filter(|(_, bytes)| **bytes > 0)
-                .map(|(index, bytes)| (index, *bytes))
-                .collect(),
-            state: match p.liveness {
-                Liveness::Alive => ProcessState::Alive,
-                Liveness::Stale => ProcessState::Stale,
-                Liveness::Unknown => ProcessState::Unknown,
-            },
+        .map(|p| {
+            let released = p.exited_and_released(listed);
+            ProcessView {
+                pid: p.pid,
+                host_pid: (p.host_pid != 0).then_some(p.host_pid),
+                used: p
+                    .used_bytes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, bytes)| **bytes > 0 && !released)
+                    .map(|(index, bytes)| (index, *bytes))
+                    .collect(),
+                state: match p.liveness {
+                    _ if released => ProcessState::Exited,
+                    Liveness::Alive => ProcessState::Alive,
+                    Liveness::Stale => ProcessState::Stale,
+                    Liveness::Unknown => ProcessState::Unknown,
+                },
+            }
         })
         .collect();
     View { devices, processes }
@@ -178,9 +216,9 @@ mod tests {
             }],
             processes: vec![],
         };
-        let fresh = from_snapshot(&snapshot, at_ns + UTILIZATION_FRESH_NS);
+        let fresh = from_snapshot(&snapshot, at_ns + UTILIZATION_FRESH_NS, &|_| None);
         assert_eq!(fresh.devices[0].utilization, Some(24.75));
-        let stale = from_snapshot(&snapshot, at_ns + UTILIZATION_FRESH_NS + 1);
+        let stale = from_snapshot(&snapshot, at_ns + UTILIZATION_FRESH_NS + 1, &|_| None);
         assert_eq!(
             stale.devices[0].utilization, None,
             "a stopped slice shows none"
@@ -192,7 +230,10 @@ mod tests {
             }],
             ..snapshot
         };
-        assert_eq!(from_snapshot(&never, at_ns).devices[0].utilization, None);
+        assert_eq!(
+            from_snapshot(&never, at_ns, &|_| None).devices[0].utilization,
+            None
+        );
     }
 
     /// Builds a region with the shim's own API (one device, this process holding 256 MiB) and

@@ -64,6 +64,12 @@ pub fn query_cards() -> CliResult<Vec<Card>> {
     query().map(|report| report.cards)
 }
 
+/// NVML for a tool that can do without it (`status` asking whether the driver still lists a
+/// process): `None` instead of an error.
+pub fn open_nvml_quietly() -> Option<Nvml> {
+    open_nvml().ok()
+}
+
 fn open_nvml() -> CliResult<Nvml> {
     // Drivers ship libnvidia-ml.so.1; the unversioned name exists only with dev packages.
     let mut last = None;

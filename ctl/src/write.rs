@@ -1,7 +1,10 @@
 //! `gpuslice write`: a limit file from flags or from HAMi env, validated by the same parser
-//! the shim uses, written atomically (temp file in the target directory, fsync, rename,
-//! fsync of the directory) with mode 0644. A different existing file is only replaced with
-//! `--force`; identical content is a successful no-op.
+//! the shim uses. Printed on standard output unless `-o FILE` names where to write it: the
+//! machine-wide anchored path (`/etc/gpuslice/limits.json`, which caps every shim process of
+//! the machine and silences their own configuration) is written only when named with `-o`.
+//! A file is written atomically (temp file in the target directory, fsync, rename, fsync of
+//! the directory) with mode 0644. A different existing file is only replaced with `--force`;
+//! identical content is a successful no-op. What was written, and where, is said on stderr.
 
 use std::ffi::CString;
 use std::fs;
@@ -32,9 +35,11 @@ pub struct WriteArgs {
     #[arg(long, conflicts_with_all = ["devices", "memory", "compute", "region"])]
     pub from_env: bool,
 
-    /// Where to write the limit file.
-    #[arg(long, short = 'o', value_name = "FILE", default_value = DEFAULT_CONFIG_PATH)]
-    pub output: PathBuf,
+    /// Where to write the limit file (default, or "-": standard output). The anchored path
+    /// /etc/gpuslice/limits.json caps every shim process of the machine: it is written only
+    /// when named here.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
 
     /// Replace an existing limit file whose content differs.
     #[arg(long)]
@@ -58,17 +63,48 @@ pub fn run(args: &WriteArgs) -> CliResult<()> {
     };
     let config = slice::validate(&config)?;
     let text = config::to_json(&config);
-    let outcome = write_atomically(&args.output, text.as_bytes(), args.force)?;
+    let output = args
+        .output
+        .as_deref()
+        .filter(|path| path.as_os_str() != "-");
+    let Some(output) = output else {
+        print!("{text}");
+        eprintln!(
+            "gpuslice: limit file printed on standard output (nothing installed; give -o FILE to write one, and point GPUSLICE_CONFIG at it)"
+        );
+        describe(&config);
+        return Ok(());
+    };
+    let outcome = write_atomically(output, text.as_bytes(), args.force)?;
     let verb = match outcome {
         Outcome::Unchanged => "unchanged (identical content)",
         Outcome::Created => "written",
         Outcome::Replaced => "replaced",
     };
-    eprintln!("gpuslice: {}: {verb}", args.output.display());
-    for line in crate::check::describe(&config) {
+    eprintln!("gpuslice: {}: {verb}", output.display());
+    if is_anchored(output) {
+        eprintln!(
+            "gpuslice: {DEFAULT_CONFIG_PATH} is the anchored limit file: every process of this machine that loads the shim is held to it, and GPUSLICE_CONFIG and HAMi variables are ignored while it exists"
+        );
+    }
+    describe(&config);
+    Ok(())
+}
+
+fn describe(config: &config::SliceConfig) {
+    for line in crate::check::describe(config) {
         eprintln!("  {line}");
     }
-    Ok(())
+}
+
+/// Whether `path` is (or leads to) the anchored limit file.
+fn is_anchored(path: &Path) -> bool {
+    let anchored = Path::new(DEFAULT_CONFIG_PATH);
+    path == anchored
+        || match (fs::canonicalize(path), fs::canonicalize(anchored)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,8 @@
 //! read by `shim/build.rs`, which generates `exports.rs`) plus `dlsym`. Each hooked export is
 //! a naked trampoline `mov r11d, INDEX; jmp [SLOTS + 8 * INDEX]`: the arguments, the stack
 //! and the caller's return address are untouched. Every slot starts at [`lazy_entry`], which
-//! loads the CORE (`libgpuslice_core.so` beside this file, the Rust shim, `RTLD_LOCAL`) on the
+//! loads the CORE (`libgpuslice_core.so` beside this file's real file, the links it was
+//! loaded through followed, else beside the link; the Rust shim, `RTLD_LOCAL`) on the
 //! first hooked call of the process, points every slot at the core's handler and jumps there.
 //!
 //! The core never hands out its own functions: at attach it learns the front's exports and
@@ -18,7 +19,9 @@
 //!
 //! The core cannot be loaded (missing, unreadable, another version): one line on stderr and
 //! every hooked CUDA/NVML call fails closed (`CUDA_ERROR_NOT_INITIALIZED`,
-//! `NVML_ERROR_UNINITIALIZED`), never unlimited; `dlsym` of any other name keeps working.
+//! `NVML_ERROR_UNINITIALIZED`), never unlimited; `cuGetProcAddress` answers every function
+//! the driver has with a fail-closed one (never "not found"); `dlsym` of any other name keeps
+//! working.
 //! `dlsym` of a name outside the registry never loads the core (Python looks up thousands).
 
 #![no_std]
@@ -208,10 +211,95 @@ extern "C" fn fail_closed_nvml() -> u32 {
     NVML_ERROR_UNINITIALIZED
 }
 
+const RTLD_LAZY: c_int = 1;
+const RTLD_NOLOAD: c_int = 4;
+const CUDA_SUCCESS: u32 = 0;
+
+type GetProcAddressFn =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> u32;
+
+/// The driver's `cuGetProcAddress_v2`, when libcuda.so.1 is loaded (never loads it).
+unsafe fn real_get_proc_address_v2() -> Option<GetProcAddressFn> {
+    let dlsym = real_dlsym()?;
+    // SAFETY: NUL-terminated names; NOLOAD only finds an already loaded library.
+    let cuda = dlopen(c"libcuda.so.1".as_ptr(), RTLD_LAZY | RTLD_NOLOAD);
+    if cuda.is_null() {
+        return None;
+    }
+    let found = dlsym(cuda, c"cuGetProcAddress_v2".as_ptr());
+    // SAFETY: the driver's cuGetProcAddress_v2 has this signature.
+    (!found.is_null())
+        .then(|| core::mem::transmute::<*mut c_void, GetProcAddressFn>(found))
+}
+
+/// `cuGetProcAddress[_v2]` of a process without its core: every function the driver has is
+/// answered (with a fail-closed function; `cuGetProcAddress` itself with these), so a
+/// binding that builds its function table this way (cuda-bindings, the CUDA runtime) shows
+/// `CUDA_ERROR_NOT_INITIALIZED` from `cuInit` instead of "function not found". A name the
+/// driver lacks keeps the driver's answer; without a loaded driver every name is answered.
+unsafe fn fail_closed_lookup(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> u32 {
+    if symbol.is_null() || pfn.is_null() {
+        return 1; // CUDA_ERROR_INVALID_VALUE
+    }
+    if let Some(real) = real_get_proc_address_v2() {
+        let mut found: *mut c_void = core::ptr::null_mut();
+        let mut real_status: c_int = 0;
+        // SAFETY: the caller's NUL-terminated symbol; our own out-pointers.
+        let rc = real(symbol, &mut found, version, flags, &mut real_status);
+        if rc != CUDA_SUCCESS || found.is_null() {
+            *pfn = found;
+            if !status.is_null() {
+                *status = real_status;
+            }
+            return rc;
+        }
+    }
+    let name = c_bytes(symbol);
+    *pfn = if name == b"cuGetProcAddress" {
+        if version >= 12000 {
+            fail_closed_get_proc_address_v2 as *mut c_void
+        } else {
+            fail_closed_get_proc_address as *mut c_void
+        }
+    } else {
+        fail_closed_cuda as *mut c_void
+    };
+    if !status.is_null() {
+        *status = 0; // CU_GET_PROC_ADDRESS_SUCCESS
+    }
+    CUDA_SUCCESS
+}
+
+unsafe extern "C" fn fail_closed_get_proc_address(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> u32 {
+    fail_closed_lookup(symbol, pfn, version, flags, core::ptr::null_mut())
+}
+
+unsafe extern "C" fn fail_closed_get_proc_address_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> u32 {
+    fail_closed_lookup(symbol, pfn, version, flags, status)
+}
+
 /// Loads and attaches the core unless done; on failure points every slot at its fail-closed
 /// stub (a function that ignores its arguments and returns the library's "not initialised"
-/// code, valid for any signature under the C calling convention). Two threads may both try:
-/// dlopen returns the same handle and attaching is idempotent.
+/// code, valid for any signature under the C calling convention; the two `cuGetProcAddress`
+/// slots at [`fail_closed_lookup`]). Two threads may both try: dlopen returns the same handle
+/// and attaching is idempotent.
 extern "C" fn load_core_once() -> bool {
     match STATE.load(Ordering::Acquire) {
         LOADED => return true,
@@ -226,13 +314,19 @@ extern "C" fn load_core_once() -> bool {
             true
         }
         Err(()) => {
+            let lookup = hook_index(b"cuGetProcAddress");
+            let lookup_v2 = hook_index(b"cuGetProcAddress_v2");
             for (index, slot) in SLOTS.0.iter().enumerate() {
-                let stub: extern "C" fn() -> u32 = if IS_NVML[index] {
-                    fail_closed_nvml
+                let stub = if Some(index) == lookup {
+                    fail_closed_get_proc_address as *mut c_void
+                } else if Some(index) == lookup_v2 {
+                    fail_closed_get_proc_address_v2 as *mut c_void
+                } else if IS_NVML[index] {
+                    fail_closed_nvml as *mut c_void
                 } else {
-                    fail_closed_cuda
+                    fail_closed_cuda as *mut c_void
                 };
-                slot.store(stub as *mut c_void, Ordering::Release);
+                slot.store(stub, Ordering::Release);
             }
             if STATE.swap(FAILED, Ordering::AcqRel) != FAILED {
                 message.push(
@@ -254,7 +348,10 @@ unsafe fn load_core(message: &mut Line) -> Result<(), ()> {
         message.push(b": glibc's dlsym was not found");
         return Err(());
     };
-    let mut path = Line::new();
+    // The name this library was loaded by (a symbolic link, often: package links,
+    // /etc/ld.so.preload entries) and the real file it leads to: the core is looked for
+    // beside the real file first, then beside the link.
+    let mut own = Line::new();
     let mut info = DlInfo {
         dli_fname: core::ptr::null(),
         dli_fbase: core::ptr::null_mut(),
@@ -263,19 +360,28 @@ unsafe fn load_core(message: &mut Line) -> Result<(), ()> {
     };
     // SAFETY: any address is accepted; `info` has Dl_info's layout.
     if dladdr(load_core_once as *const c_void, &mut info) != 0 && !info.dli_fname.is_null() {
-        let own = c_bytes(info.dli_fname);
-        if let Some(slash) = own.iter().rposition(|&b| b == b'/') {
-            path.push(&own[..=slash]);
-        }
+        own.push(c_bytes(info.dli_fname));
     }
-    path.push(CORE_NAME);
+    let mut real = Line::new();
+    real.push(own.as_bytes());
+    follow_links(&mut real);
+    let mut path = Line::new();
+    core_beside(&real, &mut path);
     message.push(path.as_bytes());
     if !path.terminate() {
         message.push(b": path too long");
         return Err(());
     }
     // SAFETY: a NUL-terminated path. NODELETE: the core's handlers stay in the slots forever.
-    let handle = dlopen(path.as_ptr(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    let mut handle = dlopen(path.as_ptr(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    if handle.is_null() {
+        let mut beside_link = Line::new();
+        core_beside(&own, &mut beside_link);
+        if beside_link.as_bytes() != path.as_bytes() && beside_link.terminate() {
+            // SAFETY: as above.
+            handle = dlopen(beside_link.as_ptr(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+        }
+    }
     if handle.is_null() {
         message.push(b": ");
         let reason = dlerror();
@@ -327,6 +433,39 @@ unsafe fn load_core(message: &mut Line) -> Result<(), ()> {
         slot.store(handler, Ordering::Release);
     }
     Ok(())
+}
+
+/// `out` = the directory of `file` (up to its last '/', none for a bare name) + the core's name.
+fn core_beside(file: &Line, out: &mut Line) {
+    let own = file.as_bytes();
+    if let Some(slash) = own.iter().rposition(|&b| b == b'/') {
+        out.push(&own[..=slash]);
+    }
+    out.push(CORE_NAME);
+}
+
+/// Replaces `path` by the file its chain of symbolic links leads to (at most 40 links, as
+/// the kernel; a relative target is taken from the link's directory). Stops at the first name
+/// that is not a link, or that cannot be read.
+fn follow_links(path: &mut Line) {
+    let mut target = [0u8; 4096];
+    for _ in 0..40 {
+        if !path.terminate() {
+            return;
+        }
+        let n = sys_readlink(path.as_ptr(), &mut target);
+        if n <= 0 || n as usize >= target.len() {
+            return;
+        }
+        let target = &target[..n as usize];
+        if target[0] == b'/' {
+            path.truncate(0);
+        } else {
+            let dir = path.as_bytes().iter().rposition(|&b| b == b'/');
+            path.truncate(dir.map_or(0, |slash| slash + 1));
+        }
+        path.push(target);
+    }
 }
 
 /// `dlsym(RTLD_NEXT, name)` asked FROM THIS LIBRARY: the next definition in the global scope
@@ -466,6 +605,11 @@ impl Line {
     fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
     }
+    fn truncate(&mut self, len: usize) {
+        if len < self.len {
+            self.len = len;
+        }
+    }
     /// NUL-terminates; false when the content was cut (the buffer was full).
     fn terminate(&mut self) -> bool {
         self.bytes[self.len] = 0;
@@ -502,6 +646,33 @@ fn sys_write(fd: i32, bytes: &[u8]) {
         core::arch::asm!("svc 0", in("x8") 64usize, inlateout("x0") fd as isize => _,
             in("x1") bytes.as_ptr(), in("x2") bytes.len(), options(nostack));
     }
+}
+
+const AT_FDCWD: isize = -100;
+
+/// readlinkat(AT_FDCWD, path, buf): the link's target length, or a negative errno.
+#[cfg(target_arch = "x86_64")]
+fn sys_readlink(path: *const c_char, buf: &mut [u8]) -> isize {
+    let n: isize;
+    // SAFETY: readlinkat(2) reads the NUL-terminated `path` and writes at most `len` bytes
+    // into the live, writable `buf`.
+    unsafe {
+        core::arch::asm!("syscall", inlateout("rax") 267isize => n, in("rdi") AT_FDCWD,
+            in("rsi") path, in("rdx") buf.as_mut_ptr(), in("r10") buf.len(),
+            lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    n
+}
+
+#[cfg(target_arch = "aarch64")]
+fn sys_readlink(path: *const c_char, buf: &mut [u8]) -> isize {
+    let n: isize;
+    // SAFETY: as above.
+    unsafe {
+        core::arch::asm!("svc 0", in("x8") 78usize, inlateout("x0") AT_FDCWD => n,
+            in("x1") path, in("x2") buf.as_mut_ptr(), in("x3") buf.len(), options(nostack));
+    }
+    n
 }
 
 #[cfg(target_arch = "x86_64")]

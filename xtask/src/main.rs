@@ -20,6 +20,8 @@ const SERIAL_TEST_BINARIES: &[(&str, &str)] = &[
     ("cuda-e2e", "throttle"),
     ("cuda-e2e", "torture"),
     ("cuda-e2e", "frameworks_compute"),
+    ("cuda-e2e", "late_release"),
+    ("cuda-e2e", "start_storm"),
 ];
 
 fn main() {

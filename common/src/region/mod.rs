@@ -97,8 +97,10 @@
 //! [`DeadSlot`] (its bytes, host PID, how far its owner has got in exiting per /proc, how long
 //! it has been seen dead) and the caller decides whether the driver has released it (the shim
 //! asks NVML's process list). Undecided slots stay claimed and charged (`ReapReport::pending`).
-//! [`Region::reap_dead`] frees only what cannot return budget early: dead slots holding
-//! nothing, and those dead for [`RELEASE_TIMEOUT`] (so nothing stays unavailable for good).
+//! [`Region::reap_dead`] frees only what returns no budget: dead slots holding nothing. No
+//! timer of the region gives a dead slot's bytes back: a slow driver keeps them charged for
+//! as long as it holds the memory ([`RELEASE_TIMEOUT`] is for the caller's judge, when
+//! nothing at all can tell).
 //! A reaper frees a slot under the slot's reclaim lock (its second byte, non-blocking: a
 //! second reaper skips the slot) with a CAS naming the claim generation it judged, so a slot
 //! re-claimed meanwhile is never freed.
@@ -202,6 +204,9 @@ pub enum RegionError {
     /// The path now names a different file than the one this process mapped, or the slice's
     /// live processes use another file (deleted or renamed over) than the one at the path.
     Replaced { path: PathBuf },
+    /// The file is empty or blank (truncated or zeroed) while processes of the slice map
+    /// it: initialising it afresh would start a second ledger.
+    Emptied { path: PathBuf },
     /// A symbolic link is at the region's name: never followed.
     Symlink { path: PathBuf },
     /// Something other than a regular file is at the region's name.
@@ -270,6 +275,12 @@ impl fmt::Display for RegionError {
             RegionError::Replaced { path } => write!(
                 f,
                 "shared region {}: the slice's running processes use another file than the one now at this path (it was deleted or replaced while they run); refusing to start a second ledger: stop the slice's processes, or put the file back",
+                path.display()
+            ),
+            RegionError::Emptied { path } => write!(
+                f,
+                "shared region {}: the file was emptied (truncated or zeroed) while processes of the slice map it; refusing to start a second ledger in it: stop the slice's processes, then `gpuslice reset --region {}`",
+                path.display(),
                 path.display()
             ),
             RegionError::Symlink { path } => write!(
@@ -410,13 +421,18 @@ pub struct DeadSlot {
     /// Bytes still charged per device entry.
     pub used_bytes: [u64; MAX_DEVICES],
     pub exit: ExitState,
+    /// Its host PID is our PID namespace's and now names another running process: an NVML
+    /// entry under that PID may be the newcomer's, not the dead process's.
+    pub host_pid_reused: bool,
     /// Time since a reap first found it dead (0 on that first reap).
     pub dead_for: std::time::Duration,
 }
 
-/// How long a dead slot stays charged at most while nothing proves the driver released its
-/// memory (another PID namespace without NVML evidence, an exec'd process, a driver that is
-/// slow to tear down). Bounded so a dead process's budget is never lost for good.
+/// How long a dead slot stays charged at most when NOTHING can tell whether the driver
+/// released its memory (no NVML answer or no host PID, and another PID namespace or an exec'd
+/// owner), so that a dead process's budget is never lost for good. A judge that has the
+/// driver's word (NVML lists the host PID) never uses it: a slow driver keeps the budget
+/// charged for as long as it holds the memory.
 pub const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl DeadSlot {
@@ -427,10 +443,9 @@ impl DeadSlot {
         self.exit == ExitState::Exited || self.dead_for >= RELEASE_TIMEOUT
     }
 
-    /// Freeing it returns no budget early: it holds nothing, or has been dead for
-    /// [`RELEASE_TIMEOUT`]. What `reap_dead` and a full registration use.
-    pub fn holds_nothing_or_timed_out(&self) -> bool {
-        self.bytes() == 0 || self.dead_for >= RELEASE_TIMEOUT
+    /// Freeing it returns no budget: it holds nothing. What `reap_dead` and `register` use.
+    pub fn holds_nothing(&self) -> bool {
+        self.bytes() == 0
     }
 
     pub fn bytes(&self) -> u64 {
@@ -498,6 +513,45 @@ pub struct ProcessSnapshot {
     pub used_bytes: [u64; MAX_DEVICES],
     pub contexts: [u32; MAX_DEVICES],
     pub liveness: Liveness,
+}
+
+impl ProcessSnapshot {
+    /// Whether this slot's process has exited and the driver no longer holds its memory, by
+    /// the evidence the shim itself reaps on: with its host PID known, the driver's word
+    /// (`listed`: whether the driver lists a host PID, `None`: it cannot be asked); without
+    /// one (a process that never had to ask NVML who it is), the kernel's, where the slot is
+    /// of the reader's PID namespace: gone or a zombie, every descriptor closed, the
+    /// driver's included. What readers (`gpuslice status`, the node agent) leave out of the
+    /// slice's use before a starting process reaps the slot; otherwise the bytes stay
+    /// counted (the driver may hold them still).
+    pub fn exited_and_released(&self, listed: &dyn Fn(u32) -> Option<bool>) -> bool {
+        if self.liveness != Liveness::Stale {
+            return false;
+        }
+        if self.host_pid != 0 {
+            return listed(self.host_pid) == Some(false);
+        }
+        let identity = ProcessIdentity {
+            pid: self.pid,
+            host_pid: 0,
+            start_time: self.start_time,
+            pid_ns: self.pid_ns,
+        };
+        identity.same_namespace_as_current() && !identity.is_alive()
+    }
+}
+
+impl RegionSnapshot {
+    /// Bytes on device entry `entry` of slots whose process exited and whose memory the
+    /// driver has released ([`ProcessSnapshot::exited_and_released`]): counted by the ledger
+    /// until a process of the slice reaps them, used by nobody.
+    pub fn released_bytes(&self, entry: usize, listed: &dyn Fn(u32) -> Option<bool>) -> u64 {
+        self.processes
+            .iter()
+            .filter(|p| p.exited_and_released(listed))
+            .map(|p| p.used_bytes.get(entry).copied().unwrap_or(0))
+            .fold(0u64, u64::saturating_add)
+    }
 }
 
 /// Plain owned copy of a region for display (`gpuslice status`). Not a consistent cut: each
@@ -970,6 +1024,14 @@ impl Region {
     /// Whether the holder of `device`'s measuring turn is stopped or traced (SIGSTOP, a
     /// debugger, `docker pause`): waiting for it is then pointless. False when unknown
     /// (no holder recorded, or one in another PID namespace).
+    /// The PID (in its own namespace) that last took the measuring turn of `device` (0 =
+    /// none yet): a waiter sees turns pass by its changes.
+    pub fn measuring_holder(&self, device: DeviceId) -> u64 {
+        self.map.layout().devices[device.index()]
+            .measuring_pid
+            .load(Ordering::Acquire)
+    }
+
     pub fn measuring_holder_stopped(&self, device: DeviceId) -> bool {
         let entry = &self.map.layout().devices[device.index()];
         let pid = entry.measuring_pid.load(Ordering::Acquire);

@@ -124,12 +124,14 @@ pub(super) fn open_or_create(path: &Path) -> Result<Region, RegionError> {
         });
     }
     if facts.size == 0 {
+        refuse_if_emptied_under_others(path, &place, &file, &facts, readable_dir)?;
         initialise_in_place(path, &file)?;
     }
     let map = Mapping::map(path, &file, true)?;
     match validate(&map, path) {
         Ok(()) => {}
         Err(RegionError::NotInitialised { .. }) if may_initialise(&map) => {
+            refuse_if_emptied_under_others(path, &place, &file, &facts, readable_dir)?;
             initialise_in_place(path, &file)?;
             validate(&map, path)?;
         }
@@ -168,6 +170,34 @@ fn create(path: &Path, dir: &OwnedFd, name: &CString) -> Result<Option<OwnedFd>,
         lock::unlink_at(dir, temp);
     }
     Ok(made?.then_some(fd))
+}
+
+/// An empty or blank file may be initialised in place only while no process maps it: one
+/// that does had it initialised (every opener takes the guard only after initialising), so
+/// the file was truncated or zeroed under it, and a fresh header would start a second ledger
+/// in the same file next to the live processes' one (they go on with their own counts).
+/// `Emptied` then; a file another opener finished initialising meanwhile is fine. Without a
+/// readable directory there is no guard to ask (documented).
+fn refuse_if_emptied_under_others(
+    path: &Path,
+    place: &Place,
+    file: &OwnedFd,
+    facts: &lock::FileFacts,
+    readable_dir: bool,
+) -> Result<(), RegionError> {
+    if !readable_dir {
+        return Ok(());
+    }
+    let Ok(guard) = lock::open_dir(&place.dir) else {
+        return Ok(());
+    };
+    let (_, file_offset) = guard_offsets(&place.name, facts.dev, facts.ino);
+    if lock::is_locked_by_other(&guard, file_offset).unwrap_or(false) && !header_ready(file) {
+        return Err(RegionError::Emptied {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
 }
 
 /// Sizes, opens up and initialises a new, still unnamed file.

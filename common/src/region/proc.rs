@@ -46,6 +46,15 @@ impl ProcessIdentity {
         }
     }
 
+    /// Whether its PID now names another running process (a later start time): the host
+    /// reused it. Only meaningful where `same_namespace_as_current`.
+    pub fn pid_reused(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .ok()
+            .and_then(|text| parse_stat(&text))
+            .is_some_and(|f| f.start_time != self.start_time && !f.is_exited())
+    }
+
     /// Whether this identity's PID can be checked in our /proc.
     pub fn same_namespace_as_current(&self) -> bool {
         self.pid_ns != 0 && self.pid_ns == pid_namespace_of("self")

@@ -16,27 +16,33 @@ use super::{
 };
 
 impl Region {
-    /// Claims a slot for `identity`: a free one, else one whose dead owner holds nothing (or
-    /// has been dead for `RELEASE_TIMEOUT`). Call again in a forked child: it gets its own slot.
+    /// Claims a slot for `identity`: a free one, else one whose dead owner holds nothing.
+    /// Call again in a forked child: it gets its own slot.
     pub fn register(&self, identity: &ProcessIdentity) -> Result<SlotId, RegionError> {
-        self.register_with(identity, |_| {})
+        self.register_with(identity, |_| {}, DeadSlot::holds_nothing)
     }
 
     /// `register`, running `after_claim` with the slot claimed and its liveness lock held
-    /// (tests use it to stop or die at the worst moment).
+    /// (tests use it to stop or die at the worst moment). When every slot is claimed, the
+    /// dead ones are offered to `released` (the driver's word, as for `reap_dead_if`) and
+    /// the claim is tried once more.
     pub fn register_with(
         &self,
         identity: &ProcessIdentity,
         after_claim: impl FnOnce(SlotId),
+        released: impl FnMut(&DeadSlot) -> bool,
     ) -> Result<SlotId, RegionError> {
         self.close_inherited_slot_locks();
+        let mut released = Some(released);
         for attempt in 0..2 {
             if let Some(slot) = self.claim_free_slot(identity)? {
                 after_claim(slot);
                 return Ok(slot);
             }
             if attempt == 0 {
-                self.reap_dead()?;
+                if let Some(released) = released.take() {
+                    self.reap_dead_if(released)?;
+                }
             }
         }
         Err(RegionError::Full {
@@ -62,11 +68,11 @@ impl Region {
         Ok(())
     }
 
-    /// Frees every dead slot whose freeing returns no budget early (it holds nothing, or its
-    /// owner has been dead for `RELEASE_TIMEOUT`). Dead slots holding memory wait for
-    /// `reap_dead_if` with the driver's word.
+    /// Frees every dead slot whose freeing returns no budget at all: those holding nothing.
+    /// Dead slots holding memory wait for `reap_dead_if` with the driver's word, however
+    /// long that takes (no timer here gives a dead process's budget back).
     pub fn reap_dead(&self) -> Result<ReapReport, RegionError> {
-        self.reap_dead_if(DeadSlot::holds_nothing_or_timed_out)
+        self.reap_dead_if(DeadSlot::holds_nothing)
     }
 
     /// Two-phase reap: every slot whose owner is dead is offered to `released`, which says
@@ -256,7 +262,8 @@ fn identity_of(slot: &ProcessSlot) -> ProcessIdentity {
 /// Describes a stale slot for `reap_dead_if`, stamping when it was first found dead.
 fn dead_slot(slot: &ProcessSlot, index: usize, now: u64) -> DeadSlot {
     let identity = identity_of(slot);
-    let exit = if !identity.same_namespace_as_current() {
+    let same_namespace = identity.same_namespace_as_current();
+    let exit = if !same_namespace {
         ExitState::Unknown
     } else if identity.is_alive() {
         ExitState::Exiting
@@ -282,6 +289,9 @@ fn dead_slot(slot: &ProcessSlot, index: usize, now: u64) -> DeadSlot {
         host_pid: identity.host_pid,
         used_bytes: std::array::from_fn(|d| slot.used[d].load(Ordering::Relaxed)),
         exit,
+        host_pid_reused: same_namespace
+            && identity.host_pid == identity.pid
+            && identity.pid_reused(),
         dead_for: std::time::Duration::from_nanos(now - seen),
     }
 }

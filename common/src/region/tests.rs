@@ -769,6 +769,28 @@ fn a_deleted_or_replaced_file_never_starts_a_second_ledger() {
 }
 
 #[test]
+fn a_file_zeroed_under_a_live_process_is_never_initialised_afresh() {
+    let dir = TempDir::new("zeroed");
+    let (region, slot, device) = region_with(&dir, Some(100 * MIB));
+    region.reserve(slot, device, 60 * MIB).unwrap();
+    let len = std::fs::metadata(dir.file()).unwrap().len() as usize;
+    std::fs::write(dir.file(), vec![0u8; len]).unwrap();
+    let err = Region::open_or_create(&dir.file())
+        .err()
+        .expect("second ledger");
+    assert!(matches!(err, RegionError::Emptied { .. }), "{err}");
+    assert!(
+        err.to_string().contains(dir.file().to_str().unwrap()),
+        "{err}"
+    );
+    // The live process's own view is wiped with the file: its limit reads 0 and it refuses.
+    assert!(region.reserve(slot, device, MIB).is_err());
+    // Once nobody maps it, an opener may initialise it again.
+    drop(region);
+    Region::open_or_create(&dir.file()).unwrap();
+}
+
+#[test]
 fn registering_more_than_max_processes_live_is_full() {
     let dir = TempDir::new("full");
     let region = Region::open_or_create(&dir.file()).unwrap();

@@ -251,7 +251,7 @@ usage: <client> SCENARIO [ARGS]
   graph-memory SIZE [--allocs N] [--upload true] [--chunk CHUNK] [--max N]
   launch [--kernels N] [--ns-per-wave NS] [--grid G] [--block B] [--stream default|created]
          [--path kernel|ex|cooperative|cooperative-multi|graph|capture] [--duration-s S]
-  threads [--threads N] [--size SIZE] [--iterations N] [--path P] [--hold-us US] [--keep-alive true]
+  threads [--threads N] [--size SIZE] [--iterations N] [--path P[,P...]] [--hold-us US] [--keep-alive true]
   vmm-reuse [--threads N] [--size SIZE] [--iterations N] [--slots K] [--churn true] [--hold-us US]
   errors
   (linked-client only) nvml
@@ -375,6 +375,17 @@ impl Args {
         match self.options.get("path") {
             None => Ok(AllocPath::Alloc),
             Some(p) => AllocPath::parse(p).ok_or_else(|| Usage(format!("unknown --path {p}"))),
+        }
+    }
+    /// `--path a,b,...`: thread `t` of a threaded scenario takes path `t % n` (mixing the
+    /// free paths in one process).
+    fn alloc_paths(&self) -> Result<Vec<AllocPath>, Usage> {
+        match self.options.get("path") {
+            None => Ok(vec![AllocPath::Alloc]),
+            Some(list) => list
+                .split(',')
+                .map(|p| AllocPath::parse(p).ok_or_else(|| Usage(format!("unknown --path {p}"))))
+                .collect(),
         }
     }
 }
@@ -1089,7 +1100,7 @@ fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let n: usize = args.get("threads", 16)?;
     let iterations: usize = args.get("iterations", 50)?;
     let size = option_size(args, "size", 2 << 20)?;
-    let path = args.alloc_path()?;
+    let paths = args.alloc_paths()?;
     let hold = Duration::from_micros(args.get("hold-us", 0)?);
     let keep_alive: bool = args.get("keep-alive", false)?;
     if let Err(e) = setup(gpu) {
@@ -1102,8 +1113,9 @@ fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     type ThreadResults = (Vec<Res<()>>, Vec<Res<()>>);
     let per_thread: Vec<ThreadResults> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..n)
-            .map(|_| {
-                scope.spawn(|| {
+            .map(|t| {
+                let path = paths[t % paths.len()];
+                scope.spawn(move || {
                     let (mut allocs, mut frees) = (Vec::new(), Vec::new());
                     if let Err(f) = gpu.context(0) {
                         allocs.push(Err(f));
@@ -1136,7 +1148,7 @@ fn threads<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         "threads": n,
         "iterations": iterations,
         "size": size,
-        "path": path.name(),
+        "path": paths.iter().map(|p| p.name()).collect::<Vec<_>>().join(","),
         "alloc_results": tally(gpu, &allocs),
         "free_results": tally(gpu, &frees),
         "mem_free_before": free_before,
@@ -1324,7 +1336,7 @@ fn churn<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let n: usize = args.get("threads", 4)?;
     let forks: usize = args.get("fork", 0)?;
     let size = option_size(args, "size", 2 << 20)?;
-    let path = args.alloc_path()?;
+    let paths = args.alloc_paths()?;
     if let Err(mut e) = setup(gpu) {
         e["pid"] = json!(std::process::id());
         return Ok(e);
@@ -1333,8 +1345,11 @@ fn churn<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let (granted, refused, failed) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let started = AtomicU64::new(0);
     std::thread::scope(|scope| {
-        for _ in 0..n {
-            scope.spawn(|| {
+        for t in 0..n {
+            let path = paths[t % paths.len()];
+            let (stop, granted, refused, failed, started) =
+                (&stop, &granted, &refused, &failed, &started);
+            scope.spawn(move || {
                 let ok = gpu.context(0).is_ok();
                 started.fetch_add(1, Ordering::SeqCst);
                 if !ok {

@@ -580,10 +580,18 @@ pub fn run_with_timeout(mut cmd: Command, input: Option<&[u8]>, timeout: Duratio
 
 /// Polls `condition` until it holds; panics naming `what` after `timeout`. The way tests
 /// wait for another process's effect (never a bare sleep).
-/// `gpuslice status --json --region PATH`, parsed.
+/// `gpuslice status --json --region PATH`, parsed (without a driver to ask: a dead slot's
+/// bytes stay counted).
 pub fn region_status(region: &Path) -> Value {
+    region_status_with(region, &[])
+}
+
+/// [`region_status`] run with `env` (the fake's, so that `status` can ask its NVML whether
+/// a dead slot's process is still listed).
+pub fn region_status_with(region: &Path, env: &[(String, String)]) -> Value {
     let mut cmd = Command::new(gpuslice_binary());
     cmd.args(["status", "--json", "--region"]).arg(region);
+    cmd.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     let out = run_with_timeout(cmd, None, DEFAULT_TIMEOUT);
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(

@@ -152,6 +152,36 @@ fn help_lists_every_subcommand_and_the_exit_codes() {
     }
 }
 
+/// Without `-o`, `write` prints the file on standard output and says so: the machine-wide
+/// anchored path (which caps every shim process and silences their own configuration) is
+/// never written by accident; named with `-o`, it is, with a line saying what it means.
+#[test]
+fn write_prints_on_stdout_unless_told_where_and_never_picks_the_anchored_path() {
+    let anchored = Path::new("/etc/gpuslice/limits.json");
+    let existed = anchored.exists();
+    for args in [
+        &["write", "-d", "0:memory=8GiB"][..],
+        &["write", "-d", "0:memory=8GiB", "-o", "-"],
+    ] {
+        let r = run(args);
+        assert_eq!(r.code, 0, "{args:?}: {}", r.stderr);
+        let file: Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| {
+            panic!("{args:?}: not the limit file on stdout ({e}): {}", r.stdout)
+        });
+        assert_eq!(file["devices"][0]["memory"], "8 GiB", "{}", r.stdout);
+        assert!(
+            r.stderr.contains("standard output"),
+            "{args:?}: says what it wrote: {}",
+            r.stderr
+        );
+        assert_eq!(
+            anchored.exists(),
+            existed,
+            "{args:?}: the anchored limit file was touched"
+        );
+    }
+}
+
 #[test]
 fn write_then_check_round_trips_and_guards_existing_files() {
     use std::os::unix::fs::MetadataExt;

@@ -61,3 +61,86 @@ fn a_dead_members_budget_returns_only_after_the_driver_released_its_memory() {
         waiter.release();
     });
 }
+
+/// A driver much slower than any timer of the shim (20 s; the region's release timeout is
+/// 10 s, the time the shim gave a dead slot before): a newcomer that starts after that timeout and asks for the dead member's budget is
+/// refused, and sees the dead member's bytes as used, for as long as the driver lists the dead
+/// process; the budget comes back only when the driver has released the memory.
+#[test]
+fn a_slow_driver_keeps_a_dead_members_budget_charged_however_long_it_takes() {
+    const SLOW_MS: u64 = 20_000;
+    let gpu = FakeGpu::start("v100");
+    gpu.truth().set_release_delay_ms(SLOW_MS);
+    // The fake holds every dead process's memory that long, the newcomers' contexts too:
+    // room for the holder (100 + 700 MiB) and three 100 MiB contexts, not for a second 700.
+    let limit = 1300 * MIB;
+    let slice = Slice::builder().device(0, "1300MiB", None).build();
+    let mut env = slice.env(&gpu);
+    env.push(("FAKEGPU_CTX_OVERHEAD".into(), CONTEXT.to_string()));
+    let holder = Client::spawn(ClientKind::Linked, &["hold", "700MiB"], &env);
+    assert_eq!(holder.first["result"], "CUDA_SUCCESS", "{}", holder.first);
+    holder.kill();
+    let died = std::time::Instant::now();
+    // A first newcomer right away: its start sees the dead slot (the clock of every timer
+    // of the region starts there) and its allocation is refused.
+    let early = Client::run(ClientKind::Cudarc, &["alloc", "700MiB"], &env);
+    assert_eq!(
+        early["results"][0], "CUDA_ERROR_OUT_OF_MEMORY",
+        "right after the death: {early}"
+    );
+    // Past the region's release timeout (10 s), while the driver still holds the memory. A
+    // sleep, not a wait: what is tested is that time alone changes nothing.
+    let past_timeout = std::time::Duration::from_secs(11);
+    std::thread::sleep(past_timeout.saturating_sub(died.elapsed()));
+    assert!(
+        gpu.truth().used_memory(0) >= CONTEXT + 700 * MIB,
+        "the fake released the dead holder early: the test needs a slower driver"
+    );
+    let info = Client::run(ClientKind::Linked, &["meminfo"], &env);
+    let late = Client::run(ClientKind::ProcAddr, &["alloc", "700MiB"], &env);
+    let still_held = gpu.truth().used_memory(0) >= CONTEXT + 700 * MIB;
+    eprintln!(
+        "slow driver: {:?} after the death: meminfo {info}, alloc {late}; physical peak {} MiB",
+        died.elapsed(),
+        gpu.truth().peak_memory(0) / MIB
+    );
+    assert!(
+        still_held,
+        "the fake released the dead holder during the check"
+    );
+    assert_eq!(
+        late["results"][0],
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "{:?} after the death the dead holder's budget came back without the driver: {late}",
+        died.elapsed()
+    );
+    // What the newcomer sees meanwhile: the dead holder's 700 MiB (and context) as used.
+    assert!(
+        info["free"].as_u64().unwrap_or(u64::MAX) <= limit - CONTEXT - (CONTEXT + 700 * MIB),
+        "a newcomer's free memory while the driver holds the dead member's: {info}"
+    );
+    // Once the driver lets go, the budget comes back.
+    let waiter = Client::spawn(
+        ClientKind::Cudarc,
+        &["alloc-retry", "700MiB", "--max-ms", "30000"],
+        &env,
+    );
+    let out = &waiter.first;
+    eprintln!(
+        "slow driver: waiter {out} {:?} after the death",
+        died.elapsed()
+    );
+    assert_eq!(out["result"], "CUDA_SUCCESS", "{out}");
+    assert!(
+        died.elapsed() >= std::time::Duration::from_millis(SLOW_MS),
+        "the budget came back before the driver released the memory"
+    );
+    let peak = gpu.truth().peak_memory(0);
+    assert!(
+        peak <= limit,
+        "physical peak {} MiB passed the {} MiB cap",
+        peak / MIB,
+        limit / MIB
+    );
+    waiter.release();
+}

@@ -282,3 +282,78 @@ fn gpuslice(args: &[&str], file: &Path, env: &Env) -> Output {
         DEFAULT_TIMEOUT,
     )
 }
+
+/// A configuration that cannot be applied is refused at the FIRST call, `cuInit`, so that an
+/// "is CUDA available?" check says no (it used to say yes, and the application failed later,
+/// from `cuDeviceTotalMem` on): a limit-file entry for a UUID the node lacks, and a HAMi env
+/// variable naming a device index the node lacks (`CUDA_DEVICE_MEMORY_LIMIT_7` on a one-GPU
+/// node, which ran unlimited and silent before). The line names the variable or the file.
+#[test]
+fn a_configuration_that_cannot_be_applied_is_refused_at_cu_init() {
+    assert_no_anchored_file();
+    let gpu = FakeGpu::start("v100");
+    let uuid = gpu.truth().device(0).unwrap().uuid;
+    let typo = Slice::builder()
+        .device_uuid(&typo_of(&uuid), "1GiB", None)
+        .build();
+    let mut hami = gpu.env();
+    hami.push((
+        "LD_PRELOAD".into(),
+        cuda_e2e::shim_library().display().to_string(),
+    ));
+    let region = typo.config_path().with_file_name("hami.region");
+    hami.push((
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+        region.display().to_string(),
+    ));
+    let mut hami_sm = hami.clone();
+    hami.push(("CUDA_DEVICE_MEMORY_LIMIT_7".into(), "1g".into()));
+    hami_sm.push(("CUDA_DEVICE_SM_LIMIT_3".into(), "50".into()));
+    let cases = [
+        (typo.env(&gpu), typo.config_path().display().to_string()),
+        (hami, "CUDA_DEVICE_MEMORY_LIMIT_7".to_string()),
+        (hami_sm, "CUDA_DEVICE_SM_LIMIT_3".to_string()),
+    ];
+    for (env, named) in &cases {
+        for kind in ClientKind::ALL {
+            gpu.truth().reset_peak_memory(0);
+            let out = Client::output(kind, &["alloc", "2GiB"], env);
+            let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+            let json: serde_json::Value =
+                serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap_or_default();
+            assert_eq!(
+                (json["failed_step"].as_str(), json["error"].as_str()),
+                (Some("cuInit"), Some("CUDA_ERROR_NOT_INITIALIZED")),
+                "{kind:?} {named}: refused at cuInit: {stdout} / {stderr}"
+            );
+            assert_eq!(gpu.truth().peak_memory(0), 0, "{kind:?} {named}");
+            let lines = shim_lines(&out);
+            assert_eq!(lines.len(), 1, "{kind:?} {named}: one line: {stderr}");
+            assert!(
+                lines[0].contains(named.as_str()) && lines[0].contains(&uuid),
+                "{kind:?}: names {named} and the devices there: {}",
+                lines[0]
+            );
+        }
+        let out = run_pynvml_init(env);
+        assert!(
+            text(&out.stdout).contains("init error 1"),
+            "{named}: NVML_ERROR_UNINITIALIZED: {} {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+    // HAMi variables naming the device the node has still enforce.
+    let mut good = gpu.env();
+    good.push((
+        "LD_PRELOAD".into(),
+        cuda_e2e::shim_library().display().to_string(),
+    ));
+    good.push((
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+        region.with_file_name("good.region").display().to_string(),
+    ));
+    good.push(("CUDA_DEVICE_MEMORY_LIMIT_0".into(), "1g".into()));
+    let out = Client::run(ClientKind::Linked, &["alloc", "2GiB"], &good);
+    assert_eq!(out["results"][0], "CUDA_ERROR_OUT_OF_MEMORY", "{out}");
+}

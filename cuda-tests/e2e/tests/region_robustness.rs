@@ -133,6 +133,72 @@ fn a_deleted_or_replaced_region_never_starts_a_second_ledger() {
     assert_eq!(after["results"][0], "CUDA_SUCCESS", "{after}");
 }
 
+/// Emptied in place (zeroed, truncated to 0) or made unreadable (chmod 000) while a process of
+/// the slice holds 600 of its 1 GiB: a newcomer either fails closed naming the file or joins
+/// the one ledger, never initialises the file afresh (which let it take another 600 MiB:
+/// +404 MiB over the cap before).
+#[test]
+fn a_region_emptied_or_chmoded_under_live_processes_never_starts_a_second_ledger() {
+    use std::os::unix::fs::PermissionsExt;
+    for how in ["zeroed", "truncated", "chmod 000"] {
+        let gpu = FakeGpu::start("v100");
+        let slice = Slice::builder().device(0, "1GiB", None).build();
+        let env = slice.env(&gpu);
+        let region = slice.region_path();
+        let holder = Client::spawn(ClientKind::Linked, &["hold", "600MiB"], &env);
+        assert_eq!(holder.first["result"], "CUDA_SUCCESS", "{}", holder.first);
+        gpu.truth().reset_peak_memory(0);
+        match how {
+            "zeroed" => {
+                let len = std::fs::metadata(&region).unwrap().len() as usize;
+                let mut file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&region)
+                    .unwrap();
+                std::io::Write::write_all(&mut file, &vec![0u8; len]).unwrap();
+            }
+            "truncated" => std::fs::OpenOptions::new()
+                .write(true)
+                .open(&region)
+                .unwrap()
+                .set_len(0)
+                .unwrap(),
+            _ => std::fs::set_permissions(&region, std::fs::Permissions::from_mode(0o000)).unwrap(),
+        }
+        let out = Client::output(ClientKind::Cudarc, &["alloc", "600MiB"], &env);
+        let json = last_json(&out);
+        let lines = gpuslice_lines(&out);
+        eprintln!("{how}: newcomer {json}; {lines:?}");
+        assert_ne!(
+            json["results"][0], "CUDA_SUCCESS",
+            "{how}: a second ledger let the newcomer past the cap: {json} {lines:?}"
+        );
+        if how == "chmod 000" {
+            // Root opens it anyway and joins the one ledger (refused at the cap); anyone
+            // else fails closed naming the file.
+            let refused_at_the_cap = json["results"][0] == "CUDA_ERROR_OUT_OF_MEMORY"
+                || json["error"] == "CUDA_ERROR_OUT_OF_MEMORY";
+            if !refused_at_the_cap {
+                assert_refused_naming(&out, &region.display().to_string(), how);
+            }
+        } else {
+            assert_refused_naming(&out, &region.display().to_string(), how);
+            assert!(
+                gpu_lines_mention(&out, "emptied"),
+                "{how}: the line says what happened: {lines:?}"
+            );
+        }
+        let peak = gpu.truth().peak_memory(0);
+        assert!(
+            peak <= GIB,
+            "{how}: the card reached {} MiB, past the 1 GiB cap",
+            peak / MIB
+        );
+        // (Truncated, the holder dies of SIGBUS at its next touch of the region: documented.)
+        holder.kill();
+    }
+}
+
 fn gpu_lines_mention(out: &std::process::Output, word: &str) -> bool {
     gpuslice_lines(out).iter().any(|l| l.contains(word))
 }
@@ -209,6 +275,42 @@ fn an_exited_process_memory_shows_back_in_the_others_views() {
         "the view still counts the dead: {back}"
     );
     viewer.release();
+}
+
+/// Processes that exit normally leave their slots (and context bytes) in the region until a
+/// starting process reaps them; `gpuslice status` must not show those bytes as used once the
+/// driver lists the processes no more (it showed 3 x 300 MiB "used" by nobody).
+#[test]
+fn status_never_shows_memory_of_processes_that_have_exited() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice.env(&gpu);
+    for kind in ClientKind::ALL {
+        let out = Client::run(kind, &["alloc", "100MiB"], &env);
+        assert_eq!(out["results"][0], "CUDA_SUCCESS", "{out}");
+    }
+    wait_until("the card freed the exited", DEFAULT_TIMEOUT, || {
+        gpu.truth().used_memory(0) == 0
+    });
+    let status = cuda_e2e::region_status_with(&slice.region_path(), &gpu.env());
+    eprintln!("status after three exits: {status}");
+    assert_eq!(
+        status["devices"][0]["used"], 0,
+        "status counts memory of exited processes: {status}"
+    );
+    for p in status["processes"].as_array().unwrap() {
+        assert_eq!(p["used_total"], 0, "{p}");
+        assert_ne!(p["state"], "alive", "{p}");
+    }
+    // A live holder is still shown.
+    let holder = Client::spawn(ClientKind::Linked, &["hold", "100MiB"], &env);
+    let status = cuda_e2e::region_status_with(&slice.region_path(), &gpu.env());
+    assert_eq!(
+        status["devices"][0]["used"],
+        CONTEXT + 100 * MIB,
+        "{status}"
+    );
+    holder.release();
 }
 
 #[test]

@@ -425,6 +425,34 @@ fn cuda_bindings_gets_error_codes_from_a_refused_slice() {
     );
 }
 
+/// The same binding in a process whose front cannot load its core (a half-installed shim):
+/// every lookup is answered with a function that returns a CUDA error, so the binding shows
+/// `CUDA_ERROR_NOT_INITIALIZED` instead of "function cuInit is not found".
+#[test]
+fn cuda_bindings_gets_error_codes_from_a_front_without_its_core() {
+    let gpu = FakeGpu::start("v100");
+    let dir = cuda_e2e::TempDir::new("front-alone");
+    let alone = dir.path().join("libgpuslice.so");
+    std::fs::copy(cuda_e2e::shim_library(), &alone).unwrap();
+    let mut env = one_gib_slice().env(&gpu);
+    for (key, value) in env.iter_mut() {
+        if key == "LD_PRELOAD" {
+            *value = alone.display().to_string();
+        }
+    }
+    let out = python_probe("cuda_bindings_probe.py", "cuda-bindings", &env);
+    assert_eq!(out["cuInit"], "CUDA_ERROR_NOT_INITIALIZED", "{out}");
+    assert_eq!(
+        out["cuDriverGetVersion"][0], "CUDA_ERROR_NOT_INITIALIZED",
+        "{out}"
+    );
+    assert_eq!(
+        out["cuGetErrorString"][0], "CUDA_ERROR_NOT_INITIALIZED",
+        "{out}"
+    );
+    assert!(out.get("exception").is_none(), "{out}");
+}
+
 #[test]
 fn no_configuration_is_pure_pass_through() {
     let gpu = FakeGpu::start("v100");

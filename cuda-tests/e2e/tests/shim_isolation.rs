@@ -520,15 +520,19 @@ fn without_its_core_the_front_fails_closed_with_one_clear_line() {
         let run =
             run_program_preloading(&programs().join(binary), args, Shim::With, &alone, &config);
         assert!(run.success, "{args:?}:\n{}\n{}", run.stdout, run.stderr);
-        // The CUDA runtime's path: cuGetProcAddress itself refuses (no core, no mapping to
-        // hand out), so nothing reaches the driver unlimited.
-        let (line, key) = if args[0] == "procaddr" {
-            ("self", "rc")
-        } else {
-            (args[0], "init")
-        };
+        // The CUDA runtime's path: cuGetProcAddress answers (never "not found", which
+        // bindings report as a missing function) with functions that refuse, so nothing
+        // reaches the driver unlimited and the application sees a CUDA error.
+        if args[0] == "procaddr" {
+            assert_eq!(run.field("self", "rc"), "0", "{args:?}\n{}", run.stdout);
+            assert!(
+                !run.line("cuDriverGetVersion ->").contains("NULL"),
+                "{args:?}: a function the driver has is answered\n{}",
+                run.stdout
+            );
+        }
         assert_eq!(
-            run.field(line, key),
+            run.field(args[0], "init"),
             "3",
             "{args:?}: CUDA_ERROR_NOT_INITIALIZED\n{}",
             run.stdout
@@ -559,6 +563,60 @@ fn without_its_core_the_front_fails_closed_with_one_clear_line() {
     let real = run_program(&program, &args, Shim::Without, &[]);
     let shimmed = run_program_preloading(&program, &args, Shim::With, &alone, &config);
     assert_eq!((shimmed.stdout, shimmed.stderr), (real.stdout, real.stderr));
+}
+
+/// Packages and `/etc/ld.so.preload` entries often reach the library through a symbolic link
+/// in another directory: the core is found beside the front's real file, the links
+/// followed (a relative link to a relative link here), and the slice is enforced.
+#[test]
+fn a_front_reached_through_symbolic_links_finds_its_core_beside_the_real_file() {
+    let dir = TempDir::new("shim-links");
+    let install = dir.path().join("usr/lib/gpuslice");
+    let links = dir.path().join("etc/preload.d");
+    let hop = dir.path().join("opt/gpuslice");
+    for d in [&install, &links, &hop] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::copy(shim_library(), install.join("libgpuslice.so")).unwrap();
+    std::fs::copy(shim_core_library(), install.join("libgpuslice_core.so")).unwrap();
+    // etc/preload.d/libgpuslice.so -> ../../opt/gpuslice/libgpuslice.so -> /abs/usr/lib/...
+    std::os::unix::fs::symlink(install.join("libgpuslice.so"), hop.join("libgpuslice.so")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../opt/gpuslice/libgpuslice.so",
+        links.join("libgpuslice.so"),
+    )
+    .unwrap();
+    let config = limit_file(&dir, ONE_GIB_ON_INDEX_0);
+    for args in PATHS {
+        let binary = if args[0] == "linked" {
+            "client_linked"
+        } else {
+            "client_dl"
+        };
+        let run = run_program_preloading(
+            &programs().join(binary),
+            args,
+            Shim::With,
+            &links.join("libgpuslice.so"),
+            &config,
+        );
+        assert!(run.success, "{args:?}:\n{}\n{}", run.stdout, run.stderr);
+        assert_eq!(
+            run.field(args[0], "init"),
+            "0",
+            "{args:?}\n{}\n{}",
+            run.stdout,
+            run.stderr
+        );
+        assert_eq!(
+            run.bytes(args[0], "total"),
+            GIB,
+            "{args:?}: the slice\n{}\n{}",
+            run.stdout,
+            run.stderr
+        );
+        assert!(run.stderr.is_empty(), "{args:?}: {}", run.stderr);
+    }
 }
 
 /// The core is loaded at the first lookup or call of a HOOKED name, never for another name:

@@ -18,8 +18,19 @@ const STORM: Duration = Duration::from_secs(12);
 /// SIGKILLs the kill storm aims for; it stops early after `4 * STORM` on a slow machine.
 const KILLS: u32 = 60;
 /// Paths whose charge is exact at every instant (pools and graphs may hold a chunk past the
-/// cap for the instant before an undo, by design; see docs/architecture.md).
-const PATHS: [&str; 5] = ["alloc", "managed", "pitch", "array", "vmm"];
+/// cap for the instant before an undo, by design; see docs/architecture.md; at the fake's
+/// default 2 MiB pool chunk a pool allocation grows its pool by exactly its size). The last
+/// two mix paths among a worker's three threads (thread `t` takes the `t`-th), so that a free
+/// on one path meets another path's allocation at the same address.
+const PATHS: [&str; 7] = [
+    "alloc",
+    "managed",
+    "pitch",
+    "array",
+    "vmm",
+    "async,alloc,pitch",
+    "pool,managed,async",
+];
 
 /// xorshift64*: enough randomness to place kills, reproducible from its seed.
 struct Rng(u64);

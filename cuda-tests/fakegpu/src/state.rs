@@ -38,14 +38,17 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::{Mutex, Once, OnceLock};
 
 pub const MAX_DEVICES: usize = 8;
-pub const MAX_PROCS: usize = 64;
+/// Process slots per machine: as many as a gpuslice region has (a real driver has no small
+/// limit; the fake must not hide what happens past 64 processes).
+pub const MAX_PROCS: usize = 1024;
 /// How many sums of the slots [`SharedState::record_peak`] reads at most for one charge.
 const PEAK_SUM_ATTEMPTS: u32 = 64;
 const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU1");
 /// 4: a device's use is the sum of its processes' slots (`used` holds only slot-less charges).
 /// 5: the header names the card's PID namespace; slots hold PIDs in it (host PIDs).
 /// 6: a device counts the changes of its use, so its high-water mark is read as one instant.
-const VERSION: u32 = 6;
+/// 7: 1,024 process slots, their utilisation rings apart, and a slot high-water mark.
+const VERSION: u32 = 7;
 /// Byte locked (exclusively) while creating the file or changing the slot table.
 const REG_LOCK: i64 = 0;
 /// Slot `i` is alive while someone holds a lock on byte `SLOT_LOCK_BASE + i`.
@@ -68,6 +71,9 @@ struct Header {
     /// Inode of the creator's PID namespace, the "host" whose PIDs the driver reports (0:
     /// unknown).
     pid_ns: u64,
+    /// One past the highest slot ever claimed: loops over the slots stop there, so a machine
+    /// that never had many processes pays for few (set before a slot is published live).
+    slot_high: AtomicU32,
 }
 
 #[repr(C)]
@@ -105,14 +111,21 @@ struct ProcSlot {
     dead_since: AtomicU64,
     used: [AtomicU64; MAX_DEVICES],
     contexts: [AtomicU32; MAX_DEVICES],
-    rings: [[AtomicU64; RING]; MAX_DEVICES],
+    /// Bit `d`: the slot's utilisation ring of device `d` may hold history (cleared for the
+    /// next holder only then, so a registration touches no ring pages it need not).
+    rings_used: AtomicU32,
 }
+
+/// One process slot's utilisation history per device.
+type SlotRings = [[AtomicU64; RING]; MAX_DEVICES];
 
 #[repr(C)]
 struct Layout {
     header: Header,
     devices: [DeviceRecord; MAX_DEVICES],
     slots: [ProcSlot; MAX_PROCS],
+    /// Apart from the slots, so that summing the slots reads a few compact pages.
+    rings: [SlotRings; MAX_PROCS],
 }
 
 /// Size of the state file. Most of it (the rings) stays sparse until used.
@@ -653,7 +666,8 @@ impl SharedState {
         // Read-only: cannot reap, so leave out the bytes of dead processes that are due for
         // release.
         let now = now_ns();
-        let dead: u64 = (0..MAX_PROCS)
+        let dead: u64 = self
+            .claimed_slots()
             .filter(|&i| self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE)
             .filter(|&i| !self.slot_holds(i, now))
             .map(|i| self.slot(i).used[index as usize].load(Ordering::Relaxed))
@@ -672,7 +686,7 @@ impl SharedState {
     /// seem to pass its cap.
     fn device_used(&self, index: u32) -> u64 {
         let Some(r) = self.dev(index) else { return 0 };
-        (0..MAX_PROCS)
+        self.claimed_slots()
             .inspect(|&_i| {
                 #[cfg(test)]
                 tests::while_summing(_i);
@@ -714,7 +728,7 @@ impl SharedState {
         self.reap_dead_processes();
         let d = index as usize;
         let now = now_ns();
-        (0..MAX_PROCS)
+        self.claimed_slots()
             .filter(|&i| self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE)
             .filter(|&i| {
                 let s = self.slot(i);
@@ -730,7 +744,7 @@ impl SharedState {
     }
 
     fn pid_slot(&self, pid: u32) -> Option<usize> {
-        (0..MAX_PROCS).find(|&i| {
+        self.claimed_slots().find(|&i| {
             let s = self.slot(i);
             s.state.load(Ordering::Acquire) == SLOT_LIVE && s.pid.load(Ordering::Relaxed) == pid
         })
@@ -745,7 +759,7 @@ impl SharedState {
             None => timeline::busy_between(&r.ring, from_ns, to_ns, now),
             Some(pid) => match self.pid_slot(pid) {
                 Some(i) => {
-                    timeline::busy_between(&self.slot(i).rings[index as usize], from_ns, to_ns, now)
+                    timeline::busy_between(&self.rings(i)[index as usize], from_ns, to_ns, now)
                 }
                 None => 0,
             },
@@ -795,8 +809,12 @@ impl SharedState {
         let Some(r) = self.dev(index) else { return };
         let now = now_ns();
         timeline::record(&r.ring, start, end, now);
-        if let Some(s) = slot.filter(|&s| s < MAX_PROCS) {
-            timeline::record(&self.slot(s).rings[index as usize], start, end, now);
+        if let Some(s) = slot.filter(|&s| s < MAX_PROCS && (index as usize) < MAX_DEVICES) {
+            let bit = 1u32 << index;
+            if self.slot(s).rings_used.load(Ordering::Relaxed) & bit == 0 {
+                self.slot(s).rings_used.fetch_or(bit, Ordering::Relaxed);
+            }
+            timeline::record(&self.rings(s)[index as usize], start, end, now);
         }
     }
 
@@ -910,6 +928,17 @@ impl SharedState {
         &self.layout().slots[i]
     }
 
+    #[inline]
+    fn rings(&self, i: usize) -> &SlotRings {
+        &self.layout().rings[i]
+    }
+
+    /// The slots ever claimed (`0..slot_high`): every loop over the slots stops there.
+    #[inline]
+    fn claimed_slots(&self) -> std::ops::Range<usize> {
+        0..(self.layout().header.slot_high.load(Ordering::Acquire) as usize).min(MAX_PROCS)
+    }
+
     /// This process's slot, if registered (and not inherited across fork).
     #[inline]
     pub fn my_slot(&self) -> Option<usize> {
@@ -967,13 +996,16 @@ impl SharedState {
                 unsafe { libc::close(lfd) };
                 continue;
             }
+            let dirty = s.rings_used.swap(0, Ordering::Relaxed);
             for d in 0..MAX_DEVICES {
                 s.used[d].store(0, Ordering::Relaxed);
                 s.contexts[d].store(0, Ordering::Relaxed);
                 // A previous holder's history must not be attributed to this process.
-                for b in s.rings[d].iter() {
-                    if b.load(Ordering::Relaxed) != 0 {
-                        b.store(0, Ordering::Relaxed);
+                if dirty & (1 << d) != 0 {
+                    for b in self.rings(i)[d].iter() {
+                        if b.load(Ordering::Relaxed) != 0 {
+                            b.store(0, Ordering::Relaxed);
+                        }
                     }
                 }
             }
@@ -981,6 +1013,11 @@ impl SharedState {
             s.pid.store(host_pid, Ordering::Relaxed);
             s.start_time
                 .store(process_start_time(pid).unwrap_or(0), Ordering::Relaxed);
+            // Before the slot is live: every sum of the slots includes it.
+            self.layout()
+                .header
+                .slot_high
+                .fetch_max(i as u32 + 1, Ordering::SeqCst);
             s.state.store(SLOT_LIVE, Ordering::Release);
             let listed = LOCK_FDS.iter().any(|e| {
                 e.compare_exchange(-1, lfd, Ordering::AcqRel, Ordering::Relaxed)
@@ -1048,7 +1085,8 @@ impl SharedState {
         // when a dead process was first seen, which starts its release delay. Every dead slot
         // is looked at (no short-circuit), so each gets its stamp at the first look.
         let now = now_ns();
-        let due = (0..MAX_PROCS)
+        let due = self
+            .claimed_slots()
             .filter(|&i| {
                 self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE
                     && !self.slot_alive(i)
@@ -1068,7 +1106,7 @@ impl SharedState {
     fn reap_locked(&self) -> usize {
         let mut reaped = 0;
         let now = now_ns();
-        for i in 0..MAX_PROCS {
+        for i in self.claimed_slots() {
             let s = self.slot(i);
             if s.state.load(Ordering::Acquire) != SLOT_LIVE
                 || self.slot_alive(i)

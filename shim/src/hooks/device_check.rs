@@ -3,11 +3,15 @@
 //!
 //! The configuration is loaded before the driver is up, so the devices are not known then.
 //! The decision is taken once, at the first CUDA or NVML call that can list them:
-//! * a CUDA call once the real `cuDeviceGetCount` answers (after `cuInit`): the devices this
+//! * `cuInit` itself, right after the real one succeeded (so the first call already
+//!   refuses), else a CUDA call once the real `cuDeviceGetCount` answers: the devices this
 //!   process sees (ordinal and `cuDeviceGetUuid`); an entry none of them matches is then
 //!   looked up in the real NVML, which lists every device of the container whatever
 //!   `CUDA_VISIBLE_DEVICES` hides (so an entry for a hidden card is right, not a typo);
 //! * an NVML call (NVML-only processes such as `nvidia-smi` or pynvml): NVML's devices.
+//!
+//! The HAMi route is held to the same rule: each indexed variable (`CUDA_DEVICE_MEMORY_LIMIT_7`)
+//! must name a device of the node (its un-indexed defaults name none in particular).
 //!
 //! The rule itself is `gpuslice_common::visible`. Before the driver can answer, calls pass
 //! (nothing can be allocated before `cuInit`). Once refused, every CUDA and NVML call returns
@@ -66,7 +70,11 @@ pub fn refusal() -> Option<&'static ConfigError> {
 /// answer; the first to publish it prints the refusal.
 #[cold]
 fn decide(config: &SliceConfig, library: Library) -> Result<(), u32> {
-    if config.devices.is_empty() || !matches!(config.source, ConfigSource::File(_)) {
+    let nothing_to_check = match config.source {
+        ConfigSource::File(_) => config.devices.is_empty(),
+        ConfigSource::Env => hami_indexed().is_empty(),
+    };
+    if nothing_to_check {
         VERDICT.store(MATCHED, Ordering::Release);
         return Ok(());
     }
@@ -117,6 +125,9 @@ fn verdict(config: &SliceConfig, library: Library) -> Option<Option<ConfigError>
         Library::Cuda => (cuda_devices()?, false),
         Library::Nvml => (nvml_devices()?, true),
     };
+    if config.source == ConfigSource::Env {
+        return Some(env_verdict(&seen, from_nvml));
+    }
     let unmatched = unmatched_entries(config, &seen, &|_| None);
     if unmatched.is_empty() {
         return Some(None);
@@ -143,6 +154,56 @@ fn verdict(config: &SliceConfig, library: Library) -> Option<Option<ConfigError>
         &seen,
         from_nvml || nvml.is_some(),
     )))
+}
+
+/// The HAMi route's indexed variables (name, device index) of this process's environment.
+fn hami_indexed() -> Vec<(String, u32)> {
+    gpuslice_common::config::hami_indexed_variables(&|name| std::env::var(name).ok())
+}
+
+/// The HAMi route: each indexed variable must name a device this process sees, or one NVML
+/// lists (hidden by `CUDA_VISIBLE_DEVICES`), like a limit-file entry.
+fn env_verdict(seen: &[SeenDevice], from_nvml: bool) -> Option<ConfigError> {
+    let named = hami_indexed();
+    let unseen: Vec<&(String, u32)> = named
+        .iter()
+        .filter(|(_, index)| !seen.iter().any(|d| d.index == *index))
+        .collect();
+    if unseen.is_empty() {
+        return None;
+    }
+    let node = if from_nvml { None } else { nvml_devices() };
+    let (name, index) = unseen
+        .into_iter()
+        .find(|(_, index)| !node.iter().flatten().any(|d| d.index == *index))?;
+    let nvml = if from_nvml || node.is_some() {
+        ""
+    } else {
+        "; NVML, which would also show devices hidden by CUDA_VISIBLE_DEVICES, could not be asked"
+    };
+    Some(ConfigError {
+        origin: name.clone(),
+        field: String::new(),
+        problem: format!(
+            "names device index {index}, which matches no device of this node (devices here: {}){nvml}; a limit for a device that does not exist would leave the device it meant unlimited",
+            gpuslice_common::visible::list_devices(seen)
+        ),
+    })
+}
+
+/// `cuInit`: a configuration that cannot be applied (an entry or HAMi variable naming a
+/// device the node lacks) is refused here, at the first call, once the driver can list its
+/// devices: "is CUDA available?" checks then say no, instead of the application failing at
+/// its first device query.
+pub unsafe fn cu_init(real: crate::hooks::registry::signature::cuInit, flags: u32) -> u32 {
+    let result = real(flags);
+    if result != CUDA_SUCCESS {
+        return result;
+    }
+    match crate::lifecycle::admit(Library::Cuda) {
+        Ok(()) => result,
+        Err(code) => code,
+    }
 }
 
 /// The CUDA devices of this process (ordinal, UUID), or `None` before the driver is up.

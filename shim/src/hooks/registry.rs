@@ -91,7 +91,7 @@ macro_rules! hook_table {
     ($generate:ident) => {
         $generate! {
         hooks {
-            Cuda fn cuInit(flags: c_uint) -> CUresult => passthrough;
+            Cuda fn cuInit(flags: c_uint) -> CUresult => device_check::cu_init;
             Cuda fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult => passthrough;
             Cuda fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
                 flags: cuuint64_t) -> CUresult => proc_address::get_proc_address [open];
@@ -382,7 +382,7 @@ macro_rules! hook_exports {
     };
 }
 
-use crate::hooks::{context, launch, memory, nvml, proc_address, query};
+use crate::hooks::{context, device_check, launch, memory, nvml, proc_address, query};
 
 hook_table!(hook_exports);
 

@@ -23,12 +23,19 @@ use gpuslice_common::size::format_size_approx;
 
 use super::{charge_or_refuse, device_id, Process, Shared, CONTEXT_BOUND_ENV};
 
-/// How long a starting process waits for another one's measurement before it goes ahead
+/// How long a starting process waits for ONE holder's measurement before it goes ahead
 /// unserialised: well above a context creation (tens to hundreds of ms), short enough that a
 /// holder stopped where we cannot see it (another PID namespace, `docker pause` of another
 /// container of the slice) delays a start by no more than this. A holder stopped in our own
-/// namespace is seen (`Region::measuring_holder_stopped`) and not waited for at all.
+/// namespace is seen (`Region::measuring_holder_stopped`) and not waited for at all. While
+/// turns pass from holder to holder (a storm of starts queued behind each other) the wait
+/// goes on: giving up then made hundreds of starters reserve the unmeasured bound at once,
+/// filling the slice, when one more turn would have published the measured cost.
 pub const MEASURING_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest pause between two looks at the turn: short against a context creation, long
+/// enough that a thousand waiters do not take the CPU from the holder.
+const LONGEST_PAUSE: Duration = Duration::from_millis(20);
 
 /// Takes the measuring turn of region device entry `device`, waiting at most `wait` for
 /// its holder; `None` when it could not be had (then the caller goes ahead unserialised).
@@ -38,10 +45,22 @@ pub fn lock_for_measuring(
     wait: Duration,
 ) -> Option<MeasuringTurn<'_>> {
     let id = device_id(device);
-    let deadline = Instant::now() + wait;
+    let mut deadline = Instant::now() + wait;
+    let mut holder = region.measuring_holder(id);
     let mut pause = Duration::from_micros(100);
+    let mut looks = 0u32;
     loop {
-        match region.try_measuring_turn(id) {
+        looks = looks.wrapping_add(1);
+        // A turn visibly held is not tried every time (each try opens the file): a storm of
+        // waiters must leave the CPU to the holder. Every 8th look tries anyway (a holder
+        // killed while holding leaves its PID behind; the kernel has dropped its lock).
+        let try_now = region.measuring_holder(id) == 0 || looks % 8 == 1;
+        let attempt = if try_now {
+            region.try_measuring_turn(id)
+        } else {
+            Ok(None)
+        };
+        match attempt {
             Ok(Some(turn)) => return Some(turn),
             Ok(None) => {}
             Err(e) => {
@@ -57,14 +76,20 @@ pub fn lock_for_measuring(
             );
             return None;
         }
+        let now_holding = region.measuring_holder(id);
+        if now_holding != holder {
+            // The turn passed on: the wait is for the new holder.
+            holder = now_holding;
+            deadline = Instant::now() + wait;
+        }
         if Instant::now() >= deadline {
             crate::log_info!(
-                "another process of the slice held the context measuring turn for {wait:?}; starting without it"
+                "one process of the slice held the context measuring turn for {wait:?}; starting without it"
             );
             return None;
         }
         std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(4));
+        pause = (pause * 2).min(LONGEST_PAUSE);
     }
 }
 

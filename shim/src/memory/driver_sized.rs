@@ -236,7 +236,7 @@ pub unsafe fn pool_alloc(
             book.allocated(pool, device);
             drop(book);
             process.ledger.track(
-                ObjectKind::PoolPointer,
+                ObjectKind::Pointer,
                 ptr,
                 Charged {
                     device,
@@ -650,8 +650,9 @@ pub fn end_primary(
 /// Evidence, strongest first ([`host_pid::release_evidence`]):
 /// 1. the driver's own word: with the host PID known and the real NVML answering for every
 ///    device the slot holds bytes on, released = the PID is in none of their process lists
-///    (a process that is still tearing down, or whose driver defers the teardown, is listed;
-///    after [`host_pid::STILL_LISTED_TIMEOUT`] a listed PID is taken to be a reused one);
+///    (a process that is still tearing down, or whose driver defers the teardown, is listed,
+///    and stays charged however long that takes; only a PID seen to name another running
+///    process is given up on, after [`host_pid::STILL_LISTED_TIMEOUT`]);
 /// 2. /proc, in our PID namespace: released = the owner is gone or a zombie, i.e. the kernel
 ///    has closed all its descriptors, the driver's included (our slot lock may close first);
 /// 3. nothing can tell (another PID namespace and no NVML or host PID; or the owner exec'd and
@@ -664,10 +665,17 @@ pub(super) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bool {
         .then(|| nvml_lists(shared, dead))
         .flatten();
     let exited = dead.exit == ExitState::Exited;
-    match host_pid::release_evidence(listed, exited, dead.dead_for, RELEASE_TIMEOUT) {
+    let evidence = host_pid::release_evidence(
+        listed,
+        exited,
+        dead.host_pid_reused,
+        dead.dead_for,
+        RELEASE_TIMEOUT,
+    );
+    match evidence {
         Some(host_pid::Released::ListedTooLong) => {
             crate::log_info!(
-                "giving back {} bytes of dead pid {}: NVML still lists host pid {} after {:?} (taken for a reused pid)",
+                "giving back {} bytes of dead pid {}: NVML still lists host pid {} after {:?}, and that pid names another process now",
                 dead.bytes(),
                 dead.pid,
                 dead.host_pid,

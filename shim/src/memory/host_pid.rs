@@ -80,9 +80,10 @@ pub fn find_by_usage(
     matching.next().is_none().then_some(first)
 }
 
-/// How long NVML may go on listing a dead process's host PID before its bytes go back to
-/// the slice anyway: a PID the host reused for another GPU process must not hold them for
-/// good.
+/// How long NVML may go on listing a dead process's host PID, once that PID is seen to name
+/// another running process, before its bytes go back to the slice: a PID the host reused for
+/// another GPU process must not hold them for that process's life. While the PID names no
+/// other process, a listed PID is the driver still holding the memory: no timer applies.
 pub const STILL_LISTED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why a dead process's bytes may go back to the slice.
@@ -90,7 +91,7 @@ pub const STILL_LISTED_TIMEOUT: std::time::Duration = std::time::Duration::from_
 pub enum Released {
     /// NVML lists its host PID on none of the devices it held bytes on.
     Unlisted,
-    /// NVML kept listing it for [`STILL_LISTED_TIMEOUT`].
+    /// NVML kept listing it for [`STILL_LISTED_TIMEOUT`] while the PID named another process.
     ListedTooLong,
     /// NVML could not tell; the kernel says every descriptor is closed.
     Exited,
@@ -99,17 +100,22 @@ pub enum Released {
 }
 
 /// Pure: whether a process dead for `dead_for` has released its memory. `listed` is NVML's
-/// answer (`None`: no host PID or no NVML), `exited` the kernel's.
+/// answer (`None`: no host PID or no NVML), `exited` the kernel's, `reused` whether its host
+/// PID now names another running process.
 pub fn release_evidence(
     listed: Option<bool>,
     exited: bool,
+    reused: bool,
     dead_for: std::time::Duration,
     timeout: std::time::Duration,
 ) -> Option<Released> {
     match listed {
         Some(false) => Some(Released::Unlisted),
-        // The driver still holds it (a slow teardown): that outranks the kernel and timers.
-        Some(true) => (dead_for >= STILL_LISTED_TIMEOUT).then_some(Released::ListedTooLong),
+        // The driver still holds it (a slow teardown): that outranks the kernel and every
+        // timer, however long it takes, unless the entry may be another process's.
+        Some(true) => {
+            (reused && dead_for >= STILL_LISTED_TIMEOUT).then_some(Released::ListedTooLong)
+        }
         None if exited => Some(Released::Exited),
         None => (dead_for >= timeout).then_some(Released::TimedOut),
     }
@@ -189,24 +195,37 @@ mod tests {
         use std::time::Duration;
         let timeout = Duration::from_secs(10);
         let s = Duration::from_secs;
-        // NVML still lists it: neither the kernel nor the short timer gives the bytes back.
-        assert_eq!(release_evidence(Some(true), true, s(30), timeout), None);
+        // NVML still lists it: neither the kernel nor any timer gives the bytes back, however
+        // long the driver takes...
         assert_eq!(
-            release_evidence(Some(true), true, STILL_LISTED_TIMEOUT, timeout),
+            release_evidence(Some(true), true, false, s(30), timeout),
+            None
+        );
+        assert_eq!(
+            release_evidence(Some(true), true, false, s(86_400), timeout),
+            None
+        );
+        // ...unless its PID names another running process: the entry may be that one's.
+        assert_eq!(
+            release_evidence(Some(true), true, true, s(30), timeout),
+            None
+        );
+        assert_eq!(
+            release_evidence(Some(true), true, true, STILL_LISTED_TIMEOUT, timeout),
             Some(Released::ListedTooLong)
         );
         assert_eq!(
-            release_evidence(Some(false), false, s(0), timeout),
+            release_evidence(Some(false), false, false, s(0), timeout),
             Some(Released::Unlisted)
         );
         // NVML cannot tell: the kernel, else the timer.
         assert_eq!(
-            release_evidence(None, true, s(0), timeout),
+            release_evidence(None, true, false, s(0), timeout),
             Some(Released::Exited)
         );
-        assert_eq!(release_evidence(None, false, s(9), timeout), None);
+        assert_eq!(release_evidence(None, false, false, s(9), timeout), None);
         assert_eq!(
-            release_evidence(None, false, s(10), timeout),
+            release_evidence(None, false, false, s(10), timeout),
             Some(Released::TimedOut)
         );
     }

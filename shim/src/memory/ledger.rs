@@ -255,7 +255,7 @@ impl<B: Budget> Ledger<B> {
         }
         for ((kind, _), charged) in self.objects.drain_context(context) {
             self.refund(charged.device, charged.bytes);
-            if kind == ObjectKind::PoolPointer {
+            if kind == ObjectKind::Pointer && charged.pool != 0 {
                 let freed = lock(&self.pools).freed(charged.pool);
                 if let Freed::Settled(Settle::Shrink { device, bytes }) = freed {
                     self.refund(device, bytes);
@@ -482,8 +482,8 @@ pub mod tests {
             book.allocated(0x90, 0);
             assert_eq!(book.destroyed(0x90), Settle::Unchanged);
         }
-        ledger.track(ObjectKind::PoolPointer, 1 << 21, pool(7));
-        ledger.track(ObjectKind::PoolPointer, 2 << 21, pool(8));
+        ledger.track(ObjectKind::Pointer, 1 << 21, pool(7));
+        ledger.track(ObjectKind::Pointer, 2 << 21, pool(8));
         ledger.context_destroyed(7);
         assert_eq!(
             ledger.budget.used(0),

@@ -338,13 +338,19 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
             path.display()
         )
     })?;
+    // A full region offers its dead slots to the driver's word before refusing.
     let slot = shared
         .region
-        .register_with(&identity, |_| pause_in_registration())
+        .register_with(
+            &identity,
+            |_| pause_in_registration(),
+            |dead| driver_sized::driver_released(shared, dead),
+        )
         .map_err(|e| e.to_string())?;
     // Slots of processes that exited (or were killed) still count until reaped; a starting
-    // process clears those that have finished exiting. (NVML is not asked here: this runs
-    // inside the first hooked call; the charge path asks it before refusing.)
+    // process clears those that hold nothing. Those holding bytes wait for the driver's word
+    // (NVML, asked by the charge path before it refuses and by the views), however long the
+    // driver takes: no timer gives them back.
     log_reap(shared.region.reap_dead());
     let process: &'static Process = Box::leak(Box::new(Process {
         ledger: Ledger::new(RegionBudget {
@@ -676,10 +682,12 @@ pub fn on_free(object: DeviceObject, result: CUresult) {
     let Some(process) = process() else { return };
     let ledger = &process.ledger;
     match object {
+        // Whichever free path: the oldest entry under the address is the object freed (see
+        // `objects`), a plain or a pool allocation alike.
         DeviceObject::Pointer(ptr) => {
-            if ledger.untrack(ObjectKind::Pointer, ptr).is_none() {
-                if let Some(from_pool) = ledger.untrack(ObjectKind::PoolPointer, ptr) {
-                    driver_sized::pool_pointer_freed(process, from_pool.pool);
+            if let Some(freed) = ledger.untrack(ObjectKind::Pointer, ptr) {
+                if freed.pool != 0 {
+                    driver_sized::pool_pointer_freed(process, freed.pool);
                 }
             }
         }

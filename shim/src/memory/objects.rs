@@ -13,6 +13,10 @@
 //! would let the late free remove the NEW allocation's charge while it lives: physical use
 //! past the cap by up to one allocation (seen in the 4 x 16-thread race). Invariant: entries
 //! under a key >= live allocations at that address, and a live one is always the newest.
+//! It holds only when every object the driver may place at one address shares one key: all
+//! device pointers are [`ObjectKind::Pointer`], whichever path made them and whichever path
+//! frees them (a late `cuMemFreeAsync` of a pool allocation once found a newer `cuMemAlloc`
+//! at its address first, in a namespace of its own, and refunded it while it lived).
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -23,10 +27,13 @@ use std::sync::Mutex;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ObjectKind {
-    /// cuMemAlloc/Pitch/Managed/Async (not pool) pointers.
+    /// Every device pointer, whichever path made it: cuMemAlloc/Pitch/Managed, and the
+    /// stream-ordered and pool allocations (those carry their pool in [`Charged::pool`] and
+    /// 0 bytes: the pool is charged). One namespace, because the driver hands an address one
+    /// path freed to the next allocation of any path, and any free path (`cuMemFree`,
+    /// `cuMemFreeAsync`) may free any of them: a late free must take the entry of the object
+    /// it freed, the OLDEST under the address, never a newer object of another path there.
     Pointer,
-    /// A pointer handed out by a memory pool: charged through the pool, 0 bytes here.
-    PoolPointer,
     Array,
     MipmappedArray,
     /// A context from cuCtxCreate.
@@ -42,7 +49,7 @@ pub struct Charged {
     /// Region device entry index.
     pub device: u8,
     pub bytes: u64,
-    /// For `PoolPointer`: the pool (0 otherwise).
+    /// For a pointer a memory pool handed out: the pool (0 otherwise).
     pub pool: u64,
     /// The context that owns the object (its destruction frees it); 0 = none/unknown.
     pub context: u64,
@@ -215,6 +222,21 @@ mod tests {
         assert_eq!(table.get(ObjectKind::Pointer, 0x20_0000), Some(c(7)));
         assert_eq!(table.remove(ObjectKind::Pointer, 0x20_0000), Some(c(7)));
         assert_eq!(table.remove(ObjectKind::Pointer, 0x20_0000), None);
+    }
+
+    #[test]
+    fn a_late_stream_ordered_free_takes_its_own_entry_not_a_plain_allocation_at_its_address() {
+        let table = ObjectTable::default();
+        let from_pool = Charged { pool: 0x90, ..c(0) };
+        // A pool allocation is freed by the driver; before its bookkeeping runs, a plain
+        // cuMemAlloc gets the same address and records it.
+        table.insert(ObjectKind::Pointer, 0x40_0000, from_pool);
+        table.insert(ObjectKind::Pointer, 0x40_0000, c(32));
+        assert_eq!(
+            table.remove(ObjectKind::Pointer, 0x40_0000),
+            Some(from_pool)
+        );
+        assert_eq!(table.get(ObjectKind::Pointer, 0x40_0000), Some(c(32)));
     }
 
     #[test]
