@@ -480,6 +480,8 @@ mod tests {
                 }]),
                 owner: Default::default(),
                 unverified: 0,
+                ledger: Default::default(),
+                broken: Vec::new(),
             };
             let text = render(&view, &Counters::default(), 0.0);
             let value = |name: &str| -> String {

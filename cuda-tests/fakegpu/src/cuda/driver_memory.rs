@@ -524,7 +524,7 @@ mod tests {
         let st = c.check().unwrap();
         let base = st.used_memory(0);
         let ptx = big_ptx(64);
-        let m = load_ptx(&c, &ptx).unwrap();
+        let m = load_ptx(c, &ptx).unwrap();
         assert_eq!(st.used_memory(0), base, "lazy: nothing at load");
         let f = c.module_get_function(m, "k").unwrap();
         c.launch(f, [1, 1, 1], [32, 1, 1], Some(1), 0).unwrap();
@@ -557,11 +557,11 @@ mod tests {
         let c = with(false, &[]);
         let st = c.check().unwrap();
         let base = st.used_memory(0);
-        let m = load_ptx(&c, &big_ptx(64)).unwrap();
+        let m = load_ptx(c, &big_ptx(64)).unwrap();
         assert!(st.used_memory(0) > base + 56 * MIB);
         // The 1 GiB test card cannot hold a 2 GiB image: refused, nothing left behind.
         let before = st.used_memory(0);
-        assert_eq!(load_ptx(&c, &big_ptx(2048)), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(load_ptx(c, &big_ptx(2048)), Err(CUDA_ERROR_OUT_OF_MEMORY));
         assert_eq!(st.used_memory(0), before);
         c.module_unload(m).unwrap();
         assert_eq!(st.used_memory(0), base);
@@ -573,7 +573,7 @@ mod tests {
         let st = c.check().unwrap();
         let base = st.used_memory(0);
         let m = c
-            .module_load(ImageSource::Memory(b".version 7.0\0".as_ptr() as usize))
+            .module_load(ImageSource::Memory(c".version 7.0".as_ptr() as usize))
             .unwrap();
         let f = c.module_get_function(m, "huge").unwrap();
         // 64 KiB x 163,840 threads = 10 GiB: not on a 1 GiB card.
@@ -609,7 +609,7 @@ mod tests {
         let c = with(true, &[]);
         let st = c.check().unwrap();
         let base = st.used_memory(0);
-        let l = load_ptx_library(&c, &big_ptx(32)).unwrap();
+        let l = load_ptx_library(c, &big_ptx(32)).unwrap();
         let k = c.library_get_kernel(l, "k").unwrap();
         let f = c.kernel_get_function(k).unwrap();
         assert_eq!(st.used_memory(0), base);
