@@ -1,6 +1,7 @@
 //! Launch handlers: every kernel and graph launch (each `_ptsz` variant, the cooperative and
 //! deprecated ones) passes the `throttle` seam before the real launch, and tells the memory
-//! policy that the driver may have grown (lazy loading, local memory: `driver_growth`).
+//! policy, after the launch call, that the driver may have grown (lazy loading, local memory:
+//! `driver_growth`; after, so that a reconciliation during the call cannot miss the growth).
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -27,9 +28,10 @@ pub unsafe fn launch_kernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    memory::driver_growth::launched();
     throttle::before_launch_to(stream);
-    real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+    let result = real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+    memory::driver_growth::launched();
+    result
 }
 
 pub unsafe fn launch_kernel_ex(
@@ -41,11 +43,12 @@ pub unsafe fn launch_kernel_ex(
 ) -> CUresult {
     // A NULL config is the driver's INVALID_VALUE to return; it enqueues nothing to gate.
     if !config.is_null() {
-        memory::driver_growth::launched();
         // SAFETY: non-null; the caller passes a valid config (the CUDA API's contract).
         throttle::before_launch_to(unsafe { (*config).hStream });
     }
-    real(config, f, params, extra)
+    let result = real(config, f, params, extra);
+    memory::driver_growth::launched();
+    result
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -62,9 +65,10 @@ pub unsafe fn launch_cooperative_kernel(
     stream: CUstream,
     params: *mut *mut c_void,
 ) -> CUresult {
-    memory::driver_growth::launched();
     throttle::before_launch_to(stream);
-    real(f, gx, gy, gz, bx, by, bz, shared, stream, params)
+    let result = real(f, gx, gy, gz, bx, by, bz, shared, stream, params);
+    memory::driver_growth::launched();
+    result
 }
 
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported): one launch per
@@ -76,7 +80,6 @@ pub unsafe fn launch_cooperative_kernel_multi_device(
     n: c_uint,
     flags: c_uint,
 ) -> CUresult {
-    memory::driver_growth::launched();
     if !list.is_null() && (1..=gpuslice_common::MAX_DEVICES as c_uint).contains(&n) {
         for i in 0..n as usize {
             // SAFETY: the caller passes `n` valid entries (the CUDA API's contract).
@@ -84,7 +87,9 @@ pub unsafe fn launch_cooperative_kernel_multi_device(
             throttle::before_launch_on_stream(stream);
         }
     }
-    real(list, n, flags)
+    let result = real(list, n, flags);
+    memory::driver_growth::launched();
+    result
 }
 
 pub unsafe fn graph_launch(
@@ -92,9 +97,9 @@ pub unsafe fn graph_launch(
     exec: CUgraphExec,
     stream: CUstream,
 ) -> CUresult {
-    memory::driver_growth::launched();
     throttle::before_launch_to(stream);
     let result = real(exec, stream);
+    memory::driver_growth::launched();
     if result == CUDA_SUCCESS {
         // The first launch of an exec reserves its graph memory (one relaxed load otherwise).
         memory::graphs::launched(exec);
@@ -104,9 +109,10 @@ pub unsafe fn graph_launch(
 
 /// `cuLaunch` (deprecated): a 1x1 grid of the function's block shape, on the legacy stream.
 pub unsafe fn launch(real: sig::cuLaunch, f: CUfunction) -> CUresult {
-    memory::driver_growth::launched();
     throttle::before_launch();
-    real(f)
+    let result = real(f);
+    memory::driver_growth::launched();
+    result
 }
 
 /// `cuLaunchGrid` (deprecated).
@@ -116,9 +122,10 @@ pub unsafe fn launch_grid(
     grid_width: c_int,
     grid_height: c_int,
 ) -> CUresult {
-    memory::driver_growth::launched();
     throttle::before_launch();
-    real(f, grid_width, grid_height)
+    let result = real(f, grid_width, grid_height);
+    memory::driver_growth::launched();
+    result
 }
 
 /// `cuLaunchGridAsync` (deprecated).
@@ -129,9 +136,10 @@ pub unsafe fn launch_grid_async(
     grid_height: c_int,
     stream: CUstream,
 ) -> CUresult {
-    memory::driver_growth::launched();
     throttle::before_launch_to(stream);
-    real(f, grid_width, grid_height, stream)
+    let result = real(f, grid_width, grid_height, stream);
+    memory::driver_growth::launched();
+    result
 }
 
 // ---------------------------------------------------------------- stream capture

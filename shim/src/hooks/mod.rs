@@ -22,6 +22,7 @@ pub mod dlsym;
 pub mod front;
 pub mod launch;
 pub mod memory;
+pub mod module;
 pub mod nesting;
 pub mod nvml;
 pub mod proc_address;

@@ -157,6 +157,25 @@ macro_rules! hook_table {
             Cuda fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => context::primary_ctx_release;
             Cuda fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => context::primary_ctx_reset;
 
+            // Module images are the driver's own memory (see memory::driver_growth).
+            Cuda fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> CUresult => module::module_load;
+            Cuda fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult
+                => module::module_load_data;
+            Cuda fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, num_options: c_uint,
+                options: *mut c_void, option_values: *mut *mut c_void) -> CUresult => module::module_load_data_ex;
+            Cuda fn cuModuleLoadFatBinary(module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult
+                => module::module_load_fat_binary;
+            Cuda fn cuLibraryLoadData(library: *mut CUlibrary, code: *const c_void, jit_options: *mut c_void,
+                jit_option_values: *mut *mut c_void, num_jit_options: c_uint, library_options: *mut c_void,
+                library_option_values: *mut *mut c_void, num_library_options: c_uint) -> CUresult
+                => module::library_load_data;
+            Cuda fn cuLibraryLoadFromFile(library: *mut CUlibrary, file_name: *const c_char,
+                jit_options: *mut c_void, jit_option_values: *mut *mut c_void, num_jit_options: c_uint,
+                library_options: *mut c_void, library_option_values: *mut *mut c_void,
+                num_library_options: c_uint) -> CUresult => module::library_load_from_file;
+            Cuda fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, module: CUmodule,
+                name: *const c_char) -> CUresult => module::module_get_global;
+
             Cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
                 bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
                 -> CUresult => launch::launch_kernel [hot];
@@ -382,7 +401,7 @@ macro_rules! hook_exports {
     };
 }
 
-use crate::hooks::{context, device_check, launch, memory, nvml, proc_address, query};
+use crate::hooks::{context, device_check, launch, memory, module, nvml, proc_address, query};
 
 hook_table!(hook_exports);
 
@@ -598,6 +617,10 @@ mod tests {
             "cuMipmappedArrayCreate",
             "cuCtxCreate_v4",
             "cuCtxSetLimit",
+            "cuModuleLoadData",
+            "cuModuleLoadFatBinary",
+            "cuLibraryLoadData",
+            "cuModuleGetGlobal_v2",
             "nvmlDeviceGetComputeRunningProcesses_v3",
         ] {
             assert!(hook_by_name(name).is_some(), "{name}");

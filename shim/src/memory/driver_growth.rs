@@ -12,14 +12,19 @@
 //! of the NVML read keeps an allocation or a free in flight from passing for the driver's:
 //! the ledger charges before the driver allocates and refunds after it frees.
 //!
-//! When it runs: before every charge and every memory view of the slice if a launch or a limit
-//! change happened since the last one (lazy loading and local memory grow at launches), right
-//! after `cuCtxSetLimit`, and every [`PERIOD`] from a thread of this module (module loads and
-//! anything else the shim does not see). So a process's card bytes exceed what its slot is
-//! charged by at most what the driver took since the last reconciliation, for at most
-//! [`PERIOD`] plus one NVML read ([`BOUND`], what the node agent allows for); and its next
-//! allocation after the driver grew is judged with the growth counted: when the growth took
-//! the slice over its cap, allocations are refused until the slice is back under it.
+//! When it runs: after a call that may change what the driver holds on the process's own
+//! account (a kernel or graph launch: lazy loading and local memory grow there; a module or
+//! library load or a global's lookup; a context's end) it is due, and runs before the next
+//! charge or memory view of the slice, or from this module's thread at the latest [`PERIOD`]
+//! later; right after `cuCtxSetLimit`; and afresh before an allocation is refused. An idle
+//! process never asks NVML. So a process's card bytes exceed what its slot is charged by at
+//! most what the driver took since the last reconciliation, for at most [`PERIOD`] plus one
+//! NVML read ([`BOUND`], what the node agent allows for); and its next allocation after the
+//! driver grew is judged with the growth counted: when the growth took the slice over its
+//! cap, allocations are refused until the slice is back under it. Not seen: fatbins the CUDA
+//! runtime loads through its private driver interface under `CUDA_MODULE_LOADING=EAGER`
+//! (lazy loading, the default, places them at a launch, which is seen); they are charged at
+//! the process's next launch, charge or view.
 //!
 //! Needs this process's NVML PID (`Process::host_pid`); while unknown nothing is reconciled.
 
@@ -47,9 +52,17 @@ static BUSY: AtomicBool = AtomicBool::new(false);
 static DIRTY: AtomicBool = AtomicBool::new(false);
 static STARTED: AtomicBool = AtomicBool::new(false);
 
-/// A kernel launch (hot path: one load, and a store only when the flag was clear).
+/// A kernel launch returned (hot path: one load, and a store only when the flag was clear).
 #[inline]
 pub fn launched() {
+    driver_may_have_changed();
+}
+
+/// A call after which the driver may hold more or less on this process's account (a
+/// launch, a module or library load, a global's lookup, a context's end): the next
+/// reconciliation, at the latest [`PERIOD`] from now, reads the driver's word.
+#[inline]
+pub fn driver_may_have_changed() {
     if !DIRTY.load(Ordering::Relaxed) {
         DIRTY.store(true, Ordering::Relaxed);
     }
@@ -164,8 +177,13 @@ fn ensure_started() {
         .stack_size(256 << 10)
         .spawn(|| loop {
             std::thread::sleep(PERIOD);
-            // A forked child's copy of this loop does not exist (threads do not survive
-            // fork); its own starts at its first charge.
+            // Only after a call that may have changed what the driver holds: an idle process
+            // never asks NVML (a thousand processes asking twice a second each would load the
+            // driver). A forked child's copy of this loop does not exist (threads do not
+            // survive fork); its own starts at its first charge.
+            if !DIRTY.load(Ordering::Relaxed) {
+                continue;
+            }
             if let Some(process) = process() {
                 reconcile(process);
             }

@@ -541,6 +541,9 @@ pub fn context_gone(process: &Process, ctx: u64) {
     }
     process.ledger.context_destroyed(ctx);
     reread_pools(process);
+    // What the driver held for the context on its own account (modules, local memory) went
+    // with it: the surplus charged for it is given back at the next reconciliation.
+    super::driver_growth::driver_may_have_changed();
 }
 
 pub unsafe fn ctx_create_with(

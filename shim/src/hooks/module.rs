@@ -1,0 +1,115 @@
+//! Module and library loads: the driver places a module's code and static data in device
+//! memory at the load (eager loading) or at the first launch or global lookup (lazy loading,
+//! the default), on this process's account without an allocation call. Each handler calls
+//! the driver unchanged, then tells the memory policy that the driver may have grown, so that
+//! `driver_growth` reconciles with the driver's word within its period.
+
+use std::ffi::{c_char, c_uint, c_void};
+
+use gpuslice_abi::cuda::result::CUDA_SUCCESS;
+use gpuslice_abi::cuda::*;
+
+use crate::hooks::registry::signature as sig;
+use crate::memory::driver_growth;
+
+/// The driver may have placed something for this process (only when the call succeeded).
+fn grew_if(result: CUresult) -> CUresult {
+    if result == CUDA_SUCCESS {
+        driver_growth::driver_may_have_changed();
+    }
+    result
+}
+
+pub unsafe fn module_load(
+    real: sig::cuModuleLoad,
+    module: *mut CUmodule,
+    fname: *const c_char,
+) -> CUresult {
+    grew_if(real(module, fname))
+}
+
+pub unsafe fn module_load_data(
+    real: sig::cuModuleLoadData,
+    module: *mut CUmodule,
+    image: *const c_void,
+) -> CUresult {
+    grew_if(real(module, image))
+}
+
+pub unsafe fn module_load_data_ex(
+    real: sig::cuModuleLoadDataEx,
+    module: *mut CUmodule,
+    image: *const c_void,
+    num_options: c_uint,
+    options: *mut c_void,
+    option_values: *mut *mut c_void,
+) -> CUresult {
+    grew_if(real(module, image, num_options, options, option_values))
+}
+
+pub unsafe fn module_load_fat_binary(
+    real: sig::cuModuleLoadFatBinary,
+    module: *mut CUmodule,
+    fat_cubin: *const c_void,
+) -> CUresult {
+    grew_if(real(module, fat_cubin))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn library_load_data(
+    real: sig::cuLibraryLoadData,
+    library: *mut CUlibrary,
+    code: *const c_void,
+    jit_options: *mut c_void,
+    jit_option_values: *mut *mut c_void,
+    num_jit_options: c_uint,
+    library_options: *mut c_void,
+    library_option_values: *mut *mut c_void,
+    num_library_options: c_uint,
+) -> CUresult {
+    grew_if(real(
+        library,
+        code,
+        jit_options,
+        jit_option_values,
+        num_jit_options,
+        library_options,
+        library_option_values,
+        num_library_options,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn library_load_from_file(
+    real: sig::cuLibraryLoadFromFile,
+    library: *mut CUlibrary,
+    file_name: *const c_char,
+    jit_options: *mut c_void,
+    jit_option_values: *mut *mut c_void,
+    num_jit_options: c_uint,
+    library_options: *mut c_void,
+    library_option_values: *mut *mut c_void,
+    num_library_options: c_uint,
+) -> CUresult {
+    grew_if(real(
+        library,
+        file_name,
+        jit_options,
+        jit_option_values,
+        num_jit_options,
+        library_options,
+        library_option_values,
+        num_library_options,
+    ))
+}
+
+/// Under lazy loading a global's lookup places its module.
+pub unsafe fn module_get_global(
+    real: sig::cuModuleGetGlobal_v2,
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    module: CUmodule,
+    name: *const c_char,
+) -> CUresult {
+    grew_if(real(dptr, bytes, module, name))
+}
