@@ -31,7 +31,15 @@ count() { # MODE THREADS PAIRS PROCESSES
             2>"$scratch/err.$i" &
         pids+=($!)
     done
-    for i in "${pids[@]}"; do wait "$i"; done
+    # A run that failed or printed no count would pull the mean down (a negative "added"
+    # figure once): say which and stop instead.
+    for i in "${!pids[@]}"; do
+        if ! wait "${pids[$i]}" || ! grep -q 'Collected : [0-9]' "$scratch/err.$i"; then
+            echo "alloc-instructions: $mode run $i of $procs ($threads threads, $pairs pairs) gave no count:" >&2
+            tail -5 "$scratch/err.$i" >&2
+            return 1
+        fi
+    done
     cat "$scratch"/err.* | sed -n 's/.*Collected : \([0-9]*\).*/\1/p' |
         awk -v n="$procs" '{ s += $1 } END { printf "%.0f\n", s / n }'
 }
