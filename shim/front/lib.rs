@@ -228,8 +228,7 @@ unsafe fn real_get_proc_address_v2() -> Option<GetProcAddressFn> {
     }
     let found = dlsym(cuda, c"cuGetProcAddress_v2".as_ptr());
     // SAFETY: the driver's cuGetProcAddress_v2 has this signature.
-    (!found.is_null())
-        .then(|| core::mem::transmute::<*mut c_void, GetProcAddressFn>(found))
+    (!found.is_null()).then(|| core::mem::transmute::<*mut c_void, GetProcAddressFn>(found))
 }
 
 /// `cuGetProcAddress[_v2]` of a process without its core: every function the driver has is
