@@ -177,12 +177,7 @@ fn a_storm_of_200_starts_on_one_slice() {
     storm(200);
 }
 
-/// Ignored: on this 2-core machine about 900 of the 1,024 starts are refused. Every process
-/// of the host's PID namespace measures its first context in the slice's measuring turn, one
-/// after another, and once a turn is held longer than `MEASURING_WAIT` the waiters reserve the
-/// unmeasured 512 MiB bound each and exhaust the slice. Run it by hand with `--ignored`.
 #[test]
-#[ignore = "about 900 of 1,024 starts are refused here: the measuring turn (see the doc comment)"]
 fn a_storm_of_1024_starts_on_one_slice_and_the_next_one_after_they_exit() {
     storm(1024);
 }
