@@ -308,10 +308,10 @@ pub fn act(actions: &[Action], settings: &Settings, counters: &mut Counters) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collect::fixtures::{self, one_device_region};
     use crate::collect::SliceState;
     use crate::discovery::FoundSlice;
     use crate::driver::Card;
-    use gpuslice_common::region::{DeviceId, DeviceSnapshot, RegionSnapshot};
 
     const MIB: u64 = 1 << 20;
 
@@ -319,36 +319,20 @@ mod tests {
         let slice = SliceState {
             counters: None,
             found: FoundSlice::named("a"),
-            snapshot: Some(RegionSnapshot {
-                generation: 1,
-                devices: vec![DeviceSnapshot {
-                    id: DeviceId::from_index(0).unwrap(),
-                    uuid: "GPU-1".into(),
-                    memory_limit: Some(1024 * MIB),
-                    compute_percent: None,
-                    used_bytes: 0,
-                    measured_utilization: None,
-                    context_cost: None,
-                }],
-                processes: Vec::new(),
-            }),
+            snapshot: Some(one_device_region("GPU-1", 1024 * MIB, Vec::new())),
         };
-        let owner = [(10, 0), (11, 0)].into_iter().collect();
+        let card = Card {
+            index: 0,
+            uuid: "GPU-1".into(),
+            total: 16384 * MIB,
+            used: 0,
+            free: 0,
+            utilization: None,
+            processes,
+        };
         NodeView {
-            slices: vec![slice],
-            cards: Ok(vec![Card {
-                index: 0,
-                uuid: "GPU-1".into(),
-                total: 16384 * MIB,
-                used: 0,
-                free: 0,
-                utilization: None,
-                processes,
-            }]),
-            owner,
-            unverified: 0,
-            ledger: HashMap::new(),
-            broken: Vec::new(),
+            owner: [(10, 0), (11, 0)].into_iter().collect(),
+            ..fixtures::view(vec![slice], Ok(vec![card]))
         }
     }
 

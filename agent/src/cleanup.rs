@@ -230,14 +230,7 @@ mod tests {
                 processes,
             }),
         };
-        let view = NodeView {
-            slices: vec![slice],
-            cards: Err("none".into()),
-            owner: HashMap::new(),
-            unverified: 0,
-            ledger: HashMap::new(),
-            broken: Vec::new(),
-        };
+        let view = crate::collect::fixtures::view(vec![slice], Err("none".into()));
         (root, view)
     }
 

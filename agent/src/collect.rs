@@ -78,6 +78,47 @@ pub struct NodeView {
     pub broken: Vec<(usize, u32, String)>,
 }
 
+/// What the unit tests of the agent's judgements build their node views from, in one place
+/// (a new field of [`NodeView`] or the region's snapshots is added here, not in every test).
+#[cfg(test)]
+pub mod fixtures {
+    use super::*;
+    use gpuslice_common::region::{DeviceId, DeviceSnapshot};
+
+    /// A region with one device entry, `uuid` limited to `limit`, holding `processes`.
+    pub fn one_device_region(
+        uuid: &str,
+        limit: u64,
+        processes: Vec<ProcessSnapshot>,
+    ) -> RegionSnapshot {
+        RegionSnapshot {
+            generation: 1,
+            devices: vec![DeviceSnapshot {
+                id: DeviceId::from_index(0).unwrap(),
+                uuid: uuid.into(),
+                memory_limit: Some(limit),
+                compute_percent: None,
+                used_bytes: 0,
+                measured_utilization: None,
+                context_cost: None,
+            }],
+            processes,
+        }
+    }
+
+    /// A node view of `slices` and `cards` in which no process is yet known to be a slice's.
+    pub fn view(slices: Vec<SliceState>, cards: Result<Vec<Card>, String>) -> NodeView {
+        NodeView {
+            slices,
+            cards,
+            owner: HashMap::new(),
+            unverified: 0,
+            ledger: HashMap::new(),
+            broken: Vec::new(),
+        }
+    }
+}
+
 impl NodeView {
     /// Bytes the driver reports for `slice`'s processes on `card`, and how many there are.
     pub fn driver_usage(&self, slice: usize, card: &Card) -> (u64, usize) {

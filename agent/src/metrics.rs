@@ -388,25 +388,20 @@ mod tests {
             utilization: None,
             processes: Vec::new(),
         };
-        let view = NodeView {
-            slices: vec![SliceState {
-                counters: None,
-                found: FoundSlice {
-                    config: Some(config),
-                    ..FoundSlice::named("fresh")
-                },
-                snapshot: None,
-            }],
-            cards: Ok(vec![
-                card(0, "GPU-12345678-1234-1234-1234-123456789abc"),
-                card(1, "GPU-bbbb"),
-                card(2, "GPU-cccc"),
-            ]),
-            owner: Default::default(),
-            unverified: 0,
-            ledger: Default::default(),
-            broken: Vec::new(),
+        let slice = SliceState {
+            counters: None,
+            found: FoundSlice {
+                config: Some(config),
+                ..FoundSlice::named("fresh")
+            },
+            snapshot: None,
         };
+        let cards = vec![
+            card(0, "GPU-12345678-1234-1234-1234-123456789abc"),
+            card(1, "GPU-bbbb"),
+            card(2, "GPU-cccc"),
+        ];
+        let view = crate::collect::fixtures::view(vec![slice], Ok(cards));
         let text = render(&view, &Counters::default(), 0.0);
         let caps: Vec<&str> = text
             .lines()
@@ -429,9 +424,7 @@ mod tests {
     /// host PID, and nowhere once the driver has released them.
     #[test]
     fn memory_of_an_exited_process_the_driver_released_is_not_shown() {
-        use gpuslice_common::region::{
-            DeviceId, DeviceSnapshot, Liveness, ProcessSnapshot, RegionSnapshot, SlotId,
-        };
+        use gpuslice_common::region::{Liveness, ProcessSnapshot, SlotId};
         const MIB: u64 = 1 << 20;
         let process = |pid: u32, bytes: u64, liveness| {
             let mut used_bytes = [0; gpuslice_common::region::MAX_DEVICES];
@@ -448,41 +441,30 @@ mod tests {
             }
         };
         let render_with = |listed: Vec<(u32, Option<u64>)>| {
-            let view = NodeView {
-                slices: vec![SliceState {
-                    counters: None,
-                    found: FoundSlice::named("s"),
-                    snapshot: Some(RegionSnapshot {
-                        generation: 1,
-                        devices: vec![DeviceSnapshot {
-                            id: DeviceId::from_index(0).unwrap(),
-                            uuid: "GPU-a".into(),
-                            memory_limit: Some(1 << 30),
-                            compute_percent: None,
-                            used_bytes: 500 * MIB,
-                            measured_utilization: None,
-                            context_cost: None,
-                        }],
-                        processes: vec![
-                            process(10, 200 * MIB, Liveness::Alive),
-                            process(11, 300 * MIB, Liveness::Stale),
-                        ],
-                    }),
-                }],
-                cards: Ok(vec![Card {
-                    index: 0,
-                    uuid: "GPU-a".into(),
-                    total: 1 << 34,
-                    used: 0,
-                    free: 1 << 34,
-                    utilization: None,
-                    processes: listed,
-                }]),
-                owner: Default::default(),
-                unverified: 0,
-                ledger: Default::default(),
-                broken: Vec::new(),
+            let mut region = crate::collect::fixtures::one_device_region(
+                "GPU-a",
+                1 << 30,
+                vec![
+                    process(10, 200 * MIB, Liveness::Alive),
+                    process(11, 300 * MIB, Liveness::Stale),
+                ],
+            );
+            region.devices[0].used_bytes = 500 * MIB;
+            let slice = SliceState {
+                counters: None,
+                found: FoundSlice::named("s"),
+                snapshot: Some(region),
             };
+            let card = Card {
+                index: 0,
+                uuid: "GPU-a".into(),
+                total: 1 << 34,
+                used: 0,
+                free: 1 << 34,
+                utilization: None,
+                processes: listed,
+            };
+            let view = crate::collect::fixtures::view(vec![slice], Ok(vec![card]));
             let text = render(&view, &Counters::default(), 0.0);
             let value = |name: &str| -> String {
                 text.lines()

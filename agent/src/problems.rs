@@ -81,12 +81,11 @@ pub fn problems(view: &NodeView, tolerance: u64) -> Vec<Problem> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collect::fixtures::{self, one_device_region};
     use crate::collect::SliceState;
     use crate::discovery::FoundSlice;
     use crate::driver::Card;
-    use gpuslice_common::region::{
-        DeviceId, DeviceSnapshot, ProcessSnapshot, RegionSnapshot, SlotId, MAX_DEVICES,
-    };
+    use gpuslice_common::region::{ProcessSnapshot, SlotId, MAX_DEVICES};
 
     const MIB: u64 = 1 << 20;
 
@@ -105,38 +104,24 @@ mod tests {
         let slice = SliceState {
             counters: None,
             found: FoundSlice::named("a"),
-            snapshot: Some(RegionSnapshot {
-                generation: 1,
-                devices: vec![DeviceSnapshot {
-                    id: DeviceId::from_index(0).unwrap(),
-                    uuid: "GPU-1".into(),
-                    memory_limit: Some(1024 * MIB),
-                    compute_percent: None,
-                    used_bytes: 0,
-                    measured_utilization: None,
-                    context_cost: None,
-                }],
-                processes: vec![stale],
-            }),
+            snapshot: Some(one_device_region("GPU-1", 1024 * MIB, vec![stale])),
         };
         let mut used = [0; MAX_DEVICES];
         used[0] = 900 * MIB;
+        let card = Card {
+            index: 0,
+            uuid: "GPU-1".into(),
+            total: 16384 * MIB,
+            used: 0,
+            free: 0,
+            utilization: None,
+            // 10: in the ledger; 11: in the slice's container, not registered.
+            processes: vec![(10, Some(900 * MIB)), (11, Some(400 * MIB))],
+        };
         let view = NodeView {
-            slices: vec![slice],
-            cards: Ok(vec![Card {
-                index: 0,
-                uuid: "GPU-1".into(),
-                total: 16384 * MIB,
-                used: 0,
-                free: 0,
-                utilization: None,
-                // 10: in the ledger; 11: in the slice's container, not registered.
-                processes: vec![(10, Some(900 * MIB)), (11, Some(400 * MIB))],
-            }]),
             owner: [(10, 0), (11, 0)].into_iter().collect(),
-            unverified: 0,
             ledger: [(10, (0, used))].into_iter().collect(),
-            broken: Vec::new(),
+            ..fixtures::view(vec![slice], Ok(vec![card]))
         };
         let found = problems(&view, 64 * MIB);
         let keys: Vec<&str> = found.iter().map(|p| p.key.as_str()).collect();
