@@ -24,4 +24,5 @@ pub mod ground;
 mod layers;
 pub mod lifecycle;
 pub mod memory;
+pub mod session;
 pub mod throttle;

@@ -2,7 +2,7 @@
 //! first hooked call (never in a library constructor: the host's own initialisation, its
 //! environment and its allocator must be up first), the fail-closed gate every export passes,
 //! and fork handling. It calls down into every layer (`memory::attach`, the throttle's and the
-//! ledger's fork resets, `ground::state` to publish the mode); nothing below calls it.
+//! ledger's fork resets, `session::mode` to publish the mode); nothing below calls it.
 //!
 //! Init order (bytehound-style, explicit):
 //! 1. library load: nothing runs (no constructor);
@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use gpuslice_common::config::{self, ConfigError, Loaded, SliceConfig};
 
 use crate::ground::real::Library;
-use crate::ground::state::{self, mode_from, region_error, Mode};
 use crate::hooks::refusal::{refusal_line, Fault};
+use crate::session::mode::{self as published, mode_from, region_error, Mode};
 
 const PHASE_UNINIT: u64 = 0;
 const PHASE_READY: u64 = 1;
@@ -81,7 +81,7 @@ fn initialise() -> &'static Mode {
             Ok(_) => {
                 let mode: &'static Mode = Box::leak(Box::new(load_mode()));
                 MODE.store(mode as *const Mode as *mut Mode, Ordering::Release);
-                state::publish(mode);
+                published::publish(mode);
                 PHASE.store(PHASE_READY, Ordering::Release);
                 register_fork_handler();
                 return mode;
@@ -125,7 +125,7 @@ fn load_mode() -> Mode {
     });
     let (mode, fault) = match loaded {
         Ok(outcome) => {
-            state::set_anchored(outcome.anchored);
+            published::set_anchored(outcome.anchored);
             let fault = match &outcome.loaded {
                 Loaded::Configured(config) => {
                     Fault::Region(crate::memory::region_path(config).display().to_string())
@@ -191,7 +191,7 @@ fn register_fork_handler() {
 /// hooked call. The parent's leaked mode is simply abandoned.
 extern "C" fn after_fork_in_child() {
     PHASE.store(PHASE_UNINIT, Ordering::Release);
-    state::unpublish();
+    published::unpublish();
     crate::memory::after_fork_in_child();
     crate::throttle::after_fork_in_child();
 }
@@ -205,7 +205,10 @@ mod tests {
         let first = mode() as *const Mode;
         let second = mode() as *const Mode;
         assert_eq!(first, second);
-        assert_eq!(state::published().map(|m| m as *const Mode), Some(first));
+        assert_eq!(
+            published::published().map(|m| m as *const Mode),
+            Some(first)
+        );
         // SAFETY: gettid has no preconditions.
         assert!(thread_exists(unsafe { libc::gettid() }));
     }

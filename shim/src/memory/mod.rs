@@ -282,7 +282,7 @@ pub fn region_path(config: &SliceConfig) -> PathBuf {
 /// file it is ignored (with a warning): a tenant that set it small would make the slice's
 /// first context under-reserve, i.e. change what is enforced.
 fn context_bound_from_env() -> u64 {
-    if crate::ground::state::anchored() {
+    if crate::session::mode::anchored() {
         if let Ok(text) = std::env::var(CONTEXT_BOUND_ENV) {
             if !text.trim().is_empty() {
                 crate::log_warn!(
@@ -378,7 +378,7 @@ pub const PAUSE_IN_REGISTRATION_ENV: &str = "GPUSLICE_TEST_PAUSE_IN_REGISTRATION
 /// SIGKILL or SIGSTOP the process at the worst moment and show the others carry on. Inert
 /// under an anchored limit file (a tenant has no business pausing its own processes there).
 fn pause_in_registration() {
-    if crate::ground::state::anchored() {
+    if crate::session::mode::anchored() {
         return;
     }
     let Some(marker) = std::env::var_os(PAUSE_IN_REGISTRATION_ENV) else {
@@ -750,7 +750,7 @@ static LAST_VIEW_REAP_NS: AtomicU64 = AtomicU64::new(0);
 /// whose memory the driver has released, so the slice's views stop counting it without
 /// waiting for another process to start or an allocation to be refused.
 fn reap_for_views(shared: &Shared) {
-    let now = crate::throttle::now_ns();
+    let now = crate::session::clock::now_ns();
     let last = LAST_VIEW_REAP_NS.load(Ordering::Relaxed);
     if now.saturating_sub(last) < VIEW_REAP_INTERVAL_NS
         || LAST_VIEW_REAP_NS

@@ -42,6 +42,7 @@ use gpuslice_common::config::{ComputePolicy, Priority, SliceConfig};
 use gpuslice_common::region::{DeviceId, DeviceLimits, Region, THROTTLE_WORDS};
 use gpuslice_common::MAX_DEVICES;
 
+use crate::session::clock::{now_ns, sleep_until};
 use bucket::{Credit, PidTable};
 
 pub const W_VTIME: usize = 0;
@@ -478,7 +479,7 @@ fn current_ordinal() -> Option<CUdevice> {
 /// share another process's limit file put there: stricter wins).
 #[cold]
 fn activate() -> bool {
-    let on = crate::ground::state::slice_config().is_some_and(|config| {
+    let on = crate::session::mode::slice_config().is_some_and(|config| {
         config_throttles(config)
             || (config.policy != ComputePolicy::Off && crate::memory::region().is_some())
     });
@@ -533,7 +534,7 @@ fn init_device(index: usize, ordinal: CUdevice) -> Option<&'static DeviceThrottl
     {
         return None;
     }
-    let built = crate::ground::state::slice_config().and_then(|c| build_device(c, ordinal));
+    let built = crate::session::mode::slice_config().and_then(|c| build_device(c, ordinal));
     match built {
         Some(device) => {
             let leaked: &'static DeviceThrottle = Box::leak(Box::new(device));
@@ -758,48 +759,6 @@ pub fn after_fork_in_child() {
     }
     watcher::after_fork_in_child();
     host_pid::after_fork_in_child();
-}
-
-/// CLOCK_MONOTONIC in ns (vDSO).
-#[inline]
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Sleeps until the absolute CLOCK_MONOTONIC instant `deadline_ns` (restarting on signals).
-pub fn sleep_until(deadline_ns: u64) {
-    let ts = libc::timespec {
-        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
-    };
-    loop {
-        // SAFETY: `ts` is a valid timespec; a null remainder is allowed with TIMER_ABSTIME.
-        let rc = unsafe {
-            libc::clock_nanosleep(
-                libc::CLOCK_MONOTONIC,
-                libc::TIMER_ABSTIME,
-                &ts,
-                std::ptr::null_mut(),
-            )
-        };
-        match rc {
-            libc::EINTR => continue,
-            0 => return,
-            _ => {
-                // A sandbox that refuses clock_nanosleep (a seccomp profile, an emulating
-                // kernel) must not turn every wait into a busy loop: a relative sleep instead.
-                let left = deadline_ns.saturating_sub(now_ns());
-                std::thread::sleep(std::time::Duration::from_nanos(left));
-                return;
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -14,9 +14,10 @@ use gpuslice_common::region::ProcessIdentity;
 
 use super::controller::{Controller, Tick, INITIAL_COST_NS};
 use super::{
-    bucket, measure, now_ns, DeviceThrottle, DEVICES, DEVICE_STATE, ON, W_BYPASS, W_COST,
-    W_INV_RATE, W_LAUNCHES, W_LEADER, W_LOG_C, W_UNRESOLVED_UNTIL, W_VTIME, W_WAITS,
+    bucket, measure, DeviceThrottle, DEVICES, DEVICE_STATE, ON, W_BYPASS, W_COST, W_INV_RATE,
+    W_LAUNCHES, W_LEADER, W_LOG_C, W_UNRESOLVED_UNTIL, W_VTIME, W_WAITS,
 };
+use crate::session::clock::{now_ns, sleep_until};
 use gpuslice_common::MAX_DEVICES;
 
 pub const TICK_NS: u64 = 50_000_000;
@@ -159,7 +160,7 @@ fn run() {
     let token = process_token();
     let mut leaders: Vec<LeaderState> = (0..MAX_DEVICES).map(|_| LeaderState::default()).collect();
     loop {
-        super::sleep_until(next_tick(now_ns()));
+        sleep_until(next_tick(now_ns()));
         for (index, state) in leaders.iter_mut().enumerate() {
             if DEVICE_STATE[index].load(Ordering::Acquire) != ON {
                 continue;
