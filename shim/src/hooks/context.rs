@@ -140,7 +140,7 @@ pub unsafe fn primary_ctx_retain(
     dev: CUdevice,
 ) -> CUresult {
     let (Some(shared), Some(process)) = (shared(), process()) else {
-        return crate::throttle::host_pid::around_context_creation(dev, || real(pctx, dev));
+        return crate::session::host_pid::around_context_creation(dev, || real(pctx, dev));
     };
     let mut primaries = lock(&process.ledger.primaries);
     let Some(entry) = primary_entry(&mut primaries, dev) else {

@@ -21,16 +21,17 @@ use gpuslice_abi::nvml::*;
 use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_TIMEOUT};
 
 use super::context_start::{self, Expected, Refused};
-use super::host_pid::{self, ListedProcess};
 use super::ledger::{charge_size, lock, PrimaryContext, Settled};
 use super::objects::{Charged, ObjectKind};
 use super::pools::{cover, Cover, Freed, PoolBook, PoolHome, Settle};
+use super::released;
 use super::{
     charge_or_refuse, cuda_binding, current_context, device_id, nvml_binding, process, shared,
     Binding, Process, Shared,
 };
 use crate::ground::driver::real;
 use crate::memory::report::{list_fits, slice_process_list, SliceProcess};
+use crate::session::host_pid::{self, ListedProcess};
 
 /// The limited device entry of the current context's device, `None` = pass-through.
 pub fn current_limited_device() -> Option<(CUdevice, u8)> {
@@ -393,22 +394,17 @@ pub fn create_context(
     call: impl FnOnce() -> CUresult,
     undo: impl FnOnce() -> bool,
 ) -> (CUresult, Option<(u8, u64)>) {
-    use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+    use std::sync::atomic::Ordering::{AcqRel, Acquire};
     let device = match cuda_binding(shared, ordinal) {
         Ok(Binding::Limited(d)) => d,
-        Ok(Binding::Unlimited) => {
-            return (
-                crate::throttle::host_pid::around_context_creation(ordinal, call),
-                None,
-            )
-        }
+        Ok(Binding::Unlimited) => return (host_pid::around_context_creation(ordinal, call), None),
         Err(code) => return (code, None),
     };
     let cost_cell = &shared.context_cost[device as usize];
     let own_cost = cost_cell.load(Acquire);
     // Measuring needs our NVML entry to hold nothing but the new context; it is needed while
     // our cost or our entry is unknown. Processes of the slice measure one at a time.
-    let wants_measure = (own_cost == 0 || process.host_pid.load(Relaxed) == 0)
+    let wants_measure = (own_cost == 0 || host_pid::known() == 0)
         && shared.region.slot_used(process.slot, device_id(device)) == 0;
     let nvml = if wants_measure {
         nvml_for_cuda(ordinal)
@@ -450,11 +446,11 @@ pub fn create_context(
     }
     let measured = nvml.and_then(|handle| {
         let after = nvml_processes(handle);
-        let claimed = claimed_host_pids(shared, process);
-        let known_host = process.host_pid.load(Relaxed);
+        let claimed = host_pid::claimed_by_others();
+        let known_host = host_pid::known();
         match host_pid::find_after_context_creation(&before, &after, known_host, &claimed) {
             Some(me) => {
-                record_host_pid(shared, process, me.pid);
+                host_pid::measured(me.pid);
                 host_pid::plausible_context_cost(&me)
             }
             None => host_pid::cost_of_simultaneous_contexts(&before, &after, &claimed)
@@ -509,27 +505,6 @@ pub fn create_context(
     (result, Some((device, charged)))
 }
 
-fn record_host_pid(shared: &Shared, process: &Process, pid: u32) {
-    if process
-        .host_pid
-        .swap(pid, std::sync::atomic::Ordering::AcqRel)
-        != pid
-    {
-        shared.region.set_host_pid(process.slot, pid);
-    }
-}
-
-fn claimed_host_pids(shared: &Shared, process: &Process) -> Vec<u32> {
-    shared
-        .region
-        .snapshot()
-        .processes
-        .iter()
-        .filter(|p| p.slot != process.slot && p.host_pid != 0)
-        .map(|p| p.host_pid)
-        .collect()
-}
-
 /// The driver destroyed context `ctx` (and every object it owned).
 pub fn context_gone(process: &Process, ctx: u64) {
     if let Some(charged) = process.ledger.untrack(ObjectKind::Context, ctx) {
@@ -552,7 +527,7 @@ pub unsafe fn ctx_create_with(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let (Some(shared), Some(process)) = (shared(), process()) else {
-        return crate::throttle::host_pid::around_context_creation(device, call);
+        return host_pid::around_context_creation(device, call);
     };
     let _serialised = lock(&process.ledger.primaries);
     let undo = || {
@@ -650,12 +625,12 @@ pub fn end_primary(
 /// Whether the driver no longer holds the memory of a dead slot's process, so its budget may
 /// be given back (the region's two-phase reap; see "Reaping" in `gpuslice_common::region`).
 ///
-/// Evidence, strongest first ([`host_pid::release_evidence`]):
+/// Evidence, strongest first ([`released::release_evidence`]):
 /// 1. the driver's own word: with the host PID known and the real NVML answering for every
 ///    device the slot holds bytes on, released = the PID is in none of their process lists
 ///    (a process that is still tearing down, or whose driver defers the teardown, is listed,
 ///    and stays charged however long that takes; only a PID seen to name another running
-///    process is given up on, after [`host_pid::STILL_LISTED_TIMEOUT`]);
+///    process is given up on, after [`released::STILL_LISTED_TIMEOUT`]);
 /// 2. /proc, in our PID namespace: released = the owner is gone or a zombie, i.e. the kernel
 ///    has closed all its descriptors, the driver's included (our slot lock may close first);
 /// 3. nothing can tell (another PID namespace and no NVML or host PID; or the owner exec'd and
@@ -668,7 +643,7 @@ pub(super) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bool {
         .then(|| nvml_lists(shared, dead))
         .flatten();
     let exited = dead.exit == ExitState::Exited;
-    let evidence = host_pid::release_evidence(
+    let evidence = released::release_evidence(
         listed,
         exited,
         dead.host_pid_reused,
@@ -676,17 +651,17 @@ pub(super) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bool {
         RELEASE_TIMEOUT,
     );
     match evidence {
-        Some(host_pid::Released::ListedTooLong) => {
+        Some(released::Released::ListedTooLong) => {
             crate::log_info!(
                 "giving back {} bytes of dead pid {}: NVML still lists host pid {} after {:?}, and that pid names another process now",
                 dead.bytes(),
                 dead.pid,
                 dead.host_pid,
-                host_pid::STILL_LISTED_TIMEOUT
+                released::STILL_LISTED_TIMEOUT
             );
             true
         }
-        Some(host_pid::Released::TimedOut) => {
+        Some(released::Released::TimedOut) => {
             crate::log_info!(
                 "giving back {} bytes of dead pid {}: nothing showed the driver releasing them within {:?}",
                 dead.bytes(),
@@ -695,7 +670,7 @@ pub(super) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bool {
             );
             true
         }
-        Some(host_pid::Released::Unlisted | host_pid::Released::Exited) => true,
+        Some(released::Released::Unlisted | released::Released::Exited) => true,
         None => false,
     }
 }
@@ -760,7 +735,7 @@ pub fn slice_list(device: nvmlDevice_t) -> Option<Result<Vec<nvmlProcessInfo_t>,
     members_only(device, |shared, entry| {
         let raw = crate::ground::devices::nvml_compute_processes(device)?;
         if let Some(process) = process() {
-            if process.host_pid.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            if host_pid::known() == 0 {
                 let ours = shared.region.slot_used(process.slot, device_id(entry));
                 let listed: Vec<ListedProcess> = raw
                     .iter()
@@ -769,9 +744,9 @@ pub fn slice_list(device: nvmlDevice_t) -> Option<Result<Vec<nvmlProcessInfo_t>,
                         used: p.usedGpuMemory,
                     })
                     .collect();
-                let claimed = claimed_host_pids(shared, process);
+                let claimed = host_pid::claimed_by_others();
                 if let Some(me) = host_pid::find_by_usage(&listed, ours, &claimed) {
-                    record_host_pid(shared, process, me.pid);
+                    host_pid::measured(me.pid);
                 }
             }
         }

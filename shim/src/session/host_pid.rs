@@ -1,25 +1,205 @@
-//! Which NVML process-list entry is this process? In a container with its own PID namespace
-//! NVML reports HOST PIDs, which the container cannot see in its /proc. Method, in order:
+//! This process's host-PID identity: which NVML process-list entry is this process, the one
+//! place both policies learn it, keep it and read it. In a container with its own PID
+//! namespace NVML reports HOST PIDs, which the container cannot see in its /proc. Method, in
+//! order:
 //!
 //! 1. the kernel told us (`NSpid` in /proc/self/status lists the outer PID when the host
-//!    namespace is visible): that PID;
+//!    namespace is visible): that PID, recorded at registration ([`registered_as`]);
 //! 2. otherwise, diff NVML's process list around this process's FIRST context creation on a
 //!    device: the one entry that appeared (and is not already claimed by another slot of the
-//!    region) is us; its `usedGpuMemory` at that moment is also the driver's per-context cost;
+//!    region) is us ([`find_after_context_creation`]). The memory ledger does it under the
+//!    slice's measuring lock, where the entry's `usedGpuMemory` is also the driver's
+//!    per-context cost, and records it ([`measured`]); for a device the ledger does not
+//!    cover, [`around_context_creation`] does it for a process with a compute share (only
+//!    learnt, [`learned`], until the throttle's watcher sees it listed);
 //! 3. otherwise (several processes created contexts in the same instant: processes of one
 //!    slice take turns under `context_start`'s measuring lock, so these are processes outside
 //!    it), the cost is still known when all new entries agree on it
 //!    ([`cost_of_simultaneous_contexts`]), and later process-list reads match the one
-//!    unclaimed entry whose usage equals what our ledger charged us.
+//!    unclaimed entry whose usage equals what our ledger charged us ([`find_by_usage`]);
+//! 4. the throttle's watcher takes the first of these that NVML lists, else our own PID
+//!    (right when NVML and we share a PID namespace) ([`discover`]), and records it when the
+//!    slot has none ([`offer`]).
+//!
+//! Kept: in this process's slot of the region (where every process of the slice, and the
+//! node agent, read it) and in `HOST_PID`, the copy this process reads without a snapshot.
+//! Both are per process: a fork child is another process, with another host PID.
 //!
 //! Failure mode: when no unique candidate exists the host PID stays unknown; the process is
 //! then missing from the slice's process list (never another tenant's process shown in its
-//! place). A context whose cost could not be told keeps what was reserved for it when that
-//! was a measured cost, else is charged the configured bound (or undone when that does not
-//! fit: see `driver_sized::create_context`).
-//!
-//! The same lists say when a DEAD process's memory has really gone back to the card
-//! ([`release_evidence`]): NVML's word beats the kernel's and any timer.
+//! place), and the compute share is steered by the whole device's utilisation.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use gpuslice_abi::cuda::result::CUDA_SUCCESS;
+use gpuslice_abi::cuda::{CUdevice, CUresult};
+use gpuslice_common::region::ProcessIdentity;
+use gpuslice_common::MAX_DEVICES;
+
+use super::fork::per_process;
+
+per_process! {
+    /// This process's host PID as its slot records it (0 = unknown).
+    static HOST_PID: AtomicU32 = AtomicU32::new(0);
+}
+per_process! {
+    /// The host PID a context creation outside the ledger showed (0 = none): a candidate
+    /// until NVML lists it ([`discover`]).
+    static LEARNED: AtomicU32 = AtomicU32::new(0);
+}
+per_process! {
+    /// A context creation on the device was already looked at (only the first can teach).
+    static TRIED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+}
+
+/// This process's host PID as its slot records it; 0 = unknown.
+#[inline]
+pub fn known() -> u32 {
+    HOST_PID.load(Ordering::Acquire)
+}
+
+/// Registration recorded `pid` (the kernel's, 0 = none) in the new slot.
+pub(super) fn registered_as(pid: u32) {
+    HOST_PID.store(pid, Ordering::Release);
+}
+
+/// A measured context creation showed this process as `pid`: kept, and written to the slot.
+pub fn measured(pid: u32) {
+    if HOST_PID.swap(pid, Ordering::AcqRel) != pid {
+        if let Some((region, slot)) = super::slice::registered() {
+            region.set_host_pid(slot, pid);
+        }
+    }
+}
+
+/// Records `pid`, which NVML lists, as this process's host PID in its slot (every process
+/// of a configured slice has one, compute-only ones too), so the leader matches it whatever
+/// the number of processes. A host PID already recorded stays (the memory ledger measured
+/// it). `false` = not recorded (no slot, or another one is recorded).
+pub fn offer(pid: u32) -> bool {
+    let Some((region, slot)) = super::slice::registered() else {
+        return false;
+    };
+    if pid == 0 {
+        return false;
+    }
+    match HOST_PID.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            region.set_host_pid(slot, pid);
+            true
+        }
+        Err(recorded) => recorded == pid,
+    }
+}
+
+/// The host PID a context creation showed, 0 = none.
+pub fn learned() -> u32 {
+    LEARNED.load(Ordering::Relaxed)
+}
+
+/// Host PIDs the region records for the slice's processes (ours included).
+pub fn slice_host_pids() -> Vec<u32> {
+    let Some(region) = super::slice::region() else {
+        return Vec::new();
+    };
+    region
+        .snapshot()
+        .processes
+        .iter()
+        .map(|p| p.host_pid)
+        .filter(|&p| p != 0)
+        .collect()
+}
+
+/// Host PIDs the region records for the slice's other processes.
+pub fn claimed_by_others() -> Vec<u32> {
+    let Some((region, me)) = super::slice::registered() else {
+        return slice_host_pids();
+    };
+    region
+        .snapshot()
+        .processes
+        .iter()
+        .filter(|p| p.slot != me && p.host_pid != 0)
+        .map(|p| p.host_pid)
+        .collect()
+}
+
+/// Which of NVML's `listed` PIDs is this process (see [`discover_pid`]).
+pub fn discover(listed: &[u32]) -> Option<u32> {
+    let kernel = ProcessIdentity::current().map_or(0, |i| i.host_pid);
+    discover_pid(listed, kernel, known(), learned(), std::process::id())
+}
+
+/// Pure: which NVML PID is this process, from the running list on the device, the host PID
+/// the kernel told us (0 = none), the one this process's slot records (0 = none), the one a
+/// context creation showed ([`learned`], 0 = none) and our own PID (right when NVML and we
+/// share a PID namespace).
+pub fn discover_pid(
+    listed: &[u32],
+    kernel: u32,
+    region: u32,
+    learned: u32,
+    me: u32,
+) -> Option<u32> {
+    [kernel, region, learned, me]
+        .into_iter()
+        .find(|&pid| pid != 0 && listed.contains(&pid))
+}
+
+/// Runs `call` (a context creation on `ordinal` the memory ledger does not measure), diffing
+/// NVML's running list around it when this process has a compute share and does not know
+/// its host PID yet.
+pub fn around_context_creation(ordinal: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
+    let wanted = usize::try_from(ordinal)
+        .ok()
+        .filter(|&i| i < MAX_DEVICES)
+        .is_some_and(|i| {
+            LEARNED.load(Ordering::Relaxed) == 0
+                && super::mode::slice_config().is_some_and(super::mode::config_throttles)
+                && !TRIED[i].swap(true, Ordering::AcqRel)
+        })
+        && ProcessIdentity::current().is_none_or(|i| i.host_pid == 0);
+    if !wanted {
+        return call();
+    }
+    let uuid = crate::ground::devices::cuda_device_uuid(ordinal);
+    let handle = crate::ground::devices::real_nvml_handle(&uuid, Some(ordinal as u32));
+    let running = |handle| {
+        crate::ground::devices::nvml_compute_processes(handle)
+            .ok()
+            .map(|list| list.iter().map(|p| p.pid).collect::<Vec<_>>())
+    };
+    let before = handle.and_then(running);
+    let result = call();
+    if result == CUDA_SUCCESS {
+        let after = handle.and_then(running);
+        if let (Some(before), Some(after)) = (before, after) {
+            match appeared(&before, &after, &slice_host_pids()) {
+                Some(pid) => {
+                    LEARNED.store(pid, Ordering::Relaxed);
+                    crate::log_debug!(
+                        "device {ordinal}: the context creation showed this process as NVML PID {pid}"
+                    );
+                }
+                None => crate::log_debug!(
+                    "device {ordinal}: the context creation did not single this process out in NVML's list"
+                ),
+            }
+        }
+    }
+    result
+}
+
+/// Pure: the one PID in `after` that is in neither `before` nor `claimed`.
+pub fn appeared(before: &[u32], after: &[u32], claimed: &[u32]) -> Option<u32> {
+    let mut new = after
+        .iter()
+        .copied()
+        .filter(|p| *p != 0 && !before.contains(p) && !claimed.contains(p));
+    let first = new.next()?;
+    new.next().is_none().then_some(first)
+}
 
 /// One entry of NVML's process list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,47 +260,6 @@ pub fn find_by_usage(
     matching.next().is_none().then_some(first)
 }
 
-/// How long NVML may go on listing a dead process's host PID, once that PID is seen to name
-/// another running process, before its bytes go back to the slice: a PID the host reused for
-/// another GPU process must not hold them for that process's life. While the PID names no
-/// other process, a listed PID is the driver still holding the memory: no timer applies.
-pub const STILL_LISTED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Why a dead process's bytes may go back to the slice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Released {
-    /// NVML lists its host PID on none of the devices it held bytes on.
-    Unlisted,
-    /// NVML kept listing it for [`STILL_LISTED_TIMEOUT`] while the PID named another process.
-    ListedTooLong,
-    /// NVML could not tell; the kernel says every descriptor is closed.
-    Exited,
-    /// Nothing could tell within `timeout` (the region's release timeout).
-    TimedOut,
-}
-
-/// Pure: whether a process dead for `dead_for` has released its memory. `listed` is NVML's
-/// answer (`None`: no host PID or no NVML), `exited` the kernel's, `reused` whether its host
-/// PID now names another running process.
-pub fn release_evidence(
-    listed: Option<bool>,
-    exited: bool,
-    reused: bool,
-    dead_for: std::time::Duration,
-    timeout: std::time::Duration,
-) -> Option<Released> {
-    match listed {
-        Some(false) => Some(Released::Unlisted),
-        // The driver still holds it (a slow teardown): that outranks the kernel and every
-        // timer, however long it takes, unless the entry may be another process's.
-        Some(true) => {
-            (reused && dead_for >= STILL_LISTED_TIMEOUT).then_some(Released::ListedTooLong)
-        }
-        None if exited => Some(Released::Exited),
-        None => (dead_for >= timeout).then_some(Released::TimedOut),
-    }
-}
-
 /// The per-context cost an entry shows right after the first context, if plausible.
 pub fn plausible_context_cost(entry: &ListedProcess) -> Option<u64> {
     (entry.used > 0 && entry.used <= MAX_PLAUSIBLE_CONTEXT_BYTES).then_some(entry.used)
@@ -133,6 +272,34 @@ mod tests {
 
     fn p(pid: u32, used: u64) -> ListedProcess {
         ListedProcess { pid, used }
+    }
+
+    #[test]
+    fn only_a_single_unclaimed_newcomer_is_taken() {
+        assert_eq!(appeared(&[10, 11], &[10, 11, 12], &[]), Some(12));
+        assert_eq!(appeared(&[10], &[10, 12, 13], &[]), None, "two at once");
+        assert_eq!(appeared(&[10], &[10, 12, 13], &[13]), Some(12));
+        assert_eq!(appeared(&[10], &[10], &[]), None, "nothing appeared");
+        assert_eq!(appeared(&[10], &[10, 12], &[12]), None, "another's");
+        assert_eq!(appeared(&[], &[0], &[]), None);
+    }
+
+    #[test]
+    fn discovery_prefers_the_kernel_then_the_region_then_a_context_creation_then_our_own_pid() {
+        assert_eq!(discover_pid(&[1, 900, 5], 900, 0, 0, 5), Some(900));
+        assert_eq!(discover_pid(&[1, 1005, 5], 0, 1005, 0, 5), Some(1005));
+        assert_eq!(discover_pid(&[1, 1007, 5], 0, 0, 1007, 5), Some(1007));
+        assert_eq!(discover_pid(&[1, 5], 0, 0, 0, 5), Some(5));
+        assert_eq!(
+            discover_pid(&[1, 1005], 0, 0, 0, 5),
+            None,
+            "offset PIDs, nothing known"
+        );
+        assert_eq!(
+            discover_pid(&[1, 1005], 900, 0, 1007, 5),
+            None,
+            "not listed: not trusted"
+        );
     }
 
     #[test]
@@ -188,46 +355,6 @@ mod tests {
         assert_eq!(find_by_usage(&list, 302 * MIB, &[]), Some(p(1, 302 * MIB)));
         assert_eq!(find_by_usage(&list, 300 * MIB, &[]), None);
         assert_eq!(find_by_usage(&list, 300 * MIB, &[3]), Some(p(2, 300 * MIB)));
-    }
-
-    #[test]
-    fn nvml_decides_when_a_dead_process_released_its_memory() {
-        use std::time::Duration;
-        let timeout = Duration::from_secs(10);
-        let s = Duration::from_secs;
-        // NVML still lists it: neither the kernel nor any timer gives the bytes back, however
-        // long the driver takes...
-        assert_eq!(
-            release_evidence(Some(true), true, false, s(30), timeout),
-            None
-        );
-        assert_eq!(
-            release_evidence(Some(true), true, false, s(86_400), timeout),
-            None
-        );
-        // ...unless its PID names another running process: the entry may be that one's.
-        assert_eq!(
-            release_evidence(Some(true), true, true, s(30), timeout),
-            None
-        );
-        assert_eq!(
-            release_evidence(Some(true), true, true, STILL_LISTED_TIMEOUT, timeout),
-            Some(Released::ListedTooLong)
-        );
-        assert_eq!(
-            release_evidence(Some(false), false, false, s(0), timeout),
-            Some(Released::Unlisted)
-        );
-        // NVML cannot tell: the kernel, else the timer.
-        assert_eq!(
-            release_evidence(None, true, false, s(0), timeout),
-            Some(Released::Exited)
-        );
-        assert_eq!(release_evidence(None, false, false, s(9), timeout), None);
-        assert_eq!(
-            release_evidence(None, false, false, s(10), timeout),
-            Some(Released::TimedOut)
-        );
     }
 
     #[test]
