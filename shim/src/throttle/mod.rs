@@ -637,6 +637,7 @@ fn shared_words(
     };
     // The mapping the session opened at attach (one mapping and one registration per process).
     let Some(region) = crate::session::slice::region() else {
+        crate::log_error!("no shared region is mapped; compute share enforced per process only");
         return local();
     };
     // The memory ledger usually bound the entry already: find it without the registration lock.
