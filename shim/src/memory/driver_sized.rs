@@ -412,7 +412,7 @@ pub fn create_context(
         None
     };
     let _measuring = nvml.and_then(|_| {
-        context_start::lock_for_measuring(&shared.region, device, context_start::MEASURING_WAIT)
+        context_start::lock_for_measuring(shared.region, device, context_start::MEASURING_WAIT)
     });
     // This process's own measurement, else what another process of the slice measured on
     // the device (read under the lock: the previous holder just published it), else the

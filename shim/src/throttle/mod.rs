@@ -10,6 +10,12 @@
 //! * [`probe`]: the start-up estimate from the process's own launch timing (an upper bound
 //!   on the per-launch cost, before NVML's first sample).
 //!
+//! Owns: `ACTIVE`, `DEVICE_STATE`, `DEVICES` (per process: a fork child builds its device
+//! state again at its next launch) and `DEVICE_COUNT_KIND` (the visible devices, which a
+//! fork child shares). The region mapping, the slot, the host PID and the clock are the
+//! session's (`crate::session`); the watcher reads the device state through
+//! [`active_device`].
+//!
 //! Every launch path (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, graph, each with its
 //! `_ptsz` variant, whatever the lookup path) calls [`before_launch_to`] with its stream
 //! ([`before_launch`] for the legacy stream's deprecated launches). It never fails a
