@@ -333,11 +333,11 @@ fn cublas_matmuls_launch_on_an_a100_and_an_h200_and_refuse_a_v100() {
         torch.cuda.synchronize()\n\
         out = list(c.shape)";
     for preset in ["a100", "h200"] {
+        let gpu = FakeGpu::start(preset);
+        let slice = Slice::builder().device(0, "2GiB", None).build();
+        let env = slice_env(&gpu, &slice, &[("FAKEGPU_NS_PER_WAVE", "100000")]);
+        let mut py = Py::start(&format!("matmul {preset}"), &env);
         for dtype in ["torch.float32", "torch.float16"] {
-            let gpu = FakeGpu::start(preset);
-            let slice = Slice::builder().device(0, "2GiB", None).build();
-            let env = slice_env(&gpu, &slice, &[("FAKEGPU_NS_PER_WAVE", "100000")]);
-            let mut py = Py::start(&format!("matmul {preset} {dtype}"), &env);
             let from = fakegpu::state::now_ns();
             let shape = py.ok(&MATMULS.replace("DTYPE", dtype));
             let busy = gpu
@@ -348,8 +348,8 @@ fn cublas_matmuls_launch_on_an_a100_and_an_h200_and_refuse_a_v100() {
                 busy >= 1_000_000,
                 "{preset} {dtype}: ten matmuls took {busy} ns of the card"
             );
-            py.finish();
         }
+        py.finish();
     }
     // cuBLAS 13 has no kernels for sm_70 and says so: a clear error, and the process goes on.
     let gpu = FakeGpu::start("v100");
