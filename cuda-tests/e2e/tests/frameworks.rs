@@ -6,6 +6,8 @@
 //! The V100 is not in PyTorch's CUDA 13 build (it warns; its kernels would not run on a real
 //! one), which does not matter here: allocations, the caching allocator's paths and the
 //! driver calls behind them are what is under test, and the fake runs no kernel code.
+//! cuBLAS and CuPy's compiler check the architecture themselves and refuse sm_70 with CUDA
+//! 13, so their kernels are tested on a simulated A100 and H200.
 //!
 //! Skipping: without torch / cupy importable by `E2E_PYTHON` (default `python3`), each test
 //! prints `SKIPPED: ...` and returns, except with `CI=true`, where it fails.
