@@ -42,7 +42,7 @@ per_process! {
     /// Where this process is in its initialisation (`PHASE_*`).
     static PHASE: AtomicU64 = AtomicU64::new(PHASE_UNINIT);
 }
-/// What a thread re-entering its own initialisation is answered (a constant).
+/// What a thread re-entering its own initialisation is answered (a constant: survives fork).
 static PASS_THROUGH_DURING_INIT: Mode = Mode::PassThrough;
 
 /// The gate each export passes first: `Err(code)` when the configuration is invalid, or

@@ -190,7 +190,8 @@ pub fn refusal_line(
 }
 
 /// Once per device and process the refusal goes out at the default level (error); repeats
-/// (a program retrying in a loop) only at debug, so the line stays bounded.
+/// (a program retrying in a loop) only at debug, so the line stays bounded. Survives fork (a
+/// fork child refused again says it at debug).
 static SAID: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 
 /// Logs why a context on limited device entry `device` was refused.

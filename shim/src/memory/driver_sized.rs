@@ -562,6 +562,8 @@ pub unsafe fn ctx_create_with(
 // ---------------------------------------------------------------- limits
 
 /// Serialises this process's heap-limit changes: read, reserve, set and record are one step.
+/// Survives fork (a mutex cannot be reset by atomic stores): held by another thread at the
+/// fork, it stays held in the child.
 pub static HEAP_LIMIT: Mutex<()> = Mutex::new(());
 
 /// The current context's device-malloc heap size, `None` when the driver does not say.

@@ -388,6 +388,7 @@ fn card_total_for_warning(ordinal: CUdevice) -> Option<u64> {
 }
 
 /// Device entries whose oversize limit was already reported by this process (bit = entry).
+/// Survives fork: a child need not repeat the warning.
 static OVERSIZE_WARNED: AtomicU32 = AtomicU32::new(0);
 
 /// Binds `(index, uuid)` in the region when the configuration limits its memory.
@@ -701,6 +702,8 @@ fn usage_of(shared: &Shared, device: u8) -> Option<(u64, u64)> {
 /// process's memory back within a second of the driver releasing it; each reap probes every
 /// claimed slot's lock, a system call each, so not on every report).
 const VIEW_REAP_INTERVAL_NS: u64 = 250_000_000;
+/// When this process last reaped for a view. Survives fork: it only paces the reaping, which
+/// is slice-wide.
 static LAST_VIEW_REAP_NS: AtomicU64 = AtomicU64::new(0);
 
 /// Reaps, at most every [`VIEW_REAP_INTERVAL_NS`] per process, the slots of dead processes

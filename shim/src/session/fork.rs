@@ -88,6 +88,7 @@ macro_rules! per_process {
             extern "C" fn reset() {
                 $crate::session::fork::ForkReset::reset_to(&$name, $fresh);
             }
+            // The reset's entry in the section: a constant, so it survives fork.
             #[used]
             #[link_section = "gpuslice_per_process"]
             static ENTRY: $crate::session::fork::Entry = $crate::session::fork::Entry(reset);
@@ -97,8 +98,10 @@ macro_rules! per_process {
 pub(crate) use per_process;
 
 extern "C" {
+    /// The section's first entry (linker-defined, a constant: survives fork).
     #[link_name = "__start_gpuslice_per_process"]
     static SECTION_START: Entry;
+    /// Just past the section's last entry (likewise survives fork).
     #[link_name = "__stop_gpuslice_per_process"]
     static SECTION_STOP: Entry;
 }
@@ -130,6 +133,7 @@ pub extern "C" fn after_fork_in_child() {
     }
 }
 
+/// Survives fork, as the `pthread_atfork` registration it records does.
 static HANDLER_REGISTERED: AtomicBool = AtomicBool::new(false);
 
 /// Registers [`after_fork_in_child`] with `pthread_atfork`, once per process image (the
@@ -204,6 +208,53 @@ mod tests {
         }
         assert!(declared >= 15, "found only {declared} declarations");
         assert_eq!(registered(), declared);
+    }
+
+    /// Where per-process state lives (the policies, the session, the lifecycle), every
+    /// `static` is either declared with `per_process!` or says why it survives fork: a plain
+    /// `static` there without that line is a piece of state the fork reset would miss.
+    #[test]
+    fn every_static_of_the_policies_and_the_session_is_reset_or_says_it_survives_fork() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = vec![src.join("lifecycle.rs")];
+        for dir in ["memory", "throttle", "session"] {
+            for entry in std::fs::read_dir(src.join(dir)).unwrap() {
+                files.push(entry.unwrap().path());
+            }
+        }
+        let mut unowned = Vec::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            let lines: Vec<&str> = text.lines().map(str::trim_start).collect();
+            for (i, line) in lines.iter().enumerate() {
+                let declares = ["static ", "pub static ", "pub(crate) static "]
+                    .iter()
+                    .any(|p| line.starts_with(p));
+                if !declares {
+                    continue;
+                }
+                // The comments above it, and the line that opens the block it is in.
+                let mut j = i;
+                let mut comment = String::new();
+                while j > 0 && (lines[j - 1].starts_with("//") || lines[j - 1].starts_with("#[")) {
+                    j -= 1;
+                    comment.push_str(lines[j]);
+                }
+                let opener = if j > 0 { lines[j - 1] } else { "" };
+                let per_process = opener.ends_with("per_process! {");
+                let thread_local = opener.starts_with("thread_local!");
+                let says = comment.to_lowercase().contains("survives fork")
+                    || comment.to_lowercase().contains("survives the fork");
+                if !(per_process || thread_local || says) {
+                    unowned.push(format!("{}:{}: {line}", file.display(), i + 1));
+                }
+            }
+        }
+        assert!(
+            unowned.is_empty(),
+            "declare these with session::fork::per_process!, or say in their doc comment why each survives fork:\n{}",
+            unowned.join("\n")
+        );
     }
 
     #[test]
