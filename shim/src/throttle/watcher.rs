@@ -89,7 +89,7 @@ struct LeaderState {
     launch_history: std::collections::VecDeque<(u64, u64)>,
 }
 
-/// Looks for this process in NVML's running list (see `discover_pid`); logs one line when it
+/// Looks for this process in NVML's running list (see `session::host_pid::discover`); logs one line when it
 /// is still not found after a second.
 fn resolve(device: &DeviceThrottle, state: &mut LeaderState) {
     state.resolve_attempts += 1;
