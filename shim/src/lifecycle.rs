@@ -200,8 +200,22 @@ mod tests {
             published::published().map(|m| m as *const Mode),
             Some(first)
         );
-        assert_eq!(PHASE.load(Ordering::Acquire), PHASE_READY);
         // SAFETY: gettid has no preconditions.
         assert!(thread_exists(unsafe { libc::gettid() }));
+    }
+
+    /// A thread that re-enters its own initialisation (the configuration's loading calling a
+    /// hooked function) passes through instead of waiting for itself.
+    #[test]
+    fn the_initialising_thread_re_entering_gets_pass_through() {
+        let published = mode() as *const Mode;
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() } as u32 as u64;
+        // Other threads read the published mode and never look at the phase.
+        PHASE.store(PHASE_INITIALIZING | (me << 8), Ordering::Release);
+        let during = initialise() as *const Mode;
+        PHASE.store(PHASE_READY, Ordering::Release);
+        assert_eq!(during, &PASS_THROUGH_DURING_INIT as *const Mode);
+        assert_eq!(mode() as *const Mode, published);
     }
 }
