@@ -16,6 +16,8 @@
 //! The section: `per_process!` places one [`Entry`] (a function pointer) per declaration in
 //! `gpuslice_per_process`; the linker bounds it with `__start_`/`__stop_` symbols (the
 //! name is a C identifier for that) and keeps it whole, since those symbols are referenced.
+//! ld gives them protected visibility, so they bind inside this library whatever else the
+//! process maps.
 
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
