@@ -14,8 +14,10 @@
 //!   `cfg(test)`), a tiny shell: panic boundary -> fail-closed gate (skipped by a handler
 //!   marked `[open]`, see `refusal`) -> real slot (missing -> NOT_SUPPORTED /
 //!   FUNCTION_NOT_FOUND) -> handler (`passthrough` calls the real function directly), run
-//!   only by the outermost hook on the thread ([`crate::hooks::nesting`]; a handler marked
-//!   `[hot]`, the launch paths, skips that check); and `HOOKS`: name -> wrapper for `dlsym`,
+//!   only by the outermost hook on the thread ([`crate::hooks::nesting`]); a handler marked
+//!   `[hot]` (the launch paths) has a fast path first and this shell behind it, and skips the
+//!   nesting check (a nested launch would be billed twice, which only throttles harder; see
+//!   [`crate::hooks::launch`]); and `HOOKS`: name -> wrapper for `dlsym`,
 //!   and real pointer -> wrapper for `cuGetProcAddress`.
 //!
 //! Handlers are `unsafe fn(real: signature::NAME, args...) -> u32` in `crate::hooks`.
@@ -331,21 +333,29 @@ macro_rules! hook_exports {
         pub mod exports {
             use super::*;
             $(
-                #[cfg_attr(not(test), no_mangle)]
-                pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                    $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
-                        if hook_exports!(@gated $($flag)?) {
-                            if let Err(code) = $crate::lifecycle::admit(Library::$lib) {
-                                return code;
-                            }
-                        }
-                        let Some(real) = real::$name() else {
-                            return Library::$lib.missing_code();
-                        };
-                        hook_exports!(@call real, [$($arg),*], $($handler)::+ ; $($flag)?)
-                    })
-                }
+                hook_exports!(@export $lib $name ($($arg: $ty),*) -> $ret
+                    => $($handler)::+ ; $($flag)?);
             )*
+        }
+
+        /// The shells of the `[hot]` exports: what their fast path (`hooks::launch`) hands a
+        /// call it declines to.
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        mod shells {
+            use super::*;
+            $(
+                hook_exports!(@shell $lib $name ($($arg: $ty),*) -> $ret
+                    => $($handler)::+ ; $($flag)?);
+            )*
+
+            /// The wait shells of the `[hot]` exports.
+            pub(super) mod waited {
+                use super::*;
+                $(
+                    hook_exports!(@waited $lib $name ($($arg: $ty),*) -> $ret
+                        => $($handler)::+ ; $($flag)?);
+                )*
+            }
         }
 
         /// Every hooked function: the name -> wrapper table of the dlsym path and the source
@@ -368,6 +378,95 @@ macro_rules! hook_exports {
             Some(&HOOKS[id as usize])
         }
     };
+    // `[hot]` (the launch paths): the fast path, then the shell (below) when it declines.
+    (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; hot) => {
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            use $crate::hooks::launch::{Step, FAST};
+            // No panic boundary here: the fast path cannot panic (see `hooks::launch`).
+            let real = $crate::hooks::launch::open_real(SlotId::$name as usize);
+            if !real.is_null() {
+                // SAFETY: an open slot holds this hook's real function, of this signature.
+                let real = unsafe { std::mem::transmute::<*mut c_void, signature::$name>(real) };
+                // SAFETY (all): the caller's arguments, unchanged; it upholds the C API's
+                // contract.
+                match unsafe { $($handler)::+::<FAST>(real, $($arg),*) } {
+                    Step::Go => {
+                        return unsafe {
+                            $($handler)::+::<{ $crate::hooks::launch::CALL }>(real, $($arg),*)
+                        }
+                        .result(Library::$lib.panic_code())
+                    }
+                    Step::Done(result) => return result,
+                    Step::Wait => return unsafe { shells::waited::$name($($arg),*) },
+                    Step::Shell => {}
+                }
+            }
+            // SAFETY: as above.
+            unsafe { shells::$name($($arg),*) }
+        }
+    };
+    (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; $($flag:ident)?) => {
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
+                if hook_exports!(@gated $($flag)?) {
+                    if let Err(code) = $crate::lifecycle::admit(Library::$lib) {
+                        return code;
+                    }
+                }
+                let Some(real) = real::$name() else {
+                    return Library::$lib.missing_code();
+                };
+                hook_exports!(@call real, [$($arg),*], $($handler)::+ ; $($flag)?)
+            })
+        }
+    };
+    // The shell of a `[hot]` export: the usual panic boundary, gate and real slot; opens the
+    // fast path once the gate will admit every later call; then the handler's full path.
+    (@shell $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; hot) => {
+        #[cold]
+        #[inline(never)]
+        pub(super) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
+                if let Err(code) = $crate::lifecycle::admit(Library::$lib) {
+                    return code;
+                }
+                let Some(real) = real::$name() else {
+                    return Library::$lib.missing_code();
+                };
+                $crate::hooks::launch::open(SlotId::$name as usize, real as *mut c_void);
+                // SAFETY: the handler takes the real function and the caller's arguments
+                // unchanged; the caller upholds the C API's contract for them.
+                unsafe { $($handler)::+::<{ $crate::hooks::launch::SHELL }>(real, $($arg),*) }
+                    .result(Library::$lib.panic_code())
+            })
+        }
+    };
+    (@shell $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; $($flag:ident)?) => {};
+    // The wait shell of a `[hot]` export: its fast path billed the launch and found the credit
+    // exhausted; the wait and the launch, under a panic boundary.
+    (@waited $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; hot) => {
+        #[cold]
+        #[inline(never)]
+        pub(in super::super) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
+                let Some(real) = real::$name() else {
+                    return Library::$lib.missing_code();
+                };
+                // SAFETY: as in the shell.
+                unsafe { $($handler)::+::<{ $crate::hooks::launch::WAITED }>(real, $($arg),*) }
+                    .result(Library::$lib.panic_code())
+            })
+        }
+    };
+    (@waited $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; $($flag:ident)?) => {};
     // `[open]`: answers even in a fail-closed process (see `refusal`); everything else
     // passes the gate first.
     (@gated open) => { false };
@@ -379,14 +478,6 @@ macro_rules! hook_exports {
         // SAFETY: the caller's arguments go unchanged to the real function of the same
         // signature; the caller upholds the C API's contract.
         unsafe { $real($($a),*) }
-    };
-    (@call $real:ident, [$($a:ident),*], $($handler:ident)::+ ; hot) => {
-        // `[hot]`: the launch paths, where a thread-local lookup per call would cost more than
-        // the whole gate; a nested launch (a driver calling its own exported launch) would be
-        // billed twice, which only throttles harder.
-        // SAFETY: handlers take the real function and the caller's arguments unchanged; the
-        // caller upholds the C API's contract for them.
-        unsafe { $($handler)::+($real, $($a),*) }
     };
     (@call $real:ident, [$($a:ident),*], $($handler:ident)::+ ;) => {
         $crate::hooks::nesting::outermost(
