@@ -35,7 +35,8 @@ use crate::throttle::Bill;
 
 /// The real function of each `[hot]` hook whose gate is open for good (null: closed, the
 /// export takes its shell). Indexed by the registry's position.
-static OPEN: [AtomicPtr<c_void>; HOOK_COUNT] =
+/// The x86-64 export of a `[launch]` hook reads it in machine code (see the registry).
+pub(crate) static OPEN: [AtomicPtr<c_void>; HOOK_COUNT] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; HOOK_COUNT];
 static FORK_HANDLER: AtomicBool = AtomicBool::new(false);
 

@@ -48,12 +48,13 @@ static WARNED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MA
 /// One reconciliation at a time; a caller that finds one running skips its own (that one
 /// reads the same driver). A flag, not a mutex: a fork child inherits no held lock.
 static BUSY: AtomicBool = AtomicBool::new(false);
-/// A launch or limit change since the last reconciliation.
-static DIRTY: OwnLine = OwnLine(AtomicBool::new(false));
+/// A launch or limit change since the last reconciliation. Also stored to (1, one byte) by the
+/// x86-64 launch fast path's machine code after the launch call (`hooks::launch`).
+pub(crate) static DIRTY: OwnLine = OwnLine(AtomicBool::new(false));
 
 /// A flag alone on its cache line: every launch stores to it.
-#[repr(align(64))]
-struct OwnLine(AtomicBool);
+#[repr(C, align(64))]
+pub(crate) struct OwnLine(AtomicBool);
 
 impl std::ops::Deref for OwnLine {
     type Target = AtomicBool;
