@@ -368,3 +368,42 @@ pub unsafe fn ctx_synchronize(real: sig::cuCtxSynchronize) -> CUresult {
 pub unsafe fn event_synchronize(real: sig::cuEventSynchronize, event: CUevent) -> CUresult {
     throttle::synchronized(|| real(event))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fast_path_opens_only_when_the_gate_admits_for_good_and_a_fork_child_closes_it() {
+        let hook = crate::ground::driver::SlotId::cuLaunchKernel as usize;
+        let real = 0x1234 as *mut c_void;
+        close_all();
+        assert!(open_real(hook).is_null());
+        // The unit-test process has no configuration: once its mode is published it passes
+        // through for good.
+        let mode = crate::lifecycle::mode();
+        let expect_open = matches!(crate::ground::state::published(), Some(Mode::PassThrough));
+        assert!(matches!(mode, Mode::PassThrough), "no configuration here");
+        open(hook, real);
+        assert_eq!(
+            open_real(hook),
+            if expect_open {
+                real
+            } else {
+                std::ptr::null_mut()
+            }
+        );
+        open(hook, std::ptr::null_mut());
+        assert_eq!(
+            open_real(hook),
+            if expect_open {
+                real
+            } else {
+                std::ptr::null_mut()
+            }
+        );
+        close_all();
+        assert!(open_real(hook).is_null(), "a fork child starts closed");
+        assert!(open_real(HOOK_COUNT).is_null(), "no slot past the table");
+    }
+}

@@ -350,7 +350,7 @@ macro_rules! hook_exports {
 
             /// The Rust fast paths of the `[launch]` exports (x86-64).
             pub(super) mod fast {
-                use super::super::*;
+                use crate::hooks::registry::*;
                 $(
                     hook_exports!(@fast_fn $lib $name ($($arg: $ty),*) -> $ret
                         => $($handler)::+ ; $($flag)?);
@@ -493,7 +493,7 @@ macro_rules! hook_exports {
     (@fast_fn $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; launch) => {
         #[cfg(all(target_arch = "x86_64", not(test)))]
-        pub(in super::super) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+        pub(in crate::hooks::registry) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             hook_exports!(@fast_body $lib $name [$($arg),*] $($handler)::+)
         }
     };
@@ -578,7 +578,7 @@ macro_rules! hook_exports {
         => $($handler:ident)::+ ; hot) => {
         #[cold]
         #[inline(never)]
-        pub(in super::super) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+        pub(in crate::hooks::registry) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
                 let Some(real) = real::$name() else {
                     return Library::$lib.missing_code();
