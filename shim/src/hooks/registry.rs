@@ -349,6 +349,7 @@ macro_rules! hook_exports {
             )*
 
             /// The Rust fast paths of the `[launch]` exports (x86-64).
+            #[cfg(all(target_arch = "x86_64", not(test)))]
             pub(super) mod fast {
                 use crate::hooks::registry::*;
                 $(
@@ -492,7 +493,6 @@ macro_rules! hook_exports {
     // The Rust fast path of a `[launch]` hook (the x86-64 export's continuation).
     (@fast_fn $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; launch) => {
-        #[cfg(all(target_arch = "x86_64", not(test)))]
         pub(in crate::hooks::registry) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             hook_exports!(@fast_body $lib $name [$($arg),*] $($handler)::+)
         }
