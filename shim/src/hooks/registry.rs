@@ -17,7 +17,8 @@
 //!   only by the outermost hook on the thread ([`crate::hooks::nesting`]); a handler marked
 //!   `[hot]` (the launch paths) has a fast path first and this shell behind it, and skips the
 //!   nesting check (a nested launch would be billed twice, which only throttles harder; see
-//!   [`crate::hooks::launch`]); and `HOOKS`: name -> wrapper for `dlsym`,
+//!   [`crate::hooks::launch`]); `[launch]` is `[hot]` with that fast path in machine code on
+//!   x86-64 (for the launches billed on every call); and `HOOKS`: name -> wrapper for `dlsym`,
 //!   and real pointer -> wrapper for `cuGetProcAddress`.
 //!
 //! Handlers are `unsafe fn(real: signature::NAME, args...) -> u32` in `crate::hooks`.
