@@ -48,14 +48,27 @@ static WARNED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MA
 /// One reconciliation at a time; a caller that finds one running skips its own (that one
 /// reads the same driver). A flag, not a mutex: a fork child inherits no held lock.
 static BUSY: AtomicBool = AtomicBool::new(false);
-/// A launch or limit change since the last reconciliation.
-static DIRTY: AtomicBool = AtomicBool::new(false);
+/// A launch or limit change since the last reconciliation. Also stored to (1, one byte) by the
+/// x86-64 launch fast path's machine code after the launch call (`hooks::launch`).
+pub(crate) static DIRTY: OwnLine = OwnLine(AtomicBool::new(false));
+
+/// A flag alone on its cache line: every launch stores to it.
+#[repr(C, align(64))]
+pub(crate) struct OwnLine(AtomicBool);
+
+impl std::ops::Deref for OwnLine {
+    type Target = AtomicBool;
+    fn deref(&self) -> &AtomicBool {
+        &self.0
+    }
+}
 static STARTED: AtomicBool = AtomicBool::new(false);
 
-/// A kernel launch returned (hot path: one load, and a store only when the flag was clear).
-#[inline]
+/// A kernel launch returned (hot path: one relaxed store, no load or branch; the flag has a
+/// cache line of its own, so the store disturbs no neighbouring data).
+#[inline(always)]
 pub fn launched() {
-    driver_may_have_changed();
+    DIRTY.store(true, Ordering::Relaxed);
 }
 
 /// A call after which the driver may hold more or less on this process's account (a
