@@ -58,6 +58,12 @@ pub fn admit(config: &SliceConfig, library: Library) -> Result<(), u32> {
     }
 }
 
+/// Whether every entry was found to name a device: [`admit`] answers `Ok` for good (until a
+/// fork, whose child decides again only if it never did: the verdict survives it).
+pub fn matched() -> bool {
+    VERDICT.load(Ordering::Acquire) == MATCHED
+}
+
 /// Why this process refuses every call, once it does.
 pub fn refusal() -> Option<&'static ConfigError> {
     // SAFETY: REFUSAL holds null or a leaked, never freed Box published with Release.

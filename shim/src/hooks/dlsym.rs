@@ -368,6 +368,22 @@ mod tests {
         assert!(!could_be_hooked(b""));
     }
 
+    /// The front (`shim/front/lib.rs`, `hookable_prefix`) and the exported dlsym's first-byte
+    /// check (`dlsym_asm.rs`) forward every name not of this shape without a lookup.
+    #[test]
+    fn every_hooked_name_is_cu_or_nvml_then_a_capital() {
+        for hook in crate::hooks::registry::HOOKS.iter() {
+            let name = hook.name.as_bytes();
+            let capital = |i: usize| name.get(i).is_some_and(|b| b.is_ascii_uppercase());
+            assert!(
+                (name.starts_with(b"cu") && capital(2))
+                    || (name.starts_with(b"nvml") && capital(4)),
+                "{} would be forwarded by the front's prefix check",
+                hook.name
+            );
+        }
+    }
+
     #[test]
     fn driver_libraries_are_recognised_by_basename() {
         assert!(is_driver_library_path(

@@ -56,19 +56,40 @@ crate::session::fork::per_process! {
 }
 crate::session::fork::per_process! {
     /// A launch or limit change since the last reconciliation (a fork child starts with one
-    /// due: its slot starts empty while the driver may hold memory on its account).
-    static DIRTY: AtomicBool = AtomicBool::new(false);
-    after fork: AtomicBool::new(true);
+    /// due: its slot starts empty while the driver may hold memory on its account). Also
+    /// stored to (1, one byte) by the x86-64 launch fast path's machine code after the launch
+    /// call (`hooks::launch`).
+    pub(crate) static DIRTY: OwnLine = OwnLine(AtomicBool::new(false));
+    after fork: OwnLine(AtomicBool::new(true));
 }
+
+/// A flag alone on its cache line: every launch stores to it.
+#[repr(C, align(64))]
+pub(crate) struct OwnLine(AtomicBool);
+
+impl std::ops::Deref for OwnLine {
+    type Target = AtomicBool;
+    fn deref(&self) -> &AtomicBool {
+        &self.0
+    }
+}
+
+impl crate::session::fork::ForkReset for OwnLine {
+    fn reset_to(&self, fresh: Self) {
+        self.0.reset_to(fresh.0);
+    }
+}
+
 crate::session::fork::per_process! {
     /// This process's reconciliation thread was started (a fork child has none).
     static STARTED: AtomicBool = AtomicBool::new(false);
 }
 
-/// A kernel launch returned (hot path: one load, and a store only when the flag was clear).
-#[inline]
+/// A kernel launch returned (hot path: one relaxed store, no load or branch; the flag has a
+/// cache line of its own, so the store disturbs no neighbouring data).
+#[inline(always)]
 pub fn launched() {
-    driver_may_have_changed();
+    DIRTY.store(true, Ordering::Relaxed);
 }
 
 /// A call after which the driver may hold more or less on this process's account (a
