@@ -25,6 +25,7 @@ pub mod memory;
 pub mod module;
 pub mod nesting;
 pub mod nvml;
+pub mod out;
 pub mod proc_address;
 pub mod query;
 pub mod refusal;

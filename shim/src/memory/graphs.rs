@@ -178,19 +178,20 @@ pub fn after(exec: Option<u64>, also: Option<CUdevice>) {
     reread_locked(process, &mut book, also);
 }
 
-/// A graph was instantiated into `*exec`: it is unsettled until its upload or first launch.
+/// A graph was instantiated into `exec` (what the driver wrote to the caller): it is unsettled
+/// until its upload or first launch.
 /// (With `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` the driver may reserve its memory right away:
 /// read now as well.)
-pub unsafe fn instantiated(result: CUresult, exec: *mut CUgraphExec) -> CUresult {
-    if result != CUDA_SUCCESS || exec.is_null() {
+pub fn instantiated(result: CUresult, exec: Option<CUgraphExec>) -> CUresult {
+    let (CUDA_SUCCESS, Some(exec)) = (result, exec) else {
         return result;
-    }
+    };
     let Some(process) = process() else {
         return result;
     };
     GRAPHS_SEEN.store(true, Ordering::Relaxed);
     let mut book = lock(&process.ledger.graphs);
-    let unsettled = book.instantiated(*exec as u64);
+    let unsettled = book.instantiated(exec as u64);
     UNSETTLED.store(unsettled, Ordering::Relaxed);
     reread_locked(process, &mut book, None);
     result

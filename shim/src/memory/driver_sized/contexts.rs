@@ -1,6 +1,8 @@
 //! Contexts: what creating one costs (measured from NVML on the first of the process on a
 //! device), and what ending one, or a primary context, gives back.
 
+use std::cell::Cell;
+
 use gpuslice_abi::cuda::result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use gpuslice_abi::cuda::*;
 
@@ -20,7 +22,7 @@ use crate::memory::{cuda_binding, device_id, process, shared, Binding, Process, 
 /// real cost does not fit in the slice, `undo` gives the new context back to the real driver
 /// (true = done) and the answer is `CUDA_ERROR_OUT_OF_MEMORY` with nothing charged. Returns
 /// the driver's result and what stays charged.
-pub fn create_context(
+fn create_context(
     process: &Process,
     shared: &Shared,
     ordinal: CUdevice,
@@ -144,7 +146,7 @@ pub fn create_context(
 }
 
 /// The driver destroyed context `ctx` (and every object it owned).
-pub fn context_gone(process: &Process, ctx: u64) {
+pub(in crate::memory) fn context_gone(process: &Process, ctx: u64) {
     if let Some(charged) = process.ledger.untrack(ObjectKind::Context, ctx) {
         if let Some(shared) = shared() {
             shared
@@ -159,33 +161,44 @@ pub fn context_gone(process: &Process, ctx: u64) {
     crate::memory::driver_growth::driver_may_have_changed();
 }
 
-pub unsafe fn ctx_create_with(
+/// `cuCtxCreate*` on `device` through `call` (the driver's result and the context it wrote):
+/// charged as [`create_context`] says, under the primaries lock (which serialises context
+/// creation in this process). A context the slice cannot hold is destroyed again and
+/// `undone` clears the caller's handle.
+pub(crate) fn ctx_create_with(
     device: CUdevice,
-    pctx: *mut CUcontext,
-    call: impl FnOnce() -> CUresult,
+    call: impl FnOnce() -> (CUresult, Option<CUcontext>),
+    undone: impl FnOnce(),
 ) -> CUresult {
     let (Some(shared), Some(process)) = (shared(), process()) else {
-        return crate::throttle::host_pid::around_context_creation(device, call);
+        return crate::throttle::host_pid::around_context_creation(device, || call().0);
     };
     let _serialised = lock(&process.ledger.primaries);
+    let created = Cell::new(None);
+    let call = || {
+        let (result, context) = call();
+        created.set(context);
+        result
+    };
     let undo = || {
-        if pctx.is_null() {
+        let Some(context) = created.get() else {
             return false;
-        }
+        };
         // SAFETY: the context the driver just created (and pushed), not yet handed out; the
-        // real cuCtxDestroy_v2 pops it. On success the out-pointer is cleared as on failure.
+        // real cuCtxDestroy_v2 pops it. On success the caller's handle is cleared as on
+        // failure.
         let destroyed = real::cuCtxDestroy_v2()
-            .is_some_and(|destroy| unsafe { destroy(*pctx) } == CUDA_SUCCESS);
+            .is_some_and(|destroy| unsafe { destroy(context) } == CUDA_SUCCESS);
         if destroyed {
-            *pctx = std::ptr::null_mut();
+            undone();
         }
         destroyed
     };
     let (result, charge) = create_context(process, shared, device, call, undo);
-    if let (Some((device, bytes)), false) = (charge, pctx.is_null()) {
+    if let (Some((device, bytes)), Some(context)) = (charge, created.get()) {
         process.ledger.track(
             ObjectKind::Context,
-            *pctx as u64,
+            context as u64,
             Charged {
                 device,
                 bytes,
@@ -197,7 +210,70 @@ pub unsafe fn ctx_create_with(
     result
 }
 
-pub fn primary_entry(list: &mut Vec<PrimaryContext>, dev: CUdevice) -> Option<&mut PrimaryContext> {
+/// `cuCtxDestroy_v2` of `ctx` succeeded.
+pub(crate) fn ctx_destroyed(ctx: u64) {
+    if let Some(process) = process() {
+        context_gone(process, ctx);
+    }
+}
+
+/// `cuDevicePrimaryCtxRetain` of `dev` through `call` (the driver's result and the context it
+/// wrote), under the primaries lock. The retain that makes the primary context is charged as
+/// [`create_context`] says; when the slice cannot hold it, it is taken down again through
+/// the real driver (not our hooks, whose bookkeeping has no context yet) and `undone` clears
+/// the caller's handle. Later retains only count references.
+pub(crate) fn retain_primary(
+    dev: CUdevice,
+    call: impl FnOnce() -> (CUresult, Option<CUcontext>),
+    undone: impl FnOnce(),
+) -> CUresult {
+    let (Some(shared), Some(process)) = (shared(), process()) else {
+        return crate::throttle::host_pid::around_context_creation(dev, || call().0);
+    };
+    let mut primaries = lock(&process.ledger.primaries);
+    let Some(entry) = primary_entry(&mut primaries, dev) else {
+        return call().0;
+    };
+    if !entry.retain_creates() {
+        let (result, _) = call();
+        if result == CUDA_SUCCESS {
+            entry.retained(None);
+        }
+        return result;
+    }
+    // With no reference before, the release takes the new context down. After a reset, older
+    // references keep it alive through a release, so it is reset first (it was made just now:
+    // nothing else lives in it), then released.
+    let references_before = entry.refs;
+    let undo = || {
+        // SAFETY: plain by-value calls on the device ordinal the retain just succeeded for.
+        let ended = references_before == 0
+            || real::cuDevicePrimaryCtxReset_v2()
+                .is_some_and(|reset| unsafe { reset(dev) } == CUDA_SUCCESS);
+        // SAFETY: as above; drops the one reference the retain took.
+        let released = real::cuDevicePrimaryCtxRelease_v2()
+            .is_some_and(|release| unsafe { release(dev) } == CUDA_SUCCESS);
+        let done = ended && (released || references_before > 0);
+        if done {
+            undone();
+        }
+        done
+    };
+    let created = Cell::new(None);
+    let call = || {
+        let (result, context) = call();
+        created.set(context);
+        result
+    };
+    let (result, charge) = create_context(process, shared, dev, call, undo);
+    if result == CUDA_SUCCESS {
+        let handle = created.get().map_or(0, |c| c as u64);
+        entry.retained(Some((handle, charge)));
+    }
+    result
+}
+
+fn primary_entry(list: &mut Vec<PrimaryContext>, dev: CUdevice) -> Option<&mut PrimaryContext> {
     let index = usize::try_from(dev).ok()?;
     if list.len() <= index {
         list.resize(index + 1, PrimaryContext::default());
@@ -221,7 +297,7 @@ fn primary_gone(process: &Process, entry: PrimaryContext) {
 /// Runs the driver's release or reset of `dev`'s primary context under the primaries lock;
 /// when it succeeded and `ends` says which context it ended, books that context and what it
 /// owned as gone.
-pub fn end_primary(
+pub(crate) fn end_primary(
     dev: CUdevice,
     call: impl FnOnce() -> CUresult,
     ends: impl FnOnce(&mut PrimaryContext) -> Option<PrimaryContext>,

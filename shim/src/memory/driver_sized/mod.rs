@@ -1,20 +1,23 @@
-//! What the paths whose real size only the driver knows charge (pools, VMM, contexts, the
-//! device-malloc heap), and which NVML process entries belong to the slice. Their handlers are
-//! in the hook layer (`hooks::memory`, `hooks::context`, `hooks::nvml`): they read the
-//! arguments, reserve through the ledger and these functions, call the real function, settle
-//! with what the driver reports.
+//! What the paths whose real size only the driver knows charge (pitched allocations, pools,
+//! VMM, contexts, the device-malloc heap), and which NVML process entries belong to the slice.
+//! Their handlers (`hooks::memory`, `hooks::context`, `hooks::nvml`) decode the caller's
+//! arguments and make one call here, handing over the real call as a closure that answers the
+//! driver's result with what it wrote. The locks that order a driver call against the
+//! bookkeeping are taken here, never in the hook layer; nothing here reads or writes through
+//! a caller's pointer.
 
 mod contexts;
 mod heap;
 mod nvml;
-mod pools;
-mod vmm;
+pub(crate) mod pitch;
+pub(crate) mod pools;
+pub(crate) mod vmm;
 
-pub use contexts::*;
-pub use heap::*;
+pub(in crate::memory) use contexts::context_gone;
+pub(crate) use contexts::{ctx_create_with, ctx_destroyed, end_primary, retain_primary};
+pub(crate) use heap::set_heap_limit;
 pub use nvml::*;
-pub use pools::*;
-pub use vmm::*;
+pub(in crate::memory) use pools::{pool_pointer_freed, reread_pools, reread_pools_if_any};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;

@@ -5,16 +5,13 @@
 use std::ffi::c_uint;
 
 use gpuslice_abi::cuda::*;
-use gpuslice_abi::nvml::ret::{
-    NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
-    NVML_ERROR_NOT_SUPPORTED, NVML_SUCCESS,
-};
+use gpuslice_abi::nvml::ret::{NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED};
 use gpuslice_abi::nvml::*;
 use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_TIMEOUT};
 
 use crate::ground::driver::real;
 use crate::memory::host_pid::{self, ListedProcess};
-use crate::memory::report::{list_fits, slice_process_list, SliceProcess};
+use crate::memory::report::{slice_process_list, SliceProcess};
 use crate::memory::{device_id, nvml_binding, process, shared, Binding, Process, Shared};
 
 pub(super) fn record_host_pid(shared: &Shared, process: &Process, pid: u32) {
@@ -201,31 +198,6 @@ pub fn members_only_by<T: Copy>(
     };
     let members = slice_members(shared);
     Some(Ok(slice_process_list(&raw, &members, pid_of, with_pid)))
-}
-
-/// Copies `list` to the caller's buffer under NVML's count protocol.
-pub unsafe fn answer<S, T>(
-    list: Vec<S>,
-    count: *mut c_uint,
-    infos: *mut T,
-    convert: impl Fn(S) -> T,
-) -> nvmlReturn_t {
-    if count.is_null() {
-        return NVML_ERROR_INVALID_ARGUMENT;
-    }
-    match list_fits(list.len(), *count, infos.is_null()) {
-        Err(needed) => {
-            *count = needed;
-            NVML_ERROR_INSUFFICIENT_SIZE
-        }
-        Ok(n) => {
-            for (i, entry) in list.into_iter().enumerate().take(n) {
-                infos.add(i).write(convert(entry));
-            }
-            *count = n as c_uint;
-            NVML_SUCCESS
-        }
-    }
 }
 
 /// The real per-process utilisation samples of `device` (all buffered ones:

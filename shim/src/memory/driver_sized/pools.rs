@@ -1,6 +1,7 @@
 //! Pool allocations: charged by the pool's reserved bytes, which only the driver knows, read
 //! after each allocation, free, trim and destroy; where each pool lives.
 
+use std::cell::Cell;
 use std::ffi::c_int;
 
 use gpuslice_abi::cuda::pool_attr::RESERVED_MEM_CURRENT;
@@ -9,11 +10,14 @@ use gpuslice_abi::cuda::result::{
 };
 use gpuslice_abi::cuda::*;
 
+use super::{limited_device, stream_device};
 use crate::ground::driver::real;
 use crate::memory::ledger::{charge_size, lock};
 use crate::memory::objects::{Charged, ObjectKind};
 use crate::memory::pools::{cover, Cover, Freed, PoolBook, PoolHome, Settle};
-use crate::memory::{charge_or_refuse, current_context, process, Process};
+use crate::memory::{
+    charge_or_refuse, current_context, process, AllocTarget, DeviceObject, Process,
+};
 
 /// Reads a pool's reserved bytes; `None` when the driver does not answer for the handle.
 fn pool_reserved(pool: u64) -> Option<u64> {
@@ -31,7 +35,7 @@ fn pool_reserved(pool: u64) -> Option<u64> {
 }
 
 /// Settles a pool's charge with what its re-read said ([`Process::settle`]).
-pub fn apply(process: &Process, settle: Settle) {
+fn apply(process: &Process, settle: Settle) {
     process.settle(settle, |bytes| {
         crate::log_error!(
             "a memory pool grew by {bytes} bytes past the slice's limit; charged in full"
@@ -40,7 +44,7 @@ pub fn apply(process: &Process, settle: Settle) {
 }
 
 /// Reads one live pool and settles its charge (the book locked by the caller).
-pub fn reread_locked(process: &Process, book: &mut PoolBook, pool: u64, device: u8) -> Settle {
+fn reread_locked(process: &Process, book: &mut PoolBook, pool: u64, device: u8) -> Settle {
     let settle = match pool_reserved(pool) {
         Some(reserved) => book.settle(pool, device, reserved),
         None => book.unreadable(pool),
@@ -130,19 +134,21 @@ fn undo_pool_alloc(
     true
 }
 
-/// Allocates from `pool` with the pool's bookkeeping held across the driver call, so the
-/// reading after it is attributed to exactly this allocation. The pool may grow by more than
-/// the request (its OS allocations are coarser): when that does not fit in the slice, the
-/// allocation is freed with `free` (on its stream), the pool trimmed back, and the answer is
-/// `CUDA_ERROR_OUT_OF_MEMORY`; only if that free fails is the growth charged past the limit.
-pub unsafe fn pool_alloc(
+/// Allocates from `pool` with the pool's bookkeeping held across the driver call (`call`, which
+/// answers the driver's result and the pointer it wrote), so the reading after it is
+/// attributed to exactly this allocation. The pool may grow by more than the request (its OS
+/// allocations are coarser): when that does not fit in the slice, the allocation is freed
+/// with `free` (on its stream), the pool trimmed back, `undone` clears the caller's pointer
+/// and the answer is `CUDA_ERROR_OUT_OF_MEMORY`; only if that free fails is the growth
+/// charged past the limit.
+fn pool_alloc(
     process: &Process,
     device: u8,
     pool: u64,
-    dptr: *mut CUdeviceptr,
     bytes: usize,
-    call: impl FnOnce() -> CUresult,
+    call: impl FnOnce() -> (CUresult, Option<CUdeviceptr>),
     free: impl FnOnce(CUdeviceptr) -> CUresult,
+    undone: impl FnOnce(),
 ) -> CUresult {
     let bound = charge_size(bytes as u64);
     if let Err(code) = charge_or_refuse(process, device, bound) {
@@ -153,8 +159,8 @@ pub unsafe fn pool_alloc(
         .objects_have_pools
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let mut book = lock(&process.ledger.pools);
-    let result = call();
-    let allocated = (result == CUDA_SUCCESS && !dptr.is_null()).then(|| *dptr);
+    let (result, pointer) = call();
+    let allocated = pointer.filter(|_| result == CUDA_SUCCESS);
     // A destroyed pool's handle is not read (the driver refused the allocation anyway).
     let reading = if allocated.is_some() || !book.is_destroyed(pool) {
         pool_reserved(pool)
@@ -178,16 +184,21 @@ pub unsafe fn pool_alloc(
             book.record(pool, device, reserved);
         }
         Cover::Short(extra) => {
-            let undone = allocated.is_some_and(|ptr| undo_pool_alloc(pool, before, ptr, free));
-            if undone {
-                *dptr = 0;
+            let given_back = allocated.is_some_and(|ptr| undo_pool_alloc(pool, before, ptr, free));
+            if given_back {
+                undone();
                 answer = CUDA_ERROR_OUT_OF_MEMORY;
                 crate::log_debug!(
                     "refusing a pool allocation of {bytes} bytes: its pool grew {extra} bytes past the reservation and the slice limit is reached"
                 );
             }
             // What the pool holds now (still grown if the undo failed), charged as held.
-            let now = if undone { pool_reserved(pool) } else { None }.unwrap_or(reserved);
+            let now = if given_back {
+                pool_reserved(pool)
+            } else {
+                None
+            }
+            .unwrap_or(reserved);
             match cover(bound, book.change(pool, device, now)) {
                 Cover::Refund(unused) => process.ledger.refund(device, unused),
                 Cover::Short(extra) => {
@@ -222,7 +233,7 @@ pub unsafe fn pool_alloc(
 
 /// The real stream-ordered free matching an allocation entry point: the `_ptsz` one for a
 /// `_ptsz` allocation (where the NULL stream is the per-thread stream), else the legacy one.
-pub fn free_async_like(per_thread: bool) -> impl FnOnce(CUstream, CUdeviceptr) -> CUresult {
+fn free_async_like(per_thread: bool) -> impl FnOnce(CUstream, CUdeviceptr) -> CUresult {
     move |stream, ptr| {
         let free = if per_thread {
             real::cuMemFreeAsync_ptsz()
@@ -237,7 +248,7 @@ pub fn free_async_like(per_thread: bool) -> impl FnOnce(CUstream, CUdeviceptr) -
 }
 
 /// Records where `pool` lives (nothing outside a slice).
-pub fn learn_pool_home(pool: u64, home: Option<PoolHome>) {
+pub(crate) fn learn_pool_home(pool: u64, home: Option<PoolHome>) {
     if let Some(process) = process() {
         lock(&process.ledger.pool_homes).learned(pool, home);
     }
@@ -246,7 +257,7 @@ pub fn learn_pool_home(pool: u64, home: Option<PoolHome>) {
 /// Where `pool` lives. A pool this process never saw created or named (taken before the shim
 /// bound it, say) is looked for among the devices' default and current pools; `None` when it
 /// is none of them (an imported pool): its stream's device stands in.
-pub fn pool_home(process: &Process, pool: u64) -> Option<PoolHome> {
+fn pool_home(process: &Process, pool: u64) -> Option<PoolHome> {
     if let Some(home) = lock(&process.ledger.pool_homes).home(pool) {
         return Some(home);
     }
@@ -273,4 +284,121 @@ pub fn pool_home(process: &Process, pool: u64) -> Option<PoolHome> {
         }
     }
     homes.home(pool)
+}
+
+/// `cuMemAllocAsync[_ptsz]` of `bytes` on `stream` through `call` (the driver's result and the
+/// pointer it wrote): charged to the stream's device's current pool, whatever context is
+/// current; to the device as a plain allocation when that pool cannot be read.
+/// `per_thread`: the `_ptsz` entry point (its undo frees on the per-thread stream).
+pub(crate) fn alloc_async(
+    bytes: usize,
+    stream: CUstream,
+    per_thread: bool,
+    call: impl FnOnce() -> (CUresult, Option<CUdeviceptr>),
+    undone: impl FnOnce(),
+) -> CUresult {
+    let Some(process) = process() else {
+        return call().0;
+    };
+    let Some(ordinal) = stream_device(stream) else {
+        return call().0;
+    };
+    let Some(device) = limited_device(ordinal) else {
+        return call().0;
+    };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; an ordinal the driver named for the stream.
+    let found = real::cuDeviceGetMemPool().map(|get| unsafe { get(&mut pool, ordinal) });
+    if found != Some(CUDA_SUCCESS) || pool.is_null() {
+        // No pool to read: charge it like a plain allocation on the stream's device.
+        let pointer = Cell::new(None);
+        return crate::memory::allocate(
+            AllocTarget::Device(ordinal),
+            bytes as u64,
+            || {
+                let (result, written) = call();
+                pointer.set(written);
+                result
+            },
+            || DeviceObject::Pointer(pointer.get().unwrap_or(0)),
+        );
+    }
+    lock(&process.ledger.pool_homes).learned(pool as u64, Some(PoolHome::Device(ordinal)));
+    let free = free_async_like(per_thread);
+    pool_alloc(
+        process,
+        device,
+        pool as u64,
+        bytes,
+        call,
+        |ptr| free(stream, ptr),
+        undone,
+    )
+}
+
+/// `cuMemAllocFromPoolAsync[_ptsz]` of `bytes` from `pool` on `stream` through `call`: charged
+/// to the pool's device, which may not be the stream's (nor the current one); a host pool's
+/// allocation is not device memory.
+pub(crate) fn alloc_from_pool_async(
+    pool: u64,
+    bytes: usize,
+    stream: CUstream,
+    per_thread: bool,
+    call: impl FnOnce() -> (CUresult, Option<CUdeviceptr>),
+    undone: impl FnOnce(),
+) -> CUresult {
+    let Some(process) = process() else {
+        return call().0;
+    };
+    let ordinal = match pool_home(process, pool) {
+        Some(PoolHome::Host) => return call().0,
+        Some(PoolHome::Device(ordinal)) => Some(ordinal),
+        None => stream_device(stream),
+    };
+    let Some(device) = ordinal.and_then(limited_device) else {
+        return call().0;
+    };
+    let free = free_async_like(per_thread);
+    pool_alloc(
+        process,
+        device,
+        pool,
+        bytes,
+        call,
+        |ptr| free(stream, ptr),
+        undone,
+    )
+}
+
+/// `cuMemPoolDestroy` through `call`: the pool is read one last time before (its handle names
+/// nothing after), then refunded at once if nothing is allocated from it, else when the last
+/// of its allocations is freed (the driver releases it then). The pool book stays locked from
+/// that reading to the destruction being booked, so no allocation of the pool's
+/// ([`pool_alloc`] holds the same lock across its driver call) falls between them.
+pub(crate) fn destroy(pool: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(process) = process() else {
+        return call();
+    };
+    let mut book = lock(&process.ledger.pools);
+    if let Some(device) = book.device_of(pool) {
+        reread_locked(process, &mut book, pool, device);
+    }
+    let result = call();
+    if result == CUDA_SUCCESS {
+        let settle = book.destroyed(pool);
+        drop(book);
+        apply(process, settle);
+        lock(&process.ledger.pool_homes).forget(pool);
+    }
+    result
+}
+
+/// `cuMemPoolTrimTo` succeeded on `pool`: its charge follows what it reserves now.
+pub(crate) fn trimmed(pool: u64) {
+    if let Some(process) = process() {
+        let mut book = lock(&process.ledger.pools);
+        if let Some(device) = book.device_of(pool) {
+            reread_locked(process, &mut book, pool, device);
+        }
+    }
 }

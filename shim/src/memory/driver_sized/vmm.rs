@@ -1,4 +1,5 @@
-//! The VMM unmap paths: the mappings a range held end with it.
+//! The VMM paths: what a handle maps where (a mapping keeps its handle's memory alive), and the
+//! mappings a range held ending with it.
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
@@ -10,7 +11,11 @@ use crate::memory::process;
 /// the driver makes the range reusable, so the bookkeeping after it ends exactly the
 /// mappings that existed then, never one another thread made in the freed range meanwhile
 /// (see `vmm`).
-pub fn unmapping(ptr: CUdeviceptr, size: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+pub(crate) fn unmapping(
+    ptr: CUdeviceptr,
+    size: usize,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     let Some(process) = process() else {
         return call();
     };
@@ -23,4 +28,18 @@ pub fn unmapping(ptr: CUdeviceptr, size: usize, call: impl FnOnce() -> CUresult)
         }
     }
     result
+}
+
+/// `cuMemMap` succeeded: `handle` is mapped at `ptr` for `size` bytes.
+pub(crate) fn mapped(ptr: CUdeviceptr, size: u64, handle: CUmemGenericAllocationHandle) {
+    if let Some(process) = process() {
+        lock(&process.ledger.vmm).mapped(ptr, size, handle);
+    }
+}
+
+/// `cuMemRetainAllocationHandle` gave the caller one more reference to `handle`.
+pub(crate) fn retained(handle: CUmemGenericAllocationHandle) {
+    if let Some(process) = process() {
+        lock(&process.ledger.vmm).retained(handle);
+    }
 }
