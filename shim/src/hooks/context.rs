@@ -38,6 +38,8 @@ unsafe fn creating(
     )
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn ctx_create_v2(
     real: sig::cuCtxCreate_v2,
     pctx: *mut CUcontext,
@@ -49,6 +51,8 @@ pub unsafe fn ctx_create_v2(
     ctx_create_with(dev, call, undone)
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn ctx_create_v3(
     real: sig::cuCtxCreate_v3,
     pctx: *mut CUcontext,
@@ -62,6 +66,8 @@ pub unsafe fn ctx_create_v3(
     ctx_create_with(dev, call, undone)
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn ctx_create_v4(
     real: sig::cuCtxCreate_v4,
     pctx: *mut CUcontext,
@@ -74,6 +80,8 @@ pub unsafe fn ctx_create_v4(
     ctx_create_with(dev, call, undone)
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(ctx) };
@@ -85,6 +93,9 @@ pub unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresul
 
 /// `cuCtxSetLimit`. The device-malloc heap (`CU_LIMIT_MALLOC_HEAP_SIZE`) is device memory from
 /// the moment it is set: charged by the policy ([`set_heap_limit`]). Other limits pass through.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn ctx_set_limit(real: sig::cuCtxSetLimit, limit: c_int, value: usize) -> CUresult {
     // SAFETY: by-value arguments, unchanged.
     let call = || unsafe { real(limit, value) };
@@ -99,6 +110,8 @@ pub unsafe fn ctx_set_limit(real: sig::cuCtxSetLimit, limit: c_int, value: usize
     set_heap_limit(value as u64, call)
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn primary_ctx_retain(
     real: sig::cuDevicePrimaryCtxRetain,
     pctx: *mut CUcontext,
@@ -109,6 +122,8 @@ pub unsafe fn primary_ctx_retain(
     retain_primary(dev, call, undone)
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn primary_ctx_release(
     real: sig::cuDevicePrimaryCtxRelease_v2,
     dev: CUdevice,
@@ -117,6 +132,8 @@ pub unsafe fn primary_ctx_release(
     end_primary(dev, || unsafe { real(dev) }, PrimaryContext::released)
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn primary_ctx_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     end_primary(dev, || unsafe { real(dev) }, PrimaryContext::reset)

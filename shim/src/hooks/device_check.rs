@@ -195,8 +195,12 @@ fn env_verdict(seen: &[SeenDevice], from_nvml: bool) -> Option<ConfigError> {
 /// device the node lacks) is refused here, at the first call, once the driver can list its
 /// devices: "is CUDA available?" checks then say no, instead of the application failing at
 /// its first device query.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn cu_init(real: crate::hooks::registry::signature::cuInit, flags: u32) -> u32 {
-    let result = real(flags);
+    // SAFETY: by-value argument, unchanged.
+    let result = unsafe { real(flags) };
     if result != CUDA_SUCCESS {
         return result;
     }

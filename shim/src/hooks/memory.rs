@@ -21,6 +21,8 @@ use crate::memory::{self, AllocTarget, DeviceObject};
 
 // ---------------------------------------------------------------- plain allocations
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_alloc(
     real: sig::cuMemAlloc_v2,
     dptr: *mut CUdeviceptr,
@@ -131,6 +133,8 @@ pub unsafe fn mem_alloc_pitch_v1(
     result
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_alloc_managed(
     real: sig::cuMemAllocManaged,
     dptr: *mut CUdeviceptr,
@@ -148,6 +152,8 @@ pub unsafe fn mem_alloc_managed(
     )
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_free(real: sig::cuMemFree_v2, dptr: CUdeviceptr) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(dptr) };
@@ -166,6 +172,8 @@ pub unsafe fn mem_free_v1(real: sig::cuMemFree, dptr: c_uint) -> CUresult {
     result
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_free_async(
     real: sig::cuMemFreeAsync,
     dptr: CUdeviceptr,
@@ -177,6 +185,8 @@ pub unsafe fn mem_free_async(
     result
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_create(
     real: sig::cuMemCreate,
     handle: *mut CUmemGenericAllocationHandle,
@@ -201,6 +211,8 @@ pub unsafe fn mem_create(
     )
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_release(
     real: sig::cuMemRelease,
     handle: CUmemGenericAllocationHandle,
@@ -218,6 +230,8 @@ fn allocate_array(array: Out<CUarray>, bytes: u64, create: impl FnOnce() -> CUre
     })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn array_create(
     real: sig::cuArrayCreate_v2,
     array: *mut CUarray,
@@ -232,6 +246,8 @@ pub unsafe fn array_create(
     allocate_array(out, bytes, || unsafe { real(array, desc) })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn array_3d_create(
     real: sig::cuArray3DCreate_v2,
     array: *mut CUarray,
@@ -289,6 +305,8 @@ pub unsafe fn array_3d_create_v1(
     allocate_array(out, bytes, || unsafe { real(array, desc) })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn array_destroy(real: sig::cuArrayDestroy, array: CUarray) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(array) };
@@ -296,6 +314,8 @@ pub unsafe fn array_destroy(real: sig::cuArrayDestroy, array: CUarray) -> CUresu
     result
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mipmapped_array_create(
     real: sig::cuMipmappedArrayCreate,
     array: *mut CUmipmappedArray,
@@ -320,6 +340,8 @@ pub unsafe fn mipmapped_array_create(
     )
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mipmapped_array_destroy(
     real: sig::cuMipmappedArrayDestroy,
     array: CUmipmappedArray,
@@ -332,6 +354,8 @@ pub unsafe fn mipmapped_array_destroy(
 
 // ---------------------------------------------------------------- pitch, pools, VMM
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_alloc_pitch(
     real: sig::cuMemAllocPitch_v2,
     dptr: *mut CUdeviceptr,
@@ -356,6 +380,8 @@ pub unsafe fn mem_alloc_pitch(
     pitch::allocate(width_bytes as u64, height as u64, call, undone)
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_alloc_async(
     real: sig::cuMemAllocAsync,
     dptr: *mut CUdeviceptr,
@@ -372,6 +398,8 @@ pub unsafe fn mem_alloc_async(
     })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_alloc_from_pool_async(
     real: sig::cuMemAllocFromPoolAsync,
     dptr: *mut CUdeviceptr,
@@ -391,6 +419,9 @@ pub unsafe fn mem_alloc_from_pool_async(
 }
 
 /// cuMemPoolCreate: the pool lives where `props->location` says (a host pool on no GPU).
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_pool_create(
     real: sig::cuMemPoolCreate,
     pool: *mut CUmemoryPool,
@@ -408,6 +439,9 @@ pub unsafe fn mem_pool_create(
 }
 
 /// cuDeviceGetDefaultMemPool / cuDeviceGetMemPool: the answer is a pool of `dev`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn device_get_mem_pool(
     real: sig::cuDeviceGetMemPool,
     pool: *mut CUmemoryPool,
@@ -424,6 +458,9 @@ pub unsafe fn device_get_mem_pool(
 }
 
 /// cuDeviceSetMemPool: the driver accepts only a pool of `dev`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn device_set_mem_pool(
     real: sig::cuDeviceSetMemPool,
     dev: CUdevice,
@@ -439,11 +476,16 @@ pub unsafe fn device_set_mem_pool(
 
 /// cuMemPoolDestroy: refunded at once if nothing is allocated from the pool, else when the
 /// last of its allocations is freed (see [`pools::destroy`]).
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     pools::destroy(pool as u64, || unsafe { real(pool) })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_pool_trim_to(
     real: sig::cuMemPoolTrimTo,
     pool: CUmemoryPool,
@@ -457,6 +499,8 @@ pub unsafe fn mem_pool_trim_to(
     result
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_map(
     real: sig::cuMemMap,
     ptr: CUdeviceptr,
@@ -473,11 +517,15 @@ pub unsafe fn mem_map(
     result
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_unmap(real: sig::cuMemUnmap, ptr: CUdeviceptr, size: usize) -> CUresult {
     // SAFETY: by-value arguments, unchanged.
     vmm::unmapping(ptr, size, || unsafe { real(ptr, size) })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_address_free(
     real: sig::cuMemAddressFree,
     ptr: CUdeviceptr,
@@ -487,6 +535,8 @@ pub unsafe fn mem_address_free(
     vmm::unmapping(ptr, size, || unsafe { real(ptr, size) })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_retain_allocation_handle(
     real: sig::cuMemRetainAllocationHandle,
     handle: *mut CUmemGenericAllocationHandle,
@@ -504,6 +554,8 @@ pub unsafe fn mem_retain_allocation_handle(
 
 // ---------------------------------------------------------------- CUDA graph memory
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn instantiate(
     real: sig::cuGraphInstantiate_v2,
     exec: *mut CUgraphExec,
@@ -521,6 +573,8 @@ pub unsafe fn instantiate(
     }
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn instantiate_with_flags(
     real: sig::cuGraphInstantiateWithFlags,
     exec: *mut CUgraphExec,
@@ -531,6 +585,8 @@ pub unsafe fn instantiate_with_flags(
     unsafe { instantiated(real(exec, graph, flags), Out::new(exec).read()) }
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn instantiate_with_params(
     real: sig::cuGraphInstantiateWithParams,
     exec: *mut CUgraphExec,
@@ -542,6 +598,9 @@ pub unsafe fn instantiate_with_params(
 }
 
 /// `cuGraphUpload[_ptsz]`: the exec's memory is reserved now.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn upload(real: sig::cuGraphUpload, exec: CUgraphExec, stream: CUstream) -> CUresult {
     // SAFETY: by-value arguments, unchanged.
     let result = unsafe { real(exec, stream) };
@@ -553,6 +612,9 @@ pub unsafe fn upload(real: sig::cuGraphUpload, exec: CUgraphExec, stream: CUstre
 
 /// `cuGraphExecDestroy`: its memory stays in the graph pool (unused) until a trim; a driver
 /// that releases it at once shows it in the reading.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn exec_destroy(real: sig::cuGraphExecDestroy, exec: CUgraphExec) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(exec) };
@@ -563,6 +625,9 @@ pub unsafe fn exec_destroy(real: sig::cuGraphExecDestroy, exec: CUgraphExec) -> 
 }
 
 /// `cuDeviceGraphMemTrim`: what no live exec uses goes back to the card.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn trim(real: sig::cuDeviceGraphMemTrim, device: CUdevice) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(device) };

@@ -20,22 +20,30 @@ fn grew_if(result: CUresult) -> CUresult {
     result
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn module_load(
     real: sig::cuModuleLoad,
     module: *mut CUmodule,
     fname: *const c_char,
 ) -> CUresult {
-    grew_if(real(module, fname))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe { real(module, fname) })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn module_load_data(
     real: sig::cuModuleLoadData,
     module: *mut CUmodule,
     image: *const c_void,
 ) -> CUresult {
-    grew_if(real(module, image))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe { real(module, image) })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn module_load_data_ex(
     real: sig::cuModuleLoadDataEx,
     module: *mut CUmodule,
@@ -44,17 +52,23 @@ pub unsafe fn module_load_data_ex(
     options: *mut c_void,
     option_values: *mut *mut c_void,
 ) -> CUresult {
-    grew_if(real(module, image, num_options, options, option_values))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe { real(module, image, num_options, options, option_values) })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn module_load_fat_binary(
     real: sig::cuModuleLoadFatBinary,
     module: *mut CUmodule,
     fat_cubin: *const c_void,
 ) -> CUresult {
-    grew_if(real(module, fat_cubin))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe { real(module, fat_cubin) })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn library_load_data(
     real: sig::cuLibraryLoadData,
@@ -67,18 +81,23 @@ pub unsafe fn library_load_data(
     library_option_values: *mut *mut c_void,
     num_library_options: c_uint,
 ) -> CUresult {
-    grew_if(real(
-        library,
-        code,
-        jit_options,
-        jit_option_values,
-        num_jit_options,
-        library_options,
-        library_option_values,
-        num_library_options,
-    ))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe {
+        real(
+            library,
+            code,
+            jit_options,
+            jit_option_values,
+            num_jit_options,
+            library_options,
+            library_option_values,
+            num_library_options,
+        )
+    })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn library_load_from_file(
     real: sig::cuLibraryLoadFromFile,
@@ -91,19 +110,25 @@ pub unsafe fn library_load_from_file(
     library_option_values: *mut *mut c_void,
     num_library_options: c_uint,
 ) -> CUresult {
-    grew_if(real(
-        library,
-        file_name,
-        jit_options,
-        jit_option_values,
-        num_jit_options,
-        library_options,
-        library_option_values,
-        num_library_options,
-    ))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe {
+        real(
+            library,
+            file_name,
+            jit_options,
+            jit_option_values,
+            num_jit_options,
+            library_options,
+            library_option_values,
+            num_library_options,
+        )
+    })
 }
 
 /// Under lazy loading a global's lookup places its module.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn module_get_global(
     real: sig::cuModuleGetGlobal_v2,
     dptr: *mut CUdeviceptr,
@@ -111,5 +136,6 @@ pub unsafe fn module_get_global(
     module: CUmodule,
     name: *const c_char,
 ) -> CUresult {
-    grew_if(real(dptr, bytes, module, name))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe { real(dptr, bytes, module, name) })
 }

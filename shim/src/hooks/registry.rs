@@ -331,6 +331,11 @@ macro_rules! hook_exports {
         pub mod exports {
             use super::*;
             $(
+                #[doc = concat!("The exported `", stringify!($name), "`.")]
+                ///
+                /// # Safety
+                /// The C API's contract for this function: the arguments as its caller must
+                /// pass them to the real one (see the handler contract in [`crate::hooks`]).
                 #[cfg_attr(not(test), no_mangle)]
                 pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
                     $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
