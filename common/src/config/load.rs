@@ -53,7 +53,7 @@ pub fn load_anchored(anchor: &Path, get_env: &dyn Fn(&str) -> Option<String>) ->
 /// The set environment variables (name, value) that would change what is enforced if no
 /// anchored file existed: `GPUSLICE_CONFIG` and the HAMi limit, region, policy and priority
 /// variables.
-pub fn enforcement_env(get_env: &dyn Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+pub(crate) fn enforcement_env(get_env: &dyn Fn(&str) -> Option<String>) -> Vec<(String, String)> {
     let mut names = vec![
         CONFIG_ENV.to_string(),
         HAMI_MEMORY_LIMIT_ENV.to_string(),

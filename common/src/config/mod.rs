@@ -81,7 +81,7 @@ mod strict_json;
 
 pub use crate::MAX_DEVICES;
 pub use hami::{from_hami_env, hami_indexed_variables};
-pub use load::{enforcement_env, load, load_anchored, LoadOutcome};
+pub use load::{load, load_anchored, LoadOutcome};
 pub use parse::{check_uuid, parse_limit_file};
 pub use schema::*;
 pub use serialise::to_json;
@@ -98,27 +98,27 @@ pub const MAX_FILE_BYTES: usize = 1 << 20;
 /// devices, and an entry naming no device of the node is refused anyway.
 pub const MAX_DEVICE_ENTRIES: usize = 128;
 /// Longest region path (Linux `PATH_MAX` less its NUL) and longest component (`NAME_MAX`).
-pub const MAX_REGION_PATH: usize = 4095;
-pub const MAX_REGION_NAME: usize = 255;
+pub(crate) const MAX_REGION_PATH: usize = 4095;
+pub(crate) const MAX_REGION_NAME: usize = 255;
 /// Current schema version written by `gpuslice write`.
-pub const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 1;
 
 /// Env variable that overrides the log level (names only: off|error|warn|info|debug|trace).
-pub const LOG_ENV: &str = "GPUSLICE_LOG";
+pub(crate) const LOG_ENV: &str = "GPUSLICE_LOG";
 /// HAMi: default memory limit for every device (`_<i>` suffix: one device index).
 pub const HAMI_MEMORY_LIMIT_ENV: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 /// HAMi: default compute share in percent (`_<i>` suffix: one device index).
-pub const HAMI_SM_LIMIT_ENV: &str = "CUDA_DEVICE_SM_LIMIT";
+pub(crate) const HAMI_SM_LIMIT_ENV: &str = "CUDA_DEVICE_SM_LIMIT";
 /// HAMi: shared-region path.
-pub const HAMI_SHARED_CACHE_ENV: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+pub(crate) const HAMI_SHARED_CACHE_ENV: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 /// HAMi: compute policy (`default|force|disable`).
-pub const HAMI_POLICY_ENV: &str = "GPU_CORE_UTILIZATION_POLICY";
+pub(crate) const HAMI_POLICY_ENV: &str = "GPU_CORE_UTILIZATION_POLICY";
 /// HAMi: task priority (`0` high, `1` low).
-pub const HAMI_PRIORITY_ENV: &str = "CUDA_TASK_PRIORITY";
+pub(crate) const HAMI_PRIORITY_ENV: &str = "CUDA_TASK_PRIORITY";
 /// HAMi: log level 0..4.
-pub const HAMI_LOG_LEVEL_ENV: &str = "LIBCUDA_LOG_LEVEL";
+pub(crate) const HAMI_LOG_LEVEL_ENV: &str = "LIBCUDA_LOG_LEVEL";
 /// Longest UUID the region header can store (it keeps a NUL-terminated `[u8; 64]`).
-pub const MAX_UUID_LEN: usize = 63;
+pub(crate) const MAX_UUID_LEN: usize = 63;
 
 /// The region file when the configuration names none (`/tmp` is private to a container, so
 /// all its processes meet there).

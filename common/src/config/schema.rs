@@ -163,7 +163,7 @@ impl Priority {
     }
 
     /// HAMi's `CUDA_TASK_PRIORITY`: `0` high, `1` low (HAMi-core's own default is 1).
-    pub fn from_hami(value: &str) -> Option<Priority> {
+    pub(crate) fn from_hami(value: &str) -> Option<Priority> {
         match value.trim() {
             "0" => Some(Priority::High),
             "1" => Some(Priority::Low),
@@ -210,7 +210,7 @@ impl LogLevel {
     }
 
     /// HAMi's `LIBCUDA_LOG_LEVEL` numbers (see the module doc), or a level name.
-    pub fn from_hami(value: &str) -> Option<LogLevel> {
+    pub(crate) fn from_hami(value: &str) -> Option<LogLevel> {
         if let Some(level) = LogLevel::from_name(value) {
             return Some(level);
         }

@@ -40,7 +40,7 @@ unsafe fn creating(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn ctx_create_v2(
+pub(crate) unsafe fn ctx_create_v2(
     real: sig::cuCtxCreate_v2,
     pctx: *mut CUcontext,
     flags: c_uint,
@@ -53,7 +53,7 @@ pub unsafe fn ctx_create_v2(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn ctx_create_v3(
+pub(crate) unsafe fn ctx_create_v3(
     real: sig::cuCtxCreate_v3,
     pctx: *mut CUcontext,
     params: *mut c_void,
@@ -68,7 +68,7 @@ pub unsafe fn ctx_create_v3(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn ctx_create_v4(
+pub(crate) unsafe fn ctx_create_v4(
     real: sig::cuCtxCreate_v4,
     pctx: *mut CUcontext,
     params: *mut c_void,
@@ -82,7 +82,7 @@ pub unsafe fn ctx_create_v4(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
+pub(crate) unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(ctx) };
     if result == CUDA_SUCCESS {
@@ -96,7 +96,11 @@ pub unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresul
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn ctx_set_limit(real: sig::cuCtxSetLimit, limit: c_int, value: usize) -> CUresult {
+pub(crate) unsafe fn ctx_set_limit(
+    real: sig::cuCtxSetLimit,
+    limit: c_int,
+    value: usize,
+) -> CUresult {
     // SAFETY: by-value arguments, unchanged.
     let call = || unsafe { real(limit, value) };
     if limit != MALLOC_HEAP_SIZE {
@@ -112,7 +116,7 @@ pub unsafe fn ctx_set_limit(real: sig::cuCtxSetLimit, limit: c_int, value: usize
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn primary_ctx_retain(
+pub(crate) unsafe fn primary_ctx_retain(
     real: sig::cuDevicePrimaryCtxRetain,
     pctx: *mut CUcontext,
     dev: CUdevice,
@@ -124,7 +128,7 @@ pub unsafe fn primary_ctx_retain(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn primary_ctx_release(
+pub(crate) unsafe fn primary_ctx_release(
     real: sig::cuDevicePrimaryCtxRelease_v2,
     dev: CUdevice,
 ) -> CUresult {
@@ -134,7 +138,10 @@ pub unsafe fn primary_ctx_release(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn primary_ctx_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> CUresult {
+pub(crate) unsafe fn primary_ctx_reset(
+    real: sig::cuDevicePrimaryCtxReset_v2,
+    dev: CUdevice,
+) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     end_primary(dev, || unsafe { real(dev) }, PrimaryContext::reset)
 }

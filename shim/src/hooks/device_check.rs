@@ -50,18 +50,12 @@ thread_local! {
 
 /// The gate for an enforcing process: `Err(code)` once an entry is known to match nothing.
 #[inline]
-pub fn admit(config: &SliceConfig, library: Library) -> Result<(), u32> {
+pub(crate) fn admit(config: &SliceConfig, library: Library) -> Result<(), u32> {
     match VERDICT.load(Ordering::Acquire) {
         MATCHED => Ok(()),
         REFUSED => Err(library.fail_closed_code()),
         _ => decide(config, library),
     }
-}
-
-/// Why this process refuses every call, once it does.
-pub fn refusal() -> Option<&'static ConfigError> {
-    // SAFETY: REFUSAL holds null or a leaked, never freed Box published with Release.
-    unsafe { REFUSAL.load(Ordering::Acquire).as_ref() }
 }
 
 /// Every thread that finds the verdict unknown lists the devices itself (no thread waits on
@@ -198,7 +192,7 @@ fn env_verdict(seen: &[SeenDevice], from_nvml: bool) -> Option<ConfigError> {
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn cu_init(real: crate::hooks::registry::signature::cuInit, flags: u32) -> u32 {
+pub(crate) unsafe fn cu_init(real: crate::hooks::registry::signature::cuInit, flags: u32) -> u32 {
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(flags) };
     if result != CUDA_SUCCESS {

@@ -23,7 +23,7 @@ use crate::memory::{self, AllocTarget, DeviceObject};
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_alloc(
+pub(crate) unsafe fn mem_alloc(
     real: sig::cuMemAlloc_v2,
     dptr: *mut CUdeviceptr,
     bytes: usize,
@@ -44,7 +44,11 @@ pub unsafe fn mem_alloc(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_alloc_v1(real: sig::cuMemAlloc, dptr: *mut c_uint, bytes: c_uint) -> CUresult {
+pub(crate) unsafe fn mem_alloc_v1(
+    real: sig::cuMemAlloc,
+    dptr: *mut c_uint,
+    bytes: c_uint,
+) -> CUresult {
     // SAFETY: the caller's out-parameter (the handler contract).
     let out = unsafe { Out::new(dptr) };
     memory::allocate(
@@ -98,7 +102,7 @@ unsafe extern "C" fn legacy_pitch_as_v2(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_alloc_pitch_v1(
+pub(crate) unsafe fn mem_alloc_pitch_v1(
     real: sig::cuMemAllocPitch,
     dptr: *mut c_uint,
     pitch: *mut c_uint,
@@ -135,7 +139,7 @@ pub unsafe fn mem_alloc_pitch_v1(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_alloc_managed(
+pub(crate) unsafe fn mem_alloc_managed(
     real: sig::cuMemAllocManaged,
     dptr: *mut CUdeviceptr,
     bytes: usize,
@@ -154,7 +158,7 @@ pub unsafe fn mem_alloc_managed(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_free(real: sig::cuMemFree_v2, dptr: CUdeviceptr) -> CUresult {
+pub(crate) unsafe fn mem_free(real: sig::cuMemFree_v2, dptr: CUdeviceptr) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(dptr) };
     memory::on_free(DeviceObject::Pointer(dptr), result);
@@ -165,7 +169,7 @@ pub unsafe fn mem_free(real: sig::cuMemFree_v2, dptr: CUdeviceptr) -> CUresult {
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_free_v1(real: sig::cuMemFree, dptr: c_uint) -> CUresult {
+pub(crate) unsafe fn mem_free_v1(real: sig::cuMemFree, dptr: c_uint) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(dptr) };
     memory::on_free(DeviceObject::Pointer(CUdeviceptr::from(dptr)), result);
@@ -174,7 +178,7 @@ pub unsafe fn mem_free_v1(real: sig::cuMemFree, dptr: c_uint) -> CUresult {
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_free_async(
+pub(crate) unsafe fn mem_free_async(
     real: sig::cuMemFreeAsync,
     dptr: CUdeviceptr,
     stream: CUstream,
@@ -187,7 +191,7 @@ pub unsafe fn mem_free_async(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_create(
+pub(crate) unsafe fn mem_create(
     real: sig::cuMemCreate,
     handle: *mut CUmemGenericAllocationHandle,
     size: usize,
@@ -213,7 +217,7 @@ pub unsafe fn mem_create(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_release(
+pub(crate) unsafe fn mem_release(
     real: sig::cuMemRelease,
     handle: CUmemGenericAllocationHandle,
 ) -> CUresult {
@@ -232,7 +236,7 @@ fn allocate_array(array: Out<CUarray>, bytes: u64, create: impl FnOnce() -> CUre
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn array_create(
+pub(crate) unsafe fn array_create(
     real: sig::cuArrayCreate_v2,
     array: *mut CUarray,
     desc: *const CUDA_ARRAY_DESCRIPTOR,
@@ -248,7 +252,7 @@ pub unsafe fn array_create(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn array_3d_create(
+pub(crate) unsafe fn array_3d_create(
     real: sig::cuArray3DCreate_v2,
     array: *mut CUarray,
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
@@ -271,7 +275,7 @@ pub unsafe fn array_3d_create(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn array_create_v1(
+pub(crate) unsafe fn array_create_v1(
     real: sig::cuArrayCreate,
     array: *mut CUarray,
     desc: *const CUDA_ARRAY_DESCRIPTOR_v1,
@@ -290,7 +294,7 @@ pub unsafe fn array_create_v1(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn array_3d_create_v1(
+pub(crate) unsafe fn array_3d_create_v1(
     real: sig::cuArray3DCreate,
     array: *mut CUarray,
     desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1,
@@ -307,7 +311,7 @@ pub unsafe fn array_3d_create_v1(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn array_destroy(real: sig::cuArrayDestroy, array: CUarray) -> CUresult {
+pub(crate) unsafe fn array_destroy(real: sig::cuArrayDestroy, array: CUarray) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(array) };
     memory::on_free(DeviceObject::Array(array), result);
@@ -316,7 +320,7 @@ pub unsafe fn array_destroy(real: sig::cuArrayDestroy, array: CUarray) -> CUresu
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mipmapped_array_create(
+pub(crate) unsafe fn mipmapped_array_create(
     real: sig::cuMipmappedArrayCreate,
     array: *mut CUmipmappedArray,
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
@@ -342,7 +346,7 @@ pub unsafe fn mipmapped_array_create(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mipmapped_array_destroy(
+pub(crate) unsafe fn mipmapped_array_destroy(
     real: sig::cuMipmappedArrayDestroy,
     array: CUmipmappedArray,
 ) -> CUresult {
@@ -356,7 +360,7 @@ pub unsafe fn mipmapped_array_destroy(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_alloc_pitch(
+pub(crate) unsafe fn mem_alloc_pitch(
     real: sig::cuMemAllocPitch_v2,
     dptr: *mut CUdeviceptr,
     pitch: *mut usize,
@@ -382,7 +386,7 @@ pub unsafe fn mem_alloc_pitch(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_alloc_async(
+pub(crate) unsafe fn mem_alloc_async(
     real: sig::cuMemAllocAsync,
     dptr: *mut CUdeviceptr,
     bytes: usize,
@@ -400,7 +404,7 @@ pub unsafe fn mem_alloc_async(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_alloc_from_pool_async(
+pub(crate) unsafe fn mem_alloc_from_pool_async(
     real: sig::cuMemAllocFromPoolAsync,
     dptr: *mut CUdeviceptr,
     bytes: usize,
@@ -422,7 +426,7 @@ pub unsafe fn mem_alloc_from_pool_async(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_pool_create(
+pub(crate) unsafe fn mem_pool_create(
     real: sig::cuMemPoolCreate,
     pool: *mut CUmemoryPool,
     props: *const CUmemPoolProps,
@@ -442,7 +446,7 @@ pub unsafe fn mem_pool_create(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn device_get_mem_pool(
+pub(crate) unsafe fn device_get_mem_pool(
     real: sig::cuDeviceGetMemPool,
     pool: *mut CUmemoryPool,
     dev: CUdevice,
@@ -461,7 +465,7 @@ pub unsafe fn device_get_mem_pool(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn device_set_mem_pool(
+pub(crate) unsafe fn device_set_mem_pool(
     real: sig::cuDeviceSetMemPool,
     dev: CUdevice,
     pool: CUmemoryPool,
@@ -479,14 +483,14 @@ pub unsafe fn device_set_mem_pool(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
+pub(crate) unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     pools::destroy(pool as u64, || unsafe { real(pool) })
 }
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_pool_trim_to(
+pub(crate) unsafe fn mem_pool_trim_to(
     real: sig::cuMemPoolTrimTo,
     pool: CUmemoryPool,
     keep: usize,
@@ -501,7 +505,7 @@ pub unsafe fn mem_pool_trim_to(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_map(
+pub(crate) unsafe fn mem_map(
     real: sig::cuMemMap,
     ptr: CUdeviceptr,
     size: usize,
@@ -519,14 +523,14 @@ pub unsafe fn mem_map(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_unmap(real: sig::cuMemUnmap, ptr: CUdeviceptr, size: usize) -> CUresult {
+pub(crate) unsafe fn mem_unmap(real: sig::cuMemUnmap, ptr: CUdeviceptr, size: usize) -> CUresult {
     // SAFETY: by-value arguments, unchanged.
     vmm::unmapping(ptr, size, || unsafe { real(ptr, size) })
 }
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_address_free(
+pub(crate) unsafe fn mem_address_free(
     real: sig::cuMemAddressFree,
     ptr: CUdeviceptr,
     size: usize,
@@ -537,7 +541,7 @@ pub unsafe fn mem_address_free(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn mem_retain_allocation_handle(
+pub(crate) unsafe fn mem_retain_allocation_handle(
     real: sig::cuMemRetainAllocationHandle,
     handle: *mut CUmemGenericAllocationHandle,
     addr: *mut c_void,
@@ -556,7 +560,7 @@ pub unsafe fn mem_retain_allocation_handle(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn instantiate(
+pub(crate) unsafe fn instantiate(
     real: sig::cuGraphInstantiate_v2,
     exec: *mut CUgraphExec,
     graph: CUgraph,
@@ -575,7 +579,7 @@ pub unsafe fn instantiate(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn instantiate_with_flags(
+pub(crate) unsafe fn instantiate_with_flags(
     real: sig::cuGraphInstantiateWithFlags,
     exec: *mut CUgraphExec,
     graph: CUgraph,
@@ -587,7 +591,7 @@ pub unsafe fn instantiate_with_flags(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn instantiate_with_params(
+pub(crate) unsafe fn instantiate_with_params(
     real: sig::cuGraphInstantiateWithParams,
     exec: *mut CUgraphExec,
     graph: CUgraph,
@@ -601,7 +605,11 @@ pub unsafe fn instantiate_with_params(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn upload(real: sig::cuGraphUpload, exec: CUgraphExec, stream: CUstream) -> CUresult {
+pub(crate) unsafe fn upload(
+    real: sig::cuGraphUpload,
+    exec: CUgraphExec,
+    stream: CUstream,
+) -> CUresult {
     // SAFETY: by-value arguments, unchanged.
     let result = unsafe { real(exec, stream) };
     if result == CUDA_SUCCESS {
@@ -615,7 +623,7 @@ pub unsafe fn upload(real: sig::cuGraphUpload, exec: CUgraphExec, stream: CUstre
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn exec_destroy(real: sig::cuGraphExecDestroy, exec: CUgraphExec) -> CUresult {
+pub(crate) unsafe fn exec_destroy(real: sig::cuGraphExecDestroy, exec: CUgraphExec) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(exec) };
     if result == CUDA_SUCCESS {
@@ -628,7 +636,7 @@ pub unsafe fn exec_destroy(real: sig::cuGraphExecDestroy, exec: CUgraphExec) -> 
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn trim(real: sig::cuDeviceGraphMemTrim, device: CUdevice) -> CUresult {
+pub(crate) unsafe fn trim(real: sig::cuDeviceGraphMemTrim, device: CUdevice) -> CUresult {
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(device) };
     if result == CUDA_SUCCESS {

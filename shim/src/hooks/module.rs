@@ -22,7 +22,7 @@ fn grew_if(result: CUresult) -> CUresult {
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn module_load(
+pub(crate) unsafe fn module_load(
     real: sig::cuModuleLoad,
     module: *mut CUmodule,
     fname: *const c_char,
@@ -33,7 +33,7 @@ pub unsafe fn module_load(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn module_load_data(
+pub(crate) unsafe fn module_load_data(
     real: sig::cuModuleLoadData,
     module: *mut CUmodule,
     image: *const c_void,
@@ -44,7 +44,7 @@ pub unsafe fn module_load_data(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn module_load_data_ex(
+pub(crate) unsafe fn module_load_data_ex(
     real: sig::cuModuleLoadDataEx,
     module: *mut CUmodule,
     image: *const c_void,
@@ -58,7 +58,7 @@ pub unsafe fn module_load_data_ex(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn module_load_fat_binary(
+pub(crate) unsafe fn module_load_fat_binary(
     real: sig::cuModuleLoadFatBinary,
     module: *mut CUmodule,
     fat_cubin: *const c_void,
@@ -70,7 +70,7 @@ pub unsafe fn module_load_fat_binary(
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn library_load_data(
+pub(crate) unsafe fn library_load_data(
     real: sig::cuLibraryLoadData,
     library: *mut CUlibrary,
     code: *const c_void,
@@ -99,7 +99,7 @@ pub unsafe fn library_load_data(
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn library_load_from_file(
+pub(crate) unsafe fn library_load_from_file(
     real: sig::cuLibraryLoadFromFile,
     library: *mut CUlibrary,
     file_name: *const c_char,
@@ -129,7 +129,7 @@ pub unsafe fn library_load_from_file(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn module_get_global(
+pub(crate) unsafe fn module_get_global(
     real: sig::cuModuleGetGlobal_v2,
     dptr: *mut CUdeviceptr,
     bytes: *mut usize,

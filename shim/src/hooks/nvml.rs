@@ -32,7 +32,7 @@ fn slice_view_of(device: nvmlDevice_t, physical: NvmlView) -> Option<NvmlView> {
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn device_get_memory_info(
+pub(crate) unsafe fn device_get_memory_info(
     real: sig::nvmlDeviceGetMemoryInfo,
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_t,
@@ -63,7 +63,7 @@ pub unsafe fn device_get_memory_info(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn device_get_memory_info_v2(
+pub(crate) unsafe fn device_get_memory_info_v2(
     real: sig::nvmlDeviceGetMemoryInfo_v2,
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
@@ -108,7 +108,7 @@ const UTILISATION_WINDOW_US: u64 = 1_000_000;
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn device_get_utilization_rates(
+pub(crate) unsafe fn device_get_utilization_rates(
     real: sig::nvmlDeviceGetUtilizationRates,
     device: nvmlDevice_t,
     utilization: *mut nvmlUtilization_t,
@@ -142,7 +142,7 @@ pub unsafe fn device_get_utilization_rates(
 /// Pure: the slice's utilisation from its processes' samples. Per process, the mean of its
 /// samples within [`UTILISATION_WINDOW_US`] of `newest` (the newest sample of the whole
 /// device); summed over processes; capped at the card's figures (and so at 100).
-pub fn slice_utilization(
+pub(crate) fn slice_utilization(
     ours: &[nvmlProcessUtilizationSample_t],
     newest: Option<u64>,
     card: nvmlUtilization_t,
@@ -182,7 +182,7 @@ pub fn slice_utilization(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn process_utilization(
+pub(crate) unsafe fn process_utilization(
     real: sig::nvmlDeviceGetProcessUtilization,
     device: nvmlDevice_t,
     samples: *mut nvmlProcessUtilizationSample_t,
@@ -212,7 +212,7 @@ pub unsafe fn process_utilization(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn other_processes(
+pub(crate) unsafe fn other_processes(
     real: ProcessList,
     device: nvmlDevice_t,
     count: *mut c_uint,
@@ -232,7 +232,7 @@ pub unsafe fn other_processes(
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn other_processes_v1(
+pub(crate) unsafe fn other_processes_v1(
     real: unsafe extern "C" fn(
         nvmlDevice_t,
         *mut c_uint,
@@ -269,7 +269,7 @@ pub unsafe fn other_processes_v1(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn compute_processes_v1(
+pub(crate) unsafe fn compute_processes_v1(
     real: sig::nvmlDeviceGetComputeRunningProcesses,
     device: nvmlDevice_t,
     count: *mut c_uint,
@@ -291,7 +291,7 @@ pub unsafe fn compute_processes_v1(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn compute_processes_v2(
+pub(crate) unsafe fn compute_processes_v2(
     real: sig::nvmlDeviceGetComputeRunningProcesses_v2,
     device: nvmlDevice_t,
     count: *mut c_uint,
@@ -308,7 +308,7 @@ pub unsafe fn compute_processes_v2(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn compute_processes_v3(
+pub(crate) unsafe fn compute_processes_v3(
     real: sig::nvmlDeviceGetComputeRunningProcesses_v3,
     device: nvmlDevice_t,
     count: *mut c_uint,
@@ -328,7 +328,7 @@ pub unsafe fn compute_processes_v3(
 /// The table nvidia-smi asks `nvmlInternalGetExportTable` for,
 /// `6c3efec4-8fc9-4e6c-a327-ee696e12f7c4`, as the bytes it passes (first three fields
 /// little-endian).
-pub const SMI_TABLE_GUID: [u8; 16] = [
+pub(crate) const SMI_TABLE_GUID: [u8; 16] = [
     0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e, 0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4,
 ];
 
@@ -338,13 +338,13 @@ pub const SMI_TABLE_GUID: [u8; 16] = [
 /// lists, `(device, unsigned *count, entry *buf)` with NVML's count protocol.
 const KNOWN_TABLE_BYTES: [usize; 2] = [1960, 2008];
 /// The process-list slots: compute, graphics, MPS compute.
-pub const PROCESS_LIST_SLOTS: [usize; 3] = [213, 214, 215];
+pub(crate) const PROCESS_LIST_SLOTS: [usize; 3] = [213, 214, 215];
 
 /// One entry of the private process lists (4128 bytes): `nvmlProcessDetail_v1_t`'s numbers,
 /// then the process name inline.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct PrivateProcessEntry {
+pub(crate) struct PrivateProcessEntry {
     pub pid: c_uint,
     _pad: c_uint,
     pub used_gpu_memory: u64,
@@ -369,7 +369,7 @@ struct Interposed {
 static INTERPOSED: OnceLock<Option<Interposed>> = OnceLock::new();
 
 /// Pure: whether a table of `size_bytes` has a layout whose process-list slots are known.
-pub fn known_layout(size_bytes: usize) -> bool {
+pub(crate) fn known_layout(size_bytes: usize) -> bool {
     KNOWN_TABLE_BYTES.contains(&size_bytes)
 }
 
@@ -380,7 +380,7 @@ pub fn known_layout(size_bytes: usize) -> bool {
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn internal_export_table(
+pub(crate) unsafe fn internal_export_table(
     real: sig::nvmlInternalGetExportTable,
     table: *mut *const c_void,
     guid: *const c_void,

@@ -89,7 +89,7 @@ fn report_unmapped(symbol: &CStr, pointer: *mut c_void) {
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn get_proc_address(
+pub(crate) unsafe fn get_proc_address(
     real: sig::cuGetProcAddress,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
@@ -107,7 +107,7 @@ pub unsafe fn get_proc_address(
 
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
-pub unsafe fn get_proc_address_v2(
+pub(crate) unsafe fn get_proc_address_v2(
     real: sig::cuGetProcAddress_v2,
     symbol: *const c_char,
     pfn: *mut *mut c_void,

@@ -27,26 +27,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gpuslice_abi::cuda::*;
 use gpuslice_abi::nvml::*;
 
-pub use crate::ground::driver::{real, signature, SlotId, HOOK_COUNT, SLOTS, SLOT_COUNT};
-pub use crate::ground::real::{Library, RealSlot};
+pub(crate) use crate::ground::driver::{real, signature, SlotId, HOOK_COUNT, SLOTS};
+pub(crate) use crate::ground::real::{Library, RealSlot};
 
 impl Library {
     /// What a wrapper returns when a panic was contained.
-    pub const fn panic_code(self) -> u32 {
+    pub(crate) const fn panic_code(self) -> u32 {
         match self {
             Library::Cuda => result::CUDA_ERROR_UNKNOWN,
             Library::Nvml => ret::NVML_ERROR_UNKNOWN,
         }
     }
     /// What a wrapper returns when the real library lacks the function (older driver).
-    pub const fn missing_code(self) -> u32 {
+    pub(crate) const fn missing_code(self) -> u32 {
         match self {
             Library::Cuda => result::CUDA_ERROR_NOT_SUPPORTED,
             Library::Nvml => ret::NVML_ERROR_FUNCTION_NOT_FOUND,
         }
     }
     /// What every entry point returns when the configuration is invalid (fail closed).
-    pub const fn fail_closed_code(self) -> u32 {
+    pub(crate) const fn fail_closed_code(self) -> u32 {
         match self {
             Library::Cuda => result::CUDA_ERROR_NOT_INITIALIZED,
             Library::Nvml => ret::NVML_ERROR_UNINITIALIZED,
@@ -55,7 +55,7 @@ impl Library {
 }
 
 /// One hooked function as the lookup paths see it.
-pub struct Hook {
+pub(crate) struct Hook {
     pub name: &'static str,
     pub slot: &'static RealSlot,
     /// This library's own export (`exports::NAME`) as an untyped pointer: the handler the
@@ -70,7 +70,7 @@ pub struct Hook {
 unsafe impl Sync for Hook {}
 
 impl Hook {
-    pub fn library(&self) -> Library {
+    pub(crate) fn library(&self) -> Library {
         self.slot.library
     }
 
@@ -78,7 +78,7 @@ impl Hook {
     /// cuGetProcAddress answers, identity checks): the front's export of the name once a front
     /// attached (`hooks::front`), this library's own export when it was preloaded itself.
     #[inline]
-    pub fn wrapper(&self) -> *const c_void {
+    pub(crate) fn wrapper(&self) -> *const c_void {
         crate::hooks::front::front_export(self.id).unwrap_or(self.own_export)
     }
 }
@@ -355,7 +355,7 @@ macro_rules! hook_exports {
 
         /// Every hooked function: the name -> wrapper table of the dlsym path and the source
         /// of the real-pointer -> wrapper map of the cuGetProcAddress path.
-        pub static HOOKS: [Hook; HOOK_COUNT] = [
+        pub(crate) static HOOKS: [Hook; HOOK_COUNT] = [
             $( Hook {
                 name: stringify!($name),
                 slot: &SLOTS[SlotId::$name as usize],
@@ -365,7 +365,7 @@ macro_rules! hook_exports {
         ];
 
         /// The hook declared under exactly this name.
-        pub fn hook_by_name(name: &str) -> Option<&'static Hook> {
+        pub(crate) fn hook_by_name(name: &str) -> Option<&'static Hook> {
             let id = match name {
                 $( stringify!($name) => SlotId::$name, )*
                 _ => return None,
@@ -413,7 +413,7 @@ hook_table!(hook_exports);
 /// Pure core of the cuGetProcAddress mapping: the wrapper whose real function is exactly
 /// `real`, by pointer identity (so the driver's choice of ABI version and stream semantics is
 /// kept), or `real` itself for everything we do not hook.
-pub fn map_by_identity(
+pub(crate) fn map_by_identity(
     real: *mut c_void,
     table: impl IntoIterator<Item = (*mut c_void, *const c_void)>,
 ) -> *mut c_void {
@@ -428,7 +428,7 @@ static CUDA_SLOTS_RESOLVED: AtomicBool = AtomicBool::new(false);
 /// The wrapper for a real CUDA function pointer handed out by the real cuGetProcAddress.
 /// Resolves every CUDA slot once so the map is complete; hooks the real library lacks have no
 /// real pointer and so are never handed out.
-pub fn cuda_wrapper_for_real_pointer(real: *mut c_void) -> *mut c_void {
+pub(crate) fn cuda_wrapper_for_real_pointer(real: *mut c_void) -> *mut c_void {
     if real.is_null() {
         return real;
     }

@@ -16,7 +16,7 @@ pub(crate) mod vmm;
 pub(in crate::memory) use contexts::context_gone;
 pub(crate) use contexts::{ctx_create_with, ctx_destroyed, end_primary, retain_primary};
 pub(crate) use heap::set_heap_limit;
-pub use nvml::*;
+pub(crate) use nvml::*;
 pub(in crate::memory) use pools::{pool_pointer_freed, reread_pools, reread_pools_if_any};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
@@ -26,7 +26,7 @@ use crate::ground::driver::real;
 use crate::memory::{cuda_binding, current_context, process, shared, Binding};
 
 /// The limited device entry of the current context's device, `None` = pass-through.
-pub fn current_limited_device() -> Option<(CUdevice, u8)> {
+pub(crate) fn current_limited_device() -> Option<(CUdevice, u8)> {
     let shared = shared()?;
     process()?;
     let ordinal = crate::ground::devices::current_cuda_device()?;
@@ -37,7 +37,7 @@ pub fn current_limited_device() -> Option<(CUdevice, u8)> {
 }
 
 /// The limited device entry of CUDA device `ordinal`, `None` = pass-through.
-pub fn limited_device(ordinal: CUdevice) -> Option<u8> {
+pub(crate) fn limited_device(ordinal: CUdevice) -> Option<u8> {
     match cuda_binding(shared()?, ordinal) {
         Ok(Binding::Limited(d)) => Some(d),
         _ => None,

@@ -144,7 +144,9 @@ fn slice_members(shared: &Shared) -> Vec<SliceProcess> {
 
 /// The slice's compute process list for `device`, or `None` when the device is not sliced.
 /// Also where a process whose host PID is still unknown finds itself, by its charged bytes.
-pub fn slice_list(device: nvmlDevice_t) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
+pub(crate) fn slice_list(
+    device: nvmlDevice_t,
+) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
     members_only(device, |shared, entry| {
         let raw = crate::ground::devices::nvml_compute_processes(device)?;
         if let Some(process) = process() {
@@ -169,7 +171,7 @@ pub fn slice_list(device: nvmlDevice_t) -> Option<Result<Vec<nvmlProcessInfo_t>,
 
 /// `read`'s process list of a sliced `device` with only the slice's processes left, under
 /// the PIDs the container knows; `None` when the device is not sliced.
-pub fn members_only(
+pub(crate) fn members_only(
     device: nvmlDevice_t,
     read: impl FnOnce(&Shared, u8) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>,
 ) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
@@ -182,7 +184,7 @@ pub fn members_only(
 }
 
 /// [`members_only`] for any per-PID entry (`pid_of` reads its PID, `with_pid` rewrites it).
-pub fn members_only_by<T: Copy>(
+pub(crate) fn members_only_by<T: Copy>(
     device: nvmlDevice_t,
     read: impl FnOnce(&Shared, u8) -> Result<Vec<T>, nvmlReturn_t>,
     pid_of: impl Fn(&T) -> u32,
@@ -206,7 +208,7 @@ pub fn members_only_by<T: Copy>(
 /// slice process's old samples can be told from current ones). `None` when the device has
 /// no limit in this slice (memory or compute), whose figures pass through unchanged.
 #[allow(clippy::type_complexity)]
-pub fn slice_utilization_samples(
+pub(crate) fn slice_utilization_samples(
     device: nvmlDevice_t,
 ) -> Option<Result<(Vec<nvmlProcessUtilizationSample_t>, Option<u64>), nvmlReturn_t>> {
     let shared = shared()?;
@@ -236,5 +238,5 @@ pub fn slice_utilization_samples(
 }
 
 /// The signature every v2/v3 process list of NVML shares.
-pub type ProcessList =
+pub(crate) type ProcessList =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
