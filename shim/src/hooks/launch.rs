@@ -13,6 +13,8 @@ use crate::memory;
 use crate::throttle;
 use crate::throttle::capture;
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn launch_kernel(
     real: sig::cuLaunchKernel,
@@ -29,11 +31,14 @@ pub unsafe fn launch_kernel(
     extra: *mut *mut c_void,
 ) -> CUresult {
     throttle::before_launch_to(stream);
-    let result = real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
     memory::driver_growth::launched();
     result
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn launch_kernel_ex(
     real: sig::cuLaunchKernelEx,
     config: *const CUlaunchConfig,
@@ -46,11 +51,14 @@ pub unsafe fn launch_kernel_ex(
         // SAFETY: non-null; the caller passes a valid config (the CUDA API's contract).
         throttle::before_launch_to(unsafe { (*config).hStream });
     }
-    let result = real(config, f, params, extra);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(config, f, params, extra) };
     memory::driver_growth::launched();
     result
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn launch_cooperative_kernel(
     real: sig::cuLaunchCooperativeKernel,
@@ -66,7 +74,8 @@ pub unsafe fn launch_cooperative_kernel(
     params: *mut *mut c_void,
 ) -> CUresult {
     throttle::before_launch_to(stream);
-    let result = real(f, gx, gy, gz, bx, by, bz, shared, stream, params);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) };
     memory::driver_growth::launched();
     result
 }
@@ -74,6 +83,9 @@ pub unsafe fn launch_cooperative_kernel(
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported): one launch per
 /// entry, each billed on its stream's device. A list the driver will refuse (null, empty,
 /// more entries than devices can exist) is passed through ungated.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn launch_cooperative_kernel_multi_device(
     real: sig::cuLaunchCooperativeKernelMultiDevice,
     list: *mut CUDA_LAUNCH_PARAMS,
@@ -87,18 +99,22 @@ pub unsafe fn launch_cooperative_kernel_multi_device(
             throttle::before_launch_on_stream(stream);
         }
     }
-    let result = real(list, n, flags);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(list, n, flags) };
     memory::driver_growth::launched();
     result
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn graph_launch(
     real: sig::cuGraphLaunch,
     exec: CUgraphExec,
     stream: CUstream,
 ) -> CUresult {
     throttle::before_launch_to(stream);
-    let result = real(exec, stream);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(exec, stream) };
     memory::driver_growth::launched();
     if result == CUDA_SUCCESS {
         // The first launch of an exec reserves its graph memory (one relaxed load otherwise).
@@ -108,14 +124,21 @@ pub unsafe fn graph_launch(
 }
 
 /// `cuLaunch` (deprecated): a 1x1 grid of the function's block shape, on the legacy stream.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn launch(real: sig::cuLaunch, f: CUfunction) -> CUresult {
     throttle::before_launch();
-    let result = real(f);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(f) };
     memory::driver_growth::launched();
     result
 }
 
 /// `cuLaunchGrid` (deprecated).
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn launch_grid(
     real: sig::cuLaunchGrid,
     f: CUfunction,
@@ -123,12 +146,16 @@ pub unsafe fn launch_grid(
     grid_height: c_int,
 ) -> CUresult {
     throttle::before_launch();
-    let result = real(f, grid_width, grid_height);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(f, grid_width, grid_height) };
     memory::driver_growth::launched();
     result
 }
 
 /// `cuLaunchGridAsync` (deprecated).
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn launch_grid_async(
     real: sig::cuLaunchGridAsync,
     f: CUfunction,
@@ -137,7 +164,8 @@ pub unsafe fn launch_grid_async(
     stream: CUstream,
 ) -> CUresult {
     throttle::before_launch_to(stream);
-    let result = real(f, grid_width, grid_height, stream);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(f, grid_width, grid_height, stream) };
     memory::driver_growth::launched();
     result
 }
@@ -146,20 +174,31 @@ pub unsafe fn launch_grid_async(
 // Launches recorded into a graph are billed when the graph runs (`throttle::capture`).
 
 /// `cuStreamBeginCapture[_ptsz]` (the 10.0 ABI, global mode).
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn capture_begin(real: sig::cuStreamBeginCapture, stream: CUstream) -> CUresult {
-    capture::began(real(stream))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    capture::began(unsafe { real(stream) })
 }
 
 /// `cuStreamBeginCapture_v2[_ptsz]`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn capture_begin_v2(
     real: sig::cuStreamBeginCapture_v2,
     stream: CUstream,
     mode: c_uint,
 ) -> CUresult {
-    capture::began(real(stream, mode))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    capture::began(unsafe { real(stream, mode) })
 }
 
 /// `cuStreamBeginCaptureToGraph[_ptsz]` (12.3): captures into an existing graph.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn capture_begin_to_graph(
     real: sig::cuStreamBeginCaptureToGraph,
     stream: CUstream,
@@ -169,16 +208,21 @@ pub unsafe fn capture_begin_to_graph(
     count: usize,
     mode: c_uint,
 ) -> CUresult {
-    capture::began(real(stream, graph, dependencies, edge_data, count, mode))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    capture::began(unsafe { real(stream, graph, dependencies, edge_data, count, mode) })
 }
 
 /// `cuStreamEndCapture[_ptsz]`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn capture_end(
     real: sig::cuStreamEndCapture,
     stream: CUstream,
     graph: *mut CUgraph,
 ) -> CUresult {
-    capture::ended(stream, real(stream, graph))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    capture::ended(stream, unsafe { real(stream, graph) })
 }
 
 // ---------------------------------------------------------------- synchronisation
@@ -186,16 +230,28 @@ pub unsafe fn capture_end(
 // on a neighbour's kernels): the start-up probe's lower bound (`throttle::synchronized`).
 
 /// `cuStreamSynchronize[_ptsz]`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn stream_synchronize(real: sig::cuStreamSynchronize, stream: CUstream) -> CUresult {
-    throttle::synchronized(|| real(stream))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    throttle::synchronized(|| unsafe { real(stream) })
 }
 
 /// `cuCtxSynchronize`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn ctx_synchronize(real: sig::cuCtxSynchronize) -> CUresult {
-    throttle::synchronized(|| real())
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    throttle::synchronized(|| unsafe { real() })
 }
 
 /// `cuEventSynchronize`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn event_synchronize(real: sig::cuEventSynchronize, event: CUevent) -> CUresult {
-    throttle::synchronized(|| real(event))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    throttle::synchronized(|| unsafe { real(event) })
 }
