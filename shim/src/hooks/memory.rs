@@ -1,6 +1,7 @@
 //! Memory handlers: allocation and free paths, pools, VMM, arrays, CUDA graph memory. Each
-//! reads the caller's arguments, goes through the `memory` policy (reserve before the driver
-//! allocates, settle with what it reports, refund on free) and answers in the C ABI.
+//! decodes the caller's arguments into values (out-parameters through [`Out`]), makes one
+//! call into the `memory` policy (reserve before the driver allocates, settle with what it
+//! reports, refund on free), handing it the real call as a closure, and answers in the C ABI.
 //!
 //! The legacy entry points of the pre-3.2 ABI (`cuMemAlloc`, `cuMemFree`, `cuMemAllocPitch`,
 //! `cuArrayCreate`, `cuArray3DCreate`: 32-bit device pointers, sizes and descriptor extents)
