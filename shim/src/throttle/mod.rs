@@ -764,6 +764,7 @@ fn region(config: &SliceConfig) -> Option<&'static Region> {
                 Err(winner) => {
                     // SAFETY: `leaked` was never shared; `winner` is a leaked Region.
                     drop(unsafe { Box::from_raw(leaked) });
+                    // SAFETY: `winner` is a leaked Region, never freed.
                     Some(unsafe { &*winner })
                 }
             }
