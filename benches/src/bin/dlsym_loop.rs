@@ -46,8 +46,9 @@ fn main() {
         std::path::Path::new("libc.so.6"),
         libc::RTLD_NOW | libc::RTLD_NOLOAD,
     );
-    // SAFETY (both): dlsym's C signature; RTLD_DEFAULT is bound to glibc at link time.
+    // SAFETY: dlsym's C signature; RTLD_DEFAULT is bound to glibc at link time.
     let glibc: DlsymFn = unsafe { symbol(libc::RTLD_DEFAULT, c"dlsym") };
+    // SAFETY: dlsym's C signature, exported by the front.
     let shim: DlsymFn = unsafe { symbol(front, c"dlsym") };
     let lookup = if real { glibc } else { shim };
     // SAFETY: a live handle and a NUL-terminated name; the answer is compared, not called.

@@ -128,6 +128,9 @@ fn bill<const PATH: u8>(stream: CUstream) -> Option<Step> {
 }
 
 /// The launch hooks' handlers, one per signature; `PATH` says which path runs them.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn launch_kernel<const PATH: u8>(
@@ -147,11 +150,14 @@ pub unsafe fn launch_kernel<const PATH: u8>(
     if let Some(step) = bill::<PATH>(stream) {
         return step;
     }
-    let result = real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
     memory::driver_growth::launched();
     Step::Done(result)
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
 pub unsafe fn launch_kernel_ex<const PATH: u8>(
     real: sig::cuLaunchKernelEx,
@@ -171,11 +177,14 @@ pub unsafe fn launch_kernel_ex<const PATH: u8>(
     if PATH == FAST {
         return Step::Go; // nothing to bill for a NULL config
     }
-    let result = real(config, f, params, extra);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(config, f, params, extra) };
     memory::driver_growth::launched();
     Step::Done(result)
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn launch_cooperative_kernel<const PATH: u8>(
@@ -194,7 +203,8 @@ pub unsafe fn launch_cooperative_kernel<const PATH: u8>(
     if let Some(step) = bill::<PATH>(stream) {
         return step;
     }
-    let result = real(f, gx, gy, gz, bx, by, bz, shared, stream, params);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) };
     memory::driver_growth::launched();
     Step::Done(result)
 }
@@ -202,6 +212,9 @@ pub unsafe fn launch_cooperative_kernel<const PATH: u8>(
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported): one launch per
 /// entry, each billed on its stream's device. A list the driver will refuse (null, empty,
 /// more entries than devices can exist) is passed through ungated.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn launch_cooperative_kernel_multi_device(
     real: sig::cuLaunchCooperativeKernelMultiDevice,
     list: *mut CUDA_LAUNCH_PARAMS,
@@ -215,11 +228,14 @@ pub unsafe fn launch_cooperative_kernel_multi_device(
             throttle::before_launch_on_stream(stream);
         }
     }
-    let result = real(list, n, flags);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(list, n, flags) };
     memory::driver_growth::launched();
     result
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
 pub unsafe fn graph_launch<const PATH: u8>(
     real: sig::cuGraphLaunch,
@@ -229,7 +245,8 @@ pub unsafe fn graph_launch<const PATH: u8>(
     if let Some(step) = bill::<PATH>(stream) {
         return step;
     }
-    let result = real(exec, stream);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(exec, stream) };
     memory::driver_growth::launched();
     if result == CUDA_SUCCESS {
         // The first launch of an exec reserves its graph memory (one relaxed load otherwise;
@@ -255,18 +272,25 @@ fn graph_settled(exec: CUgraphExec, result: CUresult) -> CUresult {
 
 /// `cuLaunch` (deprecated): a 1x1 grid of the function's block shape, on the legacy stream.
 /// The deprecated launches always take the shell (their fast path declines).
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
 pub unsafe fn launch<const PATH: u8>(real: sig::cuLaunch, f: CUfunction) -> Step {
     if PATH == FAST {
         return Step::Shell;
     }
     throttle::before_launch();
-    let result = real(f);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(f) };
     memory::driver_growth::launched();
     Step::Done(result)
 }
 
 /// `cuLaunchGrid` (deprecated).
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
 pub unsafe fn launch_grid<const PATH: u8>(
     real: sig::cuLaunchGrid,
@@ -278,12 +302,16 @@ pub unsafe fn launch_grid<const PATH: u8>(
         return Step::Shell;
     }
     throttle::before_launch();
-    let result = real(f, grid_width, grid_height);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(f, grid_width, grid_height) };
     memory::driver_growth::launched();
     Step::Done(result)
 }
 
 /// `cuLaunchGridAsync` (deprecated).
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
 pub unsafe fn launch_grid_async<const PATH: u8>(
     real: sig::cuLaunchGridAsync,
@@ -295,7 +323,8 @@ pub unsafe fn launch_grid_async<const PATH: u8>(
     if let Some(step) = bill::<PATH>(stream) {
         return step;
     }
-    let result = real(f, grid_width, grid_height, stream);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(f, grid_width, grid_height, stream) };
     memory::driver_growth::launched();
     Step::Done(result)
 }
@@ -304,20 +333,31 @@ pub unsafe fn launch_grid_async<const PATH: u8>(
 // Launches recorded into a graph are billed when the graph runs (`throttle::capture`).
 
 /// `cuStreamBeginCapture[_ptsz]` (the 10.0 ABI, global mode).
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn capture_begin(real: sig::cuStreamBeginCapture, stream: CUstream) -> CUresult {
-    capture::began(real(stream))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    capture::began(unsafe { real(stream) })
 }
 
 /// `cuStreamBeginCapture_v2[_ptsz]`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn capture_begin_v2(
     real: sig::cuStreamBeginCapture_v2,
     stream: CUstream,
     mode: c_uint,
 ) -> CUresult {
-    capture::began(real(stream, mode))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    capture::began(unsafe { real(stream, mode) })
 }
 
 /// `cuStreamBeginCaptureToGraph[_ptsz]` (12.3): captures into an existing graph.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn capture_begin_to_graph(
     real: sig::cuStreamBeginCaptureToGraph,
     stream: CUstream,
@@ -327,16 +367,21 @@ pub unsafe fn capture_begin_to_graph(
     count: usize,
     mode: c_uint,
 ) -> CUresult {
-    capture::began(real(stream, graph, dependencies, edge_data, count, mode))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    capture::began(unsafe { real(stream, graph, dependencies, edge_data, count, mode) })
 }
 
 /// `cuStreamEndCapture[_ptsz]`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn capture_end(
     real: sig::cuStreamEndCapture,
     stream: CUstream,
     graph: *mut CUgraph,
 ) -> CUresult {
-    capture::ended(stream, real(stream, graph))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    capture::ended(stream, unsafe { real(stream, graph) })
 }
 
 // ---------------------------------------------------------------- synchronisation
@@ -344,18 +389,30 @@ pub unsafe fn capture_end(
 // on a neighbour's kernels): the start-up probe's lower bound (`throttle::synchronized`).
 
 /// `cuStreamSynchronize[_ptsz]`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn stream_synchronize(real: sig::cuStreamSynchronize, stream: CUstream) -> CUresult {
-    throttle::synchronized(|| real(stream))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    throttle::synchronized(|| unsafe { real(stream) })
 }
 
 /// `cuCtxSynchronize`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn ctx_synchronize(real: sig::cuCtxSynchronize) -> CUresult {
-    throttle::synchronized(|| real())
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    throttle::synchronized(|| unsafe { real() })
 }
 
 /// `cuEventSynchronize`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn event_synchronize(real: sig::cuEventSynchronize, event: CUevent) -> CUresult {
-    throttle::synchronized(|| real(event))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    throttle::synchronized(|| unsafe { real(event) })
 }
 
 #[cfg(test)]

@@ -30,26 +30,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gpuslice_abi::cuda::*;
 use gpuslice_abi::nvml::*;
 
-pub use crate::ground::driver::{real, signature, SlotId, HOOK_COUNT, SLOTS, SLOT_COUNT};
-pub use crate::ground::real::{Library, RealSlot};
+pub(crate) use crate::ground::driver::{real, signature, SlotId, HOOK_COUNT, SLOTS};
+pub(crate) use crate::ground::real::{Library, RealSlot};
 
 impl Library {
     /// What a wrapper returns when a panic was contained.
-    pub const fn panic_code(self) -> u32 {
+    pub(crate) const fn panic_code(self) -> u32 {
         match self {
             Library::Cuda => result::CUDA_ERROR_UNKNOWN,
             Library::Nvml => ret::NVML_ERROR_UNKNOWN,
         }
     }
     /// What a wrapper returns when the real library lacks the function (older driver).
-    pub const fn missing_code(self) -> u32 {
+    pub(crate) const fn missing_code(self) -> u32 {
         match self {
             Library::Cuda => result::CUDA_ERROR_NOT_SUPPORTED,
             Library::Nvml => ret::NVML_ERROR_FUNCTION_NOT_FOUND,
         }
     }
     /// What every entry point returns when the configuration is invalid (fail closed).
-    pub const fn fail_closed_code(self) -> u32 {
+    pub(crate) const fn fail_closed_code(self) -> u32 {
         match self {
             Library::Cuda => result::CUDA_ERROR_NOT_INITIALIZED,
             Library::Nvml => ret::NVML_ERROR_UNINITIALIZED,
@@ -58,7 +58,7 @@ impl Library {
 }
 
 /// One hooked function as the lookup paths see it.
-pub struct Hook {
+pub(crate) struct Hook {
     pub name: &'static str,
     pub slot: &'static RealSlot,
     /// This library's own export (`exports::NAME`) as an untyped pointer: the handler the
@@ -73,7 +73,7 @@ pub struct Hook {
 unsafe impl Sync for Hook {}
 
 impl Hook {
-    pub fn library(&self) -> Library {
+    pub(crate) fn library(&self) -> Library {
         self.slot.library
     }
 
@@ -81,7 +81,7 @@ impl Hook {
     /// cuGetProcAddress answers, identity checks): the front's export of the name once a front
     /// attached (`hooks::front`), this library's own export when it was preloaded itself.
     #[inline]
-    pub fn wrapper(&self) -> *const c_void {
+    pub(crate) fn wrapper(&self) -> *const c_void {
         crate::hooks::front::front_export(self.id).unwrap_or(self.own_export)
     }
 }
@@ -371,7 +371,7 @@ macro_rules! hook_exports {
 
         /// Every hooked function: the name -> wrapper table of the dlsym path and the source
         /// of the real-pointer -> wrapper map of the cuGetProcAddress path.
-        pub static HOOKS: [Hook; HOOK_COUNT] = [
+        pub(crate) static HOOKS: [Hook; HOOK_COUNT] = [
             $( Hook {
                 name: stringify!($name),
                 slot: &SLOTS[SlotId::$name as usize],
@@ -381,7 +381,7 @@ macro_rules! hook_exports {
         ];
 
         /// The hook declared under exactly this name.
-        pub fn hook_by_name(name: &str) -> Option<&'static Hook> {
+        pub(crate) fn hook_by_name(name: &str) -> Option<&'static Hook> {
             let id = match name {
                 $( stringify!($name) => SlotId::$name, )*
                 _ => return None,
@@ -392,6 +392,11 @@ macro_rules! hook_exports {
     // `[hot]` (the launch paths): the fast path, then the shell (below) when it declines.
     (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; hot) => {
+        #[doc = concat!("The exported `", stringify!($name), "`.")]
+        ///
+        /// # Safety
+        /// The C API's contract for this function: the arguments as its caller must
+        /// pass them to the real one (see the handler contract in [`crate::hooks`]).
         #[cfg_attr(not(test), no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             hook_exports!(@fast_body $lib $name [$($arg),*] $($handler)::+)
@@ -416,6 +421,11 @@ macro_rules! hook_exports {
     // flag is stored and the result returned. Otherwise a jump to the Rust fast path or the
     // wait shell, which have the same C signature. Nothing here can panic.
     (@launch_x86_64 $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
+        #[doc = concat!("The exported `", stringify!($name), "`.")]
+        ///
+        /// # Safety
+        /// The C API's contract for this function: the arguments as its caller must
+        /// pass them to the real one (see the handler contract in [`crate::hooks`]).
         #[unsafe(naked)]
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
@@ -507,16 +517,17 @@ macro_rules! hook_exports {
             if !real.is_null() {
                 // SAFETY: an open slot holds this hook's real function, of this signature.
                 let real = unsafe { std::mem::transmute::<*mut c_void, signature::$name>(real) };
-                // SAFETY (all): the caller's arguments, unchanged; it upholds the C API's
-                // contract.
+                // SAFETY: the caller's arguments, unchanged; it upholds the C API's contract.
                 match unsafe { $($handler)::+::<FAST>(real, $($arg),*) } {
                     Step::Go => {
+                        // SAFETY: as above, on the launch path the fast one chose.
                         return unsafe {
                             $($handler)::+::<{ $crate::hooks::launch::CALL }>(real, $($arg),*)
                         }
                         .result(Library::$lib.panic_code())
                     }
                     Step::Done(result) => return result,
+                    // SAFETY: the wait shell has this export's signature and arguments.
                     Step::Wait => return unsafe { shells::waited::$name($($arg),*) },
                     Step::Shell => {}
                 }
@@ -526,6 +537,11 @@ macro_rules! hook_exports {
     }};
     (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; $($flag:ident)?) => {
+        #[doc = concat!("The exported `", stringify!($name), "`.")]
+        ///
+        /// # Safety
+        /// The C API's contract for this function: the arguments as its caller must
+        /// pass them to the real one (see the handler contract in [`crate::hooks`]).
         #[cfg_attr(not(test), no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
@@ -624,7 +640,7 @@ hook_table!(hook_exports);
 /// Pure core of the cuGetProcAddress mapping: the wrapper whose real function is exactly
 /// `real`, by pointer identity (so the driver's choice of ABI version and stream semantics is
 /// kept), or `real` itself for everything we do not hook.
-pub fn map_by_identity(
+pub(crate) fn map_by_identity(
     real: *mut c_void,
     table: impl IntoIterator<Item = (*mut c_void, *const c_void)>,
 ) -> *mut c_void {
@@ -639,7 +655,7 @@ static CUDA_SLOTS_RESOLVED: AtomicBool = AtomicBool::new(false);
 /// The wrapper for a real CUDA function pointer handed out by the real cuGetProcAddress.
 /// Resolves every CUDA slot once so the map is complete; hooks the real library lacks have no
 /// real pointer and so are never handed out.
-pub fn cuda_wrapper_for_real_pointer(real: *mut c_void) -> *mut c_void {
+pub(crate) fn cuda_wrapper_for_real_pointer(real: *mut c_void) -> *mut c_void {
     if real.is_null() {
         return real;
     }

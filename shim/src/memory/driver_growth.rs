@@ -36,10 +36,14 @@ use gpuslice_common::region::{DeviceId, MAX_DEVICES};
 use super::{process, shared, Process, Shared};
 
 /// How often the thread reconciles.
-pub const PERIOD: Duration = Duration::from_millis(500);
+pub(crate) const PERIOD: Duration = Duration::from_millis(500);
 /// How long a process's card bytes may exceed its charge (PERIOD plus a margin for one NVML
 /// read on a loaded machine).
-pub const BOUND: Duration = Duration::from_millis(1500);
+pub(crate) const BOUND: Duration = Duration::from_millis(1500);
+const _: () = assert!(
+    BOUND.as_millis() > PERIOD.as_millis(),
+    "the bound covers a period"
+);
 
 crate::session::fork::per_process! {
     /// Bytes reconciliation has charged per device entry (this process's slot's).
@@ -96,7 +100,7 @@ pub fn launched() {
 /// launch, a module or library load, a global's lookup, a context's end): the next
 /// reconciliation, at the latest [`PERIOD`] from now, reads the driver's word.
 #[inline]
-pub fn driver_may_have_changed() {
+pub(crate) fn driver_may_have_changed() {
     if !DIRTY.load(Ordering::Relaxed) {
         DIRTY.store(true, Ordering::Relaxed);
     }
@@ -104,7 +108,7 @@ pub fn driver_may_have_changed() {
 
 /// Before a charge or a view: reconcile if something may have grown since the last time.
 #[inline]
-pub fn before_charge(process: &Process) {
+pub(crate) fn before_charge(process: &Process) {
     if DIRTY.load(Ordering::Relaxed) {
         reconcile(process);
     } else {
@@ -113,7 +117,7 @@ pub fn before_charge(process: &Process) {
 }
 
 /// After `cuCtxSetLimit` (the stack, the printf FIFO: sized by the driver).
-pub fn after_limit_change() {
+pub(crate) fn after_limit_change() {
     if let Some(process) = process() {
         reconcile(process);
     }
@@ -122,7 +126,7 @@ pub fn after_limit_change() {
 /// Before an allocation is refused: when some surplus is charged, reconcile afresh, since it
 /// may have been read while growth the shim charges only after the driver call (a pool's)
 /// was not yet in the slot, and so counted twice. True when that gave bytes back.
-pub fn recheck_before_refusing(process: &Process) -> bool {
+pub(crate) fn recheck_before_refusing(process: &Process) -> bool {
     let charged = || TAKEN.iter().map(|t| t.load(Ordering::Relaxed)).sum::<u64>();
     let before = charged();
     if before == 0 {
@@ -134,13 +138,13 @@ pub fn recheck_before_refusing(process: &Process) -> bool {
 
 /// The surplus to charge for one device entry: NVML's bytes for us minus what our calls
 /// charged. `slot_before`/`slot_after`: the slot's bytes read around the NVML read.
-pub fn surplus(nvml_used: u64, slot_before: u64, slot_after: u64, taken: u64) -> u64 {
+pub(crate) fn surplus(nvml_used: u64, slot_before: u64, slot_after: u64, taken: u64) -> u64 {
     let own = slot_before.max(slot_after).saturating_sub(taken);
     nvml_used.saturating_sub(own)
 }
 
 /// One reconciliation of every device entry this process holds memory on.
-pub fn reconcile(process: &Process) {
+pub(crate) fn reconcile(process: &Process) {
     ensure_started();
     if BUSY.swap(true, Ordering::Acquire) {
         return;

@@ -219,11 +219,21 @@ mod tests {
     fn every_static_of_the_policies_and_the_session_is_reset_or_says_it_survives_fork() {
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut files = vec![src.join("lifecycle.rs")];
-        for dir in ["memory", "throttle", "session"] {
-            for entry in std::fs::read_dir(src.join(dir)).unwrap() {
-                files.push(entry.unwrap().path());
+        let mut dirs: Vec<_> = ["memory", "throttle", "session"]
+            .iter()
+            .map(|d| src.join(d))
+            .collect();
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    files.push(path);
+                }
             }
         }
+        assert!(files.len() > 20, "found only {} files", files.len());
         let mut unowned = Vec::new();
         for file in &files {
             let text = std::fs::read_to_string(file).unwrap();
