@@ -179,13 +179,21 @@ fn register_others(path: &std::path::Path, others: usize, exited: usize) -> Opti
     let region = Region::open_or_create(path).unwrap_or_else(|e| fail(&e.to_string()));
     let me = ProcessIdentity::current().unwrap_or_else(|| fail("no /proc/self"));
     let gone: Vec<_> = (0..exited)
-        .map(|_| region.register(&me).unwrap_or_else(|e| fail(&e.to_string())))
+        .map(|_| {
+            region
+                .register(&me)
+                .unwrap_or_else(|e| fail(&e.to_string()))
+        })
         .collect();
     for slot in gone {
-        region.unregister(slot).unwrap_or_else(|e| fail(&e.to_string()));
+        region
+            .unregister(slot)
+            .unwrap_or_else(|e| fail(&e.to_string()));
     }
     for _ in 0..others {
-        region.register(&me).unwrap_or_else(|e| fail(&e.to_string()));
+        region
+            .register(&me)
+            .unwrap_or_else(|e| fail(&e.to_string()));
     }
     Some(region)
 }

@@ -132,7 +132,7 @@ pub enum Step {
 /// Runs one operation of `slot` on `device`. The caller guarantees no other operation of
 /// `slot` runs meanwhile. `go` is asked at each [`Step`]; false stops the operation there,
 /// as a death would (production passes `|_| true`, which compiles away).
-#[inline]
+#[inline(always)]
 pub fn apply(
     layout: &RegionLayout,
     slot: usize,
@@ -253,6 +253,12 @@ pub fn resolve(layout: &RegionLayout, slot: usize) {
         record.used[device].store(held_word(bytes_of(intent), seq_of(intent)), SeqCst);
     }
     record.intent.store(with_state(intent, IDLE), SeqCst);
+}
+
+/// Whether an intent word names an operation in flight (its owner died in it, or is in it).
+#[inline]
+pub fn in_flight(intent: u64) -> bool {
+    intent_state(intent) != IDLE
 }
 
 /// Bytes `slot` holds on `device` (its share, with no operation in flight).

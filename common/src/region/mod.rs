@@ -684,7 +684,7 @@ impl HeldSlot {
     /// Waits for the slot's turn among this process's threads: held for the few dozen
     /// instructions of one ledger operation, by nobody outside this process (a stopped
     /// process stops its own threads only).
-    #[inline]
+    #[inline(always)]
     fn turn(&self) -> Turn<'_> {
         let mut spins = 0u32;
         while self
@@ -814,7 +814,7 @@ impl Region {
     /// One ledger operation in `slot`'s name, serialised with this process's other operations
     /// on the slot (the protocol needs one at a time per slot; a slot is one process's, so the
     /// turn is process-local and uncontended unless two of its threads meet).
-    #[inline]
+    #[inline(always)]
     fn operate(&self, slot: SlotId, device: DeviceId, change: ledger::Change) -> ledger::Outcome {
         let _turn = self.held[slot.index()].turn();
         ledger::apply(

@@ -1027,3 +1027,29 @@ fn counters_outlive_the_processes_that_kept_them() {
         }
     );
 }
+
+#[test]
+fn the_views_reap_judges_only_slots_that_hold_bytes() {
+    let dir = TempDir::new("holding-reap");
+    let path = dir.file();
+    let (region, _live, device) = region_with(&dir, Some(100 * MIB));
+    let gone = Region::open_or_create(&path).unwrap();
+    let holder = gone.register(&me()).unwrap();
+    gone.reserve(holder, device, 30 * MIB).unwrap();
+    let empty = gone.register(&me()).unwrap();
+    drop(gone);
+    let mut judged = Vec::new();
+    let report = region
+        .reap_holding_if(|dead| {
+            judged.push(dead.slot);
+            true
+        })
+        .unwrap();
+    assert_eq!(judged, vec![holder], "the empty dead slot changes no figure");
+    assert_eq!(report.bytes_reclaimed(), 30 * MIB);
+    assert_eq!(region.usage(device).used, 0);
+    // The empty one is left for the reap that frees slots holding nothing.
+    let report = region.reap_dead().unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(report.reclaimed[0].slot, empty);
+}

@@ -392,6 +392,7 @@ fn pause_in_registration() {
 /// The memory limit and region entry of a CUDA device (resolved once, then cached). `Err` is
 /// the code the caller answers instead of calling the driver: `CUDA_ERROR_OUT_OF_MEMORY` when
 /// the slice cannot be bound, or the driver's own refusal to name the device.
+#[inline]
 pub fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult> {
     let cell = usize::try_from(ordinal)
         .ok()
@@ -399,6 +400,16 @@ pub fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUres
     if let Some(binding) = cell.and_then(|c| decode(c.load(Ordering::Acquire))) {
         return Ok(binding);
     }
+    bind_cuda(shared, ordinal)
+}
+
+/// First sight of a CUDA device ordinal (or one past the cache): resolve and cache it.
+#[cold]
+#[inline(never)]
+fn bind_cuda(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult> {
+    let cell = usize::try_from(ordinal)
+        .ok()
+        .and_then(|i| shared.cuda_bindings.get(i));
     let uuid = match crate::ground::devices::try_cuda_device_uuid(ordinal) {
         Ok(uuid) => uuid,
         // Before cuInit (or for a device that does not exist) the driver refuses every call
@@ -572,9 +583,10 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
     let (Some(shared), Some(process)) = (shared(), process()) else {
         return Ok(Reservation::NONE);
     };
+    let context = current_context();
     let ordinal = match target {
         AllocTarget::Device(d) => d,
-        AllocTarget::CurrentContext => match crate::ground::devices::current_cuda_device() {
+        AllocTarget::CurrentContext => match device_of(process, context) {
             Some(d) => d,
             // No current context: the driver will refuse on its own.
             None => return Ok(Reservation::NONE),
@@ -589,8 +601,33 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
     charge_or_refuse(process, device, bytes)?;
     Ok(Reservation {
         charge: Some((device, bytes)),
-        context: current_context(),
+        context,
     })
+}
+
+/// The device ordinal of `context` (the calling thread's current one, 0 = none): remembered
+/// per context (`ledger::ContextDevices`), else the driver's `cuCtxGetDevice`.
+#[inline]
+fn device_of(process: &Process, context: u64) -> Option<CUdevice> {
+    if context == 0 {
+        return None;
+    }
+    if let Some(ordinal) = process.ledger.contexts.get(context) {
+        return Some(ordinal);
+    }
+    let ordinal = crate::ground::devices::current_cuda_device()?;
+    process.ledger.contexts.remember(context, ordinal);
+    Some(ordinal)
+}
+
+/// The device of the calling thread's current context, `None` without one (what the memory
+/// queries report on).
+#[inline]
+pub fn current_device() -> Option<CUdevice> {
+    match process() {
+        Some(process) => device_of(process, current_context()),
+        None => crate::ground::devices::current_cuda_device(),
+    }
 }
 
 /// `Ledger::charge`, and before refusing, pools' cached memory the driver has already given
@@ -762,7 +799,7 @@ fn reap_for_views(shared: &Shared) {
     log_reap(
         shared
             .region
-            .reap_dead_if(|dead| driver_sized::driver_released(shared, dead)),
+            .reap_holding_if(|dead| driver_sized::driver_released(shared, dead)),
     );
 }
 
