@@ -1045,7 +1045,11 @@ fn the_views_reap_judges_only_slots_that_hold_bytes() {
             true
         })
         .unwrap();
-    assert_eq!(judged, vec![holder], "the empty dead slot changes no figure");
+    assert_eq!(
+        judged,
+        vec![holder],
+        "the empty dead slot changes no figure"
+    );
     assert_eq!(report.bytes_reclaimed(), 30 * MIB);
     assert_eq!(region.usage(device).used, 0);
     // The empty one is left for the reap that frees slots holding nothing.

@@ -232,14 +232,19 @@ impl<B: Budget> Ledger<B> {
     }
 
     /// Reserves `bytes` on `device`; past the cap, reaps dead processes and tries once more.
+    #[inline]
     pub fn charge(&self, device: u8, bytes: u64) -> Result<(), OutOfMemory> {
-        if bytes == 0 {
+        if bytes == 0 || self.budget.reserve(device, bytes).is_ok() {
             return Ok(());
         }
-        self.budget.reserve(device, bytes).or_else(|_| {
-            self.budget.reap_dead();
-            self.budget.reserve(device, bytes)
-        })
+        self.charge_after_reap(device, bytes)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn charge_after_reap(&self, device: u8, bytes: u64) -> Result<(), OutOfMemory> {
+        self.budget.reap_dead();
+        self.budget.reserve(device, bytes)
     }
 
     pub fn refund(&self, device: u8, bytes: u64) {
@@ -289,12 +294,14 @@ impl<B: Budget> Ledger<B> {
 
     /// Records a charged object. An entry still under the same key is kept: its free is in
     /// flight and will take it (see `objects`, "Address reuse").
+    #[inline]
     pub fn track(&self, kind: ObjectKind, key: u64, charged: Charged) {
         self.objects.insert(kind, key, charged);
     }
 
     /// The driver freed an object: refund what it was charged. Unknown objects (never
     /// charged, e.g. IPC imports or allocations on unlimited devices) change nothing.
+    #[inline]
     pub fn untrack(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
         let charged = self.objects.remove(kind, key)?;
         self.refund(charged.device, charged.bytes);

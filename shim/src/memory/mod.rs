@@ -632,12 +632,21 @@ pub fn current_device() -> Option<CUdevice> {
 
 /// `Ledger::charge`, and before refusing, pools' cached memory the driver has already given
 /// back is settled first (it may be what stands in the way).
+#[inline]
 pub fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
     // The driver's own growth since the last launch counts before this charge is judged.
     driver_growth::before_charge(process);
     if process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
     }
+    retry_or_refuse(process, device, bytes)
+}
+
+/// The cap refused `bytes`: what the driver may have given back is settled and the charge
+/// tried again before the refusal is final. Out of line: the allocation path stays short.
+#[cold]
+#[inline(never)]
+fn retry_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
     // Both re-read (no short circuit): either may have shrunk.
     let shrank = driver_sized::reread_pools(process) | graphs::reread_if_any(process);
     if shrank && process.ledger.charge(device, bytes).is_ok() {
@@ -683,6 +692,18 @@ pub fn after_alloc(reservation: Reservation, result: CUresult, object: DeviceObj
     };
     match object {
         DeviceObject::Pointer(ptr) => process.ledger.track(ObjectKind::Pointer, ptr, charged),
+        other => track_other(process, other, charged),
+    }
+}
+
+/// `after_alloc` for the objects other than device pointers (out of line: the plain
+/// allocation path stays short).
+#[cold]
+#[inline(never)]
+fn track_other(process: &Process, object: DeviceObject, charged: Charged) {
+    let Charged { device, bytes, .. } = charged;
+    match object {
+        DeviceObject::Pointer(ptr) => process.ledger.track(ObjectKind::Pointer, ptr, charged),
         DeviceObject::Array(a) => process.ledger.track(ObjectKind::Array, a as u64, charged),
         DeviceObject::MipmappedArray(a) => {
             process
@@ -712,22 +733,32 @@ pub fn after_alloc(reservation: Reservation, result: CUresult, object: DeviceObj
 
 /// The driver freed `object` with `result`: give its charge back. Objects the ledger never
 /// charged are ignored (the driver's result is returned unchanged by the wrapper either way).
+#[inline]
 pub fn on_free(object: DeviceObject, result: CUresult) {
     if result != CUDA_SUCCESS {
         return;
     }
     let Some(process) = process() else { return };
-    let ledger = &process.ledger;
-    match object {
-        // Whichever free path: the oldest entry under the address is the object freed (see
-        // `objects`), a plain or a pool allocation alike.
-        DeviceObject::Pointer(ptr) => {
-            if let Some(freed) = ledger.untrack(ObjectKind::Pointer, ptr) {
-                if freed.pool != 0 {
-                    driver_sized::pool_pointer_freed(process, freed.pool);
-                }
+    // Whichever free path: the oldest entry under the address is the object freed (see
+    // `objects`), a plain or a pool allocation alike.
+    if let DeviceObject::Pointer(ptr) = object {
+        if let Some(freed) = process.ledger.untrack(ObjectKind::Pointer, ptr) {
+            if freed.pool != 0 {
+                driver_sized::pool_pointer_freed(process, freed.pool);
             }
         }
+        return;
+    }
+    free_other(process, object);
+}
+
+/// `on_free` for the objects other than device pointers (out of line).
+#[cold]
+#[inline(never)]
+fn free_other(process: &Process, object: DeviceObject) {
+    let ledger = &process.ledger;
+    match object {
+        DeviceObject::Pointer(_) => {}
         DeviceObject::Array(a) => {
             ledger.untrack(ObjectKind::Array, a as u64);
         }

@@ -2,7 +2,7 @@
 //! handle, array, mipmapped array, created context, malloc heap) -> the region device entry and the bytes
 //! charged for it. Sharded by a hash of the object so 16 threads allocating and freeing at
 //! once rarely meet on the same lock; each shard is a small open-addressing table (linear
-//! probing, backward-shift deletion, no tombstones) behind a `Mutex`, with a multiplicative
+//! probing, backward-shift deletion, no tombstones) behind a spin lock, with a multiplicative
 //! (Fibonacci) hash: keys are driver addresses and handles, not attacker-chosen strings. An
 //! insert or remove is a lock, one hash and usually one probe (a generic `HashMap` cost three
 //! times the instructions on the allocation path).
@@ -20,7 +20,8 @@
 //! frees them (a late `cuMemFreeAsync` of a pool allocation once found a newer `cuMemAlloc`
 //! at its address first, in a namespace of its own, and refunded it while it lived).
 
-use std::sync::Mutex;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Which namespace an object key lives in (pointers and handles may share numeric values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -249,28 +250,84 @@ fn kind_of(tag: u8) -> ObjectKind {
     }
 }
 
+/// A shard behind a spin lock: held for one table operation (tens of instructions; a growth
+/// or a context's drain now and then), by this process's threads only, so a `Mutex`'s
+/// poisoning and futex bookkeeping (a third of an insert) buy nothing. A waiter that spins
+/// long yields the CPU to the holder.
+#[derive(Default)]
+struct Locked {
+    busy: AtomicBool,
+    shard: UnsafeCell<Shard>,
+}
+
+// SAFETY: `shard` is only reached through `Guard`, which the `busy` flag makes exclusive.
+unsafe impl Sync for Locked {}
+
+struct Guard<'a>(&'a Locked);
+
+impl Locked {
+    #[inline]
+    fn lock(&self) -> Guard<'_> {
+        let mut spins = 0u32;
+        while self
+            .busy
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        Guard(self)
+    }
+}
+
+impl std::ops::Deref for Guard<'_> {
+    type Target = Shard;
+    #[inline]
+    fn deref(&self) -> &Shard {
+        // SAFETY: the guard holds the shard's flag: no other reference exists.
+        unsafe { &*self.0.shard.get() }
+    }
+}
+
+impl std::ops::DerefMut for Guard<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut Shard {
+        // SAFETY: as for `deref`, and `&mut self` makes this the only use of the guard.
+        unsafe { &mut *self.0.shard.get() }
+    }
+}
+
+impl Drop for Guard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // A panic inside a table operation (only an allocation failure could, which aborts)
+        // leaves no half-written entry: releasing here is always right.
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
+
 /// The table. `insert` and `remove` touch one shard each.
 pub struct ObjectTable {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Locked]>,
 }
 
 impl Default for ObjectTable {
     fn default() -> Self {
         ObjectTable {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            shards: (0..SHARDS).map(|_| Locked::default()).collect(),
         }
     }
 }
 
 impl ObjectTable {
     #[inline]
-    fn shard(&self, kind: ObjectKind, key: u64) -> std::sync::MutexGuard<'_, Shard> {
-        // A panic while holding a shard cannot leave a half-written entry (no step below
-        // panics between two writes of one entry but an allocation failure, which aborts),
-        // so a poisoned shard is still consistent.
-        self.shards[shard_of(kind, key)]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn shard(&self, kind: ObjectKind, key: u64) -> Guard<'_> {
+        self.shards[shard_of(kind, key)].lock()
     }
 
     /// Records an object, behind any entry still under the same key (module doc).
@@ -295,7 +352,7 @@ impl ObjectTable {
     pub fn drain_context(&self, context: u64) -> Vec<((ObjectKind, u64), Charged)> {
         let mut drained = Vec::new();
         for shard in self.shards.iter() {
-            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            let mut shard = shard.lock();
             if !shard.entries().any(|(_, _, c)| c.context == context) {
                 continue;
             }
@@ -316,7 +373,7 @@ impl ObjectTable {
     /// Objects and bytes charged on `device` (diagnostics and tests).
     pub fn total_on(&self, device: u8) -> (usize, u64) {
         self.shards.iter().fold((0, 0), |(n, bytes), shard| {
-            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            let shard = shard.lock();
             shard
                 .entries()
                 .filter(|(_, _, c)| c.device == device)
