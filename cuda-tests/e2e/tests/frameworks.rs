@@ -6,6 +6,8 @@
 //! The V100 is not in PyTorch's CUDA 13 build (it warns; its kernels would not run on a real
 //! one), which does not matter here: allocations, the caching allocator's paths and the
 //! driver calls behind them are what is under test, and the fake runs no kernel code.
+//! cuBLAS and CuPy's compiler check the architecture themselves and refuse sm_70 with CUDA
+//! 13, so their kernels are tested on a simulated A100 and H200.
 //!
 //! Skipping: without torch / cupy importable by `E2E_PYTHON` (default `python3`), each test
 //! prints `SKIPPED: ...` and returns, except with `CI=true`, where it fails.
@@ -317,5 +319,75 @@ except runtime.CUDARuntimeError as err:
     assert!(msg.contains("cudaErrorNotSupported"), "{msg}");
     let z = py.ok("a = cupy.zeros(1 << 20, dtype=cupy.uint8); out = runtime.memGetInfo()[1]");
     assert_eq!(u(&z), gpu.truth().total_memory(0), "still running");
+    py.finish();
+}
+
+#[test]
+fn cublas_matmuls_launch_on_an_a100_and_an_h200_and_refuse_a_v100() {
+    if !have("torch") {
+        return;
+    }
+    // cuBLAS's kernels load from its fatbins and take the time their geometry gives: at
+    // 100 us a wave, ten matmuls put at least 1 ms on the card's timeline for this process.
+    const MATMULS: &str = "import torch\n\
+        a = torch.ones(4096, 4096, device='cuda', dtype=DTYPE)\n\
+        for _ in range(10):\n    c = a @ a\n\
+        torch.cuda.synchronize()\n\
+        out = list(c.shape)";
+    for preset in ["a100", "h200"] {
+        let gpu = FakeGpu::start(preset);
+        let slice = Slice::builder().device(0, "2GiB", None).build();
+        let env = slice_env(&gpu, &slice, &[("FAKEGPU_NS_PER_WAVE", "100000")]);
+        let mut py = Py::start(&format!("matmul {preset}"), &env);
+        for dtype in ["torch.float32", "torch.float16"] {
+            let from = fakegpu::state::now_ns();
+            let shape = py.ok(&MATMULS.replace("DTYPE", dtype));
+            let busy = gpu
+                .truth()
+                .busy_ns(0, Some(py.pid()), from, fakegpu::state::now_ns());
+            assert_eq!(shape, serde_json::json!([4096, 4096]), "{preset} {dtype}");
+            assert!(
+                busy >= 1_000_000,
+                "{preset} {dtype}: ten matmuls took {busy} ns of the card"
+            );
+        }
+        py.finish();
+    }
+    // cuBLAS 13 has no kernels for sm_70 and says so: a clear error, and the process goes on.
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let mut py = Py::start("matmul v100", &slice_env(&gpu, &slice, &[]));
+    let r = py.exec("import torch; a = torch.ones(64, 64, device='cuda'); c = a @ a");
+    assert_eq!(r["ok"], false, "{r}");
+    let msg = r["msg"].as_str().unwrap_or_default();
+    assert!(msg.contains("CUBLAS_STATUS_ARCH_MISMATCH"), "{msg}");
+    py.ok("b = torch.ones(64, device='cuda') * 2; torch.cuda.synchronize()");
+    py.finish();
+}
+
+#[test]
+fn cupy_compiles_and_launches_its_kernels_on_an_a100() {
+    if !have("cupy") {
+        return;
+    }
+    // CuPy compiles its elementwise and reduction kernels with NVRTC for the card's
+    // architecture (which needs one NVRTC still supports: not the V100's sm_70 in CUDA 13)
+    // and launches them through the runtime: each takes at least a wave, 100 us here.
+    let gpu = FakeGpu::start("a100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice_env(&gpu, &slice, &[("FAKEGPU_NS_PER_WAVE", "100000")]);
+    let mut py = Py::start("cupy kernels", &env);
+    let from = fakegpu::state::now_ns();
+    py.ok("import cupy\n\
+        x = cupy.ones(1 << 20, dtype=cupy.float32)\n\
+        for _ in range(10):\n    y = (x * 2 + 1).sum()\n\
+        cupy.cuda.runtime.deviceSynchronize()");
+    let busy = gpu
+        .truth()
+        .busy_ns(0, Some(py.pid()), from, fakegpu::state::now_ns());
+    assert!(
+        busy >= 2_000_000,
+        "twenty kernels took {busy} ns of the card"
+    );
     py.finish();
 }

@@ -106,7 +106,10 @@ static TABLES: &[TableDef] = &[
         name: "TOOLS_TLS",
         id: id("42d85a81-23f6-cb47-8298-f6e78a3aecdc"),
         slots: 4,
-        known: &[(0, Slot::SizeOf)],
+        known: &[
+            (0, Slot::SizeOf),
+            (2, Slot::Fn(tls_current_context as *const c_void)),
+        ],
     },
     TableDef {
         name: "TOOLS_RUNTIME_CALLBACK_HOOKS",
@@ -162,6 +165,21 @@ static TABLES: &[TableDef] = &[
         ],
     },
     TableDef {
+        name: "TOOLS_CONTEXT",
+        id: id("21318c60-9714-3248-8ca6-41ff7324c8f2"),
+        slots: 93,
+        known: &[
+            (0, Slot::SizeOf),
+            (4, Slot::Fn(tools_context_id as *const c_void)),
+        ],
+    },
+    TableDef {
+        name: "UNKNOWN_1734DC26",
+        id: id("1734dc26-800d-4745-8726-c0f1e7dd8bca"),
+        slots: 32,
+        known: &[(0, Slot::SizeOf)],
+    },
+    TableDef {
         name: "CONTEXT_CHECKS",
         id: id("263e8860-7cd2-6143-92f6-bbd5006dfa7e"),
         slots: 4,
@@ -174,7 +192,7 @@ static TABLES: &[TableDef] = &[
 ];
 
 /// Most slots any table has; trampolines exist for this many.
-const MAX_SLOTS: usize = 32;
+const MAX_SLOTS: usize = 96;
 
 /// The built tables: one array of slots each, alive for the process.
 struct Built(Vec<Box<[*const c_void]>>);
@@ -247,40 +265,10 @@ fn fmt_id(b: &[u8; 16]) -> String {
 fn trampoline(table: usize, slot: usize) -> *const c_void {
     macro_rules! row {
         ($t:literal) => {
-            [
-                unknown::<$t, 0> as *const c_void,
-                unknown::<$t, 1> as *const c_void,
-                unknown::<$t, 2> as *const c_void,
-                unknown::<$t, 3> as *const c_void,
-                unknown::<$t, 4> as *const c_void,
-                unknown::<$t, 5> as *const c_void,
-                unknown::<$t, 6> as *const c_void,
-                unknown::<$t, 7> as *const c_void,
-                unknown::<$t, 8> as *const c_void,
-                unknown::<$t, 9> as *const c_void,
-                unknown::<$t, 10> as *const c_void,
-                unknown::<$t, 11> as *const c_void,
-                unknown::<$t, 12> as *const c_void,
-                unknown::<$t, 13> as *const c_void,
-                unknown::<$t, 14> as *const c_void,
-                unknown::<$t, 15> as *const c_void,
-                unknown::<$t, 16> as *const c_void,
-                unknown::<$t, 17> as *const c_void,
-                unknown::<$t, 18> as *const c_void,
-                unknown::<$t, 19> as *const c_void,
-                unknown::<$t, 20> as *const c_void,
-                unknown::<$t, 21> as *const c_void,
-                unknown::<$t, 22> as *const c_void,
-                unknown::<$t, 23> as *const c_void,
-                unknown::<$t, 24> as *const c_void,
-                unknown::<$t, 25> as *const c_void,
-                unknown::<$t, 26> as *const c_void,
-                unknown::<$t, 27> as *const c_void,
-                unknown::<$t, 28> as *const c_void,
-                unknown::<$t, 29> as *const c_void,
-                unknown::<$t, 30> as *const c_void,
-                unknown::<$t, 31> as *const c_void,
-            ]
+            row!(@ $t; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95)
+        };
+        (@ $t:literal; $($s:literal)*) => {
+            [$(unknown::<$t, $s> as *const c_void),*]
         };
     }
     let rows: [[*const c_void; MAX_SLOTS]; 12] = [
@@ -396,6 +384,35 @@ unsafe extern "C" fn rt_noop_usize(a: usize) {
 unsafe extern "C" fn rt_load_compilers() -> CUresult {
     trace!("CUDART_INTERFACE[12] load compilers");
     CUDA_SUCCESS
+}
+
+// ---- TOOLS_TLS ----
+
+/// Slot 2: the calling thread's current context, as `cuCtxGetCurrent` answers it (null
+/// when none is current).
+unsafe extern "C" fn tls_current_context(pctx: *mut CUcontext) -> CUresult {
+    let r = guard(|| {
+        if pctx.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        put(pctx, hp(cu().ctx_get_current()?))
+    });
+    trace!("TOOLS_TLS[2] current context: {r}");
+    r
+}
+
+// ---- TOOLS_CONTEXT ----
+
+/// Slot 4: the context's unique id, as `cuCtxGetId` answers it.
+unsafe extern "C" fn tools_context_id(ctx: CUcontext, id: *mut u64) -> CUresult {
+    let r = guard(|| {
+        if id.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        put(id, cu().ctx_id(h(ctx))?)
+    });
+    trace!("TOOLS_CONTEXT[4] id of {ctx:p}: {r}");
+    r
 }
 
 // ---- TOOLS_RUNTIME_CALLBACK_HOOKS ----

@@ -414,6 +414,33 @@ fn set_func_attribute(f: u64, attrib: c_int, value: c_int, dev: CUdevice) -> R<(
     }
 }
 
+/// The blocks per cluster a launch configuration asks for (`CU_LAUNCH_ATTRIBUTE_CLUSTER_
+/// DIMENSION`, x * y * z). The fake's kernels carry no compile-time cluster size, so a
+/// configuration without one is CUDA_ERROR_INVALID_CLUSTER_SIZE, as the driver API
+/// documents for `cuOccupancyMaxActiveClusters`.
+///
+/// # Safety
+/// `c.attrs` must point to `c.numAttrs` readable entries (or be null with none).
+unsafe fn cluster_size(c: &CUlaunchConfig) -> R<u32> {
+    const CLUSTER_DIMENSION: c_uint = 4;
+    const CUDA_ERROR_INVALID_CLUSTER_SIZE: u32 = 912;
+    if c.numAttrs > 0 && c.attrs.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for i in 0..c.numAttrs as usize {
+        // SAFETY: per the contract, entry i is readable.
+        let a = unsafe { *c.attrs.add(i) };
+        if a.id == CLUSTER_DIMENSION {
+            // The value's first 12 bytes are the x, y and z sizes (three unsigned ints).
+            let x = a.value[0] as u32;
+            let y = (a.value[0] >> 32) as u32;
+            let z = a.value[1] as u32;
+            return Ok(x.saturating_mul(y).saturating_mul(z));
+        }
+    }
+    Err(CUDA_ERROR_INVALID_CLUSTER_SIZE)
+}
+
 /// Blocks of `block` threads one SM holds at once (threads only; 32 blocks at most).
 fn occupancy(f: CUfunction, block: c_int) -> R<c_int> {
     cu().func_attribute(0, h(f))?;
@@ -1125,6 +1152,20 @@ cuda_api! {
     fn cuOccupancyMaxActiveBlocksPerMultiprocessor["cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, Default](n: *mut c_int, f: CUfunction, block: c_int, _smem: usize) {
         if n.is_null() || block <= 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
         put(n, occupancy(f, block)?)
+    }
+    fn cuOccupancyMaxActiveClusters["cuOccupancyMaxActiveClusters", 11070, Default](n: *mut c_int, f: CUfunction, config: *const CUlaunchConfig) {
+        if n.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().func_attribute(0, h(f))?;
+        let c = get(config)?;
+        let threads = c.blockDimX.saturating_mul(c.blockDimY).saturating_mul(c.blockDimZ);
+        // SAFETY: `attrs` holds `numAttrs` entries, as the API requires of callers.
+        let cluster = unsafe { cluster_size(&c) }?;
+        put(n, cu().max_active_clusters(cu().ctx_device()?, threads, c.sharedMemBytes, cluster)? as c_int)
+    }
+    fn cuOccupancyAvailableDynamicSMemPerBlock["cuOccupancyAvailableDynamicSMemPerBlock", 10020, Default](size: *mut usize, f: CUfunction, blocks: c_int, block: c_int) {
+        if size.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        cu().func_attribute(0, h(f))?;
+        put(size, cu().available_dynamic_shared(cu().ctx_device()?, blocks, block)? as usize)
     }
     fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags["cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, Default](n: *mut c_int, f: CUfunction, block: c_int, _smem: usize, _flags: c_uint) {
         if n.is_null() || block <= 0 { return Err(CUDA_ERROR_INVALID_VALUE); }

@@ -214,8 +214,6 @@ unsupported! {
     cuMipmappedArrayGetSparseProperties["cuMipmappedArrayGetSparseProperties", 11010]
     cuModuleGetSurfRef["cuModuleGetSurfRef", 3000]
     cuModuleGetTexRef["cuModuleGetTexRef", 2000]
-    cuOccupancyAvailableDynamicSMemPerBlock["cuOccupancyAvailableDynamicSMemPerBlock", 10020]
-    cuOccupancyMaxActiveClusters["cuOccupancyMaxActiveClusters", 11070]
     cuOccupancyMaxPotentialClusterSize["cuOccupancyMaxPotentialClusterSize", 11070]
     cuProfilerInitialize["cuProfilerInitialize", 4000]
     cuSignalExternalSemaphoresAsync["cuSignalExternalSemaphoresAsync", 10000]

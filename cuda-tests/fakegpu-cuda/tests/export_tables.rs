@@ -47,6 +47,7 @@ fn the_runtime_tables_are_served_and_unknown_slots_refuse() {
         sym!(b"cuDevicePrimaryCtxRetain": unsafe extern "C" fn(*mut *mut c_void, c_int) -> u32);
     let set_current = sym!(b"cuCtxSetCurrent": unsafe extern "C" fn(*mut c_void) -> u32);
     let tex = sym!(b"cuTexObjectCreate": unsafe extern "C" fn() -> u32);
+    let ctx_id = sym!(b"cuCtxGetId": unsafe extern "C" fn(*mut c_void, *mut u64) -> u32);
     // SAFETY: C calls with valid pointers throughout.
     unsafe {
         assert_eq!(init(0), SUCCESS);
@@ -69,7 +70,34 @@ fn the_runtime_tables_are_served_and_unknown_slots_refuse() {
         // Slot 1: a fatbin registered by the runtime becomes a module.
         let from_wrapper: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> u32 =
             std::mem::transmute(*slots.add(1));
+        // TOOLS_TLS slot 2: the thread's current context, null while none is.
+        let tls = id("42d85a81-23f6-cb47-8298-f6e78a3aecdc");
+        assert_eq!(get(&mut t, &tls), SUCCESS);
+        let current: unsafe extern "C" fn(*mut *mut c_void) -> u32 =
+            std::mem::transmute(*(t as *const usize).add(2));
+        let mut cur = std::ptr::dangling_mut::<c_void>();
+        assert_eq!(current(&mut cur), SUCCESS);
+        assert!(cur.is_null(), "a retain does not make the context current");
         assert_eq!(set_current(ctx), SUCCESS);
+        assert_eq!(current(&mut cur), SUCCESS);
+        assert_eq!(cur, ctx);
+        assert_eq!(current(std::ptr::null_mut()), 1, "INVALID_VALUE");
+        // TOOLS_CONTEXT slot 4: the context's id, as cuCtxGetId gives it.
+        let tc = id("21318c60-9714-3248-8ca6-41ff7324c8f2");
+        assert_eq!(get(&mut t, &tc), SUCCESS);
+        assert_eq!(*(t as *const usize), 93 * 8);
+        let tc_id: unsafe extern "C" fn(*mut c_void, *mut u64) -> u32 =
+            std::mem::transmute(*(t as *const usize).add(4));
+        let (mut a, mut b) = (0u64, 0u64);
+        assert_eq!(tc_id(ctx, &mut a), SUCCESS);
+        assert_eq!(ctx_id(ctx, &mut b), SUCCESS);
+        assert_eq!(a, b);
+        assert_ne!(a, 0);
+        // The table cuBLASLt needs on Hopper: served, its one called slot refuses.
+        let hopper = id("1734dc26-800d-4745-8726-c0f1e7dd8bca");
+        assert_eq!(get(&mut t, &hopper), SUCCESS);
+        let slot4: unsafe extern "C" fn() -> u32 = std::mem::transmute(*(t as *const usize).add(4));
+        assert_eq!(slot4(), NOT_SUPPORTED);
         let header: [u32; 4] = [0xba55_ed50, 0x0010_0001, 0, 0];
         let wrapper: [usize; 4] = [0x4662_43b1 | (1 << 32), header.as_ptr() as usize, 0, 0];
         let mut module = std::ptr::null_mut();

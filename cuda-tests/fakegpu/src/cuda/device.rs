@@ -6,7 +6,92 @@ use gpuslice_abi::cuda::attr::*;
 use gpuslice_abi::cuda::flags::CU_DEVICE_ATTRIBUTE_MAX;
 use gpuslice_abi::cuda::result::*;
 
+/// CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK (cuda.h, CUDA 11.0 on).
+pub const RESERVED_SHARED_MEMORY_PER_BLOCK: i32 = 111;
+
+/// Shared memory of one SM, by compute capability (CUDA C++ Programming Guide,
+/// "Technical Specifications per Compute Capability"; the 1 KiB the system reserves per
+/// block from 8.0 on: its "Shared Memory" section of the 8.x and 9.0 architectures).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedMemory {
+    pub per_sm: u32,
+    /// The most one block may have (dynamic, with the `cuFuncSetAttribute` opt-in).
+    pub per_block_optin: u32,
+    pub reserved_per_block: u32,
+}
+
+impl DeviceSpec {
+    pub fn shared_memory(&self) -> SharedMemory {
+        let (per_sm, per_block_optin, reserved_per_block) = match (self.cc_major, self.cc_minor) {
+            (7, 5) => (64 << 10, 64 << 10, 0),
+            (0..=7, _) => (96 << 10, 96 << 10, 0),
+            (8, 0) => (164 << 10, 163 << 10, 1 << 10),
+            (8, 7) => (164 << 10, 163 << 10, 1 << 10),
+            (8, _) => (100 << 10, 99 << 10, 1 << 10),
+            _ => (228 << 10, 227 << 10, 1 << 10),
+        };
+        SharedMemory {
+            per_sm,
+            per_block_optin,
+            reserved_per_block,
+        }
+    }
+}
+
 impl Cuda {
+    /// `cuOccupancyAvailableDynamicSMemPerBlock`: the dynamic shared memory each of
+    /// `blocks` blocks of `threads` threads may have so that all of them fit on one SM at
+    /// once: the SM's shared memory split between them, less what the system reserves per
+    /// block, at most the per-block maximum; 0 when that many blocks cannot fit by threads
+    /// (the fake's kernels have no static shared memory or register limits).
+    pub fn available_dynamic_shared(&self, dev: i32, blocks: i32, threads: i32) -> R<u64> {
+        let d = self.device_spec(dev)?;
+        if blocks <= 0 || threads <= 0 || threads > 1024 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let fit = (d.max_threads_per_sm / threads as u32).min(32);
+        if blocks as u32 > fit {
+            return Ok(0);
+        }
+        let m = d.shared_memory();
+        let share = (m.per_sm / blocks as u32).saturating_sub(m.reserved_per_block);
+        Ok(share.min(m.per_block_optin) as u64)
+    }
+
+    /// `cuOccupancyMaxActiveClusters`: how many clusters of `cluster` blocks (each of
+    /// `threads` threads and `dynamic_shared` bytes) fit on the device at once. Clusters
+    /// exist from compute capability 9.0 (NOT_SUPPORTED before); a cluster has 1 to 16
+    /// blocks (8 portable, 16 with the non-portable opt-in, which the fake does not track).
+    /// The device is counted as one pool of SMs: a real one places each cluster inside one
+    /// GPC, so it may report a few fewer.
+    pub fn max_active_clusters(
+        &self,
+        dev: i32,
+        threads: u32,
+        dynamic_shared: u32,
+        cluster: u32,
+    ) -> R<u32> {
+        const CUDA_ERROR_INVALID_CLUSTER_SIZE: u32 = 912;
+        let d = self.device_spec(dev)?;
+        if d.cc_major < 9 {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        if threads == 0 || threads > 1024 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if !(1..=16).contains(&cluster) {
+            return Err(CUDA_ERROR_INVALID_CLUSTER_SIZE);
+        }
+        let m = d.shared_memory();
+        if dynamic_shared > m.per_block_optin {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let by_threads = (d.max_threads_per_sm / threads).min(32);
+        let by_shared = m.per_sm / (dynamic_shared + m.reserved_per_block).max(1);
+        let per_sm = by_threads.min(by_shared);
+        Ok(d.sm_count * per_sm / cluster)
+    }
+
     pub fn device_count(&self) -> R<i32> {
         Ok(self.check()?.device_count() as i32)
     }
@@ -98,20 +183,9 @@ impl Cuda {
             UNIFIED_ADDRESSING => 1,
             COMPUTE_CAPABILITY_MAJOR => d.cc_major as i32,
             COMPUTE_CAPABILITY_MINOR => d.cc_minor as i32,
-            MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => {
-                if hopper {
-                    228 << 10
-                } else {
-                    96 << 10
-                }
-            }
-            MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => {
-                if hopper {
-                    227 << 10
-                } else {
-                    96 << 10
-                }
-            }
+            MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => d.shared_memory().per_sm as i32,
+            MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => d.shared_memory().per_block_optin as i32,
+            RESERVED_SHARED_MEMORY_PER_BLOCK => d.shared_memory().reserved_per_block as i32,
             MANAGED_MEMORY
             | CONCURRENT_MANAGED_ACCESS
             | COOPERATIVE_LAUNCH
@@ -148,6 +222,64 @@ mod tests {
         assert_eq!(
             c.device_by_pci_bus_id("0000:99:00.0"),
             Err(CUDA_ERROR_INVALID_DEVICE)
+        );
+    }
+
+    #[test]
+    fn shared_memory_follows_the_architecture() {
+        let c = driver(Config::default());
+        // Device 0 is a V100 (7.0), device 1 an H200 (9.0).
+        assert_eq!(
+            c.device_attribute(MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 0),
+            Ok(96 << 10)
+        );
+        assert_eq!(
+            c.device_attribute(RESERVED_SHARED_MEMORY_PER_BLOCK, 0),
+            Ok(0)
+        );
+        assert_eq!(
+            c.device_attribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 1),
+            Ok(227 << 10)
+        );
+        assert_eq!(
+            c.device_attribute(RESERVED_SHARED_MEMORY_PER_BLOCK, 1),
+            Ok(1 << 10)
+        );
+        let a100 = crate::spec::preset("a100", 0).unwrap().shared_memory();
+        assert_eq!((a100.per_sm, a100.per_block_optin), (164 << 10, 163 << 10));
+        // One block: all of the SM less the reservation, capped at the per-block maximum.
+        assert_eq!(c.available_dynamic_shared(1, 1, 256), Ok(227 << 10));
+        assert_eq!(c.available_dynamic_shared(1, 2, 256), Ok((114 - 1) << 10));
+        assert_eq!(c.available_dynamic_shared(0, 4, 128), Ok(24 << 10));
+        // 2048 threads per SM: nine blocks of 256 never fit at once.
+        assert_eq!(c.available_dynamic_shared(0, 9, 256), Ok(0));
+        assert_eq!(
+            c.available_dynamic_shared(0, 0, 256),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            c.available_dynamic_shared(0, 1, 2048),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+    }
+
+    #[test]
+    fn clusters_fit_by_threads_and_shared_memory() {
+        let c = driver(Config::default());
+        assert_eq!(
+            c.max_active_clusters(0, 256, 0, 2),
+            Err(CUDA_ERROR_NOT_SUPPORTED),
+            "no clusters before 9.0"
+        );
+        // H200: 132 SMs x 2048 threads; 256-thread blocks, 8 per SM, in pairs.
+        assert_eq!(c.max_active_clusters(1, 256, 0, 2), Ok(132 * 8 / 2));
+        // 100 KiB each: two blocks per SM (228 KiB, 1 KiB reserved per block).
+        assert_eq!(c.max_active_clusters(1, 128, 100 << 10, 4), Ok(132 * 2 / 4));
+        assert_eq!(c.max_active_clusters(1, 128, 0, 17), Err(912));
+        assert_eq!(c.max_active_clusters(1, 128, 0, 0), Err(912));
+        assert_eq!(
+            c.max_active_clusters(1, 128, 228 << 10, 1),
+            Err(CUDA_ERROR_INVALID_VALUE)
         );
     }
 }
