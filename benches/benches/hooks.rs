@@ -44,11 +44,12 @@ fn hooks(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("dlsym");
     for (label, name) in [("malloc", c"malloc"), ("cu-prefixed cuserid", c"cuserid")] {
-        // SAFETY (all four closures): live handle, NUL-terminated name, real dlsym signature.
         group.bench_function(format!("{label}/real"), |b| {
+            // SAFETY: live handle, NUL-terminated name, real dlsym signature.
             b.iter(|| unsafe { real_dlsym(black_box(libc_handle), black_box(name.as_ptr())) })
         });
         group.bench_function(format!("{label}/shim"), |b| {
+            // SAFETY: as for the real one; the shim's dlsym has its signature.
             b.iter(|| unsafe { shim_dlsym(black_box(libc_handle), black_box(name.as_ptr())) })
         });
     }
@@ -66,11 +67,12 @@ fn hooks(c: &mut Criterion) {
     assert_eq!(real_rc, shim_rc, "the wrapper answers like the driver");
 
     let mut group = c.benchmark_group("passthrough");
-    // SAFETY (both closures): valid out-pointer for cuCtxGetCurrent.
     group.bench_function("cuCtxGetCurrent/real", |b| {
+        // SAFETY: valid out-pointer for cuCtxGetCurrent.
         b.iter(|| unsafe { real_ctx(black_box(&mut ctx)) })
     });
     group.bench_function("cuCtxGetCurrent/shim", |b| {
+        // SAFETY: valid out-pointer for cuCtxGetCurrent.
         b.iter(|| unsafe { shim_ctx(black_box(&mut ctx)) })
     });
     group.finish();

@@ -38,10 +38,15 @@ struct Api {
 /// `handle` answers the hooked names; `driver` the rest (cuCtxSetCurrent is not hooked).
 fn api(handle: *mut c_void, nvml: *mut c_void, driver: *mut c_void) -> Api {
     Api {
+        // SAFETY: cuMemAlloc_v2's C signature; `handle` is a live handle.
         alloc: unsafe { symbol(handle, c"cuMemAlloc_v2") },
+        // SAFETY: cuMemFree_v2's C signature; `handle` is a live handle.
         free: unsafe { symbol(handle, c"cuMemFree_v2") },
+        // SAFETY: cuMemGetInfo_v2's C signature; `handle` is a live handle.
         info: unsafe { symbol(handle, c"cuMemGetInfo_v2") },
+        // SAFETY: cuCtxSetCurrent's C signature; `driver` is a live handle.
         set_current: unsafe { symbol(driver, c"cuCtxSetCurrent") },
+        // SAFETY: nvmlDeviceGetMemoryInfo's C signature; `nvml` is a live handle.
         nvml_memory: unsafe { symbol(nvml, c"nvmlDeviceGetMemoryInfo") },
     }
 }
@@ -77,9 +82,13 @@ fn memory(c: &mut Criterion) {
     let direct = api(driver, nvml, driver);
     let sliced = api(shim, shim, driver);
 
+    // SAFETY: cuInit's C signature; `shim` is a live handle.
     let init: InitFn = unsafe { symbol(shim, c"cuInit") };
+    // SAFETY: cuDevicePrimaryCtxRetain's C signature; `shim` is a live handle.
     let retain: RetainFn = unsafe { symbol(shim, c"cuDevicePrimaryCtxRetain") };
+    // SAFETY: nvmlInit_v2's C signature; `shim` is a live handle.
     let nvml_init: NvmlInitFn = unsafe { symbol(shim, c"nvmlInit_v2") };
+    // SAFETY: nvmlDeviceGetHandleByIndex_v2's C signature; `nvml` is a live handle.
     let nvml_handle: NvmlHandleFn = unsafe { symbol(nvml, c"nvmlDeviceGetHandleByIndex_v2") };
     let mut context = std::ptr::null_mut();
     let mut device = std::ptr::null_mut();

@@ -46,8 +46,9 @@ fn scenario(c: &mut Criterion, share: bool) {
     let shim = open_global(&dir.join("libgpuslice.so"));
     // SAFETY: live handles of the shim and the fake driver, just opened.
     let kernel = unsafe { prepare_kernel(shim, driver) };
-    // SAFETY (both): cuLaunchKernel's C signature, from live handles.
+    // SAFETY: cuLaunchKernel's C signature; `driver` is a live handle.
     let direct: LaunchFn = unsafe { symbol(driver, c"cuLaunchKernel") };
+    // SAFETY: cuLaunchKernel's C signature; `shim` is a live handle.
     let sliced: LaunchFn = unsafe { symbol(shim, c"cuLaunchKernel") };
     let mut ns_per_wave: u64 = 1;
     let mut params = [(&mut ns_per_wave as *mut u64).cast::<c_void>()];
@@ -75,19 +76,25 @@ fn scenario(c: &mut Criterion, share: bool) {
     group.finish();
 
     // A captured graph of one 1 ns kernel, launched on its stream.
+    // SAFETY: cuStreamCreate's C signature; `driver` is a live handle.
     let stream_create: StreamCreateFn = unsafe { symbol(driver, c"cuStreamCreate") };
+    // SAFETY: cuStreamBeginCapture_v2's C signature; `driver` is a live handle.
     let begin: BeginCaptureFn = unsafe { symbol(driver, c"cuStreamBeginCapture_v2") };
+    // SAFETY: cuStreamEndCapture's C signature; `driver` is a live handle.
     let end: EndCaptureFn = unsafe { symbol(driver, c"cuStreamEndCapture") };
     // SAFETY: a live handle and a NUL-terminated name.
     let through_shim =
         !unsafe { libc::dlsym(shim, c"cuGraphInstantiateWithFlags".as_ptr()) }.is_null();
+    // SAFETY: cuGraphInstantiateWithFlags's C signature; both handles are live.
     let instantiate: InstantiateFn = unsafe {
         symbol(
             if through_shim { shim } else { driver },
             c"cuGraphInstantiateWithFlags",
         )
     };
+    // SAFETY: cuGraphLaunch's C signature; `driver` is a live handle.
     let graph_direct: GraphLaunchFn = unsafe { symbol(driver, c"cuGraphLaunch") };
+    // SAFETY: cuGraphLaunch's C signature; `shim` is a live handle.
     let graph_sliced: GraphLaunchFn = unsafe { symbol(shim, c"cuGraphLaunch") };
     let (mut stream, mut graph, mut exec) = (
         std::ptr::null_mut(),

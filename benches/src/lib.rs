@@ -125,12 +125,15 @@ impl Kernel {
 /// # Safety
 /// `shim` and `driver` must be live `dlopen` handles of `libgpuslice.so` and the fake driver.
 pub unsafe fn prepare_kernel(shim: *mut c_void, driver: *mut c_void) -> Kernel {
-    // SAFETY (all five): the C signatures of these driver entry points; the caller vouches
-    // for the handles.
+    // SAFETY: cuInit's C signature; the caller vouches for `shim`.
     let init: InitFn = unsafe { symbol(shim, c"cuInit") };
+    // SAFETY: cuDevicePrimaryCtxRetain's C signature; the caller vouches for `shim`.
     let retain: RetainFn = unsafe { symbol(shim, c"cuDevicePrimaryCtxRetain") };
+    // SAFETY: cuCtxSetCurrent's C signature; the caller vouches for `driver`.
     let set_current: SetCurrentFn = unsafe { symbol(driver, c"cuCtxSetCurrent") };
+    // SAFETY: cuModuleLoadData's C signature; the caller vouches for `driver`.
     let load: ModuleLoadFn = unsafe { symbol(driver, c"cuModuleLoadData") };
+    // SAFETY: cuModuleGetFunction's C signature; the caller vouches for `driver`.
     let get_function: GetFunctionFn = unsafe { symbol(driver, c"cuModuleGetFunction") };
     let (mut context, mut module, mut function) = (
         std::ptr::null_mut(),

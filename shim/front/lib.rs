@@ -533,14 +533,13 @@ extern "C" fn decide_dlsym(
     name: *const c_char,
     caller: *const c_void,
 ) -> *mut c_void {
-    if name.is_null() {
+    // SAFETY: dlsym's contract: `name` is NUL-terminated (the prefix is compared byte by
+    // byte, so no byte past the NUL is read).
+    if name.is_null() || !unsafe { hookable_prefix(name) } {
         return core::ptr::null_mut();
     }
-    // SAFETY: dlsym's contract: `name` is NUL-terminated.
+    // SAFETY: as above.
     let bytes = unsafe { c_bytes(name) };
-    if !(bytes.starts_with(b"cu") || bytes.starts_with(b"nvml")) {
-        return core::ptr::null_mut();
-    }
     let Some(index) = hook_index(bytes) else {
         return core::ptr::null_mut();
     };
@@ -569,6 +568,19 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 }
 
 // ---- small helpers (no libc beyond the four imports) ----
+
+/// Whether a NUL-terminated name starts with `cu` or `nvml` and then a capital letter (every
+/// hooked name does: `cuInit`, `nvmlInit_v2`; the core's unit tests hold the registry to it),
+/// read byte by byte up to the first difference, before any length is taken: `cudnn*`,
+/// `cublas*` and libc's `cuserid` are turned away in four compares.
+unsafe fn hookable_prefix(name: *const c_char) -> bool {
+    let at = |i: usize| *name.add(i) as u8;
+    match at(0) {
+        b'c' => at(1) == b'u' && at(2).is_ascii_uppercase(),
+        b'n' => at(1) == b'v' && at(2) == b'm' && at(3) == b'l' && at(4).is_ascii_uppercase(),
+        _ => false,
+    }
+}
 
 /// The bytes of a NUL-terminated string, without the NUL.
 unsafe fn c_bytes<'a>(s: *const c_char) -> &'a [u8] {

@@ -14,8 +14,6 @@
 //! Exports are compiled only outside `cfg(test)`: a unit-test binary must never interpose its
 //! own `dlsym` or `cu*` symbols.
 
-#![allow(clippy::missing_safety_doc)]
-
 // `hooks` first: its registry's `hook_table!` is what `ground::driver` expands.
 #[macro_use]
 pub mod hooks;

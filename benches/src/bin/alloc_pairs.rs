@@ -95,11 +95,15 @@ fn main() {
     } else {
         driver
     };
-    // SAFETY (all five): the C signatures of these driver entry points, from live handles.
+    // SAFETY: cuInit's C signature; `handle` is a live handle.
     let init: InitFn = unsafe { symbol(handle, c"cuInit") };
+    // SAFETY: cuDevicePrimaryCtxRetain's C signature; `handle` is a live handle.
     let retain: RetainFn = unsafe { symbol(handle, c"cuDevicePrimaryCtxRetain") };
+    // SAFETY: cuCtxSetCurrent's C signature; `driver` is a live handle.
     let set_current: SetCurrentFn = unsafe { symbol(driver, c"cuCtxSetCurrent") };
+    // SAFETY: cuMemAlloc_v2's C signature; `handle` is a live handle.
     let alloc: AllocFn = unsafe { symbol(handle, c"cuMemAlloc_v2") };
+    // SAFETY: cuMemFree_v2's C signature; `handle` is a live handle.
     let free: FreeFn = unsafe { symbol(handle, c"cuMemFree_v2") };
     let info: InfoFn = unsafe { symbol(handle, c"cuMemGetInfo_v2") };
     let mut context = std::ptr::null_mut();

@@ -60,8 +60,9 @@ fn main() {
     let shim = open_global(&dir.join("libgpuslice.so"));
     // SAFETY: live handles of the shim and the fake driver, just opened.
     let kernel = unsafe { prepare_kernel(shim, driver) };
-    // SAFETY (both): cuLaunchKernel's C signature, from live handles.
+    // SAFETY: cuLaunchKernel's C signature; `shim` is a live handle.
     let sliced: LaunchFn = unsafe { symbol(shim, c"cuLaunchKernel") };
+    // SAFETY: cuLaunchKernel's C signature; `driver` is a live handle.
     let real: LaunchFn = unsafe { symbol(driver, c"cuLaunchKernel") };
     let mut launch = sliced;
     let mut ns_per_wave: u64 = 1;

@@ -393,8 +393,8 @@ impl Driver {
             self,
             cuDeviceGetName(buf.as_mut_ptr(), buf.len() as c_int, dev)
         )?;
-        // SAFETY: the driver NUL-terminates within the buffer; the last byte stays 0 anyway.
         buf[255] = 0;
+        // SAFETY: the driver NUL-terminates within the buffer; the last byte stays 0 anyway.
         Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
             .to_string_lossy()
             .into_owned())

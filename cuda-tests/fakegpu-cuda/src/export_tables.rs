@@ -83,6 +83,7 @@ struct TableDef {
 
 // SAFETY: the pointers are addresses of functions with 'static lifetime; never written.
 unsafe impl Sync for TableDef {}
+// SAFETY: as for Sync: nothing in it belongs to a thread.
 unsafe impl Send for TableDef {}
 
 /// Table names follow the public write-ups of this interface (ZLUDA's `dark_api`); the
@@ -198,6 +199,7 @@ const MAX_SLOTS: usize = 96;
 struct Built(Vec<Box<[*const c_void]>>);
 // SAFETY: built once, read-only afterwards; the pointers are code addresses or sizes.
 unsafe impl Sync for Built {}
+// SAFETY: as for Sync: nothing in it belongs to a thread.
 unsafe impl Send for Built {}
 
 fn built() -> &'static Built {

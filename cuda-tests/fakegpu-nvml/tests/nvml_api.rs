@@ -560,9 +560,9 @@ fn process_lists_follow_the_size_protocol_layouts_and_pid_offset() {
             assert_eq!((v1_size, v3_size), (16, 24));
             let mut raw = [0xAAu8; 64];
             n = 1;
+            let mut aligned = [0xAAAA_AAAA_AAAA_AAAAu64; 8];
             // SAFETY: 64 bytes hold one entry of either version; u64 alignment holds
             // because the array is re-aligned through a u64 buffer below.
-            let mut aligned = [0xAAAA_AAAA_AAAA_AAAAu64; 8];
             unsafe {
                 assert_eq!(v1(h, &mut n, aligned.as_mut_ptr().cast()), NVML_SUCCESS);
                 std::ptr::copy_nonoverlapping(aligned.as_ptr().cast::<u8>(), raw.as_mut_ptr(), 64);
@@ -609,8 +609,8 @@ fn process_lists_follow_the_size_protocol_layouts_and_pid_offset() {
 
             // Graphics: always empty.
             n = 5;
-            // SAFETY: valid count, null buffer.
             assert_eq!(
+                // SAFETY: valid count, null buffer.
                 unsafe { gfx(h, &mut n, std::ptr::null_mut()) },
                 NVML_SUCCESS
             );

@@ -80,9 +80,9 @@ pub fn cuda_memory_limit(config: &SliceConfig, device: CUdevice) -> Option<u64> 
 pub(crate) fn nvml_identity(device: nvmlDevice_t) -> (u32, String) {
     let mut buffer = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     let uuid = match real::nvmlDeviceGetUUID() {
-        // SAFETY: the buffer is writable for its full length, which is what we pass; NVML
-        // rejects a handle it did not give out.
         Some(get_uuid)
+            // SAFETY: the buffer is writable for its full length, which is what we pass;
+            // NVML rejects a handle it did not give out.
             if unsafe { get_uuid(device, buffer.as_mut_ptr(), buffer.len() as c_uint) }
                 == NVML_SUCCESS =>
         {

@@ -83,6 +83,9 @@ unsafe extern "C" fn visit(
 
 /// The implementation behind the hidden `_dl_find_object`: 0 and `*result` filled when `pc`
 /// lies in a loaded object, -1 otherwise (glibc's contract).
+///
+/// # Safety
+/// `result` is valid for writes of a `DlFindObject` (glibc's contract for its caller).
 pub unsafe extern "C" fn find_object(pc: *const c_void, result: *mut DlFindObject) -> c_int {
     let mut search = Search {
         pc: pc as usize,

@@ -50,7 +50,7 @@ thread_local! {
 
 /// The gate for an enforcing process: `Err(code)` once an entry is known to match nothing.
 #[inline]
-pub fn admit(config: &SliceConfig, library: Library) -> Result<(), u32> {
+pub(crate) fn admit(config: &SliceConfig, library: Library) -> Result<(), u32> {
     match VERDICT.load(Ordering::Acquire) {
         MATCHED => Ok(()),
         REFUSED => Err(library.fail_closed_code()),
@@ -58,10 +58,10 @@ pub fn admit(config: &SliceConfig, library: Library) -> Result<(), u32> {
     }
 }
 
-/// Why this process refuses every call, once it does.
-pub fn refusal() -> Option<&'static ConfigError> {
-    // SAFETY: REFUSAL holds null or a leaked, never freed Box published with Release.
-    unsafe { REFUSAL.load(Ordering::Acquire).as_ref() }
+/// Whether every entry was found to name a device: [`admit`] answers `Ok` for good (until a
+/// fork, whose child decides again only if it never did: the verdict survives it).
+pub(crate) fn matched() -> bool {
+    VERDICT.load(Ordering::Acquire) == MATCHED
 }
 
 /// Every thread that finds the verdict unknown lists the devices itself (no thread waits on
@@ -195,8 +195,12 @@ fn env_verdict(seen: &[SeenDevice], from_nvml: bool) -> Option<ConfigError> {
 /// device the node lacks) is refused here, at the first call, once the driver can list its
 /// devices: "is CUDA available?" checks then say no, instead of the application failing at
 /// its first device query.
-pub unsafe fn cu_init(real: crate::hooks::registry::signature::cuInit, flags: u32) -> u32 {
-    let result = real(flags);
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn cu_init(real: crate::hooks::registry::signature::cuInit, flags: u32) -> u32 {
+    // SAFETY: by-value argument, unchanged.
+    let result = unsafe { real(flags) };
     if result != CUDA_SUCCESS {
         return result;
     }

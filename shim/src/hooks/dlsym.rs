@@ -230,11 +230,12 @@ fn answer_in_global_scope(
 #[inline(never)]
 unsafe fn next_definition(dlsym: crate::ground::real::DlsymFn, name: *const c_char) -> *mut c_void {
     if let Some(next) = crate::hooks::front::front_next() {
-        return next(name);
+        // SAFETY: the caller's NUL-terminated name (this function's contract).
+        return unsafe { next(name) };
     }
     // SAFETY: RTLD_NEXT is resolved relative to this function's object (the caller of the
     // real dlsym; not a tail call: the result is inspected after it); the caller's name.
-    let found = dlsym(libc::RTLD_NEXT, name);
+    let found = unsafe { dlsym(libc::RTLD_NEXT, name) };
     std::hint::black_box(found)
 }
 
@@ -340,6 +341,11 @@ fn is_main_program(handle: *mut c_void) -> bool {
 #[cfg(not(test))]
 include!("dlsym_asm.rs");
 
+/// The exported `dlsym`.
+///
+/// # Safety
+/// libc's contract for `dlsym`: a handle `dlopen` gave (or a pseudo-handle) and a
+/// NUL-terminated name.
 #[cfg(all(not(test), any(target_arch = "x86_64", target_arch = "aarch64")))]
 #[unsafe(naked)]
 #[no_mangle]
@@ -366,6 +372,22 @@ mod tests {
         assert!(!could_be_hooked(b"malloc"));
         assert!(!could_be_hooked(b"c"));
         assert!(!could_be_hooked(b""));
+    }
+
+    /// The front (`shim/front/lib.rs`, `hookable_prefix`) and the exported dlsym's first-byte
+    /// check (`dlsym_asm.rs`) forward every name not of this shape without a lookup.
+    #[test]
+    fn every_hooked_name_is_cu_or_nvml_then_a_capital() {
+        for hook in crate::hooks::registry::HOOKS.iter() {
+            let name = hook.name.as_bytes();
+            let capital = |i: usize| name.get(i).is_some_and(|b| b.is_ascii_uppercase());
+            assert!(
+                (name.starts_with(b"cu") && capital(2))
+                    || (name.starts_with(b"nvml") && capital(4)),
+                "{} would be forwarded by the front's prefix check",
+                hook.name
+            );
+        }
     }
 
     #[test]

@@ -7,7 +7,11 @@
 // address intact (glibc resolves RTLD_NEXT relative to it); any other handle asks
 // `decide(handle, symbol, caller)`: 0 = the real dlsym answers (tail-jump again), 1 = NULL,
 // anything else is the answer. The real dlsym is the static slot `real`, or `resolve()` while
-// that slot is still empty.
+// that slot is still empty. Before asking `decide`, a NULL name, or one that neither starts
+// with 'n' nor with "cu" and a capital, tail-jumps to the real dlsym at once (every hooked
+// name is `cu[A-Z]*` or `nvml[A-Z]*`, a unit test of `hooks/dlsym.rs` holds the registry to
+// it, and both deciders forward everything else): the names Python and the loader look up by
+// the thousand, `cudnn*` and `cublas*` included, cost a few compares.
 
 #[cfg(target_arch = "x86_64")]
 macro_rules! dlsym_trampoline {
@@ -16,6 +20,24 @@ macro_rules! dlsym_trampoline {
         // RTLD_NEXT == (void*)-1: never look, tail-jump with the caller's return address.
         "cmp rdi, -1",
         "je 2f",
+        // First byte of the name: only 'c' or 'n' can start a hooked name.
+        "test rsi, rsi",
+        "jz 2f",
+        "movzx eax, byte ptr [rsi]",
+        "cmp eax, 0x63",
+        "jne 7f",
+        // "cu" and a capital (bytes 1 and 2 exist: the ones before are not NUL).
+        "cmp byte ptr [rsi + 1], 0x75",
+        "jne 2f",
+        "movzx eax, byte ptr [rsi + 2]",
+        "sub eax, 0x41",
+        "cmp eax, 25",
+        "ja 2f",
+        "jmp 6f",
+        "7:",
+        "cmp eax, 0x6e",
+        "jne 2f",
+        "6:",
         // Entry rsp = 8 mod 16; two pushes + 8 make it 0 mod 16 at the call.
         "push rdi",
         "push rsi",
@@ -66,6 +88,24 @@ macro_rules! dlsym_trampoline {
         // RTLD_NEXT == (void*)-1: tail-branch with x30 (the caller's return address) intact.
         "cmn x0, #1",
         "b.eq 2f",
+        // First byte of the name: only 'c' or 'n' can start a hooked name.
+        "cbz x1, 2f",
+        "ldrb w16, [x1]",
+        "cmp w16, #0x63",
+        "b.ne 7f",
+        // "cu" and a capital (bytes 1 and 2 exist: the ones before are not NUL).
+        "ldrb w16, [x1, #1]",
+        "cmp w16, #0x75",
+        "b.ne 2f",
+        "ldrb w16, [x1, #2]",
+        "sub w16, w16, #0x41",
+        "cmp w16, #25",
+        "b.hi 2f",
+        "b 6f",
+        "7:",
+        "cmp w16, #0x6e",
+        "b.ne 2f",
+        "6:",
         "stp x29, x30, [sp, #-32]!",
         "mov x29, sp",
         "stp x0, x1, [sp, #16]",

@@ -15,6 +15,16 @@
 //! * the handlers ("wrapper bodies") named by the registry, one file per family. Each takes
 //!   the real function first, then the caller's arguments unchanged, and returns the C result
 //!   code. They run inside the export's panic boundary and after its fail-closed gate.
+//! * [`out`]: the caller's out-parameters as handlers answer through them.
+//!
+//! ## The handler contract
+//! Every handler's `# Safety`: it is sound to call with `real`, the real function of the
+//! registry's signature, and the caller's arguments as the C API requires them of its caller
+//! (an out-pointer NULL or valid for writes of its type, an in-pointer NULL or valid for reads
+//! of what it describes, a buffer as large as its count says; handles may be anything, the
+//! driver validates them). The exports of the registry call them so, and nothing else does.
+//! A handler decodes those arguments into values ([`out::Out`] for out-parameters), makes
+//! one policy call and writes the answer; the policy below takes and returns values.
 
 pub mod context;
 pub mod device_check;
@@ -25,6 +35,7 @@ pub mod memory;
 pub mod module;
 pub mod nesting;
 pub mod nvml;
+pub mod out;
 pub mod proc_address;
 pub mod query;
 pub mod refusal;

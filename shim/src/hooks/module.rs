@@ -20,23 +20,31 @@ fn grew_if(result: CUresult) -> CUresult {
     result
 }
 
-pub unsafe fn module_load(
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn module_load(
     real: sig::cuModuleLoad,
     module: *mut CUmodule,
     fname: *const c_char,
 ) -> CUresult {
-    grew_if(real(module, fname))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe { real(module, fname) })
 }
 
-pub unsafe fn module_load_data(
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn module_load_data(
     real: sig::cuModuleLoadData,
     module: *mut CUmodule,
     image: *const c_void,
 ) -> CUresult {
-    grew_if(real(module, image))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe { real(module, image) })
 }
 
-pub unsafe fn module_load_data_ex(
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn module_load_data_ex(
     real: sig::cuModuleLoadDataEx,
     module: *mut CUmodule,
     image: *const c_void,
@@ -44,19 +52,25 @@ pub unsafe fn module_load_data_ex(
     options: *mut c_void,
     option_values: *mut *mut c_void,
 ) -> CUresult {
-    grew_if(real(module, image, num_options, options, option_values))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe { real(module, image, num_options, options, option_values) })
 }
 
-pub unsafe fn module_load_fat_binary(
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn module_load_fat_binary(
     real: sig::cuModuleLoadFatBinary,
     module: *mut CUmodule,
     fat_cubin: *const c_void,
 ) -> CUresult {
-    grew_if(real(module, fat_cubin))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe { real(module, fat_cubin) })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn library_load_data(
+pub(crate) unsafe fn library_load_data(
     real: sig::cuLibraryLoadData,
     library: *mut CUlibrary,
     code: *const c_void,
@@ -67,20 +81,25 @@ pub unsafe fn library_load_data(
     library_option_values: *mut *mut c_void,
     num_library_options: c_uint,
 ) -> CUresult {
-    grew_if(real(
-        library,
-        code,
-        jit_options,
-        jit_option_values,
-        num_jit_options,
-        library_options,
-        library_option_values,
-        num_library_options,
-    ))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe {
+        real(
+            library,
+            code,
+            jit_options,
+            jit_option_values,
+            num_jit_options,
+            library_options,
+            library_option_values,
+            num_library_options,
+        )
+    })
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn library_load_from_file(
+pub(crate) unsafe fn library_load_from_file(
     real: sig::cuLibraryLoadFromFile,
     library: *mut CUlibrary,
     file_name: *const c_char,
@@ -91,25 +110,32 @@ pub unsafe fn library_load_from_file(
     library_option_values: *mut *mut c_void,
     num_library_options: c_uint,
 ) -> CUresult {
-    grew_if(real(
-        library,
-        file_name,
-        jit_options,
-        jit_option_values,
-        num_jit_options,
-        library_options,
-        library_option_values,
-        num_library_options,
-    ))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe {
+        real(
+            library,
+            file_name,
+            jit_options,
+            jit_option_values,
+            num_jit_options,
+            library_options,
+            library_option_values,
+            num_library_options,
+        )
+    })
 }
 
 /// Under lazy loading a global's lookup places its module.
-pub unsafe fn module_get_global(
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn module_get_global(
     real: sig::cuModuleGetGlobal_v2,
     dptr: *mut CUdeviceptr,
     bytes: *mut usize,
     module: CUmodule,
     name: *const c_char,
 ) -> CUresult {
-    grew_if(real(dptr, bytes, module, name))
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    grew_if(unsafe { real(dptr, bytes, module, name) })
 }

@@ -28,7 +28,7 @@ impl Drop for Leave<'_> {
 
 /// Runs `handler` when this thread is in no hook yet, else `nested` (the driver directly).
 #[inline]
-pub fn outermost<R>(handler: impl FnOnce() -> R, nested: impl FnOnce() -> R) -> R {
+pub(crate) fn outermost<R>(handler: impl FnOnce() -> R, nested: impl FnOnce() -> R) -> R {
     INSIDE_A_HOOK.with(|inside| {
         if inside.replace(true) {
             return nested();

@@ -14,10 +14,11 @@ use std::sync::OnceLock;
 use gpuslice_abi::nvml::ret::{NVML_ERROR_NOT_FOUND, NVML_ERROR_UNKNOWN, NVML_SUCCESS};
 use gpuslice_abi::nvml::*;
 
+use crate::hooks::out::{answer_list as answer, Out};
 use crate::hooks::registry::signature as sig;
 use crate::lifecycle;
 use crate::memory;
-use crate::memory::driver_sized::{answer, members_only, members_only_by, slice_list, ProcessList};
+use crate::memory::driver_sized::{members_only, members_only_by, slice_list, ProcessList};
 use crate::memory::report::{nvml_slice_view, NvmlView};
 use crate::memory::Shared;
 
@@ -29,16 +30,20 @@ fn slice_view_of(device: nvmlDevice_t, physical: NvmlView) -> Option<NvmlView> {
     Some(nvml_slice_view(physical, limit, Some(used)))
 }
 
-pub unsafe fn device_get_memory_info(
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn device_get_memory_info(
     real: sig::nvmlDeviceGetMemoryInfo,
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
-    let result = real(device, memory);
-    if result != NVML_SUCCESS || memory.is_null() {
+    // SAFETY: the caller's arguments, unchanged.
+    let result = unsafe { real(device, memory) };
+    // SAFETY: the caller's out-parameter (the handler contract).
+    let out = unsafe { Out::new(memory) };
+    let (NVML_SUCCESS, Some(m)) = (result, out.read()) else {
         return result;
-    }
-    let m = &mut *memory;
+    };
     // v1 has no reserved field: its `used` includes what v2 calls reserved.
     let physical = NvmlView {
         total: m.total,
@@ -47,23 +52,29 @@ pub unsafe fn device_get_memory_info(
         free: m.free,
     };
     if let Some(view) = slice_view_of(device, physical) {
-        m.total = view.total;
-        m.used = view.used + view.reserved;
-        m.free = view.free;
+        out.write(nvmlMemory_t {
+            total: view.total,
+            used: view.used + view.reserved,
+            free: view.free,
+        });
     }
     result
 }
 
-pub unsafe fn device_get_memory_info_v2(
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn device_get_memory_info_v2(
     real: sig::nvmlDeviceGetMemoryInfo_v2,
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
-    let result = real(device, memory);
-    if result != NVML_SUCCESS || memory.is_null() {
+    // SAFETY: the caller's arguments, unchanged.
+    let result = unsafe { real(device, memory) };
+    // SAFETY: the caller's out-parameter (the handler contract).
+    let out = unsafe { Out::new(memory) };
+    let (NVML_SUCCESS, Some(m)) = (result, out.read()) else {
         return result;
-    }
-    let m = &mut *memory;
+    };
     let physical = NvmlView {
         total: m.total,
         reserved: m.reserved,
@@ -71,10 +82,13 @@ pub unsafe fn device_get_memory_info_v2(
         free: m.free,
     };
     if let Some(view) = slice_view_of(device, physical) {
-        m.total = view.total;
-        m.reserved = view.reserved;
-        m.used = view.used;
-        m.free = view.free;
+        out.write(nvmlMemory_v2_t {
+            total: view.total,
+            reserved: view.reserved,
+            used: view.used,
+            free: view.free,
+            ..m
+        });
     }
     result
 }
@@ -91,27 +105,35 @@ const UTILISATION_WINDOW_US: u64 = 1_000_000;
 /// figure). Each is capped at the card's own figure. A driver that cannot give per-process
 /// samples makes this answer its error (e.g. `NVML_ERROR_NOT_SUPPORTED`), never the card's
 /// figures. Devices without a limit, and processes without a slice, get the card's.
-pub unsafe fn device_get_utilization_rates(
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn device_get_utilization_rates(
     real: sig::nvmlDeviceGetUtilizationRates,
     device: nvmlDevice_t,
     utilization: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
-    let result = real(device, utilization);
-    if result != NVML_SUCCESS || utilization.is_null() || lifecycle::slice_config().is_none() {
+    // SAFETY: the caller's arguments, unchanged.
+    let result = unsafe { real(device, utilization) };
+    // SAFETY: the caller's out-parameter (the handler contract).
+    let out = unsafe { Out::new(utilization) };
+    let (NVML_SUCCESS, Some(card)) = (result, out.read()) else {
+        return result;
+    };
+    if lifecycle::slice_config().is_none() {
         return result;
     }
     let Some(samples) = memory::driver_sized::slice_utilization_samples(device) else {
         return result;
     };
-    let card = *utilization;
     match samples {
         Ok((ours, newest)) => {
-            *utilization = slice_utilization(&ours, newest, card);
+            out.write(slice_utilization(&ours, newest, card));
             NVML_SUCCESS
         }
         Err(code) => {
             // Not the card's figures, even to a caller that ignores the result.
-            *utilization = nvmlUtilization_t { gpu: 0, memory: 0 };
+            out.write(nvmlUtilization_t { gpu: 0, memory: 0 });
             code
         }
     }
@@ -120,7 +142,7 @@ pub unsafe fn device_get_utilization_rates(
 /// Pure: the slice's utilisation from its processes' samples. Per process, the mean of its
 /// samples within [`UTILISATION_WINDOW_US`] of `newest` (the newest sample of the whole
 /// device); summed over processes; capped at the card's figures (and so at 100).
-pub fn slice_utilization(
+pub(crate) fn slice_utilization(
     ours: &[nvmlProcessUtilizationSample_t],
     newest: Option<u64>,
     card: nvmlUtilization_t,
@@ -157,7 +179,10 @@ pub fn slice_utilization(
 /// Per-process utilisation samples: only the slice's processes, under the PIDs the container
 /// knows; `NVML_ERROR_NOT_FOUND` (the driver's "no sample") when none of them has one. The
 /// compute throttle reads the real samples through `real::`, unaffected.
-pub unsafe fn process_utilization(
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn process_utilization(
     real: sig::nvmlDeviceGetProcessUtilization,
     device: nvmlDevice_t,
     samples: *mut nvmlProcessUtilizationSample_t,
@@ -172,17 +197,22 @@ pub unsafe fn process_utilization(
         |s| s.pid,
         |s, pid| nvmlProcessUtilizationSample_t { pid, ..s },
     ) {
-        None => real(device, samples, count, last_seen),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real(device, samples, count, last_seen) },
         Some(Err(code)) => code,
         Some(Ok(list)) if list.is_empty() => NVML_ERROR_NOT_FOUND,
-        Some(Ok(list)) => answer(list, count, samples, |s| s),
+        // SAFETY: the caller's count and buffer (the handler contract).
+        Some(Ok(list)) => unsafe { answer(list, count, samples, |s| s) },
     }
 }
 
 /// Graphics and MPS process lists (v2/v3): only the slice's processes, as in the compute
 /// lists, so other tenants' PIDs and memory are not disclosed (gpustat, Ray and nvidia-smi
 /// merge these lists with the compute one).
-pub unsafe fn other_processes(
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn other_processes(
     real: ProcessList,
     device: nvmlDevice_t,
     count: *mut c_uint,
@@ -190,14 +220,19 @@ pub unsafe fn other_processes(
 ) -> nvmlReturn_t {
     let read = |_: &Shared, _| crate::ground::devices::read_process_list(real, device);
     match members_only(device, read) {
-        None => real(device, count, infos),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real(device, count, infos) },
         Some(Err(code)) => code,
-        Some(Ok(list)) => answer(list, count, infos, |p| p),
+        // SAFETY: the caller's count and buffer (the handler contract).
+        Some(Ok(list)) => unsafe { answer(list, count, infos, |p| p) },
     }
 }
 
 /// The v1 layouts of the graphics and MPS lists, filtered as [`other_processes`].
-pub unsafe fn other_processes_v1(
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn other_processes_v1(
     real: unsafe extern "C" fn(
         nvmlDevice_t,
         *mut c_uint,
@@ -219,54 +254,72 @@ pub unsafe fn other_processes_v1(
             .collect())
     };
     match members_only(device, read) {
-        None => real(device, count, infos),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real(device, count, infos) },
         Some(Err(code)) => code,
-        Some(Ok(list)) => answer(list, count, infos, |p| nvmlProcessInfo_v1_t {
-            pid: p.pid,
-            usedGpuMemory: p.usedGpuMemory,
-        }),
+        // SAFETY: the caller's count and buffer (the handler contract).
+        Some(Ok(list)) => unsafe {
+            answer(list, count, infos, |p| nvmlProcessInfo_v1_t {
+                pid: p.pid,
+                usedGpuMemory: p.usedGpuMemory,
+            })
+        },
     }
 }
 
-pub unsafe fn compute_processes_v1(
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn compute_processes_v1(
     real: sig::nvmlDeviceGetComputeRunningProcesses,
     device: nvmlDevice_t,
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_v1_t,
 ) -> nvmlReturn_t {
     match slice_list(device) {
-        None => real(device, count, infos),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real(device, count, infos) },
         Some(Err(code)) => code,
-        Some(Ok(list)) => answer(list, count, infos, |p| nvmlProcessInfo_v1_t {
-            pid: p.pid,
-            usedGpuMemory: p.usedGpuMemory,
-        }),
+        // SAFETY: the caller's count and buffer (the handler contract).
+        Some(Ok(list)) => unsafe {
+            answer(list, count, infos, |p| nvmlProcessInfo_v1_t {
+                pid: p.pid,
+                usedGpuMemory: p.usedGpuMemory,
+            })
+        },
     }
 }
 
-pub unsafe fn compute_processes_v2(
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn compute_processes_v2(
     real: sig::nvmlDeviceGetComputeRunningProcesses_v2,
     device: nvmlDevice_t,
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
     match slice_list(device) {
-        None => real(device, count, infos),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real(device, count, infos) },
         Some(Err(code)) => code,
-        Some(Ok(list)) => answer(list, count, infos, |p| p),
+        // SAFETY: the caller's count and buffer (the handler contract).
+        Some(Ok(list)) => unsafe { answer(list, count, infos, |p| p) },
     }
 }
 
-pub unsafe fn compute_processes_v3(
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn compute_processes_v3(
     real: sig::nvmlDeviceGetComputeRunningProcesses_v3,
     device: nvmlDevice_t,
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
     match slice_list(device) {
-        None => real(device, count, infos),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real(device, count, infos) },
         Some(Err(code)) => code,
-        Some(Ok(list)) => answer(list, count, infos, |p| p),
+        // SAFETY: the caller's count and buffer (the handler contract).
+        Some(Ok(list)) => unsafe { answer(list, count, infos, |p| p) },
     }
 }
 
@@ -275,7 +328,7 @@ pub unsafe fn compute_processes_v3(
 /// The table nvidia-smi asks `nvmlInternalGetExportTable` for,
 /// `6c3efec4-8fc9-4e6c-a327-ee696e12f7c4`, as the bytes it passes (first three fields
 /// little-endian).
-pub const SMI_TABLE_GUID: [u8; 16] = [
+pub(crate) const SMI_TABLE_GUID: [u8; 16] = [
     0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e, 0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4,
 ];
 
@@ -285,13 +338,13 @@ pub const SMI_TABLE_GUID: [u8; 16] = [
 /// lists, `(device, unsigned *count, entry *buf)` with NVML's count protocol.
 const KNOWN_TABLE_BYTES: [usize; 2] = [1960, 2008];
 /// The process-list slots: compute, graphics, MPS compute.
-pub const PROCESS_LIST_SLOTS: [usize; 3] = [213, 214, 215];
+pub(crate) const PROCESS_LIST_SLOTS: [usize; 3] = [213, 214, 215];
 
 /// One entry of the private process lists (4128 bytes): `nvmlProcessDetail_v1_t`'s numbers,
 /// then the process name inline.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct PrivateProcessEntry {
+pub(crate) struct PrivateProcessEntry {
     pub pid: c_uint,
     _pad: c_uint,
     pub used_gpu_memory: u64,
@@ -316,7 +369,7 @@ struct Interposed {
 static INTERPOSED: OnceLock<Option<Interposed>> = OnceLock::new();
 
 /// Pure: whether a table of `size_bytes` has a layout whose process-list slots are known.
-pub fn known_layout(size_bytes: usize) -> bool {
+pub(crate) fn known_layout(size_bytes: usize) -> bool {
     KNOWN_TABLE_BYTES.contains(&size_bytes)
 }
 
@@ -324,19 +377,29 @@ pub fn known_layout(size_bytes: usize) -> bool {
 /// nvidia-smi's table of a known layout the caller gets a copy whose process-list slots keep
 /// to the slice. Any other table, an unknown layout (said once at debug level), or a second
 /// driver table in the same process pass through unchanged.
-pub unsafe fn internal_export_table(
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn internal_export_table(
     real: sig::nvmlInternalGetExportTable,
     table: *mut *const c_void,
     guid: *const c_void,
 ) -> nvmlReturn_t {
-    let result = real(table, guid);
-    if result != NVML_SUCCESS || table.is_null() || guid.is_null() || (*table).is_null() {
+    // SAFETY: the caller's arguments, unchanged.
+    let result = unsafe { real(table, guid) };
+    // SAFETY: the caller's out-parameter (the handler contract).
+    let out = unsafe { Out::new(table) };
+    let Some(original) = out
+        .read()
+        .filter(|t| result == NVML_SUCCESS && !t.is_null())
+    else {
+        return result;
+    };
+    // SAFETY: non-null, and NVML's table GUIDs are 16 bytes (the handler contract).
+    if guid.is_null() || unsafe { guid.cast::<[u8; 16]>().read_unaligned() } != SMI_TABLE_GUID {
         return result;
     }
-    if *guid.cast::<[u8; 16]>() != SMI_TABLE_GUID {
-        return result;
-    }
-    let original = *table as usize;
+    let original = original as usize;
     let interposed = INTERPOSED.get_or_init(|| {
         // SAFETY: the driver's table starts with its size in bytes.
         let size = unsafe { *(original as *const usize) };
@@ -365,7 +428,9 @@ pub unsafe fn internal_export_table(
         })
     });
     match interposed {
-        Some(t) if t.original == original => *table = t.copy.as_ptr().cast(),
+        Some(t) if t.original == original => {
+            out.write(t.copy.as_ptr().cast());
+        }
         _ => {}
     }
     result
@@ -429,6 +494,9 @@ fn program_name(pid: c_uint) -> String {
         .unwrap_or_default()
 }
 
+/// # Safety
+/// The caller's arguments of a private process-list slot, as the driver's slot takes them:
+/// `count` NULL or valid for reads and writes, `buf` NULL or room for `*count` entries.
 unsafe fn filtered_private_list(
     real: PrivateList,
     device: nvmlDevice_t,
@@ -438,12 +506,17 @@ unsafe fn filtered_private_list(
     // The driver fills the caller's own buffer (its size is the caller's to vouch for); the
     // slice's entries are then written back over it, compacted.
     let read = |_: &Shared, _| {
-        let result = real(device, count, buf);
+        // SAFETY: the caller's arguments, unchanged.
+        let result = unsafe { real(device, count, buf) };
         if result != NVML_SUCCESS {
             return Err(result);
         }
-        let n = if count.is_null() { 0 } else { *count as usize };
-        Ok((0..n).map(|i| buf.add(i).read()).collect::<Vec<_>>())
+        // SAFETY: the caller's count (this function's contract).
+        let n = unsafe { Out::new(count) }.read().unwrap_or(0) as usize;
+        // SAFETY: the driver wrote `n` entries to the caller's buffer, which holds them.
+        Ok((0..n)
+            .map(|i| unsafe { buf.add(i).read() })
+            .collect::<Vec<_>>())
     };
     match members_only_by(
         device,
@@ -451,9 +524,11 @@ unsafe fn filtered_private_list(
         |e: &PrivateProcessEntry| e.pid,
         with_container_pid,
     ) {
-        None => real(device, count, buf),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real(device, count, buf) },
         Some(Err(code)) => code,
-        Some(Ok(list)) => answer(list, count, buf, |e| e),
+        // SAFETY: the caller's count and buffer (this function's contract).
+        Some(Ok(list)) => unsafe { answer(list, count, buf, |e| e) },
     }
 }
 

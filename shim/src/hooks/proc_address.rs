@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::{cuuint64_t, CUresult};
 
+use crate::hooks::out::Out;
 use crate::hooks::refusal;
 use crate::hooks::registry::{
     cuda_wrapper_for_real_pointer, hook_by_name, signature as sig, HOOKS,
@@ -38,23 +39,34 @@ fn is_hooked_family<'a>(requested: &str, hooked: impl IntoIterator<Item = &'a st
         })
 }
 
+/// Swaps the real function the driver wrote to `pfn` for our wrapper of it (by identity).
+///
+/// # Safety
+/// `pfn` is NULL or valid for reads and writes; `symbol` is NULL or a NUL-terminated string
+/// (the caller's cuGetProcAddress arguments).
 unsafe fn redirect(result: CUresult, symbol: *const c_char, pfn: *mut *mut c_void) {
-    if result != CUDA_SUCCESS || pfn.is_null() || (*pfn).is_null() {
+    // SAFETY: this function's contract.
+    let out = unsafe { Out::new(pfn) };
+    let Some(real) = out
+        .read()
+        .filter(|p| result == CUDA_SUCCESS && !p.is_null())
+    else {
         return;
-    }
-    let real = *pfn;
-    *pfn = cuda_wrapper_for_real_pointer(real);
-    if *pfn == real && !symbol.is_null() {
-        let symbol = CStr::from_ptr(symbol);
+    };
+    let mut answer = cuda_wrapper_for_real_pointer(real);
+    if answer == real && !symbol.is_null() {
+        // SAFETY: non-null, NUL-terminated by this function's contract.
+        let symbol = unsafe { CStr::from_ptr(symbol) };
         if refusal::must_hand_out_our_cu_init(symbol) {
             if let Some(cu_init) = hook_by_name("cuInit") {
-                *pfn = cu_init.wrapper().cast_mut();
+                answer = cu_init.wrapper().cast_mut();
             }
         }
         if lifecycle::slice_config().is_some() {
             report_unmapped(symbol, real);
         }
     }
+    out.write(answer);
 }
 
 #[cold]
@@ -75,19 +87,27 @@ fn report_unmapped(symbol: &CStr, pointer: *mut c_void) {
     }
 }
 
-pub unsafe fn get_proc_address(
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn get_proc_address(
     real: sig::cuGetProcAddress,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
     flags: cuuint64_t,
 ) -> CUresult {
-    let result = real(symbol, pfn, cuda_version, flags);
-    redirect(result, symbol, pfn);
-    result
+    // SAFETY: the caller's arguments, unchanged (the handler contract), which `redirect`
+    // asks for too.
+    unsafe {
+        let result = real(symbol, pfn, cuda_version, flags);
+        redirect(result, symbol, pfn);
+        result
+    }
 }
 
-pub unsafe fn get_proc_address_v2(
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn get_proc_address_v2(
     real: sig::cuGetProcAddress_v2,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
@@ -95,9 +115,13 @@ pub unsafe fn get_proc_address_v2(
     flags: cuuint64_t,
     symbol_status: *mut c_int,
 ) -> CUresult {
-    let result = real(symbol, pfn, cuda_version, flags, symbol_status);
-    redirect(result, symbol, pfn);
-    result
+    // SAFETY: the caller's arguments, unchanged (the handler contract), which `redirect`
+    // asks for too.
+    unsafe {
+        let result = real(symbol, pfn, cuda_version, flags, symbol_status);
+        redirect(result, symbol, pfn);
+        result
+    }
 }
 
 #[cfg(test)]

@@ -32,22 +32,32 @@ pub fn clamp_u32(bytes: u64) -> c_uint {
     bytes.min(u64::from(c_uint::MAX)) as c_uint
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_get_info(
     real: sig::cuMemGetInfo_v2,
     free: *mut usize,
     total: *mut usize,
 ) -> CUresult {
-    let result = real(free, total);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(free, total) };
     if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
         return result;
     }
-    let physical = || MemoryView {
-        total: *total as u64,
-        free: *free as u64,
+    // SAFETY: both non-null, the caller's out-parameters (the handler contract), just
+    // written by the driver.
+    let physical = || unsafe {
+        MemoryView {
+            total: *total as u64,
+            free: *free as u64,
+        }
     };
     if let Some(view) = current_slice_view(physical) {
-        *total = view.total as usize;
-        *free = view.free as usize;
+        // SAFETY: as above.
+        unsafe {
+            *total = view.total as usize;
+            *free = view.free as usize;
+        }
     }
     result
 }
@@ -66,51 +76,70 @@ fn physical_mem_info() -> Option<MemoryView> {
 /// `cuMemGetInfo` of the 32-bit ABI: the slice, clamped to 32 bits. The slice is computed
 /// from the card's full figures (a clamped free minus the slice's use would come out wrong
 /// for slices above 4 GiB), the 32-bit ones serving only when the 64-bit call is missing.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn mem_get_info_v1(
     real: sig::cuMemGetInfo,
     free: *mut c_uint,
     total: *mut c_uint,
 ) -> CUresult {
-    let result = real(free, total);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(free, total) };
     if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
         return result;
     }
     let physical = || {
-        physical_mem_info().unwrap_or(MemoryView {
-            total: u64::from(*total),
-            free: u64::from(*free),
+        // SAFETY: both non-null, the caller's out-parameters (the handler contract), just
+        // written by the driver.
+        physical_mem_info().unwrap_or_else(|| unsafe {
+            MemoryView {
+                total: u64::from(*total),
+                free: u64::from(*free),
+            }
         })
     };
     if let Some(view) = current_slice_view(physical) {
-        *total = clamp_u32(view.total);
-        *free = clamp_u32(view.free);
+        // SAFETY: as above.
+        unsafe {
+            *total = clamp_u32(view.total);
+            *free = clamp_u32(view.free);
+        }
     }
     result
 }
 
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn device_total_mem(
     real: sig::cuDeviceTotalMem_v2,
     bytes: *mut usize,
     device: CUdevice,
 ) -> CUresult {
-    let result = real(bytes, device);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(bytes, device) };
     if result != CUDA_SUCCESS || bytes.is_null() {
         return result;
     }
     if let Some(limit) = device_limit(device) {
-        *bytes = (limit as usize).min(*bytes);
+        // SAFETY: non-null, the caller's out-parameter (the handler contract).
+        unsafe { *bytes = (limit as usize).min(*bytes) };
     }
     result
 }
 
 /// `cuDeviceTotalMem` of the 32-bit ABI: min(limit, card), clamped to 32 bits (the card's
 /// full size from `cuDeviceTotalMem_v2` where the driver has it).
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
 pub unsafe fn device_total_mem_v1(
     real: sig::cuDeviceTotalMem,
     bytes: *mut c_uint,
     device: CUdevice,
 ) -> CUresult {
-    let result = real(bytes, device);
+    // SAFETY: the caller's arguments, unchanged (the handler contract).
+    let result = unsafe { real(bytes, device) };
     if result != CUDA_SUCCESS || bytes.is_null() {
         return result;
     }
@@ -119,8 +148,10 @@ pub unsafe fn device_total_mem_v1(
         let card = real::cuDeviceTotalMem_v2()
             // SAFETY: valid out-pointer for the call.
             .filter(|total| unsafe { total(&mut full, device) } == CUDA_SUCCESS)
-            .map_or(u64::from(*bytes), |_| full as u64);
-        *bytes = clamp_u32(limit.min(card));
+            // SAFETY: non-null, the caller's out-parameter (the handler contract).
+            .map_or_else(|| u64::from(unsafe { *bytes }), |_| full as u64);
+        // SAFETY: as above.
+        unsafe { *bytes = clamp_u32(limit.min(card)) };
     }
     result
 }

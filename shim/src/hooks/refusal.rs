@@ -18,7 +18,7 @@ use gpuslice_common::config::ConfigError;
 
 /// Where an invalid configuration came from, which decides what the line tells the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// The limit file or HAMi env (`ConfigError::origin` is a path or a variable name).
     Configuration,
     /// The slice's shared region, at this path (`origin` names where the path is set).
@@ -28,7 +28,7 @@ pub enum Fault {
 }
 
 /// The one line a fail-closed process prints (without the `[gpuslice]` prefix).
-pub fn refusal_line(error: &ConfigError, fault: Fault) -> String {
+pub(crate) fn refusal_line(error: &ConfigError, fault: Fault) -> String {
     let origin = &error.origin;
     let remedy = match fault {
         Fault::Configuration if origin.contains('/') => format!("run `gpuslice check {origin}`"),
@@ -47,7 +47,7 @@ pub fn refusal_line(error: &ConfigError, fault: Fault) -> String {
 /// hands out our wrapper, even from a driver whose answer is not its exported symbol (which
 /// the map passes through), because that one function would let the process use the GPU
 /// unlimited.
-pub fn must_hand_out_our_cu_init(symbol: &CStr) -> bool {
+pub(crate) fn must_hand_out_our_cu_init(symbol: &CStr) -> bool {
     symbol.to_bytes() == b"cuInit"
         && crate::lifecycle::admit(crate::ground::real::Library::Cuda).is_err()
 }

@@ -14,8 +14,11 @@
 //!   `cfg(test)`), a tiny shell: panic boundary -> fail-closed gate (skipped by a handler
 //!   marked `[open]`, see `refusal`) -> real slot (missing -> NOT_SUPPORTED /
 //!   FUNCTION_NOT_FOUND) -> handler (`passthrough` calls the real function directly), run
-//!   only by the outermost hook on the thread ([`crate::hooks::nesting`]; a handler marked
-//!   `[hot]`, the launch paths, skips that check); and `HOOKS`: name -> wrapper for `dlsym`,
+//!   only by the outermost hook on the thread ([`crate::hooks::nesting`]); a handler marked
+//!   `[hot]` (the launch paths) has a fast path first and this shell behind it, and skips the
+//!   nesting check (a nested launch would be billed twice, which only throttles harder; see
+//!   [`crate::hooks::launch`]); `[launch]` is `[hot]` with that fast path in machine code on
+//!   x86-64 (for the launches billed on every call); and `HOOKS`: name -> wrapper for `dlsym`,
 //!   and real pointer -> wrapper for `cuGetProcAddress`.
 //!
 //! Handlers are `unsafe fn(real: signature::NAME, args...) -> u32` in `crate::hooks`.
@@ -27,26 +30,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gpuslice_abi::cuda::*;
 use gpuslice_abi::nvml::*;
 
-pub use crate::ground::driver::{real, signature, SlotId, HOOK_COUNT, SLOTS, SLOT_COUNT};
-pub use crate::ground::real::{Library, RealSlot};
+pub(crate) use crate::ground::driver::{real, signature, SlotId, HOOK_COUNT, SLOTS};
+pub(crate) use crate::ground::real::{Library, RealSlot};
 
 impl Library {
     /// What a wrapper returns when a panic was contained.
-    pub const fn panic_code(self) -> u32 {
+    pub(crate) const fn panic_code(self) -> u32 {
         match self {
             Library::Cuda => result::CUDA_ERROR_UNKNOWN,
             Library::Nvml => ret::NVML_ERROR_UNKNOWN,
         }
     }
     /// What a wrapper returns when the real library lacks the function (older driver).
-    pub const fn missing_code(self) -> u32 {
+    pub(crate) const fn missing_code(self) -> u32 {
         match self {
             Library::Cuda => result::CUDA_ERROR_NOT_SUPPORTED,
             Library::Nvml => ret::NVML_ERROR_FUNCTION_NOT_FOUND,
         }
     }
     /// What every entry point returns when the configuration is invalid (fail closed).
-    pub const fn fail_closed_code(self) -> u32 {
+    pub(crate) const fn fail_closed_code(self) -> u32 {
         match self {
             Library::Cuda => result::CUDA_ERROR_NOT_INITIALIZED,
             Library::Nvml => ret::NVML_ERROR_UNINITIALIZED,
@@ -55,7 +58,7 @@ impl Library {
 }
 
 /// One hooked function as the lookup paths see it.
-pub struct Hook {
+pub(crate) struct Hook {
     pub name: &'static str,
     pub slot: &'static RealSlot,
     /// This library's own export (`exports::NAME`) as an untyped pointer: the handler the
@@ -70,7 +73,7 @@ pub struct Hook {
 unsafe impl Sync for Hook {}
 
 impl Hook {
-    pub fn library(&self) -> Library {
+    pub(crate) fn library(&self) -> Library {
         self.slot.library
     }
 
@@ -78,7 +81,7 @@ impl Hook {
     /// cuGetProcAddress answers, identity checks): the front's export of the name once a front
     /// attached (`hooks::front`), this library's own export when it was preloaded itself.
     #[inline]
-    pub fn wrapper(&self) -> *const c_void {
+    pub(crate) fn wrapper(&self) -> *const c_void {
         crate::hooks::front::front_export(self.id).unwrap_or(self.own_export)
     }
 }
@@ -178,20 +181,20 @@ macro_rules! hook_table {
 
             Cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
                 bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-                -> CUresult => launch::launch_kernel [hot];
+                -> CUresult => launch::launch_kernel [launch];
             Cuda fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
                 bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-                -> CUresult => launch::launch_kernel [hot];
+                -> CUresult => launch::launch_kernel [launch];
             Cuda fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
                 extra: *mut *mut c_void) -> CUresult => launch::launch_kernel_ex [hot];
             Cuda fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
                 extra: *mut *mut c_void) -> CUresult => launch::launch_kernel_ex [hot];
             Cuda fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
                 by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
-                => launch::launch_cooperative_kernel [hot];
+                => launch::launch_cooperative_kernel [launch];
             Cuda fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
                 by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
-                => launch::launch_cooperative_kernel [hot];
+                => launch::launch_cooperative_kernel [launch];
             Cuda fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, flags: c_uint)
                 -> CUresult => launch::launch_cooperative_kernel_multi_device;
             Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch [hot];
@@ -331,26 +334,44 @@ macro_rules! hook_exports {
         pub mod exports {
             use super::*;
             $(
-                #[cfg_attr(not(test), no_mangle)]
-                pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                    $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
-                        if hook_exports!(@gated $($flag)?) {
-                            if let Err(code) = $crate::lifecycle::admit(Library::$lib) {
-                                return code;
-                            }
-                        }
-                        let Some(real) = real::$name() else {
-                            return Library::$lib.missing_code();
-                        };
-                        hook_exports!(@call real, [$($arg),*], $($handler)::+ ; $($flag)?)
-                    })
-                }
+                hook_exports!(@export $lib $name ($($arg: $ty),*) -> $ret
+                    => $($handler)::+ ; $($flag)?);
             )*
+        }
+
+        /// The shells of the `[hot]` exports: what their fast path (`hooks::launch`) hands a
+        /// call it declines to.
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        mod shells {
+            use super::*;
+            $(
+                hook_exports!(@shell $lib $name ($($arg: $ty),*) -> $ret
+                    => $($handler)::+ ; $($flag)?);
+            )*
+
+            /// The Rust fast paths of the `[launch]` exports (x86-64).
+            #[cfg(all(target_arch = "x86_64", not(test)))]
+            pub(super) mod fast {
+                use crate::hooks::registry::*;
+                $(
+                    hook_exports!(@fast_fn $lib $name ($($arg: $ty),*) -> $ret
+                        => $($handler)::+ ; $($flag)?);
+                )*
+            }
+
+            /// The wait shells of the `[hot]` exports.
+            pub(super) mod waited {
+                use super::*;
+                $(
+                    hook_exports!(@waited $lib $name ($($arg: $ty),*) -> $ret
+                        => $($handler)::+ ; $($flag)?);
+                )*
+            }
         }
 
         /// Every hooked function: the name -> wrapper table of the dlsym path and the source
         /// of the real-pointer -> wrapper map of the cuGetProcAddress path.
-        pub static HOOKS: [Hook; HOOK_COUNT] = [
+        pub(crate) static HOOKS: [Hook; HOOK_COUNT] = [
             $( Hook {
                 name: stringify!($name),
                 slot: &SLOTS[SlotId::$name as usize],
@@ -360,7 +381,7 @@ macro_rules! hook_exports {
         ];
 
         /// The hook declared under exactly this name.
-        pub fn hook_by_name(name: &str) -> Option<&'static Hook> {
+        pub(crate) fn hook_by_name(name: &str) -> Option<&'static Hook> {
             let id = match name {
                 $( stringify!($name) => SlotId::$name, )*
                 _ => return None,
@@ -368,6 +389,225 @@ macro_rules! hook_exports {
             Some(&HOOKS[id as usize])
         }
     };
+    // `[hot]` (the launch paths): the fast path, then the shell (below) when it declines.
+    (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; hot) => {
+        #[doc = concat!("The exported `", stringify!($name), "`.")]
+        ///
+        /// # Safety
+        /// The C API's contract for this function: the arguments as its caller must
+        /// pass them to the real one (see the handler contract in [`crate::hooks`]).
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            hook_exports!(@fast_body $lib $name [$($arg),*] $($handler)::+)
+        }
+    };
+    // `[launch]`: a `[hot]` launch whose fast path is `throttle::bill_fast` on every call,
+    // then the real call and `driver_growth::launched`. On x86-64 that is machine code (below:
+    // no frame of our own to build, so no register to save); whatever it declines goes on to
+    // the Rust fast path (`shells::fast`), an exhausted credit to the wait shell.
+    (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; launch) => {
+        #[cfg(all(target_arch = "x86_64", not(test)))]
+        hook_exports!(@launch_x86_64 $name ($($arg: $ty),*) -> $ret);
+        #[cfg(not(all(target_arch = "x86_64", not(test))))]
+        hook_exports!(@export $lib $name ($($arg: $ty),*) -> $ret => $($handler)::+ ; hot);
+    };
+    // The x86-64 export of a `[launch]` hook. Its fast path open (the real function cached)
+    // and the launch billed as `throttle::bill_fast` would (`throttle::layout`): the real
+    // function is called with the caller's register arguments untouched and its stack
+    // arguments copied below a frame kept 16-byte aligned at the call (the entry rsp is 8 mod
+    // 16: with N stack arguments, 8 bytes of padding when N is even), then the driver-growth
+    // flag is stored and the result returned. Otherwise a jump to the Rust fast path or the
+    // wait shell, which have the same C signature. Nothing here can panic.
+    (@launch_x86_64 $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
+        #[doc = concat!("The exported `", stringify!($name), "`.")]
+        ///
+        /// # Safety
+        /// The C API's contract for this function: the arguments as its caller must
+        /// pass them to the real one (see the handler contract in [`crate::hooks`]).
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            core::arch::naked_asm!(
+                // The real function, or the Rust fast path (it goes to the shell).
+                "mov rax, qword ptr [rip + {open} + {slot}]",
+                "test rax, rax",
+                "jz 2f",
+                // throttle::bill_fast, in the same order; only rax, r10 and r11 are touched
+                // (no argument register).
+                "movzx r10d, byte ptr [rip + {active}]",
+                "cmp r10d, {off}",
+                "je 3f",
+                "cmp r10d, {on}",
+                "jne 2f",
+                "cmp byte ptr [rip + {kind}], 1",
+                "jne 2f",
+                "cmp dword ptr [rip + {capture}], 0",
+                "jne 2f",
+                "mov r11, qword ptr [rip + {devices}]",
+                "test r11, r11",
+                "jz 2f",
+                "lock inc qword ptr [r11 + {launches}]",
+                "cmp byte ptr [r11 + {bypass}], 0",
+                "jne 3f",
+                // The debit: the cost, at most i64::MAX; covered when the credit was > 0.
+                "mov r10, qword ptr [r11 + {cost}]",
+                "test r10, r10",
+                "jns 4f",
+                "movabs r10, 0x7fffffffffffffff",
+                "4:",
+                "neg r10",
+                "lock xadd qword ptr [r11 + {credit}], r10",
+                "test r10, r10",
+                "jle 5f",
+                // The launch.
+                "3:",
+                ".if {pad}",
+                "sub rsp, {pad}",
+                ".endif",
+                ".rept {stack_args}",
+                "push qword ptr [rsp + {frame}]",
+                ".endr",
+                "call rax",
+                "add rsp, {frame}",
+                "mov byte ptr [rip + {dirty}], 1",
+                "ret",
+                "2:",
+                "jmp {fast}",
+                // Billed, the credit exhausted: the wait shell.
+                "5:",
+                "jmp {waited}",
+                open = sym $crate::hooks::launch::OPEN,
+                slot = const SlotId::$name as usize * 8,
+                active = sym $crate::throttle::ACTIVE,
+                off = const $crate::throttle::ACTIVE_OFF,
+                on = const $crate::throttle::ACTIVE_ON,
+                kind = sym $crate::throttle::DEVICE_COUNT_KIND,
+                capture = sym $crate::throttle::capture::OPEN,
+                devices = sym $crate::throttle::DEVICES,
+                launches = const $crate::throttle::layout::LAUNCHES,
+                bypass = const $crate::throttle::layout::BYPASS,
+                cost = const $crate::throttle::layout::COST,
+                credit = const $crate::throttle::layout::CREDIT,
+                dirty = sym $crate::memory::driver_growth::DIRTY,
+                stack_args = const hook_exports!(@stack_args $($arg)*),
+                pad = const hook_exports!(@pad $($arg)*),
+                frame = const hook_exports!(@pad $($arg)*) + 8 * hook_exports!(@stack_args $($arg)*),
+                fast = sym shells::fast::$name,
+                waited = sym shells::waited::$name,
+            )
+        }
+    };
+    (@stack_args $($arg:ident)*) => { [$(stringify!($arg)),*].len().saturating_sub(6) };
+    (@pad $($arg:ident)*) => { 8 * (1 - hook_exports!(@stack_args $($arg)*) % 2) };
+    // The Rust fast path of a `[launch]` hook (the x86-64 export's continuation).
+    (@fast_fn $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; launch) => {
+        pub(in crate::hooks::registry) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            hook_exports!(@fast_body $lib $name [$($arg),*] $($handler)::+)
+        }
+    };
+    (@fast_fn $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; $($flag:ident)?) => {};
+    (@fast_body $lib:ident $name:ident [$($arg:ident),*] $($handler:ident)::+) => {{
+            use $crate::hooks::launch::{Step, FAST};
+            // No panic boundary here: the fast path cannot panic (see `hooks::launch`).
+            let real = $crate::hooks::launch::open_real(SlotId::$name as usize);
+            if !real.is_null() {
+                // SAFETY: an open slot holds this hook's real function, of this signature.
+                let real = unsafe { std::mem::transmute::<*mut c_void, signature::$name>(real) };
+                // SAFETY: the caller's arguments, unchanged; it upholds the C API's contract.
+                match unsafe { $($handler)::+::<FAST>(real, $($arg),*) } {
+                    Step::Go => {
+                        // SAFETY: as above, on the launch path the fast one chose.
+                        return unsafe {
+                            $($handler)::+::<{ $crate::hooks::launch::CALL }>(real, $($arg),*)
+                        }
+                        .result(Library::$lib.panic_code())
+                    }
+                    Step::Done(result) => return result,
+                    // SAFETY: the wait shell has this export's signature and arguments.
+                    Step::Wait => return unsafe { shells::waited::$name($($arg),*) },
+                    Step::Shell => {}
+                }
+            }
+            // SAFETY: as above.
+            unsafe { shells::$name($($arg),*) }
+    }};
+    (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; $($flag:ident)?) => {
+        #[doc = concat!("The exported `", stringify!($name), "`.")]
+        ///
+        /// # Safety
+        /// The C API's contract for this function: the arguments as its caller must
+        /// pass them to the real one (see the handler contract in [`crate::hooks`]).
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
+                if hook_exports!(@gated $($flag)?) {
+                    if let Err(code) = $crate::lifecycle::admit(Library::$lib) {
+                        return code;
+                    }
+                }
+                let Some(real) = real::$name() else {
+                    return Library::$lib.missing_code();
+                };
+                hook_exports!(@call real, [$($arg),*], $($handler)::+ ; $($flag)?)
+            })
+        }
+    };
+    // The shell of a `[hot]` export: the usual panic boundary, gate and real slot; opens the
+    // fast path once the gate will admit every later call; then the handler's full path.
+    (@shell $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; launch) => {
+        hook_exports!(@shell $lib $name ($($arg: $ty),*) -> $ret => $($handler)::+ ; hot);
+    };
+    (@shell $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; hot) => {
+        #[cold]
+        #[inline(never)]
+        pub(super) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
+                if let Err(code) = $crate::lifecycle::admit(Library::$lib) {
+                    return code;
+                }
+                let Some(real) = real::$name() else {
+                    return Library::$lib.missing_code();
+                };
+                $crate::hooks::launch::open(SlotId::$name as usize, real as *mut c_void);
+                // SAFETY: the handler takes the real function and the caller's arguments
+                // unchanged; the caller upholds the C API's contract for them.
+                unsafe { $($handler)::+::<{ $crate::hooks::launch::SHELL }>(real, $($arg),*) }
+                    .result(Library::$lib.panic_code())
+            })
+        }
+    };
+    (@shell $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; $($flag:ident)?) => {};
+    // The wait shell of a `[hot]` export: its fast path billed the launch and found the credit
+    // exhausted; the wait and the launch, under a panic boundary.
+    (@waited $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; launch) => {
+        hook_exports!(@waited $lib $name ($($arg: $ty),*) -> $ret => $($handler)::+ ; hot);
+    };
+    (@waited $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; hot) => {
+        #[cold]
+        #[inline(never)]
+        pub(in crate::hooks::registry) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
+                let Some(real) = real::$name() else {
+                    return Library::$lib.missing_code();
+                };
+                // SAFETY: as in the shell.
+                unsafe { $($handler)::+::<{ $crate::hooks::launch::WAITED }>(real, $($arg),*) }
+                    .result(Library::$lib.panic_code())
+            })
+        }
+    };
+    (@waited $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; $($flag:ident)?) => {};
     // `[open]`: answers even in a fail-closed process (see `refusal`); everything else
     // passes the gate first.
     (@gated open) => { false };
@@ -379,14 +619,6 @@ macro_rules! hook_exports {
         // SAFETY: the caller's arguments go unchanged to the real function of the same
         // signature; the caller upholds the C API's contract.
         unsafe { $real($($a),*) }
-    };
-    (@call $real:ident, [$($a:ident),*], $($handler:ident)::+ ; hot) => {
-        // `[hot]`: the launch paths, where a thread-local lookup per call would cost more than
-        // the whole gate; a nested launch (a driver calling its own exported launch) would be
-        // billed twice, which only throttles harder.
-        // SAFETY: handlers take the real function and the caller's arguments unchanged; the
-        // caller upholds the C API's contract for them.
-        unsafe { $($handler)::+($real, $($a),*) }
     };
     (@call $real:ident, [$($a:ident),*], $($handler:ident)::+ ;) => {
         $crate::hooks::nesting::outermost(
@@ -408,7 +640,7 @@ hook_table!(hook_exports);
 /// Pure core of the cuGetProcAddress mapping: the wrapper whose real function is exactly
 /// `real`, by pointer identity (so the driver's choice of ABI version and stream semantics is
 /// kept), or `real` itself for everything we do not hook.
-pub fn map_by_identity(
+pub(crate) fn map_by_identity(
     real: *mut c_void,
     table: impl IntoIterator<Item = (*mut c_void, *const c_void)>,
 ) -> *mut c_void {
@@ -423,7 +655,7 @@ static CUDA_SLOTS_RESOLVED: AtomicBool = AtomicBool::new(false);
 /// The wrapper for a real CUDA function pointer handed out by the real cuGetProcAddress.
 /// Resolves every CUDA slot once so the map is complete; hooks the real library lacks have no
 /// real pointer and so are never handed out.
-pub fn cuda_wrapper_for_real_pointer(real: *mut c_void) -> *mut c_void {
+pub(crate) fn cuda_wrapper_for_real_pointer(real: *mut c_void) -> *mut c_void {
     if real.is_null() {
         return real;
     }

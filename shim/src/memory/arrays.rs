@@ -9,15 +9,15 @@ use gpuslice_abi::cuda::*;
 /// NV12, future formats): no CUDA array format spends more than 16 bytes (4 x 32-bit
 /// channels) per texel. The driver cannot be asked afterwards: cuArrayGetMemoryRequirements
 /// answers only for arrays created with CUDA_ARRAY3D_DEFERRED_MAPPING.
-pub const UNKNOWN_FORMAT_TEXEL_BYTES: u64 = 16;
+pub(crate) const UNKNOWN_FORMAT_TEXEL_BYTES: u64 = 16;
 
 /// `CUDA_ARRAY3D_SPARSE` and `CUDA_ARRAY3D_DEFERRED_MAPPING`: such arrays own no memory; it is
 /// mapped into them later from `cuMemCreate` handles, which are charged themselves.
-pub const ARRAY3D_WITHOUT_MEMORY: c_uint = 0x40 | 0x80;
+pub(crate) const ARRAY3D_WITHOUT_MEMORY: c_uint = 0x40 | 0x80;
 
 /// Bytes of a `width x height x depth` array of `channels` elements of `format`; an unknown
 /// format is charged the upper bound [`UNKNOWN_FORMAT_TEXEL_BYTES`] per texel.
-pub fn array_bytes(
+pub(crate) fn array_bytes(
     width: usize,
     height: usize,
     depth: usize,
@@ -34,7 +34,7 @@ pub fn array_bytes(
 }
 
 /// Bytes of a mipmapped array: every level halves each extent (never below 1).
-pub fn mipmapped_bytes(desc: &CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> u64 {
+pub(crate) fn mipmapped_bytes(desc: &CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> u64 {
     let (mut w, mut h, mut d) = (desc.Width, desc.Height, desc.Depth);
     let mut total = 0u64;
     for _ in 0..levels.max(1) {
@@ -48,7 +48,7 @@ pub fn mipmapped_bytes(desc: &CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> u64 {
 
 /// Bytes an array of this descriptor owns: none for a sparse or deferred-mapping 3-D array
 /// (`flags`; 0 for a 2-D descriptor), else [`array_bytes`].
-pub fn owned_array_bytes(
+pub(crate) fn owned_array_bytes(
     extents: [usize; 3],
     flags: c_uint,
     format: c_uint,

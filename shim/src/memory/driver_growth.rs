@@ -36,10 +36,14 @@ use gpuslice_common::region::{DeviceId, MAX_DEVICES};
 use super::{process, shared, Process, Shared};
 
 /// How often the thread reconciles.
-pub const PERIOD: Duration = Duration::from_millis(500);
+pub(crate) const PERIOD: Duration = Duration::from_millis(500);
 /// How long a process's card bytes may exceed its charge (PERIOD plus a margin for one NVML
 /// read on a loaded machine).
-pub const BOUND: Duration = Duration::from_millis(1500);
+pub(crate) const BOUND: Duration = Duration::from_millis(1500);
+const _: () = assert!(
+    BOUND.as_millis() > PERIOD.as_millis(),
+    "the bound covers a period"
+);
 
 /// Bytes reconciliation has charged per device entry (this process's; zeroed after fork).
 static TAKEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
@@ -48,21 +52,34 @@ static WARNED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MA
 /// One reconciliation at a time; a caller that finds one running skips its own (that one
 /// reads the same driver). A flag, not a mutex: a fork child inherits no held lock.
 static BUSY: AtomicBool = AtomicBool::new(false);
-/// A launch or limit change since the last reconciliation.
-static DIRTY: AtomicBool = AtomicBool::new(false);
+/// A launch or limit change since the last reconciliation. Also stored to (1, one byte) by the
+/// x86-64 launch fast path's machine code after the launch call (`hooks::launch`).
+pub(crate) static DIRTY: OwnLine = OwnLine(AtomicBool::new(false));
+
+/// A flag alone on its cache line: every launch stores to it.
+#[repr(C, align(64))]
+pub(crate) struct OwnLine(AtomicBool);
+
+impl std::ops::Deref for OwnLine {
+    type Target = AtomicBool;
+    fn deref(&self) -> &AtomicBool {
+        &self.0
+    }
+}
 static STARTED: AtomicBool = AtomicBool::new(false);
 
-/// A kernel launch returned (hot path: one load, and a store only when the flag was clear).
-#[inline]
+/// A kernel launch returned (hot path: one relaxed store, no load or branch; the flag has a
+/// cache line of its own, so the store disturbs no neighbouring data).
+#[inline(always)]
 pub fn launched() {
-    driver_may_have_changed();
+    DIRTY.store(true, Ordering::Relaxed);
 }
 
 /// A call after which the driver may hold more or less on this process's account (a
 /// launch, a module or library load, a global's lookup, a context's end): the next
 /// reconciliation, at the latest [`PERIOD`] from now, reads the driver's word.
 #[inline]
-pub fn driver_may_have_changed() {
+pub(crate) fn driver_may_have_changed() {
     if !DIRTY.load(Ordering::Relaxed) {
         DIRTY.store(true, Ordering::Relaxed);
     }
@@ -70,7 +87,7 @@ pub fn driver_may_have_changed() {
 
 /// Before a charge or a view: reconcile if something may have grown since the last time.
 #[inline]
-pub fn before_charge(process: &Process) {
+pub(crate) fn before_charge(process: &Process) {
     if DIRTY.load(Ordering::Relaxed) {
         reconcile(process);
     } else {
@@ -79,7 +96,7 @@ pub fn before_charge(process: &Process) {
 }
 
 /// After `cuCtxSetLimit` (the stack, the printf FIFO: sized by the driver).
-pub fn after_limit_change() {
+pub(crate) fn after_limit_change() {
     if let Some(process) = process() {
         reconcile(process);
     }
@@ -88,7 +105,7 @@ pub fn after_limit_change() {
 /// Before an allocation is refused: when some surplus is charged, reconcile afresh, since it
 /// may have been read while growth the shim charges only after the driver call (a pool's)
 /// was not yet in the slot, and so counted twice. True when that gave bytes back.
-pub fn recheck_before_refusing(process: &Process) -> bool {
+pub(crate) fn recheck_before_refusing(process: &Process) -> bool {
     let charged = || TAKEN.iter().map(|t| t.load(Ordering::Relaxed)).sum::<u64>();
     let before = charged();
     if before == 0 {
@@ -100,13 +117,13 @@ pub fn recheck_before_refusing(process: &Process) -> bool {
 
 /// The surplus to charge for one device entry: NVML's bytes for us minus what our calls
 /// charged. `slot_before`/`slot_after`: the slot's bytes read around the NVML read.
-pub fn surplus(nvml_used: u64, slot_before: u64, slot_after: u64, taken: u64) -> u64 {
+pub(crate) fn surplus(nvml_used: u64, slot_before: u64, slot_after: u64, taken: u64) -> u64 {
     let own = slot_before.max(slot_after).saturating_sub(taken);
     nvml_used.saturating_sub(own)
 }
 
 /// One reconciliation of every device entry this process holds memory on.
-pub fn reconcile(process: &Process) {
+pub(crate) fn reconcile(process: &Process) {
     ensure_started();
     if BUSY.swap(true, Ordering::Acquire) {
         return;
@@ -196,7 +213,7 @@ fn ensure_started() {
 }
 
 /// Child side of fork (atomics only): the child's slot starts empty, and no thread runs.
-pub fn after_fork_in_child() {
+pub(crate) fn after_fork_in_child() {
     for (taken, warned) in TAKEN.iter().zip(&WARNED) {
         taken.store(0, Ordering::Relaxed);
         warned.store(false, Ordering::Relaxed);

@@ -35,7 +35,7 @@ use super::{cuda_binding, process, shared, Binding, Process};
 use crate::ground::driver::real;
 
 /// `CUgraphMem_attribute`: `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
-pub const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+pub(crate) const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
 
 /// Execs instantiated through the shim whose memory has not been settled yet (a copy of the
 /// book's set size, read without its lock on the launch path).
@@ -54,7 +54,7 @@ pub struct GraphBook {
 
 impl GraphBook {
     /// The driver says `ordinal`'s graph pool now reserves `reserved` bytes.
-    pub fn settle(&mut self, ordinal: CUdevice, device: u8, reserved: u64) -> Settle {
+    pub(crate) fn settle(&mut self, ordinal: CUdevice, device: u8, reserved: u64) -> Settle {
         let before = match self.devices.iter_mut().find(|(o, _, _)| *o == ordinal) {
             Some(entry) => std::mem::replace(&mut entry.2, reserved),
             None => {
@@ -76,11 +76,12 @@ impl GraphBook {
     }
 
     /// Devices whose graph pool this book has read.
-    pub fn known(&self) -> Vec<(CUdevice, u8)> {
+    pub(crate) fn known(&self) -> Vec<(CUdevice, u8)> {
         self.devices.iter().map(|&(o, d, _)| (o, d)).collect()
     }
 
-    pub fn charged(&self, ordinal: CUdevice) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn charged(&self, ordinal: CUdevice) -> u64 {
         self.devices
             .iter()
             .find(|(o, _, _)| *o == ordinal)
@@ -88,13 +89,13 @@ impl GraphBook {
     }
 
     /// A new exec: its first upload or launch reserves its memory.
-    pub fn instantiated(&mut self, exec: u64) -> usize {
+    pub(crate) fn instantiated(&mut self, exec: u64) -> usize {
         self.unsettled.insert(exec);
         self.unsettled.len()
     }
 
     /// The exec was uploaded, launched or destroyed: true when it was still unsettled.
-    pub fn settled(&mut self, exec: u64) -> (bool, usize) {
+    pub(crate) fn settled(&mut self, exec: u64) -> (bool, usize) {
         (self.unsettled.remove(&exec), self.unsettled.len())
     }
 }
@@ -168,7 +169,7 @@ pub(super) fn reread_if_any(process: &Process) -> bool {
 }
 
 /// After a successful call that can change graph memory: `exec` (if any) is settled now.
-pub fn after(exec: Option<u64>, also: Option<CUdevice>) {
+pub(crate) fn after(exec: Option<u64>, also: Option<CUdevice>) {
     let Some(process) = process() else { return };
     let mut book = lock(&process.ledger.graphs);
     if let Some(exec) = exec {
@@ -178,19 +179,20 @@ pub fn after(exec: Option<u64>, also: Option<CUdevice>) {
     reread_locked(process, &mut book, also);
 }
 
-/// A graph was instantiated into `*exec`: it is unsettled until its upload or first launch.
+/// A graph was instantiated into `exec` (what the driver wrote to the caller): it is unsettled
+/// until its upload or first launch.
 /// (With `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` the driver may reserve its memory right away:
 /// read now as well.)
-pub unsafe fn instantiated(result: CUresult, exec: *mut CUgraphExec) -> CUresult {
-    if result != CUDA_SUCCESS || exec.is_null() {
+pub(crate) fn instantiated(result: CUresult, exec: Option<CUgraphExec>) -> CUresult {
+    let (CUDA_SUCCESS, Some(exec)) = (result, exec) else {
         return result;
-    }
+    };
     let Some(process) = process() else {
         return result;
     };
     GRAPHS_SEEN.store(true, Ordering::Relaxed);
     let mut book = lock(&process.ledger.graphs);
-    let unsettled = book.instantiated(*exec as u64);
+    let unsettled = book.instantiated(exec as u64);
     UNSETTLED.store(unsettled, Ordering::Relaxed);
     reread_locked(process, &mut book, None);
     result
@@ -199,7 +201,7 @@ pub unsafe fn instantiated(result: CUresult, exec: *mut CUgraphExec) -> CUresult
 /// After a successful `cuGraphLaunch[_ptsz]` (the launch path: one relaxed load unless an
 /// exec instantiated through the shim is still unsettled).
 #[inline]
-pub fn launched(exec: CUgraphExec) {
+pub(crate) fn launched(exec: CUgraphExec) {
     if UNSETTLED.load(Ordering::Relaxed) != 0 {
         launched_slow(exec as u64);
     }

@@ -562,20 +562,6 @@ pub fn allocate(
     result
 }
 
-/// Reads an out-pointer the driver just filled (the default if the caller passed NULL).
-///
-/// # Safety
-/// `pointer` is null or valid for reads of a `T`.
-#[inline]
-pub unsafe fn read_out<T: Copy + Default>(pointer: *const T) -> T {
-    if pointer.is_null() {
-        T::default()
-    } else {
-        // SAFETY: non-null, and valid for reads by the caller's contract.
-        *pointer
-    }
-}
-
 /// Reserve `bytes` (as the device spends them) on `target` before the driver allocates.
 /// Past the cap: `Err(CUDA_ERROR_OUT_OF_MEMORY)` with nothing reserved.
 #[inline]

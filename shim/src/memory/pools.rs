@@ -37,7 +37,7 @@ use gpuslice_abi::cuda::CUdevice;
 /// specified hStream" (cuMemAllocFromPoolAsync): a pool allocation is charged to the pool's
 /// device, never to the current context's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PoolHome {
+pub(crate) enum PoolHome {
     /// Device memory of this CUDA device ordinal.
     Device(CUdevice),
     /// Host memory (`CU_MEM_LOCATION_TYPE_HOST`, `_HOST_NUMA`, `_HOST_NUMA_CURRENT`): never
@@ -47,7 +47,7 @@ pub enum PoolHome {
 
 /// The home a pool created with `props.location` = (`location_type`, `id`) has; `None` for a
 /// location type this shim does not know (the allocation's stream then decides).
-pub fn home_of(location_type: u32, id: i32) -> Option<PoolHome> {
+pub(crate) fn home_of(location_type: u32, id: i32) -> Option<PoolHome> {
     match location_type {
         CU_MEM_LOCATION_TYPE_DEVICE => Some(PoolHome::Device(id)),
         CU_MEM_LOCATION_TYPE_HOST
@@ -68,7 +68,7 @@ pub struct PoolHomes {
 
 impl PoolHomes {
     /// `pool` lives at `home` (`None`: somewhere this shim cannot name; forget any old entry).
-    pub fn learned(&mut self, pool: u64, home: Option<PoolHome>) {
+    pub(crate) fn learned(&mut self, pool: u64, home: Option<PoolHome>) {
         match home {
             Some(home) if pool != 0 => {
                 self.homes.insert(pool, home);
@@ -79,11 +79,11 @@ impl PoolHomes {
         }
     }
 
-    pub fn forget(&mut self, pool: u64) {
+    pub(crate) fn forget(&mut self, pool: u64) {
         self.homes.remove(&pool);
     }
 
-    pub fn home(&self, pool: u64) -> Option<PoolHome> {
+    pub(crate) fn home(&self, pool: u64) -> Option<PoolHome> {
         self.homes.get(&pool).copied()
     }
 }
@@ -126,7 +126,7 @@ pub enum Settle {
 /// What a reservation of `bound` bytes, made before a pool allocation, becomes once the
 /// pool's real change is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cover {
+pub(crate) enum Cover {
     /// The bound covered the change: give this much of it (and of any shrink) back.
     Refund(u64),
     /// The pool grew by more than the bound: this much more must be charged.
@@ -134,7 +134,7 @@ pub enum Cover {
 }
 
 /// The bound stood in for the pool's growth: how it settles against the real `change`.
-pub fn cover(bound: u64, change: Settle) -> Cover {
+pub(crate) fn cover(bound: u64, change: Settle) -> Cover {
     match change {
         Settle::Unchanged => Cover::Refund(bound),
         Settle::Shrink { bytes, .. } => Cover::Refund(bound.saturating_add(bytes)),
@@ -145,7 +145,7 @@ pub fn cover(bound: u64, change: Settle) -> Cover {
 
 /// What freeing one allocation of a pool means for its charge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Freed {
+pub(crate) enum Freed {
     /// A live pool: read it again (on `device`).
     Reread { device: u8 },
     /// A destroyed pool: apply this (all of it back after its last allocation).
@@ -176,7 +176,7 @@ impl PoolBook {
     }
 
     /// The change a reading of `reserved` bytes would make (nothing recorded).
-    pub fn change(&self, pool: u64, device: u8, reserved: u64) -> Settle {
+    pub(crate) fn change(&self, pool: u64, device: u8, reserved: u64) -> Settle {
         let (device, before) = self
             .pools
             .get(&pool)
@@ -195,13 +195,13 @@ impl PoolBook {
     }
 
     /// Records a reading whose [`Self::change`] the caller has applied to the ledger.
-    pub fn record(&mut self, pool: u64, device: u8, reserved: u64) {
+    pub(crate) fn record(&mut self, pool: u64, device: u8, reserved: u64) {
         self.state(pool, device).charged = reserved;
         self.tidy(pool);
     }
 
     /// The driver says `pool` (on `device`) now reserves `reserved` bytes.
-    pub fn settle(&mut self, pool: u64, device: u8, reserved: u64) -> Settle {
+    pub(crate) fn settle(&mut self, pool: u64, device: u8, reserved: u64) -> Settle {
         let change = self.change(pool, device, reserved);
         self.record(pool, device, reserved);
         change
@@ -210,7 +210,7 @@ impl PoolBook {
     /// The driver allocated from `pool`. A pool this book has as destroyed that the driver
     /// allocates from is a new pool under a reused handle value: it starts afresh (its
     /// reading settles the charge).
-    pub fn allocated(&mut self, pool: u64, device: u8) {
+    pub(crate) fn allocated(&mut self, pool: u64, device: u8) {
         let state = self.state(pool, device);
         if state.destroyed {
             state.destroyed = false;
@@ -220,7 +220,7 @@ impl PoolBook {
     }
 
     /// One allocation from `pool` was freed (by the caller, or with its context).
-    pub fn freed(&mut self, pool: u64) -> Freed {
+    pub(crate) fn freed(&mut self, pool: u64) -> Freed {
         let Some(state) = self.pools.get_mut(&pool) else {
             return Freed::Unknown;
         };
@@ -246,7 +246,7 @@ impl PoolBook {
 
     /// `cuMemPoolDestroy(pool)` succeeded: with nothing allocated from it the pool is gone (all
     /// of it back); otherwise it keeps its charge until its last allocation is freed.
-    pub fn destroyed(&mut self, pool: u64) -> Settle {
+    pub(crate) fn destroyed(&mut self, pool: u64) -> Settle {
         let Some(state) = self.pools.get_mut(&pool) else {
             return Settle::Unchanged;
         };
@@ -267,7 +267,7 @@ impl PoolBook {
 
     /// A live pool's attribute cannot be read. With allocations outstanding its memory is
     /// certainly still held: the charge stays; otherwise the pool is taken as gone.
-    pub fn unreadable(&mut self, pool: u64) -> Settle {
+    pub(crate) fn unreadable(&mut self, pool: u64) -> Settle {
         match self.pools.get(&pool) {
             Some(state) if state.outstanding == 0 && !state.destroyed => {
                 let state = self.pools.remove(&pool).expect("present above");
@@ -286,7 +286,7 @@ impl PoolBook {
 
     /// Live pools this book charges or holds allocations of (to re-read them all). Destroyed
     /// pools are not among them: their handles may not be used.
-    pub fn known(&self) -> Vec<(u64, u8)> {
+    pub(crate) fn known(&self) -> Vec<(u64, u8)> {
         self.pools
             .iter()
             .filter(|(_, s)| !s.destroyed)
@@ -295,7 +295,7 @@ impl PoolBook {
     }
 
     /// The device entry of a live pool this book knows.
-    pub fn device_of(&self, pool: u64) -> Option<u8> {
+    pub(crate) fn device_of(&self, pool: u64) -> Option<u8> {
         self.pools
             .get(&pool)
             .filter(|s| !s.destroyed)
@@ -303,11 +303,11 @@ impl PoolBook {
     }
 
     /// Whether `pool` was destroyed with allocations outstanding (its handle must not be read).
-    pub fn is_destroyed(&self, pool: u64) -> bool {
+    pub(crate) fn is_destroyed(&self, pool: u64) -> bool {
         self.pools.get(&pool).is_some_and(|s| s.destroyed)
     }
 
-    pub fn charged(&self, pool: u64) -> u64 {
+    pub(crate) fn charged(&self, pool: u64) -> u64 {
         self.pools.get(&pool).map_or(0, |s| s.charged)
     }
 }

@@ -24,7 +24,9 @@ use gpuslice_abi::cuda::{CUresult, CUstream};
 use crate::ground::driver::real;
 
 /// Captures begun by this process and not seen ended.
-static OPEN: AtomicU32 = AtomicU32::new(0);
+/// (Read, as "no capture open", by the x86-64 launch fast path's machine code, see
+/// `throttle::layout`.)
+pub(crate) static OPEN: AtomicU32 = AtomicU32::new(0);
 
 /// Whether a launch on `stream` is being recorded into a graph (not run now). One relaxed
 /// load when no capture is open.

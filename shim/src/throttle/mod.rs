@@ -71,11 +71,34 @@ const OFF: u8 = 1;
 const ON: u8 = 2;
 const BUSY: u8 = 3;
 
-static ACTIVE: AtomicU8 = AtomicU8::new(UNINIT);
+/// Whether any share may apply to this process (`OFF`: none, launches are free). Also read
+/// by the x86-64 launch fast path's machine code (`hooks::launch`), compared with [`ACTIVE_OFF`].
+pub(crate) static ACTIVE: AtomicU8 = AtomicU8::new(UNINIT);
+/// [`ACTIVE`]'s value when no launch needs the throttle.
+pub const ACTIVE_OFF: u8 = OFF;
+/// [`ACTIVE`]'s value when some launch may.
+pub const ACTIVE_ON: u8 = ON;
+
+/// What the x86-64 launch fast path's machine code (`hooks::launch`, the registry's
+/// `[launch]` exports) reads to do [`bill_fast`]'s work itself, in the same order: [`ACTIVE`],
+/// [`DEVICE_COUNT_KIND`] (1: one device), `capture::OPEN` (0), `DEVICES[0]` (non-null), then
+/// the device's counters at these byte offsets.
+pub mod layout {
+    use super::DeviceThrottle;
+    /// `DeviceThrottle::launches` (AtomicU64, incremented).
+    pub const LAUNCHES: usize = std::mem::offset_of!(DeviceThrottle, launches);
+    /// `DeviceThrottle::bypass` (AtomicBool, non-zero: no debit).
+    pub const BYPASS: usize = std::mem::offset_of!(DeviceThrottle, bypass);
+    /// `DeviceThrottle::cost` (AtomicU64, the debit, at most i64::MAX).
+    pub const COST: usize = std::mem::offset_of!(DeviceThrottle, cost);
+    /// The local credit's AtomicI64 (fetch-and-subtract; > 0 before: covered).
+    pub const CREDIT: usize =
+        std::mem::offset_of!(DeviceThrottle, credit) + super::bucket::Credit::VALUE_OFFSET;
+}
 /// Visible devices: 0 unknown, 1 one device (no per-launch lookup), 2 several.
-static DEVICE_COUNT_KIND: AtomicU8 = AtomicU8::new(0);
+pub(crate) static DEVICE_COUNT_KIND: AtomicU8 = AtomicU8::new(0);
 static DEVICE_STATE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(UNINIT) }; MAX_DEVICES];
-static DEVICES: [AtomicPtr<DeviceThrottle>; MAX_DEVICES] =
+pub(crate) static DEVICES: [AtomicPtr<DeviceThrottle>; MAX_DEVICES] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
 static REGION: AtomicPtr<Region> = AtomicPtr::new(std::ptr::null_mut());
 static REGION_FAILED: AtomicBool = AtomicBool::new(false);
@@ -226,13 +249,70 @@ fn throttle_launch_on(ordinal: CUdevice, stream: gpuslice_abi::cuda::CUstream) {
     let Some(device) = device_throttle(ordinal) else {
         return;
     };
-    device.launches.fetch_add(1, Ordering::Relaxed);
-    if device.bypass.load(Ordering::Relaxed) {
-        return;
-    }
-    let cost = device.cost.load(Ordering::Relaxed);
-    if !device.credit.try_spend(cost) {
+    if !spend(device) {
         wait_for_tokens(device, stream);
+    }
+}
+
+/// Counts the launch and debits its estimated cost from the local credit; `false` = the
+/// credit was exhausted, the caller waits for a chunk ([`wait_for_tokens`]). Loads and
+/// atomic read-modify-writes only: nothing here can panic (the launch fast path relies on it).
+#[inline(always)]
+fn spend(device: &DeviceThrottle) -> bool {
+    device.launches.fetch_add(1, Ordering::Relaxed);
+    device.bypass.load(Ordering::Relaxed)
+        || device.credit.try_spend(device.cost.load(Ordering::Relaxed))
+}
+
+/// What a launch's fast path (`hooks::launch`) may do after [`bill_fast`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bill {
+    /// Billed (or nothing to bill): launch now.
+    Go,
+    /// Billed, but the local credit is exhausted: [`wait_after_spend`] before launching.
+    Wait,
+    /// Not decided here (first launch, several devices, a capture may be open): the launch
+    /// takes the full path ([`before_launch_to`] / [`before_launch`]), nothing was billed.
+    Slow,
+}
+
+/// The common launch's whole throttle check, when it needs no more than a few loads: no
+/// share (one load), or one device whose throttle is built and no capture open (what
+/// [`before_launch_to`] does then: count, debit the local credit). Loads and atomic
+/// read-modify-writes only, no call: nothing here can panic, so the launch fast path runs it
+/// outside a panic boundary. The x86-64 `[launch]` exports do the same in machine code
+/// ([`layout`]): a change here is a change there.
+#[inline(always)]
+pub fn bill_fast() -> Bill {
+    match ACTIVE.load(Ordering::Relaxed) {
+        OFF => Bill::Go,
+        ON if DEVICE_COUNT_KIND.load(Ordering::Relaxed) == 1 && !capture::any_open() => {
+            // One visible device: `current_ordinal` is 0. DEVICES[0] is non-null exactly when
+            // DEVICE_STATE[0] is ON (stored before it, both reset together at fork).
+            let device = DEVICES[0].load(Ordering::Acquire);
+            if device.is_null() {
+                return Bill::Slow;
+            }
+            // SAFETY: a non-null DEVICES entry is a leaked, never freed DeviceThrottle.
+            if spend(unsafe { &*device }) {
+                Bill::Go
+            } else {
+                Bill::Wait
+            }
+        }
+        _ => Bill::Slow,
+    }
+}
+
+/// After [`bill_fast`] answered [`Bill::Wait`]: waits for the tokens the launch on `stream`
+/// was debited (what [`before_launch_to`] does after an exhausted credit).
+#[cold]
+#[inline(never)]
+pub fn wait_after_spend(stream: gpuslice_abi::cuda::CUstream) {
+    let device = DEVICES[0].load(Ordering::Acquire);
+    if !device.is_null() {
+        // SAFETY: as in `bill_fast`.
+        wait_for_tokens(unsafe { &*device }, stream);
     }
 }
 
@@ -684,6 +764,7 @@ fn region(config: &SliceConfig) -> Option<&'static Region> {
                 Err(winner) => {
                     // SAFETY: `leaked` was never shared; `winner` is a leaked Region.
                     drop(unsafe { Box::from_raw(leaked) });
+                    // SAFETY: `winner` is a leaked Region, never freed.
                     Some(unsafe { &*winner })
                 }
             }

@@ -216,7 +216,7 @@ impl Gpu for Cudarc {
             stream: 0,
         };
         let null = std::ptr::null_mut();
-        // SAFETY (whole block): allocation calls with valid out-pointers and descriptors built
+        // SAFETY: (whole block) allocation calls with valid out-pointers and descriptors built
         // from the abi crate's layouts, which tests/layout.rs checks against cudarc's.
         unsafe {
             match path {
@@ -670,7 +670,7 @@ impl Gpu for Cudarc {
         let mut p: u64 = 0;
         let mut bytes: usize = 0;
         let mut total: usize = 0;
-        // SAFETY (whole block): deliberate misuse the driver must reject (null pointers,
+        // SAFETY: (whole block) deliberate misuse the driver must reject (null pointers,
         // bad ordinals, calls in the wrong state); every non-null pointer is valid.
         unsafe {
             out.push((

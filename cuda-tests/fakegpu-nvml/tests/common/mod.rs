@@ -202,8 +202,8 @@ impl Nvml {
         let f: unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t =
             self.sym(name);
         let mut buf = [0 as c_char; 128];
-        // SAFETY: buffer of the stated length.
         assert_eq!(
+            // SAFETY: buffer of the stated length.
             unsafe { f(device, buf.as_mut_ptr(), 128) },
             NVML_SUCCESS,
             "{name}"

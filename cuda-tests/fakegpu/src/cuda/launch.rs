@@ -84,8 +84,8 @@ pub unsafe fn read_ns_per_wave(params: *mut *mut c_void, extra: *mut *mut c_void
         let value = unsafe { *extra.add(i + 1) };
         match key {
             CU_LAUNCH_PARAM_BUFFER_POINTER => buf = value as *const u8,
-            // SAFETY: BUFFER_SIZE's value points to a size_t.
             CU_LAUNCH_PARAM_BUFFER_SIZE if !value.is_null() => {
+                // SAFETY: BUFFER_SIZE's value points to a size_t.
                 size = Some(unsafe { *(value as *const usize) })
             }
             _ => {}
@@ -213,8 +213,8 @@ mod tests {
     fn reads_ns_per_wave_from_params_and_extra() {
         let mut ns: u64 = 1234;
         let mut params = [&mut ns as *mut u64 as *mut c_void];
-        // SAFETY: params[0] points to a u64.
         assert_eq!(
+            // SAFETY: params[0] points to a u64.
             unsafe { read_ns_per_wave(params.as_mut_ptr(), std::ptr::null_mut()) },
             Some(1234)
         );
@@ -227,13 +227,13 @@ mod tests {
             &mut size as *mut usize as *mut c_void,
             CU_LAUNCH_PARAM_END as *mut c_void,
         ];
-        // SAFETY: a well-formed extra list.
         assert_eq!(
+            // SAFETY: a well-formed extra list.
             unsafe { read_ns_per_wave(std::ptr::null_mut(), extra.as_mut_ptr()) },
             Some(777)
         );
-        // SAFETY: null pointers are allowed.
         assert_eq!(
+            // SAFETY: null pointers are allowed.
             unsafe { read_ns_per_wave(std::ptr::null_mut(), std::ptr::null_mut()) },
             None
         );

@@ -396,6 +396,7 @@ mod tests {
         let st = c.check().unwrap();
         c.ctx_create(0, 0).unwrap();
         let base = st.used_memory(0);
+        // SAFETY: a plain C struct, valid all-zero.
         let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
         props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
         props.location.type_ = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -446,6 +447,7 @@ mod tests {
         let st = c.check().unwrap();
         c.ctx_create(0, 0).unwrap();
         let base = st.used_memory(0);
+        // SAFETY: a plain C struct, valid all-zero.
         let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
         props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
         props.location.type_ = CU_MEM_LOCATION_TYPE_DEVICE;

@@ -1,5 +1,10 @@
 //! Tests of the limit-file schema, the HAMi env mapping and the load precedence.
 
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::parse::same_selector;
 use super::*;
 use proptest::prelude::*;
 use std::collections::HashMap;

@@ -1,0 +1,242 @@
+//! NVML membership: which processes of the driver's lists belong to the slice (and under which
+//! PID the container knows them), this process's host PID, and when a dead slot's memory is
+//! released.
+
+use std::ffi::c_uint;
+
+use gpuslice_abi::cuda::*;
+use gpuslice_abi::nvml::ret::{NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED};
+use gpuslice_abi::nvml::*;
+use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_TIMEOUT};
+
+use crate::ground::driver::real;
+use crate::memory::host_pid::{self, ListedProcess};
+use crate::memory::report::{slice_process_list, SliceProcess};
+use crate::memory::{device_id, nvml_binding, process, shared, Binding, Process, Shared};
+
+pub(super) fn record_host_pid(shared: &Shared, process: &Process, pid: u32) {
+    if process
+        .host_pid
+        .swap(pid, std::sync::atomic::Ordering::AcqRel)
+        != pid
+    {
+        shared.region.set_host_pid(process.slot, pid);
+    }
+}
+
+pub(super) fn claimed_host_pids(shared: &Shared, process: &Process) -> Vec<u32> {
+    shared
+        .region
+        .snapshot()
+        .processes
+        .iter()
+        .filter(|p| p.slot != process.slot && p.host_pid != 0)
+        .map(|p| p.host_pid)
+        .collect()
+}
+
+/// Whether the driver no longer holds the memory of a dead slot's process, so its budget may
+/// be given back (the region's two-phase reap; see "Reaping" in `gpuslice_common::region`).
+///
+/// Evidence, strongest first ([`host_pid::release_evidence`]):
+/// 1. the driver's own word: with the host PID known and the real NVML answering for every
+///    device the slot holds bytes on, released = the PID is in none of their process lists
+///    (a process that is still tearing down, or whose driver defers the teardown, is listed,
+///    and stays charged however long that takes; only a PID seen to name another running
+///    process is given up on, after [`host_pid::STILL_LISTED_TIMEOUT`]);
+/// 2. /proc, in our PID namespace: released = the owner is gone or a zombie, i.e. the kernel
+///    has closed all its descriptors, the driver's included (our slot lock may close first);
+/// 3. nothing can tell (another PID namespace and no NVML or host PID; or the owner exec'd and
+///    runs on): released after [`RELEASE_TIMEOUT`], so no budget is lost for good.
+pub(in crate::memory) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bool {
+    if dead.bytes() == 0 {
+        return true;
+    }
+    let listed = (dead.host_pid != 0)
+        .then(|| nvml_lists(shared, dead))
+        .flatten();
+    let exited = dead.exit == ExitState::Exited;
+    let evidence = host_pid::release_evidence(
+        listed,
+        exited,
+        dead.host_pid_reused,
+        dead.dead_for,
+        RELEASE_TIMEOUT,
+    );
+    match evidence {
+        Some(host_pid::Released::ListedTooLong) => {
+            crate::log_info!(
+                "giving back {} bytes of dead pid {}: NVML still lists host pid {} after {:?}, and that pid names another process now",
+                dead.bytes(),
+                dead.pid,
+                dead.host_pid,
+                host_pid::STILL_LISTED_TIMEOUT
+            );
+            true
+        }
+        Some(host_pid::Released::TimedOut) => {
+            crate::log_info!(
+                "giving back {} bytes of dead pid {}: nothing showed the driver releasing them within {:?}",
+                dead.bytes(),
+                dead.pid,
+                RELEASE_TIMEOUT
+            );
+            true
+        }
+        Some(host_pid::Released::Unlisted | host_pid::Released::Exited) => true,
+        None => false,
+    }
+}
+
+/// Whether NVML lists the dead slot's host PID on a device it holds bytes on; `None` when
+/// NVML cannot answer for one of them.
+fn nvml_lists(shared: &Shared, dead: &DeadSlot) -> Option<bool> {
+    for (index, bytes) in dead.used_bytes.iter().enumerate() {
+        if *bytes == 0 {
+            continue;
+        }
+        let uuid = shared.region.device_uuid(DeviceId::from_index(index)?);
+        let list = crate::ground::devices::nvml_compute_processes(
+            crate::ground::devices::real_nvml_handle(&uuid, None)?,
+        )
+        .ok()?;
+        if list.iter().any(|p| p.pid == dead.host_pid) {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+/// The real NVML handle of a CUDA device (by UUID: NVML's index order may differ).
+pub(super) fn nvml_for_cuda(ordinal: CUdevice) -> Option<nvmlDevice_t> {
+    crate::ground::devices::real_nvml_handle(
+        &crate::ground::devices::cuda_device_uuid(ordinal),
+        None,
+    )
+}
+
+/// NVML's compute process list of `device` through the real library (v3, else v2).
+pub(super) fn nvml_processes(device: nvmlDevice_t) -> Vec<ListedProcess> {
+    crate::ground::devices::nvml_compute_processes(device)
+        .unwrap_or_default()
+        .iter()
+        .map(|p| ListedProcess {
+            pid: p.pid,
+            used: p.usedGpuMemory,
+        })
+        .collect()
+}
+
+/// The processes of the slice: (NVML's PID, the container's PID) of every live slot.
+fn slice_members(shared: &Shared) -> Vec<SliceProcess> {
+    shared
+        .region
+        .snapshot()
+        .processes
+        .iter()
+        .filter(|p| p.liveness != Liveness::Stale)
+        .map(|p| SliceProcess {
+            driver_pid: if p.host_pid != 0 { p.host_pid } else { p.pid },
+            container_pid: p.pid,
+        })
+        .collect()
+}
+
+/// The slice's compute process list for `device`, or `None` when the device is not sliced.
+/// Also where a process whose host PID is still unknown finds itself, by its charged bytes.
+pub(crate) fn slice_list(
+    device: nvmlDevice_t,
+) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
+    members_only(device, |shared, entry| {
+        let raw = crate::ground::devices::nvml_compute_processes(device)?;
+        if let Some(process) = process() {
+            if process.host_pid.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                let ours = shared.region.slot_used(process.slot, device_id(entry));
+                let listed: Vec<ListedProcess> = raw
+                    .iter()
+                    .map(|p| ListedProcess {
+                        pid: p.pid,
+                        used: p.usedGpuMemory,
+                    })
+                    .collect();
+                let claimed = claimed_host_pids(shared, process);
+                if let Some(me) = host_pid::find_by_usage(&listed, ours, &claimed) {
+                    record_host_pid(shared, process, me.pid);
+                }
+            }
+        }
+        Ok(raw)
+    })
+}
+
+/// `read`'s process list of a sliced `device` with only the slice's processes left, under
+/// the PIDs the container knows; `None` when the device is not sliced.
+pub(crate) fn members_only(
+    device: nvmlDevice_t,
+    read: impl FnOnce(&Shared, u8) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>,
+) -> Option<Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t>> {
+    members_only_by(
+        device,
+        read,
+        |p| p.pid,
+        |p, pid| nvmlProcessInfo_t { pid, ..p },
+    )
+}
+
+/// [`members_only`] for any per-PID entry (`pid_of` reads its PID, `with_pid` rewrites it).
+pub(crate) fn members_only_by<T: Copy>(
+    device: nvmlDevice_t,
+    read: impl FnOnce(&Shared, u8) -> Result<Vec<T>, nvmlReturn_t>,
+    pid_of: impl Fn(&T) -> u32,
+    with_pid: impl Fn(T, u32) -> T,
+) -> Option<Result<Vec<T>, nvmlReturn_t>> {
+    let shared = shared()?;
+    let Ok(Binding::Limited(entry)) = nvml_binding(shared, device) else {
+        return None;
+    };
+    let raw = match read(shared, entry) {
+        Ok(raw) => raw,
+        Err(code) => return Some(Err(code)),
+    };
+    let members = slice_members(shared);
+    Some(Ok(slice_process_list(&raw, &members, pid_of, with_pid)))
+}
+
+/// The real per-process utilisation samples of `device` (all buffered ones:
+/// `lastSeenTimeStamp` 0), kept to the slice's processes under the PIDs the container knows,
+/// with the newest timestamp among ALL samples (the device's own "now" in NVML's clock, so a
+/// slice process's old samples can be told from current ones). `None` when the device has
+/// no limit in this slice (memory or compute), whose figures pass through unchanged.
+#[allow(clippy::type_complexity)]
+pub(crate) fn slice_utilization_samples(
+    device: nvmlDevice_t,
+) -> Option<Result<(Vec<nvmlProcessUtilizationSample_t>, Option<u64>), nvmlReturn_t>> {
+    let shared = shared()?;
+    let (index, uuid) = crate::ground::devices::nvml_identity(device);
+    let limit = shared.config.limit_for(index, &uuid)?;
+    if limit.memory_limit.is_none() && limit.compute_percent.is_none() {
+        return None;
+    }
+    let Some(get) = real::nvmlDeviceGetProcessUtilization() else {
+        return Some(Err(NVML_ERROR_NOT_SUPPORTED));
+    };
+    let raw = match crate::ground::devices::read_utilization_samples(get, device, 0) {
+        Ok(raw) => raw,
+        // No process has a sample: nothing of the slice's either.
+        Err(NVML_ERROR_NOT_FOUND) => Vec::new(),
+        Err(code) => return Some(Err(code)),
+    };
+    let newest = raw.iter().map(|s| s.timeStamp).max();
+    let members = slice_members(shared);
+    let ours = slice_process_list(
+        &raw,
+        &members,
+        |s| s.pid,
+        |s, pid| nvmlProcessUtilizationSample_t { pid, ..s },
+    );
+    Some(Ok((ours, newest)))
+}
+
+/// The signature every v2/v3 process list of NVML shares.
+pub(crate) type ProcessList =
+    unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
