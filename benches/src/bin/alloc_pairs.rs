@@ -105,6 +105,7 @@ fn main() {
     let alloc: AllocFn = unsafe { symbol(handle, c"cuMemAlloc_v2") };
     // SAFETY: cuMemFree_v2's C signature; `handle` is a live handle.
     let free: FreeFn = unsafe { symbol(handle, c"cuMemFree_v2") };
+    // SAFETY: cuMemGetInfo_v2's C signature; `handle` is a live handle.
     let info: InfoFn = unsafe { symbol(handle, c"cuMemGetInfo_v2") };
     let mut context = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the driver is loaded.
@@ -120,10 +121,12 @@ fn main() {
         } else {
             c"nvmlDeviceGetMemoryInfo_v2"
         };
-        // SAFETY (all three): the C signatures of these NVML entry points (nvmlMemory_t is
-        // three u64s, nvmlMemory_v2_t a version word and four u64s: five words hold either).
+        // SAFETY: nvmlInit_v2's C signature; `nvml_handle` is a live handle.
         let nvml_init: NvmlInitFn = unsafe { symbol(nvml_handle, c"nvmlInit_v2") };
+        // SAFETY: nvmlDeviceGetHandleByIndex_v2's C signature; `nvml` is a live handle.
         let by_index: NvmlHandleFn = unsafe { symbol(nvml, c"nvmlDeviceGetHandleByIndex_v2") };
+        // SAFETY: the memory query's C signature (nvmlMemory_t is three u64s, nvmlMemory_v2_t
+        // a version word and four u64s: five words hold either); `nvml_handle` is live.
         let memory: NvmlMemFn = unsafe { symbol(nvml_handle, name) };
         let mut device = std::ptr::null_mut();
         // SAFETY: valid out-pointer; NVML is loaded.
