@@ -19,6 +19,8 @@
 # Build first: cargo build --release -p fakegpu-cuda -p fakegpu-nvml -p gpuslice-shim \
 #              -p gpuslice-benches
 set -euo pipefail
+# A failed run inside per_call's command substitutions must stop the script too.
+shopt -s inherit_errexit
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${ALLOC_PAIRS_BIN:-$root/target/release/alloc-pairs}"
 p1="${1:-200}"
@@ -42,7 +44,8 @@ count() { # MODE THREADS PAIRS PROCESSES [EXTRA ARGS...]
     for i in "${!pids[@]}"; do
         if ! wait "${pids[$i]}" || ! grep -q 'Collected : [0-9]' "$scratch/err.$i"; then
             echo "alloc-instructions: $mode run $i of $procs ($threads threads, $pairs pairs) gave no count:" >&2
-            tail -5 "$scratch/err.$i" >&2
+            grep -v '^==' "$scratch/err.$i" | tail -20 >&2
+            tail -3 "$scratch/err.$i" >&2
             return 1
         fi
     done
