@@ -1,11 +1,13 @@
 //! The shared ledger's hot path (criterion): one `Region::reserve` + `Region::release` pair,
 //! as every allocation and free of the shim pays it.
 //!
-//! A device's use is the sum of the slots' counters below the slot high-water mark (the most
-//! processes the slice has had at once), so a reservation costs one add on the caller's own
-//! slot plus one load per slot up to that mark:
-//! * `pair/<n>`: the pair with `n` slots claimed (1: a one-process slice; 16, 64: a slice that
-//!   has had that many processes at once; the others hold nothing);
+//! A reservation is one compare-and-swap of the device's total (plus the slot's intent and
+//! count), whatever the number of processes the slice has or had; reading the use is one load:
+//! * `pair/<n>`: the pair with `n` slots claimed (1: a one-process slice; 64, 1024: a slice
+//!   with that many processes; the others hold nothing);
+//! * `pair/exited-<n>`: one slot claimed after `n` others were claimed and given back (a slice
+//!   whose processes exited: the slot high-water mark stays at `n`);
+//! * `usage/<n>`: `Region::usage` (what every memory view reads) with `n` slots claimed;
 //! * `pair_4_threads/<n>`: the same with 4 threads of this process reserving and releasing on
 //!   their own slots at once (time per pair as each thread sees it, on 2 vCPU: includes
 //!   waiting for a core).
@@ -40,7 +42,7 @@ fn region_with_slots(n: usize) -> (Region, DeviceId, Vec<SlotId>, std::path::Pat
 
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("pair");
-    for n in [1usize, 16, 64] {
+    for n in [1usize, 64, 1024] {
         let (region, device, slots, dir) = region_with_slots(n);
         let slot = slots[0];
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
@@ -50,6 +52,34 @@ fn bench(c: &mut Criterion) {
                     .expect("within the limit");
                 region.release(slot, device, black_box(2 << 20));
             })
+        });
+        drop(region);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    for n in [64usize, 1024] {
+        let (region, device, slots, dir) = region_with_slots(n);
+        for slot in &slots[1..] {
+            region.unregister(*slot).expect("own slot");
+        }
+        let slot = slots[0];
+        group.bench_with_input(BenchmarkId::new("exited", n), &n, |b, _| {
+            b.iter(|| {
+                region
+                    .reserve(slot, device, black_box(2 << 20))
+                    .expect("within the limit");
+                region.release(slot, device, black_box(2 << 20));
+            })
+        });
+        drop(region);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("usage");
+    for n in [1usize, 1024] {
+        let (region, device, _slots, dir) = region_with_slots(n);
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| black_box(region.usage(black_box(device))))
         });
         drop(region);
         let _ = std::fs::remove_dir_all(dir);

@@ -2,7 +2,8 @@
 //! process's memory comes back, a process stopped in the middle of registering blocks
 //! nobody, children forked while other threads register and reserve never inherit anything
 //! that blocks, a forked child gets its own slot, and 64 processes registering at once all
-//! get distinct slots.
+//! get distinct slots, and processes SIGKILLed (some while SIGSTOPped) at random points of
+//! their ledger traffic leave totals that equal what the living hold once they are reaped.
 //!
 //! Children are this test binary re-run with `child_process_entry` selected and
 //! `GPUSLICE_TEST_CHILD` naming the role. They talk to the parent in `CHILD:` lines on stdout
@@ -294,6 +295,39 @@ fn child_process_entry() {
             ));
             while input.next().is_some() {}
         }
+        // Four threads sharing one slot reserve and release on the shared cap without end,
+        // until killed (or stopped and killed): the ledger's operations are cut at whatever
+        // instruction the signal lands on.
+        "churn" => {
+            let region = Region::open_or_create(&path).unwrap();
+            let device = region.bind_devices(&gpu0(Some(bytes))).unwrap().ids[0];
+            let slot = region
+                .register(&ProcessIdentity::current().unwrap())
+                .unwrap();
+            say(format!("ready slot={}", slot.index()));
+            let region: &'static Region = Box::leak(Box::new(region));
+            for t in 0..4u64 {
+                std::thread::spawn(move || {
+                    let mut held = std::collections::VecDeque::new();
+                    for i in 0u64.. {
+                        let size = MIB * (1 + (t * 7 + i * 13) % 8);
+                        let kept = region.reserve(slot, device, size).is_ok();
+                        if kept {
+                            held.push_back(size);
+                        }
+                        // Refused (the cap is full) or holding enough: give one back, so the
+                        // slice never stalls with every thread waiting for room.
+                        if held.len() > 3 || (!kept && !held.is_empty()) {
+                            let size = held.pop_front().unwrap();
+                            assert_eq!(region.release(slot, device, size), size);
+                        }
+                    }
+                });
+            }
+            // A parent that died without killing us closes our stdin: stop then.
+            while input.next().is_some() {}
+            std::process::exit(0);
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -534,4 +568,113 @@ fn truncated_file_gives_an_error_in_a_fresh_process_view() {
         Region::open_or_create(&dir.file()),
         Err(RegionError::WrongSize { found: 100, .. })
     ));
+}
+
+/// A small xorshift generator: where the kills land changes from run to run (the seed is
+/// printed, so a failing run can be replayed with `GPUSLICE_TEST_SEED`).
+struct Random(u64);
+
+impl Random {
+    fn new() -> Random {
+        let seed = std::env::var("GPUSLICE_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+                    ^ u64::from(std::process::id())
+            });
+        println!("seed {seed}");
+        Random(seed | 1)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn processes_killed_at_random_points_of_their_ledger_traffic_leave_no_drift() {
+    let dir = TempDir::new("kill-storm");
+    let limit = 64 * MIB;
+    let region = Region::open_or_create(&dir.file()).unwrap();
+    let device = region.bind_devices(&gpu0(Some(limit))).unwrap().ids[0];
+    let me = region
+        .register(&ProcessIdentity::current().unwrap())
+        .unwrap();
+    let mut random = Random::new();
+    let mut kids: Vec<Kid> = Vec::new();
+    let mut killed = 0;
+    let mut stopped_kills = 0;
+    while killed < 60 {
+        while kids.len() < 4 {
+            let mut kid = Kid::spawn("churn", &dir.file(), limit);
+            assert!(kid.next().starts_with("ready"));
+            kids.push(kid);
+        }
+        // Let the survivors' traffic move the total a random number of times (awaited, so
+        // each kill lands somewhere inside the traffic), never past the cap.
+        let changes = 1 + random.below(64);
+        let mut seen = 0;
+        let mut last = region.usage(device).used;
+        let started = std::time::Instant::now();
+        while seen < changes {
+            let used = region.usage(device).used;
+            assert!(used <= limit, "the total passed the cap: {used}");
+            if used != last {
+                seen += 1;
+                last = used;
+            }
+            assert!(
+                started.elapsed() < HANG,
+                "no traffic after {killed} kills: total {used}, slots {:?}",
+                region
+                    .snapshot()
+                    .processes
+                    .iter()
+                    .map(|p| (p.slot.index(), p.pid, p.used_bytes[0], p.liveness))
+                    .collect::<Vec<_>>()
+            );
+        }
+        let victim = kids.swap_remove(random.below(kids.len() as u64) as usize);
+        let pid = victim.child.id() as libc::pid_t;
+        if random.below(3) == 0 {
+            // Stopped mid-traffic first: while it is stopped, nobody waits for it.
+            // SAFETY: signalling our own child, which has not been reaped.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+            assert_eq!(region.reserve(me, device, 0), Ok(()));
+            if region.reserve(me, device, MIB).is_ok() {
+                assert_eq!(region.release(me, device, MIB), MIB);
+            }
+            stopped_kills += 1;
+        }
+        victim.kill();
+        killed += 1;
+        // A dead slot keeps its bytes until reaped (the driver may hold them): reap it with
+        // the kernel's word, amid the survivors' traffic, or the dead would fill the cap.
+        let report = region.reap_dead_if(|_| true).unwrap();
+        assert_eq!(report.reclaimed.len(), 1, "{report:?}");
+    }
+    for kid in kids {
+        kid.kill();
+    }
+    // Every child is dead: reaped with the kernel's word, the totals must hold exactly what
+    // the living (this process, holding nothing) hold, and the whole cap must be free.
+    let report = region.reap_dead_if(|_| true).unwrap();
+    assert!(report.pending.is_empty(), "{report:?}");
+    assert_eq!(region.usage(device).used, 0, "drift after {killed} kills");
+    let left: u64 = region
+        .snapshot()
+        .processes
+        .iter()
+        .map(|p| p.used_bytes[device.index()])
+        .sum();
+    assert_eq!(left, 0);
+    assert_eq!(region.reserve(me, device, limit), Ok(()));
+    assert!(region.reserve(me, device, 1).is_err());
+    assert!(stopped_kills > 0 || killed > 0);
 }

@@ -5,7 +5,7 @@
 //! ```text
 //! offset  size                      what
 //! 0       128                       Header (magic, layout version, sizes, init state)
-//! 128     16 x 320 = 5120           DeviceEntry[MAX_DEVICES]   (limits, used_bytes, throttle)
+//! 128     16 x 320 = 5120           DeviceEntry[MAX_DEVICES]   (limits, total, throttle)
 //! 5248    1024 x 256 = 262144       ProcessSlot[MAX_PROCESSES] (never move once claimed)
 //! 267392                            end (REGION_SIZE)
 //! ```
@@ -15,8 +15,8 @@
 //! in-place initialisation of an empty file (the only lock anyone ever waits for, and only
 //! for a bounded time); the first byte of each slot is that slot's liveness lock, held by its
 //! owner for its whole life; the second byte is the slot's reclaim lock, held by a reaper
-//! for the few stores that free a dead owner's slot. Nothing a process does with the ledger
-//! takes a lock.
+//! for the few stores that free a dead owner's slot (it also makes the reaper the one writer
+//! of the dead slot's ledger words). Nothing a process does with the ledger takes a lock.
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
@@ -26,8 +26,11 @@ pub use crate::MAX_DEVICES;
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 /// Bumped on any incompatible change of the structs below. 2: the device totals are derived
 /// from the slots (no `used_bytes` word), entries are claimed by a UUID key, slot states carry
-/// a generation, and the header records the slot high-water mark.
-pub const LAYOUT_VERSION: u32 = 2;
+/// a generation, and the header records the slot high-water mark. 3: each device entry keeps
+/// a tagged total that reservations compare-and-swap against the limit, slots' `used` words
+/// carry a sequence number above their bytes, and each slot records its in-flight operation
+/// (`intent`): see `region::ledger`.
+pub const LAYOUT_VERSION: u32 = 3;
 /// Process slots per region (all processes of all containers sharing the slice).
 pub const MAX_PROCESSES: usize = 1024;
 /// Bytes of the NUL-padded device UUID.
@@ -105,7 +108,8 @@ pub struct Header {
     pub max_processes: AtomicU32,
     /// `INIT_READY` (stored last, with Release) once every other header field is valid.
     pub init_state: AtomicU32,
-    /// One past the highest slot index ever claimed: the device totals sum the slots below it.
+    /// One past the highest slot index ever claimed: reaps and snapshots look at the slots
+    /// below it (the ledger's hot paths never do).
     pub slot_high_water: AtomicU32,
     pub total_size: AtomicU64,
     /// Bumped whenever limits are rewritten or the region is reset; lets a reader notice.
@@ -140,7 +144,10 @@ pub struct DeviceEntry {
     /// stopped instead of waiting for it.
     pub measuring_pid: AtomicU64,
     pub measuring_pid_ns: AtomicU64,
-    _reserved0: AtomicU64,
+    /// The slice's bytes on this device (low 48 bits) and the tag of the operation that last
+    /// changed them (slot and sequence bits, above): what reservations compare-and-swap
+    /// against the limit. See `region::ledger`.
+    pub total: AtomicU64,
     /// Hash of the UUID (never 0; 0 = entry unused), claimed with one compare-and-swap so two
     /// processes binding the same new device at once always land on the same entry.
     pub key: AtomicU64,
@@ -172,8 +179,12 @@ pub struct ProcessSlot {
     /// CLOCK_MONOTONIC nanoseconds at which a reap first found the owner dead while the
     /// driver may still hold its memory (0 = not seen dead). Zeroed when the slot is claimed.
     pub dead_since: AtomicU64,
-    _aux: [AtomicU64; 2],
-    /// Bytes this process holds, per device entry.
+    /// The ledger operation this slot has in flight (target bytes, sequence, device, state);
+    /// see `region::ledger`.
+    pub intent: AtomicU64,
+    _aux: AtomicU64,
+    /// Bytes this process holds (low 48 bits) and the sequence number of its last ledger
+    /// operation that landed (above), per device entry.
     pub used: [AtomicU64; MAX_DEVICES],
     /// Live CUDA contexts of this process, per device entry.
     pub contexts: [AtomicU32; MAX_DEVICES],
@@ -255,6 +266,7 @@ mod tests {
         assert_eq!(offset_of!(DeviceEntry, context_cost), 96);
         assert_eq!(offset_of!(DeviceEntry, measuring_pid), 104);
         assert_eq!(offset_of!(DeviceEntry, measuring_pid_ns), 112);
+        assert_eq!(offset_of!(DeviceEntry, total), 120);
         assert_eq!(offset_of!(DeviceEntry, key), 128);
         assert_eq!(offset_of!(DeviceEntry, throttle), 192);
 
@@ -265,6 +277,7 @@ mod tests {
         assert_eq!(offset_of!(ProcessSlot, pid_ns), 24);
         assert_eq!(offset_of!(ProcessSlot, heartbeat), 32);
         assert_eq!(offset_of!(ProcessSlot, dead_since), 40);
+        assert_eq!(offset_of!(ProcessSlot, intent), 48);
         assert_eq!(offset_of!(ProcessSlot, used), 64);
         assert_eq!(offset_of!(ProcessSlot, contexts), 192);
     }

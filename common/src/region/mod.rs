@@ -3,10 +3,11 @@
 //! device and one fixed slot per process. The shim reserves and releases on it on every
 //! allocation; the CLI reads a snapshot of it.
 //!
-//! Submodules: `layout` (the bytes), `lock` (kernel-released OFD locks, opening without
-//! following links), `proc` (process identity), `open` (creating, validating, resetting, and
-//! the guard against a replaced file), `slots` (registration, liveness, reaping), `devices`
-//! (binding device entries and reconciling limits). This file owns the ledger and the rules.
+//! Submodules: `layout` (the bytes), `ledger` (the words that hold the bytes and the protocol
+//! that moves them), `lock` (kernel-released OFD locks, opening without following links),
+//! `proc` (process identity), `open` (creating, validating, resetting, and the guard against a
+//! replaced file), `slots` (registration, liveness, reaping), `devices` (binding device
+//! entries and reconciling limits). This file owns the rules and the API.
 //!
 //! ## No process can hold up another
 //! Nothing a process does with the region takes a lock that anyone waits for: registration,
@@ -17,22 +18,30 @@
 //! than gpuslice created (gpuslice itself never exposes an uninitialised file), bounded by
 //! [`INIT_WAIT`].
 //!
-//! ## The ledger is the slots
-//! Each slot holds what its process has reserved, per device. A device's use is the SUM of
-//! the slots below the header's `slot_high_water`; there is no separate total that a kill
-//! between two writes could leave wrong. `reserve` adds the request to the caller's slot
-//! first (SeqCst), then sums (SeqCst loads): if the sum passes the limit it takes the request
-//! back and, as soon as the slice without it has room again (other processes' tentative adds
-//! were in the way), tries again after a backoff that differs between slots (so colliders do
-//! not meet again in step), at most [`RESERVE_ATTEMPTS`] times; it refuses when
-//! [`SETTLE_READS`] reads, a few after yielding the CPU, all show no room. Of two racing
-//! reservations the later reader always sees the other's add (both are SeqCst), so no two can
-//! both be kept past the limit. The price: a reader of the sum (a memory report) can see a
-//! request that is about to be taken back, for nanoseconds, or for as long as a process is
-//! stopped between the add and the take-back (then its neighbours are refused that request's
-//! size as if it were held, never more; nobody waits). A process killed at any instruction leaves at most its own slot too high, and
-//! a dead process's slot is dropped whole when it is reaped: **drift is impossible by
-//! construction**, and `reset` is never needed to repair counts.
+//! ## The ledger: one total per device, the slots for attribution
+//! Each device entry holds the slice's bytes on it in one `total` word; each slot holds what
+//! its process has reserved, per device. `reserve` is one compare-and-swap of the total from
+//! what it read to that plus the request, made only while the result is within the limit, so
+//! of two racing reservations the second is judged against the first's total and no two can
+//! both be kept past the limit; a refused request changes nothing anyone can see. Reading the
+//! slice's use (`usage`, every memory view) is one load. Neither depends on how many processes
+//! the slice has or ever had: no operation on the hot paths walks the slots.
+//!
+//! The total and the slot are two words, so the one hard part is a process killed between
+//! them: the total would then carry bytes no slot accounts for (or the other way round), and
+//! the dead process's reaper would give back too much or too little. Submodule `ledger` makes
+//! that impossible: a slot's operations run one at a time (a process-local turn: one process
+//! has one slot), each records its intent in the slot before it touches the total, the total
+//! carries a tag naming the slot and operation that last changed it, and whoever overwrites
+//! another slot's tag first confirms that slot's intent. A reaper of a dead slot therefore
+//! knows whether the operation it died in landed (the tag is still its own, or it was
+//! confirmed), settles the slot to exactly its share of the totals, and gives that back with
+//! ordinary operations in the slot's name; a reaper killed in turn leaves the same situation
+//! for the next one. After a dead slot is reaped the totals equal what live slots hold,
+//! exactly, whatever instruction the process died at: **drift is impossible by construction**,
+//! and `reset` is never needed to repair counts. Nobody waits for a stopped process: a process
+//! stopped in the middle of an operation holds only its own turn, and its neighbours'
+//! compare-and-swaps go ahead (confirming its intent costs them one more compare-and-swap).
 //!
 //! ## Creation and validation
 //! `Region::open_or_create` opens the file relative to its directory with `O_NOFOLLOW` (a
@@ -107,6 +116,7 @@
 
 mod devices;
 mod layout;
+mod ledger;
 mod lock;
 mod open;
 mod proc;
@@ -127,7 +137,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// A device entry of the region (0..MAX_DEVICES), obtained from `bind_devices`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -565,12 +575,6 @@ pub struct RegionSnapshot {
     pub processes: Vec<ProcessSnapshot>,
 }
 
-/// How often `reserve` retries when the sum passed the limit only because of other
-/// processes' tentative adds (the slice without this request still had room).
-pub const RESERVE_ATTEMPTS: u32 = 256;
-/// How many reads without room (a few of them after yielding the CPU) make a refusal final.
-pub const SETTLE_READS: u32 = 8;
-
 /// Counters the slice's processes keep in the region (they survive the processes).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SliceCounters {
@@ -660,10 +664,12 @@ impl Drop for Mapping {
     }
 }
 
-/// This process's descriptor holding one lock (a slot's liveness, a measuring turn).
+/// This process's descriptor holding one lock (a slot's liveness, a measuring turn), and for
+/// a slot, the process-local turn that serialises the ledger operations of its threads.
 struct HeldSlot {
     fd: AtomicI32,
     owner_pid: AtomicU32,
+    busy: AtomicBool,
 }
 
 impl HeldSlot {
@@ -671,7 +677,40 @@ impl HeldSlot {
         HeldSlot {
             fd: AtomicI32::new(-1),
             owner_pid: AtomicU32::new(0),
+            busy: AtomicBool::new(false),
         }
+    }
+
+    /// Waits for the slot's turn among this process's threads: held for the few dozen
+    /// instructions of one ledger operation, by nobody outside this process (a stopped
+    /// process stops its own threads only).
+    #[inline(always)]
+    fn turn(&self) -> Turn<'_> {
+        let mut spins = 0u32;
+        while self
+            .busy
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // The holder was descheduled mid-operation: let it run.
+                std::thread::yield_now();
+            }
+        }
+        Turn(&self.busy)
+    }
+}
+
+/// A slot's process-local ledger turn, given back when dropped.
+struct Turn<'a>(&'a AtomicBool);
+
+impl Drop for Turn<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -735,109 +774,71 @@ impl Region {
     }
 
     /// Reserves `bytes` on `device` for `slot`, or refuses without keeping anything when the
-    /// container-wide use would pass the limit. Lock-free; see "The ledger is the slots".
+    /// container-wide use would pass the limit. Lock-free and O(1); see "The ledger".
     #[inline]
     pub fn reserve(&self, slot: SlotId, device: DeviceId, bytes: u64) -> Result<(), OverLimit> {
-        let layout = self.map.layout();
         let limit = stored_limit(
-            layout.devices[device.index()]
+            self.map.layout().devices[device.index()]
                 .memory_limit
                 .load(Ordering::Relaxed),
         );
-        let mine = &layout.slots[slot.index()].used[device.index()];
-        let refuse = |used: u64| OverLimit {
-            limit,
-            used,
-            requested: bytes,
-        };
-        if limit == UNLIMITED {
-            // Nothing to check against, but a count must never wrap.
-            return mine
-                .fetch_update(Ordering::SeqCst, Ordering::Relaxed, |held| {
-                    held.checked_add(bytes)
-                })
-                .map(|_| ())
-                .map_err(|_| refuse(self.sum_used(device)));
+        match self.operate(slot, device, ledger::Change::Reserve { bytes, limit }) {
+            ledger::Outcome::Refused { used } => Err(OverLimit {
+                limit,
+                used,
+                requested: bytes,
+            }),
+            _ => Ok(()),
         }
-        if bytes > limit {
-            return Err(refuse(self.sum_used(device)));
-        }
-        for attempt in 0..RESERVE_ATTEMPTS {
-            mine.fetch_add(bytes, Ordering::SeqCst);
-            if self.sum_used(device) <= limit {
-                return Ok(());
-            }
-            mine.fetch_sub(bytes, Ordering::SeqCst);
-            // Over: maybe only because other processes' requests were counted in the same
-            // instant (they take theirs back within nanoseconds unless descheduled). Refuse
-            // only when a few reads spread over a few yields all show no room.
-            let mut reads = 0;
-            loop {
-                let without = self.sum_used(device);
-                if without.saturating_add(bytes) <= limit {
-                    break;
-                }
-                reads += 1;
-                if reads >= SETTLE_READS {
-                    return Err(refuse(without));
-                }
-                if reads > 2 {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
-            }
-            // Room without us, yet we collided: back off by an amount that differs between
-            // slots and grows with the attempts, so the colliders do not meet again in step.
-            if attempt > 0 {
-                for _ in 0..=(slot.index() as u32 + attempt) % 4 {
-                    std::thread::yield_now();
-                }
-            }
-        }
-        Err(refuse(self.sum_used(device)))
     }
 
     /// Adds `bytes` on `device` for `slot` even past the limit: for memory the driver already
     /// holds and could not be made to give back, so the total matches the card and later
-    /// reservations are refused. Lock-free.
+    /// reservations are refused. Lock-free. (Nothing is added past 256 TiB, the most a
+    /// ledger word carries and more than any device holds.)
     #[inline]
     pub fn reserve_past_limit(&self, slot: SlotId, device: DeviceId, bytes: u64) {
-        saturating_add(
-            &self.map.layout().slots[slot.index()].used[device.index()],
-            bytes,
-        );
+        self.operate(slot, device, ledger::Change::PastLimit { bytes });
     }
 
     /// Returns up to `bytes` of `slot`'s reservation on `device` (never below zero). Returns
     /// the bytes actually released.
     #[inline]
     pub fn release(&self, slot: SlotId, device: DeviceId, bytes: u64) -> u64 {
-        saturating_take(
-            &self.map.layout().slots[slot.index()].used[device.index()],
-            bytes,
+        match self.operate(slot, device, ledger::Change::Release { bytes }) {
+            ledger::Outcome::Done(taken) => taken,
+            _ => 0,
+        }
+    }
+
+    /// One ledger operation in `slot`'s name, serialised with this process's other operations
+    /// on the slot (the protocol needs one at a time per slot; a slot is one process's, so the
+    /// turn is process-local and uncontended unless two of its threads meet).
+    #[inline(always)]
+    fn operate(&self, slot: SlotId, device: DeviceId, change: ledger::Change) -> ledger::Outcome {
+        let _turn = self.held[slot.index()].turn();
+        ledger::apply(
+            self.map.layout(),
+            slot.index(),
+            device.index(),
+            change,
+            |_| true,
         )
     }
 
-    /// Limit and container-wide use of `device` (for cuMemGetInfo-style answers).
+    /// Limit and container-wide use of `device` (for cuMemGetInfo-style answers): two loads.
+    #[inline]
     pub fn usage(&self, device: DeviceId) -> DeviceUsage {
         let entry = &self.map.layout().devices[device.index()];
         DeviceUsage {
             limit: limit_option(stored_limit(entry.memory_limit.load(Ordering::Relaxed))),
-            used: self.sum_used(device),
+            used: ledger::total_bytes(self.map.layout(), device.index()),
         }
-    }
-
-    /// The container-wide use of `device`: the sum of every slot's bytes (dead slots awaiting
-    /// their reap included: the driver may still hold their memory).
-    #[inline]
-    fn sum_used(&self, device: DeviceId) -> u64 {
-        sum_used(self.map.layout(), device.index())
     }
 
     /// Bytes `slot` holds on `device`.
     pub fn slot_used(&self, slot: SlotId, device: DeviceId) -> u64 {
-        self.map.layout().slots[slot.index()].used[device.index()].load(Ordering::Relaxed)
+        ledger::held_bytes(self.map.layout(), slot.index(), device.index())
     }
 
     /// Compute share of `device`; `None` = not throttled.
@@ -961,6 +962,9 @@ impl Region {
             if fd >= 0 && held.owner_pid.load(Ordering::Relaxed) != me {
                 held.fd.store(-1, Ordering::Relaxed);
                 drop(OwnedFd::from_raw(fd));
+                // A parent's thread may have been mid-operation at the fork; it does not
+                // exist here.
+                held.busy.store(false, Ordering::Relaxed);
             }
         }
     }
@@ -1100,15 +1104,6 @@ impl RegionView {
     }
 }
 
-/// The sum of every slot's bytes on device entry `device`, over the slots ever claimed.
-fn sum_used(layout: &RegionLayout, device: usize) -> u64 {
-    let high_water =
-        (layout.header.slot_high_water.load(Ordering::SeqCst) as usize).min(MAX_PROCESSES);
-    layout.slots[..high_water].iter().fold(0u64, |sum, slot| {
-        sum.saturating_add(slot.used[device].load(Ordering::SeqCst))
-    })
-}
-
 fn counters(map: &Mapping) -> SliceCounters {
     let layout = map.layout();
     SliceCounters {
@@ -1141,7 +1136,7 @@ fn snapshot(map: &Mapping, probe: Option<&OwnedFd>) -> RegionSnapshot {
             uuid: uuid_from_words(&load_uuid(entry)),
             memory_limit: limit_option(stored_limit(entry.memory_limit.load(Ordering::Relaxed))),
             compute_percent: percent_option(entry.compute_percent.load(Ordering::Relaxed)),
-            used_bytes: sum_used(layout, index),
+            used_bytes: ledger::total_bytes(layout, index),
             measured_utilization: match entry.measured_utilization.load(Ordering::Acquire) {
                 0 => None,
                 stored => Some(MeasuredUtilization {
@@ -1162,7 +1157,9 @@ fn snapshot(map: &Mapping, probe: Option<&OwnedFd>) -> RegionSnapshot {
             host_pid: slot.host_pid.load(Ordering::Relaxed),
             start_time: slot.start_time.load(Ordering::Relaxed),
             pid_ns: slot.pid_ns.load(Ordering::Relaxed),
-            used_bytes: std::array::from_fn(|d| slot.used[d].load(Ordering::Relaxed)),
+            used_bytes: std::array::from_fn(|d| {
+                ledger::bytes_of(slot.used[d].load(Ordering::Relaxed))
+            }),
             contexts: std::array::from_fn(|d| slot.contexts[d].load(Ordering::Relaxed)),
             liveness: slots::judge(slot, index, probe),
         })
@@ -1213,16 +1210,6 @@ fn saturating_add(counter: &AtomicU64, amount: u64) {
     let _ = counter.fetch_update(Ordering::SeqCst, Ordering::Relaxed, |held| {
         Some(held.saturating_add(amount))
     });
-}
-
-/// Subtracts up to `amount` from `counter` without going below zero; returns what was taken.
-fn saturating_take(counter: &AtomicU64, amount: u64) -> u64 {
-    match counter.fetch_update(Ordering::SeqCst, Ordering::Relaxed, |held| {
-        Some(held - held.min(amount))
-    }) {
-        Ok(previous) => previous.min(amount),
-        Err(_) => 0, // unreachable: the closure always returns Some
-    }
 }
 
 #[cfg(test)]

@@ -9,10 +9,11 @@ use super::layout::{
     slot_freed, slot_is_claimed, slot_lock_offset, slot_next_claim, slot_reclaim_offset,
     ProcessSlot, RegionLayout,
 };
+use super::ledger;
 use super::lock::{self, OwnedFd};
 use super::{
     monotonic_ns, DeadSlot, ExitState, Liveness, PendingSlot, ProcessIdentity, ReapReport,
-    ReclaimedSlot, Region, RegionError, SlotId, MAX_PROCESSES,
+    ReclaimedSlot, Region, RegionError, SlotId, MAX_DEVICES, MAX_PROCESSES,
 };
 
 impl Region {
@@ -63,7 +64,10 @@ impl Region {
         }
         let record = &self.map.layout().slots[slot.index()];
         let state = record.state.load(Ordering::Acquire);
-        free_slot(record, state);
+        {
+            let _turn = self.held[slot.index()].turn();
+            free_slot(self.map.layout(), slot.index(), state, |_| true);
+        }
         self.drop_held(slot.index());
         Ok(())
     }
@@ -77,17 +81,45 @@ impl Region {
 
     /// Two-phase reap: every slot whose owner is dead is offered to `released`, which says
     /// whether the driver no longer holds that process's memory. Only those slots are freed
-    /// (their bytes leave the sums); the others stay claimed and charged (`pending`) until a
+    /// (their bytes leave the totals); the others stay claimed and charged (`pending`) until a
     /// later reap. Never waits: a slot another reaper is freeing is skipped.
     pub fn reap_dead_if(
         &self,
+        released: impl FnMut(&DeadSlot) -> bool,
+    ) -> Result<ReapReport, RegionError> {
+        self.reap(released, false)
+    }
+
+    /// `reap_dead_if` over the slots holding bytes only: what the memory views use, since
+    /// freeing a slot that holds nothing changes no figure, and judging a slot costs a lock
+    /// probe (and for a held lock a read of /proc): a slice whose many processes hold
+    /// nothing then costs a view next to nothing.
+    pub fn reap_holding_if(
+        &self,
+        released: impl FnMut(&DeadSlot) -> bool,
+    ) -> Result<ReapReport, RegionError> {
+        self.reap(released, true)
+    }
+
+    fn reap(
+        &self,
         mut released: impl FnMut(&DeadSlot) -> bool,
+        holding_only: bool,
     ) -> Result<ReapReport, RegionError> {
         let probe = self.reopen(libc::O_RDWR)?;
         let layout = self.map.layout();
         let mut report = ReapReport::default();
         let now = monotonic_ns();
         for (index, slot, state) in claimed_slots(layout) {
+            let holds = || {
+                slot.used
+                    .iter()
+                    .any(|word| ledger::bytes_of(word.load(Ordering::Relaxed)) != 0)
+                    || ledger::in_flight(slot.intent.load(Ordering::Relaxed))
+            };
+            if holding_only && !holds() {
+                continue;
+            }
             if judge(slot, index, Some(&probe)) != Liveness::Stale {
                 continue;
             }
@@ -106,7 +138,7 @@ impl Region {
             }
             // Still the claim we judged? (Freed, or freed and claimed again, meanwhile.)
             if slot.state.load(Ordering::Acquire) == state {
-                let bytes = free_slot(slot, state);
+                let bytes = free_slot(layout, index, state, |_| true);
                 report.reclaimed.push(ReclaimedSlot {
                     slot: dead.slot,
                     pid: dead.pid,
@@ -159,8 +191,9 @@ impl Region {
             slot.pid_ns.store(identity.pid_ns, Ordering::Relaxed);
             slot.heartbeat.store(0, Ordering::Relaxed);
             slot.dead_since.store(0, Ordering::Relaxed);
-            for (used, contexts) in slot.used.iter().zip(&slot.contexts) {
-                used.store(0, Ordering::SeqCst);
+            // A free slot holds no bytes and has nothing in flight (`free_slot`); its `used`
+            // words keep their sequence numbers, which the devices' total tags may name.
+            for contexts in &slot.contexts {
                 contexts.store(0, Ordering::Relaxed);
             }
             if slot
@@ -176,7 +209,7 @@ impl Region {
                 lock::unlock(&fd, offset);
                 continue;
             }
-            // Before this process can reserve anything: sums must include the slot.
+            // Before this process can reserve anything: reaps and snapshots must see the slot.
             layout
                 .header
                 .slot_high_water
@@ -198,13 +231,35 @@ impl Region {
     }
 }
 
-/// Zeroes a slot's counters, then frees it if it is still in the claimed `state`; returns the
-/// bytes it held. The counters go first: a slot seen free never holds bytes.
-fn free_slot(slot: &ProcessSlot, state: u32) -> u64 {
+/// Gives back everything slot `index` holds, then frees it if it is still in the claimed
+/// `state`; returns the bytes it held. Its in-flight operation (its owner died in one) is
+/// settled first, so exactly what the slot contributed to the totals leaves them; then one
+/// release per device, in the slot's name, so a reaper killed here leaves a slot the next
+/// reaper settles the same way. The bytes go first: a slot seen free never holds any. The
+/// caller is the slot's only writer (its owner in its turn, or a reaper under the reclaim
+/// lock). `go` is the step hook of `ledger::apply` (tests stop a reaper with it).
+pub(super) fn free_slot(
+    layout: &RegionLayout,
+    index: usize,
+    state: u32,
+    mut go: impl FnMut(ledger::Step) -> bool,
+) -> u64 {
+    ledger::resolve(layout, index);
+    let slot = &layout.slots[index];
     let mut total = 0u64;
-    for (used, contexts) in slot.used.iter().zip(&slot.contexts) {
-        total = total.saturating_add(used.swap(0, Ordering::SeqCst));
-        contexts.store(0, Ordering::Relaxed);
+    for device in 0..MAX_DEVICES {
+        let held = ledger::held_bytes(layout, index, device);
+        match ledger::apply(
+            layout,
+            index,
+            device,
+            ledger::Change::Release { bytes: held },
+            &mut go,
+        ) {
+            ledger::Outcome::Done(taken) => total = total.saturating_add(taken),
+            _ => return total, // stopped: the slot stays claimed for the next reaper
+        }
+        slot.contexts[device].store(0, Ordering::Relaxed);
     }
     let _ = slot.state.compare_exchange(
         state,
@@ -287,7 +342,7 @@ fn dead_slot(slot: &ProcessSlot, index: usize, now: u64) -> DeadSlot {
         slot: SlotId(index as u16),
         pid: identity.pid,
         host_pid: identity.host_pid,
-        used_bytes: std::array::from_fn(|d| slot.used[d].load(Ordering::Relaxed)),
+        used_bytes: std::array::from_fn(|d| ledger::bytes_of(slot.used[d].load(Ordering::Relaxed))),
         exit,
         host_pid_reused: same_namespace
             && identity.host_pid == identity.pid

@@ -108,10 +108,15 @@ fn refused_reservation_changes_nothing_and_overflow_is_refused() {
     let dir = TempDir::new("overflow");
     let (region, slot, device) = region_with(&dir, None);
     assert_eq!(region.usage(device).limit, None);
-    assert_eq!(region.reserve(slot, device, u64::MAX - 10), Ok(()));
+    // An unlimited device still counts, up to what a ledger word carries (256 TiB).
+    let most = ledger::MAX_BYTES;
+    assert!(region.reserve(slot, device, u64::MAX - 10).is_err());
+    assert_eq!(region.reserve(slot, device, most - 10), Ok(()));
     assert!(region.reserve(slot, device, 11).is_err());
-    assert_eq!(region.usage(device).used, u64::MAX - 10);
-    assert_eq!(region.slot_used(slot, device), u64::MAX - 10);
+    assert_eq!(region.usage(device).used, most - 10);
+    assert_eq!(region.slot_used(slot, device), most - 10);
+    region.reserve_past_limit(slot, device, 11);
+    assert_eq!(region.usage(device).used, most - 10, "never wraps");
 }
 
 #[test]
@@ -251,8 +256,7 @@ fn sixteen_threads_near_the_limit_never_exceed_it_and_end_at_zero() {
     let exceeded = Arc::new(AtomicBool::new(false));
     let wrongly_refused = Arc::new(AtomicU64::new(0));
     // What the threads hold, counted up after a reservation is kept and down before it is
-    // released: never more than the ledger keeps. (The ledger's own sum may show a request
-    // for the instant before it is taken back; kept reservations are what the cap is about.)
+    // released: never more than the ledger keeps.
     let kept = Arc::new(AtomicU64::new(0));
     let threads: Vec<_> = (0..16u64)
         .map(|t| {
@@ -373,19 +377,215 @@ fn a_reservation_cut_short_by_death_leaves_nothing_once_its_slot_is_reaped() {
     let path = dir.file();
     let (region, live, device) = region_with(&dir, Some(100 * MIB));
     region.reserve(live, device, 10 * MIB).unwrap();
-    // What a SIGKILL after `reserve`'s add and before its check or take-back leaves: the
-    // dying process's own slot holds bytes the driver never gave it. There is no other total.
+    // What a SIGKILL right after `reserve`'s compare-and-swap leaves: the total holds bytes
+    // the dying process's slot does not show yet.
     let dying = Region::open_or_create(&path).unwrap();
     let dead = dying.register(&me()).unwrap();
-    dying.map.layout().slots[dead.index()].used[device.index()]
-        .fetch_add(95 * MIB, Ordering::SeqCst);
+    let change = ledger::Change::Reserve {
+        bytes: 85 * MIB,
+        limit: 100 * MIB,
+    };
+    let outcome = stop_at(&dying, dead, device, change, ledger::Step::Landed);
+    assert_eq!(outcome, ledger::Outcome::Abandoned);
+    assert_eq!(
+        dying.slot_used(dead, device),
+        0,
+        "the slot shows nothing yet"
+    );
     drop(dying);
-    assert_eq!(region.usage(device).used, 105 * MIB, "charged until reaped");
-    assert!(region.reserve(live, device, MIB).is_err());
+    assert_eq!(region.usage(device).used, 95 * MIB, "charged until reaped");
+    assert!(region.reserve(live, device, 6 * MIB).is_err());
     let report = region.reap_dead_if(|_| true).unwrap();
-    assert_eq!(report.bytes_reclaimed(), 95 * MIB);
+    assert_eq!(report.bytes_reclaimed(), 85 * MIB);
     assert_eq!(region.usage(device).used, 10 * MIB, "no drift left behind");
     region.reserve(live, device, 90 * MIB).unwrap();
+}
+
+/// Runs one ledger operation of `slot` and stops it at `at`, as a death there would.
+fn stop_at(
+    region: &Region,
+    slot: SlotId,
+    device: DeviceId,
+    change: ledger::Change,
+    at: ledger::Step,
+) -> ledger::Outcome {
+    ledger::apply(
+        region.map.layout(),
+        slot.index(),
+        device.index(),
+        change,
+        |step| step != at,
+    )
+}
+
+/// What every slot of the region holds on `device`, added up (the attribution the totals
+/// must equal once nothing is in flight).
+fn slots_sum(region: &Region, device: DeviceId) -> u64 {
+    (0..MAX_PROCESSES)
+        .map(|i| ledger::held_bytes(region.map.layout(), i, device.index()))
+        .sum()
+}
+
+const STEPS: [ledger::Step; 4] = [
+    ledger::Step::Intent,
+    ledger::Step::Confirmed,
+    ledger::Step::Landed,
+    ledger::Step::Applied,
+];
+
+#[test]
+fn a_death_at_any_step_of_any_operation_leaves_no_drift_once_reaped() {
+    let limit = 100 * MIB;
+    let changes = [
+        ledger::Change::Reserve {
+            bytes: 20 * MIB,
+            limit,
+        },
+        ledger::Change::PastLimit { bytes: 20 * MIB },
+        ledger::Change::Release { bytes: 5 * MIB },
+    ];
+    let mut cases = 0;
+    for change in changes {
+        for at in STEPS {
+            // Whether a live process changes the total after the death (so the dying
+            // operation's tag is overwritten, and must have been confirmed first).
+            for neighbour_after in [false, true] {
+                let dir = TempDir::new("death-steps");
+                let path = dir.file();
+                let (region, live, device) = region_with(&dir, Some(limit));
+                region.reserve(live, device, 10 * MIB).unwrap();
+                // A bystander that died right after its own compare-and-swap: its tag is in
+                // the total with its intent pending, so the dying operation below confirms
+                // it before overwriting (the `Confirmed` step exists).
+                let bystanders = Region::open_or_create(&path).unwrap();
+                let by = bystanders.register(&me()).unwrap();
+                bystanders.reserve(by, device, 4 * MIB).unwrap();
+                // The dying process holds 8 MiB, then dies inside one more operation.
+                let dying = Region::open_or_create(&path).unwrap();
+                let dead = dying.register(&me()).unwrap();
+                dying.reserve(dead, device, 8 * MIB).unwrap();
+                let by_change = ledger::Change::Reserve {
+                    bytes: 3 * MIB,
+                    limit,
+                };
+                let stopped = stop_at(&bystanders, by, device, by_change, ledger::Step::Landed);
+                assert_eq!(stopped, ledger::Outcome::Abandoned);
+                let outcome = stop_at(&dying, dead, device, change, at);
+                assert_eq!(outcome, ledger::Outcome::Abandoned, "{change:?} at {at:?}");
+                if neighbour_after {
+                    region.reserve(live, device, MIB).unwrap();
+                    assert_eq!(region.release(live, device, MIB), MIB);
+                }
+                drop(bystanders);
+                drop(dying);
+                let report = region.reap_dead_if(|_| true).unwrap();
+                assert_eq!(report.reclaimed.len(), 2, "{report:?}");
+                let what =
+                    format!("{change:?} stopped at {at:?}, neighbour after: {neighbour_after}");
+                assert_eq!(region.usage(device).used, 10 * MIB, "{what}");
+                assert_eq!(slots_sum(&region, device), 10 * MIB, "{what}");
+                // Exactly the live process's bytes: the rest of the limit is all there.
+                region.reserve(live, device, limit - 10 * MIB).unwrap();
+                assert!(region.reserve(live, device, 1).is_err(), "{what}");
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 24);
+}
+
+#[test]
+fn a_reaper_killed_at_any_step_leaves_the_next_reaper_an_exact_slot() {
+    let limit = 100 * MIB;
+    // Every step of every operation of the reaper's work, in order, until one run finishes
+    // without being stopped.
+    for stop_after in 0.. {
+        let dir = TempDir::new("reaper-steps");
+        let path = dir.file();
+        let region = Region::open_or_create(&path).unwrap();
+        let ids = region
+            .bind_devices(&[limits("GPU-0", Some(limit)), limits("GPU-1", Some(limit))])
+            .unwrap()
+            .ids;
+        let live = region.register(&me()).unwrap();
+        region.reserve(live, ids[0], 10 * MIB).unwrap();
+        region.reserve(live, ids[1], 2 * MIB).unwrap();
+        let dying = Region::open_or_create(&path).unwrap();
+        let dead = dying.register(&me()).unwrap();
+        dying.reserve(dead, ids[0], 8 * MIB).unwrap();
+        dying.reserve(dead, ids[1], 6 * MIB).unwrap();
+        let change = ledger::Change::Reserve {
+            bytes: 4 * MIB,
+            limit,
+        };
+        stop_at(&dying, dead, ids[1], change, ledger::Step::Landed);
+        let state = dying.map.layout().slots[dead.index()]
+            .state
+            .load(Ordering::Acquire);
+        drop(dying);
+        // The first reaper dies after `stop_after` steps of its work.
+        let reaper = Region::open_or_create(&path).unwrap();
+        let mut steps = 0;
+        let freed = slots::free_slot(reaper.map.layout(), dead.index(), state, |_| {
+            steps += 1;
+            steps <= stop_after
+        });
+        let finished = steps <= stop_after;
+        drop(reaper);
+        let report = region.reap_dead_if(|_| true).unwrap();
+        let what = format!("reaper stopped after {stop_after} steps");
+        if finished {
+            assert_eq!(freed, 18 * MIB, "{what}");
+            assert!(report.reclaimed.is_empty(), "{what}: {report:?}");
+        } else {
+            assert_eq!(report.reclaimed.len(), 1, "{what}: {report:?}");
+        }
+        assert_eq!(region.usage(ids[0]).used, 10 * MIB, "{what}");
+        assert_eq!(region.usage(ids[1]).used, 2 * MIB, "{what}");
+        assert_eq!(slots_sum(&region, ids[0]), 10 * MIB, "{what}");
+        assert_eq!(slots_sum(&region, ids[1]), 2 * MIB, "{what}");
+        assert!(region.snapshot().processes.iter().all(|p| p.slot == live));
+        if finished {
+            assert!(stop_after > 4, "the reaper's work has steps to stop at");
+            break;
+        }
+    }
+}
+
+#[test]
+fn threads_sharing_one_slot_and_racing_other_slots_keep_the_totals_exact() {
+    let dir = TempDir::new("shared-slot");
+    let limit = 64 * MIB;
+    let (region, shared_slot, device) = region_with(&dir, Some(limit));
+    let other = region.register(&me()).unwrap();
+    let kept = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let (region, kept) = (&region, &kept);
+            let slot = if t % 4 == 0 { other } else { shared_slot };
+            s.spawn(move || {
+                let mut held = Vec::new();
+                for i in 0..3000u64 {
+                    let size = MIB * (1 + (t + i) % 5);
+                    if region.reserve(slot, device, size).is_ok() {
+                        assert!(kept.fetch_add(size, Ordering::SeqCst) + size <= limit);
+                        held.push(size);
+                    }
+                    if held.len() > 2 {
+                        let size = held.remove(0);
+                        kept.fetch_sub(size, Ordering::SeqCst);
+                        assert_eq!(region.release(slot, device, size), size);
+                    }
+                }
+                for size in held {
+                    kept.fetch_sub(size, Ordering::SeqCst);
+                    assert_eq!(region.release(slot, device, size), size);
+                }
+            });
+        }
+    });
+    assert_eq!(region.usage(device).used, 0);
+    assert_eq!(slots_sum(&region, device), 0);
 }
 
 #[test]
@@ -826,4 +1026,34 @@ fn counters_outlive_the_processes_that_kept_them() {
             devices: vec![(device, 2, 1_500)],
         }
     );
+}
+
+#[test]
+fn the_views_reap_judges_only_slots_that_hold_bytes() {
+    let dir = TempDir::new("holding-reap");
+    let path = dir.file();
+    let (region, _live, device) = region_with(&dir, Some(100 * MIB));
+    let gone = Region::open_or_create(&path).unwrap();
+    let holder = gone.register(&me()).unwrap();
+    gone.reserve(holder, device, 30 * MIB).unwrap();
+    let empty = gone.register(&me()).unwrap();
+    drop(gone);
+    let mut judged = Vec::new();
+    let report = region
+        .reap_holding_if(|dead| {
+            judged.push(dead.slot);
+            true
+        })
+        .unwrap();
+    assert_eq!(
+        judged,
+        vec![holder],
+        "the empty dead slot changes no figure"
+    );
+    assert_eq!(report.bytes_reclaimed(), 30 * MIB);
+    assert_eq!(region.usage(device).used, 0);
+    // The empty one is left for the reap that frees slots holding nothing.
+    let report = region.reap_dead().unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(report.reclaimed[0].slot, empty);
 }

@@ -17,7 +17,7 @@ use crate::memory::report::{slice_view, MemoryView};
 /// `None` when no slice limits that device.
 fn current_slice_view(physical: impl FnOnce() -> MemoryView) -> Option<MemoryView> {
     lifecycle::slice_config()?;
-    let device = devices::current_cuda_device()?;
+    let device = memory::current_device()?;
     let (limit, used) = memory::cuda_slice(device)?;
     Some(slice_view(physical(), limit, Some(used)))
 }

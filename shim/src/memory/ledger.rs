@@ -17,7 +17,7 @@
 //! sub-allocate small sizes out of 2 MiB pages, so for many tiny allocations the ledger
 //! over-charges: the safe direction (the cap can only be reached early, never passed).
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::graphs::GraphBook;
@@ -128,10 +128,75 @@ impl PrimaryContext {
     }
 }
 
+/// Which device each of the process's recent contexts is on, so that an allocation in the
+/// current context asks the driver for the context only (`cuCtxGetCurrent`), not also for its
+/// device: a context's device never changes, and every teardown of a context the shim sees
+/// ([`Ledger::context_destroyed`]) forgets it before its handle can be reused. Direct-mapped,
+/// a few entries; a miss asks the driver and remembers.
+pub struct ContextDevices {
+    entries: [ContextEntry; CONTEXT_ENTRIES],
+}
+
+const CONTEXT_ENTRIES: usize = 16;
+
+#[derive(Default)]
+struct ContextEntry {
+    /// 0 = empty (no context has handle 0).
+    context: AtomicU64,
+    ordinal: AtomicI32,
+}
+
+impl Default for ContextDevices {
+    fn default() -> Self {
+        ContextDevices {
+            entries: std::array::from_fn(|_| ContextEntry::default()),
+        }
+    }
+}
+
+impl ContextDevices {
+    #[inline]
+    fn entry(&self, context: u64) -> &ContextEntry {
+        let index = (context.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize;
+        &self.entries[index % CONTEXT_ENTRIES]
+    }
+
+    /// The device ordinal of `context`, if remembered.
+    #[inline]
+    pub fn get(&self, context: u64) -> Option<i32> {
+        let entry = self.entry(context);
+        if context == 0 || entry.context.load(Ordering::SeqCst) != context {
+            return None;
+        }
+        let ordinal = entry.ordinal.load(Ordering::SeqCst);
+        // Still the same context after reading the ordinal: no writer was replacing it.
+        (entry.context.load(Ordering::SeqCst) == context).then_some(ordinal)
+    }
+
+    pub fn remember(&self, context: u64, ordinal: i32) {
+        if context == 0 {
+            return;
+        }
+        let entry = self.entry(context);
+        entry.context.store(0, Ordering::SeqCst);
+        entry.ordinal.store(ordinal, Ordering::SeqCst);
+        entry.context.store(context, Ordering::SeqCst);
+    }
+
+    pub fn forget(&self, context: u64) {
+        let entry = self.entry(context);
+        let _ = entry
+            .context
+            .compare_exchange(context, 0, Ordering::SeqCst, Ordering::Relaxed);
+    }
+}
+
 /// One process's ledger.
 pub struct Ledger<B> {
     pub budget: B,
     pub objects: ObjectTable,
+    /// The device of each recent context (see [`ContextDevices`]).
+    pub contexts: ContextDevices,
     pub vmm: Mutex<VmmBook>,
     /// Also serialises pool allocations with their reading (see `pools`).
     pub pools: Mutex<PoolBook>,
@@ -156,6 +221,7 @@ impl<B: Budget> Ledger<B> {
         Ledger {
             budget,
             objects: ObjectTable::default(),
+            contexts: ContextDevices::default(),
             vmm: Mutex::default(),
             pools: Mutex::default(),
             pool_homes: Mutex::default(),
@@ -166,14 +232,19 @@ impl<B: Budget> Ledger<B> {
     }
 
     /// Reserves `bytes` on `device`; past the cap, reaps dead processes and tries once more.
+    #[inline]
     pub fn charge(&self, device: u8, bytes: u64) -> Result<(), OutOfMemory> {
-        if bytes == 0 {
+        if bytes == 0 || self.budget.reserve(device, bytes).is_ok() {
             return Ok(());
         }
-        self.budget.reserve(device, bytes).or_else(|_| {
-            self.budget.reap_dead();
-            self.budget.reserve(device, bytes)
-        })
+        self.charge_after_reap(device, bytes)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn charge_after_reap(&self, device: u8, bytes: u64) -> Result<(), OutOfMemory> {
+        self.budget.reap_dead();
+        self.budget.reserve(device, bytes)
     }
 
     pub fn refund(&self, device: u8, bytes: u64) {
@@ -223,12 +294,14 @@ impl<B: Budget> Ledger<B> {
 
     /// Records a charged object. An entry still under the same key is kept: its free is in
     /// flight and will take it (see `objects`, "Address reuse").
+    #[inline]
     pub fn track(&self, kind: ObjectKind, key: u64, charged: Charged) {
         self.objects.insert(kind, key, charged);
     }
 
     /// The driver freed an object: refund what it was charged. Unknown objects (never
     /// charged, e.g. IPC imports or allocations on unlimited devices) change nothing.
+    #[inline]
     pub fn untrack(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
         let charged = self.objects.remove(kind, key)?;
         self.refund(charged.device, charged.bytes);
@@ -253,6 +326,7 @@ impl<B: Budget> Ledger<B> {
         if context == 0 {
             return;
         }
+        self.contexts.forget(context);
         for ((kind, _), charged) in self.objects.drain_context(context) {
             self.refund(charged.device, charged.bytes);
             if kind == ObjectKind::Pointer && charged.pool != 0 {
@@ -450,6 +524,25 @@ pub mod tests {
         }
         ledger.context_destroyed(7);
         assert_eq!(ledger.budget.used(0), 2 * MIB);
+    }
+
+    #[test]
+    fn a_destroyed_context_is_forgotten_before_its_handle_can_name_another_device() {
+        let ledger = Ledger::new(CounterBudget::new(100 * MIB));
+        assert_eq!(ledger.contexts.get(0xc0), None);
+        ledger.contexts.remember(0xc0, 1);
+        ledger.contexts.remember(0xd0, 2);
+        assert_eq!(ledger.contexts.get(0xc0), Some(1));
+        assert_eq!(ledger.contexts.get(0xd0), Some(2));
+        ledger.context_destroyed(0xc0);
+        assert_eq!(ledger.contexts.get(0xc0), None, "asked afresh");
+        assert_eq!(ledger.contexts.get(0xd0), Some(2));
+        ledger.contexts.remember(0, 3);
+        assert_eq!(
+            ledger.contexts.get(0),
+            None,
+            "no context is never remembered"
+        );
     }
 
     #[test]

@@ -349,6 +349,7 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
 /// The memory limit and region entry of a CUDA device (resolved once, then cached). `Err` is
 /// the code the caller answers instead of calling the driver: `CUDA_ERROR_OUT_OF_MEMORY` when
 /// the slice cannot be bound, or the driver's own refusal to name the device.
+#[inline]
 pub fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult> {
     let cell = usize::try_from(ordinal)
         .ok()
@@ -356,6 +357,16 @@ pub fn cuda_binding(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUres
     if let Some(binding) = cell.and_then(|c| decode(c.load(Ordering::Acquire))) {
         return Ok(binding);
     }
+    bind_cuda(shared, ordinal)
+}
+
+/// First sight of a CUDA device ordinal (or one past the cache): resolve and cache it.
+#[cold]
+#[inline(never)]
+fn bind_cuda(shared: &Shared, ordinal: CUdevice) -> Result<Binding, CUresult> {
+    let cell = usize::try_from(ordinal)
+        .ok()
+        .and_then(|i| shared.cuda_bindings.get(i));
     let uuid = match crate::ground::devices::try_cuda_device_uuid(ordinal) {
         Ok(uuid) => uuid,
         // Before cuInit (or for a device that does not exist) the driver refuses every call
@@ -516,9 +527,10 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
     let (Some(shared), Some(process)) = (shared(), process()) else {
         return Ok(Reservation::NONE);
     };
+    let context = current_context();
     let ordinal = match target {
         AllocTarget::Device(d) => d,
-        AllocTarget::CurrentContext => match crate::ground::devices::current_cuda_device() {
+        AllocTarget::CurrentContext => match device_of(process, context) {
             Some(d) => d,
             // No current context: the driver will refuse on its own.
             None => return Ok(Reservation::NONE),
@@ -533,18 +545,52 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
     charge_or_refuse(process, device, bytes)?;
     Ok(Reservation {
         charge: Some((device, bytes)),
-        context: current_context(),
+        context,
     })
+}
+
+/// The device ordinal of `context` (the calling thread's current one, 0 = none): remembered
+/// per context (`ledger::ContextDevices`), else the driver's `cuCtxGetDevice`.
+#[inline]
+fn device_of(process: &Process, context: u64) -> Option<CUdevice> {
+    if context == 0 {
+        return None;
+    }
+    if let Some(ordinal) = process.ledger.contexts.get(context) {
+        return Some(ordinal);
+    }
+    let ordinal = crate::ground::devices::current_cuda_device()?;
+    process.ledger.contexts.remember(context, ordinal);
+    Some(ordinal)
+}
+
+/// The device of the calling thread's current context, `None` without one (what the memory
+/// queries report on).
+#[inline]
+pub fn current_device() -> Option<CUdevice> {
+    match process() {
+        Some(process) => device_of(process, current_context()),
+        None => crate::ground::devices::current_cuda_device(),
+    }
 }
 
 /// `Ledger::charge`, and before refusing, pools' cached memory the driver has already given
 /// back is settled first (it may be what stands in the way).
+#[inline]
 pub fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
     // The driver's own growth since the last launch counts before this charge is judged.
     driver_growth::before_charge(process);
     if process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
     }
+    retry_or_refuse(process, device, bytes)
+}
+
+/// The cap refused `bytes`: what the driver may have given back is settled and the charge
+/// tried again before the refusal is final. Out of line: the allocation path stays short.
+#[cold]
+#[inline(never)]
+fn retry_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
     // Both re-read (no short circuit): either may have shrunk.
     let shrank = driver_sized::reread_pools(process) | graphs::reread_if_any(process);
     if shrank && process.ledger.charge(device, bytes).is_ok() {
@@ -590,6 +636,18 @@ pub fn after_alloc(reservation: Reservation, result: CUresult, object: DeviceObj
     };
     match object {
         DeviceObject::Pointer(ptr) => process.ledger.track(ObjectKind::Pointer, ptr, charged),
+        other => track_other(process, other, charged),
+    }
+}
+
+/// `after_alloc` for the objects other than device pointers (out of line: the plain
+/// allocation path stays short).
+#[cold]
+#[inline(never)]
+fn track_other(process: &Process, object: DeviceObject, charged: Charged) {
+    let Charged { device, bytes, .. } = charged;
+    match object {
+        DeviceObject::Pointer(ptr) => process.ledger.track(ObjectKind::Pointer, ptr, charged),
         DeviceObject::Array(a) => process.ledger.track(ObjectKind::Array, a as u64, charged),
         DeviceObject::MipmappedArray(a) => {
             process
@@ -619,22 +677,32 @@ pub fn after_alloc(reservation: Reservation, result: CUresult, object: DeviceObj
 
 /// The driver freed `object` with `result`: give its charge back. Objects the ledger never
 /// charged are ignored (the driver's result is returned unchanged by the wrapper either way).
+#[inline]
 pub fn on_free(object: DeviceObject, result: CUresult) {
     if result != CUDA_SUCCESS {
         return;
     }
     let Some(process) = process() else { return };
-    let ledger = &process.ledger;
-    match object {
-        // Whichever free path: the oldest entry under the address is the object freed (see
-        // `objects`), a plain or a pool allocation alike.
-        DeviceObject::Pointer(ptr) => {
-            if let Some(freed) = ledger.untrack(ObjectKind::Pointer, ptr) {
-                if freed.pool != 0 {
-                    driver_sized::pool_pointer_freed(process, freed.pool);
-                }
+    // Whichever free path: the oldest entry under the address is the object freed (see
+    // `objects`), a plain or a pool allocation alike.
+    if let DeviceObject::Pointer(ptr) = object {
+        if let Some(freed) = process.ledger.untrack(ObjectKind::Pointer, ptr) {
+            if freed.pool != 0 {
+                driver_sized::pool_pointer_freed(process, freed.pool);
             }
         }
+        return;
+    }
+    free_other(process, object);
+}
+
+/// `on_free` for the objects other than device pointers (out of line).
+#[cold]
+#[inline(never)]
+fn free_other(process: &Process, object: DeviceObject) {
+    let ledger = &process.ledger;
+    match object {
+        DeviceObject::Pointer(_) => {}
         DeviceObject::Array(a) => {
             ledger.untrack(ObjectKind::Array, a as u64);
         }
@@ -708,6 +776,6 @@ fn reap_for_views(shared: &Shared) {
     log_reap(
         shared
             .region
-            .reap_dead_if(|dead| driver_sized::driver_released(shared, dead)),
+            .reap_holding_if(|dead| driver_sized::driver_released(shared, dead)),
     );
 }

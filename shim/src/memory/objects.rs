@@ -1,9 +1,11 @@
 //! The per-process object table: every live object the ledger charged (device pointer, VMM
 //! handle, array, mipmapped array, created context, malloc heap) -> the region device entry and the bytes
 //! charged for it. Sharded by a hash of the object so 16 threads allocating and freeing at
-//! once rarely meet on the same lock; each shard is a small `HashMap` behind a `Mutex` with a
-//! multiplicative (Fibonacci) hash instead of SipHash, because keys are driver addresses and
-//! handles, not attacker-chosen strings.
+//! once rarely meet on the same lock; each shard is a small open-addressing table (linear
+//! probing, backward-shift deletion, no tombstones) behind a spin lock, with a multiplicative
+//! (Fibonacci) hash: keys are driver addresses and handles, not attacker-chosen strings. An
+//! insert or remove is a lock, one hash and usually one probe (a generic `HashMap` cost three
+//! times the instructions on the allocation path).
 //!
 //! **Address reuse.** The ledger learns of a free only AFTER the driver has freed (the refund
 //! must never precede the physical release). In that window another thread may allocate and
@@ -18,10 +20,8 @@
 //! frees them (a late `cuMemFreeAsync` of a pool allocation once found a newer `cuMemAlloc`
 //! at its address first, in a namespace of its own, and refunded it while it lived).
 
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::Mutex;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Which namespace an object key lives in (pointers and handles may share numeric values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,118 +56,316 @@ pub struct Charged {
 }
 
 const SHARDS: usize = 64;
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// Fibonacci hashing of the key; the low 21 bits of device pointers are mostly zero
-/// (2 MiB granularity), which the multiplication spreads over the high bits.
+/// The hash of a key: Fibonacci hashing; the low 21 bits of device pointers are mostly zero
+/// (2 MiB granularity), which the multiplication spreads over the high bits. The top 6 bits
+/// pick the shard, the bits below them the bucket.
+#[inline]
+fn hash_of(kind: ObjectKind, key: u64) -> u64 {
+    (key ^ ((kind as u64) << 59)).wrapping_mul(GOLDEN)
+}
+
+#[inline]
+fn shard_of(kind: ObjectKind, key: u64) -> usize {
+    (hash_of(kind, key) >> 58) as usize % SHARDS
+}
+
+/// One bucket: `kind` 0 = empty, else the object's kind + 1.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    kind: u8,
+    key: u64,
+    charged: Charged,
+}
+
+const EMPTY: Bucket = Bucket {
+    kind: 0,
+    key: 0,
+    charged: Charged {
+        device: 0,
+        bytes: 0,
+        pool: 0,
+        context: 0,
+    },
+};
+
+/// One shard: the oldest entry of each key in an open-addressing table, and the entries
+/// queued behind one (a reused address whose free is in flight: rare) in arrival order.
 #[derive(Default)]
-pub struct KeyHasher(u64);
+struct Shard {
+    buckets: Vec<Bucket>,
+    len: usize,
+    later: Vec<(ObjectKind, u64, Charged)>,
+}
 
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
+impl Shard {
+    #[inline]
+    fn home(&self, kind: ObjectKind, key: u64) -> usize {
+        // Bits below the shard's: spread within the shard.
+        ((hash_of(kind, key) << 6) >> 32) as usize & (self.buckets.len() - 1)
     }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
+
+    /// The bucket holding `(kind, key)`, if any.
+    #[inline]
+    fn find(&self, kind: ObjectKind, key: u64) -> Option<usize> {
+        if self.len == 0 {
+            return None;
+        }
+        let mask = self.buckets.len() - 1;
+        let tag = kind as u8 + 1;
+        let mut i = self.home(kind, key);
+        loop {
+            let bucket = &self.buckets[i];
+            if bucket.kind == 0 {
+                return None;
+            }
+            if bucket.key == key && bucket.kind == tag {
+                return Some(i);
+            }
+            i = (i + 1) & mask;
         }
     }
-    fn write_u8(&mut self, n: u8) {
-        self.write_u64(u64::from(n));
+
+    fn grow(&mut self) {
+        let capacity = (self.buckets.len() * 2).max(8);
+        let old = std::mem::replace(&mut self.buckets, vec![EMPTY; capacity]);
+        self.len = 0;
+        for bucket in old.into_iter().filter(|b| b.kind != 0) {
+            self.place(kind_of(bucket.kind), bucket.key, bucket.charged);
+        }
     }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+
+    /// Puts a key known to be absent into the table.
+    #[inline]
+    fn place(&mut self, kind: ObjectKind, key: u64, charged: Charged) {
+        if (self.len + 1) * 2 > self.buckets.len() {
+            self.grow();
+        }
+        let mask = self.buckets.len() - 1;
+        let mut i = self.home(kind, key);
+        while self.buckets[i].kind != 0 {
+            i = (i + 1) & mask;
+        }
+        self.buckets[i] = Bucket {
+            kind: kind as u8 + 1,
+            key,
+            charged,
+        };
+        self.len += 1;
+    }
+
+    /// One probe run: the key's entry exists (queue behind it) or the first empty bucket
+    /// takes it.
+    #[inline]
+    fn insert(&mut self, kind: ObjectKind, key: u64, charged: Charged) {
+        if (self.len + 1) * 2 > self.buckets.len() {
+            self.grow();
+        }
+        let mask = self.buckets.len() - 1;
+        let tag = kind as u8 + 1;
+        let mut i = self.home(kind, key);
+        loop {
+            let bucket = &mut self.buckets[i];
+            if bucket.kind == 0 {
+                *bucket = Bucket {
+                    kind: tag,
+                    key,
+                    charged,
+                };
+                self.len += 1;
+                return;
+            }
+            if bucket.key == key && bucket.kind == tag {
+                self.later.push((kind, key, charged));
+                return;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    #[inline]
+    fn remove(&mut self, kind: ObjectKind, key: u64) -> Option<Charged> {
+        let i = self.find(kind, key)?;
+        let oldest = self.buckets[i].charged;
+        if !self.later.is_empty() {
+            if let Some(at) = self
+                .later
+                .iter()
+                .position(|(k, x, _)| *k == kind && *x == key)
+            {
+                self.buckets[i].charged = self.later.remove(at).2;
+                return Some(oldest);
+            }
+        }
+        self.delete(i);
+        Some(oldest)
+    }
+
+    /// Empties bucket `i`, shifting later members of its probe run back (so every key stays
+    /// reachable from its home without tombstones).
+    #[inline]
+    fn delete(&mut self, mut i: usize) {
+        let mask = self.buckets.len() - 1;
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            if self.buckets[j].kind == 0 {
+                break;
+            }
+            let next = self.buckets[j];
+            let home = self.home(kind_of(next.kind), next.key);
+            // `next` may move back to `i` unless its home lies cyclically in (i, j].
+            let stays = if i <= j {
+                i < home && home <= j
+            } else {
+                i < home || home <= j
+            };
+            if !stays {
+                self.buckets[i] = next;
+                i = j;
+            }
+        }
+        self.buckets[i] = EMPTY;
+        self.len -= 1;
+    }
+
+    /// Every entry, oldest first per key.
+    fn entries(&self) -> impl Iterator<Item = (ObjectKind, u64, Charged)> + '_ {
+        self.buckets
+            .iter()
+            .filter(|b| b.kind != 0)
+            .map(|b| (kind_of(b.kind), b.key, b.charged))
+            .chain(self.later.iter().copied())
     }
 }
 
-/// The entries under one key, oldest first (almost always exactly one; `later` only holds
-/// entries while a free of the same address is in flight, and never allocates otherwise).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Queue {
-    oldest: Charged,
-    later: Vec<Charged>,
+fn kind_of(tag: u8) -> ObjectKind {
+    match tag {
+        1 => ObjectKind::Pointer,
+        2 => ObjectKind::Array,
+        3 => ObjectKind::MipmappedArray,
+        4 => ObjectKind::Context,
+        _ => ObjectKind::Heap,
+    }
 }
 
-type Shard = Mutex<HashMapOf>;
+/// A shard behind a spin lock: held for one table operation (tens of instructions; a growth
+/// or a context's drain now and then), by this process's threads only, so a `Mutex`'s
+/// poisoning and futex bookkeeping (a third of an insert) buy nothing. A waiter that spins
+/// long yields the CPU to the holder.
+#[derive(Default)]
+struct Locked {
+    busy: AtomicBool,
+    shard: UnsafeCell<Shard>,
+}
+
+// SAFETY: `shard` is only reached through `Guard`, which the `busy` flag makes exclusive.
+unsafe impl Sync for Locked {}
+
+struct Guard<'a>(&'a Locked);
+
+impl Locked {
+    #[inline]
+    fn lock(&self) -> Guard<'_> {
+        let mut spins = 0u32;
+        while self
+            .busy
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        Guard(self)
+    }
+}
+
+impl std::ops::Deref for Guard<'_> {
+    type Target = Shard;
+    #[inline]
+    fn deref(&self) -> &Shard {
+        // SAFETY: the guard holds the shard's flag: no other reference exists.
+        unsafe { &*self.0.shard.get() }
+    }
+}
+
+impl std::ops::DerefMut for Guard<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut Shard {
+        // SAFETY: as for `deref`, and `&mut self` makes this the only use of the guard.
+        unsafe { &mut *self.0.shard.get() }
+    }
+}
+
+impl Drop for Guard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // A panic inside a table operation (only an allocation failure could, which aborts)
+        // leaves no half-written entry: releasing here is always right.
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
 
 /// The table. `insert` and `remove` touch one shard each.
 pub struct ObjectTable {
-    shards: Box<[Shard]>,
+    shards: Box<[Locked]>,
 }
 
 impl Default for ObjectTable {
     fn default() -> Self {
         ObjectTable {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            shards: (0..SHARDS).map(|_| Locked::default()).collect(),
         }
     }
-}
-
-fn shard_of(kind: ObjectKind, key: u64) -> usize {
-    let h = (key ^ ((kind as u64) << 59)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (h >> 58) as usize % SHARDS
 }
 
 impl ObjectTable {
-    fn shard(&self, kind: ObjectKind, key: u64) -> std::sync::MutexGuard<'_, HashMapOf> {
-        // A panic while holding a shard cannot leave a half-written map entry (insert/remove
-        // are single operations), so a poisoned shard is still consistent.
-        self.shards[shard_of(kind, key)]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    #[inline]
+    fn shard(&self, kind: ObjectKind, key: u64) -> Guard<'_> {
+        self.shards[shard_of(kind, key)].lock()
     }
 
     /// Records an object, behind any entry still under the same key (module doc).
+    #[inline]
     pub fn insert(&self, kind: ObjectKind, key: u64, charged: Charged) {
-        match self.shard(kind, key).entry((kind, key)) {
-            Entry::Occupied(mut queue) => queue.get_mut().later.push(charged),
-            Entry::Vacant(slot) => {
-                slot.insert(Queue {
-                    oldest: charged,
-                    later: Vec::new(),
-                });
-            }
-        }
+        self.shard(kind, key).insert(kind, key, charged);
     }
 
     /// Takes the oldest entry under the key.
+    #[inline]
     pub fn remove(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
-        let mut shard = self.shard(kind, key);
-        let Entry::Occupied(mut queue) = shard.entry((kind, key)) else {
-            return None;
-        };
-        if queue.get().later.is_empty() {
-            return Some(queue.remove().oldest);
-        }
-        let next = queue.get_mut().later.remove(0);
-        Some(std::mem::replace(&mut queue.get_mut().oldest, next))
+        self.shard(kind, key).remove(kind, key)
     }
 
     /// The oldest entry under the key.
     pub fn get(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
-        self.shard(kind, key).get(&(kind, key)).map(|q| q.oldest)
+        let shard = self.shard(kind, key);
+        shard.find(kind, key).map(|i| shard.buckets[i].charged)
     }
 
     /// Removes every object owned by `context` (the driver freed them with it).
     pub fn drain_context(&self, context: u64) -> Vec<((ObjectKind, u64), Charged)> {
         let mut drained = Vec::new();
         for shard in self.shards.iter() {
-            let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
-            map.retain(|key, queue| {
-                let mut kept = Vec::new();
-                for charged in std::iter::once(queue.oldest).chain(queue.later.drain(..)) {
-                    if charged.context == context {
-                        drained.push((*key, charged));
-                    } else {
-                        kept.push(charged);
-                    }
+            let mut shard = shard.lock();
+            if !shard.entries().any(|(_, _, c)| c.context == context) {
+                continue;
+            }
+            // Rebuilt in the old order (oldest first per key), without the context's.
+            let kept: Vec<_> = shard.entries().collect();
+            *shard = Shard::default();
+            for (kind, key, charged) in kept {
+                if charged.context == context {
+                    drained.push(((kind, key), charged));
+                } else {
+                    shard.insert(kind, key, charged);
                 }
-                if kept.is_empty() {
-                    return false;
-                }
-                queue.oldest = kept.remove(0);
-                queue.later = kept;
-                true
-            });
+            }
         }
         drained
     }
@@ -175,16 +373,14 @@ impl ObjectTable {
     /// Objects and bytes charged on `device` (diagnostics and tests).
     pub fn total_on(&self, device: u8) -> (usize, u64) {
         self.shards.iter().fold((0, 0), |(n, bytes), shard| {
-            let map = shard.lock().unwrap_or_else(|p| p.into_inner());
-            map.values()
-                .flat_map(|q| std::iter::once(&q.oldest).chain(q.later.iter()))
-                .filter(|c| c.device == device)
-                .fold((n, bytes), |(n, b), c| (n + 1, b + c.bytes))
+            let shard = shard.lock();
+            shard
+                .entries()
+                .filter(|(_, _, c)| c.device == device)
+                .fold((n, bytes), |(n, b), (_, _, c)| (n + 1, b + c.bytes))
         })
     }
 }
-
-type HashMapOf = HashMap<(ObjectKind, u64), Queue, BuildHasherDefault<KeyHasher>>;
 
 #[cfg(test)]
 mod tests {
@@ -290,6 +486,25 @@ mod tests {
         let drained = table.drain_context(1);
         assert_eq!(drained, vec![((ObjectKind::Pointer, 1 << 21), c(2))]);
         assert_eq!(table.total_on(0), (1, 4));
+    }
+
+    #[test]
+    fn many_objects_in_one_table_survive_growth_and_out_of_order_removal() {
+        let table = ObjectTable::default();
+        let key = |i: u64| 0x7f00_0000_0000 + (i << 21);
+        for i in 0..5000u64 {
+            table.insert(ObjectKind::Pointer, key(i), c(i));
+        }
+        // Removed in a scattered order, so probe runs are shifted back many times.
+        for i in (0..5000u64).filter(|i| i % 3 == 0) {
+            assert_eq!(table.remove(ObjectKind::Pointer, key(i)), Some(c(i)));
+        }
+        for i in 0..5000u64 {
+            let expected = (i % 3 != 0).then(|| c(i));
+            assert_eq!(table.get(ObjectKind::Pointer, key(i)), expected, "{i}");
+        }
+        let left: u64 = (0..5000u64).filter(|i| i % 3 != 0).sum();
+        assert_eq!(table.total_on(0), (3333, left));
     }
 
     #[test]
