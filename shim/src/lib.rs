@@ -3,13 +3,16 @@
 //! `/etc/ld.so.preload`) and loads this core at the first hooked call; together they sit
 //! between CUDA/NVML clients and the real driver and turn one GPU into an enforced slice.
 //!
-//! Three layers; imports run downward only (the `layers` test fails otherwise). The process
-//! [`lifecycle`] (initialisation, the fail-closed gate, fork handling) belongs to the top one.
+//! Four layers; imports run downward only, and never between siblings of one layer (the
+//! `layers` test fails otherwise). The process [`lifecycle`] (initialisation, the
+//! fail-closed gate, registering the fork handler) belongs to the top one.
 //! 1. the hook layer, what a client reaches: [`hooks`] (the registry, the exported shells,
 //!    the dlsym and cuGetProcAddress paths, every handler, the fail-closed gate and refusal);
 //! 2. policy: [`memory`] (the ledger and what each path charges) and [`throttle`] (the
-//!    compute share);
-//! 3. ground: [`ground`] (the real driver, the configuration, device binding, logging).
+//!    compute share), siblings;
+//! 3. [`session`]: this process's slice, which both policies read (the region mapping and
+//!    slot, the host PID, the clock, the published mode, the fork reset);
+//! 4. ground: [`ground`] (the real driver, device binding, logging).
 //!
 //! Exports are compiled only outside `cfg(test)`: a unit-test binary must never interpose its
 //! own `dlsym` or `cu*` symbols.
@@ -22,4 +25,5 @@ pub mod ground;
 mod layers;
 pub mod lifecycle;
 pub mod memory;
+pub mod session;
 pub mod throttle;

@@ -1,16 +1,22 @@
 //! Process lifecycle, at the top of the layers: the configuration loaded lazily ONCE at the
 //! first hooked call (never in a library constructor: the host's own initialisation, its
 //! environment and its allocator must be up first), the fail-closed gate every export passes,
-//! and fork handling. It calls down into every layer (`memory::attach`, the throttle's and the
-//! ledger's fork resets, `ground::state` to publish the mode); nothing below calls it.
+//! and the registration of the fork handler. It calls down into the layers (`memory::attach`,
+//! which has the session map the region and register the process; `session::mode` to publish
+//! the mode; `session::fork` for the handler); nothing below calls it.
+//!
+//! Owns `PHASE` (per process: a fork child initialises again) and the constant mode answered
+//! during a re-entrant init. The mode itself is published in one place, `session::mode`.
 //!
 //! Init order (bytehound-style, explicit):
 //! 1. library load: nothing runs (no constructor);
 //! 2. first `dlsym` call: only the real dlsym is resolved (`real`), no allocation, no locks;
 //! 3. first hooked CUDA/NVML call: `mode()` loads the configuration (allocates, reads the file),
-//!    sets the log level, registers the fork handler, publishes the mode;
-//! 4. after `fork()`: the child handler resets the phase, the child re-initialises at its next
-//!    hooked call (clean per-process state for the ledger and throttle).
+//!    sets the log level, attaches an enforcing process to its slice (region, slot, ledger),
+//!    publishes the mode, registers the fork handler;
+//! 4. after `fork()`: the child handler (`session::fork`) puts every piece of per-process
+//!    state back to its fresh value, this phase and the published mode included; the child
+//!    re-initialises at its next hooked call.
 //!
 //! Re-entrancy: the phase word carries the initialising thread's id. The same thread re-entering
 //! during init (config loading calling back into a hooked function) gets pass-through instead
@@ -18,23 +24,26 @@
 //! no longer exists (forked away mid-init) takes over.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpuslice_common::config::{self, ConfigError, Loaded, SliceConfig};
 
 use crate::ground::real::Library;
-use crate::ground::state::{self, mode_from, region_error, Mode};
 use crate::hooks::refusal::{refusal_line, Fault};
+use crate::session::fork::per_process;
+use crate::session::mode::{self as published, mode_from, region_error, Mode};
 
 const PHASE_UNINIT: u64 = 0;
 const PHASE_READY: u64 = 1;
 /// `INITIALIZING | tid << 8` while thread `tid` loads the configuration.
 const PHASE_INITIALIZING: u64 = 2;
 
-static PHASE: AtomicU64 = AtomicU64::new(PHASE_UNINIT);
-static MODE: AtomicPtr<Mode> = AtomicPtr::new(std::ptr::null_mut());
+per_process! {
+    /// Where this process is in its initialisation (`PHASE_*`).
+    static PHASE: AtomicU64 = AtomicU64::new(PHASE_UNINIT);
+}
+/// What a thread re-entering its own initialisation is answered (a constant: survives fork).
 static PASS_THROUGH_DURING_INIT: Mode = Mode::PassThrough;
-static FORK_HANDLER_REGISTERED: AtomicBool = AtomicBool::new(false);
 
 /// The gate each export passes first: `Err(code)` when the configuration is invalid, or
 /// (once the driver can list them) names a device the node does not have (`device_check`).
@@ -47,14 +56,13 @@ pub fn admit(library: Library) -> Result<(), u32> {
     }
 }
 
-/// This process's mode, initialising it on first use.
+/// This process's mode, initialising it on first use. Once published it is one load.
 #[inline]
 pub fn mode() -> &'static Mode {
-    if PHASE.load(Ordering::Acquire) == PHASE_READY {
-        // SAFETY: READY is published (Release) only after MODE holds a leaked, never freed Box.
-        return unsafe { &*MODE.load(Ordering::Acquire) };
+    match published::published() {
+        Some(mode) => mode,
+        None => initialise(),
     }
-    initialise()
 }
 
 /// The slice configuration when enforcing.
@@ -80,15 +88,16 @@ fn initialise() -> &'static Mode {
         ) {
             Ok(_) => {
                 let mode: &'static Mode = Box::leak(Box::new(load_mode()));
-                MODE.store(mode as *const Mode as *mut Mode, Ordering::Release);
-                state::publish(mode);
+                published::publish(mode);
                 PHASE.store(PHASE_READY, Ordering::Release);
-                register_fork_handler();
+                crate::session::fork::register_handler();
                 return mode;
             }
             Err(PHASE_READY) => {
-                // SAFETY: see `mode`.
-                return unsafe { &*MODE.load(Ordering::Acquire) };
+                // READY is stored only after the mode is published.
+                if let Some(mode) = published::published() {
+                    return mode;
+                }
             }
             Err(current) if current == initialising_by_me => return &PASS_THROUGH_DURING_INIT,
             Err(current) => {
@@ -125,11 +134,13 @@ fn load_mode() -> Mode {
     });
     let (mode, fault) = match loaded {
         Ok(outcome) => {
-            state::set_anchored(outcome.anchored);
+            published::set_anchored(outcome.anchored);
             let fault = match &outcome.loaded {
-                Loaded::Configured(config) => {
-                    Fault::Region(crate::memory::region_path(config).display().to_string())
-                }
+                Loaded::Configured(config) => Fault::Region(
+                    crate::session::slice::region_path(config)
+                        .display()
+                        .to_string(),
+                ),
                 _ => Fault::Configuration,
             };
             let mode = mode_from(outcome.loaded);
@@ -176,26 +187,6 @@ fn attach_region(mode: Mode) -> Mode {
     }
 }
 
-fn register_fork_handler() {
-    if FORK_HANDLER_REGISTERED.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    // SAFETY: `after_fork_in_child` is an `extern "C" fn()` that only stores atomics, which is
-    // async-signal-safe as a child-side atfork handler must be.
-    unsafe {
-        libc::pthread_atfork(None, None, Some(after_fork_in_child));
-    }
-}
-
-/// The child of a fork starts with clean per-process state and re-initialises on its next
-/// hooked call. The parent's leaked mode is simply abandoned.
-extern "C" fn after_fork_in_child() {
-    PHASE.store(PHASE_UNINIT, Ordering::Release);
-    state::unpublish();
-    crate::memory::after_fork_in_child();
-    crate::throttle::after_fork_in_child();
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,8 +196,26 @@ mod tests {
         let first = mode() as *const Mode;
         let second = mode() as *const Mode;
         assert_eq!(first, second);
-        assert_eq!(state::published().map(|m| m as *const Mode), Some(first));
+        assert_eq!(
+            published::published().map(|m| m as *const Mode),
+            Some(first)
+        );
         // SAFETY: gettid has no preconditions.
         assert!(thread_exists(unsafe { libc::gettid() }));
+    }
+
+    /// A thread that re-enters its own initialisation (the configuration's loading calling a
+    /// hooked function) passes through instead of waiting for itself.
+    #[test]
+    fn the_initialising_thread_re_entering_gets_pass_through() {
+        let published = mode() as *const Mode;
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() } as u32 as u64;
+        // Other threads read the published mode and never look at the phase.
+        PHASE.store(PHASE_INITIALIZING | (me << 8), Ordering::Release);
+        let during = initialise() as *const Mode;
+        PHASE.store(PHASE_READY, Ordering::Release);
+        assert_eq!(during, &PASS_THROUGH_DURING_INIT as *const Mode);
+        assert_eq!(mode() as *const Mode, published);
     }
 }

@@ -1,10 +1,9 @@
 //! The ground layer: what the policy layer and the hook layer stand on. Nothing here imports
-//! `hooks`, `lifecycle`, `memory` or `throttle` (checked by `layers`).
+//! `hooks`, `lifecycle`, `memory`, `throttle` or `session` (checked by `layers`).
 //!
 //! * [`driver`]: the typed real-driver table (slots, signatures, `real::NAME()`), generated
 //!   from the registry's one declaration.
 //! * [`real`]: the real `dlsym` (via `dlvsym`), the real driver libraries, lazily resolved slots.
-//! * [`state`]: the configuration this process runs under (`Mode`), published once.
 //! * [`devices`]: which limit applies to which device (UUID, then index), and the driver
 //!   queries that tell.
 //! * [`ffi_boundary`], [`log`]: panic containment and `[gpuslice]` logging.
@@ -22,4 +21,3 @@ pub mod driver;
 pub mod find_object;
 pub mod math;
 pub mod real;
-pub mod state;

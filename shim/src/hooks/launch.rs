@@ -9,7 +9,7 @@
 //! the fast path declines:
 //! * [`OPEN`] holds the hook's real function once the shell found the gate open for good (a
 //!   published mode that passes through, or enforces with every limit-file entry matched:
-//!   neither changes until a fork, whose child closes them all again, see [`open`]);
+//!   neither changes until a fork, whose child starts with all closed: `OPEN` is per process);
 //! * `throttle::bill_fast` decides the throttle in its common case (no share; one device with
 //!   its throttle built and no capture open);
 //! * after the real call, `driver_growth::launched` is one store.
@@ -20,25 +20,28 @@
 //! for tokens, a graph's memory settling) runs in a cold function under its own boundary.
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use gpuslice_abi::cuda::result::{CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
 use gpuslice_abi::cuda::*;
 
 use crate::ground::driver::HOOK_COUNT;
-use crate::ground::state::Mode;
 use crate::hooks::registry::signature as sig;
 use crate::memory;
+use crate::session::mode::Mode;
 use crate::throttle;
 use crate::throttle::capture;
 use crate::throttle::Bill;
 
-/// The real function of each `[hot]` hook whose gate is open for good (null: closed, the
-/// export takes its shell). Indexed by the registry's position.
-/// The x86-64 export of a `[launch]` hook reads it in machine code (see the registry).
-pub(crate) static OPEN: [AtomicPtr<c_void>; HOOK_COUNT] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; HOOK_COUNT];
-static FORK_HANDLER: AtomicBool = AtomicBool::new(false);
+crate::session::fork::per_process! {
+    /// The real function of each `[hot]` hook whose gate is open for good (null: closed, the
+    /// export takes its shell). Indexed by the registry's position. A fork child starts with
+    /// all closed: it re-initialises its mode (`lifecycle`), and each fast path opens again
+    /// once its shell has seen the gate.
+    /// The x86-64 export of a `[launch]` hook reads it in machine code (see the registry).
+    pub(crate) static OPEN: [AtomicPtr<c_void>; HOOK_COUNT] =
+        [const { AtomicPtr::new(std::ptr::null_mut()) }; HOOK_COUNT];
+}
 
 /// The fast path's real function for `hook` (null: take the shell). One load: `hook` is the
 /// registry's constant at every call site, so `get` folds away (and cannot panic).
@@ -53,7 +56,7 @@ pub fn open_real(hook: usize) -> *mut c_void {
 /// process too.
 #[cold]
 pub fn open(hook: usize, real: *mut c_void) {
-    let for_good = match crate::ground::state::published() {
+    let for_good = match crate::session::mode::published() {
         Some(Mode::PassThrough) => true,
         Some(Mode::Enforcing(_)) => crate::hooks::device_check::matched(),
         // Failing closed, or the mode is being initialised (a re-entrant call passes then).
@@ -65,21 +68,7 @@ pub fn open(hook: usize, real: *mut c_void) {
     if !for_good || real.is_null() {
         return;
     }
-    if !FORK_HANDLER.swap(true, Ordering::AcqRel) {
-        // SAFETY: `close_all` is an `extern "C" fn()` that only stores atomics, which is
-        // async-signal-safe as a child-side atfork handler must be.
-        unsafe { libc::pthread_atfork(None, None, Some(close_all)) };
-    }
     slot.store(real, Ordering::Release);
-}
-
-/// The child of a fork re-initialises its mode (`lifecycle`): every fast path closes until
-/// its shell has seen the gate again. Registered after `lifecycle`'s handler, so it runs
-/// after it.
-extern "C" fn close_all() {
-    for real in &OPEN {
-        real.store(std::ptr::null_mut(), Ordering::Relaxed);
-    }
 }
 
 /// Which path a launch handler runs on (its `PATH` parameter). The export's fast path runs
@@ -434,12 +423,12 @@ mod tests {
     fn a_fast_path_opens_only_when_the_gate_admits_for_good_and_a_fork_child_closes_it() {
         let hook = crate::ground::driver::SlotId::cuLaunchKernel as usize;
         let real = 0x1234 as *mut c_void;
-        close_all();
+        OPEN[hook].store(std::ptr::null_mut(), Ordering::Relaxed);
         assert!(open_real(hook).is_null());
         // The unit-test process has no configuration: once its mode is published it passes
         // through for good.
         let mode = crate::lifecycle::mode();
-        let expect_open = matches!(crate::ground::state::published(), Some(Mode::PassThrough));
+        let expect_open = matches!(crate::session::mode::published(), Some(Mode::PassThrough));
         assert!(matches!(mode, Mode::PassThrough), "no configuration here");
         open(hook, real);
         assert_eq!(
@@ -459,8 +448,10 @@ mod tests {
                 std::ptr::null_mut()
             }
         );
-        close_all();
-        assert!(open_real(hook).is_null(), "a fork child starts closed");
+        assert!(
+            crate::session::fork::in_fork_child(|| open_real(hook).is_null()),
+            "a fork child starts closed"
+        );
         assert!(open_real(HOOK_COUNT).is_null(), "no slot past the table");
     }
 }

@@ -731,7 +731,7 @@ mod tests {
         if cuda_loaded
             || !matches!(
                 crate::lifecycle::mode(),
-                crate::ground::state::Mode::PassThrough
+                crate::session::mode::Mode::PassThrough
             )
         {
             return;

@@ -3,7 +3,7 @@
 //! that says why a context was refused.
 //!
 //! Why a lock: what a context costs, and which NVML process entry is ours, are read by
-//! diffing NVML's process list around the creation (see `host_pid`). Processes of a slice
+//! diffing NVML's process list around the creation (see `session::host_pid`). Processes of a slice
 //! that start together made that diff ambiguous, so a context stayed charged at the
 //! provisional bound for its life, and each starter's provisional reservation (the bound,
 //! 512 MiB by default) could fill the slice so that others were refused although all the
@@ -190,7 +190,8 @@ pub fn refusal_line(
 }
 
 /// Once per device and process the refusal goes out at the default level (error); repeats
-/// (a program retrying in a loop) only at debug, so the line stays bounded.
+/// (a program retrying in a loop) only at debug, so the line stays bounded. Survives fork (a
+/// fork child refused again says it at debug).
 static SAID: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 
 /// Logs why a context on limited device entry `device` was refused.

@@ -26,7 +26,7 @@
 //! (lazy loading, the default, places them at a launch, which is seen); they are charged at
 //! the process's next launch, charge or view.
 //!
-//! Needs this process's NVML PID (`Process::host_pid`); while unknown nothing is reconciled.
+//! Needs this process's NVML PID (`session::host_pid`); while unknown nothing is reconciled.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -45,16 +45,27 @@ const _: () = assert!(
     "the bound covers a period"
 );
 
-/// Bytes reconciliation has charged per device entry (this process's; zeroed after fork).
-static TAKEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-/// The "past its cap" line was written for the entry (until the surplus shrinks again).
-static WARNED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-/// One reconciliation at a time; a caller that finds one running skips its own (that one
-/// reads the same driver). A flag, not a mutex: a fork child inherits no held lock.
-static BUSY: AtomicBool = AtomicBool::new(false);
-/// A launch or limit change since the last reconciliation. Also stored to (1, one byte) by the
-/// x86-64 launch fast path's machine code after the launch call (`hooks::launch`).
-pub(crate) static DIRTY: OwnLine = OwnLine(AtomicBool::new(false));
+crate::session::fork::per_process! {
+    /// Bytes reconciliation has charged per device entry (this process's slot's).
+    static TAKEN: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+}
+crate::session::fork::per_process! {
+    /// The "past its cap" line was written for the entry (until the surplus shrinks again).
+    static WARNED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+}
+crate::session::fork::per_process! {
+    /// One reconciliation at a time; a caller that finds one running skips its own (that one
+    /// reads the same driver). A flag, not a mutex: a fork child inherits no held lock.
+    static BUSY: AtomicBool = AtomicBool::new(false);
+}
+crate::session::fork::per_process! {
+    /// A launch or limit change since the last reconciliation (a fork child starts with one
+    /// due: its slot starts empty while the driver may hold memory on its account). Also
+    /// stored to (1, one byte) by the x86-64 launch fast path's machine code after the launch
+    /// call (`hooks::launch`).
+    pub(crate) static DIRTY: OwnLine = OwnLine(AtomicBool::new(false));
+    after fork: OwnLine(AtomicBool::new(true));
+}
 
 /// A flag alone on its cache line: every launch stores to it.
 #[repr(C, align(64))]
@@ -66,7 +77,17 @@ impl std::ops::Deref for OwnLine {
         &self.0
     }
 }
-static STARTED: AtomicBool = AtomicBool::new(false);
+
+impl crate::session::fork::ForkReset for OwnLine {
+    fn reset_to(&self, fresh: Self) {
+        self.0.reset_to(fresh.0);
+    }
+}
+
+crate::session::fork::per_process! {
+    /// This process's reconciliation thread was started (a fork child has none).
+    static STARTED: AtomicBool = AtomicBool::new(false);
+}
 
 /// A kernel launch returned (hot path: one relaxed store, no load or branch; the flag has a
 /// cache line of its own, so the store disturbs no neighbouring data).
@@ -129,7 +150,7 @@ pub(crate) fn reconcile(process: &Process) {
         return;
     }
     DIRTY.store(false, Ordering::Relaxed);
-    if let (Some(shared), host_pid) = (shared(), process.host_pid.load(Ordering::Relaxed)) {
+    if let (Some(shared), host_pid) = (shared(), crate::session::host_pid::known()) {
         if host_pid != 0 {
             reconcile_devices(shared, process, host_pid);
         }
@@ -210,17 +231,6 @@ fn ensure_started() {
             "cannot start the driver-memory reconciliation ({error}): memory the driver takes on its own is charged only at allocations"
         );
     }
-}
-
-/// Child side of fork (atomics only): the child's slot starts empty, and no thread runs.
-pub(crate) fn after_fork_in_child() {
-    for (taken, warned) in TAKEN.iter().zip(&WARNED) {
-        taken.store(0, Ordering::Relaxed);
-        warned.store(false, Ordering::Relaxed);
-    }
-    BUSY.store(false, Ordering::Relaxed);
-    STARTED.store(false, Ordering::Relaxed);
-    DIRTY.store(true, Ordering::Relaxed);
 }
 
 #[cfg(test)]

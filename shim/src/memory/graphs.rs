@@ -37,11 +37,15 @@ use crate::ground::driver::real;
 /// `CUgraphMem_attribute`: `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
 pub(crate) const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
 
-/// Execs instantiated through the shim whose memory has not been settled yet (a copy of the
-/// book's set size, read without its lock on the launch path).
-static UNSETTLED: AtomicUsize = AtomicUsize::new(0);
-/// Set once this process instantiated a graph (reporting then re-reads the graph pools).
-static GRAPHS_SEEN: AtomicBool = AtomicBool::new(false);
+crate::session::fork::per_process! {
+    /// Execs instantiated through the shim whose memory has not been settled yet (a copy of
+    /// the book's set size, read without its lock on the launch path; a fork child has none).
+    static UNSETTLED: AtomicUsize = AtomicUsize::new(0);
+}
+crate::session::fork::per_process! {
+    /// Set once this process instantiated a graph (reporting then re-reads the graph pools).
+    static GRAPHS_SEEN: AtomicBool = AtomicBool::new(false);
+}
 
 /// Per process: what the ledger charged for each device's graph pool, and the execs whose
 /// first upload or launch is still to be settled.
@@ -216,12 +220,6 @@ fn launched_slow(exec: u64) {
     if was_unsettled {
         reread_locked(process, &mut book, None);
     }
-}
-
-/// Child side of fork: the parent's execs are not the child's (atomics only).
-pub(super) fn after_fork_in_child() {
-    UNSETTLED.store(0, Ordering::Relaxed);
-    GRAPHS_SEEN.store(false, Ordering::Relaxed);
 }
 
 #[cfg(test)]

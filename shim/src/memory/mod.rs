@@ -8,7 +8,7 @@
 //! * [`objects`]: the sharded per-process table object -> (device, bytes, owning context);
 //! * [`pools`], [`vmm`]: when pool and VMM memory really returns to the card;
 //! * [`graphs`]: CUDA graph memory, charged as the device's graph pool really holds it;
-//! * [`host_pid`]: which NVML process entry is us (host PID discovery, context cost);
+//! * [`released`]: when a dead process's memory has really gone back to the card;
 //! * [`context_start`]: what a new context reserves, the slice's measuring lock, and the
 //!   line that says why a context was refused;
 //! * [`driver_growth`]: what the driver takes on the process's account unasked (modules,
@@ -16,27 +16,29 @@
 //! * [`driver_sized`]: what the paths whose size the driver decides (pools, VMM, contexts, the
 //!   malloc heap) charge, and which NVML process entries are the slice's;
 //! * [`report`]: the slice's view of memory numbers (pure);
-//! * this file: the process-wide state (region, slot, device bindings) and the seam the plain
-//!   allocation handlers in `hooks::memory` call (`allocate`, over `before_alloc` and
-//!   `after_alloc`; `on_free`).
+//! * this file: the memory policy's process-wide state and the seam the plain allocation
+//!   handlers in `hooks::memory` call (`allocate`, over `before_alloc` and `after_alloc`;
+//!   `on_free`).
+//!
+//! Owns: `SHARED` (the device bindings and the measured context costs over the session's
+//! region mapping; survives fork, like the mapping), `PROCESS` (the ledger of this process's
+//! slot; per process, a fork child has none until it attaches again), `OVERSIZE_WARNED` and
+//! `LAST_VIEW_REAP_NS` (a once-per-device warning and the views' reap pace; they survive
+//! fork: a child need not warn again, and reaping is slice-wide). The region mapping, the
+//! slot and the host PID are the session's (`crate::session`).
 //!
 //! Lifecycle: `attach` runs once per process from `lifecycle`'s lazy init (and again in a forked
-//! child): it opens (or creates) the region — a region that cannot be opened makes the shim
-//! fail closed, like an invalid limit file — and registers this process in a slot. Devices are
-//! bound lazily, by UUID, the first time a hook touches them (`Region::bind_devices`); a
-//! device without a memory limit is pass-through and never charged.
-//!
-//! Region path: the limit file's `region` (or `CUDA_DEVICE_MEMORY_SHARED_CACHE`), else
-//! [`DEFAULT_REGION_PATH`]: `/tmp` is private to a container under Docker/podman/Kubernetes,
-//! so all its processes meet there; users who share a slice across containers must name a
-//! region in a shared directory.
+//! child): the session opens (or creates) the region — a region that cannot be opened makes
+//! the shim fail closed, like an invalid limit file — and registers this process in a slot.
+//! Devices are bound lazily, by UUID, the first time a hook touches them
+//! (`Region::bind_devices`); a device without a memory limit is pass-through and never charged.
 //!
 //! Context cost: the shim cannot know what a context costs on the device before one exists.
 //! Before the first context of the process on a device it reserves what a process of the
 //! slice already measured there (the region's per-device `context_cost`, the largest figure
 //! seen), or, when none has, an upper bound (`GPUSLICE_CONTEXT_OVERHEAD`, default
 //! [`DEFAULT_CONTEXT_BOUND`]) up to the slice's room. Right after, it reads its own entry in
-//! NVML's process list (see [`host_pid`]), settles the charge to that measured figure
+//! NVML's process list (see `session::host_pid`), settles the charge to that measured figure
 //! (undoing the context when the real cost does not fit) and publishes it; later contexts of
 //! the process use it. Processes of the slice take that step one at a time
 //! ([`context_start`]), so simultaneous starts neither refuse each other nor mistake each
@@ -48,14 +50,13 @@ mod context_start;
 pub mod driver_growth;
 pub mod driver_sized;
 pub mod graphs;
-mod host_pid;
 pub mod ledger;
 pub mod objects;
 pub mod pools;
+mod released;
 pub mod report;
 mod vmm;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use gpuslice_abi::cuda::result::{
@@ -68,15 +69,13 @@ use gpuslice_abi::cuda::{
 };
 use gpuslice_abi::nvml::nvmlDevice_t;
 use gpuslice_common::config::SliceConfig;
-use gpuslice_common::region::{
-    DeviceId, DeviceLimits, ProcessIdentity, Region, SlotId, MAX_DEVICES,
-};
+use gpuslice_common::region::{DeviceId, DeviceLimits, Region, SlotId, MAX_DEVICES};
+
+use crate::session::fork::per_process;
 
 use ledger::{charge_size, Budget, Ledger, OutOfMemory};
 use objects::{Charged, ObjectKind};
 
-/// Region file when the configuration names none.
-pub const DEFAULT_REGION_PATH: &str = gpuslice_common::config::DEFAULT_REGION_PATH;
 /// Env variable: upper bound reserved for a context before its real cost is measured.
 pub const CONTEXT_BOUND_ENV: &str = "GPUSLICE_CONTEXT_OVERHEAD";
 /// Default of [`CONTEXT_BOUND_ENV`]: above what current drivers spend per context
@@ -210,10 +209,10 @@ fn decode(word: u32) -> Option<Binding> {
     }
 }
 
-/// Process-wide state that survives fork (the region mapping and its descriptors must be the
-/// same object in the child, which re-registers through it).
+/// Process-wide state that survives fork (over the session's region mapping, which must be
+/// the same object in the child, which re-registers through it).
 pub struct Shared {
-    region: Region,
+    region: &'static Region,
     config: SliceConfig,
     cuda_bindings: [AtomicU32; CACHED_ORDINALS],
     nvml_handles: [AtomicUsize; CACHED_NVML_HANDLES],
@@ -226,9 +225,8 @@ pub struct Shared {
 /// Per-process state; replaced in a forked child.
 pub struct Process {
     pub ledger: Ledger<RegionBudget>,
+    /// The session's slot (`session::slice`), kept beside the ledger that charges it.
     pub slot: SlotId,
-    /// Host PID (NVML's PID for us); 0 = unknown.
-    pub host_pid: AtomicU32,
 }
 
 impl Process {
@@ -250,8 +248,13 @@ impl Process {
     }
 }
 
+/// Survives fork (see [`Shared`]).
 static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
-static PROCESS: AtomicPtr<Process> = AtomicPtr::new(std::ptr::null_mut());
+per_process! {
+    /// This process's ledger; a fork child has none until `attach` runs again (the parent's
+    /// objects, pools and contexts are not the child's; its leaked `Process` is abandoned).
+    static PROCESS: AtomicPtr<Process> = AtomicPtr::new(std::ptr::null_mut());
+}
 
 #[inline]
 pub fn shared() -> Option<&'static Shared> {
@@ -265,24 +268,11 @@ pub fn process() -> Option<&'static Process> {
     unsafe { PROCESS.load(Ordering::Acquire).as_ref() }
 }
 
-/// The region this process is registered in (for the compute throttle and diagnostics).
-pub fn region() -> Option<(&'static Region, SlotId)> {
-    Some((&shared()?.region, process()?.slot))
-}
-
-/// The region path a configuration means.
-pub fn region_path(config: &SliceConfig) -> PathBuf {
-    config
-        .region_path
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_REGION_PATH))
-}
-
 /// The context bound: [`CONTEXT_BOUND_ENV`] where no limit file is anchored. Under an anchored
 /// file it is ignored (with a warning): a tenant that set it small would make the slice's
 /// first context under-reserve, i.e. change what is enforced.
 fn context_bound_from_env() -> u64 {
-    if crate::ground::state::anchored() {
+    if crate::session::mode::anchored() {
         if let Ok(text) = std::env::var(CONTEXT_BOUND_ENV) {
             if !text.trim().is_empty() {
                 crate::log_warn!(
@@ -311,14 +301,15 @@ fn context_bound_from_env() -> u64 {
     }
 }
 
-/// Opens the region and registers this process (called by `lifecycle` once per process, and
-/// again in a forked child). `Err` is the one line the shim prints before failing closed.
+/// Attaches this process to its slice (called by `lifecycle` once per process, and again in a
+/// forked child): the session maps the region and registers this process in a slot, then this
+/// process's ledger is built over it. `Err` is the one line the shim prints before failing
+/// closed.
 pub fn attach(config: &SliceConfig) -> Result<(), String> {
-    let path = region_path(config);
+    let region = crate::session::slice::open(config)?;
     let shared = match shared() {
-        Some(existing) if existing.region.path() == path.as_path() => existing,
+        Some(existing) if std::ptr::eq(existing.region, region) => existing,
         _ => {
-            let region = Region::open_or_create(&path).map_err(|e| e.to_string())?;
             let fresh: &'static Shared = Box::leak(Box::new(Shared {
                 region,
                 config: config.clone(),
@@ -332,61 +323,27 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
             fresh
         }
     };
-    let identity = ProcessIdentity::current().ok_or_else(|| {
-        format!(
-            "shared region {}: cannot read /proc/self to register this process",
-            path.display()
-        )
-    })?;
     // A full region offers its dead slots to the driver's word before refusing.
-    let slot = shared
-        .region
-        .register_with(
-            &identity,
-            |_| pause_in_registration(),
-            |dead| driver_sized::driver_released(shared, dead),
-        )
-        .map_err(|e| e.to_string())?;
+    let (slot, identity) = crate::session::slice::register(region, |dead| {
+        driver_sized::driver_released(shared, dead)
+    })?;
     // Slots of processes that exited (or were killed) still count until reaped; a starting
     // process clears those that hold nothing. Those holding bytes wait for the driver's word
     // (NVML, asked by the charge path before it refuses and by the views), however long the
     // driver takes: no timer gives them back.
     log_reap(shared.region.reap_dead());
     let process: &'static Process = Box::leak(Box::new(Process {
-        ledger: Ledger::new(RegionBudget {
-            region: &shared.region,
-            slot,
-        }),
+        ledger: Ledger::new(RegionBudget { region, slot }),
         slot,
-        host_pid: AtomicU32::new(identity.host_pid),
     }));
     PROCESS.store(process as *const Process as *mut Process, Ordering::Release);
     crate::log_debug!(
         "registered pid {} in slot {} of {}",
         identity.pid,
         slot.index(),
-        path.display()
+        region.path().display()
     );
     Ok(())
-}
-
-/// Env variable of the test hook below.
-pub const PAUSE_IN_REGISTRATION_ENV: &str = "GPUSLICE_TEST_PAUSE_IN_REGISTRATION";
-
-/// Test hook, inert unless [`PAUSE_IN_REGISTRATION_ENV`] names a file: creates that file, then
-/// blocks (at most 60 s) in the middle of registering, with a slot claimed, so a test can
-/// SIGKILL or SIGSTOP the process at the worst moment and show the others carry on. Inert
-/// under an anchored limit file (a tenant has no business pausing its own processes there).
-fn pause_in_registration() {
-    if crate::ground::state::anchored() {
-        return;
-    }
-    let Some(marker) = std::env::var_os(PAUSE_IN_REGISTRATION_ENV) else {
-        return;
-    };
-    if std::fs::write(&marker, b"holding the registration lock\n").is_ok() {
-        std::thread::sleep(std::time::Duration::from_secs(60));
-    }
 }
 
 /// The memory limit and region entry of a CUDA device (resolved once, then cached). `Err` is
@@ -442,6 +399,7 @@ fn card_total_for_warning(ordinal: CUdevice) -> Option<u64> {
 }
 
 /// Device entries whose oversize limit was already reported by this process (bit = entry).
+/// Survives fork: a child need not repeat the warning.
 static OVERSIZE_WARNED: AtomicU32 = AtomicU32::new(0);
 
 /// Binds `(index, uuid)` in the region when the configuration limits its memory.
@@ -798,13 +756,15 @@ fn usage_of(shared: &Shared, device: u8) -> Option<(u64, u64)> {
 /// process's memory back within a second of the driver releasing it; each reap probes every
 /// claimed slot's lock, a system call each, so not on every report).
 const VIEW_REAP_INTERVAL_NS: u64 = 250_000_000;
+/// When this process last reaped for a view. Survives fork: it only paces the reaping, which
+/// is slice-wide.
 static LAST_VIEW_REAP_NS: AtomicU64 = AtomicU64::new(0);
 
 /// Reaps, at most every [`VIEW_REAP_INTERVAL_NS`] per process, the slots of dead processes
 /// whose memory the driver has released, so the slice's views stop counting it without
 /// waiting for another process to start or an allocation to be refused.
 fn reap_for_views(shared: &Shared) {
-    let now = crate::throttle::now_ns();
+    let now = crate::session::clock::now_ns();
     let last = LAST_VIEW_REAP_NS.load(Ordering::Relaxed);
     if now.saturating_sub(last) < VIEW_REAP_INTERVAL_NS
         || LAST_VIEW_REAP_NS
@@ -818,18 +778,4 @@ fn reap_for_views(shared: &Shared) {
             .region
             .reap_holding_if(|dead| driver_sized::driver_released(shared, dead)),
     );
-}
-
-/// Child side of fork: the parent's objects, pools and contexts are not the child's. Only
-/// atomics and close(2) here (async-signal-safe); the child re-registers at its next hooked
-/// call, when `lifecycle` runs `attach` again with the same region object. The parent's slot
-/// descriptors are closed at once: held by a child that never calls CUDA again (a data
-/// loader worker), they would keep the parent's slot looking alive after the parent died.
-pub fn after_fork_in_child() {
-    if let Some(shared) = shared() {
-        shared.region.close_inherited_slot_locks();
-    }
-    PROCESS.store(std::ptr::null_mut(), Ordering::Release);
-    graphs::after_fork_in_child();
-    driver_growth::after_fork_in_child();
 }

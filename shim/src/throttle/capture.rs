@@ -23,10 +23,13 @@ use gpuslice_abi::cuda::{CUresult, CUstream};
 
 use crate::ground::driver::real;
 
-/// Captures begun by this process and not seen ended.
-/// (Read, as "no capture open", by the x86-64 launch fast path's machine code, see
-/// `throttle::layout`.)
-pub(crate) static OPEN: AtomicU32 = AtomicU32::new(0);
+crate::session::fork::per_process! {
+    /// Captures begun by this process and not seen ended (a fork child has none open: a
+    /// capture is the parent's streams', and a child that kept the count would query the
+    /// driver at every launch, take no launch fast path and never probe). Read, as "no
+    /// capture open", by the x86-64 launch fast path's machine code, see `throttle::layout`.
+    pub(crate) static OPEN: AtomicU32 = AtomicU32::new(0);
+}
 
 /// Whether a launch on `stream` is being recorded into a graph (not run now). One relaxed
 /// load when no capture is open.
@@ -99,5 +102,18 @@ mod tests {
             "still capturing"
         );
         assert!(!capture_ended(CUDA_ERROR_INVALID_HANDLE));
+    }
+
+    /// A fork while a capture is open: the child starts with none open (launches billed,
+    /// the probe allowed), the parent keeps its own.
+    #[test]
+    fn a_fork_child_of_a_process_with_an_open_capture_has_none_open() {
+        assert_eq!(began(CUDA_SUCCESS), CUDA_SUCCESS);
+        assert!(any_open());
+        let child_clean = crate::session::fork::in_fork_child(|| !any_open());
+        assert!(any_open(), "the parent's capture is still open");
+        // Close it again without a driver: the count only, as `ended` does.
+        let _ = OPEN.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        assert!(child_clean, "the child inherited the parent's open capture");
     }
 }

@@ -1,14 +1,13 @@
 //! The measurement side of the throttle: NVML through the REAL `libnvidia-ml` (the shim's
-//! real-function slots, never our own filtered wrappers), and discovery of this process's
-//! host PID as NVML reports it.
+//! real-function slots, never our own filtered wrappers).
 //!
 //! * `process_busy`: `nvmlDeviceGetProcessUtilization` since the previous call's newest
 //!   timestamp, turned into busy nanoseconds per PID (`smUtil` % of the span; several samples
 //!   of one PID are averaged). Timestamps are NVML's own, never mixed with our clock.
 //! * `running_pids`: `nvmlDeviceGetComputeRunningProcesses_v3` (v2 on older drivers).
-//! * host-PID discovery uses `running_pids` (see `throttle::discover_pid` and
-//!   `watcher::resolve`): the kernel's `NSpid`, the host PID the memory ledger recorded in the
-//!   region, or our own PID, whichever NVML lists.
+//! * host-PID discovery takes `running_pids`' answer to `session::host_pid::discover` (the
+//!   kernel's `NSpid`, the host PID the slot records, the one a context creation showed, or
+//!   our own PID, whichever NVML lists; see `watcher::resolve`).
 
 use gpuslice_abi::nvml::{nvmlDevice_t, nvmlProcessUtilizationSample_t};
 

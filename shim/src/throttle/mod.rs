@@ -5,12 +5,16 @@
 //!   and the process-local credit the common launch spends;
 //! * [`controller`]: the feedback law (learned per-launch cost, integral correction in log
 //!   space, `burst` bypass);
-//! * [`measure`]: NVML through the real library, host-PID discovery;
-//! * [`host_pid`]: a compute-only process's host PID (learned at context creation) and its
-//!   own region slot, which is what lets the slice hold as many processes as the region;
+//! * [`measure`]: NVML through the real library;
 //! * [`watcher`]: the per-process thread (one process of the slice leads and steers);
 //! * [`probe`]: the start-up estimate from the process's own launch timing (an upper bound
 //!   on the per-launch cost, before NVML's first sample).
+//!
+//! Owns: `ACTIVE`, `DEVICE_STATE`, `DEVICES` (per process: a fork child builds its device
+//! state again at its next launch) and `DEVICE_COUNT_KIND` (the visible devices, which a
+//! fork child shares). The region mapping, the slot, the host PID and the clock are the
+//! session's (`crate::session`); the watcher reads the device state through
+//! [`active_device`].
 //!
 //! Every launch path (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, graph, each with its
 //! `_ptsz` variant, whatever the lookup path) calls [`before_launch_to`] with its stream
@@ -24,12 +28,11 @@
 //! `WAITS` slice-wide counters flushed by every process · `LEADER` lease · `LOG_C` correction
 //! (f64 bits) · `BYPASS` · `UNRESOLVED_UNTIL` (ms; some process could not find its host PID)
 //! · words 9.. a cache of 14 of the slice's host PIDs on the device (two per word); the
-//! region's process slots hold them all ([`host_pid`]).
+//! region's process slots hold them all (`session::host_pid`).
 
 pub mod bucket;
 pub mod capture;
 pub mod controller;
-pub mod host_pid;
 pub mod measure;
 pub mod probe;
 pub mod watcher;
@@ -42,6 +45,9 @@ use gpuslice_common::config::{ComputePolicy, Priority, SliceConfig};
 use gpuslice_common::region::{DeviceId, DeviceLimits, Region, THROTTLE_WORDS};
 use gpuslice_common::MAX_DEVICES;
 
+use crate::session::clock::{now_ns, sleep_until};
+use crate::session::fork::per_process;
+use crate::session::mode::config_throttles;
 use bucket::{Credit, PidTable};
 
 pub const W_VTIME: usize = 0;
@@ -71,9 +77,12 @@ const OFF: u8 = 1;
 const ON: u8 = 2;
 const BUSY: u8 = 3;
 
-/// Whether any share may apply to this process (`OFF`: none, launches are free). Also read
-/// by the x86-64 launch fast path's machine code (`hooks::launch`), compared with [`ACTIVE_OFF`].
-pub(crate) static ACTIVE: AtomicU8 = AtomicU8::new(UNINIT);
+per_process! {
+    /// Whether any share may apply to this process (`OFF`: none, launches are free; `UNINIT`
+    /// until the first launch). Also read by the x86-64 launch fast path's machine code
+    /// (`hooks::launch`), compared with [`ACTIVE_OFF`].
+    pub(crate) static ACTIVE: AtomicU8 = AtomicU8::new(UNINIT);
+}
 /// [`ACTIVE`]'s value when no launch needs the throttle.
 pub const ACTIVE_OFF: u8 = OFF;
 /// [`ACTIVE`]'s value when some launch may.
@@ -95,13 +104,18 @@ pub mod layout {
     pub const CREDIT: usize =
         std::mem::offset_of!(DeviceThrottle, credit) + super::bucket::Credit::VALUE_OFFSET;
 }
-/// Visible devices: 0 unknown, 1 one device (no per-launch lookup), 2 several.
+/// Visible devices: 0 unknown, 1 one device (no per-launch lookup), 2 several. Survives fork
+/// (the child sees the same devices).
 pub(crate) static DEVICE_COUNT_KIND: AtomicU8 = AtomicU8::new(0);
-static DEVICE_STATE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(UNINIT) }; MAX_DEVICES];
-pub(crate) static DEVICES: [AtomicPtr<DeviceThrottle>; MAX_DEVICES] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
-static REGION: AtomicPtr<Region> = AtomicPtr::new(std::ptr::null_mut());
-static REGION_FAILED: AtomicBool = AtomicBool::new(false);
+per_process! {
+    /// Per device: `UNINIT`, `OFF` (no share), `BUSY` (being built), `ON` (`DEVICES` holds it).
+    static DEVICE_STATE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(UNINIT) }; MAX_DEVICES];
+}
+per_process! {
+    /// The device throttles (leaked, never freed; the parent's are abandoned in a fork child).
+    pub(crate) static DEVICES: [AtomicPtr<DeviceThrottle>; MAX_DEVICES] =
+        [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
+}
 
 /// Per process, per throttled device.
 pub struct DeviceThrottle {
@@ -558,9 +572,10 @@ fn current_ordinal() -> Option<CUdevice> {
 /// share another process's limit file put there: stricter wins).
 #[cold]
 fn activate() -> bool {
-    let on = crate::ground::state::slice_config().is_some_and(|config| {
+    let on = crate::session::mode::slice_config().is_some_and(|config| {
         config_throttles(config)
-            || (config.policy != ComputePolicy::Off && crate::memory::region().is_some())
+            || (config.policy != ComputePolicy::Off
+                && crate::session::slice::registered().is_some())
     });
     let _ = ACTIVE.compare_exchange(
         UNINIT,
@@ -571,6 +586,15 @@ fn activate() -> bool {
     on
 }
 
+/// The throttle of device `index` when it is on (for the watcher's ticks).
+pub fn active_device(index: usize) -> Option<&'static DeviceThrottle> {
+    if DEVICE_STATE.get(index)?.load(Ordering::Acquire) != ON {
+        return None;
+    }
+    // SAFETY: ON is published (Release) after DEVICES[index] holds a leaked, never freed Box.
+    Some(unsafe { &*DEVICES[index].load(Ordering::Acquire) })
+}
+
 /// Pure: the share in force from the configured one and the region entry's (1..=99 each,
 /// `None` = none): the stricter; `None` = no share at all.
 pub fn effective_percent(configured: Option<u32>, region: Option<u32>) -> Option<u32> {
@@ -579,15 +603,6 @@ pub fn effective_percent(configured: Option<u32>, region: Option<u32>) -> Option
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
-}
-
-/// Pure: whether `config` asks for any compute throttling.
-pub fn config_throttles(config: &SliceConfig) -> bool {
-    config.policy != ComputePolicy::Off
-        && config
-            .devices
-            .iter()
-            .any(|d| matches!(d.compute_percent, Some(1..=99)))
 }
 
 /// The throttle of device `ordinal`, initialising it on first use; `None` = not throttled
@@ -613,7 +628,7 @@ fn init_device(index: usize, ordinal: CUdevice) -> Option<&'static DeviceThrottl
     {
         return None;
     }
-    let built = crate::ground::state::slice_config().and_then(|c| build_device(c, ordinal));
+    let built = crate::session::mode::slice_config().and_then(|c| build_device(c, ordinal));
     match built {
         Some(device) => {
             let leaked: &'static DeviceThrottle = Box::leak(Box::new(device));
@@ -643,11 +658,11 @@ fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottl
     let limit = config.limit_for(ordinal as u32, &uuid)?;
     let configured = limit.compute_percent.filter(|p| (1..=99).contains(p));
     let (words, region_entry) = match configured {
-        Some(percent) => shared_words(config, &uuid, limit.memory_limit, percent),
-        // No share of our own: throttled only if the region the memory ledger attached us
-        // to holds one for this device.
+        Some(percent) => shared_words(&uuid, limit.memory_limit, percent),
+        // No share of our own: throttled only if the region this process is registered in
+        // holds one for this device.
         None => {
-            let (region, _) = crate::memory::region()?;
+            let (region, _) = crate::session::slice::registered()?;
             let id = region
                 .snapshot()
                 .devices
@@ -695,7 +710,6 @@ fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottl
 /// The device's throttle words in the slice's region; process-local words (one line logged)
 /// when the region cannot be used, so throttling still applies to this process.
 fn shared_words(
-    config: &SliceConfig,
     uuid: &str,
     memory_limit: Option<u64>,
     percent: u32,
@@ -707,7 +721,9 @@ fn shared_words(
         let words = Box::leak(Box::new([const { AtomicU64::new(0) }; THROTTLE_WORDS]));
         (&*words, None)
     };
-    let Some(region) = region(config) else {
+    // The mapping the session opened at attach (one mapping and one registration per process).
+    let Some(region) = crate::session::slice::region() else {
+        crate::log_error!("no shared region is mapped; compute share enforced per process only");
         return local();
     };
     // The memory ledger usually bound the entry already: find it without the registration lock.
@@ -735,198 +751,9 @@ fn shared_words(
     }
 }
 
-fn region(config: &SliceConfig) -> Option<&'static Region> {
-    let known = REGION.load(Ordering::Acquire);
-    if !known.is_null() {
-        // SAFETY: REGION only ever holds a leaked, never freed Region.
-        return Some(unsafe { &*known });
-    }
-    if let Some((shared, _)) = crate::memory::region() {
-        // The memory ledger's mapping: one mapping and one registration per process.
-        REGION.store(shared as *const Region as *mut Region, Ordering::Release);
-        return Some(shared);
-    }
-    if REGION_FAILED.load(Ordering::Relaxed) {
-        return None;
-    }
-    let path = crate::memory::region_path(config);
-    match Region::open_or_create(&path) {
-        Ok(region) => {
-            let leaked = Box::into_raw(Box::new(region));
-            match REGION.compare_exchange(
-                std::ptr::null_mut(),
-                leaked,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                // SAFETY: just leaked; never freed.
-                Ok(_) => Some(unsafe { &*leaked }),
-                Err(winner) => {
-                    // SAFETY: `leaked` was never shared; `winner` is a leaked Region.
-                    drop(unsafe { Box::from_raw(leaked) });
-                    // SAFETY: `winner` is a leaked Region, never freed.
-                    Some(unsafe { &*winner })
-                }
-            }
-        }
-        Err(error) => {
-            crate::log_error!("{error}; compute share enforced per process only");
-            REGION_FAILED.store(true, Ordering::Relaxed);
-            None
-        }
-    }
-}
-
-/// Pure: which NVML PID is this process, from the running list on the device, the host PID
-/// the kernel told us (0 = none), the one the slice's region recorded for us (0 = none), the
-/// one a context creation showed ([`host_pid::learned`], 0 = none) and our own PID (right
-/// when NVML and we share a PID namespace).
-pub fn discover_pid(
-    listed: &[u32],
-    kernel: u32,
-    region: u32,
-    learned: u32,
-    me: u32,
-) -> Option<u32> {
-    [kernel, region, learned, me]
-        .into_iter()
-        .find(|&pid| pid != 0 && listed.contains(&pid))
-}
-
-/// The host PID the region's slot of this process records (the memory ledger's discovery).
-pub fn region_host_pid() -> u32 {
-    let region = REGION.load(Ordering::Acquire);
-    if region.is_null() {
-        return 0;
-    }
-    // SAFETY: REGION only ever holds a leaked, never freed Region.
-    let region = unsafe { &*region };
-    let Some(me) = gpuslice_common::region::ProcessIdentity::current() else {
-        return 0;
-    };
-    region
-        .snapshot()
-        .processes
-        .iter()
-        .find(|p| p.pid == me.pid && p.pid_ns == me.pid_ns && p.start_time == me.start_time)
-        .map_or(0, |p| p.host_pid)
-}
-
-/// Host PIDs the region records for the slice's processes.
-pub fn region_host_pids() -> Vec<u32> {
-    let region = REGION.load(Ordering::Acquire);
-    if region.is_null() {
-        return Vec::new();
-    }
-    // SAFETY: as above.
-    let region = unsafe { &*region };
-    region
-        .snapshot()
-        .processes
-        .iter()
-        .map(|p| p.host_pid)
-        .filter(|&p| p != 0)
-        .collect()
-}
-
-/// Child side of fork: the bucket credit, the watcher and the device state are per process;
-/// the child starts them again at its next launch. Only atomic stores (async-signal-safe).
-pub fn after_fork_in_child() {
-    ACTIVE.store(UNINIT, Ordering::Relaxed);
-    for (state, device) in DEVICE_STATE.iter().zip(&DEVICES) {
-        state.store(UNINIT, Ordering::Relaxed);
-        device.store(std::ptr::null_mut(), Ordering::Relaxed);
-    }
-    watcher::after_fork_in_child();
-    host_pid::after_fork_in_child();
-}
-
-/// CLOCK_MONOTONIC in ns (vDSO).
-#[inline]
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Sleeps until the absolute CLOCK_MONOTONIC instant `deadline_ns` (restarting on signals).
-pub fn sleep_until(deadline_ns: u64) {
-    let ts = libc::timespec {
-        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
-    };
-    loop {
-        // SAFETY: `ts` is a valid timespec; a null remainder is allowed with TIMER_ABSTIME.
-        let rc = unsafe {
-            libc::clock_nanosleep(
-                libc::CLOCK_MONOTONIC,
-                libc::TIMER_ABSTIME,
-                &ts,
-                std::ptr::null_mut(),
-            )
-        };
-        match rc {
-            libc::EINTR => continue,
-            0 => return,
-            _ => {
-                // A sandbox that refuses clock_nanosleep (a seccomp profile, an emulating
-                // kernel) must not turn every wait into a busy loop: a relative sleep instead.
-                let left = deadline_ns.saturating_sub(now_ns());
-                std::thread::sleep(std::time::Duration::from_nanos(left));
-                return;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuslice_common::config::{ConfigSource, DeviceLimit, DeviceSelector};
-
-    #[test]
-    fn discovery_prefers_the_kernel_then_the_region_then_a_context_creation_then_our_own_pid() {
-        assert_eq!(discover_pid(&[1, 900, 5], 900, 0, 0, 5), Some(900));
-        assert_eq!(discover_pid(&[1, 1005, 5], 0, 1005, 0, 5), Some(1005));
-        assert_eq!(discover_pid(&[1, 1007, 5], 0, 0, 1007, 5), Some(1007));
-        assert_eq!(discover_pid(&[1, 5], 0, 0, 0, 5), Some(5));
-        assert_eq!(
-            discover_pid(&[1, 1005], 0, 0, 0, 5),
-            None,
-            "offset PIDs, nothing known"
-        );
-        assert_eq!(
-            discover_pid(&[1, 1005], 900, 0, 1007, 5),
-            None,
-            "not listed: not trusted"
-        );
-    }
-
-    #[test]
-    fn only_a_share_below_100_with_a_policy_other_than_off_throttles() {
-        let device = |p| DeviceLimit {
-            selector: DeviceSelector::Index(0),
-            memory_limit: None,
-            compute_percent: p,
-        };
-        let config = |policy, p| SliceConfig {
-            source: ConfigSource::Env,
-            devices: vec![device(p)],
-            region_path: None,
-            policy,
-            priority: Default::default(),
-            log_level: None,
-        };
-        assert!(config_throttles(&config(ComputePolicy::Cap, Some(25))));
-        assert!(config_throttles(&config(ComputePolicy::Burst, Some(99))));
-        assert!(!config_throttles(&config(ComputePolicy::Cap, Some(100))));
-        assert!(!config_throttles(&config(ComputePolicy::Cap, None)));
-        assert!(!config_throttles(&config(ComputePolicy::Off, Some(25))));
-    }
 
     #[test]
     fn the_stricter_of_the_configured_and_the_region_share_is_in_force() {

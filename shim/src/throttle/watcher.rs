@@ -10,13 +10,14 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use gpuslice_common::region::ProcessIdentity;
-
 use super::controller::{Controller, Tick, INITIAL_COST_NS};
 use super::{
-    bucket, measure, now_ns, DeviceThrottle, DEVICES, DEVICE_STATE, ON, W_BYPASS, W_COST,
-    W_INV_RATE, W_LAUNCHES, W_LEADER, W_LOG_C, W_UNRESOLVED_UNTIL, W_VTIME, W_WAITS,
+    active_device, bucket, measure, DeviceThrottle, W_BYPASS, W_COST, W_INV_RATE, W_LAUNCHES,
+    W_LEADER, W_LOG_C, W_UNRESOLVED_UNTIL, W_VTIME, W_WAITS,
 };
+use crate::session::clock::{now_ns, sleep_until};
+use crate::session::fork::per_process;
+use crate::session::host_pid;
 use gpuslice_common::MAX_DEVICES;
 
 pub const TICK_NS: u64 = 50_000_000;
@@ -24,7 +25,10 @@ pub const TICK_NS: u64 = 50_000_000;
 pub const COST_LEARNED: u64 = 1 << 63;
 pub const LEASE_MS: u32 = 250;
 
-static STARTED: AtomicBool = AtomicBool::new(false);
+per_process! {
+    /// The watcher thread of this process was started (a fork child has none).
+    static STARTED: AtomicBool = AtomicBool::new(false);
+}
 
 /// Starts the watcher once per process.
 pub fn ensure_started() {
@@ -40,10 +44,6 @@ pub fn ensure_started() {
             "cannot start the compute watcher ({error}): the share is enforced without feedback"
         );
     }
-}
-
-pub fn after_fork_in_child() {
-    STARTED.store(false, Ordering::Relaxed);
 }
 
 /// What the leader remembers between ticks for one device.
@@ -89,25 +89,18 @@ struct LeaderState {
     launch_history: std::collections::VecDeque<(u64, u64)>,
 }
 
-/// Looks for this process in NVML's running list (see `discover_pid`); logs one line when it
+/// Looks for this process in NVML's running list (see `session::host_pid::discover`); logs one line when it
 /// is still not found after a second.
 fn resolve(device: &DeviceThrottle, state: &mut LeaderState) {
     state.resolve_attempts += 1;
     let listed = measure::device_handle(&device.uuid, device.ordinal as u32)
         .and_then(measure::running_pids)
         .unwrap_or_default();
-    let kernel = ProcessIdentity::current().map_or(0, |i| i.host_pid);
-    let found = super::discover_pid(
-        &listed,
-        kernel,
-        super::region_host_pid(),
-        super::host_pid::learned(),
-        std::process::id(),
-    );
+    let found = host_pid::discover(&listed);
     if let Some(pid) = found {
         // The region's slots hold every process of the slice (the memory ledger's record,
         // else a slot of our own); the throttle words are a small cache beside them.
-        let recorded = super::host_pid::record(pid);
+        let recorded = host_pid::offer(pid);
         let table = device.pid_table();
         if !table.insert(pid) {
             table.retain(|p| listed.contains(&p));
@@ -116,7 +109,7 @@ fn resolve(device: &DeviceThrottle, state: &mut LeaderState) {
         let region_pids = if recorded {
             vec![pid]
         } else {
-            super::region_host_pids()
+            host_pid::slice_host_pids()
         };
         match known_by_leader(inserted, pid, &region_pids) {
             Some(how) => {
@@ -159,13 +152,11 @@ fn run() {
     let token = process_token();
     let mut leaders: Vec<LeaderState> = (0..MAX_DEVICES).map(|_| LeaderState::default()).collect();
     loop {
-        super::sleep_until(next_tick(now_ns()));
+        sleep_until(next_tick(now_ns()));
         for (index, state) in leaders.iter_mut().enumerate() {
-            if DEVICE_STATE[index].load(Ordering::Acquire) != ON {
+            let Some(device) = active_device(index) else {
                 continue;
-            }
-            // SAFETY: ON is published after DEVICES[index] holds a leaked, never freed Box.
-            let device = unsafe { &*DEVICES[index].load(Ordering::Acquire) };
+            };
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 tick(device, state, token)
             }));
@@ -304,7 +295,7 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
 /// Pure: how the leader will know NVML PID `pid` as the slice's: through the shared PID table
 /// (`inserted`), or through the host PIDs the region records (the leader reads those every
 /// tenth tick), so a full table does not matter to a process recorded in its region slot
-/// (by the memory ledger, or by `host_pid::record`); `None` = not at all (the process stays
+/// (by the memory ledger, or by `host_pid::offer`); `None` = not at all (the process stays
 /// unresolved and says so).
 pub fn known_by_leader(inserted: bool, pid: u32, region_pids: &[u32]) -> Option<&'static str> {
     if inserted {
@@ -534,7 +525,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     );
     state.ticks += 1;
     if state.ticks % 10 == 1 {
-        state.slice_pids = super::region_host_pids();
+        state.slice_pids = host_pid::slice_host_pids();
     }
     let mut pids = device.pid_table().pids();
     pids.extend_from_slice(&state.slice_pids);

@@ -6,14 +6,14 @@ use std::cell::Cell;
 use gpuslice_abi::cuda::result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use gpuslice_abi::cuda::*;
 
-use super::nvml::{claimed_host_pids, nvml_for_cuda, nvml_processes, record_host_pid};
+use super::nvml::{nvml_for_cuda, nvml_processes};
 use super::pools::reread_pools;
 use crate::ground::driver::real;
 use crate::memory::context_start::{self, Expected, Refused};
-use crate::memory::host_pid;
 use crate::memory::ledger::{lock, PrimaryContext, Settled};
 use crate::memory::objects::{Charged, ObjectKind};
 use crate::memory::{cuda_binding, device_id, process, shared, Binding, Process, Shared};
+use crate::session::host_pid;
 
 /// Creates a context on `ordinal` (the caller holds the primaries lock, which serialises
 /// context creation in this process): reserves the context cost, calls the driver, and on
@@ -29,22 +29,17 @@ fn create_context(
     call: impl FnOnce() -> CUresult,
     undo: impl FnOnce() -> bool,
 ) -> (CUresult, Option<(u8, u64)>) {
-    use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+    use std::sync::atomic::Ordering::{AcqRel, Acquire};
     let device = match cuda_binding(shared, ordinal) {
         Ok(Binding::Limited(d)) => d,
-        Ok(Binding::Unlimited) => {
-            return (
-                crate::throttle::host_pid::around_context_creation(ordinal, call),
-                None,
-            )
-        }
+        Ok(Binding::Unlimited) => return (host_pid::around_context_creation(ordinal, call), None),
         Err(code) => return (code, None),
     };
     let cost_cell = &shared.context_cost[device as usize];
     let own_cost = cost_cell.load(Acquire);
     // Measuring needs our NVML entry to hold nothing but the new context; it is needed while
     // our cost or our entry is unknown. Processes of the slice measure one at a time.
-    let wants_measure = (own_cost == 0 || process.host_pid.load(Relaxed) == 0)
+    let wants_measure = (own_cost == 0 || host_pid::known() == 0)
         && shared.region.slot_used(process.slot, device_id(device)) == 0;
     let nvml = if wants_measure {
         nvml_for_cuda(ordinal)
@@ -52,7 +47,7 @@ fn create_context(
         None
     };
     let _measuring = nvml.and_then(|_| {
-        context_start::lock_for_measuring(&shared.region, device, context_start::MEASURING_WAIT)
+        context_start::lock_for_measuring(shared.region, device, context_start::MEASURING_WAIT)
     });
     // This process's own measurement, else what another process of the slice measured on
     // the device (read under the lock: the previous holder just published it), else the
@@ -86,11 +81,11 @@ fn create_context(
     }
     let measured = nvml.and_then(|handle| {
         let after = nvml_processes(handle);
-        let claimed = claimed_host_pids(shared, process);
-        let known_host = process.host_pid.load(Relaxed);
+        let claimed = host_pid::claimed_by_others();
+        let known_host = host_pid::known();
         match host_pid::find_after_context_creation(&before, &after, known_host, &claimed) {
             Some(me) => {
-                record_host_pid(shared, process, me.pid);
+                host_pid::measured(me.pid);
                 host_pid::plausible_context_cost(&me)
             }
             None => host_pid::cost_of_simultaneous_contexts(&before, &after, &claimed)
@@ -171,7 +166,7 @@ pub(crate) fn ctx_create_with(
     undone: impl FnOnce(),
 ) -> CUresult {
     let (Some(shared), Some(process)) = (shared(), process()) else {
-        return crate::throttle::host_pid::around_context_creation(device, || call().0);
+        return host_pid::around_context_creation(device, || call().0);
     };
     let _serialised = lock(&process.ledger.primaries);
     let created = Cell::new(None);
@@ -228,7 +223,7 @@ pub(crate) fn retain_primary(
     undone: impl FnOnce(),
 ) -> CUresult {
     let (Some(shared), Some(process)) = (shared(), process()) else {
-        return crate::throttle::host_pid::around_context_creation(dev, || call().0);
+        return host_pid::around_context_creation(dev, || call().0);
     };
     let mut primaries = lock(&process.ledger.primaries);
     let Some(entry) = primary_entry(&mut primaries, dev) else {

@@ -13,6 +13,8 @@ use crate::memory::objects::{Charged, ObjectKind};
 use crate::memory::{charge_or_refuse, current_context, process};
 
 /// Serialises this process's heap-limit changes: read, reserve, set and record are one step.
+/// Survives fork (a mutex cannot be reset by atomic stores): held by another thread at the
+/// fork, it stays held in the child.
 static HEAP_LIMIT: Mutex<()> = Mutex::new(());
 
 /// The current context's device-malloc heap size, `None` when the driver does not say.

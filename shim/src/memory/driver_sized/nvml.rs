@@ -1,6 +1,6 @@
 //! NVML membership: which processes of the driver's lists belong to the slice (and under which
-//! PID the container knows them), this process's host PID, and when a dead slot's memory is
-//! released.
+//! PID the container knows them), finding this process's host PID by its charged bytes (kept
+//! by `session::host_pid`), and when a dead slot's memory is released.
 
 use std::ffi::c_uint;
 
@@ -10,40 +10,20 @@ use gpuslice_abi::nvml::*;
 use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_TIMEOUT};
 
 use crate::ground::driver::real;
-use crate::memory::host_pid::{self, ListedProcess};
+use crate::memory::released;
 use crate::memory::report::{slice_process_list, SliceProcess};
-use crate::memory::{device_id, nvml_binding, process, shared, Binding, Process, Shared};
-
-pub(super) fn record_host_pid(shared: &Shared, process: &Process, pid: u32) {
-    if process
-        .host_pid
-        .swap(pid, std::sync::atomic::Ordering::AcqRel)
-        != pid
-    {
-        shared.region.set_host_pid(process.slot, pid);
-    }
-}
-
-pub(super) fn claimed_host_pids(shared: &Shared, process: &Process) -> Vec<u32> {
-    shared
-        .region
-        .snapshot()
-        .processes
-        .iter()
-        .filter(|p| p.slot != process.slot && p.host_pid != 0)
-        .map(|p| p.host_pid)
-        .collect()
-}
+use crate::memory::{device_id, nvml_binding, process, shared, Binding, Shared};
+use crate::session::host_pid::{self, ListedProcess};
 
 /// Whether the driver no longer holds the memory of a dead slot's process, so its budget may
 /// be given back (the region's two-phase reap; see "Reaping" in `gpuslice_common::region`).
 ///
-/// Evidence, strongest first ([`host_pid::release_evidence`]):
+/// Evidence, strongest first ([`released::release_evidence`]):
 /// 1. the driver's own word: with the host PID known and the real NVML answering for every
 ///    device the slot holds bytes on, released = the PID is in none of their process lists
 ///    (a process that is still tearing down, or whose driver defers the teardown, is listed,
 ///    and stays charged however long that takes; only a PID seen to name another running
-///    process is given up on, after [`host_pid::STILL_LISTED_TIMEOUT`]);
+///    process is given up on, after [`released::STILL_LISTED_TIMEOUT`]);
 /// 2. /proc, in our PID namespace: released = the owner is gone or a zombie, i.e. the kernel
 ///    has closed all its descriptors, the driver's included (our slot lock may close first);
 /// 3. nothing can tell (another PID namespace and no NVML or host PID; or the owner exec'd and
@@ -56,7 +36,7 @@ pub(in crate::memory) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bo
         .then(|| nvml_lists(shared, dead))
         .flatten();
     let exited = dead.exit == ExitState::Exited;
-    let evidence = host_pid::release_evidence(
+    let evidence = released::release_evidence(
         listed,
         exited,
         dead.host_pid_reused,
@@ -64,17 +44,17 @@ pub(in crate::memory) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bo
         RELEASE_TIMEOUT,
     );
     match evidence {
-        Some(host_pid::Released::ListedTooLong) => {
+        Some(released::Released::ListedTooLong) => {
             crate::log_info!(
                 "giving back {} bytes of dead pid {}: NVML still lists host pid {} after {:?}, and that pid names another process now",
                 dead.bytes(),
                 dead.pid,
                 dead.host_pid,
-                host_pid::STILL_LISTED_TIMEOUT
+                released::STILL_LISTED_TIMEOUT
             );
             true
         }
-        Some(host_pid::Released::TimedOut) => {
+        Some(released::Released::TimedOut) => {
             crate::log_info!(
                 "giving back {} bytes of dead pid {}: nothing showed the driver releasing them within {:?}",
                 dead.bytes(),
@@ -83,7 +63,7 @@ pub(in crate::memory) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bo
             );
             true
         }
-        Some(host_pid::Released::Unlisted | host_pid::Released::Exited) => true,
+        Some(released::Released::Unlisted | released::Released::Exited) => true,
         None => false,
     }
 }
@@ -150,7 +130,7 @@ pub(crate) fn slice_list(
     members_only(device, |shared, entry| {
         let raw = crate::ground::devices::nvml_compute_processes(device)?;
         if let Some(process) = process() {
-            if process.host_pid.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            if host_pid::known() == 0 {
                 let ours = shared.region.slot_used(process.slot, device_id(entry));
                 let listed: Vec<ListedProcess> = raw
                     .iter()
@@ -159,9 +139,9 @@ pub(crate) fn slice_list(
                         used: p.usedGpuMemory,
                     })
                     .collect();
-                let claimed = claimed_host_pids(shared, process);
+                let claimed = host_pid::claimed_by_others();
                 if let Some(me) = host_pid::find_by_usage(&listed, ours, &claimed) {
-                    record_host_pid(shared, process, me.pid);
+                    host_pid::measured(me.pid);
                 }
             }
         }

@@ -1,6 +1,10 @@
 //! The configuration this process runs under, as the layers read it: the [`Mode`] (pass
 //! through, fail closed, or enforce a slice), which `lifecycle` loads once per process and
-//! publishes here, and the pure mapping from a configuration outcome to a mode.
+//! publishes here (the one place it is kept), and the pure mapping from a configuration
+//! outcome to a mode.
+//!
+//! Owns `PUBLISHED` (per process: a fork child has no mode until its next hooked call) and
+//! `ANCHORED` (whether the anchored limit file exists; rewritten at every load).
 //!
 //! Reading here never initialises (that is `lifecycle::mode`, at the top): the policy layer
 //! runs inside hooked calls that passed the gate, so the mode is published by then; before
@@ -8,7 +12,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
-use gpuslice_common::config::{ConfigError, Loaded, SliceConfig};
+use gpuslice_common::config::{ComputePolicy, ConfigError, Loaded, SliceConfig};
 
 /// How this process treats CUDA/NVML calls.
 #[derive(Debug)]
@@ -21,8 +25,12 @@ pub enum Mode {
     Enforcing(SliceConfig),
 }
 
+/// Survives fork (the child's next load writes it again).
 static ANCHORED: AtomicBool = AtomicBool::new(false);
-static PUBLISHED: AtomicPtr<Mode> = AtomicPtr::new(std::ptr::null_mut());
+super::fork::per_process! {
+    /// Null, or the leaked, never freed mode `lifecycle` loaded.
+    static PUBLISHED: AtomicPtr<Mode> = AtomicPtr::new(std::ptr::null_mut());
+}
 
 /// The mode `lifecycle` loaded for this process; `None` before it did (and in a fork child
 /// until its next hooked call).
@@ -46,11 +54,6 @@ pub fn publish(mode: &'static Mode) {
     PUBLISHED.store(mode as *const Mode as *mut Mode, Ordering::Release);
 }
 
-/// A fork child has no mode until it re-initialises. Only stores an atomic: async-signal-safe.
-pub fn unpublish() {
-    PUBLISHED.store(std::ptr::null_mut(), Ordering::Release);
-}
-
 /// Records whether the anchored limit file exists (by `lifecycle`, while loading).
 pub fn set_anchored(anchored: bool) {
     ANCHORED.store(anchored, Ordering::Release);
@@ -60,6 +63,15 @@ pub fn set_anchored(anchored: bool) {
 /// enforced (the shim's own ones included, see `memory`). Valid once `mode()` has run.
 pub fn anchored() -> bool {
     ANCHORED.load(Ordering::Acquire)
+}
+
+/// Pure: whether `config` asks for any compute throttling.
+pub fn config_throttles(config: &SliceConfig) -> bool {
+    config.policy != ComputePolicy::Off
+        && config
+            .devices
+            .iter()
+            .any(|d| matches!(d.compute_percent, Some(1..=99)))
 }
 
 /// The refusal for a region that cannot be used: origin and field say where its path is set.
@@ -89,7 +101,7 @@ pub fn mode_from(loaded: Loaded) -> Mode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuslice_common::config::{ComputePolicy, ConfigSource};
+    use gpuslice_common::config::{ConfigSource, DeviceLimit, DeviceSelector};
 
     #[test]
     fn configuration_outcomes_map_to_modes() {
@@ -115,6 +127,28 @@ mod tests {
             mode_from(Loaded::Configured(config)),
             Mode::Enforcing(_)
         ));
+    }
+
+    #[test]
+    fn only_a_share_below_100_with_a_policy_other_than_off_throttles() {
+        let device = |p| DeviceLimit {
+            selector: DeviceSelector::Index(0),
+            memory_limit: None,
+            compute_percent: p,
+        };
+        let config = |policy, p| SliceConfig {
+            source: ConfigSource::Env,
+            devices: vec![device(p)],
+            region_path: None,
+            policy,
+            priority: Default::default(),
+            log_level: None,
+        };
+        assert!(config_throttles(&config(ComputePolicy::Cap, Some(25))));
+        assert!(config_throttles(&config(ComputePolicy::Burst, Some(99))));
+        assert!(!config_throttles(&config(ComputePolicy::Cap, Some(100))));
+        assert!(!config_throttles(&config(ComputePolicy::Cap, None)));
+        assert!(!config_throttles(&config(ComputePolicy::Off, Some(25))));
     }
 
     #[test]
