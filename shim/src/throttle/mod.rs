@@ -8,7 +8,12 @@
 //! * [`measure`]: NVML through the real library;
 //! * [`watcher`]: the per-process thread (one process of the slice leads and steers);
 //! * [`probe`]: the start-up estimate from the process's own launch timing (an upper bound
-//!   on the per-launch cost, before NVML's first sample).
+//!   on the per-launch cost, before NVML's first sample);
+//! * `device`: one throttled device ([`DeviceThrottle`]), its shared words' layout, and how
+//!   it is built from the configuration and the region.
+//!
+//! This file is the launch path: the per-process table of device throttles and what a
+//! launch does with them.
 //!
 //! Owns: `ACTIVE`, `DEVICE_STATE`, `DEVICES` (per process: a fork child builds its device
 //! state again at its next launch) and `DEVICE_COUNT_KIND` (the visible devices, which a
@@ -33,44 +38,27 @@
 pub mod bucket;
 pub mod capture;
 pub mod controller;
+mod device;
 pub mod measure;
 pub mod probe;
 pub mod watcher;
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::CUdevice;
-use gpuslice_common::config::{ComputePolicy, Priority, SliceConfig};
-use gpuslice_common::region::{DeviceId, DeviceLimits, Region, THROTTLE_WORDS};
+use gpuslice_common::config::ComputePolicy;
 use gpuslice_common::MAX_DEVICES;
 
 use crate::session::clock::{now_ns, sleep_until};
 use crate::session::fork::per_process;
 use crate::session::mode::config_throttles;
-use bucket::{Credit, PidTable};
-
-pub const W_VTIME: usize = 0;
-pub const W_INV_RATE: usize = 1;
-pub const W_COST: usize = 2;
-pub const W_LAUNCHES: usize = 3;
-pub const W_WAITS: usize = 4;
-pub const W_LEADER: usize = 5;
-pub const W_LOG_C: usize = 6;
-pub const W_BYPASS: usize = 7;
-pub const W_UNRESOLVED_UNTIL: usize = 8;
-pub const W_PIDS: usize = 9;
-
-/// Bucket capacity: an idle slice may start this much wall time of refill at once.
-pub const TOLERANCE_NS: u64 = 30_000_000;
-/// Refill a process takes from the shared bucket at a time (wall time of refill).
-pub const CHUNK_WALL_NS: u64 = 2_000_000;
-/// Longest single sleep of a launch waiting for its reservation: it then looks whether the
-/// rate changed (the leader ticks every 50 ms) and sleeps again until the reservation is due.
-pub const RATE_CHECK_NS: u64 = 50_000_000;
-/// A bucket word further ahead of now than this is from another clock (the region file
-/// outlived a reboot) or corrupt, and is put back to now (`bucket::repair_lead`).
-pub const MAX_LEAD_NS: u64 = 60_000_000_000;
+use device::build_device;
+pub use device::{
+    effective_percent, layout, DeviceThrottle, CHUNK_WALL_NS, MAX_LEAD_NS, RATE_CHECK_NS,
+    TOLERANCE_NS, W_BYPASS, W_COST, W_INV_RATE, W_LAUNCHES, W_LEADER, W_LOG_C, W_PIDS,
+    W_UNRESOLVED_UNTIL, W_VTIME, W_WAITS,
+};
 
 const UNINIT: u8 = 0;
 const OFF: u8 = 1;
@@ -88,22 +76,6 @@ pub const ACTIVE_OFF: u8 = OFF;
 /// [`ACTIVE`]'s value when some launch may.
 pub const ACTIVE_ON: u8 = ON;
 
-/// What the x86-64 launch fast path's machine code (`hooks::launch`, the registry's
-/// `[launch]` exports) reads to do [`bill_fast`]'s work itself, in the same order: [`ACTIVE`],
-/// [`DEVICE_COUNT_KIND`] (1: one device), `capture::OPEN` (0), `DEVICES[0]` (non-null), then
-/// the device's counters at these byte offsets.
-pub mod layout {
-    use super::DeviceThrottle;
-    /// `DeviceThrottle::launches` (AtomicU64, incremented).
-    pub const LAUNCHES: usize = std::mem::offset_of!(DeviceThrottle, launches);
-    /// `DeviceThrottle::bypass` (AtomicBool, non-zero: no debit).
-    pub const BYPASS: usize = std::mem::offset_of!(DeviceThrottle, bypass);
-    /// `DeviceThrottle::cost` (AtomicU64, the debit, at most i64::MAX).
-    pub const COST: usize = std::mem::offset_of!(DeviceThrottle, cost);
-    /// The local credit's AtomicI64 (fetch-and-subtract; > 0 before: covered).
-    pub const CREDIT: usize =
-        std::mem::offset_of!(DeviceThrottle, credit) + super::bucket::Credit::VALUE_OFFSET;
-}
 /// Visible devices: 0 unknown, 1 one device (no per-launch lookup), 2 several. Survives fork
 /// (the child sees the same devices).
 pub(crate) static DEVICE_COUNT_KIND: AtomicU8 = AtomicU8::new(0);
@@ -115,68 +87,6 @@ per_process! {
     /// The device throttles (leaked, never freed; the parent's are abandoned in a fork child).
     pub(crate) static DEVICES: [AtomicPtr<DeviceThrottle>; MAX_DEVICES] =
         [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
-}
-
-/// Per process, per throttled device.
-pub struct DeviceThrottle {
-    pub ordinal: CUdevice,
-    pub uuid: String,
-    /// The share this process's own configuration asks for (1..=99; `None` = none: the
-    /// process is throttled only because its region entry holds a share).
-    pub configured_percent: Option<u32>,
-    /// The share in force (1..=99): the stricter of the configured one and the region
-    /// entry's (stricter-wins rule, `common/src/region/mod.rs`), refreshed every tick.
-    pub percent: AtomicU32,
-    pub policy: ComputePolicy,
-    /// Who gets idle time first under `burst`.
-    pub priority: Priority,
-    /// The slice-wide words (in the region, or process-local when there is none).
-    pub words: &'static [AtomicU64; THROTTLE_WORDS],
-    /// The region entry the leader publishes its measured utilisation to (for
-    /// `gpuslice status`); `None` without a usable region.
-    pub region_entry: Option<(&'static Region, DeviceId)>,
-    pub credit: Credit,
-    /// Local copies refreshed by the watcher, so launches read no shared cache line.
-    pub cost: AtomicU64,
-    pub bypass: AtomicBool,
-    /// Launches this process made on the device (the watcher flushes the growth to the shared
-    /// counter); waits since the watcher last flushed them.
-    pub launches: AtomicU64,
-    pub waits: AtomicU64,
-    /// Launches asleep right now (a long wait spans ticks: still demand).
-    pub sleeping: AtomicU64,
-    /// This process does not know yet which NVML PID it is on this device.
-    pub unresolved: AtomicBool,
-    /// The start-up estimate from this process's own launches (until the cost is learned).
-    pub probe: probe::Probe,
-}
-
-impl DeviceThrottle {
-    pub fn pid_table(&self) -> PidTable<'static> {
-        PidTable::new(&self.words[W_PIDS..])
-    }
-
-    /// The share in force, 0 < share < 1.
-    pub fn share(&self) -> f64 {
-        f64::from(self.percent.load(Ordering::Relaxed).clamp(1, 99)) / 100.0
-    }
-
-    /// The refill setting in force (the share itself until a leader has written one).
-    pub fn inv_rate(&self) -> u64 {
-        match self.words[W_INV_RATE].load(Ordering::Relaxed) {
-            0 => bucket::inv_rate_fixed(self.share()),
-            inv => inv,
-        }
-    }
-
-    /// Re-reads the share in force from the region entry (a process that joined with a
-    /// tighter limit file tightened it for everyone); returns the new percent when it changed.
-    pub fn refresh_share(&self) -> Option<u32> {
-        let region = self.region_entry.map(|(r, id)| r.compute_percent(id));
-        let wanted = effective_percent(self.configured_percent, region.flatten())?;
-        let old = self.percent.swap(wanted, Ordering::Relaxed);
-        (old != wanted).then_some(wanted)
-    }
 }
 
 /// Called before each launch. Free when no share applies; otherwise debits the launch's
@@ -595,16 +505,6 @@ pub fn active_device(index: usize) -> Option<&'static DeviceThrottle> {
     Some(unsafe { &*DEVICES[index].load(Ordering::Acquire) })
 }
 
-/// Pure: the share in force from the configured one and the region entry's (1..=99 each,
-/// `None` = none): the stricter; `None` = no share at all.
-pub fn effective_percent(configured: Option<u32>, region: Option<u32>) -> Option<u32> {
-    let valid = |p: Option<u32>| p.filter(|p| (1..=99).contains(p));
-    match (valid(configured), valid(region)) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
 /// The throttle of device `ordinal`, initialising it on first use; `None` = not throttled
 /// (or being initialised by another thread right now: that launch passes).
 #[inline]
@@ -647,167 +547,5 @@ fn init_device(index: usize, ordinal: CUdevice) -> Option<&'static DeviceThrottl
             }
             None
         }
-    }
-}
-
-fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<DeviceThrottle> {
-    if config.policy == ComputePolicy::Off {
-        return None;
-    }
-    let uuid = crate::ground::devices::cuda_device_uuid(ordinal);
-    let limit = config.limit_for(ordinal as u32, &uuid)?;
-    let configured = limit.compute_percent.filter(|p| (1..=99).contains(p));
-    let (words, region_entry) = match configured {
-        Some(percent) => shared_words(&uuid, limit.memory_limit, percent),
-        // No share of our own: throttled only if the region this process is registered in
-        // holds one for this device.
-        None => {
-            let (region, _) = crate::session::slice::registered()?;
-            let id = region
-                .snapshot()
-                .devices
-                .iter()
-                .find(|d| d.uuid.eq_ignore_ascii_case(&uuid))?
-                .id;
-            (region.throttle_words(id), Some((region, id)))
-        }
-    };
-    let region_percent = region_entry.and_then(|(r, id)| r.compute_percent(id));
-    let percent = effective_percent(configured, region_percent)?;
-    if configured == Some(percent) {
-        crate::log_info!(
-            "compute share {percent}% ({}, {} priority) on device {ordinal} {uuid}",
-            config.policy,
-            config.priority
-        );
-    } else {
-        crate::log_info!(
-            "compute share {percent}% ({}) on device {ordinal} {uuid}: the slice's region holds it (configured: {})",
-            config.policy,
-            configured.map_or("none".to_string(), |p| format!("{p}%"))
-        );
-    }
-    Some(DeviceThrottle {
-        ordinal,
-        uuid,
-        configured_percent: configured,
-        percent: AtomicU32::new(percent),
-        policy: config.policy,
-        priority: config.priority,
-        words,
-        region_entry,
-        credit: Credit::new(),
-        cost: AtomicU64::new(controller::INITIAL_COST_NS as u64),
-        bypass: AtomicBool::new(false),
-        launches: AtomicU64::new(0),
-        waits: AtomicU64::new(0),
-        sleeping: AtomicU64::new(0),
-        unresolved: AtomicBool::new(true),
-        probe: probe::Probe::new(),
-    })
-}
-
-/// The device's throttle words in the slice's region; process-local words (one line logged)
-/// when the region cannot be used, so throttling still applies to this process.
-fn shared_words(
-    uuid: &str,
-    memory_limit: Option<u64>,
-    percent: u32,
-) -> (
-    &'static [AtomicU64; THROTTLE_WORDS],
-    Option<(&'static Region, DeviceId)>,
-) {
-    let local = || -> (&'static [AtomicU64; THROTTLE_WORDS], _) {
-        let words = Box::leak(Box::new([const { AtomicU64::new(0) }; THROTTLE_WORDS]));
-        (&*words, None)
-    };
-    // The mapping the session opened at attach (one mapping and one registration per process).
-    let Some(region) = crate::session::slice::region() else {
-        crate::log_error!("no shared region is mapped; compute share enforced per process only");
-        return local();
-    };
-    // The memory ledger usually bound the entry already: find it without the registration lock.
-    if let Some(entry) = region
-        .snapshot()
-        .devices
-        .iter()
-        .find(|d| d.uuid.eq_ignore_ascii_case(uuid))
-    {
-        return (region.throttle_words(entry.id), Some((region, entry.id)));
-    }
-    match region.bind_devices(&[DeviceLimits {
-        uuid: uuid.to_string(),
-        memory_limit,
-        compute_percent: Some(percent),
-    }]) {
-        Ok(binding) => (
-            region.throttle_words(binding.ids[0]),
-            Some((region, binding.ids[0])),
-        ),
-        Err(error) => {
-            crate::log_error!("{error}; compute share enforced per process only");
-            local()
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_stricter_of_the_configured_and_the_region_share_is_in_force() {
-        assert_eq!(effective_percent(Some(50), Some(25)), Some(25));
-        assert_eq!(effective_percent(Some(25), Some(50)), Some(25));
-        assert_eq!(
-            effective_percent(None, Some(25)),
-            Some(25),
-            "no share of its own"
-        );
-        assert_eq!(effective_percent(Some(40), None), Some(40));
-        assert_eq!(effective_percent(Some(100), Some(30)), Some(30));
-        assert_eq!(effective_percent(None, None), None);
-    }
-
-    /// A leader at 50 % follows the region entry when another process tightens it to 25 %.
-    #[test]
-    fn a_tightened_region_entry_is_picked_up_at_the_next_refresh() {
-        let dir = std::env::temp_dir().join(format!("gpuslice-share-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("region");
-        let _ = std::fs::remove_file(&path);
-        let region: &'static Region = Box::leak(Box::new(Region::open_or_create(&path).unwrap()));
-        let limits = |p| DeviceLimits {
-            uuid: "GPU-SHARE".into(),
-            memory_limit: None,
-            compute_percent: Some(p),
-        };
-        let id = region.bind_devices(&[limits(50)]).unwrap().ids[0];
-        let device = DeviceThrottle {
-            ordinal: 0,
-            uuid: "GPU-SHARE".into(),
-            configured_percent: Some(50),
-            percent: AtomicU32::new(50),
-            policy: ComputePolicy::Cap,
-            priority: Priority::Normal,
-            words: region.throttle_words(id),
-            region_entry: Some((region, id)),
-            credit: Credit::new(),
-            cost: AtomicU64::new(0),
-            bypass: AtomicBool::new(false),
-            launches: AtomicU64::new(0),
-            waits: AtomicU64::new(0),
-            sleeping: AtomicU64::new(0),
-            unresolved: AtomicBool::new(false),
-            probe: probe::Probe::new(),
-        };
-        assert_eq!(device.refresh_share(), None);
-        assert_eq!(device.inv_rate(), bucket::inv_rate_fixed(0.5));
-        // Another process of the slice binds a tighter file (stricter wins in the entry).
-        region.bind_devices(&[limits(25)]).unwrap();
-        assert_eq!(device.refresh_share(), Some(25));
-        assert_eq!(device.share(), 0.25);
-        assert_eq!(device.inv_rate(), bucket::inv_rate_fixed(0.25));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
