@@ -1,6 +1,7 @@
 //! Logic shared by `libgpuslice.so` and the `gpuslice` CLI: the limit-file contract
 //! (`config`, `size`), which configured devices exist (`visible`), bounded message text
-//! (`text`) and the cross-process shared region (`region`).
+//! (`text`), the cross-process shared region (`region`) and the process-local short lock
+//! (`turn`).
 //!
 //! Nothing here exports C symbols: the CLI links this crate and must never carry the
 //! shim's hook exports.
@@ -10,6 +11,7 @@ pub mod config;
 pub mod region;
 pub mod size;
 pub mod text;
+pub mod turn;
 pub mod visible;
 
 /// Devices one slice can describe: limit-file indices are `0..MAX_DEVICES` and the shared

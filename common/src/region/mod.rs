@@ -130,6 +130,7 @@ pub use layout::{
 pub use open::INIT_WAIT;
 pub use proc::{parse_stat, ProcessIdentity, StatFields};
 
+use crate::turn::{Turn, TurnGuard};
 use layout::{uuid_from_words, DeviceEntry, RegionLayout, LIMIT_UNSET, UNLIMITED};
 use lock::OwnedFd;
 use std::ffi::CString;
@@ -137,7 +138,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// A device entry of the region (0..MAX_DEVICES), obtained from `bind_devices`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -669,7 +670,7 @@ impl Drop for Mapping {
 struct HeldSlot {
     fd: AtomicI32,
     owner_pid: AtomicU32,
-    busy: AtomicBool,
+    busy: Turn,
 }
 
 impl HeldSlot {
@@ -677,7 +678,7 @@ impl HeldSlot {
         HeldSlot {
             fd: AtomicI32::new(-1),
             owner_pid: AtomicU32::new(0),
-            busy: AtomicBool::new(false),
+            busy: Turn::new(),
         }
     }
 
@@ -685,32 +686,8 @@ impl HeldSlot {
     /// instructions of one ledger operation, by nobody outside this process (a stopped
     /// process stops its own threads only).
     #[inline(always)]
-    fn turn(&self) -> Turn<'_> {
-        let mut spins = 0u32;
-        while self
-            .busy
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                // The holder was descheduled mid-operation: let it run.
-                std::thread::yield_now();
-            }
-        }
-        Turn(&self.busy)
-    }
-}
-
-/// A slot's process-local ledger turn, given back when dropped.
-struct Turn<'a>(&'a AtomicBool);
-
-impl Drop for Turn<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+    fn turn(&self) -> TurnGuard<'_> {
+        self.busy.take()
     }
 }
 
@@ -964,7 +941,7 @@ impl Region {
                 drop(OwnedFd::from_raw(fd));
                 // A parent's thread may have been mid-operation at the fork; it does not
                 // exist here.
-                held.busy.store(false, Ordering::Relaxed);
+                held.busy.reset();
             }
         }
     }

@@ -21,7 +21,8 @@
 //! at its address first, in a namespace of its own, and refunded it while it lived).
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, Ordering};
+
+use gpuslice_common::turn::{Turn, TurnGuard};
 
 /// Which namespace an object key lives in (pointers and handles may share numeric values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -256,32 +257,28 @@ fn kind_of(tag: u8) -> ObjectKind {
 /// long yields the CPU to the holder.
 #[derive(Default)]
 struct Locked {
-    busy: AtomicBool,
+    busy: Turn,
     shard: UnsafeCell<Shard>,
 }
 
-// SAFETY: `shard` is only reached through `Guard`, which the `busy` flag makes exclusive.
+// SAFETY: `shard` is only reached through `Guard`, which the `busy` turn makes exclusive.
+// A panic inside a table operation (only an allocation failure could, which aborts) leaves no
+// half-written entry: the guard's drop giving the turn back is always right.
 unsafe impl Sync for Locked {}
 
-struct Guard<'a>(&'a Locked);
+/// The shard's turn held (`_turn` gives it back when dropped).
+struct Guard<'a> {
+    locked: &'a Locked,
+    _turn: TurnGuard<'a>,
+}
 
 impl Locked {
     #[inline]
     fn lock(&self) -> Guard<'_> {
-        let mut spins = 0u32;
-        while self
-            .busy
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+        Guard {
+            _turn: self.busy.take(),
+            locked: self,
         }
-        Guard(self)
     }
 }
 
@@ -290,7 +287,7 @@ impl std::ops::Deref for Guard<'_> {
     #[inline]
     fn deref(&self) -> &Shard {
         // SAFETY: the guard holds the shard's flag: no other reference exists.
-        unsafe { &*self.0.shard.get() }
+        unsafe { &*self.locked.shard.get() }
     }
 }
 
@@ -298,16 +295,7 @@ impl std::ops::DerefMut for Guard<'_> {
     #[inline]
     fn deref_mut(&mut self) -> &mut Shard {
         // SAFETY: as for `deref`, and `&mut self` makes this the only use of the guard.
-        unsafe { &mut *self.0.shard.get() }
-    }
-}
-
-impl Drop for Guard<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        // A panic inside a table operation (only an allocation failure could, which aborts)
-        // leaves no half-written entry: releasing here is always right.
-        self.0.busy.store(false, Ordering::Release);
+        unsafe { &mut *self.locked.shard.get() }
     }
 }
 

@@ -48,6 +48,14 @@ atomic_reset!(
     AtomicUsize
 );
 
+/// A turn held at the fork was held by a parent's thread, which the child does not have.
+impl ForkReset for gpuslice_common::turn::Turn {
+    #[inline]
+    fn reset_to(&self, _fresh: Self) {
+        self.reset();
+    }
+}
+
 impl<T> ForkReset for AtomicPtr<T> {
     #[inline]
     fn reset_to(&self, fresh: Self) {

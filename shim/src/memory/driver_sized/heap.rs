@@ -1,10 +1,9 @@
 //! The device-malloc heap (`CU_LIMIT_MALLOC_HEAP_SIZE`): device memory from the moment it is set.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use gpuslice_abi::cuda::limit::MALLOC_HEAP_SIZE;
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::CUresult;
+use gpuslice_common::turn::Turn;
 
 use super::current_limited_device;
 use crate::ground::driver::real;
@@ -13,32 +12,9 @@ use crate::memory::{charge_or_refuse, current_context, process};
 
 crate::session::fork::per_process! {
     /// Serialises this process's heap-limit changes: read, reserve, set and record are one
-    /// step. A flag, not a mutex, so that a fork child starts with it free: a parent's thread
+    /// step. A turn, not a mutex, so that a fork child starts with it free: a parent's thread
     /// holding it at the fork does not exist in the child.
-    static HEAP_LIMIT: AtomicBool = AtomicBool::new(false);
-}
-
-/// This process's turn at the heap limit, held until dropped.
-struct HeapTurn;
-
-impl HeapTurn {
-    /// Waits for the turn: held by a thread of this process across two driver queries and a
-    /// limit change (rare calls), so a waiter yields rather than spins.
-    fn take() -> HeapTurn {
-        while HEAP_LIMIT
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::thread::yield_now();
-        }
-        HeapTurn
-    }
-}
-
-impl Drop for HeapTurn {
-    fn drop(&mut self) {
-        HEAP_LIMIT.store(false, Ordering::Release);
-    }
+    static HEAP_LIMIT: Turn = Turn::new();
 }
 
 /// The current context's device-malloc heap size, `None` when the driver does not say.
@@ -64,7 +40,7 @@ pub(crate) fn set_heap_limit(value: u64, call: impl FnOnce() -> CUresult) -> CUr
     if context == 0 {
         return call();
     }
-    let _serialised = HeapTurn::take();
+    let _serialised = HEAP_LIMIT.take();
     // Unreadable: charge the whole heap (over-counts the default, never under-counts).
     let old = heap_limit().unwrap_or_else(|| {
         crate::log_error!("cuCtxGetLimit failed; charging the whole {value}-byte malloc heap");
