@@ -578,6 +578,20 @@ pub fn run_with_timeout(mut cmd: Command, input: Option<&[u8]>, timeout: Duratio
     }
 }
 
+/// The result names in a client's `tally` (result name -> count) other than `allowed`; a
+/// missing tally is one problem of its own.
+pub fn unexpected_results(tally: &Value, allowed: &[&str]) -> Vec<String> {
+    tally
+        .as_object()
+        .map(|m| {
+            m.keys()
+                .filter(|k| !allowed.contains(&k.as_str()))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_else(|| vec![format!("no tally: {tally}")])
+}
+
 /// Polls `condition` until it holds; panics naming `what` after `timeout`. The way tests
 /// wait for another process's effect (never a bare sleep).
 /// `gpuslice status --json --region PATH`, parsed (without a driver to ask: a dead slot's

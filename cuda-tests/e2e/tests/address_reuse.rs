@@ -5,8 +5,7 @@
 //! either way: a lost mapping refunded early is memory past the cap, a mapping never dropped is
 //! budget lost for good).
 
-use cuda_e2e::{Client, ClientKind, FakeGpu, Slice, GIB, MIB};
-use serde_json::Value;
+use cuda_e2e::{unexpected_results, Client, ClientKind, FakeGpu, Slice, GIB, MIB};
 
 /// The fake's context cost (its default).
 const CONTEXT: u64 = 300 * MIB;
@@ -39,19 +38,6 @@ fn judge(
         bad.push(format!("physical peak {} MiB passed the cap", peak / MIB));
     }
     (card, region, bad)
-}
-
-/// Result names in `tally` other than `allowed`.
-fn unexpected(tally: &Value, allowed: &[&str]) -> Vec<String> {
-    tally
-        .as_object()
-        .map(|m| {
-            m.keys()
-                .filter(|k| !allowed.contains(&k.as_str()))
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_else(|| vec![format!("no tally: {tally}")])
 }
 
 /// 16 (churn: 32) threads x `cuMemCreate(60 MiB)` / `cuMemMap` / `cuMemRelease` / `cuMemUnmap` in a
@@ -135,7 +121,7 @@ fn vmm_threads_reusing_address_ranges_never_pass_the_cap_or_drift() {
                 if key == "address_free_results" && !churn {
                     continue;
                 }
-                for u in unexpected(&out[key], allowed) {
+                for u in unexpected_results(&out[key], allowed) {
                     bad.push(format!("{key}: {u}"));
                 }
             }
@@ -207,13 +193,13 @@ fn threads_reusing_addresses_on_every_path_never_pass_the_cap_or_drift() {
         {
             bad.push(format!("no contention at the cap: {out}"));
         }
-        for u in unexpected(
+        for u in unexpected_results(
             &out["alloc_results"],
             &["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"],
         ) {
             bad.push(format!("alloc_results: {u}"));
         }
-        for u in unexpected(&out["free_results"], &["CUDA_SUCCESS"]) {
+        for u in unexpected_results(&out["free_results"], &["CUDA_SUCCESS"]) {
             bad.push(format!("free_results: {u}"));
         }
         client.release();

@@ -5,8 +5,7 @@
 //! frees it. Judged by the fake's PHYSICAL truth: the card's high-water mark never passes
 //! the cap, and after the last free the card and the ledger agree.
 
-use cuda_e2e::{Client, ClientKind, FakeGpu, Slice, GIB, MIB};
-use serde_json::Value;
+use cuda_e2e::{unexpected_results, Client, ClientKind, FakeGpu, Slice, GIB, MIB};
 
 /// Every path that keys its object by address or handle; `async` (the stream-ordered
 /// allocator) appears between each pair so that a late `cuMemFreeAsync` meets every other
@@ -15,19 +14,6 @@ const MIXED: &str = "async,alloc,async,pitch,async,managed,async,pool,async,vmm,
 
 /// Allocations per thread.
 const ITERATIONS: &str = "150";
-
-/// Result names in `tally` other than `allowed`.
-fn unexpected(tally: &Value, allowed: &[&str]) -> Vec<String> {
-    tally
-        .as_object()
-        .map(|m| {
-            m.keys()
-                .filter(|k| !allowed.contains(&k.as_str()))
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_else(|| vec![format!("no tally: {tally}")])
-}
 
 /// `processes` x `threads [--threads 16]` mixing [`MIXED`] in a 1 GiB slice: the problems
 /// seen (peak past the cap, drift, unexpected results), empty when all is well.
@@ -83,13 +69,13 @@ fn mixed_race(
         refused += out["alloc_results"]["CUDA_ERROR_OUT_OF_MEMORY"]
             .as_u64()
             .unwrap_or(0);
-        for u in unexpected(
+        for u in unexpected_results(
             &out["alloc_results"],
             &["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"],
         ) {
             bad.push(format!("alloc_results: {u} in {out}"));
         }
-        for u in unexpected(&out["free_results"], &["CUDA_SUCCESS"]) {
+        for u in unexpected_results(&out["free_results"], &["CUDA_SUCCESS"]) {
             bad.push(format!("free_results: {u} in {out}"));
         }
     }
