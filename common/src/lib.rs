@@ -1,12 +1,13 @@
 //! Logic shared by `libgpuslice.so` and the `gpuslice` CLI: the limit-file contract
 //! (`config`, `size`), which configured devices exist (`visible`), bounded message text
-//! (`text`), the cross-process shared region (`region`) and the process-local short lock
-//! (`turn`).
+//! (`text`), the monotonic clock (`clock`), the cross-process shared region (`region`) and
+//! the process-local short lock (`turn`).
 //!
 //! Nothing here exports C symbols: the CLI links this crate and must never carry the
 //! shim's hook exports.
 
 pub mod cdi;
+pub mod clock;
 pub mod config;
 pub mod region;
 pub mod size;

@@ -1172,14 +1172,7 @@ fn percent_option(raw: u32) -> Option<u32> {
 
 /// CLOCK_MONOTONIC in nanoseconds, never 0 (0 marks "not seen dead").
 fn monotonic_ns() -> u64 {
-    // SAFETY: an all-zero timespec is valid to be overwritten.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: valid clock id and out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-        .max(1)
+    crate::clock::now_ns().max(1)
 }
 
 /// Adds `amount` to `counter`, saturating.

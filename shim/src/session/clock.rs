@@ -1,18 +1,9 @@
 //! The clock every part of the slice reads: `CLOCK_MONOTONIC` (system-wide, so processes of
 //! a slice compare their instants, and leaders of different slices tick in step), and an
-//! absolute sleep on it. Owns no state.
+//! absolute sleep on it. Owns no state; the reading itself is `gpuslice_common::clock`'s, the
+//! one the region uses too.
 
-/// CLOCK_MONOTONIC in ns (vDSO).
-#[inline]
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use gpuslice_common::clock::now_ns;
 
 /// Sleeps until the absolute CLOCK_MONOTONIC instant `deadline_ns` (restarting on signals).
 pub fn sleep_until(deadline_ns: u64) {
