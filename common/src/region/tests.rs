@@ -588,16 +588,23 @@ fn threads_sharing_one_slot_and_racing_other_slots_keep_the_totals_exact() {
     assert_eq!(slots_sum(&region, device), 0);
 }
 
+/// Two slots of `path` whose mapping is gone (so both read as dead to the reaper): one holding
+/// 30 MiB on `device`, one holding nothing.
+fn dead_holding_and_empty(path: &Path, device: DeviceId) -> (SlotId, SlotId) {
+    let gone = Region::open_or_create(path).unwrap();
+    let holder = gone.register(&me()).unwrap();
+    gone.reserve(holder, device, 30 * MIB).unwrap();
+    let empty = gone.register(&me()).unwrap();
+    drop(gone);
+    (holder, empty)
+}
+
 #[test]
 fn the_default_reap_frees_only_dead_slots_that_hold_nothing() {
     let dir = TempDir::new("default-reap");
     let path = dir.file();
     let (region, _live, device) = region_with(&dir, Some(100 * MIB));
-    let holding = Region::open_or_create(&path).unwrap();
-    let holder = holding.register(&me()).unwrap();
-    holding.reserve(holder, device, 30 * MIB).unwrap();
-    let empty = holding.register(&me()).unwrap();
-    drop(holding);
+    let (holder, empty) = dead_holding_and_empty(&path, device);
     // Both are dead; only the empty one can be freed without the driver's word.
     let report = region.reap_dead().unwrap();
     assert_eq!(report.reclaimed.len(), 1, "{report:?}");
@@ -1033,11 +1040,7 @@ fn the_views_reap_judges_only_slots_that_hold_bytes() {
     let dir = TempDir::new("holding-reap");
     let path = dir.file();
     let (region, _live, device) = region_with(&dir, Some(100 * MIB));
-    let gone = Region::open_or_create(&path).unwrap();
-    let holder = gone.register(&me()).unwrap();
-    gone.reserve(holder, device, 30 * MIB).unwrap();
-    let empty = gone.register(&me()).unwrap();
-    drop(gone);
+    let (holder, empty) = dead_holding_and_empty(&path, device);
     let mut judged = Vec::new();
     let report = region
         .reap_holding_if(|dead| {

@@ -430,24 +430,16 @@ mod tests {
         let mode = crate::lifecycle::mode();
         let expect_open = matches!(crate::session::mode::published(), Some(Mode::PassThrough));
         assert!(matches!(mode, Mode::PassThrough), "no configuration here");
+        let expected = if expect_open {
+            real
+        } else {
+            std::ptr::null_mut()
+        };
         open(hook, real);
-        assert_eq!(
-            open_real(hook),
-            if expect_open {
-                real
-            } else {
-                std::ptr::null_mut()
-            }
-        );
+        assert_eq!(open_real(hook), expected);
+        // A null real function never closes (nor opens) a slot.
         open(hook, std::ptr::null_mut());
-        assert_eq!(
-            open_real(hook),
-            if expect_open {
-                real
-            } else {
-                std::ptr::null_mut()
-            }
-        );
+        assert_eq!(open_real(hook), expected);
         assert!(
             crate::session::fork::in_fork_child(|| open_real(hook).is_null()),
             "a fork child starts closed"
