@@ -172,3 +172,13 @@ pub fn launch_once(f: LaunchFn, kernel: Kernel, params: &mut [*mut c_void; 1]) {
     };
     assert_eq!(std::hint::black_box(rc), 0, "cuLaunchKernel");
 }
+
+/// Runs `once` `times` times: the calls callgrind counts (the scripts'
+/// `--toggle-collect=*measured*`), so that set-up and warm-up calls, whose number may depend on
+/// the wall clock, stay out of the figures.
+#[inline(never)]
+pub fn measured(times: u64, once: &mut dyn FnMut()) {
+    for _ in 0..times {
+        once();
+    }
+}

@@ -14,7 +14,7 @@
 use std::ffi::{c_char, c_void, CString};
 use std::hint::black_box;
 
-use gpuslice_benches::{open, open_global, symbol, symbol_address};
+use gpuslice_benches::{measured, open, open_global, symbol, symbol_address};
 
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
@@ -59,14 +59,6 @@ fn main() {
         // SAFETY: as above.
         black_box(unsafe { lookup(black_box(libc_handle), black_box(name.as_ptr())) });
     });
-}
-
-/// The N lookups callgrind counts (`--toggle-collect=*measured*`).
-#[inline(never)]
-fn measured(lookups: u64, once: &mut dyn FnMut()) {
-    for _ in 0..lookups {
-        once();
-    }
 }
 
 fn fail(problem: &str) -> ! {

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gpuslice_benches::{
-    launch_once, open_global, prepare_kernel, symbol, use_scratch_slice, LaunchFn,
+    launch_once, measured, open_global, prepare_kernel, symbol, use_scratch_slice, LaunchFn,
 };
 
 fn main() {
@@ -78,15 +78,6 @@ fn main() {
         launch = real;
     }
     measured(launches, &mut || once(launch));
-}
-
-/// The N launches callgrind counts (`--toggle-collect=*measured*`): the warm-up's launches,
-/// whose number depends on the wall clock, stay out of the figures.
-#[inline(never)]
-fn measured(launches: u64, once: &mut dyn FnMut()) {
-    for _ in 0..launches {
-        once();
-    }
 }
 
 fn fail(problem: &str) -> ! {
