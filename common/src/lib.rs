@@ -1,7 +1,8 @@
 //! Logic shared by `libgpuslice.so` and the `gpuslice` CLI: the limit-file contract
 //! (`config`, `size`), which configured devices exist (`visible`), bounded message text
-//! (`text`), the monotonic clock (`clock`), the cross-process shared region (`region`) and
-//! the process-local short lock (`turn`).
+//! (`text`), the monotonic clock (`clock`), the cross-process shared region (`region`),
+//! the process-local short lock (`turn`) and the bound on memory the driver holds unpriced
+//! (`unpriced`).
 //!
 //! Nothing here exports C symbols: the CLI links this crate and must never carry the
 //! shim's hook exports.
@@ -13,6 +14,7 @@ pub mod region;
 pub mod size;
 pub mod text;
 pub mod turn;
+pub mod unpriced;
 pub mod visible;
 
 /// Devices one slice can describe: limit-file indices are `0..MAX_DEVICES` and the shared
