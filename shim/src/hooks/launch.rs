@@ -226,8 +226,7 @@ pub unsafe fn launch_cooperative_kernel_multi_device(
         }
     }
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(list, n, flags) };
-    result
+    unsafe { real(list, n, flags) }
 }
 
 /// # Safety

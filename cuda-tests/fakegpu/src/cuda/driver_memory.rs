@@ -405,16 +405,26 @@ impl Cuda {
         Ok(())
     }
 
-    /// A kernel's per-thread local bytes as `cuFuncGetAttribute(LOCAL_SIZE_BYTES)` reports.
+    /// A kernel's per-thread local bytes as `cuFuncGetAttribute(LOCAL_SIZE_BYTES)` reports
+    /// for a function (of a module or a library's kernel), or `cuKernelGetAttribute` for a
+    /// `CUkernel`.
     pub(crate) fn function_local_bytes(&self, t: &mut Tables, f: u64) -> u64 {
-        let Some(func) = t.functions.get(&f) else {
+        let (name, info) = if let Some(func) = t.functions.get(&f) {
+            let info = match func.module {
+                Some(m) => t.driver_memory.modules.get(&m).map(|i| &i.info),
+                None => t
+                    .kernels
+                    .values()
+                    .find(|k| k.funcs.values().any(|&kf| kf == f))
+                    .and_then(|k| t.driver_memory.libraries.get(&k.library)),
+            };
+            (func.name.clone(), info)
+        } else if let Some(k) = t.kernels.get(&f) {
+            (k.name.clone(), t.driver_memory.libraries.get(&k.library))
+        } else {
             return 0;
         };
-        let name = func.name.clone();
-        let from_image = func
-            .module
-            .and_then(|m| t.driver_memory.modules.get(&m))
-            .and_then(|i| i.info.local_bytes.get(&name).copied());
+        let from_image = info.and_then(|i| i.local_bytes.get(&name).copied());
         t.driver_memory
             .settings()
             .kernel_local

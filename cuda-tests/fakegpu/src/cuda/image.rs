@@ -512,10 +512,8 @@ mod tests {
         assert_eq!(parse(&fat, 100).data_bytes, 1_048_576 + 1024, "the PTX");
         assert_eq!(parse(&fat, 60).device_bytes(), 0, "nothing it loads");
         // SAFETY: a complete image in a live buffer.
-        assert_eq!(
-            unsafe { image_at(fat.as_ptr().cast()) }.unwrap().len(),
-            fat.len()
-        );
+        let read = unsafe { image_at(fat.as_ptr().cast()) };
+        assert_eq!(read.unwrap().len(), fat.len());
         let text = b"abc\0def";
         // SAFETY: NUL-terminated.
         assert_eq!(unsafe { image_at(text.as_ptr().cast()) }.unwrap(), b"abc");

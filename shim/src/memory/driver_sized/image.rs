@@ -273,12 +273,12 @@ pub unsafe fn image_len(ptr: *const u8) -> Option<usize> {
         return None;
     }
     // Byte by byte, so that short text stops at its NUL (no magic byte is 0).
-    // SAFETY: byte i is read only when bytes 0..i matched non-NUL magic bytes.
     let starts = |magic: &[u8]| {
-        magic
-            .iter()
-            .enumerate()
-            .all(|(i, &m)| unsafe { *ptr.add(i) } == m)
+        magic.iter().enumerate().all(|(i, &m)| {
+            // SAFETY: byte i is read only when bytes 0..i matched non-NUL magic bytes.
+            let byte = unsafe { *ptr.add(i) };
+            byte == m
+        })
     };
     // SAFETY: called only for lengths the image's format guarantees (checked magic first).
     let head = |n: usize| unsafe { std::slice::from_raw_parts(ptr, n) };
