@@ -7,9 +7,6 @@
 
 use cuda_e2e::{live_ledger_bytes, Client, ClientKind, Env, FakeGpu, Running, Slice, GIB, MIB};
 
-/// The fake's module arena per context (`FAKEGPU_MODULE_ARENA`): module bytes its context
-/// overhead already holds, which the shim, unable to know it, prices again.
-const ARENA: u64 = 8 * MIB;
 const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";
 const OK: &str = "CUDA_SUCCESS";
 
@@ -192,10 +189,7 @@ fn a_module_within_the_slice_is_reserved_before_it_is_placed_and_settles_to_the_
             truth >= 300 * MIB + 100 * MIB + 190 * MIB,
             "{what}: the driver placed the module: {truth}"
         );
-        assert!(
-            (truth..=truth + ARENA).contains(&ledger),
-            "{what}: the ledger ({ledger}) holds the card's bytes ({truth}), at most the context's module arena more"
-        );
+        assert_eq!(ledger, truth, "{what}: the ledger holds the card's bytes");
         assert!(running.release().success());
         assert_never_above_the_cap(&gpu, &format!("200 MiB of static data, {what}"));
     }
@@ -226,10 +220,10 @@ fn a_kernels_local_memory_within_the_slice_is_reserved_at_its_lookup_and_held_af
     assert_eq!(line["launch"], OK, "{line}");
     let truth = truth_of(&gpu, running.pid());
     assert!(truth >= 300 * MIB + 100 * MIB + 320 * MIB, "{truth}");
-    let ledger = live_ledger_bytes(&slice.region_path());
-    assert!(
-        (truth..=truth + ARENA).contains(&ledger),
-        "the ledger ({ledger}) holds the card's bytes ({truth})"
+    assert_eq!(
+        live_ledger_bytes(&slice.region_path()),
+        truth,
+        "charged as held"
     );
     assert!(running.release().success());
     assert_never_above_the_cap(&gpu, "3 KiB of local memory");

@@ -27,18 +27,21 @@
 //! * **modules** (`cuModuleLoad*`): what the image says for the context's device
 //!   (`image`), reserved at the load whatever `CUDA_MODULE_LOADING` says (a module's data is
 //!   placed at its load; lazy loading defers only its kernels' code, to `cuModuleGetFunction`);
-//!   the context's module bytes together rounded up to 2 MiB, refunded at unload;
+//!   the context's module bytes together past [`CONTEXT_MODULE_ARENA`], rounded up to 2 MiB,
+//!   refunded at unload;
 //! * **libraries** (`cuLibraryLoad*`, context-independent): reserved in the current context
 //!   at the load (eager loading places them there then, lazy loading at their first use
 //!   there), and in any other context before the first call that places them there
 //!   (`cuLibraryGetKernel`, `cuKernelGetFunction`, `cuLibraryGetGlobal`, `cuLibraryGetModule`).
 //!
 //! What is charged for a context is refunded when it ends (`Ledger::context_destroyed`).
-//! What this cannot know stays the node agent's business, within
-//! `gpuslice_common::unpriced::UNPRICED_BOUND_BYTES`: the module arena a context's measured
-//! cost already holds (here charged again: the safe direction), a driver rounding coarser
-//! than the read-back shows, images the CUDA runtime loads through its private interface,
-//! and a `CUkernel` launched in a context where no lookup priced it.
+//! What this cannot know is model error within
+//! `gpuslice_common::unpriced::UNPRICED_BOUND_BYTES`: whether a context's measured cost holds
+//! its first module pages ([`CONTEXT_MODULE_ARENA`]), the driver's own rounding of what it
+//! places. Not priced at all, and so the node agent's business past that bound: images the
+//! CUDA runtime loads through its private interface, a library that eager loading places in
+//! a context made after its load, and a `CUkernel` launched in a context where no lookup
+//! priced it.
 
 use std::collections::HashMap;
 use std::ffi::c_int;
@@ -55,6 +58,17 @@ use super::image::Costs;
 use crate::ground::driver::real;
 use crate::memory::ledger::{charge_size, lock};
 use crate::memory::{cuda_binding, current_context, device_of, process, shared, Binding, Process};
+
+/// Module bytes a context's measured cost is taken to hold already: a driver makes the first
+/// pages of a context's module memory with the context, so small images (a few kernels) cost
+/// nothing more. Where a driver does not, the difference is model error within
+/// `gpuslice_common::unpriced::UNPRICED_BOUND_BYTES` (see its reasoning).
+pub const CONTEXT_MODULE_ARENA: u64 = 8 << 20;
+
+/// What the images of a context holding `images` bytes of them are charged.
+fn images_charge(images: u64) -> u64 {
+    charge_size(images.saturating_sub(CONTEXT_MODULE_ARENA))
+}
 
 /// The per-thread stack granularity the price assumes before the driver says (the driver
 /// may round the value up, `cuCtxSetLimit`); the read-back settles it either way.
@@ -354,7 +368,7 @@ pub(crate) fn kernel_found(context: u64, local: u64) -> Result<(), CUresult> {
 
 /// Places `bytes` of image in the current context's charge (rounded with what it holds).
 fn reserve_image(process: &Process, placed: &mut Placed, bytes: u64) -> Result<u64, CUresult> {
-    let charged = charge_size(placed.images.saturating_add(bytes));
+    let charged = images_charge(placed.images.saturating_add(bytes));
     let growth = charged.saturating_sub(placed.images_charged);
     if let Err(code) = reserve(process, placed.device, growth) {
         crate::log_info!(
@@ -370,7 +384,7 @@ fn reserve_image(process: &Process, placed: &mut Placed, bytes: u64) -> Result<u
 /// Takes `bytes` of image out of a context's charge, refunding what its rounding frees.
 fn release_image(process: &Process, placed: &mut Placed, bytes: u64) {
     placed.images = placed.images.saturating_sub(bytes);
-    let charged = charge_size(placed.images);
+    let charged = images_charge(placed.images);
     process
         .ledger
         .refund(placed.device, placed.images_charged.saturating_sub(charged));
