@@ -793,11 +793,6 @@ fn the_slices_measured_utilisation_and_the_cards_reach_prometheus() {
     );
 }
 
-/// Waits for the agent's scraped value at `prefix` to satisfy `ok`.
-fn await_scraped(addr: &str, what: &str, prefix: &str, ok: impl Fn(f64) -> bool) {
-    wait_until(what, TIMEOUT, || scraped(addr, prefix).is_some_and(&ok));
-}
-
 #[test]
 fn the_backstop_ends_the_bypasser_not_the_newer_process_whose_driver_placed_memory_the_slice_priced(
 ) {
