@@ -38,8 +38,9 @@
 //! What this cannot know is model error within
 //! `gpuslice_common::unpriced::UNPRICED_BOUND_BYTES`: whether a context's measured cost holds
 //! its first module pages ([`CONTEXT_MODULE_ARENA`]), the driver's own rounding of what it
-//! places. Not priced at all, and so the node agent's business past that bound: images the
-//! CUDA runtime loads through its private interface, a library that eager loading places in
+//! places. Not priced at all, and so the node agent's business past that bound: images a
+//! CUDA runtime would load through its private interface (the CUDA 13 runtime loads its
+//! kernels with `cuLibraryLoadData`, priced here), a library that eager loading places in
 //! a context made after its load, and a `CUkernel` launched in a context where no lookup
 //! priced it.
 
