@@ -201,8 +201,8 @@ fn set_limit_real(limit: c_int, value: u64) -> bool {
     result == CUDA_SUCCESS
 }
 
-/// The calling thread's current context on a limited device, with this process's ledger
-/// and the book locked: what every price starts from. `None` = pass-through.
+/// The calling thread's current context on a limited device, with this process's ledger:
+/// what every price starts from. `None` = pass-through.
 struct Current {
     process: &'static Process,
     context: u64,
@@ -269,11 +269,8 @@ pub(crate) fn set_limit(limit: c_int, value: u64, call: impl FnOnce() -> CUresul
         return call();
     };
     let device = placed.device;
-    let old = if limit == STACK_SIZE {
-        placed.stack
-    } else {
-        limit_now(limit).unwrap_or(0)
-    };
+    // What an undo sets back (the stack as a launch may have grown it).
+    let old = limit_now(limit).unwrap_or(placed.stack);
     // What the context is charged for this limit, before and (priced) after.
     let charge = |placed: &mut Placed, value: u64| -> (u64, u64) {
         if limit == STACK_SIZE {
