@@ -551,7 +551,7 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
 /// The device ordinal of `context` (the calling thread's current one, 0 = none): remembered
 /// per context (`ledger::ContextDevices`), else the driver's `cuCtxGetDevice`.
 #[inline]
-pub(crate) fn device_of(process: &Process, context: u64) -> Option<CUdevice> {
+fn device_of(process: &Process, context: u64) -> Option<CUdevice> {
     if context == 0 {
         return None;
     }

@@ -58,7 +58,9 @@ use gpuslice_abi::cuda::{CUdevice, CUresult};
 use super::image::Costs;
 use crate::ground::driver::real;
 use crate::memory::ledger::{charge_size, lock};
-use crate::memory::{cuda_binding, current_context, device_of, process, shared, Binding, Process};
+use crate::memory::{
+    cuda_binding, current_context, current_device, process, shared, Binding, Process,
+};
 
 /// Module bytes a context's measured cost is taken to hold already: a driver makes the first
 /// pages of a context's module memory with the context, so small images (a few kernels) cost
@@ -211,7 +213,7 @@ struct Current {
 fn current() -> Option<Current> {
     let (shared, process) = (shared()?, process()?);
     let context = current_context();
-    let ordinal = device_of(process, context)?;
+    let ordinal = current_device()?;
     match cuda_binding(shared, ordinal) {
         Ok(Binding::Limited(_)) => Some(Current { process, context }),
         _ => None,
@@ -220,9 +222,9 @@ fn current() -> Option<Current> {
 
 /// The book's entry for the current context, made at first sight (its device's facts, and
 /// the limits it started with: what its measured cost holds).
-fn entry<'a>(book: &'a mut PlacedBook, process: &Process, context: u64) -> Option<&'a mut Placed> {
+fn entry(book: &mut PlacedBook, context: u64) -> Option<&mut Placed> {
     if !book.contexts.contains_key(&context) {
-        let ordinal = device_of(process, context)?;
+        let ordinal = current_device()?;
         let Ok(Binding::Limited(device)) = cuda_binding(shared()?, ordinal) else {
             return None;
         };
@@ -265,7 +267,7 @@ pub(crate) fn set_limit(limit: c_int, value: u64, call: impl FnOnce() -> CUresul
         return call();
     };
     let mut book = lock(&process.ledger.placed);
-    let Some(placed) = entry(&mut book, process, context) else {
+    let Some(placed) = entry(&mut book, context) else {
         return call();
     };
     let device = placed.device;
@@ -342,7 +344,7 @@ pub(crate) fn kernel_found(context: u64, local: u64) -> Result<(), CUresult> {
     };
     let mut book = lock(&process.ledger.placed);
     let Some(placed) = (if context == current.context {
-        entry(&mut book, process, context)
+        entry(&mut book, context)
     } else {
         book.contexts.get_mut(&context)
     }) else {
@@ -400,7 +402,7 @@ pub(crate) fn load_module(
         return call().0;
     };
     let mut book = lock(&process.ledger.placed);
-    let Some(placed) = entry(&mut book, process, context) else {
+    let Some(placed) = entry(&mut book, context) else {
         return call().0;
     };
     let bytes = costs.for_device(placed.facts.sm).unwrap_or(0);
@@ -451,7 +453,7 @@ fn place_library(
     let Some(costs) = book.libraries.get(&library).cloned() else {
         return Ok(());
     };
-    let Some(placed) = entry(book, process, context) else {
+    let Some(placed) = entry(book, context) else {
         return Ok(());
     };
     if placed.libraries.iter().any(|&(l, _)| l == library) {
