@@ -320,8 +320,9 @@ impl ObjectTable {
         self.shard(kind, key).insert(kind, key, charged);
     }
 
-    /// Takes the oldest entry under the key.
-    #[inline]
+    /// Takes the oldest entry under the key. Out of line: the free path (`Ledger::untrack`,
+    /// inlined into `memory::on_free`) stays short, and calls it once.
+    #[inline(never)]
     pub fn remove(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
         self.shard(kind, key).remove(kind, key)
     }
