@@ -544,3 +544,37 @@ pub(crate) fn kernel_of_library(kernel: u64, library: u64) {
         lock(&process.ledger.placed).kernels.insert(kernel, library);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn local_memory_is_the_growth_past_the_first_stack_for_every_resident_thread() {
+        // A V100: 80 SMs x 2048 threads, a 1 KiB stack inside the context's cost.
+        let placed = Placed {
+            facts: Facts {
+                sm: 70,
+                threads: 80 * 2048,
+            },
+            stack_base: 1024,
+            ..Placed::default()
+        };
+        assert_eq!(placed.local_for(1024), 0);
+        assert_eq!(placed.local_for(2048), 160 * MIB);
+        assert_eq!(placed.local_for(8192), 1120 * MIB);
+        assert_eq!(placed.local_for(16 << 10), 2400 * MIB);
+        // Not a whole page: rounded up.
+        assert_eq!(placed.local_for(1025), 2 * MIB);
+    }
+
+    #[test]
+    fn a_contexts_images_cost_what_passes_its_module_arena_in_whole_pages() {
+        assert_eq!(images_charge(0), 0);
+        assert_eq!(images_charge(CONTEXT_MODULE_ARENA), 0);
+        assert_eq!(images_charge(CONTEXT_MODULE_ARENA + 1), 2 * MIB);
+        assert_eq!(images_charge(CONTEXT_MODULE_ARENA + 200 * MIB), 200 * MIB);
+    }
+}
