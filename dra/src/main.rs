@@ -220,12 +220,17 @@ fn run(args: Args) -> Result<(), String> {
         let plugin_socket = args.plugin_dir.join("dra.sock");
         let registration_socket: PathBuf =
             Path::new(&args.registry_dir).join(format!("{DRIVER_NAME}-reg.sock"));
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        // Handlers in place before the sockets exist: a SIGTERM as soon as the plugin answers
+        // is a clean stop, not the default action (which would leave the sockets behind).
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term =
+            signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+        let mut interrupt =
+            signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
+        let shutdown = async move {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
             }
         };
         eprintln!(
