@@ -11,7 +11,7 @@ use gpuslice_common::cdi::{check_container_path, core_beside, DEFAULT_CONTAINER_
 use gpuslice_dra::model::Model;
 use gpuslice_dra::plugin::{serve_with_health, Driver, HealthService};
 use gpuslice_dra::prepare::{NvidiaCdi, Preparer, Settings};
-use gpuslice_dra::publish::{OnMissingGate, Publisher};
+use gpuslice_dra::publish::{OnMissingGate, Publisher, Recheck};
 use gpuslice_dra::{health, inventory, DRIVER_NAME};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -177,24 +177,21 @@ fn run(args: Args) -> Result<(), String> {
             let mut metrics = String::new();
             let mut unhealthy = unhealthy;
             let period = Duration::from_secs(args.republish_seconds.max(1));
-            let mut publisher =
-                Publisher::new(DRIVER_NAME, &args.node_name, args.model, args.on_missing_gate);
+            let mut publisher = Publisher::new(
+                DRIVER_NAME,
+                &args.node_name,
+                args.model,
+                args.on_missing_gate,
+            )
+            .with_recheck(Recheck::for_period(period));
             async move {
-                let mut last = String::new();
                 loop {
                     let now = unhealthy.borrow_and_update().clone();
-                    let result = publisher
+                    // Logs its notices and each change of outcome (an error is retried at
+                    // the next period).
+                    let _ = publisher
                         .publish_and_report(client.clone(), &gpus, &now)
                         .await;
-                    // One line per change, not one per period.
-                    let line = match result {
-                        Ok(outcome) => format!("ResourceSlices: {outcome:?}"),
-                        Err(e) => format!("publishing: {e}"),
-                    };
-                    if line != last || !line.contains("Unchanged") {
-                        eprintln!("gpuslice-dra: {line}");
-                    }
-                    last = line;
                     let now_metrics = publisher.metrics(&now);
                     if now_metrics != metrics {
                         if let Err(e) = write_metrics(&metrics_file, &now_metrics) {
