@@ -697,12 +697,22 @@ impl Publisher {
         let now = (self.clock)();
         let degraded = matches!(self.standing, Standing::Degraded { .. });
         let due = self.next_probe.is_none_or(|(at, _)| now >= at);
-        // Whether a probe of this pass found the gate back (said once the model is stored).
-        let mut restored = false;
+        // When a probe of this pass found the gate back: its notice, and the wait before it.
+        let mut restored: Option<(usize, Duration)> = None;
         if self.model.feature_gate().is_some() && (self.layout.is_none() || (degraded && due)) {
             match self.probe(&api, &owner, gpus).await? {
                 None => {
-                    restored = degraded;
+                    if degraded {
+                        let wait = self
+                            .next_probe
+                            .take()
+                            .map_or(self.recheck.first, |(_, w)| w);
+                        restored = Some((self.notices.len(), wait));
+                        self.notices.push(format!(
+                            "the API server now keeps the fields of the {} model: publishing it",
+                            self.model.name()
+                        ));
+                    }
                     self.standing = Standing::AsAsked;
                 }
                 // Still missing: said already; the next probe after a longer wait.
@@ -719,13 +729,17 @@ impl Publisher {
             let (published, dropped) = self.write(&api, &owner, gpus, unhealthy).await?;
             if self.effective() == Some(self.model) && model_fields_dropped(self.model, &dropped) {
                 // The server answers otherwise than the probe did (another replica, a
-                // restart with other gates between the two).
-                let wait = match (restored, self.next_probe) {
-                    (true, Some((_, wait))) => self.longer(wait),
-                    _ => self.recheck.first,
-                };
-                self.degrade(dropped, now, wait, !restored);
-                restored = false;
+                // restart with other gates between the two). Right after a probe that saw the
+                // gate back nothing changed for the operator: neither is said, and the next
+                // probe waits longer.
+                match restored.take() {
+                    Some((notice, wait)) => {
+                        self.notices.remove(notice);
+                        let wait = self.longer(wait);
+                        self.degrade(dropped, now, wait, false);
+                    }
+                    None => self.degrade(dropped, now, self.recheck.first, true),
+                }
                 continue;
             }
             if dropped.iter().any(|p| p.ends_with("taints")) && self.taints_kept != Some(false) {
@@ -743,13 +757,6 @@ impl Publisher {
                     dropped.join(", ")
                 ));
             };
-            if restored {
-                self.next_probe = None;
-                self.notices.push(format!(
-                    "the API server now keeps the fields of the {} model: publishing it",
-                    self.model.name()
-                ));
-            }
             return Ok(published);
         }
         Err(

@@ -297,7 +297,8 @@ fn promised_on_disk(state: &Path, uuid: &str) -> (u64, u32, usize) {
     (memory, compute, unfinished)
 }
 
-/// A small deterministic generator (the seed is printed, so a failing run can be replayed).
+/// A small deterministic generator (the seed is printed: a run's choices can be replayed,
+/// though not its timing).
 struct Rng(u64);
 
 impl Rng {
@@ -425,15 +426,7 @@ async fn two_copies_sharing_a_state_dir_never_prepare_more_than_the_card() {
         let uids: Vec<String> = asked.iter().flatten().map(|c| c.uid.clone()).collect();
         let done = DraClient::new(channel(copies[survivor].dra_socket.clone()).await)
             .node_unprepare_resources(dra_v1::NodeUnprepareResourcesRequest {
-                claims: asked
-                    .iter()
-                    .flatten()
-                    .map(|c| dra_v1::Claim {
-                        namespace: c.namespace.clone(),
-                        name: c.name.clone(),
-                        uid: c.uid.clone(),
-                    })
-                    .collect(),
+                claims: asked.iter().flatten().cloned().collect(),
             })
             .await
             .unwrap()

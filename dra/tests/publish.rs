@@ -931,3 +931,67 @@ fn the_fake_drops_and_refuses_as_upstream_does() {
         vec!["spec.sharedCounters: Too many: 17: must have at most 8 items".to_string()]
     );
 }
+
+/// Replicas that disagree keep the driver degraded without a word: a probe that sees the gate
+/// back, contradicted by the write that follows, is neither announced nor undone aloud, and
+/// the next probe waits longer.
+#[tokio::test]
+async fn a_probe_contradicted_by_the_write_says_nothing_and_waits_longer() {
+    const PERIOD: Duration = Duration::from_secs(60);
+    let api = FakeApi::start_as(Cluster::V1_35);
+    let client = api.client();
+    let clock = TestClock::new();
+    let (log, lines) = kept_log();
+    let mut p = Publisher::new("gpuslice.dev", NODE, Model::Products, OnMissingGate::Units)
+        .with_recheck(Recheck::for_period(PERIOD))
+        .with_clock(clock.clock())
+        .with_log(log);
+    assert_eq!(
+        publish_via(&client, &mut p).await,
+        Published::Created { generation: 1 }
+    );
+    assert_eq!(api.events().len(), 1);
+    // The replica answering dry runs now has the gate; the one answering writes has not.
+    api.set_cluster(Cluster::V1_35_GATES);
+    api.set_cluster_for_writes(Some(Cluster::V1_35));
+    let mut probes = Vec::new();
+    for period in 1..=20 {
+        clock.advance(PERIOD);
+        api.clear_requests();
+        publish_via(&client, &mut p).await;
+        if api
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("resourceslices") && r.query.contains("dryRun=All"))
+        {
+            probes.push(period);
+        }
+        assert!(
+            matches!(
+                p.standing(),
+                Standing::Degraded {
+                    now: Some(Model::Units),
+                    ..
+                }
+            ),
+            "{:?}",
+            p.standing()
+        );
+    }
+    // Waits of 2, 4, 8 periods after the first probe (which the writes contradicted).
+    assert_eq!(probes, [1, 3, 7, 15]);
+    assert_eq!(api.events().len(), 1);
+    // One notice in all; the other lines are outcomes (each flap wrote twice).
+    let notices: Vec<_> = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| !l.contains(" { generation: "))
+        .cloned()
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    // What stays stored after each flap is the units.
+    let last = api.slices();
+    assert_eq!(last.keys().collect::<Vec<_>>(), vec![SLICE]);
+    assert!(over_committable(&last).is_none());
+}
