@@ -1,6 +1,7 @@
 //! The node agent's backstop against what a tenant can do from inside its slice, on the
 //! simulated card: bytes taken through the real driver behind the shim, laundered or not,
-//! and the region's words rewritten (its limit, its total). Each test runs the real
+//! and the region's words rewritten (its limit, its total, a slot naming another process).
+//! Each test runs the real
 //! `gpuslice-node --enforce` and real client processes, and asserts the fake card's truth
 //! (how far and for how long the slice's processes held more than the cap) and the agent's
 //! verdict (which process ended, when, and what it counted).
@@ -328,6 +329,81 @@ fn a_tenant_that_raises_its_limit_word_or_zeroes_its_total_is_ended_within_the_g
         drop(second);
         assert!(first.release().success());
     }
+}
+
+/// A tenant's forged slot: slot `index` of the region claimed for `victim` (its host PID and
+/// start time, as `/proc` shows them), holding nothing, and kept alive by a write lock on the
+/// slot's liveness byte (held by the returned descriptor). Offsets from
+/// `common/src/region/layout.rs`: slots from 5,248, 256 bytes each (state at 0, PID 4, host
+/// PID 8, start time 16); the header's slot high-water mark at 36.
+fn forge_slot(region: &Path, index: u64, victim: u32) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let stat = std::fs::read_to_string(format!("/proc/{victim}/stat")).unwrap();
+    let start: u64 = stat
+        .rsplit_once(") ")
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(region)
+        .unwrap();
+    let slot = 5248 + index * 256;
+    file.write_all_at(&victim.to_le_bytes(), slot + 4).unwrap();
+    file.write_all_at(&victim.to_le_bytes(), slot + 8).unwrap();
+    file.write_all_at(&start.to_le_bytes(), slot + 16).unwrap();
+    file.write_all_at(&(index as u32 + 1).to_le_bytes(), 36)
+        .unwrap();
+    // SAFETY: flock is plain data; zero is valid for every field.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = slot as libc::off_t;
+    lock.l_len = 1;
+    // SAFETY: the descriptor is open; `lock` is a valid flock for the call.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &mut lock) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    file.write_all_at(&1u32.to_le_bytes(), slot).unwrap();
+    file
+}
+
+#[test]
+fn a_slot_naming_another_process_makes_the_agent_end_nobody_but_the_slices_own() {
+    // A process of no slice holds 2 GiB; a tenant of a 4 GiB slice writes a slot naming it.
+    // Taken on its word, the slot would make those bytes the slice's and unaccounted.
+    let bed = Bed::new("4GiB");
+    let (_agent, addr) = bed.agent(&["--enforce", "--grace", "1"]);
+    let victim = Client::spawn(ClientKind::Cudarc, &["hold", "2GiB"], &bed.gpu.env());
+    assert_eq!(victim.first["result"], "CUDA_SUCCESS", "{}", victim.first);
+    let member = bed.spawn(&["hold", "100MiB"]);
+    assert_eq!(member.first["result"], "CUDA_SUCCESS", "{}", member.first);
+    let _forged = forge_slot(&bed.slice.region_path(), 9, victim.pid());
+    // The slice's own hider, ended once its bytes lasted 3 s: the agent judged meanwhile.
+    let hider = bed.spawn(&["behind", "1GiB"]);
+    let hider_pid = hider.pid();
+    wait_until("the backstop ends the hider", TIMEOUT, || {
+        !is_running(hider_pid)
+    });
+    assert!(
+        is_running(victim.pid()),
+        "the forged slot's process was ended"
+    );
+    let named = format!("slot 9 of its region names process {}", victim.pid());
+    assert!(bed.log().contains(&named), "{}", bed.log());
+    assert!(bed.card_bytes(victim.pid()) >= 2 * GIB);
+    assert!(is_running(member.pid()));
+    assert_eq!(
+        scraped(&addr, "gpuslice_backstop_kills_total{slice=\"s\","),
+        Some(1.0)
+    );
+    drop(hider);
+    drop(victim);
+    assert!(member.release().success());
 }
 
 /// Refusals the slice's processes counted in the region (its first device entry's
