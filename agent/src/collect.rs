@@ -289,28 +289,38 @@ pub mod fixtures {
     }
 }
 
-/// The memory cap a limit file sets on the card `uuid`, and whether the file names the card
-/// exactly: a UUID entry does; index entries name devices as the slice's processes number
-/// them (CUDA ordinals, which need not be the node's indices), so the largest of them
-/// bounds the card. `None`: the file does not limit the card's memory (no entry, or an index
-/// entry without memory).
-fn file_cap(config: &SliceConfig, uuid: &str) -> Option<(u64, bool)> {
+/// What a limit file says of the memory of the card `uuid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileCap {
+    /// A UUID entry names the card: its cap.
+    Exact(u64),
+    /// Index entries (`entries` of them, every one with a memory limit) name devices as the
+    /// slice's processes number them (CUDA ordinals, which need not be the node's indices):
+    /// the card may be any of them, so the largest bounds it.
+    Index { bound: u64, entries: usize },
+}
+
+/// `None`: the file does not limit the card's memory (no entry names it, or an index entry
+/// without memory might).
+fn file_cap(config: &SliceConfig, uuid: &str) -> Option<FileCap> {
     let by_uuid = config.devices.iter().find(
         |d| matches!(&d.selector, DeviceSelector::Uuid(want) if want.eq_ignore_ascii_case(uuid)),
     );
     if let Some(entry) = by_uuid {
-        return entry.memory_limit.map(|bytes| (bytes, true));
+        return entry.memory_limit.map(FileCap::Exact);
     }
-    let mut by_index = config
+    let limits: Option<Vec<u64>> = config
         .devices
         .iter()
         .filter(|d| matches!(d.selector, DeviceSelector::Index(_)))
-        .peekable();
-    by_index.peek()?;
-    by_index
         .map(|d| d.memory_limit)
-        .try_fold(0u64, |most, limit| limit.map(|l| most.max(l)))
-        .map(|bytes| (bytes, false))
+        .collect();
+    let limits = limits?;
+    let bound = *limits.iter().max()?;
+    Some(FileCap::Index {
+        bound,
+        entries: limits.len(),
+    })
 }
 
 impl NodeView {
@@ -322,44 +332,58 @@ impl NodeView {
             .fold((0, 0), |(bytes, n), (_, b)| (bytes + b.unwrap_or(0), n + 1))
     }
 
-    /// The limit word `slice`'s region holds for the card `uuid` (`None`: no entry, or not
-    /// limited).
-    fn region_limit(&self, slice: usize, uuid: &str) -> Option<u64> {
+    /// The limit word `slice`'s region holds for the card `uuid`: `None` without an entry,
+    /// `Some(None)` for "not limited".
+    fn region_limit(&self, slice: usize, uuid: &str) -> Option<Option<u64>> {
         let snapshot = self.slices.get(slice)?.snapshot.as_ref()?;
-        snapshot
-            .devices
-            .iter()
-            .find(|d| d.uuid == uuid)?
-            .memory_limit
+        let entry = snapshot.devices.iter().find(|d| d.uuid == uuid)?;
+        Some(entry.memory_limit)
+    }
+
+    /// On how many cards `slice`'s processes hold memory.
+    fn cards_used(&self, slice: usize) -> usize {
+        self.cards.as_ref().map_or(0, |cards| {
+            cards
+                .iter()
+                .filter(|card| self.driver_usage(slice, card).0 > 0)
+                .count()
+        })
     }
 
     /// `slice`'s memory cap on the card `uuid`, as the backstop judges the card: its limit
-    /// file's (a UUID entry's exactly; index entries' bound, or the region's word where that
-    /// is lower, which only a stricter binder or the slice's own harm can make it). Only a
-    /// slice found without a readable limit file is judged by its region's word.
+    /// file's. A UUID entry's exactly. Index entries' bound where the slice's processes bound
+    /// the card in their region (lowered to the region's word, which only a stricter binder
+    /// or the slice's own harm can make lower), or where the file has an index entry for each
+    /// card the slice's processes use (then every one of them is one of the file's); else the
+    /// card may be one the file leaves unlimited, and is not judged. Only a slice found
+    /// without a readable limit file is judged by its region's word.
     pub fn cap(&self, slice: usize, uuid: &str) -> Option<(u64, CapSource)> {
         let state = self.slices.get(slice)?;
         let region = self.region_limit(slice, uuid);
-        match &state.found.config {
-            Some(config) => {
-                let (bytes, exact) = file_cap(config, uuid)?;
-                let bytes = match region {
-                    Some(word) if !exact => bytes.min(word),
-                    _ => bytes,
-                };
-                Some((bytes, CapSource::LimitFile))
+        let Some(config) = &state.found.config else {
+            return region.flatten().map(|bytes| (bytes, CapSource::Region));
+        };
+        let bytes = match file_cap(config, uuid)? {
+            FileCap::Exact(bytes) => bytes,
+            FileCap::Index { bound, .. } if matches!(region, Some(Some(_))) => {
+                bound.min(region.flatten().unwrap_or(bound))
             }
-            None => region.map(|bytes| (bytes, CapSource::Region)),
-        }
+            FileCap::Index { bound, entries } if entries >= self.cards_used(slice) => bound,
+            FileCap::Index { .. } => return None,
+        };
+        Some((bytes, CapSource::LimitFile))
     }
 
     /// The region's limit word for `uuid` where it allows more than the limit file: a
     /// process of the slice wrote it (or the file was lowered since the slice's processes
-    /// started). (word, the file's cap).
+    /// started). (word, the file's cap; a word of "not limited" reads as `u64::MAX`).
     pub fn raised_limit(&self, slice: usize, uuid: &str) -> Option<(u64, u64)> {
-        let word = self.region_limit(slice, uuid).unwrap_or(u64::MAX);
+        let word = self.region_limit(slice, uuid)?.unwrap_or(u64::MAX);
         let config = self.slices.get(slice)?.found.config.as_ref()?;
-        let (cap, _) = file_cap(config, uuid)?;
+        let cap = match file_cap(config, uuid)? {
+            FileCap::Exact(bytes) => bytes,
+            FileCap::Index { bound, .. } => bound,
+        };
         (word > cap).then_some((word, cap))
     }
 
@@ -930,8 +954,30 @@ mod tests {
         view.slices[0].snapshot = Some(fixtures::one_device_region(uuid, 1 << 30, Vec::new()));
         assert_eq!(view.cap(0, uuid), Some((1 << 30, CapSource::LimitFile)));
         assert_eq!(view.raised_limit(0, uuid), None);
+        // No entry in the region for the card: an index entry for each card the slice uses
+        // makes it one of them; with fewer, it may be one the file leaves unlimited.
+        view.slices[0].snapshot = Some(fixtures::one_device_region("GPU-other", 1, Vec::new()));
+        assert_eq!(view.cap(0, uuid), Some((2 << 30, CapSource::LimitFile)));
+        view.slices[0].found.config = Some(config(r#"{"index": 0, "memory": "1GiB"}"#));
+        view.owner = [(7, 0), (8, 0)].into_iter().collect();
+        view.cards = Ok(["GPU-other", uuid]
+            .iter()
+            .zip([7, 8])
+            .enumerate()
+            .map(|(index, (uuid, pid))| Card {
+                index: index as u32,
+                uuid: (*uuid).into(),
+                total: 32 << 30,
+                used: 0,
+                free: 0,
+                utilization: None,
+                processes: vec![(pid, Some(1 << 20))],
+            })
+            .collect());
+        assert_eq!(view.cap(0, uuid), None, "one index entry, two cards");
         // No limit file: the region's word, said so.
         view.slices[0].found.config = None;
+        view.slices[0].snapshot = Some(fixtures::one_device_region(uuid, 1 << 30, Vec::new()));
         assert_eq!(view.cap(0, uuid), Some((1 << 30, CapSource::Region)));
     }
 
