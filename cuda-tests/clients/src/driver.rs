@@ -248,6 +248,34 @@ fn dl_error() -> String {
     }
 }
 
+/// The driver function `name` as the real `libcuda.so.1` exports it, found with glibc's own
+/// `dlsym` (asked for by version with `dlvsym`, which a preloaded interposer's exported
+/// `dlsym` never answers): how a process reaches the driver BEHIND a shim it loaded.
+pub fn behind_the_shim(name: &str) -> Result<*mut c_void, String> {
+    let c_name = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: NUL-terminated literals; RTLD_NOLOAD only looks for what is loaded.
+    let libc_handle =
+        unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if libc_handle.is_null() {
+        return Err(format!("libc.so.6 is not loaded: {}", dl_error()));
+    }
+    let own = [c"GLIBC_2.34", c"GLIBC_2.2.5"]
+        .iter()
+        // SAFETY: a live handle and NUL-terminated names.
+        .map(|version| unsafe { libc::dlvsym(libc_handle, c"dlsym".as_ptr(), version.as_ptr()) })
+        .find(|p| !p.is_null())
+        .ok_or_else(|| format!("glibc's dlsym not found: {}", dl_error()))?;
+    // SAFETY: glibc's dlsym has this signature.
+    let real_dlsym = unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(own) };
+    let driver = dlopen("libcuda.so.1")?;
+    // SAFETY: a live handle and a NUL-terminated name.
+    let function = unsafe { real_dlsym(driver, c_name.as_ptr()) };
+    if function.is_null() {
+        return Err(format!("libcuda.so.1 has no {name}"));
+    }
+    Ok(function)
+}
+
 /// `dlsym` as a function pointer.
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 

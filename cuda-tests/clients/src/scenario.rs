@@ -303,6 +303,9 @@ driver-growth FILL [--static SIZE] [--local SIZE] [--stack SIZE] [--fifo SIZE] [
 the printf FIFO, loads a PTX module (or library) with SIZE of static data, looks up its global
 when asked, looks up its kernel, whose stack frame is --local per thread, launches it once,
 then tries --after more (2 MiB); holds until stdin ends (driver-API clients only).
+behind SIZE [--printf-fifo BYTES]: allocates SIZE through the real cuMemAlloc_v2 found behind
+the shim (glibc's own dlsym), then sets the printf FIFO to BYTES through the shim; holds until
+stdin ends (driver-API clients only).
 pool-destroy-held: until an allocation fails (or N succeeded), creates a pool, allocates SIZE
 from it and destroys the pool with that allocation outstanding (the driver releases the
 pool's memory once its allocations are freed); then frees every allocation
@@ -448,6 +451,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "hold" => hold(gpu, &rest)?,
         "heap" => heap(gpu, &rest)?,
         "driver-growth" => driver_growth(gpu, &rest)?,
+        "behind" => behind(gpu, &rest)?,
         "context-cycle" => context_cycle(gpu, &rest)?,
         "pool-destroy-held" => pool_destroy_held(gpu, &rest)?,
         "graph-memory" => graph_memory(gpu, &rest)?,
@@ -875,6 +879,47 @@ fn driver_growth<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     }
     let _keep = held;
     print_and_hold(gpu, "driver-growth", line)
+}
+
+/// A registered process that allocates SIZE through the real `cuMemAlloc_v2`, reached behind
+/// the shim ([`crate::driver::behind_the_shim`]): bytes its slot never holds. With
+/// `--printf-fifo BYTES` it then makes one harmless `cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE,
+/// BYTES)` through the shim (a shim that took NVML's surplus after such a call for memory the
+/// driver placed by itself would charge the hidden bytes as that). Prints the results and the
+/// device pointer, and holds everything until stdin reaches EOF.
+fn behind<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let size = args.size_at(0, "SIZE")?;
+    let fifo = args.size_opt("printf-fifo")?;
+    if let Err(e) = setup(gpu) {
+        return Ok(e);
+    }
+    type MemAlloc = unsafe extern "C" fn(*mut u64, usize) -> CUresult;
+    let (alloc, ptr) = match crate::driver::behind_the_shim("cuMemAlloc_v2") {
+        Ok(function) => {
+            // SAFETY: cuMemAlloc_v2's C signature; `ptr` is a valid out-pointer.
+            let real = unsafe { std::mem::transmute::<*mut std::ffi::c_void, MemAlloc>(function) };
+            let mut ptr = 0u64;
+            // SAFETY: as above, with the context `setup` made current.
+            let code = unsafe { real(&mut ptr, size) };
+            (gpu.code_name(code), ptr)
+        }
+        Err(e) => (format!("MISSING:{e}"), 0),
+    };
+    let limit = match fifo {
+        Some(bytes) => Some(res_name(
+            gpu,
+            &gpu.set_limit(gpuslice_abi::cuda::limit::PRINTF_FIFO_SIZE, bytes)?,
+        )),
+        None => None,
+    };
+    let line = json!({
+        "size": size,
+        "alloc": alloc,
+        "ptr": ptr,
+        "limit": limit,
+        "mem_free": mem_free_now(gpu),
+    });
+    print_and_hold(gpu, "behind", line)
 }
 
 /// How `context-cycle` ends its context (`--end`).

@@ -137,10 +137,17 @@ impl Podman {
     /// interactive) and waits for its report line; returns the report and the running podman
     /// (closing its stdin is the hold scenario's signal to free and exit).
     pub fn hold(&self, args: &[String], size: &str) -> (Value, Child) {
+        self.hold_running(args, &["/usr/bin/linked-client", "hold", size])
+    }
+
+    /// [`Podman::hold`] with another holding `command` (a client scenario that prints one
+    /// line, then holds until its stdin closes).
+    pub fn hold_running(&self, args: &[String], command: &[&str]) -> (Value, Child) {
+        let size = command.join(" ");
         let mut child = self
             .cmd()
             .args(args)
-            .args(["/usr/bin/linked-client", "hold", size])
+            .args(command)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

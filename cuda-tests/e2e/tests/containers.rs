@@ -1059,6 +1059,54 @@ fn the_backstop_ends_a_containerised_process_that_bypasses_the_shim() {
     member.release();
 }
 
+/// A container given a slice whose only process reaches the driver without the shim
+/// (`dlmopen`): nothing of it is in the slice's region and no registered process shares its
+/// cgroup, yet the node agent counts it against the slice by the container's mount of the
+/// slice's region directory, which no process in the container can undo, and ends it once the
+/// slice has been over its cap for the grace time. Judged by the fake's physical bytes and
+/// the process's exit status.
+#[test]
+fn a_container_whose_only_process_bypasses_the_shim_is_still_the_slices() {
+    let Some(podman) = podman() else { return };
+    let mut bed = Bed::new(podman);
+    let devices = bed.write_spec(&[("s", "1GiB")]);
+    let (_name, args) = bed.run_args(Some(&devices[0]), true);
+    let (report, mut bypass) = podman.hold_running(
+        &args,
+        &["/usr/bin/procaddr-client", "--dlmopen", "hold", "1500MiB"],
+    );
+    assert_eq!(
+        (str_at(&report, "result"), str_at(&report, "client")),
+        (SUCCESS, "dlmopen"),
+        "{report}"
+    );
+    let on_card = bed.card_processes();
+    let (pid, held) = *on_card
+        .iter()
+        .find(|(_, used)| *used >= 1500 * MIB)
+        .unwrap_or_else(|| panic!("nobody holds 1500 MiB: {on_card:?}"));
+    eprintln!(
+        "the bypasser holds {} MiB above the cap",
+        (held - GIB) / MIB
+    );
+    let (agent, addr) = bed.agent(&["--grace", "1", "--enforce"]);
+    let mut status = None;
+    cuda_e2e::wait_until("the backstop ends the bypasser", AGENT_TIMEOUT, || {
+        status = bypass.try_wait().unwrap();
+        status.is_some()
+    });
+    assert_eq!(status.unwrap().code(), Some(128 + libc::SIGKILL));
+    cuda_e2e::wait_until("the card no longer holds its memory", AGENT_TIMEOUT, || {
+        bed.card_bytes(pid) == 0
+    });
+    assert_eq!(
+        scraped(&addr, "gpuslice_backstop_kills_total{slice=\"s\","),
+        Some(1.0)
+    );
+    let log = fs::read_to_string(&agent.log).unwrap_or_default();
+    assert!(log.contains(&format!("process {pid} holds")), "{log}");
+}
+
 /// A compute-only slice (a share, no memory limit) in a container with its own PID
 /// namespace, next to an unthrottled neighbour on the host: the container's process is
 /// named by its host PID in NVML (the fake learns it from the broker, as the driver from the
