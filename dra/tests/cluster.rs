@@ -749,32 +749,41 @@ async fn mix(
             .await
             .unwrap();
     }
-    let mut prepared = Vec::new();
-    let mut pending = Vec::new();
-    let mut used = 0;
-    for (name, (_, share)) in names.iter().zip(asks) {
-        match placed(pods, name).await {
-            Placed::Bound(pod) => {
-                let claims = node
-                    .prepare(admin, &pod)
-                    .await
-                    .unwrap_or_else(|e| panic!("round {round}: the allocator over-committed: {e}"));
-                used += share;
-                prepared.push((name.clone(), claims));
+    // Settled: each pod bound or refused by the scheduler, and no refused one would fit next
+    // to the bound ones (the scheduler retries a refused pod when claims change).
+    let settled = wait_for(&format!("round {round} to settle"), WAIT, || async {
+        let mut bound = Vec::new();
+        let mut pending = Vec::new();
+        for (name, (_, share)) in names.iter().zip(asks) {
+            let pod = pods.get(name).await.ok()?;
+            if pod.spec.as_ref()?.node_name.is_some() && TestNode::claim_names(&pod).is_some() {
+                bound.push((name.clone(), pod, *share));
+                continue;
             }
-            Placed::Unschedulable(why) => {
-                assert!(why.contains("cannot allocate all claims"), "{why}");
-                pending.push(*share);
-            }
+            let refused = pod.status.as_ref()?.conditions.iter().flatten().find(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })?;
+            let why = refused.message.clone().unwrap_or_default();
+            assert!(why.contains("cannot allocate all claims"), "{why}");
+            pending.push(*share);
         }
+        let used: u32 = bound.iter().map(|(_, _, share)| share).sum();
+        let fits = pending.iter().any(|share| used + share <= 100);
+        (!fits).then_some((bound, used))
+    })
+    .await;
+    let (bound, used) = settled;
+    let mut prepared = Vec::new();
+    for (name, pod, _) in bound {
+        let claims = node
+            .prepare(admin, &pod)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the allocator over-committed: {e}"));
+        prepared.push((name, claims));
     }
     assert!(used <= 100, "round {round}: {used}% of the card prepared");
-    if let Some(smallest) = pending.iter().min() {
-        assert!(
-            used + smallest > 100,
-            "round {round}: a {smallest}% pod waits next to {used}%"
-        );
-    }
     let limits = node.prepared_limits();
     let memory: u64 = limits.iter().map(|(_, m, _)| m).sum();
     let compute: u32 = limits.iter().map(|(_, _, c)| c).sum();
@@ -805,8 +814,13 @@ async fn mix(
             .await;
     }
     // The claims are gone (deallocated) before the next round.
-    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), pods_namespace(pods));
-    wait_for("the round's claims to be deleted", WAIT, || async {
+    no_claims_left(admin, pods.namespace().unwrap()).await;
+}
+
+/// Waits until `namespace` holds no ResourceClaim (every device it held is free again).
+async fn no_claims_left(admin: &Client, namespace: &str) {
+    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), namespace);
+    wait_for("the claims to be deleted", WAIT, || async {
         claims
             .list(&ListParams::default())
             .await
@@ -815,10 +829,6 @@ async fn mix(
             .map(|_| ())
     })
     .await;
-}
-
-fn pods_namespace(pods: &Api<Pod>) -> &str {
-    pods.namespace().unwrap()
 }
 
 /// Churn: pods of random products created and deleted without waiting for the scheduler to
@@ -887,6 +897,7 @@ async fn churn(
         let claims = prepared.remove(&name).unwrap_or_default();
         remove(node, pods, &name, &claims).await;
     }
+    no_claims_left(admin, pods.namespace().unwrap()).await;
 }
 
 /// Every slice of a prepared mix enforces its cap on the shared card: each fills to its
@@ -973,7 +984,7 @@ async fn over_commit(release: &Release) {
         (
             "products",
             "gpu-node-p",
-            vec![&products[..3], &products[3..]],
+            vec![&products[3..], &products[..3]],
         ),
         ("units", "gpu-node-u", vec![&units[..]]),
     ] {
@@ -1009,6 +1020,7 @@ async fn over_commit(release: &Release) {
             for (name, claims) in &held {
                 remove(&node, &pods, name, claims).await;
             }
+            no_claims_left(&admin, "mix").await;
         }
         drop(node);
     }
