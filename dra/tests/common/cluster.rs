@@ -598,6 +598,14 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
+        // A failed test shows what the scheduler and controller manager last said.
+        if std::thread::panicking() {
+            for component in &self.components {
+                if component.name != "etcd" {
+                    eprintln!("--- {} log:\n{}", component.name, tail(&component.log, 25));
+                }
+            }
+        }
         if let Err(e) = self.stop() {
             eprintln!("cluster: {e}");
         }
