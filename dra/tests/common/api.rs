@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{json, Value};
 
 pub use super::rules::Cluster;
-use super::rules::{drop_disabled_fields, invalid_status, validate_resource_slice};
+use super::rules::{default_fields, drop_disabled_fields, invalid_status, validate_resource_slice};
 
 /// One request the server received.
 #[derive(Debug, Clone)]
@@ -408,6 +408,7 @@ fn route(
         // PrepareForCreate, then Validate.
         let cluster = state.judge(query);
         slice["metadata"]["generation"] = json!(1);
+        default_fields(&mut slice["spec"]);
         drop_disabled_fields(&cluster, &mut slice["spec"], None);
         let errors = validate_resource_slice(&cluster, &slice, None);
         if !errors.is_empty() {
@@ -458,6 +459,7 @@ fn route(
                 } else {
                     generation
                 });
+                default_fields(&mut slice["spec"]);
                 drop_disabled_fields(&cluster, &mut slice["spec"], Some(&old["spec"]));
                 let errors = validate_resource_slice(&cluster, &slice, Some(&old));
                 if !errors.is_empty() {
