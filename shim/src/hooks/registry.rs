@@ -314,6 +314,7 @@ macro_rules! hook_table {
             Cuda fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
             Cuda fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void) -> CUresult;
             Cuda fn cuCtxGetLimit(*mut usize, c_int) -> CUresult;
+            Cuda fn cuDeviceGetAttribute(*mut c_int, c_int, CUdevice) -> CUresult;
         }}
     };
 }
