@@ -432,11 +432,14 @@ impl Cuda {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         {
+            // Under unified addressing a page-locked host address is also a device address
+            // (`cuMemHostGetDevicePointer` answers it unchanged), so a "device" side may be one
+            // (XLA's redzone checker copies from pinned buffers with cuMemcpyDtoHAsync).
             let mut t = self.lock();
-            if dst_dev {
+            if dst_dev && !Self::pinned_host_range(&t, dst, n) {
                 self.device_range(&mut t, dst, n)?;
             }
-            if src_dev {
+            if src_dev && !Self::pinned_host_range(&t, src, n) {
                 self.device_range(&mut t, src, n)?;
             }
         }
@@ -716,6 +719,14 @@ mod tests {
         c.host_register(at, 64).unwrap();
         c.memset(at, 9, 4, 16).unwrap();
         assert_eq!(pageable, vec![9; 16]);
+        // A pinned address is a device address too (unified addressing): copies take it.
+        c.memcpy(e, true, pinned, true, 64, true).unwrap();
+        c.memcpy(pinned, true, e, true, 64, false).unwrap();
+        assert_eq!(
+            c.memcpy(e, true, pinned, true, 65, true),
+            Err(CUDA_ERROR_INVALID_VALUE),
+            "not past the pinned range"
+        );
         c.host_unregister(at).unwrap();
         c.mem_free_host(pinned).unwrap();
         // Past the reservation of the allocation, or nowhere at all.
