@@ -266,7 +266,9 @@ fn llama_server_answers_a_request_in_the_slice() {
         port,
         "POST",
         "/completion",
-        r#"{"prompt": "hello the slice", "n_predict": 4}"#,
+        // The fake runs no kernel code, so the logits are whatever the memory held: an end of
+        // text may come first, and is not what is under test.
+        r#"{"prompt": "hello the slice", "n_predict": 4, "ignore_eos": true}"#,
     )
     .expect("the request is answered");
     assert_eq!(status, 200, "{body}\n{}", read_log());
@@ -290,4 +292,32 @@ fn llama_server_answers_a_request_in_the_slice() {
     wait_until("the memory leaves the card", DEFAULT_TIMEOUT, || {
         gpu.truth().used_memory(0) == 0
     });
+}
+
+#[test]
+fn llama_cpp_under_gpuslice_run_lists_the_slice_of_the_simulated_card() {
+    // What the README shows a user: `gpuslice run --fake-gpu -m 8GiB` around llama.cpp (the
+    // simulated V100 by default; ggml's PTX for compute_70 runs there).
+    let Some(tree) = tree() else { return };
+    let lib = tree.join("usr/lib/x86_64-linux-gnu");
+    let script = format!(
+        "cd {lib}/ggml/backends0 && exec {lib}/ld-linux-x86-64.so.2 \
+         --library-path \"$LD_LIBRARY_PATH:{lib}/llama:{lib}\" {bin} --list-devices",
+        lib = lib.display(),
+        bin = tree.join("usr/bin/llama-completion").display()
+    );
+    let cmd = cuda_e2e::command(
+        &cuda_e2e::gpuslice_binary(),
+        &["run", "--fake-gpu", "-m", "8GiB", "--", "sh", "-c", &script],
+        &Vec::new(),
+    );
+    let out = run_with_timeout(cmd, None, RUN_TIMEOUT);
+    let log = text(&out);
+    println!("{log}");
+    assert!(out.status.success(), "{log}");
+    let expected = format!(
+        "CUDA0: Tesla V100-PCIE-32GB (8192 MiB, {} MiB free)",
+        8192 - CONTEXT / MIB
+    );
+    assert!(log.contains(&expected), "expected {expected:?} in:\n{log}");
 }
