@@ -14,8 +14,9 @@
 #
 # Result: $DEST/usr/... (DEST defaults to /opt/gpuslice-ci/llama.cpp; the tests find it there,
 # E2E_LLAMA_CPP=/path names another tree). Idempotent: a tree already unpacked is kept.
-# Cost measured on the 2-core dev machine under load: cold 95 s (indexes 16 s, 335 MB of
-# packages 18 s, unpacking 1.1 GB 70 s), warm 0 s; disk 1.1 GB (the .debs are removed).
+# Cost measured on the 2-core dev machine under load: cold 74 s to 148 s (sid's indexes 16 s,
+# 335 MB of packages 18 s, unpacking 1.1 GB the rest), warm 0.06 s; disk 1.1 GB (the .debs
+# are removed).
 set -euo pipefail
 
 DEST=${GPUSLICE_LLAMA_CPP_DIR:-/opt/gpuslice-ci/llama.cpp}
@@ -28,23 +29,12 @@ if [ -x "$DEST/usr/bin/llama-server" ] && [ -f "$DEST/VERSIONS" ]; then
     exit 0
 fi
 
-mirror=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' \
-    /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list \
-    2>/dev/null | grep -oE 'https?://[^ ]+' | head -1 || true)
-mirror=${mirror:-http://deb.debian.org/debian}
-keyring=/usr/share/keyrings/debian-archive-keyring.gpg
-
-APT="$DEST.apt"
-mkdir -p "$APT/lists/partial" "$APT/cache/archives/partial"
-echo "deb [signed-by=$keyring] $mirror sid main contrib non-free" >"$APT/sources.list"
-opts=(-q -o "Dir::Etc::SourceList=$APT/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-    -o "Dir::State::Lists=$APT/lists" -o "Dir::Cache=$APT/cache"
-    -o "APT::Sandbox::User=root")
-apt-get "${opts[@]}" update >/dev/null
+. "$(dirname "$0")/private-apt.sh"
+private_apt "$DEST.apt" "sid:main contrib non-free"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-(cd "$work" && apt-get "${opts[@]}" download "${PACKAGES[@]}" >/dev/null)
+(cd "$work" && apt-get "${APT_OPTS[@]}" download "${PACKAGES[@]}" >/dev/null)
 rm -rf "$DEST.tmp"
 mkdir -p "$DEST.tmp"
 for deb in "$work"/*.deb; do

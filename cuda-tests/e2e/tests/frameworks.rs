@@ -411,9 +411,7 @@ fn a_build_without_code_for_the_card_fails_as_on_the_card_and_the_shim_says_whic
     // PyTorch 2.15's CUDA 13 build has no code for sm_70: each kernel fails with the runtime's
     // own error (the driver refused the image), memory still works, and the shim names the
     // card's capability once however many loads fail.
-    let gpu = FakeGpu::start("v100");
-    let slice = Slice::builder().device(0, "2GiB", None).build();
-    let script = "import torch\n\
+    const SCRIPT: &str = "import torch\n\
         x = torch.empty(1 << 20, device='cuda')\n\
         for _ in range(3):\n\
         \x20   try:\n\
@@ -421,20 +419,24 @@ fn a_build_without_code_for_the_card_fails_as_on_the_card_and_the_shim_says_whic
         \x20       print('ran')\n\
         \x20   except Exception as e:\n\
         \x20       print(str(e).splitlines()[0])\n";
-    let mut env = slice.env(&gpu);
-    env.push(("PYTHONWARNINGS".into(), "ignore".into()));
-    let out = cuda_e2e::command(
-        std::path::Path::new(&python::interpreter()),
-        &["-c", script],
-        &env,
-    )
-    .output()
-    .expect("python runs");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    // (stdout, stderr) of the script in the slice of a fresh `preset`.
+    let run = |preset: &str| {
+        let gpu = FakeGpu::start(preset);
+        let mut env = slice.env(&gpu);
+        env.push(("PYTHONWARNINGS".into(), "ignore".into()));
+        let python = std::path::PathBuf::from(python::interpreter());
+        let out = cuda_e2e::command(&python, &["-c", SCRIPT], &env)
+            .output()
+            .expect("python runs");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert!(out.status.success(), "{preset}: {stdout}\n{stderr}");
+        (stdout, stderr)
+    };
+    let (stdout, stderr) = run("v100");
     let failures = stdout
         .lines()
         .filter(|l| l.contains("no kernel image is available for execution on the device"))
@@ -455,21 +457,11 @@ fn a_build_without_code_for_the_card_fails_as_on_the_card_and_the_shim_says_whic
         said[0]
     );
     // The same build on an H200 runs and the shim says nothing.
-    let gpu = FakeGpu::start("h200");
-    let mut env = slice.env(&gpu);
-    env.push(("PYTHONWARNINGS".into(), "ignore".into()));
-    let out = cuda_e2e::command(
-        std::path::Path::new(&python::interpreter()),
-        &["-c", script],
-        &env,
-    )
-    .output()
-    .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (stdout, stderr) = run("h200");
     assert_eq!(
         stdout.lines().filter(|l| *l == "ran").count(),
         3,
         "{stdout}"
     );
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("compute capability"));
+    assert!(!stderr.contains("compute capability"), "{stderr}");
 }

@@ -167,22 +167,7 @@ fn llama_cpp_sees_the_slice_and_its_default_fit_offloads_what_fits() {
     // Forced: every layer on the GPU and no fitting. llama.cpp's own allocation error, while
     // the card has room to spare.
     gpu.truth().reset_peak_memory(0);
-    let forced = [
-        "-m",
-        model_arg,
-        "-p",
-        "hello",
-        "-n",
-        "2",
-        "-no-cnv",
-        "--no-warmup",
-        "-lv",
-        "4",
-        "-ngl",
-        "99",
-        "--fit",
-        "off",
-    ];
+    let forced = [&args[..], &["-ngl", "99", "--fit", "off"]].concat();
     let out = run(&tree, "llama-completion", &forced, &env);
     let log = text(&out);
     assert!(!out.status.success(), "a full offload cannot fit: {log}");
