@@ -205,6 +205,16 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u32
     Ok((status, body))
 }
 
+/// The server process, killed when the test ends however it ends (a failed assertion too).
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn llama_server_answers_a_request_in_the_slice() {
     let Some(tree) = tree() else { return };
@@ -235,14 +245,16 @@ fn llama_server_answers_a_request_in_the_slice() {
     ];
     let log_path = gpu.scratch().join("server.log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut server = llama(&tree, "llama-server", &args, &env)
-        .stdout(Stdio::from(log.try_clone().unwrap()))
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("llama-server starts");
+    let mut server = Server(
+        llama(&tree, "llama-server", &args, &env)
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("llama-server starts"),
+    );
     let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     wait_until("llama-server is ready", RUN_TIMEOUT, || {
-        if let Ok(Some(st)) = server.try_wait() {
+        if let Ok(Some(st)) = server.0.try_wait() {
             panic!("llama-server exited with {st}:\n{}", read_log());
         }
         matches!(http(port, "GET", "/health", ""), Ok((200, _)))
@@ -272,8 +284,7 @@ fn llama_server_answers_a_request_in_the_slice() {
         "the server's memory is on the card, within the slice: {used}"
     );
     assert!(gpu.truth().peak_memory(0) <= SLICE);
-    server.kill().unwrap();
-    server.wait().unwrap();
+    drop(server);
     wait_until("the memory leaves the card", DEFAULT_TIMEOUT, || {
         gpu.truth().used_memory(0) == 0
     });
