@@ -192,9 +192,11 @@ impl Cuda {
         let image = unsafe { classify(&src) }?;
         // What the image holds: its code (checked against the card now, as the driver's
         // loader picks the image's code for the context's device at the load) and what it
-        // costs on the device (placed now or, lazily, at its first launch).
+        // costs on the device (its data placed now, its code now or, lazily, at the first
+        // `cuModuleGetFunction`).
+        let sm = self.current_sm();
         // SAFETY: as for `classify` above.
-        let info = unsafe { super::driver_memory::image_info(&src) };
+        let info = unsafe { super::driver_memory::image_info(&src, sm) };
         self.code_runs_on(&info, cur.dev)?;
         let mut t = self.lock();
         let h = t.handle(kind::MODULE);
@@ -282,6 +284,7 @@ impl Cuda {
             return Ok(f);
         }
         let ctx = module.ctx;
+        self.module_code_needed(&mut t, m)?;
         let f = t.handle(kind::FUNC);
         t.functions.insert(
             f,
@@ -311,7 +314,6 @@ impl Cuda {
             return Ok((g, GLOBAL_SIZE));
         }
         let ctx = module.ctx;
-        self.module_data_needed(&mut t, m)?;
         let cur = Self::live_ctx(&t, ctx)?;
         let g = self.alloc_in(&mut t, &cur, GLOBAL_SIZE, 0, AllocKind::Global, false)?;
         t.modules
@@ -334,8 +336,9 @@ impl Cuda {
         let image = unsafe { classify(&src) }?;
         // A library goes into every context; its code is checked against the current one's
         // device now and against each context's at its first launch there.
+        let sm = self.current_sm();
         // SAFETY: as for `classify` above.
-        let info = unsafe { super::driver_memory::image_info(&src) };
+        let info = unsafe { super::driver_memory::image_info(&src, sm) };
         if let Ok(cur) = self.current() {
             self.code_runs_on(&info, cur.dev)?;
         }
@@ -406,7 +409,10 @@ impl Cuda {
                 return Ok(f);
             }
         }
-        let name = kernel.name.clone();
+        let (name, library) = (kernel.name.clone(), kernel.library);
+        // The function of a library's kernel in this context: lazy loading places the
+        // library here.
+        self.place_library(&mut t, library, cur.ctx)?;
         let f = t.handle(kind::FUNC);
         t.functions.insert(
             f,
@@ -527,9 +533,9 @@ mod tests {
 
     #[test]
     fn an_image_without_code_for_the_card_does_not_load_there() {
-        use super::super::image::tests::fatbin;
+        use super::super::image::tests::code_fatbin;
         // Machine code for 7.5 and 9.0 only (PyTorch's kind): the V100 (device 0) has none.
-        let torch = fatbin(&[(2, 75, 0), (2, 90, 0)]);
+        let torch = code_fatbin(&[(2, 75, 0), (2, 90, 0)]);
         let src = || ImageSource::Memory(torch.as_ptr() as usize);
         let c = driver(small_overhead());
         let v100 = c.ctx_create(0, 0).unwrap();
@@ -542,16 +548,12 @@ mod tests {
         let m = c.module_load(src()).unwrap();
         let f = c.module_get_function(m, "k").unwrap();
         c.launch(f, [1, 1, 1], [1, 1, 1], None, 0).unwrap();
-        // A library loaded there goes into no V100 context: its first launch there fails.
+        // A library loaded there goes into no V100 context: its first use there fails.
         let l = c.library_load(src()).unwrap();
         let k = c.library_get_kernel(l, "k").unwrap();
         c.launch(k, [1, 1, 1], [1, 1, 1], None, 0).unwrap();
         c.ctx_set_current(v100).unwrap();
-        let kf = c.kernel_get_function(k).unwrap();
-        assert_eq!(
-            c.launch(kf, [1, 1, 1], [1, 1, 1], None, 0),
-            Err(CUDA_ERROR_NO_BINARY_FOR_GPU)
-        );
+        assert_eq!(c.kernel_get_function(k), Err(CUDA_ERROR_NO_BINARY_FOR_GPU));
         // PTX for compute_70 runs on both.
         let ptx = std::ffi::CString::new(".version 7.0\n.target sm_70\n.entry k()\n{}\n").unwrap();
         c.module_load(ImageSource::Memory(ptx.as_ptr() as usize))
