@@ -657,24 +657,17 @@ pub(crate) mod tests {
 
     /// A fatbin of `entries` (kind, arch, PTX ISA), each with an 8-byte payload of zeros.
     pub(crate) fn code_fatbin(entries: &[(u16, u32, u32)]) -> Vec<u8> {
-        let mut body = Vec::new();
-        for &(kind, arch, isa) in entries {
-            let mut e = vec![0u8; 64];
-            e[..2].copy_from_slice(&kind.to_le_bytes());
-            e[4..8].copy_from_slice(&64u32.to_le_bytes());
-            e[8..16].copy_from_slice(&8u64.to_le_bytes());
-            e[24..26].copy_from_slice(&((isa % 10) as u16).to_le_bytes());
-            e[26..28].copy_from_slice(&((isa / 10) as u16).to_le_bytes());
-            e[28..32].copy_from_slice(&arch.to_le_bytes());
-            body.extend(e);
-            body.extend([0u8; 8]);
+        const PAYLOAD: &[u8] = &[0; 8];
+        let plain: Vec<_> = entries
+            .iter()
+            .map(|&(kind, arch, _)| (kind, arch, 0, PAYLOAD))
+            .collect();
+        let mut fat = fatbin(&plain);
+        for (i, &(_, _, isa)) in entries.iter().enumerate() {
+            let at = 16 + i * (64 + PAYLOAD.len());
+            fat[at + 0x18..at + 0x1A].copy_from_slice(&((isa % 10) as u16).to_le_bytes());
+            fat[at + 0x1A..at + 0x1C].copy_from_slice(&((isa / 10) as u16).to_le_bytes());
         }
-        let mut fat = Vec::new();
-        fat.extend_from_slice(&FATBIN_MAGIC.to_le_bytes());
-        fat.extend_from_slice(&1u16.to_le_bytes());
-        fat.extend_from_slice(&16u16.to_le_bytes());
-        fat.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        fat.extend(body);
         fat
     }
 
