@@ -3,13 +3,21 @@
 //! Each handler reads what the memory policy needs to price that before the call (the image
 //! the caller hands over, the kernel's local size once its handle exists) and makes one call
 //! into `memory::driver_sized::placed`, which reserves or refuses (see its module doc).
+//!
+//! A load the driver refuses because the image has no code for the card (an application built
+//! without the card's architecture) gets one line per process naming the card's compute
+//! capability, so that the tenant knows which build to pin.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use gpuslice_abi::cuda::func_attr::LOCAL_SIZE_BYTES;
-use gpuslice_abi::cuda::result::CUDA_SUCCESS;
+use gpuslice_abi::cuda::result::{
+    CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_UNSUPPORTED_PTX_VERSION, CUDA_SUCCESS,
+};
 use gpuslice_abi::cuda::*;
 
+use crate::ground::devices::current_cuda_device;
 use crate::ground::driver::real;
 use crate::hooks::out::Out;
 use crate::hooks::registry::signature as sig;
@@ -49,14 +57,57 @@ unsafe fn costs_of_file(name: *const c_char) -> Option<Costs> {
     image::costs(&bytes)
 }
 
-/// The handle a successful call wrote to `out` (0 otherwise).
+/// The handle a successful load wrote to `out` (0 otherwise).
 fn made<T>(result: CUresult, out: Out<*mut T>) -> (CUresult, u64) {
+    if result == CUDA_ERROR_NO_BINARY_FOR_GPU || result == CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
+        say_no_code_for_the_card(result);
+    }
     let handle = if result == CUDA_SUCCESS {
         out.read().map_or(0, |h| h as u64)
     } else {
         0
     };
     (result, handle)
+}
+
+/// `CUDA_ERROR_NO_BINARY_FOR_GPU` (no machine code for the card and no PTX that compiles for
+/// it) or `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (only PTX newer than the driver's compiler):
+/// one line per process, with the current context's card and its compute capability.
+fn say_no_code_for_the_card(result: CUresult) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let device = current_cuda_device();
+    let attribute = |attribute: c_int| -> Option<c_int> {
+        let get = real::cuDeviceGetAttribute()?;
+        let mut value: c_int = 0;
+        // SAFETY: `value` is a valid out-pointer for the duration of the call.
+        (unsafe { get(&mut value, attribute, device?) } == CUDA_SUCCESS).then_some(value)
+    };
+    let card = match (
+        device,
+        attribute(attr::COMPUTE_CAPABILITY_MAJOR),
+        attribute(attr::COMPUTE_CAPABILITY_MINOR),
+    ) {
+        (Some(d), Some(major), Some(minor)) => {
+            format!("GPU {d} has compute capability {major}.{minor} (sm_{major}{minor})")
+        }
+        _ => "the GPU's compute capability is unknown".to_string(),
+    };
+    if result == CUDA_ERROR_NO_BINARY_FOR_GPU {
+        crate::log_warn!(
+            "{card} and this application has no kernel code for it (CUDA_ERROR_NO_BINARY_FOR_GPU, \
+             \"no kernel image is available\"): use a build of the application made for this \
+             architecture"
+        );
+    } else {
+        crate::log_warn!(
+            "{card} and this application's only code for it is PTX newer than the driver \
+             compiles (CUDA_ERROR_UNSUPPORTED_PTX_VERSION): use a build made for this \
+             architecture or for this driver's CUDA version"
+        );
+    }
 }
 
 /// # Safety

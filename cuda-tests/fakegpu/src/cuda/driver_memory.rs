@@ -315,14 +315,18 @@ impl Cuda {
     }
 
     /// Places library `l` in context `ctx` when it is not yet there (lazy loading, at the
-    /// first call that needs it there).
+    /// first call that needs it there), if its code runs on that context's card.
     pub(crate) fn place_library(&self, t: &mut Tables, l: u64, ctx: u64) -> R<()> {
         let Some(bytes) = t.driver_memory.libraries.get(&l).map(|i| i.device_bytes()) else {
             return Ok(());
         };
-        if Self::ctx_memory(t, ctx)?.libraries.contains(&l) {
+        let c = Self::ctx_memory(t, ctx)?;
+        if c.libraries.contains(&l) {
             return Ok(());
         }
+        // The library's code for this context's card (a context made after the load).
+        let dev = c.dev;
+        self.code_runs_on(&t.driver_memory.libraries[&l], dev)?;
         self.place_image(t, ctx, bytes as i128)?;
         Self::ctx_memory(t, ctx)?.libraries.insert(l);
         Ok(())

@@ -24,17 +24,94 @@
 //!
 //! `FAKEGPU_KERNEL_LOCAL_BYTES=name=bytes[,name=bytes...]` overrides or adds a kernel's local
 //! bytes by name (for cubins, fatbins, and images that are not real code).
+//!
+//! An image also says which cards it has code for ([`Code`]): a fatbin lists its entries
+//! (machine code for `sm_XY`, or PTX for `compute_XY` of a PTX ISA version), a cubin names its
+//! architecture in its ELF header, PTX in its `.target` and `.version` directives.
+//! [`code_for_card`] decides, as the driver's loader does, whether one of them runs on a card.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 
 /// What an image costs: bytes on the device (its code, its data), per-thread local bytes per
-/// kernel.
+/// kernel; and the code it carries, for which cards (empty: the image does not say, as the
+/// test clients' raw images).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImageInfo {
     pub code_bytes: u64,
     pub data_bytes: u64,
     pub local_bytes: HashMap<String, u64>,
+    pub code: Vec<Code>,
+}
+
+/// Code an image carries for one architecture, numbered as nvcc names them (`sm_90` is 90:
+/// compute capability 9.0; `sm_120` is 12.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// Machine code (SASS) for `sm_<arch>`.
+    Sass { arch: u32 },
+    /// PTX for `compute_<arch>`, of PTX ISA `isa` (major x 10 + minor: 84 is 8.4).
+    Ptx { arch: u32, isa: u32 },
+}
+
+/// The newest PTX ISA a driver of this CUDA version (`cuDriverGetVersion`, 13000 = 13.0)
+/// compiles: the PTX ISA's release history (PTX ISA 7.x came with CUDA 11.x, 8.0-8.5 with
+/// 12.0-12.5, 8.6 with 12.7, 8.7 with 12.8, 8.8 with 12.9, 9.x with 13.x).
+pub fn max_ptx_isa(driver_version: i32) -> u32 {
+    let (major, minor) = (
+        (driver_version / 1000) as u32,
+        ((driver_version % 1000) / 10) as u32,
+    );
+    match major {
+        0..=10 => 65,
+        11 => 70 + minor.min(8),
+        12 => match minor {
+            0..=5 => 80 + minor,
+            6 => 85,
+            7 => 86,
+            8 => 87,
+            _ => 88,
+        },
+        _ => (major - 4) * 10 + minor.min(9),
+    }
+}
+
+/// Whether `code` runs on a card of compute capability `cc` (major x 10 + minor) under a driver
+/// of `driver_version`, as the driver's loader decides (CUDA C++ Programming Guide, "Binary
+/// Compatibility" and "PTX Compatibility"): machine code for `sm_XY` runs on `X.z` for
+/// `z >= Y` (the same major version); PTX for `compute_XY` is compiled for any card of
+/// capability `X.Y` or higher, by a driver whose JIT knows its ISA version. An image that
+/// says nothing about its code runs anywhere.
+///
+/// Errors as the driver API's loaders: `CUDA_ERROR_NO_BINARY_FOR_GPU` ("no kernel image is
+/// available for execution on the device" in the runtime) when nothing fits the card,
+/// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` when only PTX of a newer ISA than the driver's would.
+pub fn code_for_card(code: &[Code], cc: u32, driver_version: i32) -> Result<(), u32> {
+    use gpuslice_abi::cuda::result::{
+        CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+    };
+    if code.is_empty() {
+        return Ok(());
+    }
+    let sass_runs = |arch: u32| arch / 10 == cc / 10 && arch % 10 <= cc % 10;
+    let mut ptx_too_new = false;
+    for c in code {
+        match *c {
+            Code::Sass { arch } if sass_runs(arch) => return Ok(()),
+            Code::Ptx { arch, isa } if arch <= cc => {
+                if isa <= max_ptx_isa(driver_version) {
+                    return Ok(());
+                }
+                ptx_too_new = true;
+            }
+            _ => {}
+        }
+    }
+    Err(if ptx_too_new {
+        CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+    } else {
+        CUDA_ERROR_NO_BINARY_FOR_GPU
+    })
 }
 
 impl ImageInfo {
@@ -71,6 +148,8 @@ fn parse_fatbin(b: &[u8], sm: u32) -> Option<ImageInfo> {
     let end = first.checked_add(u64_at(b, 8)? as usize)?;
     // (kind, arch, offset of the payload, its length, compressed size if compressed)
     let mut entries = Vec::new();
+    // Every entry's code (for `code_for_card`), whichever the device loads.
+    let mut code = Vec::new();
     let mut at = first;
     while at + 64 <= end {
         let (kind, header) = (u16_at(b, at)?, u32_at(b, at + 4)? as usize);
@@ -79,33 +158,47 @@ fn parse_fatbin(b: &[u8], sm: u32) -> Option<ImageInfo> {
             break;
         }
         let compressed = (u64_at(b, at + 0x28)? & 0xA000 != 0).then(|| u64_at(b, at + 0x38));
-        entries.push((
-            kind,
-            u32_at(b, at + 0x1C)?,
-            at + header,
-            payload,
-            compressed,
-        ));
+        let arch = u32_at(b, at + 0x1C)?;
+        match kind {
+            // PTX: its ISA version as minor u16 @0x18 and major u16 @0x1A.
+            1 => code.push(Code::Ptx {
+                arch,
+                isa: (u16_at(b, at + 0x1A)? * 10 + u16_at(b, at + 0x18)?) as u32,
+            }),
+            2 => code.push(Code::Sass { arch }),
+            _ => {}
+        }
+        entries.push((kind, arch, at + header, payload, compressed));
         at = at.checked_add(header)?.checked_add(payload)?;
     }
+    let with_code = |info: ImageInfo| {
+        Some(ImageInfo {
+            code: code.clone(),
+            ..info
+        })
+    };
     let newest = |kind: u64, ok: &dyn Fn(u32) -> bool| {
         entries
             .iter()
             .filter(|e| e.0 == kind && ok(e.1))
             .max_by_key(|e| e.1)
     };
-    let (kind, _, data, len, compressed) = newest(2, &|arch| arch == sm)
+    let Some((kind, _, data, len, compressed)) = newest(2, &|arch| arch == sm)
         .or_else(|| newest(2, &|arch| arch / 10 == sm / 10 && arch <= sm))
-        .or_else(|| newest(1, &|arch| arch <= sm))?;
+        .or_else(|| newest(1, &|arch| arch <= sm))
+    else {
+        // Nothing for this device: the load fails (`code_for_card`), nothing is placed.
+        return with_code(ImageInfo::default());
+    };
     if let Some(size) = compressed {
-        return Some(ImageInfo {
+        return with_code(ImageInfo {
             data_bytes: size.unwrap_or(0),
             ..ImageInfo::default()
         });
     }
     let body = b.get(*data..data.checked_add(*len)?)?;
-    Some(if *kind == 2 {
-        parse_elf(body)?
+    with_code(if *kind == 2 {
+        parse_elf(body).unwrap_or_default()
     } else {
         parse_ptx(&String::from_utf8_lossy(
             body.split(|&c| c == 0).next().unwrap_or(&[]),
@@ -121,6 +214,45 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 }
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// A cubin's architecture from its ELF header (`e_flags` @0x30): CUDA's ELF ABI 7 (OS ABI
+/// byte 0x33) keeps `sm_XY` in the low byte, ABI 8 (OS ABI 0x41, CUDA 12.8 on) in the second
+/// (seen in ggml's sm_86 and PyTorch's sm_100 cubins: `0x560556`, `0x6006402`).
+fn cubin_code(b: &[u8]) -> Vec<Code> {
+    let flags = u32_at(b, 0x30).unwrap_or(0);
+    let arch = match b.get(7) {
+        Some(0x33) => flags & 0xff,
+        Some(0x41) => (flags >> 8) & 0xff,
+        _ => return Vec::new(),
+    };
+    if arch == 0 {
+        return Vec::new();
+    }
+    vec![Code::Sass { arch }]
+}
+
+/// PTX's own `.version M.m` and `.target sm_XY[a|f]` directives.
+fn ptx_code(text: &str) -> Vec<Code> {
+    let directive = |name: &str| {
+        text.lines()
+            .map(|l| l.split("//").next().unwrap_or("").trim())
+            .find_map(|l| l.strip_prefix(name).map(str::trim))
+    };
+    let isa = directive(".version").and_then(|v| {
+        let (major, minor) = v.split_once('.')?;
+        Some(major.trim().parse::<u32>().ok()? * 10 + minor.trim().parse::<u32>().ok()?)
+    });
+    let arch = directive(".target").and_then(|t| {
+        let sm = t.split([',', ' ']).find_map(|w| w.strip_prefix("sm_"))?;
+        sm.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+            .parse()
+            .ok()
+    });
+    match (arch, isa) {
+        (Some(arch), Some(isa)) => vec![Code::Ptx { arch, isa }],
+        _ => Vec::new(),
+    }
 }
 
 /// A 64-bit little-endian ELF's allocated sections (cubins are ELF64 LE).
@@ -167,6 +299,7 @@ fn parse_elf(b: &[u8]) -> Option<ImageInfo> {
         };
         *into = into.saturating_add(size);
     }
+    info.code = cubin_code(b);
     Some(info)
 }
 
@@ -275,6 +408,7 @@ fn parse_ptx(text: &str) -> ImageInfo {
         code_bytes: text.len() as u64,
         data_bytes,
         local_bytes,
+        code: ptx_code(text),
     }
 }
 
@@ -369,7 +503,7 @@ pub fn parse_local_bytes(text: &str) -> HashMap<String, u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const PTX: &str = r#"
@@ -519,6 +653,94 @@ mod tests {
         assert_eq!(unsafe { image_at(text.as_ptr().cast()) }.unwrap(), b"abc");
         // SAFETY: null is allowed.
         assert!(unsafe { image_at(std::ptr::null()) }.is_none());
+    }
+
+    /// A fatbin of `entries` (kind, arch, PTX ISA), each with an 8-byte payload of zeros.
+    pub(crate) fn code_fatbin(entries: &[(u16, u32, u32)]) -> Vec<u8> {
+        const PAYLOAD: &[u8] = &[0; 8];
+        let plain: Vec<_> = entries
+            .iter()
+            .map(|&(kind, arch, _)| (kind, arch, 0, PAYLOAD))
+            .collect();
+        let mut fat = fatbin(&plain);
+        for (i, &(_, _, isa)) in entries.iter().enumerate() {
+            let at = 16 + i * (64 + PAYLOAD.len());
+            fat[at + 0x18..at + 0x1A].copy_from_slice(&((isa % 10) as u16).to_le_bytes());
+            fat[at + 0x1A..at + 0x1C].copy_from_slice(&((isa / 10) as u16).to_le_bytes());
+        }
+        fat
+    }
+
+    #[test]
+    fn an_image_names_the_cards_it_has_code_for() {
+        // PyTorch 2.15's kind: machine code for 7.5 and up, no PTX.
+        let torch = code_fatbin(&[(2, 75, 0), (2, 80, 0), (2, 90, 0), (2, 120, 0)]);
+        let code = parse(&torch, 90).code;
+        assert_eq!(code.len(), 4);
+        assert_eq!(code[2], Code::Sass { arch: 90 });
+        assert_eq!(code_for_card(&code, 90, 13000), Ok(()));
+        assert_eq!(code_for_card(&code, 86, 13000), Ok(()), "sm_80 runs on 8.6");
+        assert_eq!(
+            code_for_card(&code, 70, 13000),
+            Err(gpuslice_abi::cuda::result::CUDA_ERROR_NO_BINARY_FOR_GPU),
+            "nothing for a V100"
+        );
+        assert_eq!(
+            code_for_card(&code, 100, 13000),
+            Err(gpuslice_abi::cuda::result::CUDA_ERROR_NO_BINARY_FOR_GPU),
+            "machine code never crosses a major version"
+        );
+        // ggml's kind: PTX 8.4 for compute_50..90, machine code for 8.6 and 8.9.
+        let ggml = code_fatbin(&[
+            (1, 50, 84),
+            (1, 70, 84),
+            (1, 90, 84),
+            (2, 86, 0),
+            (2, 89, 0),
+        ]);
+        let code = parse(&ggml, 90).code;
+        assert_eq!(code[0], Code::Ptx { arch: 50, isa: 84 });
+        assert_eq!(code_for_card(&code, 70, 13000), Ok(()), "compute_70 JITs");
+        assert_eq!(code_for_card(&code, 100, 13000), Ok(()), "compute_90 JITs");
+        assert_eq!(
+            code_for_card(&code, 70, 12020),
+            Err(gpuslice_abi::cuda::result::CUDA_ERROR_UNSUPPORTED_PTX_VERSION),
+            "a 535 driver (12.2) has no JIT for PTX 8.4"
+        );
+        assert_eq!(
+            code_for_card(&code, 86, 12020),
+            Ok(()),
+            "but sm_86 code runs"
+        );
+        // No entries, unknown kinds: nothing said, runs anywhere.
+        assert_eq!(
+            code_for_card(&parse(&code_fatbin(&[(4, 70, 0)]), 90).code, 90, 13000),
+            Ok(())
+        );
+
+        let ptx = ".version 8.7\n.target sm_90a\n.address_size 64\n";
+        assert_eq!(
+            parse(ptx.as_bytes(), 90).code,
+            vec![Code::Ptx { arch: 90, isa: 87 }]
+        );
+        let mut cubin = elf(&[(".text.k", 8, 0x6, 16)]);
+        cubin[7] = 0x33;
+        cubin[0x30..0x34].copy_from_slice(&0x0056_0556u32.to_le_bytes());
+        assert_eq!(parse(&cubin, 90).code, vec![Code::Sass { arch: 86 }]);
+        cubin[7] = 0x41;
+        cubin[0x30..0x34].copy_from_slice(&0x0600_6402u32.to_le_bytes());
+        assert_eq!(parse(&cubin, 90).code, vec![Code::Sass { arch: 100 }]);
+    }
+
+    #[test]
+    fn the_newest_ptx_a_driver_compiles_follows_the_isa_history() {
+        assert_eq!(max_ptx_isa(11040), 74);
+        assert_eq!(max_ptx_isa(12020), 82);
+        assert_eq!(max_ptx_isa(12060), 85);
+        assert_eq!(max_ptx_isa(12080), 87);
+        assert_eq!(max_ptx_isa(12090), 88);
+        assert_eq!(max_ptx_isa(13000), 90);
+        assert_eq!(max_ptx_isa(13020), 92);
     }
 
     #[test]
