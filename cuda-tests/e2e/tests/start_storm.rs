@@ -10,6 +10,10 @@
 //!
 //! Declared `test = false` and run serially by `cargo xtask test` (on the 2-core machine the
 //! 1,024 storm takes about a minute; it must not share the machine with other tests).
+//!
+//! `measure_storms` (ignored; `benches/start-storm.sh` runs it) measures storms with and
+//! without the shim side by side and prints the figures of docs/performance.md: it asserts
+//! nothing about time.
 
 use cuda_e2e::{wait_until, Client, ClientKind, FakeGpu, Slice, StartBarrier, GIB, MIB};
 use std::io::{BufRead, BufReader};
@@ -25,11 +29,48 @@ struct Member {
 }
 
 fn storm(n: usize) {
-    storm_with(n, true);
+    let figures = storm_with(n, true);
+    eprintln!("{}", figures.row());
+}
+
+/// How a storm went: spawn to barrier, and release to first line per member (sorted).
+struct Figures {
+    n: usize,
+    at_barrier: Duration,
+    latencies: Vec<Duration>,
+    live: usize,
+    peak: u64,
+    cap: u64,
+}
+
+impl Figures {
+    fn percentile(&self, p: usize) -> Duration {
+        self.latencies[(self.latencies.len() * p / 100).min(self.latencies.len() - 1)]
+    }
+
+    fn max(&self) -> Duration {
+        *self.latencies.last().unwrap()
+    }
+
+    fn row(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        format!(
+            "| {} | {:.1} s | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms |  (spawn to barrier; release to first line: p50, p90, p99, max; {} live on the card, peak {} MiB of {} MiB)",
+            self.n,
+            self.at_barrier.as_secs_f64(),
+            ms(self.percentile(50)),
+            ms(self.percentile(90)),
+            ms(self.percentile(99)),
+            ms(self.max()),
+            self.live,
+            self.peak / MIB,
+            self.cap / MIB
+        )
+    }
 }
 
 /// `sliced == false`: the same storm without the shim (the fake's own cost, for the table).
-fn storm_with(n: usize, sliced: bool) {
+fn storm_with(n: usize, sliced: bool) -> Figures {
     let gpu = FakeGpu::start("v100");
     let cap = 16 * GIB;
     let slice = Slice::builder().device(0, "16GiB", None).build();
@@ -98,17 +139,14 @@ fn storm_with(n: usize, sliced: bool) {
     let peak = gpu.truth().peak_memory(0);
     let live = gpu.truth().processes(0).len();
     latencies.sort();
-    let pct = |p: usize| latencies[(latencies.len() * p / 100).min(latencies.len() - 1)];
-    eprintln!(
-        "| {n} | {:.1} s | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms |  (spawn to barrier; release to first line: p50, p90, p99, max; {live} live on the card, peak {} MiB of {} MiB)",
-        at_barrier.as_secs_f64(),
-        pct(50).as_secs_f64() * 1e3,
-        pct(90).as_secs_f64() * 1e3,
-        pct(99).as_secs_f64() * 1e3,
-        latencies.last().unwrap().as_secs_f64() * 1e3,
-        peak / MIB,
-        cap / MIB
-    );
+    let figures = Figures {
+        n,
+        at_barrier,
+        latencies,
+        live,
+        peak,
+        cap,
+    };
     assert!(
         failures.is_empty(),
         "{} of {n} starts failed:\n{}",
@@ -122,7 +160,7 @@ fn storm_with(n: usize, sliced: bool) {
             drop(member.stdin.take());
             let _ = member.child.wait();
         }
-        return;
+        return figures;
     }
 
     // All exit normally; nobody of the slice starts meanwhile.
@@ -156,6 +194,7 @@ fn storm_with(n: usize, sliced: bool) {
     after.push(("FAKEGPU_CTX_OVERHEAD".into(), (4 * MIB).to_string()));
     let out = Client::run(ClientKind::Linked, &["meminfo"], &after);
     assert_eq!(out["free"], cap - 4 * MIB, "start {}: {out}", n + 1);
+    figures
 }
 
 fn barrier_dir(barrier: &StartBarrier) -> std::path::PathBuf {
@@ -182,9 +221,62 @@ fn a_storm_of_1024_starts_on_one_slice_and_the_next_one_after_they_exit() {
     storm(1024);
 }
 
-/// The fake's own share of the figures: the 1,024 storm without the shim (`--ignored`).
+/// The figures of docs/performance.md: storms of each size in `STORM_SIZES` (default 64,
+/// 200 and 1,024), `STORM_ROUNDS` times (default 3), with the shim and without it (the fake
+/// alone) in turn, then the medians of each and their ratios. Prints; asserts nothing about
+/// time (`benches/start-storm.sh`).
 #[test]
 #[ignore]
-fn print_a_storm_of_1024_starts_without_the_shim() {
-    storm_with(1024, false);
+fn measure_storms() {
+    let sizes: Vec<usize> = std::env::var("STORM_SIZES")
+        .unwrap_or_else(|_| "64,200,1024".into())
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .expect("STORM_SIZES: comma-separated counts")
+        })
+        .collect();
+    let rounds: usize = std::env::var("STORM_ROUNDS")
+        .map(|r| r.parse().expect("STORM_ROUNDS: a count"))
+        .unwrap_or(3);
+    let median = |mut values: Vec<Duration>| {
+        values.sort();
+        values[values.len() / 2]
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut table = Vec::new();
+    for &n in &sizes {
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let sliced = storm_with(n, true);
+            eprintln!("shim:    {}", sliced.row());
+            with.push(sliced);
+            let alone = storm_with(n, false);
+            eprintln!("no shim: {}", alone.row());
+            without.push(alone);
+        }
+        let p50 = |runs: &[Figures]| median(runs.iter().map(|f| f.percentile(50)).collect());
+        let max = |runs: &[Figures]| median(runs.iter().map(Figures::max).collect());
+        let barrier = |runs: &[Figures]| median(runs.iter().map(|f| f.at_barrier).collect());
+        table.push(format!(
+            "| {n} | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.2}x / {:.2}x | {:.1} / {:.1} s |",
+            ms(p50(&with)),
+            ms(max(&with)),
+            ms(p50(&without)),
+            ms(max(&without)),
+            p50(&with).as_secs_f64() / p50(&without).as_secs_f64(),
+            max(&with).as_secs_f64() / max(&without).as_secs_f64(),
+            barrier(&with).as_secs_f64(),
+            barrier(&without).as_secs_f64(),
+        ));
+    }
+    eprintln!(
+        "\n| processes | shim: p50 / max | no shim: p50 / max | ratio p50 / max | spawn to barrier, shim / no shim |"
+    );
+    eprintln!("|---|---|---|---|---|");
+    for row in table {
+        eprintln!("{row}");
+    }
+    eprintln!("(release to first line; medians of {rounds} rounds each)");
 }
