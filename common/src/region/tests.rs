@@ -1036,14 +1036,14 @@ fn counters_outlive_the_processes_that_kept_them() {
 }
 
 #[test]
-fn the_views_reap_judges_only_slots_that_hold_bytes() {
+fn the_sweep_judges_only_slots_that_hold_bytes() {
     let dir = TempDir::new("holding-reap");
     let path = dir.file();
     let (region, _live, device) = region_with(&dir, Some(100 * MIB));
     let (holder, empty) = dead_holding_and_empty(&path, device);
     let mut judged = Vec::new();
     let report = region
-        .reap_holding_if(|dead| {
+        .sweep_now(|dead| {
             judged.push(dead.slot);
             true
         })
@@ -1059,4 +1059,108 @@ fn the_views_reap_judges_only_slots_that_hold_bytes() {
     let report = region.reap_dead().unwrap();
     assert_eq!(report.reclaimed.len(), 1);
     assert_eq!(report.reclaimed[0].slot, empty);
+}
+
+#[test]
+fn a_sweep_runs_only_when_wanted_and_once_per_interval_for_the_whole_slice() {
+    let dir = TempDir::new("sweep-pace");
+    let path = dir.file();
+    let (region, _live, device) = region_with(&dir, Some(100 * MIB));
+    let other = Region::open_or_create(&path).unwrap();
+    let (holder, _empty) = dead_holding_and_empty(&path, device);
+    // Nobody saw a reason: no process sweeps, and the dead holder stays charged.
+    assert!(region.sweep_if_due(|_| true).is_none());
+    assert!(other.sweep_if_due(|_| true).is_none());
+    assert_eq!(region.usage(device).used, 30 * MIB);
+    // One process sees a reason; the first process to look sweeps for all...
+    other.want_sweep();
+    let report = region
+        .sweep_if_due(|_| true)
+        .expect("a sweep was wanted")
+        .unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(report.reclaimed[0].slot, holder);
+    assert_eq!(other.usage(device).used, 0);
+    // ...and nobody sweeps again within the interval, though one more sweep is wanted.
+    assert!(other.sweep_if_due(|_| true).is_none());
+    assert!(region.sweep_if_due(|_| true).is_none());
+}
+
+#[test]
+fn a_sweep_that_leaves_a_dead_slot_charged_keeps_a_sweep_wanted() {
+    let dir = TempDir::new("sweep-pending");
+    let path = dir.file();
+    let (region, _live, device) = region_with(&dir, Some(100 * MIB));
+    let (holder, _empty) = dead_holding_and_empty(&path, device);
+    let report = region.sweep_now(|_| false).unwrap();
+    assert_eq!(report.pending.len(), 1);
+    assert_eq!(report.pending[0].slot, holder);
+    // Wanted now, though nobody asked: only the pace holds it back.
+    let header = &region.map.layout().header;
+    assert!(
+        header
+            .sweeps_wanted
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    let report = region.sweep_now(|_| true).unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(region.usage(device).used, 0);
+}
+
+#[test]
+fn a_death_found_once_is_known_to_every_process_without_judging() {
+    let dir = TempDir::new("notice");
+    let path = dir.file();
+    let (region, live, device) = region_with(&dir, Some(100 * MIB));
+    let other = Region::open_or_create(&path).unwrap();
+    let (holder, _empty) = dead_holding_and_empty(&path, device);
+    let members_of = |r: &Region| {
+        r.with_members(|index| {
+            let mut slots: Vec<_> = index.members().iter().map(|m| m.slot).collect();
+            slots.sort_by_key(|s| s.index());
+            slots
+        })
+    };
+    // Unnoticed, the dead holder is still a member for everybody (nobody judged it)...
+    assert!(members_of(&other).contains(&holder));
+    // ...until one process finds it dead; the driver still holds its memory.
+    region.sweep_now(|_| false).unwrap();
+    assert!(!members_of(&other).contains(&holder), "told to all");
+    assert!(members_of(&other).contains(&live));
+    assert_eq!(other.usage(device).used, 30 * MIB, "still charged");
+}
+
+#[test]
+fn a_member_matched_in_a_list_is_checked_and_its_death_noticed() {
+    let dir = TempDir::new("check-member");
+    let path = dir.file();
+    let (region, live, _device) = region_with(&dir, Some(100 * MIB));
+    let gone = Region::open_or_create(&path).unwrap();
+    let dead = gone.register(&me()).unwrap();
+    gone.set_host_pid(dead, 4_000_123);
+    drop(gone);
+    let found = region.with_members(|index| index.find(4_000_123));
+    let member = found.expect("indexed by its host PID");
+    assert_eq!(member.slot, dead);
+    assert!(!region.check_member(&member), "its lock is free");
+    assert!(region.with_members(|index| index.find(4_000_123)).is_none());
+    // A live member without a host PID is found under its own PID.
+    let mine = region.with_members(|index| index.find(std::process::id()));
+    let mine = mine.expect("our own slot");
+    assert_eq!(mine.slot, live);
+    assert!(region.check_member(&mine));
+}
+
+#[test]
+fn the_pid_namespace_nvml_names_by_its_own_pids_is_learnt_once() {
+    let dir = TempDir::new("pid-namespace");
+    let (region, _live, _device) = region_with(&dir, None);
+    assert_eq!(region.nvml_pid_namespace(), 0);
+    region.learn_nvml_pid_namespace(0);
+    assert_eq!(region.nvml_pid_namespace(), 0, "unknown is not a namespace");
+    region.learn_nvml_pid_namespace(4_026_531_836);
+    region.learn_nvml_pid_namespace(4_026_532_999);
+    let other = Region::open_or_create(&dir.file()).unwrap();
+    assert_eq!(other.nvml_pid_namespace(), 4_026_531_836);
 }

@@ -83,10 +83,11 @@ pub fn register(
             region.path().display()
         )
     })?;
+    let identity = super::host_pid::with_known_host_pid(region, identity);
     let slot = region
         .register_with(&identity, |_| pause_in_registration(), released)
         .map_err(|e| e.to_string())?;
-    super::host_pid::registered_as(identity.host_pid);
+    super::host_pid::registered_as(&identity);
     SLOT.store(slot.index() as u32, Ordering::Release);
     Ok((slot, identity))
 }

@@ -38,17 +38,35 @@ fn create_context(
     let cost_cell = &shared.context_cost[device as usize];
     let own_cost = cost_cell.load(Acquire);
     // Measuring needs our NVML entry to hold nothing but the new context; it is needed while
-    // our cost or our entry is unknown. Processes of the slice measure one at a time.
-    let wants_measure = (own_cost == 0 || host_pid::known() == 0)
-        && shared.region.slot_used(process.slot, device_id(device)) == 0;
-    let nvml = if wants_measure {
+    // the cost on the card (ours, or the slice's) or our entry is unknown. Processes of the
+    // slice measure one at a time, and a waiter stops waiting once the holder published what
+    // it needed.
+    let unknown = || {
+        (own_cost == 0 && shared.region.context_cost(device_id(device)).is_none())
+            || !host_pid::adopt_known()
+    };
+    let wants_measure = unknown() && shared.region.slot_used(process.slot, device_id(device)) == 0;
+    let mut nvml = if wants_measure {
         nvml_for_cuda(ordinal)
     } else {
         None
     };
-    let _measuring = nvml.and_then(|_| {
-        context_start::lock_for_measuring(shared.region, device, context_start::MEASURING_WAIT)
-    });
+    let _measuring = match nvml {
+        Some(_) => match context_start::lock_for_measuring(
+            shared.region,
+            device,
+            context_start::MEASURING_WAIT,
+            unknown,
+        ) {
+            context_start::Turn::Held(turn) => Some(turn),
+            context_start::Turn::NotNeeded => {
+                nvml = None;
+                None
+            }
+            context_start::Turn::GaveUp => None,
+        },
+        None => None,
+    };
     // This process's own measurement, else what another process of the slice measured on
     // the device (read under the lock: the previous holder just published it), else the
     // bound. The latter two are still measured and settled below.

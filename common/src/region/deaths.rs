@@ -1,0 +1,273 @@
+//! How the slice learns that one of its processes died: found once, by one process, and told
+//! to all through the region; no process reads every peer's `/proc`, and no memory view walks
+//! the slots.
+//!
+//! * **The notice.** A slot's `dead_since` stamp (set by whoever first finds its owner dead,
+//!   see `slots::dead_slot`) is the death notice every process reads; setting it moves the
+//!   header's `members_epoch`, as claiming and freeing a slot and recording a host PID do.
+//! * **The sweep** ([`Region::sweep_if_due`]): one pass over the slots that hold bytes, judging
+//!   each by its liveness lock alone (one `F_OFD_GETLK` each; the kernel drops the lock with
+//!   its holder), noticing the dead and reaping those the caller's judge says the driver has
+//!   released. At most one sweep per [`SWEEP_INTERVAL`] for the whole slice (the header's
+//!   `swept_at_ns`, taken by compare-and-swap: whoever takes it sweeps, nobody waits), and only
+//!   while one is wanted (`sweeps_wanted`): a caller that sees a reason ([`Region::want_sweep`];
+//!   the shim: the card's free memory went up since its last view, i.e. memory went back to
+//!   the driver) asks for two (the second catches an owner whose lock closed after its memory
+//!   went back), and a sweep that leaves dead slots the driver still holds asks for another.
+//!   A slice where nothing was given back to the card never sweeps: its views cost the same
+//!   whatever the number of live processes.
+//! * **The members** ([`Region::with_members`]): the claimed, not-noticed-dead slots, indexed by
+//!   the PID NVML knows them by, rebuilt in this process only when `members_epoch` moved. A
+//!   process-list filter checks the liveness lock of the members it matches
+//!   ([`Region::check_member`]), so a dead process's PID that another process reused is never
+//!   shown; a death found that way is noticed for all.
+//! * **Who NVML names how** ([`Region::learn_nvml_pid_namespace`]): once a process of the slice
+//!   saw NVML list it under its own PID, every process of its PID namespace knows its NVML PID
+//!   at registration, with no measuring (the shim's `session::host_pid`).
+//!
+//! What is not found by a sweep waits for the next reason to sweep, a refused allocation (the
+//! shim sweeps at once, [`Region::sweep_now`]) or a full region (`register`): a dead slot
+//! stays charged meanwhile, never the other way round.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::layout::{slot_lock_offset, RegionLayout};
+use super::lock;
+use super::slots::{self, Judge, Scope};
+use super::{DeadSlot, Liveness, ReapReport, Region, RegionError, SlotId};
+use crate::turn::Turn;
+
+/// The slice sweeps at most this often, whoever asks.
+pub const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Sweeps a reason to sweep asks for: this one, and one more a period later.
+const SWEEPS_PER_REASON: u64 = 2;
+
+/// A live process of the slice, as the member index holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member {
+    pub slot: SlotId,
+    /// PID in its own namespace (what the container sees).
+    pub pid: u32,
+    /// PID as NVML reports it; 0 = not known.
+    pub host_pid: u32,
+}
+
+impl Member {
+    /// The PID NVML lists it under: its host PID when known, else its own (right where NVML
+    /// and the process share a PID namespace).
+    pub fn driver_pid(&self) -> u32 {
+        if self.host_pid != 0 {
+            self.host_pid
+        } else {
+            self.pid
+        }
+    }
+}
+
+/// The slice's members at one `members_epoch`, sorted by [`Member::driver_pid`].
+#[derive(Debug, Default)]
+pub struct MemberIndex {
+    epoch: u64,
+    members: Vec<Member>,
+}
+
+impl MemberIndex {
+    /// The member NVML lists as `driver_pid`.
+    pub fn find(&self, driver_pid: u32) -> Option<Member> {
+        let found = self
+            .members
+            .binary_search_by_key(&driver_pid, Member::driver_pid)
+            .ok()?;
+        self.members.get(found).copied()
+    }
+
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+}
+
+/// This process's copy of the member index, behind a process-local turn (reset in a fork
+/// child with the other turns).
+pub(super) struct MemberCache {
+    turn: Turn,
+    index: UnsafeCell<MemberIndex>,
+}
+
+// SAFETY: `index` is only touched while `turn` is held (`Region::with_members`).
+unsafe impl Sync for MemberCache {}
+// SAFETY: as above; the index is plain owned data.
+unsafe impl Send for MemberCache {}
+
+impl MemberCache {
+    pub(super) fn new() -> MemberCache {
+        MemberCache {
+            turn: Turn::new(),
+            index: UnsafeCell::new(MemberIndex {
+                epoch: u64::MAX,
+                members: Vec::new(),
+            }),
+        }
+    }
+
+    /// For a fork child: a parent's thread may have held the turn.
+    pub(super) fn reset_turn(&self) {
+        self.turn.reset();
+    }
+}
+
+/// The slice's membership changed (a claim, a free, a host PID, a death noticed).
+pub(super) fn membership_changed(layout: &RegionLayout) {
+    layout.header.members_epoch.fetch_add(1, Ordering::AcqRel);
+}
+
+impl Region {
+    /// Something may have died: the card got memory back. The slice's next sweeps look
+    /// (paced: see the module doc).
+    pub fn want_sweep(&self) {
+        self.map
+            .layout()
+            .header
+            .sweeps_wanted
+            .fetch_max(SWEEPS_PER_REASON, Ordering::AcqRel);
+    }
+
+    /// Runs the slice's sweep when one is wanted and none ran in the last [`SWEEP_INTERVAL`]
+    /// (by any process); `None` when not (one load when none is wanted). `released` is the
+    /// driver's word on a dead slot's memory, as for [`Region::reap_dead_if`].
+    #[inline]
+    pub fn sweep_if_due(
+        &self,
+        released: impl FnMut(&DeadSlot) -> bool,
+    ) -> Option<Result<ReapReport, RegionError>> {
+        let header = &self.map.layout().header;
+        if header.sweeps_wanted.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        self.sweep_paced(released)
+    }
+
+    #[cold]
+    fn sweep_paced(
+        &self,
+        released: impl FnMut(&DeadSlot) -> bool,
+    ) -> Option<Result<ReapReport, RegionError>> {
+        let header = &self.map.layout().header;
+        let now = super::monotonic_ns();
+        let last = header.swept_at_ns.load(Ordering::Acquire);
+        // A stamp from the future (another time namespace) does not hold sweeps back.
+        if last <= now && now - last < SWEEP_INTERVAL.as_nanos() as u64 {
+            return None;
+        }
+        header
+            .swept_at_ns
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()?;
+        let _ = header
+            .sweeps_wanted
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| w.checked_sub(1));
+        Some(self.sweep_now(released))
+    }
+
+    /// The sweep, now: every slot holding bytes judged by its liveness lock, the dead
+    /// noticed, those `released` says the driver let go of reaped. Dead slots left charged
+    /// keep a sweep wanted.
+    pub fn sweep_now(
+        &self,
+        released: impl FnMut(&DeadSlot) -> bool,
+    ) -> Result<ReapReport, RegionError> {
+        let report = self.reap_with(released, Scope::Holding, Judge::Lock)?;
+        if !report.pending.is_empty() {
+            self.map
+                .layout()
+                .header
+                .sweeps_wanted
+                .fetch_max(1, Ordering::AcqRel);
+        }
+        Ok(report)
+    }
+
+    /// Runs `read` on the slice's members as of now (the index rebuilt first if the
+    /// membership moved since this process last looked).
+    pub fn with_members<R>(&self, read: impl FnOnce(&MemberIndex) -> R) -> R {
+        let layout = self.map.layout();
+        let _turn = self.members.turn.take();
+        // SAFETY: the turn is held: no other thread of this process touches the index.
+        let index = unsafe { &mut *self.members.index.get() };
+        let epoch = layout.header.members_epoch.load(Ordering::Acquire);
+        if index.epoch != epoch {
+            index.members.clear();
+            index.members.extend(
+                slots::claimed_slots(layout)
+                    .filter(|(_, slot, _)| slot.dead_since.load(Ordering::Acquire) == 0)
+                    .map(|(i, slot, _)| Member {
+                        slot: SlotId(i as u16),
+                        pid: slot.pid.load(Ordering::Relaxed),
+                        host_pid: slot.host_pid.load(Ordering::Relaxed),
+                    }),
+            );
+            index.members.sort_by_key(Member::driver_pid);
+            index.epoch = epoch;
+        }
+        read(index)
+    }
+
+    /// Whether `member` still lives, by its slot's liveness lock (one system call). A member
+    /// found dead is noticed for the whole slice, and a sweep is wanted.
+    pub fn check_member(&self, member: &Member) -> bool {
+        let layout = self.map.layout();
+        let slot = &layout.slots[member.slot.index()];
+        let alive = lock::is_locked_by_other(&self.file, slot_lock_offset(member.slot.index()))
+            .unwrap_or(true);
+        if !alive {
+            slots::notice_dead(layout, member.slot.index(), super::monotonic_ns());
+            self.want_sweep();
+            return false;
+        }
+        slot.dead_since.load(Ordering::Acquire) == 0
+    }
+
+    /// Liveness of `slot` by its lock alone.
+    pub fn liveness_by_lock(&self, slot: SlotId) -> Liveness {
+        match lock::is_locked_by_other(&self.file, slot_lock_offset(slot.index())) {
+            Ok(true) => Liveness::Alive,
+            Ok(false) => Liveness::Stale,
+            Err(_) => Liveness::Unknown,
+        }
+    }
+
+    /// The host PIDs the slots record (every claimed slot, dead or alive, `except` left out):
+    /// plain loads, no judging.
+    pub fn recorded_host_pids(&self, except: Option<SlotId>) -> Vec<u32> {
+        slots::claimed_slots(self.map.layout())
+            .filter(|(i, _, _)| Some(SlotId(*i as u16)) != except)
+            .map(|(_, slot, _)| slot.host_pid.load(Ordering::Relaxed))
+            .filter(|&pid| pid != 0)
+            .collect()
+    }
+
+    /// The PID namespace whose processes NVML lists under their own PIDs (0 = not known).
+    pub fn nvml_pid_namespace(&self) -> u64 {
+        self.map
+            .layout()
+            .header
+            .nvml_pid_namespace
+            .load(Ordering::Acquire)
+    }
+
+    /// A process of PID namespace `namespace` saw NVML list it under its own PID. The first
+    /// namespace learned stays.
+    pub fn learn_nvml_pid_namespace(&self, namespace: u64) {
+        if namespace == 0 {
+            return;
+        }
+        let _ = self
+            .map
+            .layout()
+            .header
+            .nvml_pid_namespace
+            .compare_exchange(0, namespace, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
