@@ -6,21 +6,22 @@
 # peers (`slice-peers`), each registered through libgpuslice.so with a context and 2 MiB on the
 # fake card, alive for the whole measurement. The fake driver's own figure is measured with
 # the same peers alive (its process list and its reaping grow with them too), so "added" is
-# the shim's work alone. Counted by callgrind as in alloc-instructions.sh: the difference
-# between a run of P2 and a run of P1 calls, divided by P2 - P1.
+# the shim's work alone. Counted by callgrind inside the workload's measured loop only (after a
+# few calls that are not counted: the first view runs the sweep a start asks for), divided by
+# the calls. Each measured process gives its context back before it exits, so the next one
+# meets the same slice.
 #
-# Usage: benches/views-instructions.sh [P1 P2 [SIZES...]]   (default 200 1200 1 64 1024)
+# Usage: benches/views-instructions.sh [CALLS [SIZES...]]   (default 1000 1 64 1024)
 # Build first: cargo build --release -p fakegpu-cuda -p fakegpu-nvml -p gpuslice-shim \
 #              -p gpuslice-benches
 set -euo pipefail
 shopt -s inherit_errexit
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${ALLOC_PAIRS_BIN:-$root/target/release/alloc-pairs}"
-p1="${1:-200}"
-p2="${2:-1200}"
+calls_per_run="${1:-1000}"
 sizes=(1 64 1024)
-if [ "$#" -gt 2 ]; then
-    sizes=("${@:3}")
+if [ "$#" -gt 1 ]; then
+    sizes=("${@:2}")
 fi
 work="$(mktemp -d)"
 peers_pid=""
@@ -35,24 +36,28 @@ trap 'stop_peers; rm -rf "$work"' EXIT
 # Small contexts: a thousand of the fake's default 300 MiB would not fit a card.
 export FAKEGPU_CTX_OVERHEAD=$((4 << 20))
 
+# Instructions of the measured loop of one run (CALLS calls + the uncounted warm-up).
 count() { # SCRATCH MODE CALLS CALL
-    local scratch="$1" mode="$2" calls="$3" call="$4" err
+    local scratch="$1" mode="$2" calls="$3" call="$4" err out
     err="$(mktemp "$work/err.XXXX")"
-    if ! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+    out="$(mktemp "$work/cg.XXXX")"
+    if ! valgrind --tool=callgrind --toggle-collect='*measured*' --callgrind-out-file="$out" \
         "$bin" "--$mode" --threads 1 --pairs "$calls" --scratch "$scratch" --call "$call" \
-        2>"$err" || ! grep -q 'Collected : [0-9]' "$err"; then
-        echo "views-instructions: $mode $call ($calls calls) gave no count:" >&2
+        2>"$err"; then
+        echo "views-instructions: $mode $call ($calls calls) failed:" >&2
         grep -v '^==' "$err" | tail -20 >&2
         return 1
     fi
-    sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$err"
+    sed -n 's/^summary: \([0-9]*\).*/\1/p;s/^totals: \([0-9]*\).*/\1/p' "$out" | head -1
 }
 
+# The warm-up calls alloc-pairs makes before the counted ones (its WARM_UP).
+warm_up=4
+
 per_call() { # SCRATCH MODE CALL
-    local a b
-    a="$(count "$1" "$2" "$p1" "$3")"
-    b="$(count "$1" "$2" "$p2" "$3")"
-    awk -v a="$a" -v b="$b" -v d="$((p2 - p1))" 'BEGIN { printf "%.0f", (b - a) / d }'
+    local n
+    n="$(count "$1" "$2" "$((calls_per_run + warm_up))" "$3")"
+    awk -v n="$n" -v c="$calls_per_run" 'BEGIN { printf "%.0f", n / c }'
 }
 
 calls=(pair mem-get-info device-total-mem nvml-memory nvml-memory-v2 nvml-processes)
@@ -74,6 +79,10 @@ for n in "${sizes[@]}"; do
         fi
         sleep 0.2
     done
+    # One throwaway run of each: every measured run then meets the same slice (the one before
+    # it dead in its slot until a sweep reaps it, the driver's and the region's files made).
+    count "$scratch" driver 1 pair >/dev/null
+    count "$scratch" shim 1 pair >/dev/null
     for call in "${calls[@]}"; do
         d="$(per_call "$scratch" driver "$call")"
         s="$(per_call "$scratch" shim "$call")"
