@@ -10,17 +10,18 @@
 //!   its holder), noticing the dead and reaping those the caller's judge says the driver has
 //!   released. At most one sweep per [`SWEEP_INTERVAL`] for the whole slice (the header's
 //!   `swept_at_ns`, taken by compare-and-swap: whoever takes it sweeps, nobody waits), and only
-//!   while one is wanted (`sweeps_wanted`): a caller that sees a reason ([`Region::want_sweep`];
-//!   the shim: the card's free memory went up since its last view, i.e. memory went back to
-//!   the driver) asks for two (the second catches an owner whose lock closed after its memory
-//!   went back), and a sweep that leaves dead slots the driver still holds asks for another.
+//!   while one is wanted (`sweeps_wanted`): a caller that sees a reason ([`Region::want_sweep`]:
+//!   the card's free memory went up since its last view, i.e. memory went back to the driver,
+//!   asks for two, the second catching an owner whose lock closed after its memory went back;
+//!   a start asks for one), and a sweep that leaves dead slots the driver still holds asks for
+//!   another.
 //!   A slice where nothing was given back to the card never sweeps: its views cost the same
 //!   whatever the number of live processes.
 //! * **The members** ([`Region::with_members`]): the claimed, not-noticed-dead slots, indexed by
 //!   the PID NVML knows them by, rebuilt in this process only when `members_epoch` moved. A
-//!   process-list filter checks the liveness lock of the members it matches
-//!   ([`Region::check_member`]), so a dead process's PID that another process reused is never
-//!   shown; a death found that way is noticed for all.
+//!   process-list filter checks the liveness lock of a member it matches (at most once per
+//!   [`SWEEP_INTERVAL`]), so a dead process's PID that another process reused is not shown;
+//!   a death found that way is noticed for all.
 //! * **Who NVML names how** ([`Region::learn_nvml_pid_namespace`]): once a process of the slice
 //!   saw NVML list it under its own PID, every process of its PID namespace knows its NVML PID
 //!   at registration, with no measuring (the shim's `session::host_pid`).
@@ -36,14 +37,22 @@ use std::time::Duration;
 use super::layout::{slot_lock_offset, RegionLayout};
 use super::lock;
 use super::slots::{self, Judge, Scope};
-use super::{DeadSlot, Liveness, ReapReport, Region, RegionError, SlotId};
+use super::{DeadSlot, ReapReport, Region, RegionError, SlotId};
 use crate::turn::Turn;
 
 /// The slice sweeps at most this often, whoever asks.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 
-/// Sweeps a reason to sweep asks for: this one, and one more a period later.
-const SWEEPS_PER_REASON: u64 = 2;
+/// Why a process asks the slice for a sweep ([`Region::want_sweep`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepReason {
+    /// Memory went back to the card (a dead process's, maybe): two sweeps, a period apart,
+    /// since the owner's liveness lock may close just after its memory went back.
+    CardGotMemoryBack,
+    /// A process started (what it sees must not count processes that died before it), or a
+    /// member was found dead: one sweep.
+    Look,
+}
 
 /// A live process of the slice, as the member index holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,25 +76,55 @@ impl Member {
     }
 }
 
-/// The slice's members at one `members_epoch`, sorted by [`Member::driver_pid`].
+/// The slice's members at one `members_epoch`, by [`Member::driver_pid`] (an open-addressing
+/// table: a lookup is a multiply and a probe or two), with when this process last checked
+/// each one's liveness lock.
 #[derive(Debug, Default)]
-pub struct MemberIndex {
+pub(super) struct MemberIndex {
     epoch: u64,
     members: Vec<Member>,
+    checked_at_ns: Vec<u64>,
+    /// Index + 1 into `members` (0 = empty); a power of two long.
+    table: Vec<u16>,
 }
 
 impl MemberIndex {
-    /// The member NVML lists as `driver_pid`.
-    pub fn find(&self, driver_pid: u32) -> Option<Member> {
-        let found = self
-            .members
-            .binary_search_by_key(&driver_pid, Member::driver_pid)
-            .ok()?;
-        self.members.get(found).copied()
+    fn rebuild(&mut self, epoch: u64, members: impl Iterator<Item = Member>) {
+        self.members.clear();
+        self.members.extend(members);
+        self.checked_at_ns.clear();
+        self.checked_at_ns.resize(self.members.len(), 0);
+        let size = (self.members.len() * 2).next_power_of_two().max(16);
+        self.table.clear();
+        self.table.resize(size, 0);
+        for (i, member) in self.members.iter().enumerate() {
+            let mut at = Self::home(member.driver_pid(), size);
+            while self.table[at] != 0 {
+                at = (at + 1) & (size - 1);
+            }
+            self.table[at] = i as u16 + 1;
+        }
+        self.epoch = epoch;
     }
 
-    pub fn members(&self) -> &[Member] {
-        &self.members
+    fn home(driver_pid: u32, size: usize) -> usize {
+        (u64::from(driver_pid).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & (size - 1)
+    }
+
+    /// Position in `members` of the member NVML lists as `driver_pid`.
+    fn position(&self, driver_pid: u32) -> Option<usize> {
+        let size = self.table.len();
+        if size == 0 {
+            return None;
+        }
+        let mut at = Self::home(driver_pid, size);
+        loop {
+            let i = usize::from(*self.table.get(at)?).checked_sub(1)?;
+            if self.members.get(i)?.driver_pid() == driver_pid {
+                return Some(i);
+            }
+            at = (at + 1) & (size - 1);
+        }
     }
 }
 
@@ -107,7 +146,7 @@ impl MemberCache {
             turn: Turn::new(),
             index: UnsafeCell::new(MemberIndex {
                 epoch: u64::MAX,
-                members: Vec::new(),
+                ..MemberIndex::default()
             }),
         }
     }
@@ -124,14 +163,17 @@ pub(super) fn membership_changed(layout: &RegionLayout) {
 }
 
 impl Region {
-    /// Something may have died: the card got memory back. The slice's next sweeps look
-    /// (paced: see the module doc).
-    pub fn want_sweep(&self) {
+    /// Something may have died: the slice's next sweeps look (paced: see the module doc).
+    pub fn want_sweep(&self, reason: SweepReason) {
+        let sweeps = match reason {
+            SweepReason::CardGotMemoryBack => 2,
+            SweepReason::Look => 1,
+        };
         self.map
             .layout()
             .header
             .sweeps_wanted
-            .fetch_max(SWEEPS_PER_REASON, Ordering::AcqRel);
+            .fetch_max(sweeps, Ordering::AcqRel);
     }
 
     /// Runs the slice's sweep when one is wanted and none ran in the last [`SWEEP_INTERVAL`]
@@ -189,17 +231,24 @@ impl Region {
         Ok(report)
     }
 
-    /// Runs `read` on the slice's members as of now (the index rebuilt first if the
-    /// membership moved since this process last looked).
-    pub fn with_members<R>(&self, read: impl FnOnce(&MemberIndex) -> R) -> R {
+    /// Runs `read` with a lookup from the PID NVML lists a process under to the live member
+    /// of the slice it is (`None`: a stranger, or a member found dead). The index is rebuilt
+    /// first if the membership moved since this process last looked; a member's liveness
+    /// lock is checked at its first lookup in each [`SWEEP_INTERVAL`] (one system call), so
+    /// a dead member's PID, which the host may give to another process, is shown for at most
+    /// that long after its death (far less than the host takes to hand a PID out again).
+    pub fn with_members<R>(
+        &self,
+        read: impl FnOnce(&mut dyn FnMut(u32) -> Option<Member>) -> R,
+    ) -> R {
         let layout = self.map.layout();
         let _turn = self.members.turn.take();
         // SAFETY: the turn is held: no other thread of this process touches the index.
         let index = unsafe { &mut *self.members.index.get() };
         let epoch = layout.header.members_epoch.load(Ordering::Acquire);
         if index.epoch != epoch {
-            index.members.clear();
-            index.members.extend(
+            index.rebuild(
+                epoch,
                 slots::claimed_slots(layout)
                     .filter(|(_, slot, _)| slot.dead_since.load(Ordering::Acquire) == 0)
                     .map(|(i, slot, _)| Member {
@@ -208,34 +257,45 @@ impl Region {
                         host_pid: slot.host_pid.load(Ordering::Relaxed),
                     }),
             );
-            index.members.sort_by_key(Member::driver_pid);
-            index.epoch = epoch;
         }
-        read(index)
+        let mut now = None;
+        let mut lookup = |driver_pid: u32| {
+            let i = index.position(driver_pid)?;
+            let member = index.members[i];
+            let now = *now.get_or_insert_with(super::monotonic_ns);
+            let last = index.checked_at_ns[i];
+            if last > now || now - last >= SWEEP_INTERVAL.as_nanos() as u64 {
+                if !self.check_member(&member) {
+                    return None;
+                }
+                index.checked_at_ns[i] = now;
+            }
+            Some(member)
+        };
+        read(&mut lookup)
+    }
+
+    /// The slice's members as this process's index holds them now.
+    pub fn members(&self) -> Vec<Member> {
+        self.with_members(|_| ());
+        let _turn = self.members.turn.take();
+        // SAFETY: the turn is held.
+        unsafe { &*self.members.index.get() }.members.clone()
     }
 
     /// Whether `member` still lives, by its slot's liveness lock (one system call). A member
     /// found dead is noticed for the whole slice, and a sweep is wanted.
-    pub fn check_member(&self, member: &Member) -> bool {
+    fn check_member(&self, member: &Member) -> bool {
         let layout = self.map.layout();
         let slot = &layout.slots[member.slot.index()];
         let alive = lock::is_locked_by_other(&self.file, slot_lock_offset(member.slot.index()))
             .unwrap_or(true);
         if !alive {
             slots::notice_dead(layout, member.slot.index(), super::monotonic_ns());
-            self.want_sweep();
+            self.want_sweep(SweepReason::Look);
             return false;
         }
         slot.dead_since.load(Ordering::Acquire) == 0
-    }
-
-    /// Liveness of `slot` by its lock alone.
-    pub fn liveness_by_lock(&self, slot: SlotId) -> Liveness {
-        match lock::is_locked_by_other(&self.file, slot_lock_offset(slot.index())) {
-            Ok(true) => Liveness::Alive,
-            Ok(false) => Liveness::Stale,
-            Err(_) => Liveness::Unknown,
-        }
     }
 
     /// The host PIDs the slots record (every claimed slot, dead or alive, `except` left out):

@@ -1073,7 +1073,7 @@ fn a_sweep_runs_only_when_wanted_and_once_per_interval_for_the_whole_slice() {
     assert!(other.sweep_if_due(|_| true).is_none());
     assert_eq!(region.usage(device).used, 30 * MIB);
     // One process sees a reason; the first process to look sweeps for all...
-    other.want_sweep();
+    other.want_sweep(SweepReason::Look);
     let report = region
         .sweep_if_due(|_| true)
         .expect("a sweep was wanted")
@@ -1115,13 +1115,7 @@ fn a_death_found_once_is_known_to_every_process_without_judging() {
     let (region, live, device) = region_with(&dir, Some(100 * MIB));
     let other = Region::open_or_create(&path).unwrap();
     let (holder, _empty) = dead_holding_and_empty(&path, device);
-    let members_of = |r: &Region| {
-        r.with_members(|index| {
-            let mut slots: Vec<_> = index.members().iter().map(|m| m.slot).collect();
-            slots.sort_by_key(|s| s.index());
-            slots
-        })
-    };
+    let members_of = |r: &Region| r.members().iter().map(|m| m.slot).collect::<Vec<_>>();
     // Unnoticed, the dead holder is still a member for everybody (nobody judged it)...
     assert!(members_of(&other).contains(&holder));
     // ...until one process finds it dead; the driver still holds its memory.
@@ -1140,16 +1134,23 @@ fn a_member_matched_in_a_list_is_checked_and_its_death_noticed() {
     let dead = gone.register(&me()).unwrap();
     gone.set_host_pid(dead, 4_000_123);
     drop(gone);
-    let found = region.with_members(|index| index.find(4_000_123));
-    let member = found.expect("indexed by its host PID");
-    assert_eq!(member.slot, dead);
-    assert!(!region.check_member(&member), "its lock is free");
-    assert!(region.with_members(|index| index.find(4_000_123)).is_none());
+    let other = Region::open_or_create(&path).unwrap();
+    assert!(
+        other.members().iter().any(|m| m.slot == dead),
+        "not noticed yet"
+    );
+    // Listed under its host PID: checked, found dead (its lock is free), not shown...
+    assert_eq!(region.with_members(|member| member(4_000_123)), None);
+    // ...and noticed for every process of the slice.
+    assert!(!other.members().iter().any(|m| m.slot == dead));
     // A live member without a host PID is found under its own PID.
-    let mine = region.with_members(|index| index.find(std::process::id()));
-    let mine = mine.expect("our own slot");
-    assert_eq!(mine.slot, live);
-    assert!(region.check_member(&mine));
+    let mine = region.with_members(|member| member(std::process::id()));
+    assert_eq!(mine.map(|m| m.slot), Some(live));
+    assert_eq!(
+        region.with_members(|member| member(4_000_124)),
+        None,
+        "a stranger"
+    );
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! the one initialisation of the real NVML and device-handle lookup those reads use.
 
 use std::ffi::{c_char, c_uint, CStr, CString};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 use gpuslice_abi::cuda::result::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
 use gpuslice_abi::cuda::{CUdevice, CUresult, CUuuid};
@@ -184,6 +184,10 @@ pub(crate) fn read_process_list<T: Copy + Default>(
     grow_list(64, |buffer, count| unsafe { get(device, count, buffer) })
 }
 
+/// The most entries one of NVML's lists needed in this process: the next list starts with room
+/// for as many, so a long list costs the driver one call, not two. Survives fork (a hint).
+static LONGEST_LIST: AtomicU32 = AtomicU32::new(0);
+
 /// NVML's list protocol: `call(buffer, count)` fills up to `*count` entries and answers
 /// SUCCESS, or INSUFFICIENT_SIZE with the count it needs; the buffer grows and the call is
 /// retried a few times (the list can grow between two calls).
@@ -191,13 +195,14 @@ fn grow_list<T: Copy + Default>(
     initial: c_uint,
     mut call: impl FnMut(*mut T, *mut c_uint) -> nvmlReturn_t,
 ) -> Result<Vec<T>, nvmlReturn_t> {
-    let mut capacity = initial;
+    let mut capacity = initial.max(LONGEST_LIST.load(Ordering::Relaxed).saturating_add(16));
     for _ in 0..4 {
         let mut buffer = vec![T::default(); capacity as usize];
         let mut count = capacity;
         match call(buffer.as_mut_ptr(), &mut count) {
             NVML_SUCCESS => {
                 buffer.truncate(count as usize);
+                LONGEST_LIST.fetch_max(count, Ordering::Relaxed);
                 return Ok(buffer);
             }
             NVML_ERROR_INSUFFICIENT_SIZE => capacity = count.max(capacity) + 16,

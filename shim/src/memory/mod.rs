@@ -306,7 +306,9 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
     // start asks for (what this process sees first must not count processes that exited
     // before it; the sweep runs at its first view, or any process's, paced for the slice);
     // those holding nothing are freed when the region is full (`register` above).
-    shared.region.want_sweep();
+    shared
+        .region
+        .want_sweep(gpuslice_common::region::SweepReason::Look);
     let process: &'static Process = Box::leak(Box::new(Process {
         ledger: Ledger::new(RegionBudget { region, slot }),
         slot,

@@ -188,15 +188,22 @@ mod tests {
 /// of the slice, with that PID translated to the one the container sees (`member`: driver
 /// PID -> container PID, `None` for a stranger). Order is kept.
 pub fn slice_process_list<T: Copy>(
-    entries: &[T],
-    member: impl Fn(u32) -> Option<u32>,
+    mut entries: Vec<T>,
+    mut member: impl FnMut(u32) -> Option<u32>,
     pid_of: impl Fn(&T) -> u32,
     with_pid: impl Fn(T, u32) -> T,
 ) -> Vec<T> {
+    // In place: the kept entries move to the front.
+    let mut kept = 0;
+    for i in 0..entries.len() {
+        let entry = entries[i];
+        if let Some(pid) = member(pid_of(&entry)) {
+            entries[kept] = with_pid(entry, pid);
+            kept += 1;
+        }
+    }
+    entries.truncate(kept);
     entries
-        .iter()
-        .filter_map(|entry| member(pid_of(entry)).map(|pid| with_pid(*entry, pid)))
-        .collect()
 }
 
 /// NVML's list protocol: `Ok(n)` = copy `n` entries and return SUCCESS; `Err(n)` = set
@@ -220,7 +227,7 @@ mod process_list_tests {
         let entries = [(100_001u32, 5u64), (100_002, 6), (100_003, 7)];
         let members = [(100_003, 3), (100_001, 1)];
         let member = |pid| members.iter().find(|m| m.0 == pid).map(|m| m.1);
-        let list = slice_process_list(&entries, member, |e| e.0, |e, pid| (pid, e.1));
+        let list = slice_process_list(entries.to_vec(), member, |e| e.0, |e, pid| (pid, e.1));
         assert_eq!(list, vec![(1, 5), (3, 7)]);
     }
 

@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpuslice_common::region::{ReapReport, RegionError, MAX_DEVICES};
+use gpuslice_common::region::{ReapReport, RegionError, SweepReason, MAX_DEVICES};
 
 use super::{driver_sized, Shared};
 use crate::session::fork::per_process;
@@ -42,7 +42,7 @@ pub fn card_seen(shared: &Shared, source: Source, device: u8, free: u64) {
         if before != free {
             cell.store(free, Ordering::Relaxed);
             if before != UNSEEN && free > before {
-                shared.region.want_sweep();
+                shared.region.want_sweep(SweepReason::CardGotMemoryBack);
             }
         }
     }

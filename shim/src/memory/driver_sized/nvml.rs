@@ -100,25 +100,18 @@ pub(super) fn nvml_processes(device: nvmlDevice_t) -> Vec<ListedProcess> {
         .collect()
 }
 
-/// `raw`'s entries of the slice's live processes, under the PIDs the container knows: the
-/// region's member index (rebuilt only when the membership moved), and for each entry it
-/// matches, that member's liveness lock (a dead member's reused PID is another process's).
-/// Costs nothing per process of the slice that the list does not show.
+/// `raw`'s entries of the slice's live processes, under the PIDs the container knows (the
+/// region's member index: rebuilt only when the membership moved, each member's liveness
+/// checked at most once per sweep interval). Costs nothing per process of the slice that
+/// the list does not show.
 fn keep_members<T: Copy>(
     shared: &Shared,
-    raw: &[T],
+    raw: Vec<T>,
     pid_of: impl Fn(&T) -> u32,
     with_pid: impl Fn(T, u32) -> T,
 ) -> Vec<T> {
-    let region = shared.region;
-    region.with_members(|index| {
-        let member = |driver_pid| {
-            index
-                .find(driver_pid)
-                .filter(|m| region.check_member(m))
-                .map(|m| m.pid)
-        };
-        slice_process_list(raw, member, pid_of, with_pid)
+    shared.region.with_members(|member| {
+        slice_process_list(raw, |pid| member(pid).map(|m| m.pid), pid_of, with_pid)
     })
 }
 
@@ -178,7 +171,7 @@ pub(crate) fn members_only_by<T: Copy>(
         Ok(raw) => raw,
         Err(code) => return Some(Err(code)),
     };
-    Some(Ok(keep_members(shared, &raw, pid_of, with_pid)))
+    Some(Ok(keep_members(shared, raw, pid_of, with_pid)))
 }
 
 /// The real per-process utilisation samples of `device` (all buffered ones:
@@ -208,7 +201,7 @@ pub(crate) fn slice_utilization_samples(
     let newest = raw.iter().map(|s| s.timeStamp).max();
     let ours = keep_members(
         shared,
-        &raw,
+        raw,
         |s| s.pid,
         |s, pid| nvmlProcessUtilizationSample_t { pid, ..s },
     );
