@@ -97,6 +97,7 @@ fn create_context(
         process.ledger.refund(device, reserved);
         return (result, None);
     }
+    crate::session::slice::pause_after_context();
     let measured = nvml.and_then(|handle| {
         let after = nvml_processes(handle);
         let claimed = host_pid::claimed_by_others();
