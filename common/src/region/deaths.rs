@@ -13,8 +13,10 @@
 //!   while one is wanted (`sweeps_wanted`): a caller that sees a reason ([`Region::want_sweep`]:
 //!   the card's free memory went up since its last view, i.e. memory went back to the driver,
 //!   asks for two, the second catching an owner whose lock closed after its memory went back;
-//!   a start asks for one), and a sweep that leaves dead slots the driver still holds asks for
-//!   another.
+//!   a member found dead asks for one), and a sweep that leaves dead slots the driver still
+//!   holds asks for another. A process's first view needs a sweep that began after it started
+//!   ([`Region::swept_since`]: what it sees first must not count processes that died before
+//!   it), and runs one when none did.
 //!   A slice where nothing was given back to the card never sweeps: its views cost the same
 //!   whatever the number of live processes.
 //! * **The members** ([`Region::with_members`]): the claimed, not-noticed-dead slots, indexed by
@@ -49,8 +51,7 @@ pub enum SweepReason {
     /// Memory went back to the card (a dead process's, maybe): two sweeps, a period apart,
     /// since the owner's liveness lock may close just after its memory went back.
     CardGotMemoryBack,
-    /// A process started (what it sees must not count processes that died before it), or a
-    /// member was found dead: one sweep.
+    /// A member was found dead: one sweep.
     Look,
 }
 
@@ -220,6 +221,11 @@ impl Region {
         &self,
         released: impl FnMut(&DeadSlot) -> bool,
     ) -> Result<ReapReport, RegionError> {
+        self.map
+            .layout()
+            .header
+            .swept_at_ns
+            .fetch_max(super::monotonic_ns(), Ordering::AcqRel);
         let report = self.reap_with(released, Scope::Holding, Judge::Lock)?;
         if !report.pending.is_empty() {
             self.map
@@ -229,6 +235,12 @@ impl Region {
                 .fetch_max(1, Ordering::AcqRel);
         }
         Ok(report)
+    }
+
+    /// Whether a sweep of the slice began at or after `instant` (CLOCK_MONOTONIC ns): one
+    /// that saw every death before it.
+    pub fn swept_since(&self, instant: u64) -> bool {
+        self.map.layout().header.swept_at_ns.load(Ordering::Acquire) >= instant
     }
 
     /// Runs `read` with a lookup from the PID NVML lists a process under to the live member

@@ -302,13 +302,10 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
         driver_sized::driver_released(shared, dead)
     })?;
     // Slots of processes that exited (or were killed) are not looked at here: a start costs
-    // the same whatever the slice's history. Those holding bytes are the sweep's, which this
-    // start asks for (what this process sees first must not count processes that exited
-    // before it; the sweep runs at its first view, or any process's, paced for the slice);
-    // those holding nothing are freed when the region is full (`register` above).
-    shared
-        .region
-        .want_sweep(gpuslice_common::region::SweepReason::Look);
+    // the same whatever the slice's history. Those holding bytes are the sweep's (this
+    // process's first view needs one that began after now: `sweep`); those holding nothing
+    // are freed when the region is full (`register` above).
+    sweep::started();
     let process: &'static Process = Box::leak(Box::new(Process {
         ledger: Ledger::new(RegionBudget { region, slot }),
         slot,

@@ -6,9 +6,10 @@
 //! view of that device (memory went back to the driver: a dead process's, maybe), per
 //! source (CUDA's and NVML's figures differ by NVML's reservation). The sweep then runs in
 //! the first view of any process of the slice that finds it due (at most one per
-//! `SWEEP_INTERVAL` for the whole slice). A view where nothing was given back costs two
-//! loads and a compare: the same whatever the number of processes in the slice. A refused
-//! allocation sweeps at once ([`now`]).
+//! `SWEEP_INTERVAL` for the whole slice). A process's first view runs a sweep unless one
+//! began after the process started ([`started`]). A view where nothing was given back costs
+//! three loads and a compare: the same whatever the number of processes in the slice. A
+//! refused allocation sweeps at once ([`now`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -32,11 +33,26 @@ per_process! {
     static CARD_FREE: [[AtomicU64; MAX_DEVICES]; 2] =
         [const { [const { AtomicU64::new(UNSEEN) }; MAX_DEVICES] }; 2];
 }
+per_process! {
+    /// When this process attached, until its first view found a sweep that began after it
+    /// (0 = found).
+    static STARTED_AT_NS: AtomicU64 = AtomicU64::new(0);
+}
+
+/// This process attached to the slice now: its first view must not count processes that
+/// died before.
+pub fn started() {
+    STARTED_AT_NS.store(crate::session::clock::now_ns(), Ordering::Relaxed);
+}
 
 /// A view of limited device entry `device` read the card's `free` bytes from `source`: more
 /// than at this process's last view asks the slice for a sweep; a due sweep runs.
 #[inline]
 pub fn card_seen(shared: &Shared, source: Source, device: u8, free: u64) {
+    let started = STARTED_AT_NS.load(Ordering::Relaxed);
+    if started != 0 {
+        first_view(shared, started);
+    }
     if let Some(cell) = CARD_FREE[source as usize].get(device as usize) {
         let before = cell.load(Ordering::Relaxed);
         if before != free {
@@ -52,6 +68,16 @@ pub fn card_seen(shared: &Shared, source: Source, device: u8, free: u64) {
     {
         log_reap(report);
     }
+}
+
+/// The first view of this process: a sweep that began after it started saw every death
+/// before it; without one, sweeps now.
+#[cold]
+fn first_view(shared: &Shared, started: u64) {
+    if !shared.region.swept_since(started) {
+        now(shared);
+    }
+    STARTED_AT_NS.store(0, Ordering::Relaxed);
 }
 
 /// Sweeps now (before refusing an allocation: a dead process's budget may be what stands in

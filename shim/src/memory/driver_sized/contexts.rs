@@ -37,35 +37,34 @@ fn create_context(
     };
     let cost_cell = &shared.context_cost[device as usize];
     let own_cost = cost_cell.load(Acquire);
-    // Measuring needs our NVML entry to hold nothing but the new context; it is needed while
-    // the cost on the card (ours, or the slice's) or our entry is unknown. Processes of the
-    // slice measure one at a time, and a waiter stops waiting once the holder published what
-    // it needed.
-    let unknown = || {
-        (own_cost == 0 && shared.region.context_cost(device_id(device)).is_none())
-            || !host_pid::adopt_known()
-    };
-    let wants_measure = unknown() && shared.region.slot_used(process.slot, device_id(device)) == 0;
-    let mut nvml = if wants_measure {
+    // The first context of the process on the device is measured from our NVML entry, which
+    // must hold nothing but the new context. Measuring takes the slice's turn only while the
+    // cost on the card or our entry is unknown (the entry is then found by diffing NVML's list
+    // around the creation, and the reservation may be the bound); a waiter stops waiting once
+    // the holder published what it needed, and then reads its own entry by its NVML PID, in
+    // parallel with the others.
+    let wants_measure =
+        own_cost == 0 && shared.region.slot_used(process.slot, device_id(device)) == 0;
+    let nvml = if wants_measure {
         nvml_for_cuda(ordinal)
     } else {
         None
     };
+    let unknown = || {
+        (own_cost == 0 && shared.region.context_cost(device_id(device)).is_none())
+            || !host_pid::adopt_known()
+    };
     let _measuring = match nvml {
-        Some(_) => match context_start::lock_for_measuring(
+        Some(_) if unknown() => match context_start::lock_for_measuring(
             shared.region,
             device,
             context_start::MEASURING_WAIT,
             unknown,
         ) {
             context_start::Turn::Held(turn) => Some(turn),
-            context_start::Turn::NotNeeded => {
-                nvml = None;
-                None
-            }
-            context_start::Turn::GaveUp => None,
+            context_start::Turn::NotNeeded | context_start::Turn::GaveUp => None,
         },
-        None => None,
+        _ => None,
     };
     // This process's own measurement, else what another process of the slice measured on
     // the device (read under the lock: the previous holder just published it), else the
@@ -91,7 +90,11 @@ fn create_context(
     // then show more than the context.
     let nvml =
         nvml.filter(|_| shared.region.slot_used(process.slot, device_id(device)) == reserved);
-    let before = nvml.map(nvml_processes).unwrap_or_default();
+    // Our entry is found by the diff only while our NVML PID is unknown.
+    let before = match nvml {
+        Some(handle) if host_pid::known() == 0 => nvml_processes(handle),
+        _ => Vec::new(),
+    };
     let result = call();
     if result != CUDA_SUCCESS {
         process.ledger.refund(device, reserved);
@@ -100,9 +103,13 @@ fn create_context(
     crate::session::slice::pause_after_context();
     let measured = nvml.and_then(|handle| {
         let after = nvml_processes(handle);
-        let claimed = host_pid::claimed_by_others();
         let known_host = host_pid::known();
-        match host_pid::find_after_context_creation(&before, &after, known_host, &claimed) {
+        if known_host != 0 {
+            let me = host_pid::find_after_context_creation(&[], &after, known_host, &[])?;
+            return host_pid::plausible_context_cost(&me);
+        }
+        let claimed = host_pid::claimed_by_others();
+        match host_pid::find_after_context_creation(&before, &after, 0, &claimed) {
             Some(me) => {
                 host_pid::measured(me.pid);
                 host_pid::plausible_context_cost(&me)
