@@ -172,7 +172,15 @@ pub struct DeviceEntry {
     /// the processes, for the node agent. Read as 0 in files that predate them.
     pub refused_allocations: AtomicU64,
     pub throttled_ns: AtomicU64,
-    _reserved1: [AtomicU64; 5],
+    /// NVML's process list of this device, read once for every process of the slice that
+    /// waits for it (`region::listing`): even = none being read, odd = one being read; each
+    /// read moves it by two. The futex word its waiters sleep on.
+    pub listing_seq: AtomicU32,
+    _pad: AtomicU32,
+    /// CLOCK_MONOTONIC ns at which the listing being read began (a reader that stalls past
+    /// `listing::TAKEOVER` is taken over).
+    pub listing_since_ns: AtomicU64,
+    _reserved1: [AtomicU64; 3],
     /// Reserved for the compute throttle (token bucket state).
     pub throttle: [AtomicU64; THROTTLE_WORDS],
 }
@@ -198,7 +206,9 @@ pub struct ProcessSlot {
     /// The ledger operation this slot has in flight (target bytes, sequence, device, state);
     /// see `region::ledger`.
     pub intent: AtomicU64,
-    _aux: AtomicU64,
+    /// What NVML's last listing of a device showed this process holding there (bytes, device
+    /// entry and the listing's sequence; `region::listing`).
+    pub listed: AtomicU64,
     /// Bytes this process holds (low 48 bits) and the sequence number of its last ledger
     /// operation that landed (above), per device entry.
     pub used: [AtomicU64; MAX_DEVICES],
@@ -290,6 +300,8 @@ mod tests {
         assert_eq!(offset_of!(DeviceEntry, measuring_pid_ns), 112);
         assert_eq!(offset_of!(DeviceEntry, total), 120);
         assert_eq!(offset_of!(DeviceEntry, key), 128);
+        assert_eq!(offset_of!(DeviceEntry, listing_seq), 152);
+        assert_eq!(offset_of!(DeviceEntry, listing_since_ns), 160);
         assert_eq!(offset_of!(DeviceEntry, throttle), 192);
 
         assert_eq!(offset_of!(ProcessSlot, state), 0);
@@ -300,6 +312,7 @@ mod tests {
         assert_eq!(offset_of!(ProcessSlot, heartbeat), 32);
         assert_eq!(offset_of!(ProcessSlot, dead_since), 40);
         assert_eq!(offset_of!(ProcessSlot, intent), 48);
+        assert_eq!(offset_of!(ProcessSlot, listed), 56);
         assert_eq!(offset_of!(ProcessSlot, used), 64);
         assert_eq!(offset_of!(ProcessSlot, contexts), 192);
     }

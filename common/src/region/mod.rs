@@ -119,6 +119,7 @@ mod devices;
 mod futex;
 mod layout;
 mod ledger;
+mod listing;
 mod lock;
 mod open;
 mod proc;

@@ -189,6 +189,7 @@ impl Region {
             slot.pid_ns.store(identity.pid_ns, Ordering::Relaxed);
             slot.heartbeat.store(0, Ordering::Relaxed);
             slot.dead_since.store(0, Ordering::Relaxed);
+            slot.listed.store(0, Ordering::Relaxed);
             // A free slot holds no bytes and has nothing in flight (`free_slot`); its `used`
             // words keep their sequence numbers, which the devices' total tags may name.
             for contexts in &slot.contexts {

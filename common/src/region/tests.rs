@@ -1165,3 +1165,72 @@ fn the_pid_namespace_nvml_names_by_its_own_pids_is_learnt_once() {
     let other = Region::open_or_create(&dir.file()).unwrap();
     assert_eq!(other.nvml_pid_namespace(), 4_026_531_836);
 }
+
+#[test]
+fn one_listing_tells_every_waiter_what_the_driver_shows_it_holding() {
+    let dir = TempDir::new("listing");
+    let path = dir.file();
+    let (a, slot_a, device) = region_with(&dir, Some(1024 * MIB));
+    a.set_host_pid(slot_a, 4_100_001);
+    let b = Region::open_or_create(&path).unwrap();
+    let slot_b = b.register(&me()).unwrap();
+    b.set_host_pid(slot_b, 4_100_002);
+    let listed = vec![
+        (4_100_001, 64 * MIB),
+        (4_100_002, 32 * MIB),
+        (4_100_003, 7 * MIB),
+    ];
+    // Both made their context before any listing began.
+    let (seen_a, seen_b) = (a.listing_seq(device), b.listing_seq(device));
+    let wait = std::time::Duration::from_secs(5);
+    let mut reads = 0;
+    let got_a = a.listed_bytes(slot_a, device, seen_a, wait, || {
+        reads += 1;
+        Some(listed.clone())
+    });
+    assert_eq!(got_a, Some(64 * MIB));
+    // B's answer is in A's listing: B does not read the list again.
+    let got_b = b.listed_bytes(slot_b, device, seen_b, wait, || {
+        reads += 1;
+        Some(listed.clone())
+    });
+    assert_eq!(got_b, Some(32 * MIB));
+    assert_eq!(reads, 1, "one listing for both");
+    // A process whose context came after that listing needs a new one, which shows it
+    // holding more now; one the list does not show gets no figure.
+    let seen = b.listing_seq(device);
+    let again = b.listed_bytes(slot_b, device, seen, wait, || {
+        reads += 1;
+        Some(vec![(4_100_002, 96 * MIB)])
+    });
+    assert_eq!((again, reads), (Some(96 * MIB), 2));
+    let seen = a.listing_seq(device);
+    assert_eq!(
+        a.listed_bytes(slot_a, device, seen, wait, || Some(vec![])),
+        None
+    );
+}
+
+#[test]
+fn a_stalled_listing_is_taken_over() {
+    let dir = TempDir::new("listing-stall");
+    let (region, slot, device) = region_with(&dir, Some(1024 * MIB));
+    region.set_host_pid(slot, 4_200_001);
+    // A reader began a listing long ago and never ended it (stopped, or killed).
+    let entry = &region.map.layout().devices[device.index()];
+    entry
+        .listing_seq
+        .store(7, std::sync::atomic::Ordering::SeqCst);
+    entry
+        .listing_since_ns
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let seen = region.listing_seq(device);
+    let got = region.listed_bytes(
+        slot,
+        device,
+        seen,
+        std::time::Duration::from_secs(5),
+        || Some(vec![(4_200_001, 64 * MIB)]),
+    );
+    assert_eq!(got, Some(64 * MIB));
+}

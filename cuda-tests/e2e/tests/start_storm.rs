@@ -26,16 +26,30 @@ const STORM_TIMEOUT: Duration = Duration::from_secs(300);
 struct Member {
     child: Child,
     stdin: Option<std::process::ChildStdin>,
+    spawned: Instant,
 }
 
 fn storm(n: usize) {
-    let figures = storm_with(n, true);
+    let figures = storm_with(n, true, Start::AtBarrier);
     eprintln!("{}", figures.row());
 }
 
-/// How a storm went: spawn to barrier, and release to first line per member (sorted).
+/// How the members of a storm start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// All started, registered and past `cuInit`, then released at one instant: what is
+    /// measured is from the release to each member's first line (contexts and allocations).
+    AtBarrier,
+    /// Spawned one after another as fast as the test can: from each member's spawn to its
+    /// first line (exec, loading, the shim's start, `cuInit`, the context, the allocation).
+    AtSpawn,
+}
+
+/// How a storm went: spawn to barrier (or, spawned without one, the storm's length: first
+/// spawn to last line), and each member's latency (sorted).
 struct Figures {
     n: usize,
+    start: Start,
     at_barrier: Duration,
     latencies: Vec<Duration>,
     live: usize,
@@ -54,8 +68,12 @@ impl Figures {
 
     fn row(&self) -> String {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let what = match self.start {
+            Start::AtBarrier => "spawn to barrier; release to first line",
+            Start::AtSpawn => "first spawn to last line; spawn to first line",
+        };
         format!(
-            "| {} | {:.1} s | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms |  (spawn to barrier; release to first line: p50, p90, p99, max; {} live on the card, peak {} MiB of {} MiB)",
+            "| {} | {:.1} s | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms |  ({what}: p50, p90, p99, max; {} live on the card, peak {} MiB of {} MiB)",
             self.n,
             self.at_barrier.as_secs_f64(),
             ms(self.percentile(50)),
@@ -70,7 +88,7 @@ impl Figures {
 }
 
 /// `sliced == false`: the same storm without the shim (the fake's own cost, for the table).
-fn storm_with(n: usize, sliced: bool) -> Figures {
+fn storm_with(n: usize, sliced: bool, start: Start) -> Figures {
     let gpu = FakeGpu::start("v100");
     let cap = 16 * GIB;
     let slice = Slice::builder().device(0, "16GiB", None).build();
@@ -78,7 +96,10 @@ fn storm_with(n: usize, sliced: bool) -> Figures {
     let mut env = if sliced { slice.env(&gpu) } else { gpu.env() };
     // Small contexts: 1,024 of the fake's default 300 MiB would not fit any card.
     env.push(("FAKEGPU_CTX_OVERHEAD".into(), (4 * MIB).to_string()));
-    env.push(barrier.env());
+    if start == Start::AtBarrier {
+        env.push(barrier.env());
+    }
+    gpu.truth().reset_peak_memory(0);
     let logs = cuda_e2e::TempDir::new("storm-logs");
     let spawned = Instant::now();
     let mut members: Vec<Member> = (0..n)
@@ -93,31 +114,42 @@ fn storm_with(n: usize, sliced: bool) -> Figures {
                 .spawn()
                 .unwrap_or_else(|e| panic!("start member {i}: {e}"));
             let stdin = child.stdin.take();
-            Member { child, stdin }
+            Member {
+                child,
+                stdin,
+                spawned: Instant::now(),
+            }
         })
         .collect();
-    // Every member stands at the barrier (registered in the region, cuInit done).
-    let dir = barrier_dir(&barrier);
-    wait_until(
-        &format!("{n} members at the barrier"),
-        STORM_TIMEOUT,
-        || ready_count(&dir) >= n,
-    );
-    let at_barrier = spawned.elapsed();
-    gpu.truth().reset_peak_memory(0);
-    barrier.release(n);
+    let mut at_barrier = Duration::ZERO;
+    if start == Start::AtBarrier {
+        // Every member stands at the barrier (registered in the region, cuInit done).
+        let dir = barrier_dir(&barrier);
+        wait_until(
+            &format!("{n} members at the barrier"),
+            STORM_TIMEOUT,
+            || ready_count(&dir) >= n,
+        );
+        at_barrier = spawned.elapsed();
+        gpu.truth().reset_peak_memory(0);
+        barrier.release(n);
+    }
     let released = Instant::now();
     // One reader per member: when its first line came, and what it said.
     let (sender, receiver) = std::sync::mpsc::channel();
     for (i, member) in members.iter_mut().enumerate() {
         let stdout = member.child.stdout.take().unwrap();
         let sender = sender.clone();
+        let from = match start {
+            Start::AtBarrier => released,
+            Start::AtSpawn => member.spawned,
+        };
         std::thread::Builder::new()
             .stack_size(64 << 10)
             .spawn(move || {
                 let mut line = String::new();
                 let _ = BufReader::new(stdout).read_line(&mut line);
-                let _ = sender.send((i, released.elapsed(), line));
+                let _ = sender.send((i, from.elapsed(), line));
             })
             .unwrap();
     }
@@ -136,11 +168,15 @@ fn storm_with(n: usize, sliced: bool) -> Figures {
         }
         latencies.push(latency);
     }
+    if start == Start::AtSpawn {
+        at_barrier = spawned.elapsed();
+    }
     let peak = gpu.truth().peak_memory(0);
     let live = gpu.truth().processes(0).len();
     latencies.sort();
     let figures = Figures {
         n,
+        start,
         at_barrier,
         latencies,
         live,
@@ -222,9 +258,10 @@ fn a_storm_of_1024_starts_on_one_slice_and_the_next_one_after_they_exit() {
 }
 
 /// The figures of docs/performance.md: storms of each size in `STORM_SIZES` (default 64,
-/// 200 and 1,024), `STORM_ROUNDS` times (default 3), with the shim and without it (the fake
-/// alone) in turn, then the medians of each and their ratios. Prints; asserts nothing about
-/// time (`benches/start-storm.sh`).
+/// 200 and 1,024), `STORM_ROUNDS` times (default 3), started both ways (`STORM_STARTS`:
+/// `spawn`, `barrier` or both, the default), with the shim and without it (the fake alone) in
+/// turn, then the medians of each and their ratios. Prints; asserts nothing about time
+/// (`benches/start-storm.sh`).
 #[test]
 #[ignore]
 fn measure_storms() {
@@ -240,43 +277,56 @@ fn measure_storms() {
     let rounds: usize = std::env::var("STORM_ROUNDS")
         .map(|r| r.parse().expect("STORM_ROUNDS: a count"))
         .unwrap_or(3);
+    let starts: Vec<Start> = match std::env::var("STORM_STARTS").as_deref() {
+        Ok("spawn") => vec![Start::AtSpawn],
+        Ok("barrier") => vec![Start::AtBarrier],
+        _ => vec![Start::AtSpawn, Start::AtBarrier],
+    };
     let median = |mut values: Vec<Duration>| {
         values.sort();
         values[values.len() / 2]
     };
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut table = Vec::new();
-    for &n in &sizes {
-        let (mut with, mut without) = (Vec::new(), Vec::new());
-        for _ in 0..rounds {
-            let sliced = storm_with(n, true);
-            eprintln!("shim:    {}", sliced.row());
-            with.push(sliced);
-            let alone = storm_with(n, false);
-            eprintln!("no shim: {}", alone.row());
-            without.push(alone);
+    for &start in &starts {
+        for &n in &sizes {
+            let (mut with, mut without) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let sliced = storm_with(n, true, start);
+                eprintln!("shim:    {}", sliced.row());
+                with.push(sliced);
+                let alone = storm_with(n, false, start);
+                eprintln!("no shim: {}", alone.row());
+                without.push(alone);
+            }
+            let p50 = |runs: &[Figures]| median(runs.iter().map(|f| f.percentile(50)).collect());
+            let max = |runs: &[Figures]| median(runs.iter().map(Figures::max).collect());
+            let whole = |runs: &[Figures]| median(runs.iter().map(|f| f.at_barrier).collect());
+            let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+            table.push(format!(
+                "| {} | {n} | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.2}x / {:.2}x | {:.2} / {:.2} s ({:.2}x) |",
+                match start {
+                    Start::AtSpawn => "spawned at once",
+                    Start::AtBarrier => "released at a barrier",
+                },
+                ms(p50(&with)),
+                ms(max(&with)),
+                ms(p50(&without)),
+                ms(max(&without)),
+                ratio(p50(&with), p50(&without)),
+                ratio(max(&with), max(&without)),
+                whole(&with).as_secs_f64(),
+                whole(&without).as_secs_f64(),
+                ratio(whole(&with), whole(&without)),
+            ));
         }
-        let p50 = |runs: &[Figures]| median(runs.iter().map(|f| f.percentile(50)).collect());
-        let max = |runs: &[Figures]| median(runs.iter().map(Figures::max).collect());
-        let barrier = |runs: &[Figures]| median(runs.iter().map(|f| f.at_barrier).collect());
-        table.push(format!(
-            "| {n} | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.2}x / {:.2}x | {:.1} / {:.1} s |",
-            ms(p50(&with)),
-            ms(max(&with)),
-            ms(p50(&without)),
-            ms(max(&without)),
-            p50(&with).as_secs_f64() / p50(&without).as_secs_f64(),
-            max(&with).as_secs_f64() / max(&without).as_secs_f64(),
-            barrier(&with).as_secs_f64(),
-            barrier(&without).as_secs_f64(),
-        ));
     }
     eprintln!(
-        "\n| processes | shim: p50 / max | no shim: p50 / max | ratio p50 / max | spawn to barrier, shim / no shim |"
+        "\n| start | processes | shim: p50 / max | no shim: p50 / max | ratio p50 / max | storm length (spawned) or spawn to barrier, shim / no shim |"
     );
-    eprintln!("|---|---|---|---|---|");
+    eprintln!("|---|---|---|---|---|---|");
     for row in table {
         eprintln!("{row}");
     }
-    eprintln!("(release to first line; medians of {rounds} rounds each)");
+    eprintln!("(spawned: spawn to first line; at a barrier: release to first line; medians of {rounds} rounds each)");
 }

@@ -100,14 +100,30 @@ fn create_context(
         process.ledger.refund(device, reserved);
         return (result, None);
     }
+    // A listing of the device that begins after this read shows the new context.
+    let seen = shared.region.listing_seq(device_id(device));
     crate::session::slice::pause_after_context();
     let measured = nvml.and_then(|handle| {
-        let after = nvml_processes(handle);
         let known_host = host_pid::known();
         if known_host != 0 {
-            let me = host_pid::find_after_context_creation(&[], &after, known_host, &[])?;
-            return host_pid::plausible_context_cost(&me);
+            // Our entry by our NVML PID, from a listing the slice reads once for every
+            // process waiting for one (`gpuslice_common::region`, `listing`).
+            let used = shared.region.listed_bytes(
+                process.slot,
+                device_id(device),
+                seen,
+                context_start::MEASURING_WAIT,
+                || {
+                    let list = crate::ground::devices::nvml_compute_processes(handle).ok()?;
+                    Some(list.iter().map(|p| (p.pid, p.usedGpuMemory)).collect())
+                },
+            )?;
+            return host_pid::plausible_context_cost(&host_pid::ListedProcess {
+                pid: known_host,
+                used,
+            });
         }
+        let after = nvml_processes(handle);
         let claimed = host_pid::claimed_by_others();
         match host_pid::find_after_context_creation(&before, &after, 0, &claimed) {
             Some(me) => {
