@@ -143,6 +143,14 @@ pub(crate) fn real_nvml_handle(uuid: &str, index: Option<u32>) -> Option<nvmlDev
     (unsafe { by_index(index?, &mut handle) } == NVML_SUCCESS).then_some(handle)
 }
 
+/// Whether the real NVML has a compute process list to read (its library found, NVML not
+/// initialised for it).
+pub(crate) fn nvml_lists_processes() -> bool {
+    real::nvmlDeviceGetComputeRunningProcesses_v3()
+        .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)
+        .is_some()
+}
+
 /// `nvmlDeviceGetComputeRunningProcesses_v3` (v2 on older drivers) of the real NVML.
 pub(crate) fn nvml_compute_processes(
     device: nvmlDevice_t,
