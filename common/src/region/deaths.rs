@@ -112,6 +112,11 @@ impl MemberIndex {
         (u64::from(driver_pid).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & (size - 1)
     }
 
+    /// The member NVML lists as `driver_pid`, its liveness unchecked.
+    pub(super) fn member(&self, driver_pid: u32) -> Option<Member> {
+        self.members.get(self.position(driver_pid)?).copied()
+    }
+
     /// Position in `members` of the member NVML lists as `driver_pid`.
     fn position(&self, driver_pid: u32) -> Option<usize> {
         let size = self.table.len();
@@ -253,6 +258,28 @@ impl Region {
         &self,
         read: impl FnOnce(&mut dyn FnMut(u32) -> Option<Member>) -> R,
     ) -> R {
+        self.with_index(|index| {
+            let mut now = None;
+            let mut lookup = |driver_pid: u32| {
+                let i = index.position(driver_pid)?;
+                let member = index.members[i];
+                let now = *now.get_or_insert_with(super::monotonic_ns);
+                let last = index.checked_at_ns[i];
+                if last > now || now - last >= SWEEP_INTERVAL.as_nanos() as u64 {
+                    if !self.check_member(&member) {
+                        return None;
+                    }
+                    index.checked_at_ns[i] = now;
+                }
+                Some(member)
+            };
+            read(&mut lookup)
+        })
+    }
+
+    /// Runs `read` on this process's member index, rebuilt first if the membership moved
+    /// since this process last looked.
+    pub(super) fn with_index<R>(&self, read: impl FnOnce(&mut MemberIndex) -> R) -> R {
         let layout = self.map.layout();
         let _turn = self.members.turn.take();
         // SAFETY: the turn is held: no other thread of this process touches the index.
@@ -270,29 +297,12 @@ impl Region {
                     }),
             );
         }
-        let mut now = None;
-        let mut lookup = |driver_pid: u32| {
-            let i = index.position(driver_pid)?;
-            let member = index.members[i];
-            let now = *now.get_or_insert_with(super::monotonic_ns);
-            let last = index.checked_at_ns[i];
-            if last > now || now - last >= SWEEP_INTERVAL.as_nanos() as u64 {
-                if !self.check_member(&member) {
-                    return None;
-                }
-                index.checked_at_ns[i] = now;
-            }
-            Some(member)
-        };
-        read(&mut lookup)
+        read(index)
     }
 
     /// The slice's members as this process's index holds them now.
     pub fn members(&self) -> Vec<Member> {
-        self.with_members(|_| ());
-        let _turn = self.members.turn.take();
-        // SAFETY: the turn is held.
-        unsafe { &*self.members.index.get() }.members.clone()
+        self.with_index(|index| index.members.clone())
     }
 
     /// Whether `member` still lives, by its slot's liveness lock (one system call). A member

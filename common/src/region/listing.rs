@@ -20,8 +20,9 @@ use super::{futex, DeviceId, Region, SlotId};
 
 /// How long a listing may be read before another process takes it over.
 pub const TAKEOVER: Duration = Duration::from_millis(250);
-/// The longest sleep between two looks (a stalled reader wakes nobody).
-const LONGEST_SLEEP: Duration = Duration::from_millis(20);
+/// The longest sleep between two looks: an ended listing wakes its waiters at once; a
+/// stalled reader wakes nobody, and is taken over after [`TAKEOVER`] anyway.
+const LONGEST_SLEEP: Duration = Duration::from_millis(100);
 
 const BYTES_BITS: u32 = 44;
 const DEVICE_SHIFT: u32 = BYTES_BITS;
@@ -141,9 +142,11 @@ impl Region {
     ) {
         let ended = begun.wrapping_add(1);
         let slots = &self.map.layout().slots;
-        self.with_members(|member| {
+        // By the member index alone: a dead member's word (its PID reused by a stranger) is
+        // read by nobody.
+        self.with_index(|index| {
             for &(driver_pid, bytes) in listed {
-                if let Some(m) = member(driver_pid) {
+                if let Some(m) = index.member(driver_pid) {
                     slots[m.slot.index()]
                         .listed
                         .store(listed_word(bytes, device.index(), ended), Ordering::Release);

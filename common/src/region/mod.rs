@@ -1031,6 +1031,13 @@ impl Region {
         }))
     }
 
+    /// Whether nobody holds `device`'s measuring turn (one probe of its lock, through the
+    /// mapped file's description, which holds none).
+    pub fn measuring_turn_free(&self, device: DeviceId) -> bool {
+        !lock::is_locked_by_other(&self.file, layout::measuring_turn_offset(device.index()))
+            .unwrap_or(true)
+    }
+
     /// How many times `device`'s measuring turn was given back: read it, check what the
     /// holder publishes, then [`Region::wait_for_turn_change`] with it.
     pub fn turn_changes(&self, device: DeviceId) -> u32 {

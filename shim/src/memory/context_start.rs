@@ -40,10 +40,10 @@ use super::{charge_or_refuse, device_id, Process, Shared, CONTEXT_BOUND_ENV};
 /// filling the slice, when one more turn would have published the measured cost.
 pub const MEASURING_WAIT: Duration = Duration::from_secs(5);
 
-/// The longest sleep between two looks at the turn when no wake comes (a holder killed while
-/// holding wakes nobody): short against a context creation, long enough that a thousand
-/// waiters do not take the CPU from the holder.
-const LONGEST_PAUSE: Duration = Duration::from_millis(20);
+/// The longest sleep between two looks at the turn when no wake comes: what a holder killed
+/// while holding (it wakes nobody) costs its waiters at most. A given-back turn wakes them at
+/// once; a thousand waiters looking every few milliseconds would take the CPU from the holder.
+const LONGEST_PAUSE: Duration = Duration::from_millis(200);
 
 /// What waiting for the measuring turn came to.
 pub enum Turn<'a> {
@@ -75,11 +75,10 @@ pub fn lock_for_measuring(
         if !needed() {
             return Turn::NotNeeded;
         }
-        // A turn visibly held is not tried every time (each try opens the file): a storm of
-        // waiters must leave the CPU to the holder. Every 8th look tries anyway (a holder
-        // killed while holding leaves its PID behind; the kernel has dropped its lock).
-        let try_now = region.measuring_holder(id) == 0 || looks % 8 == 1;
-        let attempt = if try_now {
+        // A turn visibly held is not tried (each try opens the file): a storm of waiters must
+        // leave the CPU to the holder. Whether it is held is one probe of its lock (a holder
+        // killed while holding has lost it to the kernel).
+        let attempt = if region.measuring_turn_free(id) {
             region.try_measuring_turn(id)
         } else {
             Ok(None)
@@ -94,9 +93,9 @@ pub fn lock_for_measuring(
         }
         // Awaiting the holder's context creation, polled: a kernel lock wait has no
         // timeout, and a signal-based one would need a handler, which the shim never installs.
-        // Whether the holder is stopped costs two /proc reads: also every 8th look only (a
+        // Whether the holder is stopped costs two /proc reads: every 4th look only (a
         // thousand waiters reading /proc at every look starve the holder they wait for).
-        if looks % 8 == 1 && region.measuring_holder_stopped(id) {
+        if looks % 4 == 1 && region.measuring_holder_stopped(id) {
             crate::log_info!(
                 "the process of the slice measuring its context is stopped; starting without waiting for it"
             );
