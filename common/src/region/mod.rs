@@ -446,9 +446,10 @@ pub struct DeadSlot {
     pub dead_for: std::time::Duration,
 }
 
-/// How long a dead slot stays charged at most when NOTHING can tell whether the driver
-/// released its memory (no NVML answer or no host PID, and another PID namespace or an exec'd
-/// owner), so that a dead process's budget is never lost for good. A judge that has the
+/// How long a dead slot stays charged, after a process of the slice first found it dead, when
+/// the driver cannot be asked whether it released its memory (no NVML answer, or no host PID),
+/// so that a dead process's budget is never lost for good; the kernel's word that the owner
+/// exited does not shorten it (a driver may free the memory later). A judge that has the
 /// driver's word (NVML lists the host PID) never uses it: a slow driver keeps the budget
 /// charged for as long as it holds the memory.
 pub const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
