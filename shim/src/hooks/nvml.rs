@@ -26,7 +26,7 @@ use crate::memory::Shared;
 /// is not limited (or no slice is configured), so the driver's answer stands.
 fn slice_view_of(device: nvmlDevice_t, physical: NvmlView) -> Option<NvmlView> {
     lifecycle::slice_config()?;
-    let (limit, used) = memory::nvml_slice(device)?;
+    let (limit, used) = memory::nvml_slice(device, physical.free)?;
     Some(nvml_slice_view(physical, limit, Some(used)))
 }
 

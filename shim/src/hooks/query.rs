@@ -18,13 +18,19 @@ use crate::memory::report::{slice_view, MemoryView};
 fn current_slice_view(physical: impl FnOnce() -> MemoryView) -> Option<MemoryView> {
     lifecycle::slice_config()?;
     let device = memory::current_device()?;
-    let (limit, used) = memory::cuda_slice(device)?;
-    Some(slice_view(physical(), limit, Some(used)))
+    let mut card = None;
+    let (limit, used) = memory::cuda_slice(device, || card.insert(physical()).free)?;
+    Some(slice_view(card?, limit, Some(used)))
 }
 
-/// The memory limit of `device` in the slice, `None` when unlimited.
+/// The memory limit of `device` in the slice, `None` when unlimited: the one in force in the
+/// slice's region (bound once per device), else the configuration's.
 fn device_limit(device: CUdevice) -> Option<u64> {
-    lifecycle::slice_config().and_then(|c| devices::cuda_memory_limit(c, device))
+    let config = lifecycle::slice_config()?;
+    match memory::cuda_limit(device) {
+        Some(limit) => limit,
+        None => devices::cuda_memory_limit(config, device),
+    }
 }
 
 /// A byte count as the 32-bit ABI reports it: clamped, as the driver clamps, never wrapped.

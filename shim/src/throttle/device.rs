@@ -136,12 +136,7 @@ pub(super) fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<De
         // holds one for this device.
         None => {
             let (region, _) = crate::session::slice::registered()?;
-            let id = region
-                .snapshot()
-                .devices
-                .iter()
-                .find(|d| d.uuid.eq_ignore_ascii_case(&uuid))?
-                .id;
+            let id = region.device_named(&uuid)?;
             (region.throttle_words(id), Some((region, id)))
         }
     };
@@ -200,13 +195,8 @@ fn shared_words(
         return local();
     };
     // The memory ledger usually bound the entry already: find it without the registration lock.
-    if let Some(entry) = region
-        .snapshot()
-        .devices
-        .iter()
-        .find(|d| d.uuid.eq_ignore_ascii_case(uuid))
-    {
-        return (region.throttle_words(entry.id), Some((region, entry.id)));
+    if let Some(id) = region.device_named(uuid) {
+        return (region.throttle_words(id), Some((region, id)));
     }
     match region.bind_devices(&[DeviceLimits {
         uuid: uuid.to_string(),
