@@ -251,6 +251,7 @@ impl SliceArgs {
                 selector: spec.selector,
                 memory_limit,
                 compute_percent,
+                virtual_memory: None,
             });
         }
         let region_path = region.map(|path| absolute(&path));
