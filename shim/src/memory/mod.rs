@@ -16,6 +16,8 @@
 //! * [`driver_sized`]: what the paths whose size the driver decides (pools, VMM, contexts, the
 //!   malloc heap) charge, and which NVML process entries are the slice's;
 //! * [`report`]: the slice's view of memory numbers (pure);
+//! * [`oversubscribe`]: opt-in oversubscription, the bytes past the physical share placed in
+//!   the container's host memory;
 //! * this file: the memory policy's process-wide state and the seam the plain allocation
 //!   handlers in `hooks::memory` call (`allocate`, over `before_alloc` and `after_alloc`;
 //!   `on_free`).
@@ -52,6 +54,7 @@ pub mod driver_sized;
 pub mod graphs;
 pub mod ledger;
 pub mod objects;
+pub mod oversubscribe;
 pub mod pools;
 mod released;
 pub mod report;
@@ -307,6 +310,7 @@ fn context_bound_from_env() -> u64 {
 /// closed.
 pub fn attach(config: &SliceConfig) -> Result<(), String> {
     let region = crate::session::slice::open(config)?;
+    oversubscribe::configure(config);
     let shared = match shared() {
         Some(existing) if std::ptr::eq(existing.region, region) => existing,
         _ => {
@@ -431,6 +435,7 @@ fn bind(
                 crate::log_info!("limits of {} changed: {change:?}", change.uuid);
             }
             let entry = binding.ids[0].index();
+            oversubscribe::bind(shared, &key, entry as u8, limit.host_excess());
             if let Some(total) = card_total() {
                 // Once per device entry and process (bindings are cached, but two threads
                 // may bind the same device at once, and CUDA and NVML bind separately).
