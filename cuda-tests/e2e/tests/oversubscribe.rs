@@ -385,3 +385,72 @@ fn a_cgroup_too_small_for_the_excess_gets_out_of_memory_not_a_kill() {
     assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{:?}", out.status);
     assert!(cgroup.oom_kills() >= 1);
 }
+
+/// Two processes of the slice placing in the same pod at the same instant: each reads the
+/// cgroup with the other's pages in it (the slice serialises placements), so together they
+/// never take it past its limit less the margin, and neither is killed.
+#[test]
+fn two_processes_placing_at_once_are_judged_one_after_the_other() {
+    use std::io::{BufRead, BufReader};
+    const LIMIT: u64 = 1536 * MIB;
+    let cgroup = match Cgroup::new(LIMIT) {
+        Ok(cgroup) => cgroup,
+        Err(why) => {
+            cuda_e2e::skip::skip_or_fail(&format!(
+                "a real memory cgroup cannot be made here ({why}); run as root with a memory controller"
+            ));
+            return;
+        }
+    };
+    let gpu = FakeGpu::start("v100");
+    // Room on the card for the two contexts only (a 384 MiB chunk never fits beside one):
+    // every chunk of both goes to the host, whose budget (3 GiB) is more than the pod holds.
+    let slice = Slice::builder()
+        .raw(r#"{"version": 1, "region": "{region}", "devices": [{"index": 0, "memory": "640MiB", "virtual": "3712MiB"}]}"#)
+        .build();
+    let mut barrier = cuda_e2e::StartBarrier::new();
+    let mut env = env(&gpu, &slice);
+    env.push(barrier.env());
+    let client = ClientKind::ProcAddr.binary();
+    let mut children: Vec<_> = (0..2)
+        .map(|_| {
+            let mut cmd = cgroup.command(&client, &["oversubscribe", "384MiB"], &env);
+            cmd.stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null());
+            cmd.spawn().expect("start a client")
+        })
+        .collect();
+    barrier.release(2);
+    let lines: Vec<Value> = children
+        .iter_mut()
+        .map(|child| {
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().expect("piped"))
+                .read_line(&mut line)
+                .expect("a line");
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+        })
+        .collect();
+    // Both hold what they got until here.
+    let peak = cgroup.peak();
+    for mut child in children {
+        drop(child.stdin.take());
+        let status = child.wait().expect("wait");
+        assert!(status.success(), "{status:?}: {lines:?}");
+    }
+    let placed: u64 = lines
+        .iter()
+        .map(|l| {
+            assert_eq!(l["refusal"], "CUDA_ERROR_OUT_OF_MEMORY", "{l}");
+            u(&l["ok"])
+        })
+        .sum::<u64>();
+    assert!(placed >= 2, "the pod held some of the excess: {lines:?}");
+    assert_eq!(cgroup.oom_kills(), 0, "no process was OOM-killed");
+    assert!(
+        peak <= LIMIT - HOST_MARGIN_BYTES + 32 * MIB,
+        "together they kept the margin free: peak {peak}, {lines:?}"
+    );
+    assert!(gpu.truth().peak_memory(0) <= 640 * MIB);
+}

@@ -91,7 +91,8 @@ static SAID: AtomicU32 = AtomicU32::new(0);
 per_process! {
     /// Serialises this process's placements on the host: the cgroup's reading, the
     /// population and the charge are one step, so two threads are never judged against the
-    /// same room. A turn, so that a fork child starts with it free.
+    /// same room (the slice's processes are serialised by the region, see
+    /// `place_on_host`). A turn, so that a fork child starts with it free.
     static PLACING: Turn = Turn::new();
 }
 
@@ -227,7 +228,17 @@ fn place_on_host(
         }
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
+    // One placement at a time in the process, and in the slice (the companion entry's
+    // measuring turn, which nothing else takes): the next one reads the cgroup with this
+    // one's pages in it.
     let _one_at_a_time = PLACING.take();
+    let _one_in_the_slice = super::shared().and_then(|shared| {
+        super::context_start::lock_for_measuring(
+            shared.region,
+            host,
+            super::context_start::MEASURING_WAIT,
+        )
+    });
     if process.ledger.charge(host, charge).is_err() {
         crate::log_debug!("refusing {bytes} bytes: the slice's virtual size is reached");
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
