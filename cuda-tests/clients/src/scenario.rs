@@ -328,7 +328,8 @@ oversubscribe: cuMemAlloc of CHUNK until one is refused (or N succeeded, default
 reads cuDeviceTotalMem and cuMemGetInfo; cuMemAdvise(SET_PREFERRED_LOCATION, device) and a
 prefetch to the device on the first and the last allocation; K launches (default 4) of a
 kernel reading the first allocation and K reading the last, each batch timed to its
-synchronisation; prints, holds until stdin closes, then frees (driver-API clients only).
+synchronisation (first/last_touch_ns per launch; first/last_alloc_ns: the allocations'
+own times); prints, holds until stdin closes, then frees (driver-API clients only).
 pool-destroy-held: until an allocation fails (or N succeeded), creates a pool, allocates SIZE
 from it and destroys the pool with that allocation outstanding (the driver releases the
 pool's memory once its allocations are freed); then frees every allocation
@@ -821,8 +822,12 @@ fn oversubscribe<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let before = gpu.mem_get_info().ok();
     let mut held = Vec::new();
     let mut refusal = None;
+    let mut alloc_ns = Vec::new();
     while held.len() < max {
-        match gpu.alloc(AllocPath::Alloc, chunk) {
+        let started = Instant::now();
+        let allocated = gpu.alloc(AllocPath::Alloc, chunk);
+        alloc_ns.push(started.elapsed().as_nanos() as u64);
+        match allocated {
             Ok(a) => held.push(a),
             Err(f) => {
                 refusal = Some(fail_name(gpu, f));
@@ -839,6 +844,8 @@ fn oversubscribe<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         "mem_total": during.map(|i| i.1),
         "mem_free_before": before.map(|i| i.0),
         "mem_free_during": during.map(|i| i.0),
+        "first_alloc_ns": alloc_ns.first(),
+        "last_alloc_ns": held.len().checked_sub(1).and_then(|i| alloc_ns.get(i)),
     });
     if let (Some(first), Some(last)) = (held.first(), held.last()) {
         let func = gpu.load_ptx(crate::TOUCH_PTX, "touch")?;
