@@ -30,17 +30,44 @@ pub(crate) unsafe fn mem_alloc(
     dptr: *mut CUdeviceptr,
     bytes: usize,
 ) -> CUresult {
+    if oversubscribe::enabled() && !dptr.is_null() {
+        // SAFETY: the handler contract, passed on.
+        return unsafe { mem_alloc_oversubscribed(real, dptr, bytes) };
+    }
     // SAFETY: the caller's out-parameter (the handler contract).
     let out = unsafe { Out::new(dptr) };
-    // SAFETY: the caller's arguments, unchanged.
-    let call = || unsafe { real(dptr, bytes) };
-    let created = || DeviceObject::Pointer(out.read_or_default());
-    if oversubscribe::enabled() && !dptr.is_null() {
-        return oversubscribe::allocate(bytes as u64, call, created, |pointer| {
+    memory::allocate(
+        AllocTarget::CurrentContext,
+        bytes as u64,
+        // SAFETY: the caller's arguments, unchanged.
+        || unsafe { real(dptr, bytes) },
+        || DeviceObject::Pointer(out.read_or_default()),
+    )
+}
+
+/// `cuMemAlloc_v2` in a process that oversubscribes a device (out of line: the ordinary
+/// allocation path stays as it is).
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+#[cold]
+#[inline(never)]
+unsafe fn mem_alloc_oversubscribed(
+    real: sig::cuMemAlloc_v2,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+) -> CUresult {
+    // SAFETY: the caller's out-parameter (the handler contract).
+    let out = unsafe { Out::new(dptr) };
+    oversubscribe::allocate(
+        bytes as u64,
+        // SAFETY: the caller's arguments, unchanged.
+        || unsafe { real(dptr, bytes) },
+        || DeviceObject::Pointer(out.read_or_default()),
+        |pointer| {
             out.write(pointer);
-        });
-    }
-    memory::allocate(AllocTarget::CurrentContext, bytes as u64, call, created)
+        },
+    )
 }
 
 /// `cuMemAlloc` of the 32-bit ABI (a device pointer and size of 32 bits, from the low 4 GiB

@@ -198,7 +198,7 @@ pub fn allocate(
         }
         // Lost a race for the share, or the card itself is full: the host may still serve.
     }
-    match place_on_host(process, ordinal, host, bytes, charge) {
+    match place_on_host(shared, process, ordinal, host, bytes, charge) {
         Ok(pointer) => {
             deliver(pointer);
             CUDA_SUCCESS
@@ -214,6 +214,7 @@ pub fn allocate(
 /// entry charged, the cgroup's room checked, managed memory allocated, advised, populated on
 /// the host and tracked. Anything that fails leaves nothing behind.
 fn place_on_host(
+    shared: &Shared,
     process: &Process,
     ordinal: CUdevice,
     host: u8,
@@ -232,13 +233,11 @@ fn place_on_host(
     // measuring turn, which nothing else takes): the next one reads the cgroup with this
     // one's pages in it.
     let _one_at_a_time = PLACING.take();
-    let _one_in_the_slice = super::shared().and_then(|shared| {
-        super::context_start::lock_for_measuring(
-            shared.region,
-            host,
-            super::context_start::MEASURING_WAIT,
-        )
-    });
+    let _one_in_the_slice = super::context_start::lock_for_measuring(
+        shared.region,
+        host,
+        super::context_start::MEASURING_WAIT,
+    );
     if process.ledger.charge(host, charge).is_err() {
         crate::log_debug!("refusing {bytes} bytes: the slice's virtual size is reached");
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
