@@ -276,6 +276,17 @@ impl Cgroup {
         Ok(cgroup)
     }
 
+    /// [`Cgroup::new`], or the loud skip (a failure under `CI=true`) saying why not.
+    fn or_skip(limit: u64) -> Option<Cgroup> {
+        Cgroup::new(limit)
+            .map_err(|why| {
+                cuda_e2e::skip::skip_or_fail(&format!(
+                    "a real memory cgroup cannot be made here ({why}); run as root with a memory controller"
+                ))
+            })
+            .ok()
+    }
+
     /// `program args...` started inside this cgroup (by a shell that moves itself in first).
     fn command(&self, program: &Path, args: &[&str], env: &Env) -> std::process::Command {
         let procs = self.dir.join("cgroup.procs").display().to_string();
@@ -333,14 +344,8 @@ impl Drop for Cgroup {
 #[test]
 fn a_cgroup_too_small_for_the_excess_gets_out_of_memory_not_a_kill() {
     const LIMIT: u64 = GIB;
-    let cgroup = match Cgroup::new(LIMIT) {
-        Ok(cgroup) => cgroup,
-        Err(why) => {
-            cuda_e2e::skip::skip_or_fail(&format!(
-                "a real memory cgroup cannot be made here ({why}); run as root with a memory controller"
-            ));
-            return;
-        }
+    let Some(cgroup) = Cgroup::or_skip(LIMIT) else {
+        return;
     };
     let gpu = FakeGpu::start("v100");
     // 2 GiB of host excess: far more than the 1 GiB pod can hold.
@@ -393,14 +398,8 @@ fn a_cgroup_too_small_for_the_excess_gets_out_of_memory_not_a_kill() {
 fn two_processes_placing_at_once_are_judged_one_after_the_other() {
     use std::io::{BufRead, BufReader};
     const LIMIT: u64 = 1536 * MIB;
-    let cgroup = match Cgroup::new(LIMIT) {
-        Ok(cgroup) => cgroup,
-        Err(why) => {
-            cuda_e2e::skip::skip_or_fail(&format!(
-                "a real memory cgroup cannot be made here ({why}); run as root with a memory controller"
-            ));
-            return;
-        }
+    let Some(cgroup) = Cgroup::or_skip(LIMIT) else {
+        return;
     };
     let gpu = FakeGpu::start("v100");
     // Room on the card for the two contexts only (a 384 MiB chunk never fits beside one):
