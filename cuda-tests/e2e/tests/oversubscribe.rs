@@ -191,13 +191,15 @@ fn cudarc_allocates_past_the_share_and_nvml_reports_the_virtual_size() {
     );
 }
 
-/// PyTorch's caching allocator (cudaMalloc = cuMemAlloc_v2) fills the virtual size.
+/// PyTorch's caching allocator (cudaMalloc = cuMemAlloc_v2) fills the virtual size, and a
+/// kernel still runs beside it.
 #[test]
 fn torch_fills_the_virtual_size_and_the_card_holds_only_the_share() {
     if !have("torch") {
         return;
     }
-    let gpu = FakeGpu::start("v100");
+    // An H200: PyTorch's CUDA 13 build has code for it (its kernels refuse a V100).
+    let gpu = FakeGpu::start("h200");
     let slice = slice(Some("3GiB"));
     let mut py = Py::start("torch", &env(&gpu, &slice));
     py.ok(r#"

@@ -187,7 +187,7 @@ pub fn allocate(
     };
     let charge = charge_size(bytes);
     // The physical share first, while it has room: judged on the views' refreshed figures
-    // (driver growth, pools and dead processes settled), so a full share does not count a
+    // (pools, graph memory and dead processes settled), so a full share does not count a
     // refusal for an allocation that then goes to the host.
     let has_room = super::cuda_slice(ordinal)
         .is_some_and(|(limit, used)| used.saturating_add(charge) <= limit);
