@@ -484,6 +484,7 @@ mod tests {
             counters: None,
             found: FoundSlice::named("s"),
             snapshot: Some(region),
+            region_id: None,
         };
         let view = crate::collect::fixtures::view(vec![slice], Err("no driver".into()));
         let text = render(&view, &Counters::default(), 0.0);
