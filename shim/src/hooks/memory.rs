@@ -30,7 +30,7 @@ pub(crate) unsafe fn mem_alloc(
     dptr: *mut CUdeviceptr,
     bytes: usize,
 ) -> CUresult {
-    if oversubscribe::enabled() && !dptr.is_null() {
+    if oversubscribe::enabled() {
         // SAFETY: the handler contract, passed on.
         return unsafe { mem_alloc_oversubscribed(real, dptr, bytes) };
     }
@@ -59,15 +59,16 @@ unsafe fn mem_alloc_oversubscribed(
 ) -> CUresult {
     // SAFETY: the caller's out-parameter (the handler contract).
     let out = unsafe { Out::new(dptr) };
-    oversubscribe::allocate(
-        bytes as u64,
-        // SAFETY: the caller's arguments, unchanged.
-        || unsafe { real(dptr, bytes) },
-        || DeviceObject::Pointer(out.read_or_default()),
-        |pointer| {
-            out.write(pointer);
-        },
-    )
+    // SAFETY: the caller's arguments, unchanged.
+    let call = || unsafe { real(dptr, bytes) };
+    let created = || DeviceObject::Pointer(out.read_or_default());
+    if dptr.is_null() {
+        // Nothing can be handed back: the driver's own answer (INVALID_VALUE), as ever.
+        return memory::allocate(AllocTarget::CurrentContext, bytes as u64, call, created);
+    }
+    oversubscribe::allocate(bytes as u64, call, created, |pointer| {
+        out.write(pointer);
+    })
 }
 
 /// `cuMemAlloc` of the 32-bit ABI (a device pointer and size of 32 bits, from the low 4 GiB
