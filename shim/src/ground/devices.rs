@@ -241,6 +241,7 @@ mod tests {
             selector,
             memory_limit: Some(bytes),
             compute_percent: None,
+            virtual_memory: None,
         }
     }
 
@@ -279,6 +280,7 @@ mod tests {
             selector: DeviceSelector::Index(0),
             memory_limit: None,
             compute_percent: Some(50),
+            virtual_memory: None,
         }]);
         assert_eq!(memory_limit(&cfg, 0, ""), None);
     }

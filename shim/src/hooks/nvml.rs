@@ -27,7 +27,8 @@ use crate::memory::Shared;
 fn slice_view_of(device: nvmlDevice_t, physical: NvmlView) -> Option<NvmlView> {
     lifecycle::slice_config()?;
     let (limit, used) = memory::nvml_slice(device, physical.free)?;
-    Some(nvml_slice_view(physical, limit, Some(used)))
+    let view = nvml_slice_view(physical, limit, Some(used));
+    Some(memory::oversubscribe::nvml_view(device, view))
 }
 
 /// # Safety

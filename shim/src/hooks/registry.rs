@@ -119,6 +119,32 @@ macro_rules! hook_table {
                 stream: CUstream) -> CUresult => memory::mem_alloc_from_pool_async;
             Cuda fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
                 stream: CUstream) -> CUresult => memory::mem_alloc_from_pool_async;
+            // Advice and prefetches: refused over memory an oversubscribed slice placed on the
+            // host (see memory::oversubscribe), which they would move onto the card.
+            Cuda fn cuMemAdvise(ptr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CUresult
+                => memory::mem_advise;
+            Cuda fn cuMemAdvise_v2(ptr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation)
+                -> CUresult => memory::mem_advise_v2;
+            Cuda fn cuMemPrefetchAsync(ptr: CUdeviceptr, count: usize, device: CUdevice, stream: CUstream)
+                -> CUresult => memory::mem_prefetch;
+            Cuda fn cuMemPrefetchAsync_ptsz(ptr: CUdeviceptr, count: usize, device: CUdevice, stream: CUstream)
+                -> CUresult => memory::mem_prefetch;
+            Cuda fn cuMemPrefetchAsync_v2(ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint,
+                stream: CUstream) -> CUresult => memory::mem_prefetch_v2;
+            Cuda fn cuMemPrefetchAsync_v2_ptsz(ptr: CUdeviceptr, count: usize, location: CUmemLocation,
+                flags: c_uint, stream: CUstream) -> CUresult => memory::mem_prefetch_v2;
+            Cuda fn cuMemPrefetchBatchAsync(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+                locations: *mut CUmemLocation, location_indices: *mut usize, location_count: usize, flags: u64,
+                stream: CUstream) -> CUresult => memory::mem_prefetch_batch;
+            Cuda fn cuMemPrefetchBatchAsync_ptsz(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+                locations: *mut CUmemLocation, location_indices: *mut usize, location_count: usize, flags: u64,
+                stream: CUstream) -> CUresult => memory::mem_prefetch_batch;
+            Cuda fn cuMemDiscardAndPrefetchBatchAsync(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+                locations: *mut CUmemLocation, location_indices: *mut usize, location_count: usize, flags: u64,
+                stream: CUstream) -> CUresult => memory::mem_prefetch_batch;
+            Cuda fn cuMemDiscardAndPrefetchBatchAsync_ptsz(ptrs: *mut CUdeviceptr, sizes: *mut usize,
+                count: usize, locations: *mut CUmemLocation, location_indices: *mut usize, location_count: usize,
+                flags: u64, stream: CUstream) -> CUresult => memory::mem_prefetch_batch;
             Cuda fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => memory::mem_pool_destroy;
             // Which device a pool lives on (a pool allocation is charged there, see memory::pools).
             Cuda fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult
@@ -328,6 +354,9 @@ macro_rules! hook_table {
             Cuda fn cuDeviceGetAttribute(*mut c_int, c_int, CUdevice) -> CUresult;
             Cuda fn cuFuncGetAttribute(*mut c_int, c_int, CUfunction) -> CUresult;
             Cuda fn cuKernelGetAttribute(*mut c_int, c_int, CUkernel, CUdevice) -> CUresult;
+            Cuda fn cuStreamCreate(*mut CUstream, c_uint) -> CUresult;
+            Cuda fn cuStreamDestroy_v2(CUstream) -> CUresult;
+            Cuda fn cuMemGetAddressRange_v2(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> CUresult;
         }}
     };
 }
@@ -853,6 +882,9 @@ mod tests {
             "cuMemAllocAsync_ptsz",
             "cuMemFreeAsync_ptsz",
             "cuMemAllocFromPoolAsync_ptsz",
+            "cuMemAdvise_v2",
+            "cuMemPrefetchAsync_v2_ptsz",
+            "cuMemPrefetchBatchAsync",
             "cuMemPoolCreate",
             "cuDeviceGetDefaultMemPool",
             "cuDeviceGetMemPool",

@@ -17,6 +17,8 @@
 //!   entries are the slice's;
 //! * [`report`]: the slice's view of memory numbers (pure);
 //! * [`sweep`]: when this process asks the slice to look for its dead processes;
+//! * [`oversubscribe`]: opt-in oversubscription, the bytes past the physical share placed in
+//!   the container's host memory;
 //! * this file: the memory policy's process-wide state and the seam the plain allocation
 //!   handlers in `hooks::memory` call (`allocate`, over `before_alloc` and `after_alloc`;
 //!   `on_free`).
@@ -51,6 +53,7 @@ pub mod driver_sized;
 pub mod graphs;
 pub mod ledger;
 pub mod objects;
+pub mod oversubscribe;
 pub mod pools;
 mod released;
 pub mod report;
@@ -280,6 +283,7 @@ fn context_bound_from_env() -> u64 {
 /// closed.
 pub fn attach(config: &SliceConfig) -> Result<(), String> {
     let region = crate::session::slice::open(config)?;
+    oversubscribe::configure(config);
     let shared = match shared() {
         Some(existing) if std::ptr::eq(existing.region, region) => existing,
         _ => {
@@ -404,6 +408,7 @@ fn bind(
                 crate::log_info!("limits of {} changed: {change:?}", change.uuid);
             }
             let entry = binding.ids[0].index();
+            oversubscribe::bind(shared, &key, entry as u8, limit.host_excess());
             if let Some(total) = card_total() {
                 // Once per device entry and process (bindings are cached, but two threads
                 // may bind the same device at once, and CUDA and NVML bind separately).
@@ -690,7 +695,17 @@ fn free_other(process: &Process, object: DeviceObject) {
 pub fn cuda_slice(device: CUdevice, card_free: impl FnOnce() -> u64) -> Option<(u64, u64)> {
     let shared = shared()?;
     match cuda_binding(shared, device) {
-        Ok(Binding::Limited(d)) => usage_of(shared, d, sweep::Source::Cuda, card_free()),
+        Ok(Binding::Limited(d)) => usage_of(shared, d, Some((sweep::Source::Cuda, card_free()))),
+        _ => None,
+    }
+}
+
+/// [`cuda_slice`] for a decision rather than a view (no card reading): the pools and graph
+/// memory re-read and a due sweep run, so a placement is judged on the figures a view shows.
+pub fn cuda_slice_settled(device: CUdevice) -> Option<(u64, u64)> {
+    let shared = shared()?;
+    match cuda_binding(shared, device) {
+        Ok(Binding::Limited(d)) => usage_of(shared, d, None),
         _ => None,
     }
 }
@@ -713,7 +728,7 @@ pub fn cuda_limit(device: CUdevice) -> Option<Option<u64>> {
 pub fn nvml_slice(device: nvmlDevice_t, card_free: u64) -> Option<(u64, u64)> {
     let shared = shared()?;
     match nvml_binding(shared, device) {
-        Ok(Binding::Limited(d)) => usage_of(shared, d, sweep::Source::Nvml, card_free),
+        Ok(Binding::Limited(d)) => usage_of(shared, d, Some((sweep::Source::Nvml, card_free))),
         _ => None,
     }
 }
@@ -722,14 +737,16 @@ pub fn nvml_slice(device: nvmlDevice_t, card_free: u64) -> Option<(u64, u64)> {
 fn usage_of(
     shared: &Shared,
     device: u8,
-    source: sweep::Source,
-    card_free: u64,
+    card_seen: Option<(sweep::Source, u64)>,
 ) -> Option<(u64, u64)> {
     if let Some(process) = process() {
         driver_sized::reread_pools_if_any(process);
         graphs::reread_if_any(process);
     }
-    sweep::card_seen(shared, source, device, card_free);
+    match card_seen {
+        Some((source, card_free)) => sweep::card_seen(shared, source, device, card_free),
+        None => sweep::if_due(shared),
+    }
     let usage = shared.region.usage(device_id(device));
     Some((usage.limit.unwrap_or(u64::MAX), usage.used))
 }

@@ -49,10 +49,6 @@ pub fn started() {
 /// than at this process's last view asks the slice for a sweep; a due sweep runs.
 #[inline]
 pub fn card_seen(shared: &Shared, source: Source, device: u8, free: u64) {
-    let started = STARTED_AT_NS.load(Ordering::Relaxed);
-    if started != 0 {
-        first_view(shared, started);
-    }
     if let Some(cell) = CARD_FREE[source as usize].get(device as usize) {
         let before = cell.load(Ordering::Relaxed);
         if before != free {
@@ -61,6 +57,17 @@ pub fn card_seen(shared: &Shared, source: Source, device: u8, free: u64) {
                 shared.region.want_sweep(SweepReason::CardGotMemoryBack);
             }
         }
+    }
+    if_due(shared);
+}
+
+/// Runs the slice's sweep if one is due (this process's first look, or one wanted and
+/// `SWEEP_INTERVAL` past the last), with no card reading of its own.
+#[inline]
+pub fn if_due(shared: &Shared) {
+    let started = STARTED_AT_NS.load(Ordering::Relaxed);
+    if started != 0 {
+        first_view(shared, started);
     }
     if let Some(report) = shared
         .region

@@ -135,6 +135,7 @@ mod tests {
             selector: DeviceSelector::Index(0),
             memory_limit: None,
             compute_percent: p,
+            virtual_memory: None,
         };
         let config = |policy, p| SliceConfig {
             source: ConfigSource::Env,
