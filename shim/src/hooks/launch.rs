@@ -1,23 +1,26 @@
 //! Launch handlers: every kernel and graph launch (each `_ptsz` variant, the cooperative and
-//! deprecated ones) passes the `throttle` seam before the real launch, and tells the memory
-//! policy, after the launch call, that the driver may have grown (lazy loading, local memory:
-//! `driver_growth`; after, so that a reconciliation during the call cannot miss the growth).
+//! deprecated ones) settles what the `throttle` asks of it before the real launch, and tells
+//! the memory policy, after the launch call, that the driver may have grown (lazy loading,
+//! local memory: `driver_growth`; after, so that a reconciliation during the call cannot
+//! miss the growth).
 //!
-//! The launch hooks are `[hot]` in the registry: their export first tries the FAST PATH here,
-//! a few loads and branches before the real launch, and takes the usual shell (panic boundary,
-//! the gate `lifecycle::admit`, the real slot, then the handler with `FAST = false`) only when
-//! the fast path declines:
-//! * [`OPEN`] holds the hook's real function once the shell found the gate open for good (a
-//!   published mode that passes through, or enforces with every limit-file entry matched:
-//!   neither changes until a fork, whose child starts with all closed: `OPEN` is per process);
-//! * `throttle::bill_fast` decides the throttle in its common case (no share; one device with
-//!   its throttle built and no capture open);
-//! * after the real call, `driver_growth::launched` is one store.
+//! ONE LAUNCH PATH. The launch hooks are `[hot]` in the registry: each has a hot export and
+//! one cold shell, and runs its handler below in both, told by `due`
+//! ([`throttle::Due`]) what is left to settle:
+//! * the hot export, once [`open_real`] has the hook's real function (the gate open for good:
+//!   see [`OPEN`]), runs the handler with `Due::Fast`: `throttle::bill_fast`, the real call,
+//!   `driver_growth::launched` (one store). When the throttle's common case does not apply
+//!   (first launch, several devices, an open capture) or the local credit ran out, the
+//!   handler returns `Err(rest)` before the real call and the export hands the call over;
+//! * the cold shell (a panic boundary, the gate `lifecycle::admit`, the real slot) runs the
+//!   handler with `Due::Check` (the full throttle path) or `Due::Wait` (billed by the hot
+//!   export, waiting for tokens).
 //!
-//! The fast path has no panic boundary: it is loads, atomic read-modify-writes, the real call
-//! and a store, with no indexing that can fail, no arithmetic that can overflow-check and no
-//! call into code that can panic. Everything that can (the throttle's first launch, a wait
-//! for tokens, a graph's memory settling) runs in a cold function under its own boundary.
+//! The hot export has no panic boundary: loads, atomic read-modify-writes, the real call and
+//! a store, with no indexing that can fail, no arithmetic that can overflow-check and no
+//! call into code that can panic. What can panic (the throttle's first launch, a wait for
+//! tokens) runs in the shell; a graph's memory settling after its launch has its own
+//! boundary. Costs, and why this is Rust and not machine code: `docs/performance.md`.
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -31,19 +34,18 @@ use crate::memory;
 use crate::session::mode::Mode;
 use crate::throttle;
 use crate::throttle::capture;
-use crate::throttle::Bill;
+pub use crate::throttle::Due;
 
 crate::session::fork::per_process! {
     /// The real function of each `[hot]` hook whose gate is open for good (null: closed, the
     /// export takes its shell). Indexed by the registry's position. A fork child starts with
-    /// all closed: it re-initialises its mode (`lifecycle`), and each fast path opens again
+    /// all closed: it re-initialises its mode (`lifecycle`), and each hot export opens again
     /// once its shell has seen the gate.
-    /// The x86-64 export of a `[launch]` hook reads it in machine code (see the registry).
-    pub(crate) static OPEN: [AtomicPtr<c_void>; HOOK_COUNT] =
+    static OPEN: [AtomicPtr<c_void>; HOOK_COUNT] =
         [const { AtomicPtr::new(std::ptr::null_mut()) }; HOOK_COUNT];
 }
 
-/// The fast path's real function for `hook` (null: take the shell). One load: `hook` is the
+/// The hot export's real function for `hook` (null: take the shell). One load: `hook` is the
 /// registry's constant at every call site, so `get` folds away (and cannot panic).
 #[inline(always)]
 pub fn open_real(hook: usize) -> *mut c_void {
@@ -51,7 +53,7 @@ pub fn open_real(hook: usize) -> *mut c_void {
         .map_or(std::ptr::null_mut(), |real| real.load(Ordering::Acquire))
 }
 
-/// Called by a `[hot]` export's shell after the gate admitted the call: opens the fast path
+/// Called by a `[hot]` export's shell after the gate admitted the call: opens the hot path
 /// of `hook` with its real function `real` when the gate will admit every later call of this
 /// process too.
 #[cold]
@@ -71,69 +73,17 @@ pub fn open(hook: usize, real: *mut c_void) {
     slot.store(real, Ordering::Release);
 }
 
-/// Which path a launch handler runs on (its `PATH` parameter). The export's fast path runs
-/// the handler twice, each time followed by a jump rather than a call (so that the caller's
-/// arguments need no copy): [`FAST`] decides and bills, then [`CALL`], [`WAITED`] or the
-/// shell ([`SHELL`]) launches.
-pub const FAST: u8 = 0;
-/// After [`FAST`] answered [`Step::Go`]: the real launch and what follows it, nothing else.
-pub const CALL: u8 = 1;
-/// After [`FAST`] answered [`Step::Wait`] (billed, the credit is exhausted): the wait for
-/// tokens, then the launch, under the boundary of the export's wait shell.
-pub const WAITED: u8 = 2;
-/// The shell: the full throttle path (`throttle::before_launch_to`), under the shell's boundary.
-pub const SHELL: u8 = 3;
+/// What a launch handler answers: the launch's result, or (on the hot export only) what the
+/// cold shell must settle before it launches; nothing was launched then.
+pub type Launched = Result<CUresult, Due>;
 
-/// What a launch handler did or asks for next.
-pub enum Step {
-    /// The launch was made; the export returns this.
-    Done(CUresult),
-    /// ([`FAST`] only) billed: launch now ([`CALL`]).
-    Go,
-    /// ([`FAST`] only) billed, the credit is exhausted: wait, then launch ([`WAITED`]).
-    Wait,
-    /// ([`FAST`] only) nothing was done: the shell decides ([`SHELL`]).
-    Shell,
-}
-
-impl Step {
-    /// The result of a launch path (never anything but `Done` off [`FAST`]).
-    pub fn result(self, otherwise: CUresult) -> CUresult {
-        match self {
-            Step::Done(result) => result,
-            Step::Go | Step::Wait | Step::Shell => otherwise,
-        }
-    }
-}
-
-/// The throttle step of a launch on `stream` for `PATH`; `Some` = the handler returns it.
-#[inline(always)]
-fn bill<const PATH: u8>(stream: CUstream) -> Option<Step> {
-    match PATH {
-        FAST => Some(match throttle::bill_fast() {
-            Bill::Go => Step::Go,
-            Bill::Wait => Step::Wait,
-            Bill::Slow => Step::Shell,
-        }),
-        CALL => None,
-        WAITED => {
-            throttle::wait_after_spend(stream);
-            None
-        }
-        _ => {
-            throttle::before_launch_to(stream);
-            None
-        }
-    }
-}
-
-/// The launch hooks' handlers, one per signature; `PATH` says which path runs them.
+/// `cuLaunchKernel[_ptsz]`.
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub unsafe fn launch_kernel<const PATH: u8>(
+pub unsafe fn launch_kernel(
     real: sig::cuLaunchKernel,
     f: CUfunction,
     gx: c_uint,
@@ -146,48 +96,47 @@ pub unsafe fn launch_kernel<const PATH: u8>(
     stream: CUstream,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
-) -> Step {
-    if let Some(step) = bill::<PATH>(stream) {
-        return step;
-    }
+    due: Due,
+) -> Launched {
+    throttle::settle(due, stream)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
     memory::driver_growth::launched();
-    Step::Done(result)
+    Ok(result)
 }
 
+/// `cuLaunchKernelEx[_ptsz]`.
+///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
-pub unsafe fn launch_kernel_ex<const PATH: u8>(
+pub unsafe fn launch_kernel_ex(
     real: sig::cuLaunchKernelEx,
     config: *const CUlaunchConfig,
     f: CUfunction,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
-) -> Step {
-    // A NULL config is the driver's INVALID_VALUE to return; it enqueues nothing to gate.
+    due: Due,
+) -> Launched {
+    // A NULL config is the driver's INVALID_VALUE to return; it enqueues nothing to bill.
     if !config.is_null() {
         // SAFETY: non-null; the caller passes a valid config (the CUDA API's contract).
         let stream = unsafe { (*config).hStream };
-        if let Some(step) = bill::<PATH>(stream) {
-            return step;
-        }
-    }
-    if PATH == FAST {
-        return Step::Go; // nothing to bill for a NULL config
+        throttle::settle(due, stream)?;
     }
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(config, f, params, extra) };
     memory::driver_growth::launched();
-    Step::Done(result)
+    Ok(result)
 }
 
+/// `cuLaunchCooperativeKernel[_ptsz]`.
+///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub unsafe fn launch_cooperative_kernel<const PATH: u8>(
+pub unsafe fn launch_cooperative_kernel(
     real: sig::cuLaunchCooperativeKernel,
     f: CUfunction,
     gx: c_uint,
@@ -199,14 +148,13 @@ pub unsafe fn launch_cooperative_kernel<const PATH: u8>(
     shared: c_uint,
     stream: CUstream,
     params: *mut *mut c_void,
-) -> Step {
-    if let Some(step) = bill::<PATH>(stream) {
-        return step;
-    }
+    due: Due,
+) -> Launched {
+    throttle::settle(due, stream)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) };
     memory::driver_growth::launched();
-    Step::Done(result)
+    Ok(result)
 }
 
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported): one launch per
@@ -234,34 +182,32 @@ pub unsafe fn launch_cooperative_kernel_multi_device(
     result
 }
 
+/// `cuGraphLaunch[_ptsz]`: billed as one launch (captured launches were not, see
+/// `throttle::capture`).
+///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
-pub unsafe fn graph_launch<const PATH: u8>(
+pub unsafe fn graph_launch(
     real: sig::cuGraphLaunch,
     exec: CUgraphExec,
     stream: CUstream,
-) -> Step {
-    if let Some(step) = bill::<PATH>(stream) {
-        return step;
-    }
+    due: Due,
+) -> Launched {
+    throttle::settle(due, stream)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(exec, stream) };
     memory::driver_growth::launched();
     if result == CUDA_SUCCESS {
-        // The first launch of an exec reserves its graph memory (one relaxed load otherwise;
-        // the reservation can panic, so the fast path contains it as the shell would).
-        if PATH != SHELL {
-            // CALL and WAITED: this is still the export's fast path (or its wait shell).
-            return Step::Done(graph_settled(exec, result));
-        }
-        memory::graphs::launched(exec);
+        return Ok(graph_settled(exec, result));
     }
-    Step::Done(result)
+    Ok(result)
 }
 
-/// [`memory::graphs::launched`] under a panic boundary (`CUDA_ERROR_UNKNOWN` after a panic,
-/// as the shell's boundary answered).
+/// The first launch of an exec reserves its graph memory ([`memory::graphs::launched`]; one
+/// relaxed load otherwise). The reservation can panic: under its own boundary
+/// (`CUDA_ERROR_UNKNOWN` after a panic, as the shell's boundary would answer), since the hot
+/// export has none.
 #[inline(always)]
 fn graph_settled(exec: CUgraphExec, result: CUresult) -> CUresult {
     crate::ffi_panic_boundary!(CUDA_ERROR_UNKNOWN, {
@@ -271,41 +217,35 @@ fn graph_settled(exec: CUgraphExec, result: CUresult) -> CUresult {
 }
 
 /// `cuLaunch` (deprecated): a 1x1 grid of the function's block shape, on the legacy stream.
-/// The deprecated launches always take the shell (their fast path declines).
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
-pub unsafe fn launch<const PATH: u8>(real: sig::cuLaunch, f: CUfunction) -> Step {
-    if PATH == FAST {
-        return Step::Shell;
-    }
-    throttle::before_launch();
+pub unsafe fn launch(real: sig::cuLaunch, f: CUfunction, due: Due) -> Launched {
+    throttle::settle_legacy(due)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(f) };
     memory::driver_growth::launched();
-    Step::Done(result)
+    Ok(result)
 }
 
-/// `cuLaunchGrid` (deprecated).
+/// `cuLaunchGrid` (deprecated), on the legacy stream.
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
-pub unsafe fn launch_grid<const PATH: u8>(
+pub unsafe fn launch_grid(
     real: sig::cuLaunchGrid,
     f: CUfunction,
     grid_width: c_int,
     grid_height: c_int,
-) -> Step {
-    if PATH == FAST {
-        return Step::Shell;
-    }
-    throttle::before_launch();
+    due: Due,
+) -> Launched {
+    throttle::settle_legacy(due)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(f, grid_width, grid_height) };
     memory::driver_growth::launched();
-    Step::Done(result)
+    Ok(result)
 }
 
 /// `cuLaunchGridAsync` (deprecated).
@@ -313,20 +253,19 @@ pub unsafe fn launch_grid<const PATH: u8>(
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
-pub unsafe fn launch_grid_async<const PATH: u8>(
+pub unsafe fn launch_grid_async(
     real: sig::cuLaunchGridAsync,
     f: CUfunction,
     grid_width: c_int,
     grid_height: c_int,
     stream: CUstream,
-) -> Step {
-    if let Some(step) = bill::<PATH>(stream) {
-        return step;
-    }
+    due: Due,
+) -> Launched {
+    throttle::settle(due, stream)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(f, grid_width, grid_height, stream) };
     memory::driver_growth::launched();
-    Step::Done(result)
+    Ok(result)
 }
 
 // ---------------------------------------------------------------- stream capture

@@ -138,10 +138,6 @@ pub struct Credit {
 }
 
 impl Credit {
-    /// Where the AtomicI64 lies in a `Credit` (read by the launch fast path's machine code,
-    /// `throttle::layout`).
-    pub const VALUE_OFFSET: usize = std::mem::offset_of!(Credit, credit);
-
     pub const fn new() -> Credit {
         Credit {
             credit: AtomicI64::new(0),

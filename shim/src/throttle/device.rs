@@ -34,23 +34,6 @@ pub const RATE_CHECK_NS: u64 = 50_000_000;
 /// outlived a reboot) or corrupt, and is put back to now (`bucket::repair_lead`).
 pub const MAX_LEAD_NS: u64 = 60_000_000_000;
 
-/// What the x86-64 launch fast path's machine code (`hooks::launch`, the registry's
-/// `[launch]` exports) reads to do [`bill_fast`]'s work itself, in the same order: [`ACTIVE`],
-/// [`DEVICE_COUNT_KIND`] (1: one device), `capture::OPEN` (0), `DEVICES[0]` (non-null), then
-/// the device's counters at these byte offsets.
-pub mod layout {
-    use super::DeviceThrottle;
-    /// `DeviceThrottle::launches` (AtomicU64, incremented).
-    pub const LAUNCHES: usize = std::mem::offset_of!(DeviceThrottle, launches);
-    /// `DeviceThrottle::bypass` (AtomicBool, non-zero: no debit).
-    pub const BYPASS: usize = std::mem::offset_of!(DeviceThrottle, bypass);
-    /// `DeviceThrottle::cost` (AtomicU64, the debit, at most i64::MAX).
-    pub const COST: usize = std::mem::offset_of!(DeviceThrottle, cost);
-    /// The local credit's AtomicI64 (fetch-and-subtract; > 0 before: covered).
-    pub const CREDIT: usize =
-        std::mem::offset_of!(DeviceThrottle, credit) + super::bucket::Credit::VALUE_OFFSET;
-}
-
 /// Per process, per throttled device.
 pub struct DeviceThrottle {
     pub ordinal: CUdevice,

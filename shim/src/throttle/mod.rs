@@ -22,9 +22,10 @@
 //! [`active_device`].
 //!
 //! Every launch path (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, graph, each with its
-//! `_ptsz` variant, whatever the lookup path) calls [`before_launch_to`] with its stream
-//! ([`before_launch`] for the legacy stream's deprecated launches). It never fails a
-//! launch: at worst the calling thread sleeps until its tokens are due. A launch recorded by
+//! `_ptsz` variant, the deprecated ones, whatever the lookup path) settles what is [`Due`]
+//! of it with its stream ([`settle`]): the hot export the common case ([`bill_fast`]), the
+//! cold shell the rest ([`before_launch_to`], [`before_launch`] for the legacy stream). It
+//! never fails a launch: at worst the calling thread sleeps until its tokens are due. A launch recorded by
 //! stream capture is not billed ([`capture`]): the graph is, when launched.
 //!
 //! Shared words per device (`Region::throttle_words`), all atomics:
@@ -55,9 +56,9 @@ use crate::session::fork::per_process;
 use crate::session::mode::config_throttles;
 use device::build_device;
 pub use device::{
-    effective_percent, layout, DeviceThrottle, CHUNK_WALL_NS, MAX_LEAD_NS, RATE_CHECK_NS,
-    TOLERANCE_NS, W_BYPASS, W_COST, W_INV_RATE, W_LAUNCHES, W_LEADER, W_LOG_C, W_PIDS,
-    W_UNRESOLVED_UNTIL, W_VTIME, W_WAITS,
+    effective_percent, DeviceThrottle, CHUNK_WALL_NS, MAX_LEAD_NS, RATE_CHECK_NS, TOLERANCE_NS,
+    W_BYPASS, W_COST, W_INV_RATE, W_LAUNCHES, W_LEADER, W_LOG_C, W_PIDS, W_UNRESOLVED_UNTIL,
+    W_VTIME, W_WAITS,
 };
 
 const UNINIT: u8 = 0;
@@ -67,25 +68,20 @@ const BUSY: u8 = 3;
 
 per_process! {
     /// Whether any share may apply to this process (`OFF`: none, launches are free; `UNINIT`
-    /// until the first launch). Also read by the x86-64 launch fast path's machine code
-    /// (`hooks::launch`), compared with [`ACTIVE_OFF`].
-    pub(crate) static ACTIVE: AtomicU8 = AtomicU8::new(UNINIT);
+    /// until the first launch): derived from the published configuration at the first launch.
+    static ACTIVE: AtomicU8 = AtomicU8::new(UNINIT);
 }
-/// [`ACTIVE`]'s value when no launch needs the throttle.
-pub const ACTIVE_OFF: u8 = OFF;
-/// [`ACTIVE`]'s value when some launch may.
-pub const ACTIVE_ON: u8 = ON;
 
 /// Visible devices: 0 unknown, 1 one device (no per-launch lookup), 2 several. Survives fork
 /// (the child sees the same devices).
-pub(crate) static DEVICE_COUNT_KIND: AtomicU8 = AtomicU8::new(0);
+static DEVICE_COUNT_KIND: AtomicU8 = AtomicU8::new(0);
 per_process! {
     /// Per device: `UNINIT`, `OFF` (no share), `BUSY` (being built), `ON` (`DEVICES` holds it).
     static DEVICE_STATE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(UNINIT) }; MAX_DEVICES];
 }
 per_process! {
     /// The device throttles (leaked, never freed; the parent's are abandoned in a fork child).
-    pub(crate) static DEVICES: [AtomicPtr<DeviceThrottle>; MAX_DEVICES] =
+    static DEVICES: [AtomicPtr<DeviceThrottle>; MAX_DEVICES] =
         [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
 }
 
@@ -188,51 +184,87 @@ fn spend(device: &DeviceThrottle) -> bool {
         || device.credit.try_spend(device.cost.load(Ordering::Relaxed))
 }
 
-/// What a launch's fast path (`hooks::launch`) may do after [`bill_fast`].
+/// What the throttle still asks of a launch where its handler runs (`hooks::launch`): the
+/// hot export asks [`Due::Fast`]; whatever that leaves, the cold shell settles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bill {
-    /// Billed (or nothing to bill): launch now.
-    Go,
-    /// Billed, but the local credit is exhausted: [`wait_after_spend`] before launching.
+#[repr(u8)]
+pub enum Due {
+    /// The common case only ([`bill_fast`]): decided with a few loads, or left to the shell.
+    Fast,
+    /// The whole check ([`before_launch_to`] / [`before_launch`]): nothing was billed yet.
+    Check,
+    /// Billed by [`bill_fast`], whose local credit ran out: the wait for tokens.
     Wait,
-    /// Not decided here (first launch, several devices, a capture may be open): the launch
-    /// takes the full path ([`before_launch_to`] / [`before_launch`]), nothing was billed.
-    Slow,
+}
+
+/// Settles what is due of a launch enqueued on `stream`. `Err(rest)` only from
+/// [`Due::Fast`]: the launch must not be made here, the cold shell settles `rest`.
+#[inline(always)]
+pub fn settle(due: Due, stream: gpuslice_abi::cuda::CUstream) -> Result<(), Due> {
+    match due {
+        Due::Fast => bill_fast(),
+        Due::Check => {
+            before_launch_to(stream);
+            Ok(())
+        }
+        Due::Wait => {
+            wait_after_spend(stream);
+            Ok(())
+        }
+    }
+}
+
+/// [`settle`] for the deprecated launches, which run on the legacy stream (it never
+/// captures, and asking the driver about it during a global-mode capture is not allowed).
+#[inline(always)]
+pub fn settle_legacy(due: Due) -> Result<(), Due> {
+    match due {
+        Due::Fast => bill_fast(),
+        Due::Check => {
+            before_launch();
+            Ok(())
+        }
+        Due::Wait => {
+            wait_after_spend(std::ptr::null_mut());
+            Ok(())
+        }
+    }
 }
 
 /// The common launch's whole throttle check, when it needs no more than a few loads: no
 /// share (one load), or one device whose throttle is built and no capture open (what
-/// [`before_launch_to`] does then: count, debit the local credit). Loads and atomic
-/// read-modify-writes only, no call: nothing here can panic, so the launch fast path runs it
-/// outside a panic boundary. The x86-64 `[launch]` exports do the same in machine code
-/// ([`layout`]): a change here is a change there.
+/// [`before_launch_to`] does then: count, debit the local credit). `Ok`: billed (or nothing
+/// to bill); `Err(Due::Wait)`: billed, the credit is exhausted; `Err(Due::Check)`: not
+/// decided here (first launch, several devices, a capture may be open), nothing billed.
+/// Loads and atomic read-modify-writes only, no call: nothing here can panic, so the hot
+/// export runs it outside a panic boundary.
 #[inline(always)]
-pub fn bill_fast() -> Bill {
+pub fn bill_fast() -> Result<(), Due> {
     match ACTIVE.load(Ordering::Relaxed) {
-        OFF => Bill::Go,
+        OFF => Ok(()),
         ON if DEVICE_COUNT_KIND.load(Ordering::Relaxed) == 1 && !capture::any_open() => {
             // One visible device: `current_ordinal` is 0. DEVICES[0] is non-null exactly when
             // DEVICE_STATE[0] is ON (stored before it, both reset together at fork).
             let device = DEVICES[0].load(Ordering::Acquire);
             if device.is_null() {
-                return Bill::Slow;
+                return Err(Due::Check);
             }
             // SAFETY: a non-null DEVICES entry is a leaked, never freed DeviceThrottle.
             if spend(unsafe { &*device }) {
-                Bill::Go
+                Ok(())
             } else {
-                Bill::Wait
+                Err(Due::Wait)
             }
         }
-        _ => Bill::Slow,
+        _ => Err(Due::Check),
     }
 }
 
-/// After [`bill_fast`] answered [`Bill::Wait`]: waits for the tokens the launch on `stream`
-/// was debited (what [`before_launch_to`] does after an exhausted credit).
+/// After [`bill_fast`] answered `Err(Due::Wait)`: waits for the tokens the launch on
+/// `stream` was debited (what [`before_launch_to`] does after an exhausted credit).
 #[cold]
 #[inline(never)]
-pub fn wait_after_spend(stream: gpuslice_abi::cuda::CUstream) {
+fn wait_after_spend(stream: gpuslice_abi::cuda::CUstream) {
     let device = DEVICES[0].load(Ordering::Acquire);
     if !device.is_null() {
         // SAFETY: as in `bill_fast`.
