@@ -7,8 +7,8 @@
 //! ONE LAUNCH PATH. The launch hooks are `[hot]` in the registry: each has a hot export and
 //! one cold shell, and runs its handler below in both, told by `due`
 //! ([`throttle::Due`]) what is left to settle:
-//! * the hot export, once [`open_real`] has the hook's real function (the gate open for good:
-//!   see [`OPEN`]), runs the handler with `Due::Fast`: `throttle::bill_fast`, the real call,
+//! * the hot export, once [`open_real`] has the hook's real function (the process state
+//!   admits every call for good), runs the handler with `Due::Fast`: `throttle::bill_fast`, the real call,
 //!   `driver_growth::launched` (one store). When the throttle's common case does not apply
 //!   (first launch, several devices, an open capture) or the local credit ran out, the
 //!   handler returns `Err(rest)` before the real call and the export hands the call over;
@@ -23,54 +23,29 @@
 //! boundary. Costs, and why this is Rust and not machine code: `docs/performance.md`.
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 use gpuslice_abi::cuda::result::{CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
 use gpuslice_abi::cuda::*;
 
-use crate::ground::driver::HOOK_COUNT;
+use crate::ground::real::RealSlot;
 use crate::hooks::registry::signature as sig;
 use crate::memory;
-use crate::session::mode::Mode;
+use crate::session::state::STATE;
 use crate::throttle;
 use crate::throttle::capture;
 pub use crate::throttle::Due;
 
-crate::session::fork::per_process! {
-    /// The real function of each `[hot]` hook whose gate is open for good (null: closed, the
-    /// export takes its shell). Indexed by the registry's position. A fork child starts with
-    /// all closed: it re-initialises its mode (`lifecycle`), and each hot export opens again
-    /// once its shell has seen the gate.
-    static OPEN: [AtomicPtr<c_void>; HOOK_COUNT] =
-        [const { AtomicPtr::new(std::ptr::null_mut()) }; HOOK_COUNT];
-}
-
-/// The hot export's real function for `hook` (null: take the shell). One load: `hook` is the
-/// registry's constant at every call site, so `get` folds away (and cannot panic).
+/// The hot export's real function (null: take the shell): the process state admits every
+/// call for good (`session::state`, `[open]`: one load and a bit test) and `slot` holds the
+/// resolved function (one load and a compare; its shell resolved it at its first call). A
+/// fork child starts Uninitialised, so every hot export starts closed there.
 #[inline(always)]
-pub fn open_real(hook: usize) -> *mut c_void {
-    OPEN.get(hook)
-        .map_or(std::ptr::null_mut(), |real| real.load(Ordering::Acquire))
-}
-
-/// Called by a `[hot]` export's shell after the gate admitted the call: opens the hot path
-/// of `hook` with its real function `real` when the gate will admit every later call of this
-/// process too.
-#[cold]
-pub fn open(hook: usize, real: *mut c_void) {
-    let for_good = match crate::session::mode::published() {
-        Some(Mode::PassThrough) => true,
-        Some(Mode::Enforcing(_)) => crate::hooks::device_check::matched(),
-        // Failing closed, or the mode is being initialised (a re-entrant call passes then).
-        _ => false,
-    };
-    let Some(slot) = OPEN.get(hook) else {
-        return;
-    };
-    if !for_good || real.is_null() {
-        return;
+pub fn open_real(slot: &RealSlot) -> *mut c_void {
+    if STATE.open() {
+        slot.resolved()
+    } else {
+        std::ptr::null_mut()
     }
-    slot.store(real, Ordering::Release);
 }
 
 /// What a launch handler answers: the launch's result, or (on the hot export only) what the
@@ -352,37 +327,4 @@ pub unsafe fn ctx_synchronize(real: sig::cuCtxSynchronize) -> CUresult {
 pub unsafe fn event_synchronize(real: sig::cuEventSynchronize, event: CUevent) -> CUresult {
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     throttle::synchronized(|| unsafe { real(event) })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_fast_path_opens_only_when_the_gate_admits_for_good_and_a_fork_child_closes_it() {
-        let hook = crate::ground::driver::SlotId::cuLaunchKernel as usize;
-        let real = 0x1234 as *mut c_void;
-        OPEN[hook].store(std::ptr::null_mut(), Ordering::Relaxed);
-        assert!(open_real(hook).is_null());
-        // The unit-test process has no configuration: once its mode is published it passes
-        // through for good.
-        let mode = crate::lifecycle::mode();
-        let expect_open = matches!(crate::session::mode::published(), Some(Mode::PassThrough));
-        assert!(matches!(mode, Mode::PassThrough), "no configuration here");
-        let expected = if expect_open {
-            real
-        } else {
-            std::ptr::null_mut()
-        };
-        open(hook, real);
-        assert_eq!(open_real(hook), expected);
-        // A null real function never closes (nor opens) a slot.
-        open(hook, std::ptr::null_mut());
-        assert_eq!(open_real(hook), expected);
-        assert!(
-            crate::session::fork::in_fork_child(|| open_real(hook).is_null()),
-            "a fork child starts closed"
-        );
-        assert!(open_real(HOOK_COUNT).is_null(), "no slot past the table");
-    }
 }

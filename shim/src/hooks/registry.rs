@@ -94,7 +94,7 @@ macro_rules! hook_table {
     ($generate:ident) => {
         $generate! {
         hooks {
-            Cuda fn cuInit(flags: c_uint) -> CUresult => device_check::cu_init;
+            Cuda fn cuInit(flags: c_uint) -> CUresult => lifecycle::cu_init;
             Cuda fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult => passthrough;
             Cuda fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
                 flags: cuuint64_t) -> CUresult => proc_address::get_proc_address [open];
@@ -384,11 +384,11 @@ macro_rules! hook_exports {
         #[cfg_attr(not(test), no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             use $crate::hooks::launch::Due;
-            let real = $crate::hooks::launch::open_real(SlotId::$name as usize);
+            let real = $crate::hooks::launch::open_real(&SLOTS[SlotId::$name as usize]);
             let due = if real.is_null() {
                 Due::Check
             } else {
-                // SAFETY: an open slot holds this hook's real function, of this signature.
+                // SAFETY: a resolved slot holds this hook's real function, of this signature.
                 let real = unsafe { std::mem::transmute::<*mut c_void, signature::$name>(real) };
                 // SAFETY: the caller's arguments, unchanged; it upholds the C API's contract.
                 match unsafe { $($handler)::+(real, $($arg,)* Due::Fast) } {
@@ -411,7 +411,7 @@ macro_rules! hook_exports {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
                 if hook_exports!(@gated $($flag)?) {
-                    if let Err(code) = $crate::lifecycle::admit(Library::$lib) {
+                    if let Err(code) = $crate::hooks::lifecycle::admit(Library::$lib) {
                         return code;
                     }
                 }
@@ -422,9 +422,9 @@ macro_rules! hook_exports {
             })
         }
     };
-    // The cold shell of a `[hot]` export: the usual panic boundary, gate and real slot; opens
-    // the hot export once the gate will admit every later call; then the handler, settling
-    // what the hot export left (`due`: the whole check, or the wait it billed).
+    // The cold shell of a `[hot]` export: the usual panic boundary, gate and real slot; then
+    // the handler, settling what the hot export left (`due`: the whole check, or the wait
+    // it billed).
     (@shell $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; hot) => {
         #[cold]
@@ -434,13 +434,12 @@ macro_rules! hook_exports {
             due: $crate::hooks::launch::Due,
         ) -> $ret {
             $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
-                if let Err(code) = $crate::lifecycle::admit(Library::$lib) {
+                if let Err(code) = $crate::hooks::lifecycle::admit(Library::$lib) {
                     return code;
                 }
                 let Some(real) = real::$name() else {
                     return Library::$lib.missing_code();
                 };
-                $crate::hooks::launch::open(SlotId::$name as usize, real as *mut c_void);
                 // SAFETY: the handler takes the real function and the caller's arguments
                 // unchanged; the caller upholds the C API's contract for them.
                 unsafe { $($handler)::+(real, $($arg,)* due) }
@@ -475,7 +474,7 @@ macro_rules! hook_exports {
     };
 }
 
-use crate::hooks::{context, device_check, launch, memory, module, nvml, proc_address, query};
+use crate::hooks::{context, launch, lifecycle, memory, module, nvml, proc_address, query};
 
 hook_table!(hook_exports);
 
@@ -572,8 +571,8 @@ mod tests {
                 .is_null();
         if cuda_loaded
             || !matches!(
-                crate::lifecycle::mode(),
-                crate::session::mode::Mode::PassThrough
+                crate::hooks::lifecycle::state(),
+                crate::session::state::State::PassThrough
             )
         {
             return;

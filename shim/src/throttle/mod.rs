@@ -514,7 +514,7 @@ fn current_ordinal() -> Option<CUdevice> {
 /// share another process's limit file put there: stricter wins).
 #[cold]
 fn activate() -> bool {
-    let on = crate::session::mode::slice_config().is_some_and(|config| {
+    let on = crate::session::state::slice_config().is_some_and(|config| {
         config_throttles(config)
             || (config.policy != ComputePolicy::Off
                 && crate::session::slice::registered().is_some())
@@ -560,7 +560,7 @@ fn init_device(index: usize, ordinal: CUdevice) -> Option<&'static DeviceThrottl
     {
         return None;
     }
-    let built = crate::session::mode::slice_config().and_then(|c| build_device(c, ordinal));
+    let built = crate::session::state::slice_config().and_then(|c| build_device(c, ordinal));
     match built {
         Some(device) => {
             let leaked: &'static DeviceThrottle = Box::leak(Box::new(device));
