@@ -194,6 +194,12 @@ impl RealSlot {
         }
     }
 
+    /// Test helper: the slot holds `function`, as if the real library had it.
+    #[cfg(test)]
+    pub fn plant(&self, function: *mut c_void) {
+        self.pointer.store(function, Ordering::Release);
+    }
+
     /// The real pointer if already resolved, without resolving (for the proc-address map).
     pub fn peek(&self) -> Option<*mut c_void> {
         let known = self.pointer.load(Ordering::Acquire);

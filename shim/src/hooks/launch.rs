@@ -4,23 +4,32 @@
 //! local memory: `driver_growth`; after, so that a reconciliation during the call cannot
 //! miss the growth).
 //!
-//! ONE LAUNCH PATH. The launch hooks are `[hot]` in the registry: each has a hot export and
-//! one cold shell, and runs its handler below in both, told by `due`
-//! ([`throttle::Due`]) what is left to settle:
-//! * the hot export, once [`open_real`] has the hook's real function (the process state
-//!   admits every call for good), runs the handler with `Due::Fast`: `throttle::bill_fast`, the real call,
-//!   `driver_growth::launched` (one store). When the throttle's common case does not apply
-//!   (first launch, several devices, an open capture) or the local credit ran out, the
-//!   handler returns `Err(rest)` before the real call and the export hands the call over;
-//! * the cold shell (a panic boundary, the gate `lifecycle::admit`, the real slot) runs the
-//!   handler with `Due::Check` (the full throttle path) or `Due::Wait` (billed by the hot
-//!   export, waiting for tokens).
+//! ONE LAUNCH PATH. The launch hooks are `[hot]` in the registry, and each handler below is
+//! written once, told by `due` ([`throttle::Due`]) what is left to settle before the launch.
+//! The registry runs it in three places, all generated from the one line:
+//! * the HOT EXPORT: once [`open_real`] finds the hook's real function (the process state
+//!   admits every call for good) it runs the handler with `Due::Fast`, which only bills
+//!   (`throttle::bill_fast`: no share, one load; one device, built, no capture open and
+//!   credit left: count and debit) and never launches; it answers `Err(Due::Billed)` or
+//!   `Err(Due::Check)`. The export then tail-calls, with the caller's arguments untouched,
+//!   the hot launch or the cold shell;
+//! * the HOT LAUNCH (`Due::Billed`): the real call and what follows it
+//!   (`driver_growth::launched`, one store; a graph's first-launch memory);
+//! * the COLD SHELL (a panic boundary, the gate `lifecycle::admit`, the real slot), with
+//!   `Due::Check`: the throttle's whole path (the first launch, several devices, an open
+//!   capture, an exhausted credit and its wait), then the launch.
 //!
-//! The hot export has no panic boundary: loads, atomic read-modify-writes, the real call and
-//! a store, with no indexing that can fail, no arithmetic that can overflow-check and no
-//! call into code that can panic. What can panic (the throttle's first launch, a wait for
-//! tokens) runs in the shell; a graph's memory settling after its launch has its own
-//! boundary. Costs, and why this is Rust and not machine code: `docs/performance.md`.
+//! Why the hot launch is a function of its own: a launch with stack arguments (the kernel and
+//! cooperative launches have five and four) that also calls the shell would have the
+//! arguments loaded into saved registers at entry, around 20 instructions more per launch;
+//! a function that only decides and jumps, and one that only launches, have none of that.
+//! Costs, and why this is Rust and not machine code: `docs/performance.md`.
+//!
+//! The hot export and the hot launch have no panic boundary: loads, atomic
+//! read-modify-writes, the real call and a store, with no indexing that can fail, no
+//! arithmetic that can overflow-check and no call into code that can panic. What can panic
+//! (the throttle's first launch, a wait for tokens) runs in the shell; a graph's memory
+//! settling after its launch has its own boundary.
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -48,8 +57,8 @@ pub fn open_real(slot: &RealSlot) -> *mut c_void {
     }
 }
 
-/// What a launch handler answers: the launch's result, or (on the hot export only) what the
-/// cold shell must settle before it launches; nothing was launched then.
+/// What a launch handler answers: the launch's result, or (from `Due::Fast` only, which never
+/// launches) what is left: `Due::Billed` (the hot launch) or `Due::Check` (the cold shell).
 pub type Launched = Result<CUresult, Due>;
 
 /// `cuLaunchKernel[_ptsz]`.
@@ -94,7 +103,9 @@ pub unsafe fn launch_kernel_ex(
     due: Due,
 ) -> Launched {
     // A NULL config is the driver's INVALID_VALUE to return; it enqueues nothing to bill.
-    if !config.is_null() {
+    if config.is_null() {
+        due.unbilled()?;
+    } else {
         // SAFETY: non-null; the caller passes a valid config (the CUDA API's contract).
         let stream = unsafe { (*config).hStream };
         throttle::settle(due, stream)?;
@@ -327,4 +338,133 @@ pub unsafe fn ctx_synchronize(real: sig::cuCtxSynchronize) -> CUresult {
 pub unsafe fn event_synchronize(real: sig::cuEventSynchronize, event: CUevent) -> CUresult {
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     throttle::synchronized(|| unsafe { real(event) })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use gpuslice_abi::cuda::result::CUDA_ERROR_NOT_INITIALIZED;
+    use gpuslice_common::config::ConfigError;
+
+    use super::*;
+    use crate::ground::driver::{SlotId, SLOTS};
+    use crate::hooks::registry::exports;
+    use crate::session::mode::Mode;
+
+    /// Calls of the fake driver's launches, and the sum of the arguments they saw.
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+
+    #[allow(clippy::too_many_arguments)]
+    extern "C" fn fake_launch_kernel(
+        f: CUfunction,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        shared: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        let sum = [gx, gy, gz, bx, by, bz, shared]
+            .iter()
+            .map(|&v| u64::from(v))
+            .sum::<u64>()
+            + f as u64
+            + stream as u64
+            + params as u64
+            + extra as u64;
+        SEEN.store(sum, Ordering::Relaxed);
+        700 + gx
+    }
+
+    extern "C" fn fake_launch_kernel_ex(
+        config: *const CUlaunchConfig,
+        _f: CUfunction,
+        _params: *mut *mut c_void,
+        _extra: *mut *mut c_void,
+    ) -> CUresult {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        if config.is_null() {
+            1 // CUDA_ERROR_INVALID_VALUE
+        } else {
+            0
+        }
+    }
+
+    /// One `cuLaunchKernel` through the export with eleven distinct arguments: its result, and
+    /// whether the fake saw every argument.
+    fn launch(gx: c_uint) -> (CUresult, bool) {
+        let ptr = |n: usize| n as *mut *mut c_void;
+        // SAFETY: the export with arbitrary handles: the fake driver only reads the values.
+        let result = unsafe {
+            exports::cuLaunchKernel(
+                1 as CUfunction,
+                gx,
+                3,
+                4,
+                5,
+                6,
+                7,
+                8,
+                9 as CUstream,
+                ptr(10),
+                ptr(11),
+            )
+        };
+        let expected = 1 + u64::from(gx) + (3..=11).sum::<u64>();
+        (result, SEEN.load(Ordering::Relaxed) == expected)
+    }
+
+    /// Through the export, in a fork child (the process state and the throttle are this
+    /// process's): the first launch of a process that passes through goes to the cold shell
+    /// (where the throttle finds it has nothing to do), every later one is billed by the hot
+    /// export alone; each reaches the driver once with its arguments untouched and returns
+    /// its result, a `cuLaunchKernelEx` without a config too. A fail-closed process never
+    /// reaches the driver. A fork child starts with the hot path closed.
+    #[test]
+    fn every_launch_reaches_the_driver_once_with_its_arguments_on_either_path() {
+        SLOTS[SlotId::cuLaunchKernel as usize].plant(fake_launch_kernel as *mut c_void);
+        SLOTS[SlotId::cuLaunchKernelEx as usize].plant(fake_launch_kernel_ex as *mut c_void);
+        let slot = &SLOTS[SlotId::cuLaunchKernel as usize];
+        let passing = crate::session::fork::in_fork_child(|| {
+            let before = open_real(slot).is_null();
+            STATE.loaded(1, || Mode::PassThrough, |_| true);
+            let mut all = before && !open_real(slot).is_null();
+            let stream = std::ptr::null_mut();
+            all &= throttle::settle(Due::Fast, stream) == Err(Due::Check);
+            for (n, gx) in (0..5).zip(20..) {
+                let (result, seen) = launch(gx);
+                all &= result == 700 + gx && seen && CALLS.load(Ordering::Relaxed) == n + 1;
+                all &= throttle::settle(Due::Fast, stream) == Err(Due::Billed);
+            }
+            // SAFETY: a NULL config (the driver's error to return) and NULL handles.
+            let ex = unsafe {
+                exports::cuLaunchKernelEx(
+                    std::ptr::null(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+            all && ex == 1 && CALLS.load(Ordering::Relaxed) == 6
+        });
+        assert!(passing, "launches of a pass-through process");
+        let reason = ConfigError {
+            origin: "test".into(),
+            field: String::new(),
+            problem: "bad".into(),
+        };
+        let refused = crate::session::fork::in_fork_child(move || {
+            STATE.loaded(1, || Mode::FailClosed(reason), |_| true);
+            let (result, _) = launch(20);
+            result == CUDA_ERROR_NOT_INITIALIZED && CALLS.load(Ordering::Relaxed) == 0
+        });
+        assert!(refused, "a fail-closed process reaches no driver");
+    }
 }

@@ -15,13 +15,14 @@
 //!   marked `[open]`, see `refusal`) -> real slot (missing -> NOT_SUPPORTED /
 //!   FUNCTION_NOT_FOUND) -> handler (`passthrough` calls the real function directly), run
 //!   only by the outermost hook on the thread ([`crate::hooks::nesting`]); a handler marked
-//!   `[hot]` (the launch paths) has a hot export (its common case, no boundary) and this
-//!   shell behind it as a cold function, and skips the nesting check (a nested launch would
-//!   be billed twice, which only throttles harder; see [`crate::hooks::launch`]); and
-//!   `HOOKS`: name -> wrapper for `dlsym`, and real pointer -> wrapper for
-//!   `cuGetProcAddress`.
+//!   `[hot]` (the launch paths) has a hot export and a hot launch (its common case, no
+//!   boundary) and this shell behind them as a cold function, and skips the nesting check (a
+//!   nested launch would be billed twice, which only throttles harder; see
+//!   [`crate::hooks::launch`]); and `HOOKS`: name -> wrapper for `dlsym`, and real pointer
+//!   -> wrapper for `cuGetProcAddress`.
 //!
-//! Handlers are `unsafe fn(real: signature::NAME, args...) -> u32` in `crate::hooks`.
+//! Handlers are `unsafe fn(real: signature::NAME, args...) -> u32` in `crate::hooks` (a
+//! `[hot]` one takes what the throttle still asks last, `due`, and answers `Launched`).
 //! `helpers { ... }` declares real functions the shim calls itself but does not hook.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -339,13 +340,24 @@ macro_rules! hook_exports {
             )*
         }
 
-        /// The cold shells of the `[hot]` exports: what their hot path (`hooks::launch`)
-        /// hands the calls it does not make.
+        /// The cold shells of the `[hot]` exports: the calls their hot path
+        /// (`hooks::launch`) does not bill.
         #[allow(non_snake_case, clippy::too_many_arguments)]
         mod shells {
             use super::*;
             $(
                 hook_exports!(@shell $lib $name ($($arg: $ty),*) -> $ret
+                    => $($handler)::+ ; $($flag)?);
+            )*
+        }
+
+        /// The hot launches of the `[hot]` exports: the real call of a launch the hot export
+        /// billed, and what follows it.
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        mod launches {
+            use super::*;
+            $(
+                hook_exports!(@launch $lib $name ($($arg: $ty),*) -> $ret
                     => $($handler)::+ ; $($flag)?);
             )*
         }
@@ -370,10 +382,11 @@ macro_rules! hook_exports {
             Some(&HOOKS[id as usize])
         }
     };
-    // `[hot]` (the launch paths): the hot export. Once the gate is open for good it runs the
-    // handler with `Due::Fast`, no panic boundary (nothing on that path can panic, see
-    // `hooks::launch`); whatever the handler leaves, and every call before, goes to the cold
-    // shell (below) with what remains due.
+    // `[hot]` (the launch paths): the hot export (see `hooks::launch`). Once the gate is open
+    // for good it runs the handler with `Due::Fast` (it bills, never launches; no panic
+    // boundary: nothing on that path can panic), then tail-calls the hot launch (billed) or
+    // the cold shell (everything else, and every call before), with the caller's arguments
+    // untouched.
     (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; hot) => {
         #[doc = concat!("The exported `", stringify!($name), "`.")]
@@ -385,19 +398,19 @@ macro_rules! hook_exports {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             use $crate::hooks::launch::Due;
             let real = $crate::hooks::launch::open_real(&SLOTS[SlotId::$name as usize]);
-            let due = if real.is_null() {
-                Due::Check
-            } else {
+            let billed = !real.is_null() && {
                 // SAFETY: a resolved slot holds this hook's real function, of this signature.
                 let real = unsafe { std::mem::transmute::<*mut c_void, signature::$name>(real) };
-                // SAFETY: the caller's arguments, unchanged; it upholds the C API's contract.
-                match unsafe { $($handler)::+(real, $($arg,)* Due::Fast) } {
-                    Ok(result) => return result,
-                    Err(rest) => rest,
-                }
+                // SAFETY: the caller's arguments, unchanged; `Due::Fast` never launches.
+                matches!(unsafe { $($handler)::+(real, $($arg,)* Due::Fast) }, Err(Due::Billed))
             };
-            // SAFETY: the shell takes this export's arguments, unchanged, and what is due.
-            unsafe { shells::$name($($arg,)* due) }
+            // One call through a chosen pointer, not a branch to two calls: LLVM makes it a
+            // jump that leaves the caller's stack arguments where they are (with two calls it
+            // loads them into saved registers at entry).
+            let next: unsafe extern "C" fn($($ty),*) -> $ret =
+                if billed { launches::$name } else { shells::$name };
+            // SAFETY: both take this export's arguments, unchanged.
+            unsafe { next($($arg),*) }
         }
     };
     (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
@@ -423,16 +436,12 @@ macro_rules! hook_exports {
         }
     };
     // The cold shell of a `[hot]` export: the usual panic boundary, gate and real slot; then
-    // the handler, settling what the hot export left (`due`: the whole check, or the wait
-    // it billed).
+    // the handler with the throttle's whole check (`Due::Check`).
     (@shell $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; hot) => {
         #[cold]
         #[inline(never)]
-        pub(super) unsafe extern "C" fn $name(
-            $($arg: $ty,)*
-            due: $crate::hooks::launch::Due,
-        ) -> $ret {
+        pub(super) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
                 if let Err(code) = $crate::hooks::lifecycle::admit(Library::$lib) {
                     return code;
@@ -442,12 +451,29 @@ macro_rules! hook_exports {
                 };
                 // SAFETY: the handler takes the real function and the caller's arguments
                 // unchanged; the caller upholds the C API's contract for them.
-                unsafe { $($handler)::+(real, $($arg,)* due) }
+                unsafe { $($handler)::+(real, $($arg,)* $crate::hooks::launch::Due::Check) }
                     .unwrap_or(Library::$lib.panic_code())
             })
         }
     };
     (@shell $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; $($flag:ident)?) => {};
+    // The hot launch of a `[hot]` export: its own function, so that neither it nor the hot
+    // export keeps the caller's stack arguments in saved registers (see `hooks::launch`).
+    (@launch $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+        => $($handler:ident)::+ ; hot) => {
+        #[inline(never)]
+        pub(super) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            let real = SLOTS[SlotId::$name as usize].resolved();
+            // SAFETY: the hot export jumps here only after it found this slot resolved, and a
+            // resolved slot never changes: `real` is this hook's real function.
+            let real = unsafe { std::mem::transmute::<*mut c_void, signature::$name>(real) };
+            // SAFETY: the caller's arguments, unchanged; billed by the hot export.
+            unsafe { $($handler)::+(real, $($arg,)* $crate::hooks::launch::Due::Billed) }
+                .unwrap_or(Library::$lib.panic_code())
+        }
+    };
+    (@launch $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; $($flag:ident)?) => {};
     // `[open]`: answers even in a fail-closed process (see `refusal`); everything else
     // passes the gate first.

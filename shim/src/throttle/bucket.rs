@@ -151,6 +151,13 @@ impl Credit {
         self.credit.fetch_sub(cost, Ordering::Relaxed) > 0
     }
 
+    /// Debits `cost` (the caller saw the credit positive just before).
+    #[inline]
+    pub fn debit(&self, cost: u64) {
+        let cost = cost.min(i64::MAX as u64) as i64;
+        self.credit.fetch_sub(cost, Ordering::Relaxed);
+    }
+
     /// How much to reserve after a failed `try_spend`: one chunk plus whatever is owed.
     #[inline]
     pub fn refill_amount(&self, chunk: u64) -> u64 {

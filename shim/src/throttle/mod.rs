@@ -184,31 +184,38 @@ fn spend(device: &DeviceThrottle) -> bool {
         || device.credit.try_spend(device.cost.load(Ordering::Relaxed))
 }
 
-/// What the throttle still asks of a launch where its handler runs (`hooks::launch`): the
-/// hot export asks [`Due::Fast`]; whatever that leaves, the cold shell settles.
+/// What the throttle still asks of a launch where its handler runs (`hooks::launch`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
 pub enum Due {
-    /// The common case only ([`bill_fast`]): decided with a few loads, or left to the shell.
+    /// The common case only ([`bill_fast`]): billed here, or left for the whole check. A
+    /// launch is never made on this step: it answers what is left.
     Fast,
+    /// Nothing: [`bill_fast`] billed the launch.
+    Billed,
     /// The whole check ([`before_launch_to`] / [`before_launch`]): nothing was billed yet.
     Check,
-    /// Billed by [`bill_fast`], whose local credit ran out: the wait for tokens.
-    Wait,
+}
+
+impl Due {
+    /// [`settle`] for a call that enqueues nothing to bill (the driver will refuse it).
+    #[inline(always)]
+    pub fn unbilled(self) -> Result<(), Due> {
+        match self {
+            Due::Fast => Err(Due::Billed),
+            Due::Billed | Due::Check => Ok(()),
+        }
+    }
 }
 
 /// Settles what is due of a launch enqueued on `stream`. `Err(rest)` only from
-/// [`Due::Fast`]: the launch must not be made here, the cold shell settles `rest`.
+/// [`Due::Fast`], which never launches: `Billed` (launch now) or `Check`.
 #[inline(always)]
 pub fn settle(due: Due, stream: gpuslice_abi::cuda::CUstream) -> Result<(), Due> {
     match due {
-        Due::Fast => bill_fast(),
+        Due::Fast => Err(if bill_fast() { Due::Billed } else { Due::Check }),
+        Due::Billed => Ok(()),
         Due::Check => {
             before_launch_to(stream);
-            Ok(())
-        }
-        Due::Wait => {
-            wait_after_spend(stream);
             Ok(())
         }
     }
@@ -219,56 +226,45 @@ pub fn settle(due: Due, stream: gpuslice_abi::cuda::CUstream) -> Result<(), Due>
 #[inline(always)]
 pub fn settle_legacy(due: Due) -> Result<(), Due> {
     match due {
-        Due::Fast => bill_fast(),
+        Due::Fast => Err(if bill_fast() { Due::Billed } else { Due::Check }),
+        Due::Billed => Ok(()),
         Due::Check => {
             before_launch();
-            Ok(())
-        }
-        Due::Wait => {
-            wait_after_spend(std::ptr::null_mut());
             Ok(())
         }
     }
 }
 
-/// The common launch's whole throttle check, when it needs no more than a few loads: no
-/// share (one load), or one device whose throttle is built and no capture open (what
-/// [`before_launch_to`] does then: count, debit the local credit). `Ok`: billed (or nothing
-/// to bill); `Err(Due::Wait)`: billed, the credit is exhausted; `Err(Due::Check)`: not
-/// decided here (first launch, several devices, a capture may be open), nothing billed.
-/// Loads and atomic read-modify-writes only, no call: nothing here can panic, so the hot
-/// export runs it outside a panic boundary.
+/// The common launch's whole throttle check, when it needs no more than a few loads and
+/// the launch need not wait: no share (one load), or one device whose throttle is built, no
+/// capture open and credit left (what [`before_launch_to`] does then: count, debit the local
+/// credit). `false`: nothing was billed, the whole check decides. Loads and atomic
+/// read-modify-writes only, no call: nothing here can panic, so the hot export runs it
+/// outside a panic boundary.
 #[inline(always)]
-pub fn bill_fast() -> Result<(), Due> {
+pub fn bill_fast() -> bool {
     match ACTIVE.load(Ordering::Relaxed) {
-        OFF => Ok(()),
+        OFF => true,
         ON if DEVICE_COUNT_KIND.load(Ordering::Relaxed) == 1 && !capture::any_open() => {
             // One visible device: `current_ordinal` is 0. DEVICES[0] is non-null exactly when
             // DEVICE_STATE[0] is ON (stored before it, both reset together at fork).
             let device = DEVICES[0].load(Ordering::Acquire);
             if device.is_null() {
-                return Err(Due::Check);
+                return false;
             }
             // SAFETY: a non-null DEVICES entry is a leaked, never freed DeviceThrottle.
-            if spend(unsafe { &*device }) {
-                Ok(())
-            } else {
-                Err(Due::Wait)
+            let device = unsafe { &*device };
+            let bypass = device.bypass.load(Ordering::Relaxed);
+            if !bypass && device.credit.value() <= 0 {
+                return false; // exhausted: the whole check counts, debits and waits
             }
+            device.launches.fetch_add(1, Ordering::Relaxed);
+            if !bypass {
+                device.credit.debit(device.cost.load(Ordering::Relaxed));
+            }
+            true
         }
-        _ => Err(Due::Check),
-    }
-}
-
-/// After [`bill_fast`] answered `Err(Due::Wait)`: waits for the tokens the launch on
-/// `stream` was debited (what [`before_launch_to`] does after an exhausted credit).
-#[cold]
-#[inline(never)]
-fn wait_after_spend(stream: gpuslice_abi::cuda::CUstream) {
-    let device = DEVICES[0].load(Ordering::Acquire);
-    if !device.is_null() {
-        // SAFETY: as in `bill_fast`.
-        wait_for_tokens(unsafe { &*device }, stream);
+        _ => false,
     }
 }
 
@@ -579,5 +575,168 @@ fn init_device(index: usize, ordinal: CUdevice) -> Option<&'static DeviceThrottl
             }
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+
+    use gpuslice_abi::cuda::CUstream;
+    use gpuslice_common::config::Priority;
+    use gpuslice_common::region::THROTTLE_WORDS;
+
+    /// One state a launch can find the throttle in.
+    #[derive(Debug, Clone, Copy)]
+    struct Case {
+        active: u8,
+        devices: u8,
+        built: bool,
+        credit: i64,
+        bypass: bool,
+        capture: bool,
+    }
+
+    fn cases() -> Vec<Case> {
+        let mut cases = Vec::new();
+        for active in [UNINIT, OFF, ON] {
+            for devices in [1, 2] {
+                for built in [false, true] {
+                    for credit in [5_000_000, 0, -3_000] {
+                        for bypass in [false, true] {
+                            for capture in [false, true] {
+                                cases.push(Case {
+                                    active,
+                                    devices,
+                                    built,
+                                    credit,
+                                    bypass,
+                                    capture,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        cases
+    }
+
+    /// Whether the hot export should bill `case` alone (never handing it to the shell).
+    fn billed_hot(case: &Case) -> bool {
+        case.active == OFF
+            || (case.active == ON
+                && case.devices == 1
+                && case.built
+                && !case.capture
+                && (case.bypass || case.credit > 0))
+    }
+
+    fn device() -> &'static DeviceThrottle {
+        let words: &'static [AtomicU64; THROTTLE_WORDS] =
+            Box::leak(Box::new([const { AtomicU64::new(0) }; THROTTLE_WORDS]));
+        Box::leak(Box::new(DeviceThrottle {
+            ordinal: 0,
+            uuid: "GPU-TEST".into(),
+            configured_percent: Some(50),
+            percent: AtomicU32::new(50),
+            policy: ComputePolicy::Cap,
+            priority: Priority::Normal,
+            words,
+            region_entry: None,
+            credit: bucket::Credit::new(),
+            cost: AtomicU64::new(0),
+            bypass: AtomicBool::new(false),
+            launches: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            sleeping: AtomicU64::new(0),
+            unresolved: AtomicBool::new(false),
+            probe: probe::Probe::new(),
+        }))
+    }
+
+    /// Puts the throttle (this process's statics, and `device`) in `case`'s state.
+    fn prepare(case: &Case, device: &'static DeviceThrottle) {
+        ACTIVE.store(case.active, Ordering::Relaxed);
+        DEVICE_COUNT_KIND.store(case.devices, Ordering::Relaxed);
+        let (state, pointer) = if case.built {
+            (ON, device as *const DeviceThrottle as *mut DeviceThrottle)
+        } else {
+            (UNINIT, std::ptr::null_mut())
+        };
+        DEVICES[0].store(pointer, Ordering::Relaxed);
+        DEVICE_STATE[0].store(state, Ordering::Relaxed);
+        capture::began(if case.capture { CUDA_SUCCESS } else { 1 });
+        device.credit.reset();
+        device.credit.add(case.credit.max(0) as u64);
+        if case.credit < 0 {
+            device.credit.debit(case.credit.unsigned_abs());
+        }
+        device.bypass.store(case.bypass, Ordering::Relaxed);
+        device.cost.store(1_000_000, Ordering::Relaxed);
+        device.launches.store(0, Ordering::Relaxed);
+        device.waits.store(0, Ordering::Relaxed);
+        // A learned cost (no start-up probe: it would ask the driver about the stream) and a
+        // rate high enough that a reservation is due at once.
+        device.words[W_COST].store(1_000_000 | watcher::COST_LEARNED, Ordering::Relaxed);
+        device.words[W_INV_RATE].store(bucket::inv_rate_fixed(0.5), Ordering::Relaxed);
+        device.words[W_VTIME].store(0, Ordering::Relaxed);
+    }
+
+    /// What a launch left behind: launches counted, the credit, waits, whether a chunk was
+    /// reserved, the process's `ACTIVE` and the device's state.
+    fn outcome(device: &DeviceThrottle) -> (u64, i64, u64, bool, u8, u8) {
+        (
+            device.launches.load(Ordering::Relaxed),
+            device.credit.value(),
+            device.waits.load(Ordering::Relaxed),
+            device.words[W_VTIME].load(Ordering::Relaxed) != 0,
+            ACTIVE.load(Ordering::Relaxed),
+            DEVICE_STATE[0].load(Ordering::Relaxed),
+        )
+    }
+
+    /// The hot export's two steps (`Due::Fast`, then what it leaves) bill every state of the
+    /// matrix exactly as the cold shell's whole check (`Due::Check`) does, and the hot export
+    /// bills alone exactly the common cases. Each state is set in a fork child (the statics
+    /// are this process's).
+    #[test]
+    fn the_hot_steps_bill_every_state_as_the_whole_check_does() {
+        // Resolve the driver functions the whole check may ask before forking (a child must
+        // not dlopen): the unit-test process has no driver, they resolve to "missing".
+        for _ in [
+            crate::ground::driver::real::cuStreamIsCapturing().is_some(),
+            crate::ground::driver::real::cuCtxGetDevice().is_some(),
+            crate::ground::driver::real::cuDeviceGetCount().is_some(),
+            crate::ground::driver::real::cuStreamQuery().is_some(),
+        ] {}
+        let cases = cases();
+        let device = device();
+        let stream = 0x10 as CUstream;
+        for (index, case) in cases.iter().enumerate() {
+            let same = crate::session::fork::in_fork_child(|| {
+                prepare(case, device);
+                let step = settle(Due::Fast, stream);
+                let hot_alone = step == Err(Due::Billed);
+                let rest = match step {
+                    Err(rest) => rest,
+                    Ok(()) => return false,
+                };
+                if settle(rest, stream).is_err() {
+                    return false;
+                }
+                let hot = outcome(device);
+                prepare(case, device);
+                if settle(Due::Check, stream).is_err() {
+                    return false;
+                }
+                hot == outcome(device) && hot_alone == billed_hot(case)
+            });
+            assert!(same, "case {index}: {case:?}");
+        }
+        assert_eq!(cases.len(), 144);
+        // All 48 without a share, and 4 with one: one device, built, no capture, credit or bypass.
+        assert_eq!(cases.iter().filter(|c| billed_hot(c)).count(), 48 + 4);
     }
 }
