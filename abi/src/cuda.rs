@@ -131,6 +131,12 @@ pub mod proc_address {
     pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: i32 = 2;
 }
 
+/// `CUfunction_attribute` values (`cuFuncGetAttribute`, `cuKernelGetAttribute`).
+pub mod func_attr {
+    /// Local memory per thread, bytes.
+    pub const LOCAL_SIZE_BYTES: i32 = 3;
+}
+
 /// `CUlimit` values (`cuCtxSetLimit` / `cuCtxGetLimit`).
 pub mod limit {
     pub const STACK_SIZE: i32 = 0;

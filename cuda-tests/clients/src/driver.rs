@@ -70,6 +70,10 @@ macro_rules! for_each_entry_point {
             cuModuleLoadData = "cuModuleLoadData", 2000, legacy, (module: *mut CUmodule, image: *const c_void);
             cuModuleGetFunction = "cuModuleGetFunction", 2000, legacy, (func: *mut CUfunction, module: CUmodule, name: *const c_char);
             cuModuleUnload = "cuModuleUnload", 2000, legacy, (module: CUmodule);
+            cuModuleGetGlobal = "cuModuleGetGlobal_v2", 3020, legacy, (dptr: *mut CUdeviceptr, bytes: *mut usize, module: CUmodule, name: *const c_char);
+            cuLibraryLoadData = "cuLibraryLoadData", 12000, legacy, (library: *mut CUlibrary, code: *const c_void, jit_options: *mut c_void, jit_values: *mut *mut c_void, num_jit: c_uint, options: *mut c_void, values: *mut *mut c_void, num_options: c_uint);
+            cuLibraryGetKernel = "cuLibraryGetKernel", 12000, legacy, (kernel: *mut CUkernel, library: CUlibrary, name: *const c_char);
+            cuLibraryGetGlobal = "cuLibraryGetGlobal", 12000, legacy, (dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char);
             cuLaunchKernel = "cuLaunchKernel", 4000, ptsz, (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void);
             cuLaunchKernelEx = "cuLaunchKernelEx", 11060, ptsz, (config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void);
             cuLaunchCooperativeKernel = "cuLaunchCooperativeKernel", 9000, ptsz, (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void);
@@ -502,12 +506,70 @@ impl Driver {
 
     /// Loads the NUL-terminated PTX `ptx` (kept loaded) and returns its `kernel`.
     pub fn load_ptx(&self, ptx: &str, kernel: &str) -> Res<u64> {
-        let mut module: CUmodule = std::ptr::null_mut();
-        call!(self, cuModuleLoadData(&mut module, ptx.as_ptr().cast()))?;
+        let module = self.load_image(ptx, false)?;
+        self.get_kernel(module, kernel, false)
+    }
+
+    /// Loads the NUL-terminated image `image` (kept loaded) as a module (`cuModuleLoadData`)
+    /// or, with `library`, a library (`cuLibraryLoadData`, no options); its handle.
+    pub fn load_image(&self, image: &str, library: bool) -> Res<u64> {
+        let mut handle: *mut c_void = std::ptr::null_mut();
+        if library {
+            let none = std::ptr::null_mut();
+            call!(
+                self,
+                cuLibraryLoadData(
+                    &mut handle,
+                    image.as_ptr().cast(),
+                    none,
+                    std::ptr::null_mut(),
+                    0,
+                    none,
+                    std::ptr::null_mut(),
+                    0
+                )
+            )?;
+        } else {
+            call!(self, cuModuleLoadData(&mut handle, image.as_ptr().cast()))?;
+        }
+        Ok(handle as u64)
+    }
+
+    /// The function `kernel` of module `handle` (`cuModuleGetFunction`), or with `library`
+    /// the `CUkernel` of library `handle` (`cuLibraryGetKernel`), launchable as it is.
+    pub fn get_kernel(&self, handle: u64, kernel: &str, library: bool) -> Res<u64> {
         let name = std::ffi::CString::new(kernel).expect("no NUL");
-        let mut func: CUfunction = std::ptr::null_mut();
-        call!(self, cuModuleGetFunction(&mut func, module, name.as_ptr()))?;
+        let mut func: *mut c_void = std::ptr::null_mut();
+        if library {
+            call!(
+                self,
+                cuLibraryGetKernel(&mut func, handle as CUlibrary, name.as_ptr())
+            )?;
+        } else {
+            call!(
+                self,
+                cuModuleGetFunction(&mut func, handle as CUmodule, name.as_ptr())
+            )?;
+        }
         Ok(func as u64)
+    }
+
+    /// The address of global `name` of module (or, with `library`, library) `handle`.
+    pub fn get_global(&self, handle: u64, name: &str, library: bool) -> Res<u64> {
+        let name = std::ffi::CString::new(name).expect("no NUL");
+        let (mut dptr, mut bytes): (CUdeviceptr, usize) = (0, 0);
+        if library {
+            call!(
+                self,
+                cuLibraryGetGlobal(&mut dptr, &mut bytes, handle as CUlibrary, name.as_ptr())
+            )?;
+        } else {
+            call!(
+                self,
+                cuModuleGetGlobal(&mut dptr, &mut bytes, handle as CUmodule, name.as_ptr())
+            )?;
+        }
+        Ok(dptr)
     }
 
     pub fn alloc(&self, path: AllocPath, size: usize) -> Res<Allocation> {

@@ -1,8 +1,8 @@
 //! Launch handlers: every kernel and graph launch (each `_ptsz` variant, the cooperative and
-//! deprecated ones) settles what the `throttle` asks of it before the real launch, and tells
-//! the memory policy, after the launch call, that the driver may have grown (lazy loading,
-//! local memory: `driver_growth`; after, so that a reconciliation during the call cannot
-//! miss the growth).
+//! deprecated ones) settles what the `throttle` asks of it before the real launch. What a
+//! first launch makes the driver place (a kernel's local memory, a lazily loaded library)
+//! was priced when the kernel's handle was obtained (`hooks::module`), so a launch asks the
+//! memory policy nothing (a graph's first launch excepted: its graph memory).
 //!
 //! ONE LAUNCH PATH. The launch hooks are `[hot]` in the registry, and each handler below is
 //! written once, told by `due` ([`throttle::Due`]) what is left to settle before the launch.
@@ -13,20 +13,20 @@
 //!   credit left: count and debit) and never launches; it answers `Err(Due::Billed)` or
 //!   `Err(Due::Check)`. The export then tail-calls, with the caller's arguments untouched,
 //!   the hot launch or the cold shell;
-//! * the HOT LAUNCH (`Due::Billed`): the real call and what follows it
-//!   (`driver_growth::launched`, one store; a graph's first-launch memory);
+//! * the HOT LAUNCH (`Due::Billed`): the real call (a jump to it, where nothing follows it;
+//!   a graph's first launch reserves its memory after it);
 //! * the COLD SHELL (a panic boundary, the gate `lifecycle::admit`, the real slot), with
 //!   `Due::Check`: the throttle's whole path (the first launch, several devices, an open
 //!   capture, an exhausted credit and its wait), then the launch.
 //!
-//! Why the hot launch is a function of its own: a launch with stack arguments (the kernel and
-//! cooperative launches have five and four) that also calls the shell would have the
-//! arguments loaded into saved registers at entry, around 20 instructions more per launch;
-//! a function that only decides and jumps, and one that only launches, have none of that.
-//! Costs, and why this is Rust and not machine code: `docs/performance.md`.
+//! Why the export jumps rather than calls: a function that calls the driver with the caller's
+//! stack arguments (the kernel and cooperative launches have five and four) and can also call
+//! the shell has the arguments loaded into saved registers at entry, around 20 instructions
+//! more per launch; one that only decides and jumps leaves them where they are. Costs, and
+//! why this is Rust and not machine code: `docs/performance.md`.
 //!
 //! The hot export and the hot launch have no panic boundary: loads, atomic
-//! read-modify-writes, the real call and a store, with no indexing that can fail, no
+//! read-modify-writes and the real call, with no indexing that can fail, no
 //! arithmetic that can overflow-check and no call into code that can panic. What can panic
 //! (the throttle's first launch, a wait for tokens) runs in the shell; a graph's memory
 //! settling after its launch has its own boundary.
@@ -84,9 +84,7 @@ pub unsafe fn launch_kernel(
 ) -> Launched {
     throttle::settle(due, stream)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-    memory::driver_growth::launched();
-    Ok(result)
+    Ok(unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) })
 }
 
 /// `cuLaunchKernelEx[_ptsz]`.
@@ -111,9 +109,7 @@ pub unsafe fn launch_kernel_ex(
         throttle::settle(due, stream)?;
     }
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(config, f, params, extra) };
-    memory::driver_growth::launched();
-    Ok(result)
+    Ok(unsafe { real(config, f, params, extra) })
 }
 
 /// `cuLaunchCooperativeKernel[_ptsz]`.
@@ -138,9 +134,7 @@ pub unsafe fn launch_cooperative_kernel(
 ) -> Launched {
     throttle::settle(due, stream)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) };
-    memory::driver_growth::launched();
-    Ok(result)
+    Ok(unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) })
 }
 
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported): one launch per
@@ -163,9 +157,7 @@ pub unsafe fn launch_cooperative_kernel_multi_device(
         }
     }
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(list, n, flags) };
-    memory::driver_growth::launched();
-    result
+    unsafe { real(list, n, flags) }
 }
 
 /// `cuGraphLaunch[_ptsz]`: billed as one launch (captured launches were not, see
@@ -183,7 +175,6 @@ pub unsafe fn graph_launch(
     throttle::settle(due, stream)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(exec, stream) };
-    memory::driver_growth::launched();
     if result == CUDA_SUCCESS {
         return Ok(graph_settled(exec, result));
     }
@@ -210,9 +201,7 @@ fn graph_settled(exec: CUgraphExec, result: CUresult) -> CUresult {
 pub unsafe fn launch(real: sig::cuLaunch, f: CUfunction, due: Due) -> Launched {
     throttle::settle_legacy(due)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(f) };
-    memory::driver_growth::launched();
-    Ok(result)
+    Ok(unsafe { real(f) })
 }
 
 /// `cuLaunchGrid` (deprecated), on the legacy stream.
@@ -229,9 +218,7 @@ pub unsafe fn launch_grid(
 ) -> Launched {
     throttle::settle_legacy(due)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(f, grid_width, grid_height) };
-    memory::driver_growth::launched();
-    Ok(result)
+    Ok(unsafe { real(f, grid_width, grid_height) })
 }
 
 /// `cuLaunchGridAsync` (deprecated).
@@ -249,9 +236,7 @@ pub unsafe fn launch_grid_async(
 ) -> Launched {
     throttle::settle(due, stream)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(f, grid_width, grid_height, stream) };
-    memory::driver_growth::launched();
-    Ok(result)
+    Ok(unsafe { real(f, grid_width, grid_height, stream) })
 }
 
 // ---------------------------------------------------------------- stream capture

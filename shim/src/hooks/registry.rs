@@ -161,7 +161,8 @@ macro_rules! hook_table {
             Cuda fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => context::primary_ctx_release;
             Cuda fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => context::primary_ctx_reset;
 
-            // Module images are the driver's own memory (see memory::driver_growth).
+            // What the driver places by itself for a module or library (its code and static
+            // data; a kernel's local memory) is priced before the call (memory::driver_sized::placed).
             Cuda fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> CUresult => module::module_load;
             Cuda fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult
                 => module::module_load_data;
@@ -169,6 +170,9 @@ macro_rules! hook_table {
                 options: *mut c_void, option_values: *mut *mut c_void) -> CUresult => module::module_load_data_ex;
             Cuda fn cuModuleLoadFatBinary(module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult
                 => module::module_load_fat_binary;
+            Cuda fn cuModuleUnload(module: CUmodule) -> CUresult => module::module_unload;
+            Cuda fn cuModuleGetFunction(func: *mut CUfunction, module: CUmodule, name: *const c_char) -> CUresult
+                => module::module_get_function;
             Cuda fn cuLibraryLoadData(library: *mut CUlibrary, code: *const c_void, jit_options: *mut c_void,
                 jit_option_values: *mut *mut c_void, num_jit_options: c_uint, library_options: *mut c_void,
                 library_option_values: *mut *mut c_void, num_library_options: c_uint) -> CUresult
@@ -177,8 +181,15 @@ macro_rules! hook_table {
                 jit_options: *mut c_void, jit_option_values: *mut *mut c_void, num_jit_options: c_uint,
                 library_options: *mut c_void, library_option_values: *mut *mut c_void,
                 num_library_options: c_uint) -> CUresult => module::library_load_from_file;
-            Cuda fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, module: CUmodule,
-                name: *const c_char) -> CUresult => module::module_get_global;
+            Cuda fn cuLibraryUnload(library: CUlibrary) -> CUresult => module::library_unload;
+            Cuda fn cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char) -> CUresult
+                => module::library_get_kernel;
+            Cuda fn cuKernelGetFunction(func: *mut CUfunction, kernel: CUkernel) -> CUresult
+                => module::kernel_get_function;
+            Cuda fn cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary,
+                name: *const c_char) -> CUresult => module::library_get_global;
+            Cuda fn cuLibraryGetModule(module: *mut CUmodule, library: CUlibrary) -> CUresult
+                => module::library_get_module;
 
             Cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
                 bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
@@ -315,6 +326,9 @@ macro_rules! hook_table {
             Cuda fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
             Cuda fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void) -> CUresult;
             Cuda fn cuCtxGetLimit(*mut usize, c_int) -> CUresult;
+            Cuda fn cuDeviceGetAttribute(*mut c_int, c_int, CUdevice) -> CUresult;
+            Cuda fn cuFuncGetAttribute(*mut c_int, c_int, CUfunction) -> CUresult;
+            Cuda fn cuKernelGetAttribute(*mut c_int, c_int, CUkernel, CUdevice) -> CUresult;
         }}
     };
 }
@@ -719,7 +733,11 @@ mod tests {
             "cuModuleLoadData",
             "cuModuleLoadFatBinary",
             "cuLibraryLoadData",
-            "cuModuleGetGlobal_v2",
+            "cuModuleGetFunction",
+            "cuLibraryGetKernel",
+            "cuKernelGetFunction",
+            "cuLibraryGetGlobal",
+            "cuModuleUnload",
             "nvmlDeviceGetComputeRunningProcesses_v3",
         ] {
             assert!(hook_by_name(name).is_some(), "{name}");

@@ -1,20 +1,26 @@
 //! What a loaded module image costs on the device, read from the image itself: how many bytes
-//! of it the driver places in device memory, and each kernel's per-thread local memory.
+//! of it the driver places in device memory (its code, and its data: constant banks and static
+//! `__device__` variables), and each kernel's per-thread local memory.
 //!
 //! Rules (the fake runs no code, so these stand for what the driver's loader does):
-//! * cubin (an ELF file, `\x7fELF`): the sum of the sizes of its sections the loader places
-//!   in memory (`SHF_ALLOC`): code (`.text.<kernel>`), constant banks (`.nv.constant<N>`),
+//! * cubin (an ELF file, `\x7fELF`): the sizes of its sections the loader places in memory
+//!   (`SHF_ALLOC`): code (`.text.<kernel>`), and data: constant banks (`.nv.constant<N>`),
 //!   initialised and zero-initialised static `__device__` data (`.nv.global.init`,
 //!   `.nv.global`, the latter `SHT_NOBITS`: no bytes in the file, all of them on the device).
 //!   `.nv.shared.*` is on-chip shared memory and does not count. Per-kernel local memory is
 //!   not read from a cubin's `.nv.info` attributes; it comes from `FAKEGPU_KERNEL_LOCAL_BYTES`.
 //! * PTX (text): the JIT's output is the code plus the module's static data. Counted: the
-//!   text's length (an upper bound of the code it compiles to) plus every module-scope
-//!   `.global` / `.const` variable's declared size (`.global .align 8 .b8 buf[1048576];` is
-//!   1 MiB). A kernel's per-thread local memory is its `.local` declarations (nvcc's
-//!   `__local_depot<N>[bytes]`, the stack frame), summed per `.entry`.
-//! * fatbin (`0xBA55ED50`): its payload size (`fat_size` of the header): the loader keeps the
-//!   entry for the device and the fake does not pick one.
+//!   text's length as code (an upper bound of the code it compiles to), every module-scope
+//!   `.global` / `.const` variable's declared size as data (`.global .align 8 .b8
+//!   buf[1048576];` is 1 MiB). A kernel's per-thread local memory is its `.local` declarations
+//!   (nvcc's `__local_depot<N>[bytes]`, the stack frame), summed per `.entry`.
+//! * fatbin (`0xBA55ED50`: a header, then entries of kind 1 PTX or 2 ELF, each with its
+//!   architecture at byte 0x1C, flags at 0x28 and uncompressed size at 0x38): the entry the
+//!   loader takes for the device, a cubin of its compute capability, else the newest cubin of
+//!   its major version not above it, else the newest PTX not above it (JIT-compiled), sized by
+//!   the rules above. A compressed entry (flag 0x2000 or 0x8000) counts its uncompressed size
+//!   as data: the fake has no decompressor, so static data in its `NOBITS` sections is not
+//!   seen.
 //!
 //! `FAKEGPU_KERNEL_LOCAL_BYTES=name=bytes[,name=bytes...]` overrides or adds a kernel's local
 //! bytes by name (for cubins, fatbins, and images that are not real code).
@@ -22,11 +28,19 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 
-/// What an image costs: bytes on the device, per-thread local bytes per kernel.
+/// What an image costs: bytes on the device (its code, its data), per-thread local bytes per
+/// kernel.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImageInfo {
-    pub device_bytes: u64,
+    pub code_bytes: u64,
+    pub data_bytes: u64,
     pub local_bytes: HashMap<String, u64>,
+}
+
+impl ImageInfo {
+    pub fn device_bytes(&self) -> u64 {
+        self.code_bytes.saturating_add(self.data_bytes)
+    }
 }
 
 const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
@@ -35,22 +49,68 @@ pub const FATBIN_MAGIC: u32 = 0xBA55_ED50;
 const MAX_IMAGE: usize = 1 << 30;
 const SHF_ALLOC: u64 = 0x2;
 
-/// What `image` costs, by the rules in the module doc.
-pub fn parse(image: &[u8]) -> ImageInfo {
+/// What `image` costs on a device of compute capability `sm` (`10 * major + minor`), by the
+/// rules in the module doc.
+pub fn parse(image: &[u8], sm: u32) -> ImageInfo {
     if image.starts_with(ELF_MAGIC) {
         return parse_elf(image).unwrap_or(ImageInfo {
-            device_bytes: image.len() as u64,
-            local_bytes: HashMap::new(),
+            data_bytes: image.len() as u64,
+            ..ImageInfo::default()
         });
     }
     if image.len() >= 16 && u32_at(image, 0) == Some(FATBIN_MAGIC) {
-        return ImageInfo {
-            device_bytes: u64_at(image, 8).unwrap_or(0),
-            local_bytes: HashMap::new(),
-        };
+        return parse_fatbin(image, sm).unwrap_or_default();
     }
     let text = String::from_utf8_lossy(image.split(|&b| b == 0).next().unwrap_or(&[]));
     parse_ptx(&text)
+}
+
+/// The fatbin entry a device of `sm` loads (see the module doc), sized.
+fn parse_fatbin(b: &[u8], sm: u32) -> Option<ImageInfo> {
+    let first = u16_at(b, 6)? as usize;
+    let end = first.checked_add(u64_at(b, 8)? as usize)?;
+    // (kind, arch, offset of the payload, its length, compressed size if compressed)
+    let mut entries = Vec::new();
+    let mut at = first;
+    while at + 64 <= end {
+        let (kind, header) = (u16_at(b, at)?, u32_at(b, at + 4)? as usize);
+        let payload = u64_at(b, at + 8)? as usize;
+        if header < 64 {
+            break;
+        }
+        let compressed = (u64_at(b, at + 0x28)? & 0xA000 != 0).then(|| u64_at(b, at + 0x38));
+        entries.push((
+            kind,
+            u32_at(b, at + 0x1C)?,
+            at + header,
+            payload,
+            compressed,
+        ));
+        at = at.checked_add(header)?.checked_add(payload)?;
+    }
+    let newest = |kind: u64, ok: &dyn Fn(u32) -> bool| {
+        entries
+            .iter()
+            .filter(|e| e.0 == kind && ok(e.1))
+            .max_by_key(|e| e.1)
+    };
+    let (kind, _, data, len, compressed) = newest(2, &|arch| arch == sm)
+        .or_else(|| newest(2, &|arch| arch / 10 == sm / 10 && arch <= sm))
+        .or_else(|| newest(1, &|arch| arch <= sm))?;
+    if let Some(size) = compressed {
+        return Some(ImageInfo {
+            data_bytes: size.unwrap_or(0),
+            ..ImageInfo::default()
+        });
+    }
+    let body = b.get(*data..data.checked_add(*len)?)?;
+    Some(if *kind == 2 {
+        parse_elf(body)?
+    } else {
+        parse_ptx(&String::from_utf8_lossy(
+            body.split(|&c| c == 0).next().unwrap_or(&[]),
+        ))
+    })
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u64> {
@@ -93,18 +153,21 @@ fn parse_elf(b: &[u8]) -> Option<ImageInfo> {
         let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
         String::from_utf8_lossy(&rest[..end]).into_owned()
     };
-    let mut device_bytes = 0u64;
+    let mut info = ImageInfo::default();
     for i in 0..shnum {
         let (name, _, flags, _, size) = section(i)?;
-        if flags & SHF_ALLOC == 0 || name_of(name).starts_with(".nv.shared") {
+        let name = name_of(name);
+        if flags & SHF_ALLOC == 0 || name.starts_with(".nv.shared") {
             continue;
         }
-        device_bytes = device_bytes.saturating_add(size);
+        let into = if name.starts_with(".text") {
+            &mut info.code_bytes
+        } else {
+            &mut info.data_bytes
+        };
+        *into = into.saturating_add(size);
     }
-    Some(ImageInfo {
-        device_bytes,
-        local_bytes: HashMap::new(),
-    })
+    Some(info)
 }
 
 /// Bytes of a PTX scalar type (`.b8`, `.u32`, `.f64`, ...); `None` for anything else.
@@ -143,7 +206,7 @@ fn declared_bytes(statement: &str) -> u64 {
 }
 
 fn parse_ptx(text: &str) -> ImageInfo {
-    let mut device_bytes = text.len() as u64;
+    let mut data_bytes = 0u64;
     let mut local_bytes = HashMap::new();
     let mut depth = 0usize;
     let mut entry: Option<String> = None;
@@ -185,7 +248,7 @@ fn parse_ptx(text: &str) -> ImageInfo {
                     } else if c == ';' {
                         let decl = from_last(s, ".global").or_else(|| from_last(s, ".const"));
                         if let Some(decl) = decl {
-                            device_bytes = device_bytes.saturating_add(declared_bytes(&decl));
+                            data_bytes = data_bytes.saturating_add(declared_bytes(&decl));
                         }
                     }
                 } else if c == ';' {
@@ -209,7 +272,8 @@ fn parse_ptx(text: &str) -> ImageInfo {
         }
     }
     ImageInfo {
-        device_bytes,
+        code_bytes: text.len() as u64,
+        data_bytes,
         local_bytes,
     }
 }
@@ -331,8 +395,9 @@ mod tests {
 
     #[test]
     fn ptx_counts_text_static_data_and_each_kernels_local_depot() {
-        let info = parse(PTX.as_bytes());
-        assert_eq!(info.device_bytes, PTX.len() as u64 + 1_048_576 + 1024);
+        let info = parse(PTX.as_bytes(), 70);
+        assert_eq!(info.code_bytes, PTX.len() as u64);
+        assert_eq!(info.data_bytes, 1_048_576 + 1024);
         assert_eq!(info.local_bytes.get("deep"), Some(&4096));
         assert_eq!(info.local_bytes.get("flat"), None);
     }
@@ -386,8 +451,9 @@ mod tests {
             (".nv.shared.k", 8, 0x3, 48 << 10),
             (".nv.info.k", 0x7000_0000, 0, 100),
         ]);
-        let info = parse(&image);
-        assert_eq!(info.device_bytes, 4096 + 512 + (64 << 20));
+        let info = parse(&image, 70);
+        assert_eq!(info.code_bytes, 4096);
+        assert_eq!(info.data_bytes, 512 + (64 << 20));
         // SAFETY: a complete image in a live buffer.
         let read = unsafe { image_at(image.as_ptr().cast()) }.unwrap();
         assert_eq!(
@@ -397,14 +463,57 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_fatbin_counts_its_payload_and_text_ends_at_its_nul() {
+    /// A fatbin of (kind, arch, flags, payload) entries.
+    fn fatbin(entries: &[(u16, u32, u64, &[u8])]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (kind, arch, flags, payload) in entries {
+            let mut e = vec![0u8; 64];
+            e[..2].copy_from_slice(&kind.to_le_bytes());
+            e[4..8].copy_from_slice(&64u32.to_le_bytes());
+            e[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+            e[0x1C..0x20].copy_from_slice(&arch.to_le_bytes());
+            e[0x28..0x30].copy_from_slice(&flags.to_le_bytes());
+            e[0x38..0x40].copy_from_slice(&(payload.len() as u64 * 4).to_le_bytes());
+            body.extend(e);
+            body.extend_from_slice(payload);
+        }
         let mut fat = Vec::new();
         fat.extend_from_slice(&FATBIN_MAGIC.to_le_bytes());
         fat.extend_from_slice(&1u16.to_le_bytes());
         fat.extend_from_slice(&16u16.to_le_bytes());
-        fat.extend_from_slice(&(3u64 << 20).to_le_bytes());
-        assert_eq!(parse(&fat).device_bytes, 3 << 20);
+        fat.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        fat.extend(body);
+        fat
+    }
+
+    #[test]
+    fn a_fatbin_costs_the_entry_the_device_loads_and_text_ends_at_its_nul() {
+        let sm70 = elf(&[(".nv.global", 8, 0x3, 70 << 20)]);
+        let sm80 = elf(&[(".nv.global", 8, 0x3, 80 << 20)]);
+        let ptx = format!("{PTX}\0");
+        let fat = fatbin(&[
+            (2, 70, 0, &sm70),
+            (2, 80, 0, &sm80),
+            (1, 80, 0, ptx.as_bytes()),
+            (2, 90, 0x8000, b"zstd bytes"),
+        ]);
+        assert_eq!(parse(&fat, 70).data_bytes, 70 << 20);
+        assert_eq!(
+            parse(&fat, 75).data_bytes,
+            70 << 20,
+            "the newest of its major"
+        );
+        assert_eq!(parse(&fat, 86).data_bytes, 80 << 20);
+        assert_eq!(
+            parse(&fat, 90).data_bytes,
+            40,
+            "compressed: its uncompressed size"
+        );
+        assert_eq!(parse(&fat, 100).data_bytes, 1_048_576 + 1024, "the PTX");
+        assert_eq!(parse(&fat, 60).device_bytes(), 0, "nothing it loads");
+        // SAFETY: a complete image in a live buffer.
+        let read = unsafe { image_at(fat.as_ptr().cast()) };
+        assert_eq!(read.unwrap().len(), fat.len());
         let text = b"abc\0def";
         // SAFETY: NUL-terminated.
         assert_eq!(unsafe { image_at(text.as_ptr().cast()) }.unwrap(), b"abc");

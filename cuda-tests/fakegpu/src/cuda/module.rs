@@ -202,9 +202,11 @@ impl Cuda {
             },
         );
         drop(t);
-        // What the image costs on the device (placed now or, lazily, at its first launch).
+        // What the image costs on the device (its data placed now, its code now or, lazily,
+        // at the first `cuModuleGetFunction`).
+        let sm = self.current_sm();
         // SAFETY: as for `classify` above.
-        self.attach_image(h, unsafe { super::driver_memory::image_info(&src) })?;
+        self.attach_image(h, unsafe { super::driver_memory::image_info(&src, sm) })?;
         Ok(h)
     }
 
@@ -267,6 +269,7 @@ impl Cuda {
             return Ok(f);
         }
         let ctx = module.ctx;
+        self.module_code_needed(&mut t, m)?;
         let f = t.handle(kind::FUNC);
         t.functions.insert(
             f,
@@ -296,7 +299,6 @@ impl Cuda {
             return Ok((g, GLOBAL_SIZE));
         }
         let ctx = module.ctx;
-        self.module_data_needed(&mut t, m)?;
         let cur = Self::live_ctx(&t, ctx)?;
         let g = self.alloc_in(&mut t, &cur, GLOBAL_SIZE, 0, AllocKind::Global, false)?;
         t.modules
@@ -328,8 +330,9 @@ impl Cuda {
             },
         );
         drop(t);
+        let sm = self.current_sm();
         // SAFETY: as for `classify` above.
-        self.attach_library(h, unsafe { super::driver_memory::image_info(&src) })?;
+        self.attach_library(h, unsafe { super::driver_memory::image_info(&src, sm) })?;
         Ok(h)
     }
 
@@ -385,7 +388,10 @@ impl Cuda {
                 return Ok(f);
             }
         }
-        let name = kernel.name.clone();
+        let (name, library) = (kernel.name.clone(), kernel.library);
+        // The function of a library's kernel in this context: lazy loading places the
+        // library here.
+        self.place_library(&mut t, library, cur.ctx)?;
         let f = t.handle(kind::FUNC);
         t.functions.insert(
             f,
