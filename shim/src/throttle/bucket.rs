@@ -181,6 +181,37 @@ impl Credit {
     }
 }
 
+/// The GPU-ns one launch debits from a [`Credit`], kept at most `i64::MAX` (the credit is
+/// signed) by every store, so the launch's debit needs no clamp of its own.
+#[derive(Debug, Default)]
+pub struct LaunchCost(AtomicU64);
+
+impl LaunchCost {
+    pub const fn new(gpu: u64) -> LaunchCost {
+        LaunchCost(AtomicU64::new(at_most_i64(gpu)))
+    }
+
+    #[inline]
+    pub fn set(&self, gpu: u64) {
+        self.0.store(at_most_i64(gpu), Ordering::Relaxed);
+    }
+
+    /// The cost, at most `i64::MAX`: the mask removes nothing any store left, it tells the
+    /// compiler so (the debit's own clamp then costs nothing).
+    #[inline(always)]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed) & i64::MAX as u64
+    }
+}
+
+const fn at_most_i64(gpu: u64) -> u64 {
+    if gpu > i64::MAX as u64 {
+        i64::MAX as u64
+    } else {
+        gpu
+    }
+}
+
 /// Host PIDs of the slice's processes on one device, packed two per word in the shared
 /// throttle words (0 = empty). Lock-free insert; eviction drops PIDs the driver no longer lists.
 pub struct PidTable<'a> {

@@ -9,7 +9,7 @@ use gpuslice_abi::cuda::CUdevice;
 use gpuslice_common::config::{ComputePolicy, Priority, SliceConfig};
 use gpuslice_common::region::{DeviceId, DeviceLimits, Region, THROTTLE_WORDS};
 
-use super::bucket::{self, Credit, PidTable};
+use super::bucket::{self, Credit, LaunchCost, PidTable};
 use super::{controller, probe};
 
 pub const W_VTIME: usize = 0;
@@ -54,7 +54,7 @@ pub struct DeviceThrottle {
     pub region_entry: Option<(&'static Region, DeviceId)>,
     pub credit: Credit,
     /// Local copies refreshed by the watcher, so launches read no shared cache line.
-    pub cost: AtomicU64,
+    pub cost: LaunchCost,
     pub bypass: AtomicBool,
     /// Launches this process made on the device (the watcher flushes the growth to the shared
     /// counter); waits since the watcher last flushed them.
@@ -153,7 +153,7 @@ pub(super) fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<De
         words,
         region_entry,
         credit: Credit::new(),
-        cost: AtomicU64::new(controller::INITIAL_COST_NS as u64),
+        cost: LaunchCost::new(controller::INITIAL_COST_NS as u64),
         bypass: AtomicBool::new(false),
         launches: AtomicU64::new(0),
         waits: AtomicU64::new(0),
@@ -250,7 +250,7 @@ mod tests {
             words: region.throttle_words(id),
             region_entry: Some((region, id)),
             credit: Credit::new(),
-            cost: AtomicU64::new(0),
+            cost: LaunchCost::new(0),
             bypass: AtomicBool::new(false),
             launches: AtomicU64::new(0),
             waits: AtomicU64::new(0),

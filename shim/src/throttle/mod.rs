@@ -180,8 +180,7 @@ fn throttle_launch_on(ordinal: CUdevice, stream: gpuslice_abi::cuda::CUstream) {
 #[inline(always)]
 fn spend(device: &DeviceThrottle) -> bool {
     device.launches.fetch_add(1, Ordering::Relaxed);
-    device.bypass.load(Ordering::Relaxed)
-        || device.credit.try_spend(device.cost.load(Ordering::Relaxed))
+    device.bypass.load(Ordering::Relaxed) || device.credit.try_spend(device.cost.get())
 }
 
 /// What the throttle still asks of a launch where its handler runs (`hooks::launch`).
@@ -260,7 +259,7 @@ pub fn bill_fast() -> bool {
             }
             device.launches.fetch_add(1, Ordering::Relaxed);
             if !bypass {
-                device.credit.debit(device.cost.load(Ordering::Relaxed));
+                device.credit.debit(device.cost.get());
             }
             true
         }
@@ -372,13 +371,13 @@ fn probe_idle_at(device: &DeviceThrottle, wait: &probe::Wait, t: u64, busy_ns: u
     let Some(bounds) = device.probe.idle_at(wait, t, busy_ns) else {
         return;
     };
-    let old = device.cost.load(Ordering::Relaxed);
+    let old = device.cost.get();
     let guess = match device.words[W_COST].load(Ordering::Relaxed) & !watcher::COST_LEARNED {
         0 => controller::INITIAL_COST_NS as u64,
         guess => guess,
     };
     let new = probe::estimate(guess, bounds.lower, bounds.upper);
-    device.cost.store(new, Ordering::Relaxed);
+    device.cost.set(new);
     let delta = new as i64 - old as i64;
     let issued = i64::try_from(bounds.launches).unwrap_or(i64::MAX);
     if delta != 0 && issued > 0 {
@@ -646,7 +645,7 @@ mod tests {
             words,
             region_entry: None,
             credit: bucket::Credit::new(),
-            cost: AtomicU64::new(0),
+            cost: bucket::LaunchCost::new(0),
             bypass: AtomicBool::new(false),
             launches: AtomicU64::new(0),
             waits: AtomicU64::new(0),
@@ -674,7 +673,7 @@ mod tests {
             device.credit.debit(case.credit.unsigned_abs());
         }
         device.bypass.store(case.bypass, Ordering::Relaxed);
-        device.cost.store(1_000_000, Ordering::Relaxed);
+        device.cost.set(1_000_000);
         device.launches.store(0, Ordering::Relaxed);
         device.waits.store(0, Ordering::Relaxed);
         // A learned cost (no start-up probe: it would ask the driver about the stream) and a

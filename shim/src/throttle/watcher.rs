@@ -240,7 +240,7 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
     } else {
         cost
     };
-    device.cost.store(cost, Ordering::Relaxed);
+    device.cost.set(cost);
     device.bypass.store(
         words[W_BYPASS].load(Ordering::Relaxed) == 1,
         Ordering::Relaxed,
@@ -566,7 +566,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     // Published learned or not: a guess lowered by a measurement must reach the launches.
     let learned = if controller.learned { COST_LEARNED } else { 0 };
     words[W_COST].store(out.cost_ns | learned, Ordering::Relaxed);
-    device.cost.store(out.cost_ns, Ordering::Relaxed);
+    device.cost.set(out.cost_ns);
     words[W_BYPASS].store(u64::from(out.bypass), Ordering::Relaxed);
     device.bypass.store(out.bypass, Ordering::Relaxed);
     let inv_rate = bucket::inv_rate_fixed(out.rate);
@@ -684,7 +684,7 @@ mod tests {
             words,
             region_entry: None,
             credit: crate::throttle::bucket::Credit::new(),
-            cost: AtomicU64::new(0),
+            cost: bucket::LaunchCost::new(0),
             bypass: AtomicBool::new(true),
             launches: AtomicU64::new(0),
             waits: AtomicU64::new(0),
