@@ -96,6 +96,36 @@ impl DeviceThrottle {
     }
 }
 
+#[cfg(test)]
+impl DeviceThrottle {
+    /// Test helper: device 0 at `percent` under `policy`, over `words`, nothing spent yet.
+    pub(crate) fn for_test(
+        percent: u32,
+        policy: ComputePolicy,
+        words: &'static [AtomicU64; THROTTLE_WORDS],
+        region_entry: Option<(&'static Region, DeviceId)>,
+    ) -> DeviceThrottle {
+        DeviceThrottle {
+            ordinal: 0,
+            uuid: "GPU-TEST".into(),
+            configured_percent: Some(percent),
+            percent: AtomicU32::new(percent),
+            policy,
+            priority: Priority::Normal,
+            words,
+            region_entry,
+            credit: Credit::new(),
+            cost: LaunchCost::new(0),
+            bypass: AtomicBool::new(false),
+            launches: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            sleeping: AtomicU64::new(0),
+            unresolved: AtomicBool::new(false),
+            probe: probe::Probe::new(),
+        }
+    }
+}
+
 /// Pure: the share in force from the configured one and the region entry's (1..=99 each,
 /// `None` = none): the stricter; `None` = no share at all.
 pub fn effective_percent(configured: Option<u32>, region: Option<u32>) -> Option<u32> {
@@ -210,7 +240,6 @@ fn shared_words(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuslice_common::config::Priority;
 
     #[test]
     fn the_stricter_of_the_configured_and_the_region_share_is_in_force() {
@@ -240,24 +269,12 @@ mod tests {
             compute_percent: Some(p),
         };
         let id = region.bind_devices(&[limits(50)]).unwrap().ids[0];
-        let device = DeviceThrottle {
-            ordinal: 0,
-            uuid: "GPU-SHARE".into(),
-            configured_percent: Some(50),
-            percent: AtomicU32::new(50),
-            policy: ComputePolicy::Cap,
-            priority: Priority::Normal,
-            words: region.throttle_words(id),
-            region_entry: Some((region, id)),
-            credit: Credit::new(),
-            cost: LaunchCost::new(0),
-            bypass: AtomicBool::new(false),
-            launches: AtomicU64::new(0),
-            waits: AtomicU64::new(0),
-            sleeping: AtomicU64::new(0),
-            unresolved: AtomicBool::new(false),
-            probe: probe::Probe::new(),
-        };
+        let device = DeviceThrottle::for_test(
+            50,
+            ComputePolicy::Cap,
+            region.throttle_words(id),
+            Some((region, id)),
+        );
         assert_eq!(device.refresh_share(), None);
         assert_eq!(device.inv_rate(), bucket::inv_rate_fixed(0.5));
         // Another process of the slice binds a tighter file (stricter wins in the entry).

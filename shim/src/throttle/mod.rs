@@ -580,10 +580,9 @@ fn init_device(index: usize, ordinal: CUdevice) -> Option<&'static DeviceThrottl
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+    use std::sync::atomic::AtomicU64;
 
     use gpuslice_abi::cuda::CUstream;
-    use gpuslice_common::config::Priority;
     use gpuslice_common::region::THROTTLE_WORDS;
 
     /// One state a launch can find the throttle in.
@@ -635,24 +634,12 @@ mod tests {
     fn device() -> &'static DeviceThrottle {
         let words: &'static [AtomicU64; THROTTLE_WORDS] =
             Box::leak(Box::new([const { AtomicU64::new(0) }; THROTTLE_WORDS]));
-        Box::leak(Box::new(DeviceThrottle {
-            ordinal: 0,
-            uuid: "GPU-TEST".into(),
-            configured_percent: Some(50),
-            percent: AtomicU32::new(50),
-            policy: ComputePolicy::Cap,
-            priority: Priority::Normal,
+        Box::leak(Box::new(DeviceThrottle::for_test(
+            50,
+            ComputePolicy::Cap,
             words,
-            region_entry: None,
-            credit: bucket::Credit::new(),
-            cost: bucket::LaunchCost::new(0),
-            bypass: AtomicBool::new(false),
-            launches: AtomicU64::new(0),
-            waits: AtomicU64::new(0),
-            sleeping: AtomicU64::new(0),
-            unresolved: AtomicBool::new(false),
-            probe: probe::Probe::new(),
-        }))
+            None,
+        )))
     }
 
     /// Puts the throttle (this process's statics, and `device`) in `case`'s state.
