@@ -25,8 +25,9 @@
 //! `_ptsz` variant, the deprecated ones, whatever the lookup path) settles what is [`Due`]
 //! of it with its stream ([`settle`]): the hot export the common case ([`bill_fast`]), the
 //! cold shell the rest ([`before_launch_to`], [`before_launch`] for the legacy stream). It
-//! never fails a launch: at worst the calling thread sleeps until its tokens are due. A launch recorded by
-//! stream capture is not billed ([`capture`]): the graph is, when launched.
+//! never fails a launch: at worst the calling thread sleeps until its tokens are due. A
+//! launch recorded by stream capture is not billed ([`capture`]): the graph is, when
+//! launched.
 //!
 //! Shared words per device (`Region::throttle_words`), all atomics:
 //! `VTIME` bucket clock · `INV_RATE` refill (32.32) · `COST` per-launch GPU-ns (bit 63: measured,
@@ -210,25 +211,23 @@ impl Due {
 /// [`Due::Fast`], which never launches: `Billed` (launch now) or `Check`.
 #[inline(always)]
 pub fn settle(due: Due, stream: gpuslice_abi::cuda::CUstream) -> Result<(), Due> {
-    match due {
-        Due::Fast => Err(if bill_fast() { Due::Billed } else { Due::Check }),
-        Due::Billed => Ok(()),
-        Due::Check => {
-            before_launch_to(stream);
-            Ok(())
-        }
-    }
+    settle_by(due, || before_launch_to(stream))
 }
 
 /// [`settle`] for the deprecated launches, which run on the legacy stream (it never
 /// captures, and asking the driver about it during a global-mode capture is not allowed).
 #[inline(always)]
 pub fn settle_legacy(due: Due) -> Result<(), Due> {
+    settle_by(due, before_launch)
+}
+
+#[inline(always)]
+fn settle_by(due: Due, whole_check: impl FnOnce()) -> Result<(), Due> {
     match due {
         Due::Fast => Err(if bill_fast() { Due::Billed } else { Due::Check }),
         Due::Billed => Ok(()),
         Due::Check => {
-            before_launch();
+            whole_check();
             Ok(())
         }
     }
