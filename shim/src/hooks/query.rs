@@ -9,8 +9,8 @@ use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
 
 use crate::ground::devices;
+use crate::hooks::lifecycle;
 use crate::hooks::registry::{real, signature as sig};
-use crate::lifecycle;
 use crate::memory;
 use crate::memory::oversubscribe;
 use crate::memory::report::{slice_view, MemoryView};

@@ -196,7 +196,7 @@ pub fn around_context_creation(ordinal: CUdevice, call: impl FnOnce() -> CUresul
         .filter(|&i| i < MAX_DEVICES)
         .is_some_and(|i| {
             LEARNED.load(Ordering::Relaxed) == 0
-                && super::mode::slice_config().is_some_and(super::mode::config_throttles)
+                && super::state::slice_config().is_some_and(super::mode::config_throttles)
                 && !TRIED[i].swap(true, Ordering::AcqRel)
         })
         && ProcessIdentity::current().is_none_or(|i| i.host_pid == 0);

@@ -1,6 +1,6 @@
 //! This process's place in the slice: the shared region's mapping and this process's slot in
 //! it. One mapping per process image, opened at the first hooked call of an enforcing process
-//! (`memory::attach`, from `lifecycle`'s lazy init) and never unmapped; one slot per process,
+//! (`memory::attach`, from `hooks::lifecycle`'s lazy init) and never unmapped; one slot per process,
 //! claimed by [`register`].
 //!
 //! Owns:
