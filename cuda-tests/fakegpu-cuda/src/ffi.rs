@@ -48,6 +48,18 @@ pub fn get<T: Copy>(p: *const T) -> R<T> {
     Ok(unsafe { p.read() })
 }
 
+/// Copies `n` elements of a caller's in-array (none when `n` is 0, whatever the pointer).
+pub fn get_array<T: Copy>(p: *const T, n: usize) -> R<Vec<T>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null array of `n` elements from the C caller, valid per the API contract.
+    Ok(unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
+}
+
 /// A caller's NUL-terminated string.
 pub fn cstr<'a>(p: *const c_char) -> R<&'a str> {
     if p.is_null() {

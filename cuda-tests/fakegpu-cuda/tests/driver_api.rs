@@ -59,7 +59,7 @@ const EXPORTS: &str = "
     cuStreamCreate cuStreamCreateWithPriority cuStreamDestroy_v2 cuStreamEndCapture 
     cuStreamEndCapture_ptsz cuStreamIsCapturing cuStreamIsCapturing_ptsz cuStreamQuery 
     cuStreamQuery_ptsz cuStreamSynchronize cuStreamSynchronize_ptsz cuStreamWaitEvent 
-    cuStreamWaitEvent_ptsz ";
+    cuStreamWaitEvent_ptsz cuTensorMapEncodeIm2col cuTensorMapEncodeTiled ";
 
 fn lib_path() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -311,6 +311,7 @@ fn child_role() {
         "fork" => fork_scenario(&api),
         "errors" => errors_scenario(&api),
         "legacy" => legacy_scenario(&api),
+        "tensor_map" => tensor_map_scenario(&api),
         other => panic!("unknown role {other}"),
     }
     // Proves to the parent that the scenario ran to its end (not filtered out, not skipped).
@@ -859,4 +860,157 @@ fn errors_scenario(api: &Api) {
         );
         assert_eq!((api.alloc)(&mut p, 33 << 30), OOM);
     }
+}
+
+#[test]
+fn tensor_maps_are_encoded_on_the_host_with_the_documented_checks() {
+    let state = state_path("tensor_map");
+    let mut kid = Kid::spawn("tensor_map", &state, &[]);
+    assert_eq!(kid.read(), "done");
+    kid.finish();
+    let _ = std::fs::remove_file(&state);
+}
+
+/// A `CUtensorMap`: 128 bytes, 64-byte aligned as the API requires.
+#[repr(C, align(64))]
+struct TensorMap([u64; 16]);
+
+type EncodeTiled = unsafe extern "C" fn(
+    *mut u64,
+    c_uint,
+    c_uint,
+    *mut c_void,
+    *const u64,
+    *const u64,
+    *const u32,
+    *const u32,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+) -> u32;
+type EncodeIm2col = unsafe extern "C" fn(
+    *mut u64,
+    c_uint,
+    c_uint,
+    *mut c_void,
+    *const u64,
+    *const u64,
+    *const c_int,
+    *const c_int,
+    c_uint,
+    c_uint,
+    *const u32,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+) -> u32;
+
+fn tensor_map_scenario(api: &Api) {
+    const INVALID_VALUE: u32 = 1;
+    const FLOAT16: c_uint = 6;
+    const SWIZZLE_128B: c_uint = 3;
+    let tiled: EncodeTiled = sym(api._lib, "cuTensorMapEncodeTiled");
+    let im2col: EncodeIm2col = sym(api._lib, "cuTensorMapEncodeIm2col");
+    // A 1024 x 4096 fp16 matrix in 64 x 128 tiles, as a Hopper GEMM encodes it.
+    let (dim, strides, box_dim, es) = ([4096u64, 1024], [8192u64], [64u32, 128], [1u32, 1]);
+    let addr = 0x7f00_0000_0000usize as *mut c_void;
+    let mut map = TensorMap([0; 16]);
+    let encode = |map: *mut u64, addr: *mut c_void, rank: c_uint, dim: *const u64| {
+        // SAFETY: arrays of `rank` (strides `rank - 1`) entries, a 128-byte map.
+        unsafe {
+            tiled(
+                map,
+                FLOAT16,
+                rank,
+                addr,
+                dim,
+                strides.as_ptr(),
+                box_dim.as_ptr(),
+                es.as_ptr(),
+                0,
+                SWIZZLE_128B,
+                2,
+                0,
+            )
+        }
+    };
+    assert_eq!(
+        encode(map.0.as_mut_ptr(), addr, 2, dim.as_ptr()),
+        NOT_INITIALIZED
+    );
+    // SAFETY: plain call.
+    assert_eq!(unsafe { (api.init)(0) }, SUCCESS);
+    // No context is needed: the map is made on the host.
+    assert_eq!(encode(map.0.as_mut_ptr(), addr, 2, dim.as_ptr()), SUCCESS);
+    let bytes: Vec<u8> = map.0.iter().flat_map(|w| w.to_le_bytes()).collect();
+    assert_eq!(&bytes[0..4], b"FGTM");
+    assert_eq!(
+        &bytes[8..16],
+        &(addr as u64).to_le_bytes(),
+        "the address is in the map"
+    );
+    assert_eq!(&bytes[16..24], &4096u64.to_le_bytes());
+    // Refusals write nothing.
+    let mut other = TensorMap([7; 16]);
+    let misaligned = (addr as usize + 8) as *mut c_void;
+    assert_eq!(
+        encode(other.0.as_mut_ptr(), misaligned, 2, dim.as_ptr()),
+        INVALID_VALUE
+    );
+    assert_eq!(other.0, [7; 16], "nothing written");
+    // SAFETY: one word past a 64-byte boundary is still inside `other` for the check.
+    let unaligned_map = unsafe { other.0.as_mut_ptr().add(1) };
+    assert_eq!(encode(unaligned_map, addr, 2, dim.as_ptr()), INVALID_VALUE);
+    assert_eq!(
+        encode(std::ptr::null_mut(), addr, 2, dim.as_ptr()),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        encode(other.0.as_mut_ptr(), addr, 0, std::ptr::null()),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        encode(other.0.as_mut_ptr(), addr, 6, std::ptr::null()),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        encode(other.0.as_mut_ptr(), addr, 2, std::ptr::null()),
+        INVALID_VALUE
+    );
+    assert_eq!(other.0, [7; 16], "nothing written");
+    // Im2col: NHWC fp16 with a 3 x 3 filter's corners.
+    let (idim, istrides, ies) = ([64u64, 16, 16, 1], [128u64, 2048, 32768], [1u32; 4]);
+    let (lo, hi) = ([-1 as c_int, -1], [-1 as c_int, -1]);
+    let mut imap = TensorMap([0; 16]);
+    let imap_ptr = imap.0.as_mut_ptr();
+    let r = |channels: c_uint| {
+        // SAFETY: arrays of the sizes rank 4 asks for, a 128-byte map.
+        unsafe {
+            im2col(
+                imap_ptr,
+                FLOAT16,
+                4,
+                addr,
+                idim.as_ptr(),
+                istrides.as_ptr(),
+                lo.as_ptr(),
+                hi.as_ptr(),
+                channels,
+                256,
+                ies.as_ptr(),
+                0,
+                SWIZZLE_128B,
+                0,
+                0,
+            )
+        }
+    };
+    assert_eq!(r(257), INVALID_VALUE, "at most 256 channels per pixel");
+    assert_eq!(r(64), SUCCESS);
+    assert_eq!(
+        imap.0[0] & 0xffff_ffff,
+        u64::from_le_bytes(*b"FGTM\0\0\0\0")
+    );
 }

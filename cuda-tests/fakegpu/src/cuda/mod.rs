@@ -21,6 +21,7 @@ pub mod pool;
 pub mod procaddr;
 pub mod runtime_support;
 pub mod stream;
+pub mod tensor_map;
 pub mod vmm;
 
 use crate::state::{self, current_pid, SharedState, MAX_DEVICES};
