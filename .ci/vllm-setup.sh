@@ -12,8 +12,15 @@
 #   it: 9.4 GB installed (torch 1.2 GB, the nvidia-* CUDA 13 wheels 3.5 GB, triton 0.9 GB,
 #   vllm 0.9 GB, flashinfer 0.5 GB, cutlass-dsl 0.5 GB, the rest tilelang, opencv, llvmlite...);
 # - warm (the stamped venv is there): under a second.
-# The tests themselves (serial, `cargo test -p cuda-e2e --test vllm`) start vLLM six times:
-# see the costs in cuda-tests/e2e/tests/vllm.rs's header.
+# .ci/run starts this in the background right after its own pip installs and waits for it
+# only before `cargo xtask test`, so the download overlaps the apt installs, fmt and the
+# workspace's clippy build instead of adding to them.
+# The tests (serial: `cargo test -p cuda-e2e --test vllm -- --test-threads=1`) start vLLM six
+# times; measured on the same machine (load 15-65): sizing + generate 177 s, refusal 175 s,
+# two processes (three starts) 288 s, `gpuslice run -m 8GiB` 231 s: 14.5 min in all, each
+# start about a minute of import and a minute or two of engine start (dummy weights,
+# profiling, KV cache); on a quiet machine the refusal took 105 s. A warm run costs the same:
+# nothing of a start is cached between runs.
 set -euo pipefail
 
 VLLM_VERSION=0.33.0

@@ -20,7 +20,8 @@
 //! `/var/cache/gpuslice/venvs/vllm/bin/python`, which `.ci/vllm-setup.sh` builds). Without
 //! vLLM each test prints `SKIPPED: ...` and returns, except with `CI=true`, where it fails.
 //! A serial binary (`cargo xtask test` runs it with one thread): each vLLM start is minutes of
-//! CPU and gigabytes of RAM.
+//! CPU and gigabytes of RAM. Six starts in all, 14.5 min on the loaded 2-core development
+//! machine (the figures per test are in `.ci/vllm-setup.sh`).
 
 use cuda_e2e::{command, wait_until, Env, FakeGpu, Slice, DEFAULT_TIMEOUT, GIB, MIB};
 use serde_json::Value;
@@ -311,6 +312,22 @@ fn sized_engine(gpu: &FakeGpu, slice: &Slice, util: f64, extra: &[&str]) -> Vllm
     v
 }
 
+/// An engine asked for `util` of the slice when less is free: vLLM's own `ValueError`,
+/// naming the slice's total and the budget (`budget` GiB as vLLM prints it), exit code 3.
+fn refused(label: &str, gpu: &FakeGpu, slice: &Slice, util: f64, budget: &str) {
+    let mut v = Vllm::start(label, gpu, slice, util, &[]);
+    let r = v.expect("error");
+    let needle = format!("is less than desired GPU memory utilization ({util}, {budget} GiB)");
+    assert!(
+        v.has_line(&needle),
+        "{label}: not vLLM's own ValueError: {r}; its output ends:\n{}",
+        v.tail()
+    );
+    let (_, total) = v.startup_free_total();
+    assert_eq!(total, 2.0, "{label}: the refusal names the slice's total");
+    assert_eq!(v.finish().code(), Some(3));
+}
+
 #[test]
 fn vllm_sizes_its_kv_cache_to_the_slice_and_generate_returns() {
     if !have_vllm() {
@@ -341,16 +358,7 @@ fn vllm_refuses_with_its_own_error_where_the_slice_is_too_small() {
     gpu.truth().reset_peak_memory(0);
     // 0.95 of the slice is 1.9 GiB, more than is free once the context is made; the card
     // itself has 140 GiB free.
-    let mut v = Vllm::start("vllm at 0.95", &gpu, &slice, 0.95, &[]);
-    let r = v.expect("error");
-    assert!(
-        v.has_line("is less than desired GPU memory utilization (0.95, 1.9 GiB)"),
-        "vLLM's own ValueError: {r}; its output ends:\n{}",
-        v.tail()
-    );
-    let (_, total) = v.startup_free_total();
-    assert_eq!(total, 2.0, "the refusal names the slice's total");
-    assert_eq!(v.finish().code(), Some(3));
+    refused("vllm at 0.95", &gpu, &slice, 0.95, "1.9");
     assert!(gpu.truth().total_memory(0) - gpu.truth().peak_memory(0) > 100 * GIB);
     assert_capped_and_returned(&gpu, "refused");
 }
@@ -387,14 +395,7 @@ fn two_vllm_processes_share_one_slice() {
 
     // A third asks for 0.4 of the slice, more than the first leaves: vLLM's own refusal,
     // while the card has 37 GiB free.
-    let mut third = Vllm::start("third at 0.4", &gpu, &slice, 0.4, &[]);
-    third.expect("error");
-    assert!(
-        third.has_line("is less than desired GPU memory utilization (0.4, 0.8 GiB)"),
-        "the third's refusal; its output ends:\n{}",
-        third.tail()
-    );
-    assert_eq!(third.finish().code(), Some(3));
+    refused("third at 0.4", &gpu, &slice, 0.4, "0.8");
     assert_eq!(
         gpu.truth().used_memory(0),
         held,
