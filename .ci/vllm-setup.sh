@@ -27,7 +27,9 @@ VLLM_VERSION=0.33.0
 VENV="${GPUSLICE_VENVS:-/var/cache/gpuslice/venvs}/vllm"
 STAMP="$VENV/.gpuslice-vllm-$VLLM_VERSION"
 
-if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+# (Finding the package, not importing it: `import vllm` alone takes most of a minute.)
+if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import importlib.util, sys
+sys.exit(importlib.util.find_spec('vllm') is None)" >/dev/null 2>&1; then
     exit 0
 fi
 
