@@ -103,6 +103,8 @@ impl Vllm {
         util: f64,
         extra: &[&str],
     ) -> Vllm {
+        // The two settings of the header; then no Hugging Face Hub and no usage report
+        // (nothing outside the machine is reachable, and the model is a local config).
         for (k, v) in [
             ("VLLM_USE_V2_MODEL_RUNNER", "0"),
             ("VLLM_USE_FLASHINFER_SAMPLER", "0"),
