@@ -413,7 +413,7 @@ fn gpuslice_run_shows_vllm_an_8_gib_slice() {
         return;
     }
     // What the README shows: a user's `gpuslice run --fake-gpu -m 8GiB` around vLLM, on a
-    // simulated H200 (141 GB).
+    // simulated H200 (140.4 GiB).
     let gpu = FakeGpu::start("h200");
     gpu.truth().reset_peak_memory(0);
     let mut v = Vllm::under_gpuslice_run("gpuslice run", &gpu, "8GiB", 0.9);
