@@ -8,10 +8,11 @@
 # Idempotent: a venv stamped with the pinned version is kept as it is.
 #
 # Measured on the 2-core development machine (shared with other builds, load average ~25):
-# - cold (no venv, nothing in pip's cache): 23 min wall, 3.4 min CPU; the download is most of
-#   it: 9.4 GB installed (torch 1.2 GB, the nvidia-* CUDA 13 wheels 3.5 GB, triton 0.9 GB,
-#   vllm 0.9 GB, flashinfer 0.5 GB, cutlass-dsl 0.5 GB, the rest tilelang, opencv, llvmlite...);
-# - warm (the stamped venv is there): under a second.
+# - cold (no venv, nothing in pip's cache): 16.4 min wall through this script, 23 min in an
+#   earlier run by hand, 3.4 min CPU; the download is most of it: 9.4 GB installed (torch
+#   1.2 GB, the nvidia-* CUDA 13 wheels 3.5 GB, triton 0.9 GB, vllm 0.9 GB, flashinfer 0.5 GB,
+#   cutlass-dsl 0.5 GB, the rest tilelang, opencv, llvmlite...);
+# - warm (the stamped venv is there): 0.2 s.
 # .ci/run starts this in the background right after its own pip installs and waits for it
 # only before `cargo xtask test`, so the download overlaps the apt installs, fmt and the
 # workspace's clippy build instead of adding to them.
