@@ -4,11 +4,14 @@
 # usual; this script's results are lines starting with "@@ " followed by JSON, so a test can
 # read both from one stream.
 #
-#   vllm_probe.py --model-dir DIR --util 0.8 [--generate N] [--hold]
+#   vllm_probe.py --model-dir DIR --util 0.8 [--generate N] [--sleep-mode] [--hold]
 #
 # "@@ {"ready": ...}" once the engine is up (or "@@ {"error": ..., "msg": ...}" and exit 3
-# when vLLM refuses to start), "@@ {"tokens": [...]}" after generate(), "@@ {"holding": true}"
-# while it waits for stdin to close.
+# when vLLM refuses to start), "@@ {"tokens": [...]}" after generate(). With --sleep-mode the
+# engine allocates through vLLM's CuMemAllocator (cuMemCreate/cuMemMap), then sleeps
+# (level 1: weights to the host, the KV cache discarded), says "@@ {"asleep": true}", waits
+# for a line on stdin, wakes up and says "@@ {"awake": true}". "@@ {"holding": true}" while it
+# waits for stdin to close.
 import argparse
 import json
 import os
@@ -45,6 +48,7 @@ def main():
     p.add_argument("--model-dir", required=True)
     p.add_argument("--util", type=float, required=True)
     p.add_argument("--generate", type=int, default=0)
+    p.add_argument("--sleep-mode", action="store_true")
     p.add_argument("--hold", action="store_true")
     a = p.parse_args()
 
@@ -65,6 +69,7 @@ def main():
             # minutes of CPU on a small machine and are not what these tests look at.
             enforce_eager=True,
             dtype="float16",
+            enable_sleep_mode=a.sleep_mode,
         )
     except Exception as e:  # vLLM's own refusal is a result, not a crash of the probe
         say({"error": type(e).__name__, "msg": str(e)})
@@ -75,6 +80,13 @@ def main():
         params = SamplingParams(max_tokens=a.generate, detokenize=False, ignore_eos=True)
         out = llm.generate([{"prompt_token_ids": [1, 5, 7, 9]}], params, use_tqdm=False)
         say({"tokens": list(out[0].outputs[0].token_ids)})
+
+    if a.sleep_mode:
+        llm.sleep(level=1)
+        say({"asleep": True})
+        sys.stdin.readline()
+        llm.wake_up()
+        say({"awake": True})
 
     if a.hold:
         say({"holding": True})

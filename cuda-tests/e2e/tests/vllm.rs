@@ -25,7 +25,7 @@
 
 use cuda_e2e::{command, wait_until, Env, FakeGpu, Slice, DEFAULT_TIMEOUT, GIB, MIB};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
@@ -238,6 +238,13 @@ impl Vllm {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
+    /// Writes one line to its stdin (the probe's cue to go on).
+    fn send_line(&mut self) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(b"go\n").expect("write to the probe");
+        stdin.flush().expect("flush to the probe");
+    }
+
     /// Closes stdin and waits for the exit status.
     fn finish(mut self) -> std::process::ExitStatus {
         drop(self.stdin.take());
@@ -378,8 +385,16 @@ fn two_vllm_processes_share_one_slice() {
     first.expect("holding");
     let held = gpu.truth().used_memory(0);
 
-    // The second sees what the first left: it fits 0.25 of the slice and generates.
-    let mut second = Vllm::start("second at 0.25", &gpu, &slice, 0.25, &["--generate", "2"]);
+    // The second sees what the first left: it fits 0.25 of the slice and generates. It
+    // allocates through vLLM's sleep-mode allocator (cuMemCreate and cuMemMap, the VMM path
+    // peers' shims missed), which gives its KV cache back while it sleeps.
+    let mut second = Vllm::start(
+        "second at 0.25",
+        &gpu,
+        &slice,
+        0.25,
+        &["--generate", "2", "--sleep-mode"],
+    );
     second.expect("ready");
     let (free, total) = second.startup_free_total();
     assert_eq!(total, 2.0);
@@ -390,8 +405,23 @@ fn two_vllm_processes_share_one_slice() {
     );
     let kv = second.kv_cache_gib();
     assert!(kv <= 0.5 && kv >= 0.4, "the second's KV cache: {kv} GiB");
-    assert!(gpu.truth().used_memory(0) <= SLICE);
+    let both = gpu.truth().used_memory(0);
+    assert!(both <= SLICE);
     second.expect("tokens");
+    second.expect("asleep");
+    let asleep = gpu.truth().used_memory(0);
+    assert!(
+        gib(both - asleep) >= 0.9 * kv,
+        "asleep, the second gave back {} GiB of its {kv} GiB cache",
+        gib(both - asleep)
+    );
+    second.send_line();
+    second.expect("awake");
+    let awake = gpu.truth().used_memory(0);
+    assert!(
+        awake >= both - 2 * MIB && awake <= SLICE,
+        "awake, the card holds {awake} bytes (before sleep {both})"
+    );
     second.expect("done");
     assert!(second.finish().success());
 
