@@ -17,11 +17,11 @@
 # only before `cargo xtask test`, so the download overlaps the apt installs, fmt and the
 # workspace's clippy build instead of adding to them.
 # The tests (serial: `cargo test -p cuda-e2e --test vllm -- --test-threads=1`) start vLLM six
-# times; measured on the same machine (load 15-65): sizing + generate 177 s, refusal 175 s,
-# two processes (three starts) 288 s, `gpuslice run -m 8GiB` 231 s: 14.5 min in all, each
-# start about a minute of import and a minute or two of engine start (dummy weights,
-# profiling, KV cache); on a quiet machine the refusal took 105 s. A warm run costs the same:
-# nothing of a start is cached between runs.
+# times; measured on the same machine: 9.3 min as one run inside `cargo xtask test`; run one by
+# one (load 15-65) sizing + generate 177 s, refusal 175 s, two processes (three starts) 288 s,
+# `gpuslice run -m 8GiB` 231 s. Each start is about a minute of import and a minute or two of
+# engine start (dummy weights, profiling, KV cache); on a quiet machine the refusal took
+# 105 s. A warm run costs the same: nothing of a start is cached between runs.
 set -euo pipefail
 
 VLLM_VERSION=0.33.0

@@ -20,7 +20,7 @@
 //! `/var/cache/gpuslice/venvs/vllm/bin/python`, which `.ci/vllm-setup.sh` builds). Without
 //! vLLM each test prints `SKIPPED: ...` and returns, except with `CI=true`, where it fails.
 //! A serial binary (`cargo xtask test` runs it with one thread): each vLLM start is minutes of
-//! CPU and gigabytes of RAM. Six starts in all, 14.5 min on the loaded 2-core development
+//! CPU and gigabytes of RAM. Six starts in all, 9.3 min on the loaded 2-core development
 //! machine (the figures per test are in `.ci/vllm-setup.sh`).
 
 use cuda_e2e::{command, wait_until, Env, FakeGpu, Slice, DEFAULT_TIMEOUT, GIB, MIB};
