@@ -29,22 +29,8 @@ if $have_all; then
     exit 0
 fi
 
-mirror=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' \
-    /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list \
-    2>/dev/null | grep -oE 'https?://[^ ]+' | head -1 || true)
-mirror=${mirror:-http://deb.debian.org/debian}
-keyring=/usr/share/keyrings/debian-archive-keyring.gpg
-
-APT="$DEST/apt"
-mkdir -p "$APT/lists/partial" "$APT/cache/archives/partial"
-: >"$APT/sources.list"
-for suite in "${SUITES[@]}"; do
-    echo "deb [signed-by=$keyring] $mirror $suite non-free" >>"$APT/sources.list"
-done
-opts=(-q -o "Dir::Etc::SourceList=$APT/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-    -o "Dir::State::Lists=$APT/lists" -o "Dir::Cache=$APT/cache"
-    -o "APT::Sandbox::User=root")
-apt-get "${opts[@]}" update >/dev/null
+. "$(dirname "$0")/private-apt.sh"
+private_apt "$DEST/apt" "${SUITES[@]/%/:non-free}"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -52,7 +38,7 @@ for suite in "${SUITES[@]}"; do
     if [ -x "$DEST/$suite/nvidia-smi" ]; then
         continue
     fi
-    (cd "$work" && apt-get "${opts[@]}" download "nvidia-smi/$suite" >/dev/null)
+    (cd "$work" && apt-get "${APT_OPTS[@]}" download "nvidia-smi/$suite" >/dev/null)
     deb=$(ls "$work"/nvidia-smi_*.deb)
     version=$(dpkg-deb -f "$deb" Version)
     dpkg -x "$deb" "$work/x"

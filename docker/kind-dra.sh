@@ -73,12 +73,14 @@ docker build -f docker/Dockerfile -t gpuslice:kind .
 docker build -f docker/Dockerfile --target dra -t gpuslice-dra:kind .
 kind load docker-image --name "$CLUSTER" gpuslice:kind gpuslice-dra:kind
 
-# 5. gpuslice: installer, driver (model as asked), class and claim templates.
+# 5. gpuslice: installer, driver (model as asked), classes, admission policies, claim
+#    templates and quota.
 sed 's#registry.example.com/gpuslice:0.1.0#gpuslice:kind#' docker/k8s/installer-daemonset.yaml |
     kubectl apply -f -
 sed -e 's#registry.example.com/gpuslice-dra:0.1.0#gpuslice-dra:kind#' \
     -e "s#--model=products#--model=$MODEL#" docker/k8s/dra-driver.yaml | kubectl apply -f -
-kubectl apply -f docker/k8s/deviceclass.yaml -f docker/k8s/resourceclaimtemplates.yaml
+kubectl apply --server-side -f docker/k8s/deviceclass.yaml -f docker/k8s/admission-policies.yaml
+kubectl apply --server-side -n default -k docker/k8s/tenant
 kubectl -n kube-system rollout status daemonset/gpuslice-installer --timeout=300s
 kubectl -n kube-system rollout status daemonset/gpuslice-dra --timeout=300s
 until kubectl get resourceslices -o name | grep -q gpuslice.dev; do sleep 2; done

@@ -52,10 +52,12 @@ pub mod result {
         CUDA_ERROR_INVALID_IMAGE = 200,
         CUDA_ERROR_INVALID_CONTEXT = 201,
         CUDA_ERROR_ALREADY_MAPPED = 208,
+        CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
         CUDA_ERROR_ALREADY_ACQUIRED = 210,
         CUDA_ERROR_NOT_MAPPED = 211,
         CUDA_ERROR_CONTEXT_ALREADY_IN_USE = 216,
         CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
+        CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
         CUDA_ERROR_INVALID_SOURCE = 300,
         CUDA_ERROR_FILE_NOT_FOUND = 301,
         CUDA_ERROR_INVALID_HANDLE = 400,
@@ -129,6 +131,12 @@ pub mod proc_address {
     pub const CU_GET_PROC_ADDRESS_SUCCESS: i32 = 0;
     pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: i32 = 1;
     pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: i32 = 2;
+}
+
+/// `CUfunction_attribute` values (`cuFuncGetAttribute`, `cuKernelGetAttribute`).
+pub mod func_attr {
+    /// Local memory per thread, bytes.
+    pub const LOCAL_SIZE_BYTES: i32 = 3;
 }
 
 /// `CUlimit` values (`cuCtxSetLimit` / `cuCtxGetLimit`).

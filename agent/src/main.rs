@@ -9,9 +9,9 @@
 //! node afresh, so new and removed slices show without a restart) and the watch loop (every
 //! `--interval`: logs slices' problems when they change and runs the backstop).
 //!
-//! Modules: `discovery` (which slices exist), `driver` (NVML), `collect` (one view of the
-//! node, membership), `metrics` + `exposition` (the text format), `backstop`, `problems`
-//! (one line per problem seen).
+//! Modules: `discovery` (which slices exist), `driver` (NVML), `host` (what `/proc` says of
+//! other processes), `collect` (one view of the node, membership), `metrics` + `exposition`
+//! (the text format), `backstop`, `problems` (one line per problem seen), `cleanup`.
 
 mod backstop;
 mod cleanup;
@@ -19,6 +19,7 @@ mod collect;
 mod discovery;
 mod driver;
 mod exposition;
+mod host;
 mod metrics;
 mod problems;
 
@@ -53,7 +54,8 @@ struct Args {
     /// --slices-dir`); may be repeated.
     #[arg(long = "slices-dir", value_name = "DIR")]
     slices_dirs: Vec<PathBuf>,
-    /// Seconds between two passes of the watch loop (problem log and backstop).
+    /// Seconds between two passes of the watch loop (problem log and backstop); the backstop
+    /// looks again sooner when one of its clocks is due.
     #[arg(long, default_value_t = 1.0, value_parser = parse_seconds)]
     interval: f64,
     /// How far the driver's count of a slice may pass its cap before it is an over-cap event
@@ -61,11 +63,13 @@ struct Args {
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
     tolerance: u64,
     /// Seconds a slice must stay over cap + tolerance before the event (and, enforcing, each
-    /// further kill).
+    /// further kill). A registered process holding bytes its ledger does not account for is
+    /// ended after 3 s whatever this is.
     #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
     grace: f64,
-    /// End the newest process of a slice that stays over its cap (SIGKILL). Without it the
-    /// backstop only reports.
+    /// End (SIGKILL) a process holding bytes its slice's ledger does not account for, and the
+    /// most to blame of a slice that stays over its cap. Without it the backstop only
+    /// reports.
     #[arg(long)]
     enforce: bool,
     /// A device (NVML index or UUID) where every process must belong to a slice: a process of
@@ -111,7 +115,12 @@ fn main() {
     if args.once {
         let mut driver = driver::Driver::default();
         let started = Instant::now();
-        let view = collect::collect(&sources, &mut driver, &mut |w| log(&w));
+        let view = collect::collect(
+            &sources,
+            &mut driver,
+            &mut collect::Evidence::default(),
+            &mut |w| log(&w),
+        );
         // Every problem, one line each, on standard error (the exposition has their metrics).
         for slice in &view.slices {
             for p in &slice.found.problems {
@@ -184,13 +193,16 @@ fn watch(
     let mut cleanup = cleanup::Cleanup::default();
     let mut driver = driver::Driver::default();
     let mut backstop = Backstop::default();
+    let mut evidence = collect::Evidence::default();
     let mut logged: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut driver_problem: Option<String> = None;
     let mut warned: Vec<String> = Vec::new();
     let mut open_problems: Vec<problems::Problem> = Vec::new();
     loop {
         let mut warnings = Vec::new();
-        let view = collect::collect(sources, &mut driver, &mut |w| warnings.push(w));
+        let view = collect::collect(sources, &mut driver, &mut evidence, &mut |w| {
+            warnings.push(w)
+        });
         for w in &warnings {
             if !warned.contains(w) {
                 log(w);
@@ -240,7 +252,8 @@ fn watch(
             }
         }
         open_problems = seen;
-        let actions = backstop.judge(&view, settings, Instant::now(), &backstop::proc_start_time);
+        let judged = Instant::now();
+        let actions = backstop.judge(&view, settings, judged, &host::start_time);
         if !actions.is_empty() {
             let mut counters = counters.lock().unwrap_or_else(|p| p.into_inner());
             backstop::act(&actions, settings, &mut counters);
@@ -257,12 +270,18 @@ fn watch(
                 log(&line);
             }
         }
-        std::thread::sleep(interval);
+        // The next pass after `interval`, or when a backstop clock is due: its decisions
+        // follow how long a condition lasts, not when passes fall.
+        let next = backstop
+            .wake_by(settings, judged)
+            .map_or(judged + interval, |due| due.min(judged + interval));
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
 }
 
 fn serve(server: &tiny_http::Server, sources: &Sources, counters: &Mutex<Counters>) {
     let mut driver = driver::Driver::default();
+    let mut evidence = collect::Evidence::default();
     for request in server.incoming_requests() {
         let method = request.method().clone();
         let path = request.url().split('?').next().unwrap_or("").to_string();
@@ -272,7 +291,7 @@ fn serve(server: &tiny_http::Server, sources: &Sources, counters: &Mutex<Counter
             match path.as_str() {
                 "/metrics" => {
                     let started = Instant::now();
-                    let view = collect::collect(sources, &mut driver, &mut |_| {});
+                    let view = collect::collect(sources, &mut driver, &mut evidence, &mut |_| {});
                     let counters = counters.lock().unwrap_or_else(|p| p.into_inner()).clone();
                     let text = metrics::render(&view, &counters, started.elapsed().as_secs_f64());
                     text_response(200, &text, exposition::CONTENT_TYPE)

@@ -35,7 +35,7 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
     let mut limit = Family::new(
         "gpuslice_slice_memory_limit_bytes",
         Gauge,
-        "The slice's memory cap on the device, as bound in its region, or as its limit file sets it while no process has run (absent: not limited).",
+        "The slice's memory cap on the device, as its limit file sets it (what the backstop judges the driver's count against; for a slice found without a limit file, as bound in its region) (absent: not limited).",
     );
     let mut ledger = Family::new(
         "gpuslice_slice_memory_ledger_bytes",
@@ -115,27 +115,37 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
     let mut over_cap = Family::new(
         "gpuslice_backstop_over_cap_events_total",
         Counter,
-        "Times the driver showed the slice's processes over its cap beyond the tolerance for longer than the grace time.",
+        "Times the driver showed the slice's processes over its cap beyond the tolerance for longer than the grace time (once per grace time while it lasts; slice \"\": a process of no slice on a slices-only device).",
     );
     let mut kills = Family::new(
         "gpuslice_backstop_kills_total",
         Counter,
-        "Processes the backstop ended with SIGKILL (only with --enforce).",
+        "Processes the backstop ended with SIGKILL (only with --enforce), for either rule.",
     );
     let mut accounted = Family::new(
         "gpuslice_backstop_accounted_over_cap_events_total",
         Counter,
-        "Times the slice stayed over its cap past the grace time by bytes its ledger accounts for (memory the driver took on its processes' account): no process is ended, its allocations are refused until it is back under.",
+        "Of the over-cap events, those in which the slice's ledger accounted for every byte: the ledger itself held more than the limit file allows (a process of the slice wrote its region's limit or total words, or memory the driver placed was charged past the cap); with --enforce the process holding the most is ended.",
     );
     let mut unaccounted_bytes = Family::new(
         "gpuslice_slice_unaccounted_bytes",
         Gauge,
-        "Bytes the driver reports for the slice's processes on the device beyond what its ledger accounts for them (all of an unregistered process's: a bypass; a registered one's surplus until the shim charges the driver's growth).",
+        "Bytes the driver reports for the slice's processes on the device that its ledger does not account for: all of an unregistered process's, and a registered one's beyond its ledger entry plus the bound on memory the driver places by itself (gpuslice_common::unpriced::UNPRICED_BOUND_BYTES, 64 MiB per process and device): bytes that bypass the shim.",
     );
     let mut unaccounted_processes = Family::new(
         "gpuslice_slice_unaccounted_processes",
         Gauge,
-        "The slice's processes on the device whose driver bytes exceed what its ledger accounts for them.",
+        "The slice's processes on the device holding bytes its ledger does not account for (see gpuslice_slice_unaccounted_bytes).",
+    );
+    let mut unpriced_bytes = Family::new(
+        "gpuslice_slice_unpriced_bytes",
+        Gauge,
+        "Bytes the driver reports for the slice's registered processes on the device beyond their ledger entries but within the bound on memory the driver places by itself (what the shim's model of it missed).",
+    );
+    let mut unaccounted_events = Family::new(
+        "gpuslice_backstop_unaccounted_events_total",
+        Counter,
+        "Times a registered process of the slice held bytes its ledger does not account for (beyond its entry plus the bound) on the device for 3 s (once per 3 s while it lasts); with --enforce the process is ended.",
     );
     let mut over_cap_bytes = Family::new(
         "gpuslice_slice_memory_over_cap_bytes",
@@ -155,7 +165,7 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
     let mut unverified = Family::new(
         "gpuslice_unverified_processes",
         Gauge,
-        "Registered processes whose host PID the agent cannot verify (no host PID view: run it with the host's PID namespace); while above 0, processes of no slice are not judged.",
+        "Registered processes the agent cannot verify (no host PID in the slot, or one whose mappings it may not read: run it with the host's PID namespace and CAP_SYS_PTRACE); such a process is never judged as one of no slice.",
     );
     let mut scrape = Family::new(
         "gpuslice_scrape_duration_seconds",
@@ -240,7 +250,7 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
                 ("uuid", device.uuid.as_str()),
                 ("index", card_index.as_str()),
             ];
-            if let Some(bytes) = device.memory_limit {
+            if let Some((bytes, _)) = view.cap(index, &device.uuid) {
                 limit.add(&labels, bytes as f64);
             }
             let entry = device.id.index();
@@ -273,14 +283,17 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
                 let (bytes, n) = view.driver_usage(index, card);
                 driver_bytes.add(&labels, bytes as f64);
                 driver_processes.add(&labels, n as f64);
-                let surplus = view.unaccounted(index, card);
-                let sum: u64 = surplus
+                let members = view.members(index, card);
+                let unaccounted: Vec<u64> = members
                     .iter()
-                    .map(|(_, driver, ledger)| driver - ledger.unwrap_or(0))
-                    .sum();
-                unaccounted_bytes.add(&labels, sum as f64);
-                unaccounted_processes.add(&labels, surplus.len() as f64);
-                if let Some(cap) = device.memory_limit {
+                    .map(|m| m.unaccounted())
+                    .filter(|&b| b > 0)
+                    .collect();
+                unaccounted_bytes.add(&labels, unaccounted.iter().sum::<u64>() as f64);
+                unaccounted_processes.add(&labels, unaccounted.len() as f64);
+                let unpriced: u64 = members.iter().map(|m| m.unpriced()).sum();
+                unpriced_bytes.add(&labels, unpriced as f64);
+                if let Some((cap, _)) = view.cap(index, &device.uuid) {
                     over_cap_bytes.add(&labels, bytes.saturating_sub(cap) as f64);
                 }
             }
@@ -311,6 +324,12 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
     }
     for ((slice, uuid, index), count) in &counters.kills {
         kills.add(
+            &[("slice", slice), ("uuid", uuid), ("index", index)],
+            *count as f64,
+        );
+    }
+    for ((slice, uuid, index), count) in &counters.unaccounted {
+        unaccounted_events.add(
             &[("slice", slice), ("uuid", uuid), ("index", index)],
             *count as f64,
         );
@@ -348,11 +367,13 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
         &unsliced_bytes,
         &unaccounted_bytes,
         &unaccounted_processes,
+        &unpriced_bytes,
         &over_cap_bytes,
         &broken_region,
         &stale_slots,
         &over_cap,
         &kills,
+        &unaccounted_events,
         &accounted,
         &unverified,
         &scrape,
@@ -395,6 +416,7 @@ mod tests {
                 ..FoundSlice::named("fresh")
             },
             snapshot: None,
+            region_id: None,
         };
         let cards = vec![
             card(0, "GPU-12345678-1234-1234-1234-123456789abc"),
@@ -454,6 +476,7 @@ mod tests {
                 counters: None,
                 found: FoundSlice::named("s"),
                 snapshot: Some(region),
+                region_id: None,
             };
             let card = Card {
                 index: 0,

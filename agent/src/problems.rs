@@ -1,12 +1,16 @@
 //! Every problem the agent sees in one view of the node, one line each, with a key that stays
 //! the same while the problem lasts (so the watch loop logs a problem when it appears and
 //! when it is gone, and `--once` prints them all): processes whose driver bytes the slice's
-//! ledger does not account for (a bypass, or the driver's own growth not charged yet), a
-//! slice over its cap by the driver's count, slots of exited processes awaiting reaping.
-//! A slice's own problems (its files, a broken region) are `FoundSlice::problems`.
+//! ledger does not account for (a bypass, or a registered process beyond its entry plus the
+//! bound on what the driver places by itself), a slice over its cap by the driver's count, a
+//! region whose words a process of the slice wrote (a limit above the limit file's, a slot
+//! naming a process that is not the slice's), slots of exited processes awaiting reaping. A
+//! slice's own problems (its files, a broken region) are `FoundSlice::problems`.
 
-use crate::collect::NodeView;
+use crate::backstop::UNACCOUNTED_FOR;
+use crate::collect::{CapSource, Ledger, NodeView};
 use gpuslice_common::region::Liveness;
+use gpuslice_common::unpriced::UNPRICED_BOUND_BYTES;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
@@ -37,34 +41,57 @@ pub fn problems(view: &NodeView, tolerance: u64) -> Vec<Problem> {
                 });
             }
             for device in &snapshot.devices {
-                let Some(card) = cards.and_then(|c| c.iter().find(|c| c.uuid == device.uuid))
-                else {
-                    continue;
-                };
-                let (driver, _) = view.driver_usage(index, card);
-                if let Some(limit) = device.memory_limit.filter(|&l| driver > l + tolerance) {
+                if let Some((word, cap)) = view.raised_limit(index, &device.uuid) {
                     out.push(Problem {
-                        key: format!("over:{name}:{}", card.uuid),
+                        key: format!("limit:{name}:{}", device.uuid),
                         line: format!(
-                            "slice {name}: the driver counts {driver} bytes of its processes on device {} ({}), over its cap of {limit} bytes",
-                            card.index, card.uuid
+                            "slice {name}: its region's limit word for device {} allows {word} bytes, more than its limit file's {cap}: a process of the slice wrote it (or the file was lowered since its processes started); the backstop judges against the file",
+                            device.uuid
                         ),
                     });
                 }
             }
         }
+        for (_, slot, pid) in view.forged.iter().filter(|(i, _, _)| *i == index) {
+            out.push(Problem {
+                key: format!("forged:{name}:{}", slot.index()),
+                line: format!(
+                    "slice {name}: slot {} of its region names process {pid}, which maps no region of the slice and has none of its mounts: not the slice's, ignored (a process of the slice wrote the slot)",
+                    slot.index()
+                ),
+            });
+        }
         for card in cards.into_iter().flatten() {
-            for (pid, driver, ledger) in view.unaccounted(index, card) {
-                let line = match ledger {
-                    None if driver > tolerance => format!(
+            let cap = view.cap(index, &card.uuid);
+            let (driver, _) = view.driver_usage(index, card);
+            if let Some((limit, source)) =
+                cap.filter(|&(l, _)| driver > l.saturating_add(tolerance))
+            {
+                let from = match source {
+                    CapSource::LimitFile => "",
+                    CapSource::Region => " (as bound in its region: no limit file found)",
+                };
+                out.push(Problem {
+                    key: format!("over:{name}:{}", card.uuid),
+                    line: format!(
+                        "slice {name}: the driver counts {driver} bytes of its processes on device {} ({}), over its cap of {limit} bytes{from}",
+                        card.index, card.uuid
+                    ),
+                });
+            }
+            for member in view.members(index, card) {
+                let (pid, driver) = (member.pid, member.driver);
+                let line = match member.ledger {
+                    Ledger::Unregistered if driver > tolerance => format!(
                         "slice {name}: process {pid} holds {driver} bytes on device {} ({}) and is not in the slice's ledger (it bypasses the shim)",
                         card.index, card.uuid
                     ),
-                    Some(ledger) if driver - ledger > tolerance => format!(
-                        "slice {name}: process {pid} holds {driver} bytes on device {} ({}), {} more than its ledger entry (the driver's own growth is charged within seconds; if this lasts, the bytes bypass the shim)",
+                    Ledger::Entry(entry) if cap.is_some() && member.unaccounted() > 0 => format!(
+                        "slice {name}: process {pid} holds {driver} bytes on device {} ({}), {} more than its ledger entry, beyond the {UNPRICED_BOUND_BYTES}-byte bound on memory the driver places by itself: bytes that bypass the shim (with --enforce it is ended once this has lasted {} s)",
                         card.index,
                         card.uuid,
-                        driver - ledger
+                        driver - entry,
+                        UNACCOUNTED_FOR.as_secs()
                     ),
                     _ => continue,
                 };
@@ -82,7 +109,6 @@ pub fn problems(view: &NodeView, tolerance: u64) -> Vec<Problem> {
 mod tests {
     use super::*;
     use crate::collect::fixtures::{self, one_device_region};
-    use crate::collect::SliceState;
     use crate::discovery::FoundSlice;
     use crate::driver::Card;
     use gpuslice_common::region::{ProcessSnapshot, SlotId, MAX_DEVICES};
@@ -101,11 +127,10 @@ mod tests {
             contexts: [0; MAX_DEVICES],
             liveness: Liveness::Stale,
         };
-        let slice = SliceState {
-            counters: None,
-            found: FoundSlice::named("a"),
-            snapshot: Some(one_device_region("GPU-1", 1024 * MIB, vec![stale])),
-        };
+        let slice = fixtures::slice(
+            FoundSlice::named("a"),
+            Some(one_device_region("GPU-1", 1024 * MIB, vec![stale])),
+        );
         let mut used = [0; MAX_DEVICES];
         used[0] = 900 * MIB;
         let card = Card {
@@ -137,5 +162,67 @@ mod tests {
         assert!(!problems(&broken, 64 * MIB)
             .iter()
             .any(|p| p.key.starts_with("unaccounted")));
+    }
+
+    #[test]
+    fn a_registered_surplus_past_the_bound_and_written_region_words_are_one_line_each() {
+        const UUID: &str = "GPU-12345678-1234-1234-1234-123456789abc";
+        let slice = fixtures::slice(
+            FoundSlice {
+                // The file caps the card at 1 GiB; the region's word says 4 GiB.
+                config: Some(
+                    gpuslice_common::config::parse_limit_file(
+                        std::path::Path::new("a.json"),
+                        r#"{"version": 1, "region": "/r/a.region", "devices": [{"uuid": "GPU-12345678-1234-1234-1234-123456789abc", "memory": "1GiB"}]}"#,
+                    )
+                    .unwrap(),
+                ),
+                ..FoundSlice::named("a")
+            },
+            Some(one_device_region(UUID, 4096 * MIB, Vec::new())),
+        );
+        let entry = |bytes| {
+            let mut used = [0; MAX_DEVICES];
+            used[0] = bytes;
+            used
+        };
+        let card = Card {
+            index: 0,
+            uuid: UUID.into(),
+            total: 16384 * MIB,
+            used: 0,
+            free: 0,
+            utilization: None,
+            // 10: 100 MiB beyond its entry; 11: within the bound.
+            processes: vec![
+                (10, Some(300 * MIB)),
+                (11, Some(200 * MIB + UNPRICED_BOUND_BYTES)),
+            ],
+        };
+        let view = NodeView {
+            owner: [(10, 0), (11, 0)].into_iter().collect(),
+            ledger: [(10, (0, entry(200 * MIB))), (11, (0, entry(200 * MIB)))]
+                .into_iter()
+                .collect(),
+            forged: vec![(0, SlotId::from_index(3).unwrap(), 77)],
+            ..fixtures::view(vec![slice], Ok(vec![card]))
+        };
+        let found = problems(&view, 64 * MIB);
+        let keys: Vec<String> = found.iter().map(|p| p.key.clone()).collect();
+        assert_eq!(
+            keys,
+            [
+                format!("limit:a:{UUID}"),
+                "forged:a:3".into(),
+                format!("unaccounted:a:10:{UUID}"),
+            ],
+            "{found:?}"
+        );
+        assert!(
+            found[2]
+                .line
+                .contains("104857600 more than its ledger entry"),
+            "{found:?}"
+        );
     }
 }

@@ -8,5 +8,11 @@
 //! beyond it is no model error: the node agent reports it and, when enforcing, ends the process
 //! that holds it (`agent/src/backstop.rs`).
 
-/// Per process and device.
+/// Per process and device. The shim's model errs, per context, by what a context's measured
+/// cost holds of its first module pages (`CONTEXT_MODULE_ARENA`, 8 MiB: the shim takes them to
+/// be there, a driver may make them later) and by the driver's rounding past what its read-back
+/// shows (at most one 2 MiB page each for the stack and local memory, the printf FIFO, the
+/// malloc heap and the modules' images): 16 MiB per context. 64 MiB covers four contexts of
+/// one process on one device (a process usually has one, its primary context); a process
+/// holding more than its charge plus this is not erring by the model.
 pub const UNPRICED_BOUND_BYTES: u64 = 64 << 20;

@@ -12,6 +12,7 @@
 pub mod health;
 pub mod inventory;
 pub mod model;
+pub mod node_lock;
 pub mod plugin;
 pub mod prepare;
 pub mod proto;

@@ -11,7 +11,7 @@ use gpuslice_common::cdi::{check_container_path, core_beside, DEFAULT_CONTAINER_
 use gpuslice_dra::model::Model;
 use gpuslice_dra::plugin::{serve_with_health, Driver, HealthService};
 use gpuslice_dra::prepare::{NvidiaCdi, Preparer, Settings};
-use gpuslice_dra::publish::{OnMissingGate, Publisher};
+use gpuslice_dra::publish::{OnMissingGate, Publisher, Recheck};
 use gpuslice_dra::{health, inventory, DRIVER_NAME};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -177,24 +177,21 @@ fn run(args: Args) -> Result<(), String> {
             let mut metrics = String::new();
             let mut unhealthy = unhealthy;
             let period = Duration::from_secs(args.republish_seconds.max(1));
-            let mut publisher =
-                Publisher::new(DRIVER_NAME, &args.node_name, args.model, args.on_missing_gate);
+            let mut publisher = Publisher::new(
+                DRIVER_NAME,
+                &args.node_name,
+                args.model,
+                args.on_missing_gate,
+            )
+            .with_recheck(Recheck::for_period(period));
             async move {
-                let mut last = String::new();
                 loop {
                     let now = unhealthy.borrow_and_update().clone();
-                    let result = publisher
+                    // Logs its notices and each change of outcome (an error is retried at
+                    // the next period).
+                    let _ = publisher
                         .publish_and_report(client.clone(), &gpus, &now)
                         .await;
-                    // One line per change, not one per period.
-                    let line = match result {
-                        Ok(outcome) => format!("ResourceSlices: {outcome:?}"),
-                        Err(e) => format!("publishing: {e}"),
-                    };
-                    if line != last || !line.contains("Unchanged") {
-                        eprintln!("gpuslice-dra: {line}");
-                    }
-                    last = line;
                     let now_metrics = publisher.metrics(&now);
                     if now_metrics != metrics {
                         if let Err(e) = write_metrics(&metrics_file, &now_metrics) {
@@ -220,12 +217,17 @@ fn run(args: Args) -> Result<(), String> {
         let plugin_socket = args.plugin_dir.join("dra.sock");
         let registration_socket: PathBuf =
             Path::new(&args.registry_dir).join(format!("{DRIVER_NAME}-reg.sock"));
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        // Handlers in place before the sockets exist: a SIGTERM as soon as the plugin answers
+        // is a clean stop, not the default action (which would leave the sockets behind).
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term =
+            signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+        let mut interrupt =
+            signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
+        let shutdown = async move {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
             }
         };
         eprintln!(

@@ -20,7 +20,9 @@
 //! from their limit files, so it holds across plugin restarts), must fit the card's memory and
 //! 100% of its compute. A claim that does not fit is refused with an error naming the card and
 //! every claim on it (a feature gate off on the API server, a stale slice, a scheduler bug: the
-//! card is never promised twice, whatever allocated it).
+//! card is never promised twice, whatever allocated it). The check and the writes up to the
+//! checkpoint are one step for every process sharing the state directory: they run under the
+//! node's prepare lock ([`crate::node_lock`]), which the kernel releases if its holder dies.
 //!
 //! Unprepare refuses (the kubelet retries) while a process of the slice lives; once none does
 //! it removes the spec and the claim directory. Every path is derived from the UID, so an
@@ -31,7 +33,7 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use gpuslice_common::cdi::{
     check_device_name, generate_spec, preload_contents, write_atomically, SliceMounts, SpecInputs,
@@ -45,6 +47,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::inventory::Gpu;
 use crate::model::{self, DeviceName};
+use crate::node_lock::{self, NodeLock};
 use crate::quantity::format_bytes;
 
 /// CDI kind of the per-claim slice devices: `gpuslice.dev/claim=<uid>`.
@@ -111,7 +114,8 @@ struct Checkpoint {
 }
 
 /// Prepares and unprepares claims on one node; one at a time (prepare and unprepare of a
-/// claim touch the same files, and the kubelet may call concurrently).
+/// claim touch the same files, and the kubelet may call concurrently): the threads of this
+/// process queue on a mutex, the processes sharing the state directory on the node's lock.
 pub struct Preparer {
     settings: Settings,
     gpus: Vec<Gpu>,
@@ -135,6 +139,13 @@ impl Preparer {
         &self.gpus
     }
 
+    /// This process's turn, then the node's lock: held for one check-and-write.
+    fn exclusive(&self) -> Result<(MutexGuard<'_, ()>, NodeLock), String> {
+        let turn = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let node = NodeLock::acquire(&self.settings.state_dir, node_lock::WAIT)?;
+        Ok((turn, node))
+    }
+
     /// The claim's directory under the state dir.
     pub fn claim_dir(&self, uid: &str) -> PathBuf {
         self.settings.state_dir.join("claims").join(uid)
@@ -152,7 +163,6 @@ impl Preparer {
         want: &ClaimRef,
         claim: &ResourceClaim,
     ) -> Result<Vec<PreparedDevice>, String> {
-        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         check_uid(&want.uid)?;
         let label = format!("claim {}/{} ({})", want.namespace, want.name, want.uid);
         let uid = claim.metadata.uid.as_deref().unwrap_or_default();
@@ -162,6 +172,8 @@ impl Preparer {
                  replaced; not preparing it"
             ));
         }
+        // From the checkpoint read to the checkpoint written: one step on this node.
+        let _exclusive = self.exclusive().map_err(|why| format!("{label}: {why}"))?;
         let dir = self.claim_dir(&want.uid);
         if let Some(checkpoint) = read_checkpoint(&dir)? {
             return Ok(checkpoint.devices);
@@ -444,8 +456,10 @@ impl Preparer {
     /// (naming the PIDs); removes nothing of another claim; a claim never prepared (or already
     /// unprepared) is success.
     pub fn unprepare(&self, uid: &str) -> Result<(), String> {
-        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         check_uid(uid)?;
+        let _exclusive = self
+            .exclusive()
+            .map_err(|why| format!("claim {uid}: {why}"))?;
         let dir = self.claim_dir(uid);
         let region = dir.join("region").join(REGION_FILE);
         match Region::check_unused(&region) {

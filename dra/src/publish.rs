@@ -16,18 +16,25 @@
 //!
 //! The API server of a cluster whose feature gate is off does not refuse a model's fields: it
 //! drops them when it stores the slice (its registry strategy), and the seven products of a
-//! card become seven independent devices the scheduler may hand out together. So before a
-//! model that needs a gate is published, a dry-run create shows what the server would store;
-//! and what a real write stored is read back too. If the model's fields were dropped, the
-//! model is not published: [`Publisher`] says so once (its notice), and publishes the gate-free
-//! units model instead if the operator allowed it ([`OnMissingGate::Units`]), or nothing. A
-//! degraded publisher probes again with a dry-run each period (it writes nothing while the
-//! answer stays the same) and returns to the model once the server keeps its fields.
+//! card become seven independent devices the scheduler may hand out together. So at the first
+//! publication a dry-run create of the model's slices (a probe) shows whether the server keeps
+//! its fields; every create and replace after that is sent as a dry run first, with the same
+//! body, so a gate switched off at run time shows before anything is stored; and what a real
+//! write stored is read back too (for a server that answers the dry run and the write
+//! differently: replicas with different gates behind one address). If the model's fields were
+//! dropped, the model is not published: [`Publisher`] says so once (its notice), and publishes
+//! the gate-free units model instead if the operator allowed it ([`OnMissingGate::Units`]), or
+//! nothing. A degraded publisher probes again on a back-off ([`Recheck`]), writing and saying
+//! nothing while the answer stays the same, and returns to the model once the server keeps its
+//! fields. An update of a stored slice keeps the fields the stored object already uses (the
+//! strategy's ratchet), so a gate switched off is noticed at the first write that needs it.
 //!
 //! Devices of an unhealthy GPU carry a NoSchedule [`TAINT_KEY`] taint; where the server drops
 //! taints (`DRADeviceTaints` off) they are left out of the slice instead.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
@@ -459,6 +466,35 @@ pub enum Standing {
     },
 }
 
+/// How often a publisher that found the asked model's feature gate missing probes again: the
+/// first time `first` after the finding, then twice as long each time, at most every `most`.
+/// A back-off rather than a signal: nothing a driver can read with its rights tells it that
+/// a gate was turned on (`/version` stays the same; the `kubernetes_feature_enabled` series
+/// is on `/metrics`, a non-resource URL, and per API server replica), and turning one on
+/// restarts the API server, which an operator can follow with a restart of the driver: its
+/// first publication probes at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recheck {
+    pub first: Duration,
+    pub most: Duration,
+}
+
+impl Recheck {
+    /// For a driver that re-publishes every `period`: first after one period, then at most
+    /// every 15 minutes (or every period, if that is longer).
+    pub fn for_period(period: Duration) -> Recheck {
+        Recheck {
+            first: period,
+            most: period.max(Duration::from_secs(15 * 60)),
+        }
+    }
+}
+
+/// Where a publisher's time comes from (the monotonic clock, or a test's).
+pub type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+/// Where its log lines go (stderr, or a test's list).
+pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// Keeps the node's slices right, from one call to [`Publisher::publish`] to the next.
 pub struct Publisher {
     pub driver: String,
@@ -470,6 +506,13 @@ pub struct Publisher {
     /// `Some(false)` once the server was seen dropping device taints.
     taints_kept: Option<bool>,
     notices: Vec<String>,
+    recheck: Recheck,
+    /// While degraded: when the asked model is probed next, and the wait that led there.
+    next_probe: Option<(Instant, Duration)>,
+    clock: Clock,
+    log: Log,
+    /// The outcome line logged last: one line per change, not one per period.
+    last_line: String,
 }
 
 impl Publisher {
@@ -483,7 +526,28 @@ impl Publisher {
             layout: None,
             taints_kept: None,
             notices: Vec::new(),
+            recheck: Recheck::for_period(Duration::from_secs(60)),
+            next_probe: None,
+            clock: Arc::new(Instant::now),
+            log: Arc::new(|line| eprintln!("gpuslice-dra: {line}")),
+            last_line: String::new(),
         }
+    }
+
+    /// Probes a missing gate again on this back-off (default: [`Recheck::for_period`] of 60 s).
+    pub fn with_recheck(mut self, recheck: Recheck) -> Self {
+        self.recheck = recheck;
+        self
+    }
+
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    pub fn with_log(mut self, log: Log) -> Self {
+        self.log = log;
+        self
     }
 
     pub fn standing(&self) -> &Standing {
@@ -549,27 +613,48 @@ impl Publisher {
         }
     }
 
-    fn degrade(&mut self, dropped: Vec<String>) {
+    /// Publishes the effective model instead of the asked one from now on (`instead`), and
+    /// probes the asked one again after `wait`. `announce`: a notice says so (once per
+    /// change: not when a probe that saw the gate back is contradicted in the same pass).
+    fn degrade(&mut self, dropped: Vec<String>, now: Instant, wait: Duration, announce: bool) {
         let gate = self.model.feature_gate().unwrap_or("?");
-        let now = match self.on_missing_gate {
+        let instead = match self.on_missing_gate {
             OnMissingGate::Withdraw => None,
             OnMissingGate::Units => Some(Model::Units),
         };
-        let instead = match now {
-            Some(m) => format!("publishing the {} model instead (--on-missing-gate=units)", m.name()),
-            None => "publishing no devices (--on-missing-gate=withdraw; =units publishes the gate-free units model)".to_string(),
+        if announce {
+            let what = match instead {
+                Some(m) => format!(
+                    "publishing the {} model instead (--on-missing-gate=units)",
+                    m.name()
+                ),
+                None => "publishing no devices (--on-missing-gate=withdraw; =units publishes \
+                         the gate-free units model)"
+                    .to_string(),
+            };
+            self.notices.push(format!(
+                "the API server drops {} of the {} model (feature gate {gate} is off on it): its \
+                 devices would be independent and a card over-committable; {what}",
+                dropped.join(", "),
+                self.model.name(),
+            ));
+        }
+        self.standing = Standing::Degraded {
+            gate,
+            dropped,
+            now: instead,
         };
-        self.notices.push(format!(
-            "the API server drops {} of the {} model (feature gate {gate} is off on it): its \
-             devices would be independent and a card over-committable; {instead}",
-            dropped.join(", "),
-            self.model.name(),
-        ));
-        self.standing = Standing::Degraded { gate, dropped, now };
+        self.next_probe = Some((now + wait, wait));
     }
 
-    /// [`Publisher::publish`], then each notice as one log line and a Warning Event on the
-    /// Node (an Event that cannot be recorded is logged, never fatal).
+    /// The wait after `wait`, on the back-off.
+    fn longer(&self, wait: Duration) -> Duration {
+        (wait * 2).clamp(self.recheck.first, self.recheck.most)
+    }
+
+    /// [`Publisher::publish`]; then each notice as one log line and a Warning Event on the
+    /// Node (an Event that cannot be recorded is logged, never fatal), and the outcome as one
+    /// log line when it differs from the last one logged.
     pub async fn publish_and_report(
         &mut self,
         client: Client,
@@ -578,20 +663,29 @@ impl Publisher {
     ) -> Result<Published, String> {
         let result = self.publish(client.clone(), gpus, unhealthy).await;
         for notice in self.take_notices() {
-            eprintln!("gpuslice-dra: ResourceSlices: {notice}");
+            (self.log)(&format!("ResourceSlices: {notice}"));
             let recorded = match read_node_owner(client.clone(), &self.node).await {
                 Ok(owner) => node_event(client.clone(), &owner, "DRAModel", &notice).await,
                 Err(e) => Err(e),
             };
             if let Err(e) = recorded {
-                eprintln!("gpuslice-dra: {e}");
+                (self.log)(&e);
             }
+        }
+        let line = match &result {
+            Ok(outcome) => format!("ResourceSlices: {outcome:?}"),
+            Err(e) => format!("publishing: {e}"),
+        };
+        if line != self.last_line {
+            (self.log)(&line);
+            self.last_line = line;
         }
         result
     }
 
-    /// One publication: probes a gated model (dry run) if it is not known to be kept, writes
-    /// what should be published, and reads back what was stored.
+    /// One publication: probes a gated model (dry run) at the first publication and, while its
+    /// gate is missing, on the back-off; writes what should be published, each write sent as
+    /// a dry run first; and reads back what was stored.
     pub async fn publish(
         &mut self,
         client: Client,
@@ -600,13 +694,20 @@ impl Publisher {
     ) -> Result<Published, String> {
         let owner = read_node_owner(client.clone(), &self.node).await?;
         let api: Api<ResourceSlice> = Api::all(client.clone());
-        // The asked model with a gate: probe it (again, while degraded) with a dry run.
-        if self.model.feature_gate().is_some()
-            && (self.layout.is_none() || matches!(self.standing, Standing::Degraded { .. }))
-        {
+        let now = (self.clock)();
+        let degraded = matches!(self.standing, Standing::Degraded { .. });
+        let due = self.next_probe.is_none_or(|(at, _)| now >= at);
+        // When a probe of this pass found the gate back: its notice, and the wait before it.
+        let mut restored: Option<(usize, Duration)> = None;
+        if self.model.feature_gate().is_some() && (self.layout.is_none() || (degraded && due)) {
             match self.probe(&api, &owner, gpus).await? {
                 None => {
-                    if matches!(self.standing, Standing::Degraded { .. }) {
+                    if degraded {
+                        let wait = self
+                            .next_probe
+                            .take()
+                            .map_or(self.recheck.first, |(_, w)| w);
+                        restored = Some((self.notices.len(), wait));
                         self.notices.push(format!(
                             "the API server now keeps the fields of the {} model: publishing it",
                             self.model.name()
@@ -614,30 +715,55 @@ impl Publisher {
                     }
                     self.standing = Standing::AsAsked;
                 }
-                Some(dropped) => {
-                    if !matches!(self.standing, Standing::Degraded { .. }) {
-                        self.degrade(dropped);
-                    }
+                // Still missing: said already; the next probe after a longer wait.
+                Some(_) if degraded => {
+                    let wait = self.longer(self.next_probe.map_or(Duration::ZERO, |(_, w)| w));
+                    self.next_probe = Some((now + wait, wait));
                 }
+                Some(dropped) => self.degrade(dropped, now, self.recheck.first, true),
             }
         }
-        let (published, dropped) = self.write(&api, &owner, gpus, unhealthy).await?;
-        // What was stored, read back: a server whose answer changed since the probe (or the
-        // replicas of one API server disagreeing) must not leave an over-committable slice.
-        if self.effective() == Some(self.model) && model_fields_dropped(self.model, &dropped) {
-            self.degrade(dropped);
-            return Ok(self.write(&api, &owner, gpus, unhealthy).await?.0);
+        // A dry run or a read-back that shows dropped fields changes what is published; each
+        // change happens once, so three passes are enough.
+        for _ in 0..3 {
+            let (published, dropped) = self.write(&api, &owner, gpus, unhealthy).await?;
+            if self.effective() == Some(self.model) && model_fields_dropped(self.model, &dropped) {
+                // The server answers otherwise than the probe did (another replica, a
+                // restart with other gates between the two). Right after a probe that saw the
+                // gate back nothing changed for the operator: neither is said, and the next
+                // probe waits longer.
+                match restored.take() {
+                    Some((notice, wait)) => {
+                        self.notices.remove(notice);
+                        let wait = self.longer(wait);
+                        self.degrade(dropped, now, wait, false);
+                    }
+                    None => self.degrade(dropped, now, self.recheck.first, true),
+                }
+                continue;
+            }
+            if dropped.iter().any(|p| p.ends_with("taints")) && self.taints_kept != Some(false) {
+                self.taints_kept = Some(false);
+                self.notices.push(
+                    "the API server drops device taints (feature gate DRADeviceTaints is off \
+                     on it): the devices of an unhealthy GPU are left out of the slices instead"
+                        .to_string(),
+                );
+                continue;
+            }
+            let Some(published) = published else {
+                return Err(format!(
+                    "the API server would drop {} of the slices; nothing written",
+                    dropped.join(", ")
+                ));
+            };
+            return Ok(published);
         }
-        if dropped.iter().any(|p| p.ends_with("taints")) && self.taints_kept != Some(false) {
-            self.taints_kept = Some(false);
-            self.notices.push(
-                "the API server drops device taints (feature gate DRADeviceTaints is off on \
-                 it): the devices of an unhealthy GPU are left out of the slices instead"
-                    .to_string(),
-            );
-            return Ok(self.write(&api, &owner, gpus, unhealthy).await?.0);
-        }
-        Ok(published)
+        Err(
+            "the API server's answers kept changing within one publication; trying again at \
+             the next"
+                .to_string(),
+        )
     }
 
     /// A dry-run create of the model's first slices in each layout (1.35's first): `None`
@@ -701,15 +827,16 @@ impl Publisher {
         ))
     }
 
-    /// Makes the server's slices of this driver and node what the effective model says.
-    /// Returns the outcome and the fields the server dropped from what was written.
+    /// Makes the server's slices of this driver and node what the effective model says,
+    /// every create and replace sent as a dry run first. Returns the outcome and the fields the
+    /// server dropped; `None` (nothing written) when the dry runs show it would drop some.
     async fn write(
         &mut self,
         api: &Api<ResourceSlice>,
         owner: &OwnerReference,
         gpus: &[Gpu],
         unhealthy: &BTreeMap<u32, String>,
-    ) -> Result<(Published, Vec<String>), String> {
+    ) -> Result<(Option<Published>, Vec<String>), String> {
         let owners = Some(vec![owner.clone()]);
         let selector = format!("spec.driver={},spec.nodeName={}", self.driver, self.node);
         let existing = api
@@ -729,7 +856,7 @@ impl Publisher {
                     .await
                     .map_err(|e| format!("deleting ResourceSlice {name}: {e}"))?;
             }
-            return Ok((Published::Withdrawn, Vec::new()));
+            return Ok((Some(Published::Withdrawn), Vec::new()));
         };
         let layout = self.layout.unwrap_or(Layout::Split);
         let withhold = self.taints_kept == Some(false);
@@ -759,57 +886,91 @@ impl Publisher {
                 })
         };
         if same {
-            return Ok((Published::Unchanged { generation }, Vec::new()));
+            return Ok((Some(Published::Unchanged { generation }), Vec::new()));
         }
         let generation = generation + 1;
+        let writes: Vec<(ResourceSlice, bool)> = want(generation)
+            .into_iter()
+            .map(|(name, spec)| {
+                let current = by_name.get(name.as_str());
+                let slice = ResourceSlice {
+                    metadata: ObjectMeta {
+                        name: Some(name),
+                        resource_version: current.and_then(|s| s.metadata.resource_version.clone()),
+                        owner_references: owners.clone(),
+                        ..Default::default()
+                    },
+                    spec,
+                };
+                (slice, current.is_some())
+            })
+            .collect();
+        // What the server would store, before anything is stored: a server that drops a field
+        // (a gate switched off at run time) never holds a slice without it, even briefly.
         let mut dropped = Vec::new();
-        let mut created_all = true;
-        for (name, spec) in want(generation) {
-            let current = by_name.get(name.as_str());
-            let slice = ResourceSlice {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    resource_version: current.and_then(|s| s.metadata.resource_version.clone()),
-                    owner_references: owners.clone(),
-                    ..Default::default()
-                },
-                spec: spec.clone(),
-            };
-            let stored = match current {
-                Some(_) => {
-                    created_all = false;
-                    api.replace(&name, &PostParams::default(), &slice)
-                        .await
-                        .map_err(|e| format!("replacing ResourceSlice {name}: {e}"))?
-                }
-                None => api
-                    .create(&PostParams::default(), &slice)
-                    .await
-                    .map_err(|e| format!("creating ResourceSlice {name}: {e}"))?,
-            };
-            for path in dropped_fields(&spec, &stored.spec) {
-                if !dropped.contains(&path) {
-                    dropped.push(path);
-                }
-            }
+        for (slice, replace) in &writes {
+            let stored = send(api, slice, *replace, true).await?;
+            add_dropped(&mut dropped, &slice.spec, &stored.spec);
         }
-        let names: Vec<String> = want(generation).into_iter().map(|(n, _)| n).collect();
+        if !dropped.is_empty() {
+            return Ok((None, dropped));
+        }
+        for (slice, replace) in &writes {
+            let stored = send(api, slice, *replace, false).await?;
+            add_dropped(&mut dropped, &slice.spec, &stored.spec);
+        }
         for stale in &existing {
             let Some(stale_name) = stale.metadata.name.as_deref() else {
                 continue;
             };
-            if !names.iter().any(|n| n == stale_name) {
+            if !writes
+                .iter()
+                .any(|(s, _)| s.metadata.name.as_deref() == Some(stale_name))
+            {
                 api.delete(stale_name, &DeleteParams::default())
                     .await
                     .map_err(|e| format!("deleting stale ResourceSlice {stale_name}: {e}"))?;
             }
         }
-        let published = if created_all && existing.is_empty() {
+        let published = if existing.is_empty() {
             Published::Created { generation }
         } else {
             Published::Replaced { generation }
         };
-        Ok((published, dropped))
+        Ok((Some(published), dropped))
+    }
+}
+
+/// Creates (`replace`: replaces) `slice`; `dry_run`: only asks what the server would store.
+async fn send(
+    api: &Api<ResourceSlice>,
+    slice: &ResourceSlice,
+    replace: bool,
+    dry_run: bool,
+) -> Result<ResourceSlice, String> {
+    let params = PostParams {
+        dry_run,
+        ..Default::default()
+    };
+    let name = slice.metadata.name.as_deref().unwrap_or_default();
+    let what = if dry_run { "dry-run " } else { "" };
+    if replace {
+        api.replace(name, &params, slice)
+            .await
+            .map_err(|e| format!("{what}replacing ResourceSlice {name}: {e}"))
+    } else {
+        api.create(&params, slice)
+            .await
+            .map_err(|e| format!("{what}creating ResourceSlice {name}: {e}"))
+    }
+}
+
+/// Adds the fields `stored` lacks of `sent` to `dropped` (each path once).
+fn add_dropped(dropped: &mut Vec<String>, sent: &ResourceSliceSpec, stored: &ResourceSliceSpec) {
+    for path in dropped_fields(sent, stored) {
+        if !dropped.contains(&path) {
+            dropped.push(path);
+        }
     }
 }
 

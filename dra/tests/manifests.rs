@@ -1,5 +1,5 @@
-//! Every manifest in docker/k8s/ is what its `kind` says: each YAML document deserialises into
-//! its k8s-openapi type and serialises back to exactly the same JSON. k8s-openapi skips
+//! Every manifest in docker/k8s/ (and tenant/) is what its `kind` says: each YAML document
+//! deserialises into its k8s-openapi type and serialises back to exactly the same JSON. k8s-openapi skips
 //! unknown fields when reading, so the round trip is what catches a misspelt field name (it
 //! disappears). The ResourceSlice example is exactly what the driver publishes.
 
@@ -8,8 +8,11 @@ use std::path::{Path, PathBuf};
 use gpuslice_dra::inventory::Gpu;
 use gpuslice_dra::model::{self, Model, PRODUCTS};
 use gpuslice_dra::publish::{desired_slices, Layout};
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
@@ -67,7 +70,10 @@ fn check(file: &Path, doc: &Value) -> String {
     let back = dispatch!(
         DaemonSet,
         Pod,
+        ResourceQuota,
         ServiceAccount,
+        ValidatingAdmissionPolicy,
+        ValidatingAdmissionPolicyBinding,
         ClusterRole,
         ClusterRoleBinding,
         DeviceClass,
@@ -82,17 +88,30 @@ fn check(file: &Path, doc: &Value) -> String {
     kind.to_string()
 }
 
+/// The manifests of docker/k8s and its sub-directories, kustomization files aside.
+fn manifests() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![k8s_dir()];
+    while let Some(dir) = dirs.pop() {
+        for path in std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()) {
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "yaml")
+                && path.file_name().is_some_and(|n| n != "kustomization.yaml")
+            {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
 #[test]
 fn every_manifest_is_its_kubernetes_type() {
     let mut kinds = Vec::new();
-    let mut files: Vec<_> = std::fs::read_dir(k8s_dir())
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
-    assert!(files.len() >= 8, "{files:?}");
+    let files = manifests();
+    assert!(files.len() >= 10, "{files:?}");
     for file in &files {
         for doc in documents(file) {
             kinds.push(check(file, &doc));
@@ -108,6 +127,9 @@ fn every_manifest_is_its_kubernetes_type() {
         "ResourceClaim",
         "ResourceSlice",
         "Pod",
+        "ResourceQuota",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ] {
         assert!(kinds.iter().any(|k| k == kind), "no {kind} among {kinds:?}");
     }
@@ -154,7 +176,8 @@ fn the_resourceslice_example_is_what_the_driver_publishes() {
 
 #[test]
 fn the_claim_templates_ask_for_products_or_units_of_one_card() {
-    let templates = documents(&k8s_dir().join("resourceclaimtemplates.yaml"));
+    let templates = documents(&k8s_dir().join("tenant/resourceclaimtemplates.yaml"));
+    let classes = product_classes();
     let mut shares = Vec::new();
     let mut units = Vec::new();
     for doc in templates {
@@ -186,21 +209,43 @@ fn the_claim_templates_ask_for_products_or_units_of_one_card() {
                 units.push(count as u32 * model::UNIT_SHARE);
                 continue;
             }
-            assert_eq!(exactly.device_class_name, "slice.gpuslice.dev");
-            for selector in exactly.selectors.unwrap_or_default() {
-                let expression = selector.cel.unwrap().expression;
-                let share: u32 = expression
-                    .strip_prefix("device.attributes[\"gpuslice.dev\"].share == ")
-                    .unwrap_or_else(|| panic!("unexpected selector {expression}"))
-                    .parse()
-                    .unwrap();
-                shares.push(share);
-            }
+            // A product: one device of the product's class, which selects that share.
+            assert_eq!(exactly.count, Some(1), "{name}");
+            assert!(exactly.selectors.is_none(), "{name}");
+            let share = classes
+                .iter()
+                .find(|(class, _)| *class == exactly.device_class_name)
+                .unwrap_or_else(|| {
+                    panic!("{name}: {} is no product class", exactly.device_class_name)
+                })
+                .1;
+            assert_eq!(name, format!("gpu-slice-{share}"));
+            shares.push(share);
         }
     }
     let offered: Vec<u32> = PRODUCTS.iter().map(|(share, _)| *share).collect();
     assert_eq!(shares, offered);
     assert_eq!(units, vec![25, 50, 100]);
+}
+
+/// The product classes of deviceclass.yaml: (class name, the share its selector picks).
+fn product_classes() -> Vec<(String, u32)> {
+    documents(&k8s_dir().join("deviceclass.yaml"))
+        .into_iter()
+        .map(|d| serde_json::from_value::<DeviceClass>(d).unwrap())
+        .filter_map(|c| {
+            let expression = c.spec.selectors.as_ref()?[0]
+                .cel
+                .as_ref()?
+                .expression
+                .clone();
+            let (_, share) = expression.split_once(".share == ")?;
+            expression
+                .contains(".model == \"products\"")
+                .then_some(())?;
+            Some((c.metadata.name?, share.parse().ok()?))
+        })
+        .collect()
 }
 
 #[test]

@@ -352,3 +352,24 @@ fn units_add_up_per_card_and_the_guard_fails_closed_on_an_unreadable_ledger() {
         "{error}"
     );
 }
+
+#[test]
+fn the_node_lock_excludes_every_other_holder_and_gives_up_after_its_wait() {
+    use gpuslice_dra::node_lock::NodeLock;
+    use std::time::Duration;
+    let scratch = Scratch::new("node-lock");
+    let state = scratch.path().join("state");
+    let held = NodeLock::acquire(&state, Duration::from_secs(1)).unwrap();
+    // Another description (here of this process; another process's is the same to flock)
+    // waits, then gives up with an error naming the lock, rather than hang.
+    let error = NodeLock::acquire(&state, Duration::from_millis(100)).unwrap_err();
+    assert!(
+        error.contains("held the prepare lock") && error.contains(state.to_str().unwrap()),
+        "{error}"
+    );
+    drop(held);
+    let again = NodeLock::acquire(&state, Duration::from_millis(100)).unwrap();
+    drop(again);
+    // The lock is the directory's: no file was left to mean anything.
+    assert_eq!(fs::read_dir(&state).unwrap().count(), 0);
+}

@@ -1,19 +1,22 @@
 //! Publishing against the fake API server playing each Kubernetes version and gate set
 //! (common/rules.rs: upstream's strategy and validation): what the driver sends and what the
 //! server stored, the slice layout per version, what the scheduler can allocate from it, and
-//! what happens where a model's feature gate is off (nothing over-committable is published,
-//! one notice and one Event, no rewrite every period).
+//! what happens where a model's feature gate is off, from the start or switched off at run
+//! time (nothing over-committable is stored, ever; one notice and one Event; no rewrite and no
+//! probe every period).
 
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::api::{Cluster, FakeApi};
 use common::scheduler::Pool;
 use common::*;
 use gpuslice_dra::model::Model;
 use gpuslice_dra::publish::{
-    desired_slices, Layout, OnMissingGate, Published, Publisher, Standing,
+    desired_slices, Clock, Layout, Log, OnMissingGate, Published, Publisher, Recheck, Standing,
 };
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde_json::{json, Value};
@@ -47,6 +50,88 @@ async fn publish(api: &FakeApi, p: &mut Publisher) -> Published {
     p.publish_and_report(api.client(), &gpus(), &none())
         .await
         .unwrap()
+}
+
+async fn publish_via(client: &kube::Client, p: &mut Publisher) -> Published {
+    p.publish_and_report(client.clone(), &gpus(), &none())
+        .await
+        .unwrap()
+}
+
+/// A clock the test moves.
+struct TestClock(Arc<Mutex<Instant>>);
+
+impl TestClock {
+    fn new() -> TestClock {
+        TestClock(Arc::new(Mutex::new(Instant::now())))
+    }
+
+    fn clock(&self) -> Clock {
+        let now = self.0.clone();
+        Arc::new(move || *now.lock().unwrap())
+    }
+
+    fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap() += by;
+    }
+}
+
+/// A log that keeps the publisher's lines.
+fn kept_log() -> (Log, Arc<Mutex<Vec<String>>>) {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let kept = lines.clone();
+    (
+        Arc::new(move |line: &str| kept.lock().unwrap().push(line.to_string())),
+        lines,
+    )
+}
+
+/// Why the slices a server holds would let a card be promised more than once, if they would:
+/// a product that consumes no counters or a capacity device without its sharing fields (the
+/// model's fields dropped), or more than 100% of a card allocatable at once by the scheduler.
+fn over_committable(slices: &BTreeMap<String, Value>) -> Option<String> {
+    for (slice, value) in slices {
+        for device in value["spec"]["devices"].as_array().into_iter().flatten() {
+            let name = device["name"].as_str().unwrap();
+            let bare = match device["attributes"]["model"]["string"].as_str() {
+                Some("products") => device.get("consumesCounters").is_none(),
+                Some("capacity") => {
+                    device["allowMultipleAllocations"] != true
+                        || device["capacity"]["memory"].get("requestPolicy").is_none()
+                }
+                _ => false,
+            };
+            if bare {
+                return Some(format!("{slice}: device {name} without its model's fields"));
+            }
+        }
+    }
+    // An incomplete pool allocates nothing.
+    let pool = Pool::of(slices, "gpuslice.dev", NODE).ok()?;
+    for gpu in 0..2 {
+        let (mut taken, mut share) = (Vec::<&str>::new(), 0);
+        for (name, device) in &pool.devices {
+            let Some(s) = device["attributes"]["share"]["int"].as_i64() else {
+                continue;
+            };
+            if !name.starts_with(&format!("gpu-{gpu}-")) {
+                continue;
+            }
+            let claims: Vec<[&str; 1]> =
+                taken.iter().chain([&name.as_str()]).map(|d| [*d]).collect();
+            let claims: Vec<&[&str]> = claims.iter().map(|c| &c[..]).collect();
+            if pool.allocate(&claims).is_ok() {
+                taken.push(name);
+                share += s;
+            }
+        }
+        if share > 100 {
+            return Some(format!(
+                "GPU {gpu}: {share}% allocatable at once: {taken:?}"
+            ));
+        }
+    }
+    None
 }
 
 #[tokio::test]
@@ -199,7 +284,8 @@ async fn capacity_publishes_on_each_version_with_its_gate() {
 }
 
 #[tokio::test]
-async fn without_the_gate_no_over_committable_slice_is_published_and_nothing_loops() {
+async fn without_the_gate_no_over_committable_slice_is_published_and_it_is_said_once() {
+    const PERIOD: Duration = Duration::from_secs(60);
     for (cluster, model, gate) in [
         (Cluster::V1_34, Model::Products, "DRAPartitionableDevices"),
         (Cluster::V1_35, Model::Products, "DRAPartitionableDevices"),
@@ -207,8 +293,15 @@ async fn without_the_gate_no_over_committable_slice_is_published_and_nothing_loo
         (Cluster::V1_35, Model::Capacity, "DRAConsumableCapacity"),
     ] {
         let api = FakeApi::start_as(cluster);
+        // One client (one connection) for the whole run, as the driver has.
+        let client = api.client();
+        let clock = TestClock::new();
+        let (log, lines) = kept_log();
+        let mut p = Publisher::new("gpuslice.dev", NODE, model, OnMissingGate::Withdraw)
+            .with_recheck(Recheck::for_period(PERIOD))
+            .with_clock(clock.clock())
+            .with_log(log);
         // A slice of an earlier run (or another driver version) of the same model.
-        let mut p = Publisher::new("gpuslice.dev", NODE, model, OnMissingGate::Withdraw);
         for (name, spec) in desired_slices(
             "gpuslice.dev",
             NODE,
@@ -226,7 +319,7 @@ async fn without_the_gate_no_over_committable_slice_is_published_and_nothing_loo
         }
         api.clear_requests();
         assert_eq!(
-            publish(&api, &mut p).await,
+            publish_via(&client, &mut p).await,
             Published::Withdrawn,
             "{cluster:?} {model:?}"
         );
@@ -248,7 +341,7 @@ async fn without_the_gate_no_over_committable_slice_is_published_and_nothing_loo
             }
             other => panic!("{other:?}"),
         }
-        // One Event on the Node naming the gate.
+        // One Event on the Node naming the gate, and two log lines: the finding, the outcome.
         let events = api.events();
         assert_eq!(events.len(), 1, "{events:?}");
         assert_eq!(events[0]["involvedObject"]["kind"], "Node");
@@ -262,19 +355,62 @@ async fn without_the_gate_no_over_committable_slice_is_published_and_nothing_loo
             message.contains(gate) && message.contains("over-committable"),
             "{message}"
         );
+        assert_eq!(
+            lines.lock().unwrap().len(),
+            2,
+            "{:?}",
+            lines.lock().unwrap()
+        );
 
-        // Every period after: a dry-run probe, no write, no further notice.
-        for _ in 0..3 {
+        // A hundred periods with the gate still off: each reads the Node and lists the slices
+        // (to restore a deleted one), nothing else; the gate is probed again (dry runs) after
+        // 1, 2, 4 and 8 periods, then every 15 minutes; nothing more is said.
+        let mut probed = Vec::new();
+        for period in 1..=100 {
+            clock.advance(PERIOD);
             api.clear_requests();
-            assert_eq!(publish(&api, &mut p).await, Published::Withdrawn);
-            assert!(real_writes(&api).is_empty(), "{:?}", real_writes(&api));
+            assert_eq!(publish_via(&client, &mut p).await, Published::Withdrawn);
+            let requests = api.requests();
+            let (dry, other): (Vec<_>, Vec<_>) = requests
+                .iter()
+                .partition(|r| r.query.contains("dryRun=All"));
+            assert_eq!(
+                other
+                    .iter()
+                    .map(|r| (r.method.as_str(), r.path.as_str()))
+                    .collect::<Vec<_>>(),
+                vec![
+                    ("GET", "/api/v1/nodes/gpu-node-1"),
+                    ("GET", "/apis/resource.k8s.io/v1/resourceslices")
+                ],
+                "period {period}"
+            );
+            if !dry.is_empty() {
+                probed.push(period);
+            }
         }
+        assert_eq!(
+            probed,
+            [1, 3, 7, 15, 30, 45, 60, 75, 90],
+            "{cluster:?} {model:?}"
+        );
+        assert_eq!(
+            lines.lock().unwrap().len(),
+            2,
+            "{:?}",
+            lines.lock().unwrap()
+        );
         assert_eq!(api.events().len(), 1);
 
-        // The gate is turned on: the model is published.
+        // The gate is turned on: seen at the next probe (period 105), and said once.
         api.set_cluster(cluster.with_alpha_gates());
+        for _ in 101..105 {
+            clock.advance(PERIOD);
+            assert_eq!(publish_via(&client, &mut p).await, Published::Withdrawn);
+        }
+        clock.advance(PERIOD);
         assert!(matches!(
-            publish(&api, &mut p).await,
+            publish_via(&client, &mut p).await,
             Published::Created { .. }
         ));
         assert_eq!(p.standing(), &Standing::AsAsked);
@@ -283,6 +419,75 @@ async fn without_the_gate_no_over_committable_slice_is_published_and_nothing_loo
             .as_str()
             .unwrap()
             .contains("now keeps"));
+        let lines = lines.lock().unwrap().clone();
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert!(lines[3].starts_with("ResourceSlices: Created"), "{lines:?}");
+    }
+}
+
+/// A gate switched off at run time (an API server restarted with other flags): updates keep
+/// the fields stored objects use, and once the slices are deleted and made again the driver
+/// learns from the dry run of the write, before anything is stored. Every state the server
+/// passes through is checked, not only the last.
+#[tokio::test]
+async fn a_gate_switched_off_at_run_time_never_stores_an_over_committable_slice() {
+    for (on, off) in [
+        (Cluster::V1_34_GATES, Cluster::V1_34),
+        (Cluster::V1_35_GATES, Cluster::V1_35),
+    ] {
+        for model in [Model::Products, Model::Capacity] {
+            for fallback in [OnMissingGate::Withdraw, OnMissingGate::Units] {
+                let case = format!("{on:?} -> {off:?} {model:?} {fallback:?}");
+                let api = FakeApi::start_as(on);
+                let mut p = Publisher::new("gpuslice.dev", NODE, model, fallback);
+                assert_eq!(
+                    publish(&api, &mut p).await,
+                    Published::Created { generation: 1 },
+                    "{case}"
+                );
+                api.set_cluster(off);
+                // GPU 1 is gone: the update keeps the model's fields (the strategy's ratchet).
+                let one = &gpus()[..1];
+                let outcome = p
+                    .publish_and_report(api.client(), one, &none())
+                    .await
+                    .unwrap();
+                assert_eq!(outcome, Published::Replaced { generation: 2 }, "{case}");
+                assert_eq!(p.standing(), &Standing::AsAsked, "{case}");
+                // The slices are deleted (by an operator, the node's garbage collection) and
+                // made again.
+                let slices: kube::Api<ResourceSlice> = kube::Api::all(api.client());
+                for name in api.slices().keys() {
+                    slices.delete(name, &Default::default()).await.unwrap();
+                }
+                let outcome = p
+                    .publish_and_report(api.client(), one, &none())
+                    .await
+                    .unwrap();
+                let fell_back = match fallback {
+                    OnMissingGate::Withdraw => {
+                        assert_eq!(outcome, Published::Withdrawn, "{case}");
+                        None
+                    }
+                    OnMissingGate::Units => {
+                        assert_eq!(outcome, Published::Created { generation: 1 }, "{case}");
+                        Some(Model::Units)
+                    }
+                };
+                assert!(
+                    matches!(p.standing(), Standing::Degraded { now, .. } if *now == fell_back),
+                    "{case}: {:?}",
+                    p.standing()
+                );
+                assert_eq!(api.events().len(), 1, "{case}");
+                let history = api.history();
+                for (n, state) in history.iter().enumerate() {
+                    if let Some(why) = over_committable(state) {
+                        panic!("{case}: state {n} of {}: {why}", history.len());
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -340,13 +545,14 @@ async fn without_the_gate_the_operator_may_fall_back_to_units() {
 }
 
 #[tokio::test]
-async fn what_was_stored_is_read_back_after_a_real_write_too() {
-    // The probe saw the gate on; then the server (another replica, a downgrade) drops it.
+async fn a_write_judged_otherwise_than_its_dry_run_is_read_back_and_replaced_at_once() {
+    // Two API server replicas behind one address, their flags changed one at a time: the
+    // one that answers dry runs has the gate, the one that answers writes has not.
     let api = FakeApi::start_as(Cluster::V1_35_GATES);
     let mut p = Publisher::new("gpuslice.dev", NODE, Model::Products, OnMissingGate::Units);
     publish(&api, &mut p).await;
     assert_eq!(api.slices().len(), 2);
-    api.set_cluster(Cluster::V1_35);
+    api.set_cluster_for_writes(Some(Cluster::V1_35));
     // An update keeps what the stored object already uses (the strategy's ratchet) ...
     let one = &gpus()[..1];
     p.publish_and_report(api.client(), one, &none())
@@ -354,12 +560,14 @@ async fn what_was_stored_is_read_back_after_a_real_write_too() {
         .unwrap();
     assert!(api.slices()[COUNTERS]["spec"]["sharedCounters"].is_array());
     assert_eq!(p.standing(), &Standing::AsAsked);
-    // ... but the slices are deleted (by an operator, the node's garbage collection) and
-    // created again: now without counters, which the driver reads back.
+    // ... but the slices are deleted and made again: the dry runs say the fields are kept,
+    // the writes drop them. The driver reads back what was stored and replaces it within the
+    // same publication.
     let slices: kube::Api<ResourceSlice> = kube::Api::all(api.client());
     for name in [SLICE, COUNTERS] {
         slices.delete(name, &Default::default()).await.unwrap();
     }
+    let before = api.history().len();
     let outcome = p
         .publish_and_report(api.client(), one, &none())
         .await
@@ -380,6 +588,14 @@ async fn what_was_stored_is_read_back_after_a_real_write_too() {
         }
     ));
     assert_eq!(api.events().len(), 1);
+    // The window no client can close (the server answered the dry run and the write
+    // differently): the bare products were stored from their write to the driver's next
+    // request, and no longer.
+    let states = &api.history()[before..];
+    let bare: Vec<usize> = (0..states.len())
+        .filter(|n| over_committable(&states[*n]).is_some())
+        .collect();
+    assert_eq!(bare, [1], "{} states", states.len());
 }
 
 #[tokio::test]
@@ -714,4 +930,68 @@ fn the_fake_drops_and_refuses_as_upstream_does() {
         texts(&Cluster::V1_35_GATES, counters),
         vec!["spec.sharedCounters: Too many: 17: must have at most 8 items".to_string()]
     );
+}
+
+/// Replicas that disagree keep the driver degraded without a word: a probe that sees the gate
+/// back, contradicted by the write that follows, is neither announced nor undone aloud, and
+/// the next probe waits longer.
+#[tokio::test]
+async fn a_probe_contradicted_by_the_write_says_nothing_and_waits_longer() {
+    const PERIOD: Duration = Duration::from_secs(60);
+    let api = FakeApi::start_as(Cluster::V1_35);
+    let client = api.client();
+    let clock = TestClock::new();
+    let (log, lines) = kept_log();
+    let mut p = Publisher::new("gpuslice.dev", NODE, Model::Products, OnMissingGate::Units)
+        .with_recheck(Recheck::for_period(PERIOD))
+        .with_clock(clock.clock())
+        .with_log(log);
+    assert_eq!(
+        publish_via(&client, &mut p).await,
+        Published::Created { generation: 1 }
+    );
+    assert_eq!(api.events().len(), 1);
+    // The replica answering dry runs now has the gate; the one answering writes has not.
+    api.set_cluster(Cluster::V1_35_GATES);
+    api.set_cluster_for_writes(Some(Cluster::V1_35));
+    let mut probes = Vec::new();
+    for period in 1..=20 {
+        clock.advance(PERIOD);
+        api.clear_requests();
+        publish_via(&client, &mut p).await;
+        if api
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("resourceslices") && r.query.contains("dryRun=All"))
+        {
+            probes.push(period);
+        }
+        assert!(
+            matches!(
+                p.standing(),
+                Standing::Degraded {
+                    now: Some(Model::Units),
+                    ..
+                }
+            ),
+            "{:?}",
+            p.standing()
+        );
+    }
+    // Waits of 2, 4, 8 periods after the first probe (which the writes contradicted).
+    assert_eq!(probes, [1, 3, 7, 15]);
+    assert_eq!(api.events().len(), 1);
+    // One notice in all; the other lines are outcomes (each flap wrote twice).
+    let notices: Vec<_> = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| !l.contains(" { generation: "))
+        .cloned()
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    // What stays stored after each flap is the units.
+    let last = api.slices();
+    assert_eq!(last.keys().collect::<Vec<_>>(), vec![SLICE]);
+    assert!(over_committable(&last).is_none());
 }

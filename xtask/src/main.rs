@@ -22,6 +22,8 @@ const SERIAL_TEST_BINARIES: &[(&str, &str)] = &[
     ("cuda-e2e", "frameworks_compute"),
     ("cuda-e2e", "late_release"),
     ("cuda-e2e", "start_storm"),
+    ("cuda-e2e", "backstop"),
+    ("gpuslice-dra", "cluster"),
     ("cuda-e2e", "vllm"),
 ];
 

@@ -16,7 +16,11 @@
 //! for a bounded time); the first byte of each slot is that slot's liveness lock, held by its
 //! owner for its whole life; the second byte is the slot's reclaim lock, held by a reaper
 //! for the few stores that free a dead owner's slot (it also makes the reaper the one writer
-//! of the dead slot's ledger words). Nothing a process does with the ledger takes a lock.
+//! of the dead slot's ledger words); the bytes from [`MEASURING_TURNS`] on are the devices'
+//! measuring turns; in [`MARKS`] every process that maps the file holds a write lock on a
+//! byte of its own (its mark, found by a reader's probe of the whole range; the same range of
+//! the region's guard file carries the same marks by name: `region::open`). Nothing a process
+//! does with the ledger takes a lock.
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
@@ -29,8 +33,11 @@ pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 /// a generation, and the header records the slot high-water mark. 3: each device entry keeps
 /// a tagged total that reservations compare-and-swap against the limit, slots' `used` words
 /// carry a sequence number above their bytes, and each slot records its in-flight operation
-/// (`intent`): see `region::ledger`.
-pub const LAYOUT_VERSION: u32 = 3;
+/// (`intent`): see `region::ledger`. 4: the processes that map a region mark it, and its
+/// name in the guard file beside it, with write locks in [`MARKS`] instead of read locks on
+/// the directory (which any reader could take), so processes of versions 3 and 4 would not
+/// see each other's marks.
+pub const LAYOUT_VERSION: u32 = 4;
 /// Process slots per region (all processes of all containers sharing the slice).
 pub const MAX_PROCESSES: usize = 1024;
 /// Bytes of the NUL-padded device UUID.
@@ -54,10 +61,18 @@ pub const fn slot_lock_offset(index: usize) -> u64 {
     (SLOTS_OFFSET + index * SLOT_SIZE) as u64
 }
 
+/// First of the devices' measuring-turn bytes, past the end of the file.
+pub const MEASURING_TURNS: u64 = 1 << 40;
+
 /// File offset of device entry `device`'s measuring-turn byte, past the end of the file.
 pub const fn measuring_turn_offset(device: usize) -> u64 {
-    (1u64 << 40) + device as u64
+    MEASURING_TURNS + device as u64
 }
+
+/// `(start, length)` of the bytes in which each process that maps the region holds one
+/// write lock (its mark), past the measuring turns. A write lock needs the file open for
+/// writing, and probes look only for write locks, so a reader's read locks mark nothing.
+pub const MARKS: (u64, u64) = (1 << 41, 1 << 40);
 
 /// File offset of slot `index`'s reclaim-lock byte (excludes reapers from each other only).
 pub const fn slot_reclaim_offset(index: usize) -> u64 {
@@ -280,6 +295,14 @@ mod tests {
         assert_eq!(offset_of!(ProcessSlot, intent), 48);
         assert_eq!(offset_of!(ProcessSlot, used), 64);
         assert_eq!(offset_of!(ProcessSlot, contexts), 192);
+    }
+
+    #[test]
+    fn marks_touch_no_other_lock_byte() {
+        let (start, len) = MARKS;
+        assert!(start > measuring_turn_offset(MAX_DEVICES - 1));
+        assert!(start > REGION_SIZE as u64);
+        assert!(start + len < i64::MAX as u64, "fcntl offsets are signed");
     }
 
     #[test]

@@ -77,11 +77,6 @@ pub fn open(path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
     retry_eintr(|| unsafe { libc::open(c_path.as_ptr(), flags | libc::O_CLOEXEC) }).map(OwnedFd)
 }
 
-/// Opens the directory `path` for locking (read access is enough for OFD read locks).
-pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
-    open(path, libc::O_RDONLY | libc::O_DIRECTORY)
-}
-
 /// Opens `name` inside the directory `dir` without following a symbolic link AT `name`
 /// (`ELOOP` then); links among the directory's own components were resolved when `dir` was
 /// opened, as they must be (`/var/run` is one on most systems).
@@ -266,12 +261,6 @@ pub fn try_lock(fd: &OwnedFd, offset: u64) -> io::Result<bool> {
     try_set(fd, libc::F_WRLCK, offset)
 }
 
-/// Takes a shared (read) lock on byte `offset` if no write lock is held there; `Ok(false)`
-/// when one is. Needs only read access (directories can hold it).
-pub fn try_lock_shared(fd: &OwnedFd, offset: u64) -> io::Result<bool> {
-    try_set(fd, libc::F_RDLCK, offset)
-}
-
 fn try_set(fd: &OwnedFd, kind: libc::c_int, offset: u64) -> io::Result<bool> {
     let mut lock = byte_lock(kind, offset);
     // SAFETY: fd is open; `lock` is a valid flock for the duration of the call.
@@ -292,13 +281,51 @@ pub fn unlock(fd: &OwnedFd, offset: u64) {
     unsafe { libc::fcntl(fd.raw(), libc::F_OFD_SETLK, &mut lock) };
 }
 
-/// Whether any other open file description holds a lock on byte `offset`. Works on a
-/// read-only descriptor (F_GETLK checks no access mode), so the CLI can judge liveness.
-pub fn is_locked_by_other(fd: &OwnedFd, offset: u64) -> io::Result<bool> {
-    let mut lock = byte_lock(libc::F_WRLCK, offset);
+/// Whether a description other than `fd`'s holds a WRITE lock on any byte of
+/// `[start, start + len)`. Read locks are not seen: anyone who can open the file for reading
+/// can take one, while a write lock needs a descriptor open for writing. Works on a
+/// read-only descriptor.
+pub fn write_locked_in(fd: &OwnedFd, start: u64, len: u64) -> io::Result<bool> {
+    let mut lock = byte_lock(libc::F_RDLCK, start);
+    lock.l_len = len as libc::off_t;
     // SAFETY: fd is open; `lock` is a valid flock the kernel overwrites with the answer.
     if unsafe { libc::fcntl(fd.raw(), libc::F_OFD_GETLK, &mut lock) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// Opens `name` in `dir` for reading and writing without following a link at it, creating
+/// it (mode `mode`, set with fchmod regardless of umask) when it does not exist.
+pub fn open_or_create_at(dir: &OwnedFd, name: &CString, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    // SAFETY: dir is an open directory descriptor and name a NUL-terminated string; the mode
+    // is passed as the c_uint the variadic openat expects with O_CREAT; O_EXCL|O_NOFOLLOW
+    // never opens or follows anything already there.
+    let created = retry_eintr(|| unsafe {
+        libc::openat(
+            dir.raw(),
+            name.as_ptr(),
+            libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_RDWR | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    });
+    match created {
+        Ok(fd) => {
+            let fd = OwnedFd(fd);
+            fchmod(&fd, mode)?;
+            Ok(fd)
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            open_at_nofollow(dir, name, libc::O_RDWR)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether another open file description holds a WRITE lock on byte `offset` (every lock
+/// the region's processes hold is one; a reader's read locks are not seen, so no reader can
+/// make a dead owner look alive). Works on a read-only descriptor (F_GETLK checks no access
+/// mode), so the CLI can judge liveness.
+pub fn is_locked_by_other(fd: &OwnedFd, offset: u64) -> io::Result<bool> {
+    write_locked_in(fd, offset, 1)
 }

@@ -58,13 +58,15 @@
 //! rename (never writing through the old file or a link), and refuses while any process maps
 //! the region or a live process holds a slot.
 //!
-//! **Replaced or deleted file:** every process that maps the region holds two OFD read locks
-//! on the region's DIRECTORY, at offsets derived from the file's name and from (name, inode).
-//! A process opening a region whose name-lock is held by others while nobody holds the lock
-//! of the inode it opened knows the slice's live ledger is another (deleted or renamed-over)
-//! file: it refuses with [`RegionError::Replaced`] (the shim fails closed with one line naming
-//! the file) instead of starting a second ledger. Processes already running keep the one
-//! ledger they share. Truncating the file under running processes cannot be survived by any
+//! **Replaced or deleted file:** every process that maps the region marks it with two OFD
+//! WRITE locks (module `open`, "Marks"): one on the region file it mapped, one on the guard
+//! file beside it (`.NAME.guard`), which outlives any replacement of the region file. A
+//! process opening a region whose name is marked by others while nobody marks the file it
+//! opened knows the slice's live ledger is another (deleted or renamed-over) file: it refuses
+//! with [`RegionError::Replaced`] (the shim fails closed with one line naming the file)
+//! instead of starting a second ledger. Processes already running keep the one ledger they
+//! share. Only write locks count, and they need write access: a reader of the directory or
+//! the files (which can take any read lock) can make no process refuse. Truncating the file under running processes cannot be survived by any
 //! mapping (Linux cannot seal a regular file; pages past the new end fault with SIGBUS): it
 //! only harms the slice's own processes, and new processes refuse the wrong-sized file.
 //!
@@ -701,9 +703,10 @@ pub struct Region {
     /// The region's directory and the file's name in it.
     dir: OwnedFd,
     name: CString,
-    /// The directory descriptor holding this process's guard read locks (`open`), kept only
-    /// for its locks; `None` where the directory cannot be opened for reading (then no split
-    /// can be detected).
+    /// The guard file's description holding this process's mark on the region's name
+    /// (`open`), kept only for its lock; `None` where the guard file cannot be opened for
+    /// writing (then a replaced file cannot be detected). The mark on the file itself is on
+    /// `file`.
     _guard: Option<OwnedFd>,
     held: Box<[HeldSlot]>,
     /// This process's descriptors holding a device's measuring turn.
@@ -1065,6 +1068,11 @@ impl RegionView {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// (device, inode) of the file this view maps: what `/proc/PID/maps` names it by.
+    pub fn file_id(&self) -> (u64, u64) {
+        (self.map.dev, self.map.ino)
     }
 
     pub fn counters(&self) -> SliceCounters {

@@ -1,10 +1,22 @@
-//! Opening, creating, validating and resetting a region file, and the directory guard that
-//! keeps a deleted or replaced file from starting a second ledger next to the live one.
+//! Opening, creating, validating and resetting a region file, and the marks that keep a
+//! deleted, replaced or emptied file from starting a second ledger next to the live one.
 //!
 //! Everything here goes through the region's directory: the file is opened with `openat` +
 //! `O_NOFOLLOW` (a symbolic link at the region's name is refused, never followed), created
 //! unnamed and linked in only once initialised (`linkat` never replaces what is there), and
 //! reset by renaming a fresh file over the name (the name is replaced, never written through).
+//!
+//! **Marks.** Every process that maps a region holds two write locks, each on a byte of its
+//! own in [`MARKS`]: one on the region file it mapped ("a process maps THIS file") and one on
+//! the region's guard file, `.NAME.guard` beside it ("a process maps a region of this name"),
+//! the file's first, so whoever sees the name mark also sees the file mark. Probes look for
+//! write locks only ([`lock::write_locked_in`]). A write lock needs the file open for writing,
+//! so only those who can write the region (the slice's own processes, as the directory's
+//! permissions decide) can mark it; a reader (the node agent, `gpuslice status`, anyone with a
+//! read-only view of the directory) can hold every read lock there is and changes no verdict.
+//! The guard file is created beside the region where the directory allows it; where it
+//! cannot be created or opened for writing, a replaced file is not detected (an emptied one
+//! still is: that mark is on the region file itself).
 
 use std::ffi::CString;
 use std::io;
@@ -14,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use super::layout::{
     magic_word, HEADER_SIZE, INIT_EMPTY, INIT_LOCK_OFFSET, INIT_READY, LAYOUT_VERSION, LIMIT_UNSET,
-    PERCENT_UNSET, REGION_SIZE,
+    MARKS, PERCENT_UNSET, REGION_SIZE,
 };
 use super::lock::{self, OwnedFd};
 use super::{
@@ -52,15 +64,65 @@ fn place(path: &Path) -> Result<Place, RegionError> {
     Ok(Place { dir, name })
 }
 
-/// The region's directory: readable where possible (it then carries the guard locks), else
-/// opened only as a path to open files relative to.
-fn open_dir(path: &Path, place: &Place) -> Result<(OwnedFd, bool), RegionError> {
-    match lock::open_dir(&place.dir) {
-        Ok(fd) => Ok((fd, true)),
-        Err(_) => lock::open(&place.dir, libc::O_PATH | libc::O_DIRECTORY)
-            .map(|fd| (fd, false))
-            .map_err(|e| RegionError::io(path, "open the directory of", e)),
+/// The region's directory, opened only as a path to open files relative to (no permission
+/// on the directory itself is needed for that).
+fn open_dir(path: &Path, place: &Place) -> Result<OwnedFd, RegionError> {
+    lock::open(&place.dir, libc::O_PATH | libc::O_DIRECTORY)
+        .map_err(|e| RegionError::io(path, "open the directory of", e))
+}
+
+/// The name of the guard file of the region named `name`: hidden, beside it.
+fn guard_name(name: &CString) -> CString {
+    let mut bytes = b".".to_vec();
+    bytes.extend_from_slice(name.as_bytes());
+    bytes.extend_from_slice(b".guard");
+    CString::new(bytes).expect("a CString's bytes and ASCII have no NUL")
+}
+
+/// The region's guard file, opened for writing (created, mode 0666, when missing and the
+/// directory allows it); `None` when it cannot be (then no name mark can be held or seen).
+fn open_guard(dir: &OwnedFd, name: &CString) -> Option<OwnedFd> {
+    let fd = lock::open_or_create_at(dir, &guard_name(name), lock::REGION_FILE_MODE).ok()?;
+    lock::fstat(&fd).ok()?.regular.then_some(fd)
+}
+
+/// The guard file for probing only (read access is enough); `None` when there is none.
+fn open_guard_to_probe(dir: &OwnedFd, name: &CString) -> Option<OwnedFd> {
+    let fd = lock::open_at_nofollow(dir, &guard_name(name), libc::O_RDONLY).ok()?;
+    lock::fstat(&fd).ok()?.regular.then_some(fd)
+}
+
+/// Whether a description other than `fd`'s holds a mark (a write lock in [`MARKS`]).
+fn marked_by_other(fd: &OwnedFd) -> io::Result<bool> {
+    lock::write_locked_in(fd, MARKS.0, MARKS.1)
+}
+
+/// Takes this process's mark on `fd`'s file: a write lock on a byte of [`MARKS`] nobody
+/// else holds, picked at random (two marks on one byte would make one of them fail).
+fn hold_mark(fd: &OwnedFd) -> io::Result<()> {
+    for attempt in 0u64..64 {
+        let offset = MARKS.0 + random_u64(attempt) % MARKS.1;
+        if lock::try_lock(fd, offset)? {
+            return Ok(());
+        }
     }
+    Err(io::Error::other("no free mark byte"))
+}
+
+/// A random number from the kernel; where it cannot give one, one mixed from the clock, the
+/// PID and `salt` (marks only need to differ between live processes).
+fn random_u64(salt: u64) -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: the buffer is 8 writable bytes; GRND_NONBLOCK never waits.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), 8, libc::GRND_NONBLOCK) };
+    if got == 8 {
+        return u64::from_le_bytes(bytes);
+    }
+    let mut mix = Fnv::new();
+    mix.write(&super::monotonic_ns().to_le_bytes());
+    mix.write(&std::process::id().to_le_bytes());
+    mix.write(&salt.to_le_bytes());
+    mix.finish()
 }
 
 fn open_error(path: &Path, error: io::Error) -> RegionError {
@@ -75,7 +137,7 @@ fn open_error(path: &Path, error: io::Error) -> RegionError {
 /// Opens the region file read-only without following a link at its name (the CLI's view).
 pub(super) fn open_file_readonly(path: &Path) -> Result<OwnedFd, RegionError> {
     let place = place(path)?;
-    let (dir, _) = open_dir(path, &place)?;
+    let dir = open_dir(path, &place)?;
     let fd = lock::open_at_nofollow(&dir, &place.name, libc::O_RDONLY)
         .map_err(|e| open_error(path, e))?;
     if !lock::fstat(&fd)
@@ -91,7 +153,7 @@ pub(super) fn open_file_readonly(path: &Path) -> Result<OwnedFd, RegionError> {
 
 pub(super) fn open_or_create(path: &Path) -> Result<Region, RegionError> {
     let place = place(path)?;
-    let (dir, readable_dir) = open_dir(path, &place)?;
+    let dir = open_dir(path, &place)?;
     let mut file = None;
     // Each round either opens the file or creates it; losing a creation race to another
     // process means the file now exists, so a few rounds always settle.
@@ -124,24 +186,20 @@ pub(super) fn open_or_create(path: &Path) -> Result<Region, RegionError> {
         });
     }
     if facts.size == 0 {
-        refuse_if_emptied_under_others(path, &place, &file, &facts, readable_dir)?;
+        refuse_if_emptied_under_others(path, &file)?;
         initialise_in_place(path, &file)?;
     }
     let map = Mapping::map(path, &file, true)?;
     match validate(&map, path) {
         Ok(()) => {}
         Err(RegionError::NotInitialised { .. }) if may_initialise(&map) => {
-            refuse_if_emptied_under_others(path, &place, &file, &facts, readable_dir)?;
+            refuse_if_emptied_under_others(path, &file)?;
             initialise_in_place(path, &file)?;
             validate(&map, path)?;
         }
         Err(e) => return Err(e),
     }
-    let guard = if readable_dir {
-        take_guard(path, &place, map.dev, map.ino)?
-    } else {
-        None
-    };
+    let guard = take_marks(path, &dir, &place.name, &file)?;
     Ok(Region {
         map,
         path: path.to_path_buf(),
@@ -169,30 +227,19 @@ fn create(path: &Path, dir: &OwnedFd, name: &CString) -> Result<Option<OwnedFd>,
     if let Some(temp) = &temp {
         lock::unlink_at(dir, temp);
     }
+    // The guard file beside it, while whoever creates the region can: processes that may
+    // not write the directory can still open it.
+    drop(open_guard(dir, name));
     Ok(made?.then_some(fd))
 }
 
 /// An empty or blank file may be initialised in place only while no process maps it: one
-/// that does had it initialised (every opener takes the guard only after initialising), so
+/// that does had it initialised (every opener marks the file only after initialising), so
 /// the file was truncated or zeroed under it, and a fresh header would start a second ledger
 /// in the same file next to the live processes' one (they go on with their own counts).
-/// `Emptied` then; a file another opener finished initialising meanwhile is fine. Without a
-/// readable directory there is no guard to ask (documented).
-fn refuse_if_emptied_under_others(
-    path: &Path,
-    place: &Place,
-    file: &OwnedFd,
-    facts: &lock::FileFacts,
-    readable_dir: bool,
-) -> Result<(), RegionError> {
-    if !readable_dir {
-        return Ok(());
-    }
-    let Ok(guard) = lock::open_dir(&place.dir) else {
-        return Ok(());
-    };
-    let (_, file_offset) = guard_offsets(&place.name, facts.dev, facts.ino);
-    if lock::is_locked_by_other(&guard, file_offset).unwrap_or(false) && !header_ready(file) {
+/// `Emptied` then; a file another opener finished initialising meanwhile is fine.
+fn refuse_if_emptied_under_others(path: &Path, file: &OwnedFd) -> Result<(), RegionError> {
+    if marked_by_other(file).unwrap_or(false) && !header_ready(file) {
         return Err(RegionError::Emptied {
             path: path.to_path_buf(),
         });
@@ -266,44 +313,27 @@ fn header_ready(file: &OwnedFd) -> bool {
     read == 4 && u32::from_le_bytes(word) == INIT_READY
 }
 
-/// Offsets in the region's directory of the guard locks: one derived from the file's name
-/// ("a process of this slice maps a region of this name") and one from (name, inode) ("...
-/// maps THIS file"). Below i64::MAX, as fcntl needs.
-fn guard_offsets(name: &CString, dev: u64, ino: u64) -> (u64, u64) {
-    let mut by_name = Fnv::new();
-    by_name.write(b"name:");
-    by_name.write(name.as_bytes());
-    let mut by_file = Fnv::new();
-    by_file.write(b"file:");
-    by_file.write(name.as_bytes());
-    by_file.write(&dev.to_le_bytes());
-    by_file.write(&ino.to_le_bytes());
-    let mask = (1u64 << 62) - 1;
-    (by_name.finish() & mask, by_file.finish() & mask)
-}
-
-/// Takes this process's guard read locks, then refuses if others map a region of this name
-/// but none maps the file we opened (module doc: "Replaced or deleted file"). The file lock
-/// is taken before the name lock, so whoever sees our name lock also sees our file lock.
-fn take_guard(
+/// Takes this process's marks (module doc: "Marks"), the file's first, then refuses if
+/// others map a region of this name but none maps the file we opened: the slice's live ledger
+/// is another (deleted or renamed-over) file. Returns the guard file's description, kept for
+/// its mark. Where locks are unsupported no mark is taken, and nothing is refused.
+fn take_marks(
     path: &Path,
-    place: &Place,
-    dev: u64,
-    ino: u64,
+    dir: &OwnedFd,
+    name: &CString,
+    file: &OwnedFd,
 ) -> Result<Option<OwnedFd>, RegionError> {
-    let Ok(guard) = lock::open_dir(&place.dir) else {
+    if hold_mark(file).is_err() {
+        return Ok(None);
+    }
+    let Some(guard) = open_guard(dir, name) else {
         return Ok(None);
     };
-    let (name_offset, file_offset) = guard_offsets(&place.name, dev, ino);
-    let held = lock::try_lock_shared(&guard, file_offset)
-        .and_then(|a| Ok(a && lock::try_lock_shared(&guard, name_offset)?));
-    match held {
-        Ok(true) => {}
-        // Locks unsupported here (or a write lock nobody should take): no guard.
-        Ok(false) | Err(_) => return Ok(None),
+    if hold_mark(&guard).is_err() {
+        return Ok(None);
     }
-    let others_map_the_name = lock::is_locked_by_other(&guard, name_offset).unwrap_or(false);
-    let others_map_this_file = lock::is_locked_by_other(&guard, file_offset).unwrap_or(true);
+    let others_map_the_name = marked_by_other(&guard).unwrap_or(false);
+    let others_map_this_file = marked_by_other(file).unwrap_or(true);
     if others_map_the_name && !others_map_this_file {
         return Err(RegionError::Replaced {
             path: path.to_path_buf(),
@@ -332,14 +362,14 @@ impl Fnv {
 
 pub(super) fn reset(path: &Path) -> Result<(), RegionError> {
     let place = place(path)?;
-    let (dir, readable_dir) = open_dir(path, &place)?;
+    let dir = open_dir(path, &place)?;
     match lock::lstat_at(&dir, &place.name).map_err(|e| RegionError::io(path, "stat", e))? {
         Some(libc::S_IFLNK) => {
             return Err(RegionError::Symlink {
                 path: path.to_path_buf(),
             })
         }
-        Some(libc::S_IFREG) => refuse_if_in_use(path, &place, &dir, readable_dir)?,
+        Some(libc::S_IFREG) => refuse_if_in_use(path, &place, &dir)?,
         Some(_) => {
             return Err(RegionError::NotAFile {
                 path: path.to_path_buf(),
@@ -371,6 +401,7 @@ pub(super) fn reset(path: &Path) -> Result<(), RegionError> {
     if result.is_err() {
         lock::unlink_at(&dir, &temp);
     }
+    drop(open_guard(&dir, &place.name));
     result
 }
 
@@ -379,14 +410,14 @@ pub(super) fn reset(path: &Path) -> Result<(), RegionError> {
 /// removing a claim's region directory.
 pub(super) fn check_unused(path: &Path) -> Result<(), RegionError> {
     let place = place(path)?;
-    let (dir, readable_dir) = match open_dir(path, &place) {
+    let dir = match open_dir(path, &place) {
         Ok(opened) => opened,
         // No directory: nothing can map a file in it.
         Err(_) if !place.dir.exists() => return Ok(()),
         Err(e) => return Err(e),
     };
     match lock::lstat_at(&dir, &place.name).map_err(|e| RegionError::io(path, "stat", e))? {
-        Some(libc::S_IFREG) => refuse_if_in_use(path, &place, &dir, readable_dir),
+        Some(libc::S_IFREG) => refuse_if_in_use(path, &place, &dir),
         Some(libc::S_IFLNK) => Err(RegionError::Symlink {
             path: path.to_path_buf(),
         }),
@@ -397,16 +428,13 @@ pub(super) fn check_unused(path: &Path) -> Result<(), RegionError> {
     }
 }
 
-/// `reset` refuses while any process maps the region (its guard lock) or a live process
-/// holds a slot of it.
-fn refuse_if_in_use(
-    path: &Path,
-    place: &Place,
-    dir: &OwnedFd,
-    readable_dir: bool,
-) -> Result<(), RegionError> {
+/// `reset` refuses while any process maps the region (a mark on the file or on its name) or
+/// a live process holds a slot of it.
+fn refuse_if_in_use(path: &Path, place: &Place, dir: &OwnedFd) -> Result<(), RegionError> {
     let mut live_pids = Vec::new();
+    let mut mapped = false;
     if let Ok(fd) = lock::open_at_nofollow(dir, &place.name, libc::O_RDONLY) {
+        mapped = marked_by_other(&fd).unwrap_or(false);
         if let Ok(map) = Mapping::map(path, &fd, false) {
             if validate(&map, path).is_ok() {
                 live_pids = slots::claimed_slots(map.layout())
@@ -416,13 +444,9 @@ fn refuse_if_in_use(
             }
         }
     }
-    let mapped = readable_dir
-        && lock::open_dir(&place.dir)
-            .map(|guard| {
-                let (name_offset, _) = guard_offsets(&place.name, 0, 0);
-                lock::is_locked_by_other(&guard, name_offset).unwrap_or(false)
-            })
-            .unwrap_or(false);
+    mapped = mapped
+        || open_guard_to_probe(dir, &place.name)
+            .is_some_and(|guard| marked_by_other(&guard).unwrap_or(false));
     if live_pids.is_empty() && !mapped {
         return Ok(());
     }

@@ -975,6 +975,80 @@ fn a_deleted_or_replaced_file_never_starts_a_second_ledger() {
     Region::open_or_create(&dir.file()).unwrap();
 }
 
+/// Read locks on `bytes` (start, length; length 0 = to the end) of `path` (a file or a
+/// directory), held by a description of their own until dropped: what anyone who may open it
+/// for reading can take.
+fn read_locks(path: &Path, bytes: &[(u64, u64)]) -> lock::OwnedFd {
+    let fd = lock::open(path, libc::O_RDONLY).unwrap();
+    for &(start, len) in bytes {
+        // SAFETY: flock is plain data; zero is valid for every field.
+        let mut range: libc::flock = unsafe { std::mem::zeroed() };
+        range.l_type = libc::F_RDLCK as libc::c_short;
+        range.l_whence = libc::SEEK_SET as libc::c_short;
+        range.l_start = start as libc::off_t;
+        range.l_len = len as libc::off_t;
+        // SAFETY: fd is open; `range` is a valid flock for the call.
+        let rc = unsafe { libc::fcntl(fd.raw(), libc::F_OFD_SETLK, &mut range) };
+        assert_eq!(rc, 0);
+    }
+    fd
+}
+
+#[test]
+fn a_reader_holding_read_locks_changes_no_verdict() {
+    let dir = TempDir::new("reader-locks");
+    let path = dir.file();
+    let (first, slot, device) = region_with(&dir, Some(100 * MIB));
+    drop(first);
+    let guard = dir.0.join(".slice.region.guard");
+    assert!(guard.is_file(), "the guard file is made with the region");
+    // A reader's locks: all of the directory and the guard file; on the region file, the
+    // marks and the liveness byte of the (now dead) slot.
+    let everything = [(0, 0)];
+    let _on_dir = read_locks(&dir.0, &everything);
+    let _on_guard = read_locks(&guard, &everything);
+    let _on_region = read_locks(
+        &path,
+        &[layout::MARKS, (layout::slot_lock_offset(slot.index()), 1)],
+    );
+    // The dead slot still reads as dead.
+    let view = Region::open_existing(&path).unwrap();
+    assert_eq!(view.snapshot().processes[0].liveness, Liveness::Stale);
+    // An idle slice: a newcomer opens it, and so does a second one (one ledger).
+    let (first, slot, device2) = region_with(&dir, Some(100 * MIB));
+    assert_eq!(device, device2);
+    first.reserve(slot, device, 60 * MIB).unwrap();
+    let second = Region::open_or_create(&path).expect("no false 'replaced'");
+    let other = second.register(&me()).unwrap();
+    assert!(
+        second.reserve(other, device, 50 * MIB).is_err(),
+        "one ledger"
+    );
+    drop((first, second));
+    // Emptied, with the reader's locks on it: nobody maps it, so it is initialised afresh.
+    std::fs::write(&path, b"").unwrap();
+    drop(Region::open_or_create(&path).expect("no false 'emptied'"));
+    // Nobody maps it now: neither a reset nor the clean-up's check sees the reader.
+    Region::check_unused(&path).unwrap();
+    Region::reset(&path).unwrap();
+}
+
+#[test]
+fn a_process_that_can_write_the_guard_file_can_still_mark_the_name() {
+    // What a process of the slice (able to write its files) does when it maps the region:
+    // a newcomer opening a replacement then refuses. The marks are write locks.
+    let dir = TempDir::new("writer-mark");
+    drop(Region::open_or_create(&dir.file()).unwrap());
+    let guard = lock::open(&dir.0.join(".slice.region.guard"), libc::O_RDWR).unwrap();
+    assert!(lock::try_lock(&guard, layout::MARKS.0 + 7).unwrap());
+    assert!(matches!(
+        Region::open_or_create(&dir.file()),
+        Err(RegionError::Replaced { .. })
+    ));
+    drop(guard);
+    Region::open_or_create(&dir.file()).unwrap();
+}
+
 #[test]
 fn a_file_zeroed_under_a_live_process_is_never_initialised_afresh() {
     let dir = TempDir::new("zeroed");

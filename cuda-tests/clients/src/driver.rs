@@ -70,6 +70,10 @@ macro_rules! for_each_entry_point {
             cuModuleLoadData = "cuModuleLoadData", 2000, legacy, (module: *mut CUmodule, image: *const c_void);
             cuModuleGetFunction = "cuModuleGetFunction", 2000, legacy, (func: *mut CUfunction, module: CUmodule, name: *const c_char);
             cuModuleUnload = "cuModuleUnload", 2000, legacy, (module: CUmodule);
+            cuModuleGetGlobal = "cuModuleGetGlobal_v2", 3020, legacy, (dptr: *mut CUdeviceptr, bytes: *mut usize, module: CUmodule, name: *const c_char);
+            cuLibraryLoadData = "cuLibraryLoadData", 12000, legacy, (library: *mut CUlibrary, code: *const c_void, jit_options: *mut c_void, jit_values: *mut *mut c_void, num_jit: c_uint, options: *mut c_void, values: *mut *mut c_void, num_options: c_uint);
+            cuLibraryGetKernel = "cuLibraryGetKernel", 12000, legacy, (kernel: *mut CUkernel, library: CUlibrary, name: *const c_char);
+            cuLibraryGetGlobal = "cuLibraryGetGlobal", 12000, legacy, (dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char);
             cuLaunchKernel = "cuLaunchKernel", 4000, ptsz, (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void);
             cuLaunchKernelEx = "cuLaunchKernelEx", 11060, ptsz, (config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void);
             cuLaunchCooperativeKernel = "cuLaunchCooperativeKernel", 9000, ptsz, (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void);
@@ -242,6 +246,34 @@ fn dl_error() -> String {
             CStr::from_ptr(e).to_string_lossy().into_owned()
         }
     }
+}
+
+/// The driver function `name` as the real `libcuda.so.1` exports it, found with glibc's own
+/// `dlsym` (asked for by version with `dlvsym`, which a preloaded interposer's exported
+/// `dlsym` never answers): how a process reaches the driver BEHIND a shim it loaded.
+pub fn behind_the_shim(name: &str) -> Result<*mut c_void, String> {
+    let c_name = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: NUL-terminated literals; RTLD_NOLOAD only looks for what is loaded.
+    let libc_handle =
+        unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if libc_handle.is_null() {
+        return Err(format!("libc.so.6 is not loaded: {}", dl_error()));
+    }
+    let own = [c"GLIBC_2.34", c"GLIBC_2.2.5"]
+        .iter()
+        // SAFETY: a live handle and NUL-terminated names.
+        .map(|version| unsafe { libc::dlvsym(libc_handle, c"dlsym".as_ptr(), version.as_ptr()) })
+        .find(|p| !p.is_null())
+        .ok_or_else(|| format!("glibc's dlsym not found: {}", dl_error()))?;
+    // SAFETY: glibc's dlsym has this signature.
+    let real_dlsym = unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(own) };
+    let driver = dlopen("libcuda.so.1")?;
+    // SAFETY: a live handle and a NUL-terminated name.
+    let function = unsafe { real_dlsym(driver, c_name.as_ptr()) };
+    if function.is_null() {
+        return Err(format!("libcuda.so.1 has no {name}"));
+    }
+    Ok(function)
 }
 
 /// `dlsym` as a function pointer.
@@ -502,12 +534,70 @@ impl Driver {
 
     /// Loads the NUL-terminated PTX `ptx` (kept loaded) and returns its `kernel`.
     pub fn load_ptx(&self, ptx: &str, kernel: &str) -> Res<u64> {
-        let mut module: CUmodule = std::ptr::null_mut();
-        call!(self, cuModuleLoadData(&mut module, ptx.as_ptr().cast()))?;
+        let module = self.load_image(ptx, false)?;
+        self.get_kernel(module, kernel, false)
+    }
+
+    /// Loads the NUL-terminated image `image` (kept loaded) as a module (`cuModuleLoadData`)
+    /// or, with `library`, a library (`cuLibraryLoadData`, no options); its handle.
+    pub fn load_image(&self, image: &str, library: bool) -> Res<u64> {
+        let mut handle: *mut c_void = std::ptr::null_mut();
+        if library {
+            let none = std::ptr::null_mut();
+            call!(
+                self,
+                cuLibraryLoadData(
+                    &mut handle,
+                    image.as_ptr().cast(),
+                    none,
+                    std::ptr::null_mut(),
+                    0,
+                    none,
+                    std::ptr::null_mut(),
+                    0
+                )
+            )?;
+        } else {
+            call!(self, cuModuleLoadData(&mut handle, image.as_ptr().cast()))?;
+        }
+        Ok(handle as u64)
+    }
+
+    /// The function `kernel` of module `handle` (`cuModuleGetFunction`), or with `library`
+    /// the `CUkernel` of library `handle` (`cuLibraryGetKernel`), launchable as it is.
+    pub fn get_kernel(&self, handle: u64, kernel: &str, library: bool) -> Res<u64> {
         let name = std::ffi::CString::new(kernel).expect("no NUL");
-        let mut func: CUfunction = std::ptr::null_mut();
-        call!(self, cuModuleGetFunction(&mut func, module, name.as_ptr()))?;
+        let mut func: *mut c_void = std::ptr::null_mut();
+        if library {
+            call!(
+                self,
+                cuLibraryGetKernel(&mut func, handle as CUlibrary, name.as_ptr())
+            )?;
+        } else {
+            call!(
+                self,
+                cuModuleGetFunction(&mut func, handle as CUmodule, name.as_ptr())
+            )?;
+        }
         Ok(func as u64)
+    }
+
+    /// The address of global `name` of module (or, with `library`, library) `handle`.
+    pub fn get_global(&self, handle: u64, name: &str, library: bool) -> Res<u64> {
+        let name = std::ffi::CString::new(name).expect("no NUL");
+        let (mut dptr, mut bytes): (CUdeviceptr, usize) = (0, 0);
+        if library {
+            call!(
+                self,
+                cuLibraryGetGlobal(&mut dptr, &mut bytes, handle as CUlibrary, name.as_ptr())
+            )?;
+        } else {
+            call!(
+                self,
+                cuModuleGetGlobal(&mut dptr, &mut bytes, handle as CUmodule, name.as_ptr())
+            )?;
+        }
+        Ok(dptr)
     }
 
     pub fn alloc(&self, path: AllocPath, size: usize) -> Res<Allocation> {

@@ -84,10 +84,29 @@ pub trait Gpu: Sync {
             self.client()
         )))
     }
-    /// `driver-growth`: loads the NUL-terminated PTX `ptx` with `cuModuleLoadData` (kept
-    /// loaded) and returns its `kernel`. `Err` = the client cannot express it.
-    fn load_ptx(&self, ptx: &str, kernel: &str) -> Result<Res<u64>, Usage> {
-        let _ = (ptx, kernel);
+    /// `driver-growth`: loads the NUL-terminated PTX `ptx` (kept loaded) with
+    /// `cuModuleLoadData`, or with `library` `cuLibraryLoadData`; returns its handle. `Err` =
+    /// the client cannot express it.
+    fn load_image(&self, ptx: &str, library: bool) -> Result<Res<u64>, Usage> {
+        let _ = (ptx, library);
+        Err(Usage(format!(
+            "{}: driver-growth is not implemented by this client",
+            self.client()
+        )))
+    }
+    /// `driver-growth`: the launchable `kernel` of what [`Gpu::load_image`] loaded
+    /// (`cuModuleGetFunction`, or `cuLibraryGetKernel`).
+    fn get_kernel(&self, handle: u64, kernel: &str, library: bool) -> Result<Res<u64>, Usage> {
+        let _ = (handle, kernel, library);
+        Err(Usage(format!(
+            "{}: driver-growth is not implemented by this client",
+            self.client()
+        )))
+    }
+    /// `driver-growth`: the address of global `name` of what [`Gpu::load_image`] loaded
+    /// (`cuModuleGetGlobal`, or `cuLibraryGetGlobal`).
+    fn get_global(&self, handle: u64, name: &str, library: bool) -> Result<Res<u64>, Usage> {
+        let _ = (handle, name, library);
         Err(Usage(format!(
             "{}: driver-growth is not implemented by this client",
             self.client()
@@ -215,8 +234,14 @@ impl Gpu for Driver {
     fn set_heap_limit(&self, bytes: usize) -> Result<Res<()>, Usage> {
         Ok(Driver::set_heap_limit(self, bytes))
     }
-    fn load_ptx(&self, ptx: &str, kernel: &str) -> Result<Res<u64>, Usage> {
-        Ok(Driver::load_ptx(self, ptx, kernel))
+    fn load_image(&self, ptx: &str, library: bool) -> Result<Res<u64>, Usage> {
+        Ok(Driver::load_image(self, ptx, library))
+    }
+    fn get_kernel(&self, handle: u64, kernel: &str, library: bool) -> Result<Res<u64>, Usage> {
+        Ok(Driver::get_kernel(self, handle, kernel, library))
+    }
+    fn get_global(&self, handle: u64, name: &str, library: bool) -> Result<Res<u64>, Usage> {
+        Ok(Driver::get_global(self, handle, name, library))
     }
     fn set_limit(&self, limit: i32, bytes: usize) -> Result<Res<()>, Usage> {
         Ok(Driver::set_limit(self, limit, bytes))
@@ -273,10 +298,14 @@ reserve. --hold-us keeps each mapping that long before the unmap (default 0), so
 threads hold memory at once. Reports each call's results and mem_free.
 heap: cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, SIZE) on the current context (the driver backs
 the device-malloc heap with device memory); prints the result and mem_free.
-driver-growth FILL [--static SIZE] [--local SIZE] [--stack SIZE] [--after SIZE] [--launch 0]:
-allocates FILL, sets the stack limit, loads a PTX module with SIZE of static data whose kernel
-has a --local stack frame per thread, launches it once, then tries --after more (2 MiB); holds
-until stdin ends (driver-API clients only).
+driver-growth FILL [--static SIZE] [--local SIZE] [--stack SIZE] [--fifo SIZE] [--library 1]
+[--load 0] [--global 1] [--lookup 0] [--launch 0] [--after SIZE]: allocates FILL, sets the stack limit and
+the printf FIFO, loads a PTX module (or library) with SIZE of static data, looks up its global
+when asked, looks up its kernel, whose stack frame is --local per thread, launches it once,
+then tries --after more (2 MiB); holds until stdin ends (driver-API clients only).
+behind SIZE [--printf-fifo BYTES]: allocates SIZE through the real cuMemAlloc_v2 found behind
+the shim (glibc's own dlsym), then sets the printf FIFO to BYTES through the shim; holds until
+stdin ends (driver-API clients only).
 pool-destroy-held: until an allocation fails (or N succeeded), creates a pool, allocates SIZE
 from it and destroys the pool with that allocation outstanding (the driver releases the
 pool's memory once its allocations are freed); then frees every allocation
@@ -422,6 +451,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "hold" => hold(gpu, &rest)?,
         "heap" => heap(gpu, &rest)?,
         "driver-growth" => driver_growth(gpu, &rest)?,
+        "behind" => behind(gpu, &rest)?,
         "context-cycle" => context_cycle(gpu, &rest)?,
         "pool-destroy-held" => pool_destroy_held(gpu, &rest)?,
         "graph-memory" => graph_memory(gpu, &rest)?,
@@ -782,47 +812,65 @@ pub fn growth_ptx(static_bytes: usize, local: usize) -> String {
     )
 }
 
-/// What the driver takes without being asked, in a full slice: allocates FILL, sets the
-/// stack limit (`--stack BYTES`, per thread; 0 = leave it), loads a module with `--static`
-/// bytes of static data and launches its kernel once, whose stack frame is `--local` bytes
-/// per thread (lazy loading places the module and grows local memory at that launch); then
-/// tries `--after` bytes more (2 MiB by default). `--launch 0`: the module is only loaded
-/// (with `CUDA_MODULE_LOADING=EAGER` the load places it; no call the shim sees). Prints each result, mem_free, and holds
-/// everything until stdin reaches EOF.
+/// What the driver places without being asked, in a full slice: allocates FILL, sets the
+/// stack limit (`--stack BYTES`, per thread; 0 = leave it) and the printf FIFO (`--fifo`),
+/// loads an image with `--static` bytes of static data (a module, or with `--library 1` a
+/// library; `--load 0`: none), looks up its global `table` when asked (`--global 1`), looks up
+/// its kernel, whose stack frame is `--local` bytes per thread, and launches it once
+/// (`--launch 0`: not; with `--lookup 0` not even looked up); then tries `--after` bytes more
+/// (2 MiB by default).
+/// Prints each result (null for a step not taken), mem_free, and holds everything until stdin
+/// reaches EOF.
 fn driver_growth<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     let fill = args.size_at(0, "FILL")?;
     let static_bytes = args.size_opt("static")?.unwrap_or(0);
     let local: usize = args.size_opt("local")?.unwrap_or(0);
     let stack: usize = args.size_opt("stack")?.unwrap_or(0);
+    let fifo: usize = args.size_opt("fifo")?.unwrap_or(0);
     let after: usize = args.size_opt("after")?.unwrap_or(2 << 20);
+    let library = args.get::<u32>("library", 0)? == 1;
+    let load_it = args.get::<u32>("load", 1)? == 1;
+    let lookup = load_it && args.get::<u32>("lookup", 1)? == 1;
+    let launch_it = lookup && args.get::<u32>("launch", 1)? == 1;
+    let global = args.get::<u32>("global", 0)? == 1;
     if let Err(e) = setup(gpu) {
         return Ok(e);
     }
     let held = gpu.alloc(AllocPath::Alloc, fill);
-    let stack_result = if stack > 0 {
-        Some(gpu.set_limit(gpuslice_abi::cuda::limit::STACK_SIZE, stack)?)
-    } else {
-        None
+    let limit = |limit, bytes: usize| -> Result<Option<Res<()>>, Usage> {
+        (bytes > 0).then(|| gpu.set_limit(limit, bytes)).transpose()
     };
+    let stack_result = limit(gpuslice_abi::cuda::limit::STACK_SIZE, stack)?;
+    let fifo_result = limit(gpuslice_abi::cuda::limit::PRINTF_FIFO_SIZE, fifo)?;
     let ptx = growth_ptx(static_bytes, local);
-    let func = gpu.load_ptx(&ptx, "grow")?;
+    let loaded = load_it.then(|| gpu.load_image(&ptx, library)).transpose()?;
+    let global_result = match (&loaded, global) {
+        (Some(Ok(h)), true) => Some(gpu.get_global(*h, "table", library)?),
+        _ => None,
+    };
+    let func = match (&loaded, lookup) {
+        (Some(Ok(h)), true) => Some(gpu.get_kernel(*h, "grow", library)?),
+        _ => None,
+    };
     let launch = match &func {
-        Ok(_) if args.get::<u32>("launch", 1)? == 0 => Ok(()),
-        Ok(f) => {
+        Some(Ok(f)) if launch_it => {
             let r = gpu
                 .launch(LaunchPath::Kernel, *f, 1, 32, 0, 1000, 1)
                 .pop()
                 .unwrap_or(Ok(()));
-            r.and_then(|()| gpu.synchronize())
+            Some(r.and_then(|()| gpu.synchronize()))
         }
-        Err(f) => Err(*f),
+        _ => None,
     };
     let more = gpu.alloc(AllocPath::Alloc, after);
     let line = json!({
         "fill": res_name(gpu, &held),
         "stack": stack_result.as_ref().map(|r| res_name(gpu, r)),
-        "load": res_name(gpu, &func),
-        "launch": res_name(gpu, &launch),
+        "fifo": fifo_result.as_ref().map(|r| res_name(gpu, r)),
+        "load": loaded.as_ref().map(|r| res_name(gpu, r)),
+        "global": global_result.as_ref().map(|r| res_name(gpu, r)),
+        "lookup": func.as_ref().map(|r| res_name(gpu, r)),
+        "launch": launch.as_ref().map(|r| res_name(gpu, r)),
         "after": res_name(gpu, &more),
         "mem_free": mem_free_now(gpu),
     });
@@ -831,6 +879,47 @@ fn driver_growth<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
     }
     let _keep = held;
     print_and_hold(gpu, "driver-growth", line)
+}
+
+/// A registered process that allocates SIZE through the real `cuMemAlloc_v2`, reached behind
+/// the shim ([`crate::driver::behind_the_shim`]): bytes its slot never holds. With
+/// `--printf-fifo BYTES` it then makes one harmless `cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE,
+/// BYTES)` through the shim (a shim that took NVML's surplus after such a call for memory the
+/// driver placed by itself would charge the hidden bytes as that). Prints the results and the
+/// device pointer, and holds everything until stdin reaches EOF.
+fn behind<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    let size = args.size_at(0, "SIZE")?;
+    let fifo = args.size_opt("printf-fifo")?;
+    if let Err(e) = setup(gpu) {
+        return Ok(e);
+    }
+    type MemAlloc = unsafe extern "C" fn(*mut u64, usize) -> CUresult;
+    let (alloc, ptr) = match crate::driver::behind_the_shim("cuMemAlloc_v2") {
+        Ok(function) => {
+            // SAFETY: cuMemAlloc_v2's C signature; `ptr` is a valid out-pointer.
+            let real = unsafe { std::mem::transmute::<*mut std::ffi::c_void, MemAlloc>(function) };
+            let mut ptr = 0u64;
+            // SAFETY: as above, with the context `setup` made current.
+            let code = unsafe { real(&mut ptr, size) };
+            (gpu.code_name(code), ptr)
+        }
+        Err(e) => (format!("MISSING:{e}"), 0),
+    };
+    let limit = match fifo {
+        Some(bytes) => Some(res_name(
+            gpu,
+            &gpu.set_limit(gpuslice_abi::cuda::limit::PRINTF_FIFO_SIZE, bytes)?,
+        )),
+        None => None,
+    };
+    let line = json!({
+        "size": size,
+        "alloc": alloc,
+        "ptr": ptr,
+        "limit": limit,
+        "mem_free": mem_free_now(gpu),
+    });
+    print_and_hold(gpu, "behind", line)
 }
 
 /// How `context-cycle` ends its context (`--end`).

@@ -137,10 +137,17 @@ impl Podman {
     /// interactive) and waits for its report line; returns the report and the running podman
     /// (closing its stdin is the hold scenario's signal to free and exit).
     pub fn hold(&self, args: &[String], size: &str) -> (Value, Child) {
+        self.hold_running(args, &["/usr/bin/linked-client", "hold", size])
+    }
+
+    /// [`Podman::hold`] with another holding `command` (a client scenario that prints one
+    /// line, then holds until its stdin closes).
+    pub fn hold_running(&self, args: &[String], command: &[&str]) -> (Value, Child) {
+        let size = command.join(" ");
         let mut child = self
             .cmd()
             .args(args)
-            .args(["/usr/bin/linked-client", "hold", size])
+            .args(command)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -207,6 +214,11 @@ impl Stage {
     /// The fake GPU's state file on the host.
     pub fn state(&self) -> &Path {
         &self.state
+    }
+
+    /// The root file system the containers run from (add files to it before a run).
+    pub fn rootfs(&self) -> &Path {
+        &self.rootfs
     }
 
     /// `podman run` arguments up to (not including) the command: container `name` with the
@@ -430,4 +442,137 @@ impl Drop for HostPidBroker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The prefix of the Python that has PyTorch (`E2E_PYTHON`, default `python3`), or `None`
+/// after a loud skip (a failure with `CI=true`).
+pub fn torch_prefix() -> Option<PathBuf> {
+    let python = std::env::var("E2E_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&python)
+        .args([
+            "-c",
+            "import sys, torch; print(sys.prefix); print(sys.executable)",
+        ])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let text = text(&o.stdout);
+            text.lines().next().map(PathBuf::from)
+        }
+        _ => {
+            crate::skip::skip_or_fail(&format!("PyTorch is not installed for {python}"));
+            None
+        }
+    }
+}
+
+/// Copies into `rootfs` the system libraries (those outside `prefix`) that `files` need.
+fn copy_system_libs(rootfs: &Path, prefix: &Path, files: &[PathBuf]) {
+    for chunk in files.chunks(64) {
+        let out = Command::new("ldd").args(chunk).output().expect("run ldd");
+        for lib in text(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')))
+            .map(PathBuf::from)
+        {
+            if lib.starts_with(prefix) || !lib.is_file() {
+                continue;
+            }
+            let dest = rootfs.join(lib.strip_prefix("/").unwrap());
+            if !dest.exists() {
+                fs::create_dir_all(dest.parent().unwrap()).unwrap();
+                fs::copy(&lib, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", lib.display()));
+            }
+        }
+    }
+}
+
+/// Shared objects directly in `dir` (not recursive).
+fn shared_objects(dir: &Path) -> Vec<PathBuf> {
+    fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.to_string_lossy().contains(".so"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What [`torch_fill_command`] runs: prints `{"free", "total"}` (torch.cuda.mem_get_info),
+/// fills the device in 64 MiB tensors until torch.cuda.OutOfMemoryError and prints
+/// `{"oom", "filled"}`, frees and prints `{"after"}` (the free memory then).
+const TORCH_FILL_SCRIPT: &str = r#"
+import json, warnings
+warnings.simplefilter("ignore")
+import torch
+free, total = torch.cuda.mem_get_info()
+print(json.dumps({"free": free, "total": total}), flush=True)
+xs, oom = [], False
+try:
+    while True:
+        xs.append(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+except torch.cuda.OutOfMemoryError:
+    oom = True
+print(json.dumps({"oom": oom, "filled": len(xs) * (64 << 20)}), flush=True)
+del xs
+torch.cuda.empty_cache()
+print(json.dumps({"after": torch.cuda.mem_get_info()[0]}), flush=True)
+"#;
+
+/// Makes PyTorch of `prefix` (from [`torch_prefix`]) runnable in containers of `rootfs`: the
+/// system libraries the interpreter and its packages need are copied in, with the fill
+/// script of [`torch_fill_command`]; the interpreter and its packages are mounted read-only
+/// from the host at the same path by the `podman run` arguments returned (to insert before
+/// `--rootfs`).
+pub fn add_pytorch(rootfs: &Path, prefix: &Path) -> Vec<String> {
+    let site = prefix
+        .join("lib")
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .find_map(|e| {
+            let p = e.path().join("site-packages");
+            p.join("torch").is_dir().then_some(p)
+        });
+    let site = site.expect("torch's site-packages under the prefix");
+    let mut files = vec![fs::canonicalize(prefix.join("bin/python3")).unwrap()];
+    for dir in [
+        site.join("torch/lib"),
+        site.join("torch"),
+        site.join("numpy/_core"),
+        site.join("nvidia/cu13/lib"),
+    ] {
+        files.extend(shared_objects(&dir));
+    }
+    if let Some(dynload) = prefix
+        .join("lib")
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .find_map(|e| {
+            let p = e.path().join("lib-dynload");
+            p.is_dir().then_some(p)
+        })
+    {
+        files.extend(shared_objects(&dynload));
+    }
+    files.extend(shared_objects(&prefix.join("lib")));
+    copy_system_libs(rootfs, prefix, &files);
+    fs::create_dir_all(rootfs.join("usr/share")).unwrap();
+    fs::write(rootfs.join("usr/share/torch_slice.py"), TORCH_FILL_SCRIPT).unwrap();
+    vec![
+        "-v".to_string(),
+        format!("{}:{}:ro", prefix.display(), prefix.display()),
+    ]
+}
+
+/// The shell command that runs the fill script with the Python of `prefix` in a container
+/// prepared by [`add_pytorch`]; it prints three JSON lines (see `TORCH_FILL_SCRIPT`).
+pub fn torch_fill_command(prefix: &Path) -> String {
+    format!(
+        "{} /usr/share/torch_slice.py",
+        prefix.join("bin/python3").display()
+    )
 }

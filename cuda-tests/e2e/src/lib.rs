@@ -31,6 +31,7 @@
 //! mode or a barrier into a test.
 
 pub mod containers;
+pub mod dev_nodes;
 pub mod skip;
 
 use serde_json::Value;

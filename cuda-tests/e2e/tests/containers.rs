@@ -27,7 +27,8 @@ mod agent;
 
 use agent::{assert_reports_without_killing, is_running, scraped};
 use cuda_e2e::containers::{
-    bin_dir, copy_with_libs, install_fake, json_lines, skip_or_fail, text, u64_at, Podman, Stage,
+    add_pytorch, bin_dir, copy_with_libs, install_fake, json_lines, skip_or_fail, text,
+    torch_fill_command, torch_prefix, u64_at, Podman, Stage,
 };
 use serde_json::Value;
 use std::fs;
@@ -1059,6 +1060,54 @@ fn the_backstop_ends_a_containerised_process_that_bypasses_the_shim() {
     member.release();
 }
 
+/// A container given a slice whose only process reaches the driver without the shim
+/// (`dlmopen`): nothing of it is in the slice's region and no registered process shares its
+/// cgroup, yet the node agent counts it against the slice by the container's mount of the
+/// slice's region directory, which no process in the container can undo, and ends it once the
+/// slice has been over its cap for the grace time. Judged by the fake's physical bytes and
+/// the process's exit status.
+#[test]
+fn a_container_whose_only_process_bypasses_the_shim_is_still_the_slices() {
+    let Some(podman) = podman() else { return };
+    let mut bed = Bed::new(podman);
+    let devices = bed.write_spec(&[("s", "1GiB")]);
+    let (_name, args) = bed.run_args(Some(&devices[0]), true);
+    let (report, mut bypass) = podman.hold_running(
+        &args,
+        &["/usr/bin/procaddr-client", "--dlmopen", "hold", "1500MiB"],
+    );
+    assert_eq!(
+        (str_at(&report, "result"), str_at(&report, "client")),
+        (SUCCESS, "dlmopen"),
+        "{report}"
+    );
+    let on_card = bed.card_processes();
+    let (pid, held) = *on_card
+        .iter()
+        .find(|(_, used)| *used >= 1500 * MIB)
+        .unwrap_or_else(|| panic!("nobody holds 1500 MiB: {on_card:?}"));
+    eprintln!(
+        "the bypasser holds {} MiB above the cap",
+        (held - GIB) / MIB
+    );
+    let (agent, addr) = bed.agent(&["--grace", "1", "--enforce"]);
+    let mut status = None;
+    cuda_e2e::wait_until("the backstop ends the bypasser", AGENT_TIMEOUT, || {
+        status = bypass.try_wait().unwrap();
+        status.is_some()
+    });
+    assert_eq!(status.unwrap().code(), Some(128 + libc::SIGKILL));
+    cuda_e2e::wait_until("the card no longer holds its memory", AGENT_TIMEOUT, || {
+        bed.card_bytes(pid) == 0
+    });
+    assert_eq!(
+        scraped(&addr, "gpuslice_backstop_kills_total{slice=\"s\","),
+        Some(1.0)
+    );
+    let log = fs::read_to_string(&agent.log).unwrap_or_default();
+    assert!(log.contains(&format!("process {pid} holds")), "{log}");
+}
+
 /// A compute-only slice (a share, no memory limit) in a container with its own PID
 /// namespace, next to an unthrottled neighbour on the host: the container's process is
 /// named by its host PID in NVML (the fake learns it from the broker, as the driver from the
@@ -1154,62 +1203,6 @@ fn a_compute_only_container_slice_steers_on_its_own_processes_next_to_a_neighbou
     );
 }
 
-/// The prefix of the Python that has PyTorch (`E2E_PYTHON`, default `python3`), or `None`
-/// after a loud skip (a failure with `CI=true`).
-fn torch_prefix() -> Option<PathBuf> {
-    let python = std::env::var("E2E_PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = Command::new(&python)
-        .args([
-            "-c",
-            "import sys, torch; print(sys.prefix); print(sys.executable)",
-        ])
-        .output();
-    match out {
-        Ok(o) if o.status.success() => {
-            let text = text(&o.stdout);
-            text.lines().next().map(PathBuf::from)
-        }
-        _ => {
-            cuda_e2e::skip::skip_or_fail(&format!("PyTorch is not installed for {python}"));
-            None
-        }
-    }
-}
-
-/// Copies into `rootfs` the system libraries (those outside `prefix`) that `files` need.
-fn copy_system_libs(rootfs: &Path, prefix: &Path, files: &[PathBuf]) {
-    for chunk in files.chunks(64) {
-        let out = Command::new("ldd").args(chunk).output().expect("run ldd");
-        for lib in text(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')))
-            .map(PathBuf::from)
-        {
-            if lib.starts_with(prefix) || !lib.is_file() {
-                continue;
-            }
-            let dest = rootfs.join(lib.strip_prefix("/").unwrap());
-            if !dest.exists() {
-                fs::create_dir_all(dest.parent().unwrap()).unwrap();
-                fs::copy(&lib, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", lib.display()));
-            }
-        }
-    }
-}
-
-/// Shared objects directly in `dir` (not recursive).
-fn shared_objects(dir: &Path) -> Vec<PathBuf> {
-    fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.to_string_lossy().contains(".so"))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// PyTorch from PyPI in a podman container that gets a 2 GiB slice through CDI: it sees the
 /// slice, is refused at it with torch.cuda.OutOfMemoryError, and the card (host truth)
 /// never holds more for it. The interpreter and its packages are mounted read-only from
@@ -1220,69 +1213,13 @@ fn pytorch_in_a_cdi_container_is_held_to_its_slice() {
     let Some(prefix) = torch_prefix() else { return };
     let mut bed = Bed::new(podman);
     let rootfs = bed.dir.path().join("rootfs");
-    let site = prefix
-        .join("lib")
-        .read_dir()
-        .unwrap()
-        .flatten()
-        .find_map(|e| {
-            let p = e.path().join("site-packages");
-            p.join("torch").is_dir().then_some(p)
-        });
-    let site = site.expect("torch's site-packages under the prefix");
-    let mut files = vec![fs::canonicalize(prefix.join("bin/python3")).unwrap()];
-    for dir in [
-        site.join("torch/lib"),
-        site.join("torch"),
-        site.join("numpy/_core"),
-        site.join("nvidia/cu13/lib"),
-    ] {
-        files.extend(shared_objects(&dir));
-    }
-    if let Some(dynload) = prefix
-        .join("lib")
-        .read_dir()
-        .unwrap()
-        .flatten()
-        .find_map(|e| {
-            let p = e.path().join("lib-dynload");
-            p.is_dir().then_some(p)
-        })
-    {
-        files.extend(shared_objects(&dynload));
-    }
-    files.extend(shared_objects(&prefix.join("lib")));
-    copy_system_libs(&rootfs, &prefix, &files);
-    let script = r#"
-import json, warnings
-warnings.simplefilter("ignore")
-import torch
-free, total = torch.cuda.mem_get_info()
-print(json.dumps({"free": free, "total": total}), flush=True)
-xs, oom = [], False
-try:
-    while True:
-        xs.append(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
-except torch.cuda.OutOfMemoryError:
-    oom = True
-print(json.dumps({"oom": oom, "filled": len(xs) * (64 << 20)}), flush=True)
-del xs
-torch.cuda.empty_cache()
-print(json.dumps({"after": torch.cuda.mem_get_info()[0]}), flush=True)
-"#;
-    fs::create_dir_all(rootfs.join("usr/share")).unwrap();
-    fs::write(rootfs.join("usr/share/torch_slice.py"), script).unwrap();
+    let mount = add_pytorch(&rootfs, &prefix);
 
     let devices = bed.write_spec(&[("torch", "2GiB")]);
     let (_, mut args) = bed.run_args(Some(&devices[0]), false);
     let at = args.iter().position(|a| a == "--rootfs").unwrap();
-    let mount = format!("{}:{}:ro", prefix.display(), prefix.display());
-    args.splice(at..at, ["-v".to_string(), mount]);
-    let python = prefix.join("bin/python3");
-    let lines = bed.podman.run_script(
-        &args,
-        &format!("{} /usr/share/torch_slice.py", python.display()),
-    );
+    args.splice(at..at, mount);
+    let lines = bed.podman.run_script(&args, &torch_fill_command(&prefix));
     assert_eq!(lines.len(), 3, "{lines:?}");
     let physical = bed.physical_total();
     assert_eq!(u64_at(&lines[0], &["total"]), 2 * GIB, "{}", lines[0]);

@@ -3,11 +3,12 @@
 //! preloaded. Every claim is checked against the fake's truth (physical use and the
 //! high-water mark), never against what the framework or the shim says about itself.
 //!
-//! The V100 is not in PyTorch's CUDA 13 build (it warns; its kernels would not run on a real
-//! one), which does not matter here: allocations, the caching allocator's paths and the
-//! driver calls behind them are what is under test, and the fake runs no kernel code.
-//! cuBLAS and CuPy's compiler check the architecture themselves and refuse sm_70 with CUDA
-//! 13, so their kernels are tested on a simulated A100 and H200.
+//! The V100 is not in PyTorch's CUDA 13 build (machine code for 7.5 and up, no PTX): as on the
+//! real card, its kernels do not load there ("no kernel image is available"), which does not
+//! matter to the memory tests (allocations, the caching allocator's paths and the driver
+//! calls behind them launch no kernel). Tests that launch kernels use a simulated A100 or
+//! H200; cuBLAS and CuPy's compiler also check the architecture themselves and refuse sm_70
+//! with CUDA 13.
 //!
 //! Skipping: without torch / cupy importable by `E2E_PYTHON` (default `python3`), each test
 //! prints `SKIPPED: ...` and returns, except with `CI=true`, where it fails.
@@ -168,7 +169,8 @@ fn torch_cuda_graph_replays_within_the_slice() {
     if !have("torch") {
         return;
     }
-    let gpu = FakeGpu::start("v100");
+    // The graph launches kernels: a card PyTorch's build has code for.
+    let gpu = FakeGpu::start("a100");
     let slice = Slice::builder().device(0, "2GiB", None).build();
     let mut py = Py::start("graph", &slice.env(&gpu));
     py.ok(TORCH_FILL);
@@ -353,15 +355,24 @@ fn cublas_matmuls_launch_on_an_a100_and_an_h200_and_refuse_a_v100() {
         }
         py.finish();
     }
-    // cuBLAS 13 has no kernels for sm_70 and says so: a clear error, and the process goes on.
+    // Neither cuBLAS 13 nor PyTorch's own kernels have code for sm_70, as on a real V100:
+    // cuBLAS refuses with its own error, PyTorch's kernel fails with the runtime's "no kernel
+    // image" (the driver's CUDA_ERROR_NO_BINARY_FOR_GPU), and the process goes on.
     let gpu = FakeGpu::start("v100");
     let slice = Slice::builder().device(0, "2GiB", None).build();
     let mut py = Py::start("matmul v100", &slice_env(&gpu, &slice, &[]));
-    let r = py.exec("import torch; a = torch.ones(64, 64, device='cuda'); c = a @ a");
+    let r = py.exec("import torch; a = torch.empty(64, 64, device='cuda'); c = a @ a");
     assert_eq!(r["ok"], false, "{r}");
     let msg = r["msg"].as_str().unwrap_or_default();
     assert!(msg.contains("CUBLAS_STATUS_ARCH_MISMATCH"), "{msg}");
-    py.ok("b = torch.ones(64, device='cuda') * 2; torch.cuda.synchronize()");
+    let r = py.exec("b = torch.ones(64, device='cuda') * 2; torch.cuda.synchronize()");
+    assert_eq!(r["ok"], false, "{r}");
+    let msg = r["msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("no kernel image is available for execution on the device"),
+        "{msg}"
+    );
+    py.ok("b = torch.empty(1 << 20, device='cuda')");
     py.finish();
 }
 
@@ -390,4 +401,67 @@ fn cupy_compiles_and_launches_its_kernels_on_an_a100() {
         "twenty kernels took {busy} ns of the card"
     );
     py.finish();
+}
+
+#[test]
+fn a_build_without_code_for_the_card_fails_as_on_the_card_and_the_shim_says_which_card() {
+    if !have("torch") {
+        return;
+    }
+    // PyTorch 2.15's CUDA 13 build has no code for sm_70: each kernel fails with the runtime's
+    // own error (the driver refused the image), memory still works, and the shim names the
+    // card's capability once however many loads fail.
+    const SCRIPT: &str = "import torch\n\
+        x = torch.empty(1 << 20, device='cuda')\n\
+        for _ in range(3):\n\
+        \x20   try:\n\
+        \x20       (x + 1).sum().item()\n\
+        \x20       print('ran')\n\
+        \x20   except Exception as e:\n\
+        \x20       print(str(e).splitlines()[0])\n";
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    // (stdout, stderr) of the script in the slice of a fresh `preset`.
+    let run = |preset: &str| {
+        let gpu = FakeGpu::start(preset);
+        let mut env = slice.env(&gpu);
+        env.push(("PYTHONWARNINGS".into(), "ignore".into()));
+        let python = std::path::PathBuf::from(python::interpreter());
+        let out = cuda_e2e::command(&python, &["-c", SCRIPT], &env)
+            .output()
+            .expect("python runs");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert!(out.status.success(), "{preset}: {stdout}\n{stderr}");
+        (stdout, stderr)
+    };
+    let (stdout, stderr) = run("v100");
+    let failures = stdout
+        .lines()
+        .filter(|l| l.contains("no kernel image is available for execution on the device"))
+        .count();
+    assert_eq!(
+        failures, 3,
+        "each try fails with the runtime's error: {stdout}"
+    );
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("[gpuslice]") && l.contains("compute capability"))
+        .collect();
+    assert_eq!(said.len(), 1, "one line per process: {stderr}");
+    assert!(
+        said[0].contains("GPU 0 has compute capability 7.0 (sm_70)")
+            && said[0].contains("CUDA_ERROR_NO_BINARY_FOR_GPU"),
+        "{}",
+        said[0]
+    );
+    // The same build on an H200 runs and the shim says nothing.
+    let (stdout, stderr) = run("h200");
+    assert_eq!(
+        stdout.lines().filter(|l| *l == "ran").count(),
+        3,
+        "{stdout}"
+    );
+    assert!(!stderr.contains("compute capability"), "{stderr}");
 }

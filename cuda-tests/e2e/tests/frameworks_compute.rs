@@ -5,9 +5,9 @@
 //! points on the fake's timeline, which is the only figure looked at.
 //!
 //! Kernels from fatbins take the time their geometry gives at `FAKEGPU_NS_PER_WAVE`, set
-//! here so that one kernel is ~1 ms and an unthrottled loop keeps the device busy. cuBLAS 13
-//! and NVRTC 13 support no V100 (sm_70), so the matmul and CuPy loops run on a simulated
-//! A100.
+//! here so that one kernel is ~1 ms and an unthrottled loop keeps the device busy. PyTorch's
+//! CUDA 13 build, cuBLAS 13 and NVRTC 13 have no code for a V100 (sm_70), so every loop runs on
+//! a simulated A100.
 //!
 //! Skipping as in `frameworks.rs`.
 
@@ -33,14 +33,15 @@ struct Workload {
     step: &'static str,
 }
 
-/// `x.mul_(1.0)` on 16 Mi floats: 32768 blocks of 128 threads, 26 waves on a V100 at
-/// this rate: about 1.3 ms.
+/// `x.mul_(1.0)` on 16 Mi floats: 32768 blocks of 128 threads, 19 waves on an A100 (108 SMs
+/// x 16 such blocks; PyTorch's CUDA 13 build has no code for a V100) at this rate: about
+/// 1.3 ms.
 const ELEMENTWISE: Workload = Workload {
     what: "torch elementwise",
     module: "torch",
     sync: "torch.cuda.synchronize()",
-    preset: "v100",
-    ns_per_wave: "50000",
+    preset: "a100",
+    ns_per_wave: "68000",
     setup: "x = torch.ones(16 << 20, device='cuda')",
     step: "x.mul_(1.0)",
 };

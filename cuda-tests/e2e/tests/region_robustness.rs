@@ -1,6 +1,7 @@
 //! The slice's shared region against what real processes, users and operators do to it,
 //! through real clients and judged by the fake card: a process stopped in the middle of
-//! registering blocks nobody; a deleted or replaced region file never starts a second ledger;
+//! registering blocks nobody; a deleted or replaced region file never starts a second ledger,
+//! and no reader's read locks make a newcomer refuse one that was not;
 //! a symbolic link at the region's path is never followed; an exited process's memory shows
 //! back in the others' views once the driver released it; processes of different users
 //! share one slice.
@@ -87,6 +88,91 @@ fn a_process_stopped_while_registering_blocks_no_other_process() {
     // The killed registrant held nothing: the whole slice is there for the next process.
     let info = Client::run(ClientKind::Linked, &["meminfo"], &env);
     assert_eq!(info["free"], 2 * GIB - CONTEXT, "{info}");
+}
+
+/// Read locks on `(start, length)` ranges of `path` (length 0: to the end), held until the
+/// descriptor is dropped: what anyone who may open it for reading can take.
+fn read_locks(path: &Path, ranges: &[(u64, u64)]) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for &(start, len) in ranges {
+        // SAFETY: flock is plain data; zero is valid for every field.
+        let mut range: libc::flock = unsafe { std::mem::zeroed() };
+        range.l_type = libc::F_RDLCK as libc::c_short;
+        range.l_whence = libc::SEEK_SET as libc::c_short;
+        range.l_start = start as libc::off_t;
+        range.l_len = len as libc::off_t;
+        // SAFETY: the descriptor is open; `range` is a valid flock for the call.
+        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &mut range) };
+        assert_eq!(
+            rc,
+            0,
+            "{}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    file
+}
+
+/// A reader of the region's directory (the node agent, a monitoring tool, anyone with a
+/// read-only view of it) holding read locks on all of the directory, of the guard file
+/// beside the region and of the bytes where processes mark the region: a newcomer of the
+/// idle slice allocates, and next to a holder it shares the one ledger (refused at the cap),
+/// never failing closed. (A read lock on the directory made every newcomer fail closed with
+/// a false "replaced" before.)
+#[test]
+fn a_reader_holding_read_locks_on_the_region_directory_makes_no_process_fail_closed() {
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    let env = slice.env(&gpu);
+    let region = slice.region_path();
+    let ran = Client::run(ClientKind::Linked, &["alloc", "100MiB"], &env);
+    assert_eq!(ran["results"][0], "CUDA_SUCCESS", "{ran}");
+    let dir = region.parent().unwrap();
+    let guard = dir.join(".region.guard");
+    // The marks' range of the region file (`common/src/region/layout.rs`, `MARKS`).
+    let marks = (1u64 << 41, 1u64 << 40);
+    // On the directory, the byte a lock on the region's name would be at (64-bit FNV-1a of
+    // "name:" and the name, as the region hashes names): a read lock there alone says "a
+    // process maps a region of this name" to a guard made of directory locks.
+    let name_byte = b"name:region"
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+        & ((1 << 62) - 1);
+    assert!(guard.is_file(), "the region's guard file");
+    let _reader = [
+        read_locks(dir, &[(name_byte, 1)]),
+        read_locks(&guard, &[(0, 0)]),
+        read_locks(&region, &[marks]),
+    ];
+    let idle = Client::output(ClientKind::Cudarc, &["alloc", "600MiB"], &env);
+    assert_eq!(
+        last_json(&idle)["results"][0],
+        "CUDA_SUCCESS",
+        "{:?}",
+        gpuslice_lines(&idle)
+    );
+    // 700 MiB on the card: a newcomer's context fits, its 600 MiB do not.
+    let holder = Client::spawn(ClientKind::Linked, &["hold", "400MiB"], &env);
+    assert_eq!(holder.first["result"], "CUDA_SUCCESS", "{}", holder.first);
+    gpu.truth().reset_peak_memory(0);
+    let beside = Client::output(ClientKind::ProcAddr, &["alloc", "600MiB"], &env);
+    assert_eq!(
+        last_json(&beside)["results"][0],
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "one ledger: {:?}",
+        gpuslice_lines(&beside)
+    );
+    assert!(
+        !gpu_lines_mention(&beside, "replaced") && !gpu_lines_mention(&beside, "emptied"),
+        "{:?}",
+        gpuslice_lines(&beside)
+    );
+    assert!(gpu.truth().peak_memory(0) <= GIB);
+    holder.release();
 }
 
 #[test]

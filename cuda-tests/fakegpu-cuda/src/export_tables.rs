@@ -181,6 +181,12 @@ static TABLES: &[TableDef] = &[
         known: &[(0, Slot::SizeOf)],
     },
     TableDef {
+        name: "CUPTI",
+        id: id("7cb63f9b-9ca4-8e42-a484-beb66e6aed7f"),
+        slots: 64,
+        known: &[(0, Slot::SizeOf)],
+    },
+    TableDef {
         name: "CONTEXT_CHECKS",
         id: id("263e8860-7cd2-6143-92f6-bbd5006dfa7e"),
         slots: 4,

@@ -482,6 +482,11 @@ fn error_string(code: CUresult) -> Option<&'static str> {
         CUDA_ERROR_NOT_FOUND => "named symbol not found",
         CUDA_ERROR_NOT_READY => "device not ready",
         CUDA_ERROR_FILE_NOT_FOUND => "file not found",
+        CUDA_ERROR_INVALID_IMAGE => "device kernel image is invalid",
+        CUDA_ERROR_NO_BINARY_FOR_GPU => "no kernel image is available for execution on the device",
+        CUDA_ERROR_UNSUPPORTED_PTX_VERSION => {
+            "the provided PTX was compiled with an unsupported toolchain."
+        }
         CUDA_ERROR_UNKNOWN => "unknown error",
         _ => return None,
     })

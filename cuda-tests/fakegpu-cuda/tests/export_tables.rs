@@ -50,8 +50,19 @@ fn the_runtime_tables_are_served_and_unknown_slots_refuse() {
     let ctx_id = sym!(b"cuCtxGetId": unsafe extern "C" fn(*mut c_void, *mut u64) -> u32);
     // SAFETY: C calls with valid pointers throughout.
     unsafe {
-        assert_eq!(init(0), SUCCESS);
+        // CUPTI asks for its table when it loads, before cuInit: served, sized, no slot served.
         let mut t: *const c_void = std::ptr::null();
+        let cupti = id("7cb63f9b-9ca4-8e42-a484-beb66e6aed7f");
+        assert_eq!(get(&mut t, &cupti), SUCCESS);
+        assert_eq!(
+            *(t as *const usize),
+            64 * 8,
+            "the CUPTI table starts with its size"
+        );
+        let slot32: unsafe extern "C" fn() -> u32 =
+            std::mem::transmute(*(t as *const usize).add(32));
+        assert_eq!(slot32(), NOT_SUPPORTED);
+        assert_eq!(init(0), SUCCESS);
         let rt = id("6bd5fb6c-5bf4-e74a-8987-d93912fd9df9");
         assert_eq!(get(&mut t, &rt), SUCCESS);
         let slots = t as *const usize;

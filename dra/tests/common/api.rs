@@ -17,7 +17,13 @@
 //!
 //! Anything else is answered 404 and recorded, so a test sees an unexpected call. Every
 //! request is recorded (method, path, query, JSON body) for the tests to check what the driver
-//! sent; objects written get a resourceVersion and uid as the real server gives them.
+//! sent; objects written get a resourceVersion and uid as the real server gives them; the
+//! slices held after every change are kept ([`FakeApi::history`]), so a test sees what was
+//! stored even for a moment.
+//!
+//! One knob beyond a single server: [`FakeApi::set_cluster_for_writes`] has real writes judged
+//! by other gates than dry runs, as two API server replicas behind one address are while their
+//! flags are changed one at a time.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -27,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{json, Value};
 
 pub use super::rules::Cluster;
-use super::rules::{drop_disabled_fields, invalid_status, validate_resource_slice};
+use super::rules::{default_fields, drop_disabled_fields, invalid_status, validate_resource_slice};
 
 /// One request the server received.
 #[derive(Debug, Clone)]
@@ -44,6 +50,10 @@ struct State {
     nodes: HashMap<String, Value>,
     claims: HashMap<(String, String), Value>,
     slices: BTreeMap<String, Value>,
+    /// `slices` after each change.
+    history: Vec<BTreeMap<String, Value>>,
+    /// Gates that real (not dry-run) writes are judged by, when not `cluster`'s.
+    write_cluster: Option<Cluster>,
     requests: Vec<Recorded>,
     resource_version: u64,
 }
@@ -71,6 +81,8 @@ impl FakeApi {
             nodes: HashMap::new(),
             claims: HashMap::new(),
             slices: BTreeMap::new(),
+            history: Vec::new(),
+            write_cluster: None,
             requests: Vec::new(),
             resource_version: 0,
         }));
@@ -122,11 +134,23 @@ impl FakeApi {
         value["metadata"]["resourceVersion"] = json!(state.resource_version.to_string());
         let name = value["metadata"]["name"].as_str().unwrap().to_string();
         state.slices.insert(name, value);
+        state.remember();
     }
 
     /// Plays another version or gate set from now on (an upgrade, a gate turned on).
     pub fn set_cluster(&self, cluster: Cluster) {
         self.lock().cluster = cluster;
+    }
+
+    /// From now on real writes (not dry runs) are judged by `cluster`'s gates (`None`: the
+    /// same as dry runs): another API server replica answers them.
+    pub fn set_cluster_for_writes(&self, cluster: Option<Cluster>) {
+        self.lock().write_cluster = cluster;
+    }
+
+    /// The slices the server held after each change (create, replace, delete), oldest first.
+    pub fn history(&self) -> Vec<BTreeMap<String, Value>> {
+        self.lock().history.clone()
     }
 
     /// The Events recorded.
@@ -156,6 +180,21 @@ impl FakeApi {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl State {
+    fn remember(&mut self) {
+        let now = self.slices.clone();
+        self.history.push(now);
+    }
+
+    /// The gates a write is judged by.
+    fn judge(&self, query: &str) -> Cluster {
+        match self.write_cluster {
+            Some(cluster) if !dry_run(query) => cluster,
+            _ => self.cluster,
+        }
     }
 }
 
@@ -218,12 +257,13 @@ fn serve_connection(stream: TcpStream, state: &Mutex<State>) {
             422 => "Unprocessable Entity",
             _ => "Bad Request",
         };
-        let head = format!(
-            "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        // Head and body in one write: two small writes meet Nagle's algorithm and the
+        // client's delayed ACK, and every response would wait 40 ms.
+        let response = format!(
+            "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}",
             text.len()
         );
-        if writer.write_all(head.as_bytes()).is_err() || writer.write_all(text.as_bytes()).is_err()
-        {
+        if writer.write_all(response.as_bytes()).is_err() {
             return;
         }
     }
@@ -366,8 +406,9 @@ fn route(
             );
         }
         // PrepareForCreate, then Validate.
-        let cluster = state.cluster;
+        let cluster = state.judge(query);
         slice["metadata"]["generation"] = json!(1);
+        default_fields(&mut slice["spec"]);
         drop_disabled_fields(&cluster, &mut slice["spec"], None);
         let errors = validate_resource_slice(&cluster, &slice, None);
         if !errors.is_empty() {
@@ -383,6 +424,7 @@ fn route(
         slice["metadata"]["resourceVersion"] = json!(state.resource_version.to_string());
         slice["metadata"]["uid"] = json!(format!("uid-{}", state.resource_version));
         state.slices.insert(name, slice.clone());
+        state.remember();
         return (201, slice);
     }
     if let Some(name) = path.strip_prefix(&format!("{SLICES}/")) {
@@ -408,7 +450,7 @@ fn route(
                     );
                 }
                 // PrepareForUpdate, then ValidateUpdate.
-                let cluster = state.cluster;
+                let cluster = state.judge(query);
                 let old = stored.clone();
                 let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
                 slice["metadata"]["uid"] = old["metadata"]["uid"].clone();
@@ -417,6 +459,7 @@ fn route(
                 } else {
                     generation
                 });
+                default_fields(&mut slice["spec"]);
                 drop_disabled_fields(&cluster, &mut slice["spec"], Some(&old["spec"]));
                 let errors = validate_resource_slice(&cluster, &slice, Some(&old));
                 if !errors.is_empty() {
@@ -431,11 +474,15 @@ fn route(
                 state.resource_version += 1;
                 slice["metadata"]["resourceVersion"] = json!(state.resource_version.to_string());
                 state.slices.insert(name.to_string(), slice.clone());
+                state.remember();
                 return (200, slice);
             }
             "DELETE" => {
                 return match state.slices.remove(name) {
-                    Some(slice) => (200, slice),
+                    Some(slice) => {
+                        state.remember();
+                        (200, slice)
+                    }
                     None => status(
                         404,
                         "NotFound",

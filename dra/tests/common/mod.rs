@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod cluster;
+pub mod node;
 pub mod rules;
 pub mod scheduler;
 

@@ -1,18 +1,17 @@
-//! Context handlers: context creation and destruction, primary contexts and the device-malloc
-//! heap (`cuCtxSetLimit`), charged through the `memory` policy (a context costs device memory
-//! the driver decides).
+//! Context handlers: context creation and destruction, primary contexts and the limits that
+//! cost device memory (`cuCtxSetLimit`), charged through the `memory` policy (a context costs
+//! device memory the driver decides; the stack, printf FIFO and heap limits are priced before
+//! the call).
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use gpuslice_abi::cuda::limit::MALLOC_HEAP_SIZE;
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
 
 use crate::hooks::out::Out;
 use crate::hooks::registry::signature as sig;
-use crate::memory::driver_sized::{
-    ctx_create_with, ctx_destroyed, end_primary, retain_primary, set_heap_limit,
-};
+use crate::memory::driver_sized::placed::set_limit;
+use crate::memory::driver_sized::{ctx_create_with, ctx_destroyed, end_primary, retain_primary};
 use crate::memory::ledger::PrimaryContext;
 
 /// The context creation of `call` (which writes the new context to `pctx`) as the policy takes
@@ -91,8 +90,9 @@ pub(crate) unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> 
     result
 }
 
-/// `cuCtxSetLimit`. The device-malloc heap (`CU_LIMIT_MALLOC_HEAP_SIZE`) is device memory from
-/// the moment it is set: charged by the policy ([`set_heap_limit`]). Other limits pass through.
+/// `cuCtxSetLimit`: the stack (for every resident thread), the printf FIFO and the
+/// device-malloc heap are device memory from the moment they are set, priced by the policy
+/// before the call ([`set_limit`]). Other limits pass through.
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
@@ -102,16 +102,7 @@ pub(crate) unsafe fn ctx_set_limit(
     value: usize,
 ) -> CUresult {
     // SAFETY: by-value arguments, unchanged.
-    let call = || unsafe { real(limit, value) };
-    if limit != MALLOC_HEAP_SIZE {
-        // The stack and the printf FIFO: the driver sizes them; its word is read at once.
-        let result = call();
-        if result == CUDA_SUCCESS {
-            crate::memory::driver_growth::after_limit_change();
-        }
-        return result;
-    }
-    set_heap_limit(value as u64, call)
+    set_limit(limit, value as u64, || unsafe { real(limit, value) })
 }
 
 /// # Safety

@@ -1,7 +1,8 @@
 //! Launch handlers: every kernel and graph launch (each `_ptsz` variant, the cooperative and
-//! deprecated ones) passes the `throttle` seam before the real launch, and tells the memory
-//! policy, after the launch call, that the driver may have grown (lazy loading, local memory:
-//! `driver_growth`; after, so that a reconciliation during the call cannot miss the growth).
+//! deprecated ones) passes the `throttle` seam before the real launch. What a first launch
+//! makes the driver place (a kernel's local memory, a lazily loaded library) was priced when
+//! the kernel's handle was obtained (`hooks::module`), so a launch asks the memory policy
+//! nothing.
 //!
 //! The launch hooks are `[hot]` in the registry: their export first tries the FAST PATH here,
 //! a few loads and branches before the real launch, and takes the usual shell (panic boundary,
@@ -11,11 +12,10 @@
 //!   published mode that passes through, or enforces with every limit-file entry matched:
 //!   neither changes until a fork, whose child starts with all closed: `OPEN` is per process);
 //! * `throttle::bill_fast` decides the throttle in its common case (no share; one device with
-//!   its throttle built and no capture open);
-//! * after the real call, `driver_growth::launched` is one store.
+//!   its throttle built and no capture open).
 //!
-//! The fast path has no panic boundary: it is loads, atomic read-modify-writes, the real call
-//! and a store, with no indexing that can fail, no arithmetic that can overflow-check and no
+//! The fast path has no panic boundary: it is loads, atomic read-modify-writes and the real
+//! call, with no indexing that can fail, no arithmetic that can overflow-check and no
 //! call into code that can panic. Everything that can (the throttle's first launch, a wait
 //! for tokens, a graph's memory settling) runs in a cold function under its own boundary.
 
@@ -152,7 +152,6 @@ pub unsafe fn launch_kernel<const PATH: u8>(
     }
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-    memory::driver_growth::launched();
     Step::Done(result)
 }
 
@@ -179,7 +178,6 @@ pub unsafe fn launch_kernel_ex<const PATH: u8>(
     }
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(config, f, params, extra) };
-    memory::driver_growth::launched();
     Step::Done(result)
 }
 
@@ -205,7 +203,6 @@ pub unsafe fn launch_cooperative_kernel<const PATH: u8>(
     }
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) };
-    memory::driver_growth::launched();
     Step::Done(result)
 }
 
@@ -229,9 +226,7 @@ pub unsafe fn launch_cooperative_kernel_multi_device(
         }
     }
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(list, n, flags) };
-    memory::driver_growth::launched();
-    result
+    unsafe { real(list, n, flags) }
 }
 
 /// # Safety
@@ -247,7 +242,6 @@ pub unsafe fn graph_launch<const PATH: u8>(
     }
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(exec, stream) };
-    memory::driver_growth::launched();
     if result == CUDA_SUCCESS {
         // The first launch of an exec reserves its graph memory (one relaxed load otherwise;
         // the reservation can panic, so the fast path contains it as the shell would).
@@ -283,7 +277,6 @@ pub unsafe fn launch<const PATH: u8>(real: sig::cuLaunch, f: CUfunction) -> Step
     throttle::before_launch();
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(f) };
-    memory::driver_growth::launched();
     Step::Done(result)
 }
 
@@ -304,7 +297,6 @@ pub unsafe fn launch_grid<const PATH: u8>(
     throttle::before_launch();
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(f, grid_width, grid_height) };
-    memory::driver_growth::launched();
     Step::Done(result)
 }
 
@@ -325,7 +317,6 @@ pub unsafe fn launch_grid_async<const PATH: u8>(
     }
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(f, grid_width, grid_height, stream) };
-    memory::driver_growth::launched();
     Step::Done(result)
 }
 

@@ -160,7 +160,8 @@ macro_rules! hook_table {
             Cuda fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => context::primary_ctx_release;
             Cuda fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => context::primary_ctx_reset;
 
-            // Module images are the driver's own memory (see memory::driver_growth).
+            // What the driver places by itself for a module or library (its code and static
+            // data; a kernel's local memory) is priced before the call (memory::driver_sized::placed).
             Cuda fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> CUresult => module::module_load;
             Cuda fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult
                 => module::module_load_data;
@@ -168,6 +169,9 @@ macro_rules! hook_table {
                 options: *mut c_void, option_values: *mut *mut c_void) -> CUresult => module::module_load_data_ex;
             Cuda fn cuModuleLoadFatBinary(module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult
                 => module::module_load_fat_binary;
+            Cuda fn cuModuleUnload(module: CUmodule) -> CUresult => module::module_unload;
+            Cuda fn cuModuleGetFunction(func: *mut CUfunction, module: CUmodule, name: *const c_char) -> CUresult
+                => module::module_get_function;
             Cuda fn cuLibraryLoadData(library: *mut CUlibrary, code: *const c_void, jit_options: *mut c_void,
                 jit_option_values: *mut *mut c_void, num_jit_options: c_uint, library_options: *mut c_void,
                 library_option_values: *mut *mut c_void, num_library_options: c_uint) -> CUresult
@@ -176,8 +180,15 @@ macro_rules! hook_table {
                 jit_options: *mut c_void, jit_option_values: *mut *mut c_void, num_jit_options: c_uint,
                 library_options: *mut c_void, library_option_values: *mut *mut c_void,
                 num_library_options: c_uint) -> CUresult => module::library_load_from_file;
-            Cuda fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, module: CUmodule,
-                name: *const c_char) -> CUresult => module::module_get_global;
+            Cuda fn cuLibraryUnload(library: CUlibrary) -> CUresult => module::library_unload;
+            Cuda fn cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char) -> CUresult
+                => module::library_get_kernel;
+            Cuda fn cuKernelGetFunction(func: *mut CUfunction, kernel: CUkernel) -> CUresult
+                => module::kernel_get_function;
+            Cuda fn cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary,
+                name: *const c_char) -> CUresult => module::library_get_global;
+            Cuda fn cuLibraryGetModule(module: *mut CUmodule, library: CUlibrary) -> CUresult
+                => module::library_get_module;
 
             Cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
                 bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
@@ -314,6 +325,9 @@ macro_rules! hook_table {
             Cuda fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
             Cuda fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void) -> CUresult;
             Cuda fn cuCtxGetLimit(*mut usize, c_int) -> CUresult;
+            Cuda fn cuDeviceGetAttribute(*mut c_int, c_int, CUdevice) -> CUresult;
+            Cuda fn cuFuncGetAttribute(*mut c_int, c_int, CUfunction) -> CUresult;
+            Cuda fn cuKernelGetAttribute(*mut c_int, c_int, CUkernel, CUdevice) -> CUresult;
         }}
     };
 }
@@ -403,7 +417,7 @@ macro_rules! hook_exports {
         }
     };
     // `[launch]`: a `[hot]` launch whose fast path is `throttle::bill_fast` on every call,
-    // then the real call and `driver_growth::launched`. On x86-64 that is machine code (below:
+    // then the real call. On x86-64 that is machine code (below:
     // no frame of our own to build, so no register to save); whatever it declines goes on to
     // the Rust fast path (`shells::fast`), an exhausted credit to the wait shell.
     (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
@@ -417,8 +431,8 @@ macro_rules! hook_exports {
     // and the launch billed as `throttle::bill_fast` would (`throttle::layout`): the real
     // function is called with the caller's register arguments untouched and its stack
     // arguments copied below a frame kept 16-byte aligned at the call (the entry rsp is 8 mod
-    // 16: with N stack arguments, 8 bytes of padding when N is even), then the driver-growth
-    // flag is stored and the result returned. Otherwise a jump to the Rust fast path or the
+    // 16: with N stack arguments, 8 bytes of padding when N is even), then the result
+    // returned. Otherwise a jump to the Rust fast path or the
     // wait shell, which have the same C signature. Nothing here can panic.
     (@launch_x86_64 $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
         #[doc = concat!("The exported `", stringify!($name), "`.")]
@@ -471,7 +485,6 @@ macro_rules! hook_exports {
                 ".endr",
                 "call rax",
                 "add rsp, {frame}",
-                "mov byte ptr [rip + {dirty}], 1",
                 "ret",
                 "2:",
                 "jmp {fast}",
@@ -490,7 +503,6 @@ macro_rules! hook_exports {
                 bypass = const $crate::throttle::layout::BYPASS,
                 cost = const $crate::throttle::layout::COST,
                 credit = const $crate::throttle::layout::CREDIT,
-                dirty = sym $crate::memory::driver_growth::DIRTY,
                 stack_args = const hook_exports!(@stack_args $($arg)*),
                 pad = const hook_exports!(@pad $($arg)*),
                 frame = const hook_exports!(@pad $($arg)*) + 8 * hook_exports!(@stack_args $($arg)*),
@@ -852,7 +864,11 @@ mod tests {
             "cuModuleLoadData",
             "cuModuleLoadFatBinary",
             "cuLibraryLoadData",
-            "cuModuleGetGlobal_v2",
+            "cuModuleGetFunction",
+            "cuLibraryGetKernel",
+            "cuKernelGetFunction",
+            "cuLibraryGetGlobal",
+            "cuModuleUnload",
             "nvmlDeviceGetComputeRunningProcesses_v3",
         ] {
             assert!(hook_by_name(name).is_some(), "{name}");

@@ -20,6 +20,7 @@
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use super::driver_sized::placed::PlacedBook;
 use super::graphs::GraphBook;
 use super::objects::{Charged, ObjectKind, ObjectTable};
 use super::pools::{Freed, PoolBook, PoolHomes, Settle};
@@ -208,6 +209,9 @@ pub struct Ledger<B> {
     pub graphs: Mutex<GraphBook>,
     /// Set once this process allocated from a pool (reporting then re-reads pools).
     pub objects_have_pools: AtomicBool,
+    /// What the driver places by itself, as priced (see `driver_sized::placed`); also
+    /// serialises those prices with their driver calls.
+    pub placed: Mutex<PlacedBook>,
 }
 
 /// Locks a mutex whose data stays consistent even if a holder panicked (each critical section
@@ -228,6 +232,7 @@ impl<B: Budget> Ledger<B> {
             primaries: Mutex::new(Vec::new()),
             graphs: Mutex::default(),
             objects_have_pools: AtomicBool::new(false),
+            placed: Mutex::default(),
         }
     }
 
@@ -327,6 +332,10 @@ impl<B: Budget> Ledger<B> {
             return;
         }
         self.contexts.forget(context);
+        let placed = lock(&self.placed).context_gone(context);
+        if let Some((device, bytes)) = placed {
+            self.refund(device, bytes);
+        }
         for ((kind, _), charged) in self.objects.drain_context(context) {
             self.refund(charged.device, charged.bytes);
             if kind == ObjectKind::Pointer && charged.pool != 0 {
@@ -546,16 +555,17 @@ pub mod tests {
     }
 
     #[test]
-    fn destroying_a_context_refunds_its_malloc_heap() {
+    fn destroying_a_context_refunds_what_the_driver_placed_in_it() {
         let ledger = Ledger::new(CounterBudget::new(100 * MIB));
-        // The heap entry is keyed by its context and owned by it (`ctx_set_limit`).
+        // Priced for context 7 (its heap, stack, modules: `driver_sized::placed`).
         ledger.charge(0, 30 * MIB).unwrap();
-        ledger.track(ObjectKind::Heap, 7, obj(30 * MIB, 7));
+        lock(&ledger.placed).priced_for_test(7, 0, 30 * MIB);
         ledger.charge(0, 2 * MIB).unwrap();
         ledger.track(ObjectKind::Pointer, 7, obj(2 * MIB, 8));
         ledger.context_destroyed(7);
         assert_eq!(ledger.budget.used(0), 2 * MIB);
-        assert_eq!(ledger.objects.get(ObjectKind::Heap, 7), None);
+        ledger.context_destroyed(7);
+        assert_eq!(ledger.budget.used(0), 2 * MIB, "refunded once");
     }
 
     #[test]

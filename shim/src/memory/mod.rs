@@ -11,10 +11,10 @@
 //! * [`released`]: when a dead process's memory has really gone back to the card;
 //! * [`context_start`]: what a new context reserves, the slice's measuring lock, and the
 //!   line that says why a context was refused;
-//! * [`driver_growth`]: what the driver takes on the process's account unasked (modules,
-//!   local memory, limits), learnt from NVML and charged to the slot;
-//! * [`driver_sized`]: what the paths whose size the driver decides (pools, VMM, contexts, the
-//!   malloc heap) charge, and which NVML process entries are the slice's;
+//! * [`driver_sized`]: what the paths whose size the driver decides (pools, VMM, contexts)
+//!   charge; what the driver places by itself (the stack, printf FIFO and heap limits, module
+//!   data, local memory), priced before the call that places it; and which NVML process
+//!   entries are the slice's;
 //! * [`report`]: the slice's view of memory numbers (pure);
 //! * this file: the memory policy's process-wide state and the seam the plain allocation
 //!   handlers in `hooks::memory` call (`allocate`, over `before_alloc` and `after_alloc`;
@@ -47,7 +47,6 @@
 
 pub mod arrays;
 mod context_start;
-pub mod driver_growth;
 pub mod driver_sized;
 pub mod graphs;
 pub mod ledger;
@@ -578,8 +577,6 @@ pub fn current_device() -> Option<CUdevice> {
 /// back is settled first (it may be what stands in the way).
 #[inline]
 pub fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
-    // The driver's own growth since the last launch counts before this charge is judged.
-    driver_growth::before_charge(process);
     if process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
     }
@@ -594,13 +591,6 @@ fn retry_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUre
     // Both re-read (no short circuit): either may have shrunk.
     let shrank = driver_sized::reread_pools(process) | graphs::reread_if_any(process);
     if shrank && process.ledger.charge(device, bytes).is_ok() {
-        return Ok(());
-    }
-    // The driver's surplus may have been read while growth that the shim charges after the
-    // driver call (a pool's) was not yet in the slot, so counted twice: read it afresh.
-    if driver_growth::recheck_before_refusing(process)
-        && process.ledger.charge(device, bytes).is_ok()
-    {
         return Ok(());
     }
     crate::log_debug!("refusing {bytes} bytes on device entry {device}: slice limit reached");
@@ -743,7 +733,6 @@ pub fn nvml_slice(device: nvmlDevice_t) -> Option<(u64, u64)> {
 #[inline]
 fn usage_of(shared: &Shared, device: u8) -> Option<(u64, u64)> {
     if let Some(process) = process() {
-        driver_growth::before_charge(process);
         driver_sized::reread_pools_if_any(process);
         graphs::reread_if_any(process);
     }

@@ -1,5 +1,5 @@
 //! The per-process object table: every live object the ledger charged (device pointer, VMM
-//! handle, array, mipmapped array, created context, malloc heap) -> the region device entry and the bytes
+//! handle, array, mipmapped array, created context) -> the region device entry and the bytes
 //! charged for it. Sharded by a hash of the object so 16 threads allocating and freeing at
 //! once rarely meet on the same lock; each shard is a small open-addressing table (linear
 //! probing, backward-shift deletion, no tombstones) behind a spin lock, with a multiplicative
@@ -39,9 +39,6 @@ pub enum ObjectKind {
     MipmappedArray,
     /// A context from cuCtxCreate.
     Context,
-    /// A context's device-malloc heap past its size when first seen (`cuCtxSetLimit`), keyed
-    /// by the context; one entry per context, replaced on each set, drained with the context.
-    Heap,
 }
 
 /// What one charged object holds.
@@ -246,8 +243,7 @@ fn kind_of(tag: u8) -> ObjectKind {
         1 => ObjectKind::Pointer,
         2 => ObjectKind::Array,
         3 => ObjectKind::MipmappedArray,
-        4 => ObjectKind::Context,
-        _ => ObjectKind::Heap,
+        _ => ObjectKind::Context,
     }
 }
 
@@ -324,8 +320,9 @@ impl ObjectTable {
         self.shard(kind, key).insert(kind, key, charged);
     }
 
-    /// Takes the oldest entry under the key.
-    #[inline]
+    /// Takes the oldest entry under the key. Out of line: the free path (`Ledger::untrack`,
+    /// inlined into `memory::on_free`) stays short, and calls it once.
+    #[inline(never)]
     pub fn remove(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
         self.shard(kind, key).remove(kind, key)
     }

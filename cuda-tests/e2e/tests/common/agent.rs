@@ -38,7 +38,8 @@ impl Drop for Daemon {
 }
 
 /// Starts the agent on a free loopback port with `env` (the fake GPU's), state directory
-/// `dir/state` and log `dir/agent.log`; returns it and its address.
+/// `dir/state` and log `dir/agent.log`, a pass every 0.2 s unless `extra` names an
+/// `--interval`; returns it and its address.
 pub fn start(
     env: &[(String, String)],
     dir: &Path,
@@ -51,21 +52,19 @@ pub fn start(
         .map(PathBuf::from)
         .unwrap_or_else(|| cuda_e2e::artifact("gpuslice-node"));
     let mut cmd = Command::new(binary);
-    cmd.args([
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "0.2",
-        "--slices-dir",
-    ])
-    .arg(slices_dir)
-    .arg("--state-dir")
-    .arg(dir.join("state"))
-    .args(extra)
-    .envs(env.iter().map(|(k, v)| (k, v)))
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(std::fs::File::create(&log).expect("agent log"));
+    cmd.args(["--listen", "127.0.0.1:0"]);
+    if !extra.contains(&"--interval") {
+        cmd.args(["--interval", "0.2"]);
+    }
+    cmd.arg("--slices-dir")
+        .arg(slices_dir)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args(extra)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("agent log"));
     let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start gpuslice-node (cargo build --workspace): {e}"));

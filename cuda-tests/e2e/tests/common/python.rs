@@ -23,6 +23,7 @@ pub fn interpreter() -> String {
 }
 
 /// Whether `module` imports; otherwise the loud skip (a failure under CI).
+#[allow(dead_code)]
 pub fn have(module: &str) -> bool {
     let out = std::process::Command::new(interpreter())
         .args(["-c", &format!("import {module}")])
@@ -52,17 +53,25 @@ pub struct Py {
     label: String,
 }
 
+/// The interpreter's arguments that run the harness.
+#[allow(dead_code)]
+pub fn harness_args() -> [&'static str; 3] {
+    ["-u", "-c", HARNESS]
+}
+
 impl Py {
+    #[allow(dead_code)]
     pub fn start(label: &str, env: &Env) -> Py {
         let mut env = env.clone();
         // torch warns that the simulated card's architecture is not in its build (true
         // for a V100 and CUDA 13); the warning is not what these tests look at.
         env.push(("PYTHONWARNINGS".into(), "ignore".into()));
-        let mut cmd = command(
-            std::path::Path::new(&interpreter()),
-            &["-u", "-c", HARNESS],
-            &env,
-        );
+        let cmd = command(std::path::Path::new(&interpreter()), &harness_args(), &env);
+        Py::start_command(label, cmd)
+    }
+
+    /// The harness run by `cmd` (another interpreter, or one wrapped by another program).
+    pub fn start_command(label: &str, mut cmd: std::process::Command) -> Py {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -284,8 +284,9 @@ impl Cuda {
     }
 
     /// `cuCtxSetLimit` on the current context. The malloc heap's growth past its current size
-    /// is charged first (OUT_OF_MEMORY leaves everything as it was); a shrink frees the
-    /// difference down to the default, which stays inside the context overhead.
+    /// (past the default, rounded up to the allocation granularity) is charged first
+    /// (OUT_OF_MEMORY leaves everything as it was); a shrink frees the difference down to the
+    /// default, which stays inside the context overhead.
     pub fn ctx_set_limit(&self, limit: i32, value: u64) -> R<()> {
         let cur = self.current()?;
         if !(0..LIMIT_MAX).contains(&limit) {
@@ -304,7 +305,10 @@ impl Cuda {
             c.limits.insert(limit, value);
             return Ok(());
         }
-        let heap = value.saturating_sub(DEFAULT_MALLOC_HEAP);
+        let heap = super::round_up(
+            value.saturating_sub(DEFAULT_MALLOC_HEAP),
+            super::ALLOC_GRANULARITY,
+        );
         if heap > c.heap {
             if !st.try_charge(cur.dev, self.slot(), heap - c.heap) {
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
@@ -313,11 +317,12 @@ impl Cuda {
             st.uncharge(cur.dev, self.slot(), c.heap - heap);
         }
         c.heap = heap;
+        c.limits.insert(limit, value);
         Ok(())
     }
 
-    /// `cuCtxGetLimit` on the current context: the malloc heap is the default plus what was
-    /// charged past it; other limits read back what was set (0 if never set).
+    /// `cuCtxGetLimit` on the current context: the malloc heap as set (its default when never
+    /// set); other limits read back what was set (0 if never set).
     pub fn ctx_get_limit(&self, limit: i32) -> R<u64> {
         let cur = self.current()?;
         if !(0..LIMIT_MAX).contains(&limit) {
@@ -329,7 +334,7 @@ impl Cuda {
             return Ok(v);
         }
         if limit == LIMIT_MALLOC_HEAP_SIZE {
-            return Ok(DEFAULT_MALLOC_HEAP + c.heap);
+            return Ok(c.limits.get(&limit).copied().unwrap_or(DEFAULT_MALLOC_HEAP));
         }
         Ok(c.limits.get(&limit).copied().unwrap_or(0))
     }
@@ -440,7 +445,7 @@ mod tests {
             10 << 20,
             "below the default frees no more"
         );
-        assert_eq!(c.ctx_get_limit(2).unwrap(), DEFAULT_MALLOC_HEAP);
+        assert_eq!(c.ctx_get_limit(2).unwrap(), 1 << 20, "as set");
         // Other limits (not the stack or printf FIFO): accepted, reported, no memory.
         c.ctx_set_limit(3, 4096).unwrap();
         assert_eq!(c.ctx_get_limit(3).unwrap(), 4096);

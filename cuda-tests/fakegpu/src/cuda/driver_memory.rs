@@ -2,30 +2,34 @@
 //! for it: module images, local memory, the stack and the printf FIFO. Charged to the
 //! process's slot in the shared state (so NVML's per-process `usedGpuMemory` and the card's
 //! use include it, as on a real driver) and released with the module, the context or the
-//! process.
+//! process. Sources for each rule: `cuda-tests/README.md`, "Memory the driver takes on its own
+//! account".
 //!
-//! * Module images (CUDA Programming Guide, "Lazy Loading"; driver API `cuModuleLoadData`):
-//!   each module's device bytes are sized from its image (`image`). What the modules of a
-//!   context hold together is charged above the module arena the context's overhead already
-//!   includes (`FAKEGPU_MODULE_ARENA`, default 8 MiB), rounded up to the allocation
-//!   granularity. With `CUDA_MODULE_LOADING=EAGER` a module is placed at `cuModuleLoad*`
-//!   (OUT_OF_MEMORY there when it does not fit); with `LAZY`, the default since CUDA 12.2,
-//!   at the first launch of one of its kernels (or the first `cuModuleGetGlobal`), and that
-//!   call returns OUT_OF_MEMORY when it does not fit. A library (`cuLibraryLoadData`) is
-//!   placed in a context at the first launch of one of its kernels there (eager: also at the
-//!   load, in the current context).
+//! * Module images (CUDA Programming Guide, "Lazy Loading"; driver API `cuModuleLoadData`,
+//!   `cuLibraryLoadData`): each image's code and data are sized from the image for the
+//!   context's device (`image`). What the modules of a context hold together is charged above
+//!   the module arena the context's overhead already includes (`FAKEGPU_MODULE_ARENA`,
+//!   default 8 MiB), rounded up to the allocation granularity. `cuModuleLoad*` places the
+//!   module's data at the load whatever the loading mode, its code too under
+//!   `CUDA_MODULE_LOADING=EAGER`, and under `LAZY` (the default since CUDA 12.2) at its first
+//!   `cuModuleGetFunction`; the call that does not fit returns OUT_OF_MEMORY (a load is
+//!   undone). A library (`cuLibraryLoadData`) is placed in a context, code and data, at its
+//!   load under `EAGER` (in the current context), and under `LAZY` at the first call that
+//!   needs it there: `cuKernelGetFunction`, `cuLibraryGetModule` / `cuLibraryGetGlobal`, or the
+//!   first launch of one of its kernels.
 //! * Local memory (driver API `cuCtxSetLimit`, `CU_LIMIT_STACK_SIZE`: "stack size in bytes of
-//!   each GPU thread"; `CU_CTX_LMEM_RESIZE_TO_MAX`: since CUDA 11 local memory grown for a
-//!   launch is kept by the context): the context reserves `per_thread * resident threads`,
-//!   resident threads being SMs x max threads per SM, per_thread the larger of the stack limit
-//!   and the largest local size of a kernel launched in it (`image` says where a kernel's
-//!   local size comes from). The default 1 KiB stack is inside the context overhead; growth
-//!   past it is charged (at `cuCtxSetLimit`, or at the first launch of a kernel that needs
-//!   more: that launch fails with OUT_OF_MEMORY when it does not fit, nothing enqueued) and
-//!   kept until the context ends or a smaller stack limit is set (never below what launched
-//!   kernels need).
+//!   each GPU thread ... The driver automatically increases the per-thread stack size for each
+//!   kernel launch as needed. This size isn't reset back to the original value after each
+//!   launch"; `CU_CTX_LMEM_RESIZE_TO_MAX`, the only behaviour since CUDA 11): the context
+//!   reserves `per_thread * resident threads`, resident threads being SMs x max threads per SM.
+//!   `per_thread` is the stack limit, which the first launch of a kernel with more local
+//!   memory per thread raises to that kernel's need (that launch fails with OUT_OF_MEMORY when
+//!   it does not fit, nothing enqueued), and which `cuCtxSetLimit` sets up or down;
+//!   `cuCtxGetLimit` reports it. The default 1 KiB stack is inside the context overhead;
+//!   growth past it is charged, rounded up to the allocation granularity.
 //! * printf FIFO (`CU_LIMIT_PRINTF_FIFO_SIZE`, default 1 MiB inside the overhead): growth past
-//!   the default charged when set. The malloc heap is `context`'s (same pattern).
+//!   the default charged when set, rounded up to the allocation granularity. The malloc heap
+//!   is `context`'s (same pattern).
 
 use super::image::{self, ImageInfo};
 use super::{round_up, Cuda, Tables, ALLOC_GRANULARITY, R};
@@ -78,10 +82,8 @@ struct CtxMemory {
     images: u64,
     /// Charged for them (above the arena).
     images_charged: u64,
-    /// Set stack limit (None: the default).
+    /// Per-thread stack (None: the default): as set, or as a launch grew it.
     stack: Option<u64>,
-    /// Largest local size of a kernel launched here.
-    kernel_local: u64,
     local_charged: u64,
     printf: Option<u64>,
     printf_charged: u64,
@@ -93,7 +95,8 @@ struct CtxMemory {
 struct ModuleImage {
     ctx: u64,
     info: ImageInfo,
-    placed: bool,
+    /// Bytes of it placed in its context (the data, then the code).
+    placed: u64,
 }
 
 /// The process's bookkeeping (in `Tables`).
@@ -118,13 +121,13 @@ impl DriverMemory {
     }
 }
 
-/// Local bytes a context reserves per thread beyond the default, and their charge.
-/// What the image at `src` costs ([`image::parse`]); nothing for an image it cannot read.
+/// What the image at `src` costs on a device of compute capability `sm` ([`image::parse`]);
+/// nothing for an image it cannot read.
 ///
 /// # Safety
 /// As [`super::module::classify`]: a `Memory` address is a readable image, a
 /// `FatbinWrapper` a readable `__fatBinC_Wrapper_t`.
-pub(crate) unsafe fn image_info(src: &super::module::ImageSource) -> ImageInfo {
+pub(crate) unsafe fn image_info(src: &super::module::ImageSource, sm: u32) -> ImageInfo {
     use super::module::ImageSource;
     /// `__fatBinC_Wrapper_t`: magic, version, then the pointer to the fatbin.
     const WRAPPER_MAGIC: u32 = 0x4662_43b1;
@@ -141,17 +144,17 @@ pub(crate) unsafe fn image_info(src: &super::module::ImageSource) -> ImageInfo {
             p
         };
         // SAFETY: per the contract (the wrapper's data is the fatbin it was registered with).
-        unsafe { image::image_at(image as *const std::ffi::c_void) }.map(image::parse)
+        unsafe { image::image_at(image as *const std::ffi::c_void) }.map(|b| image::parse(b, sm))
     };
     match src {
         ImageSource::Memory(p) | ImageSource::FatbinWrapper(p) => at(*p),
-        ImageSource::File(path) => std::fs::read(path).ok().map(|b| image::parse(&b)),
+        ImageSource::File(path) => std::fs::read(path).ok().map(|b| image::parse(&b, sm)),
     }
     .unwrap_or_default()
 }
 
-fn local_charge(c: &CtxMemory, resident_threads: u64) -> u64 {
-    let per_thread = c.stack.unwrap_or(DEFAULT_STACK).max(c.kernel_local);
+/// Local bytes a context reserves per thread beyond the default, charged.
+fn local_charge(per_thread: u64, resident_threads: u64) -> u64 {
     round_up(
         per_thread
             .saturating_sub(DEFAULT_STACK)
@@ -161,6 +164,16 @@ fn local_charge(c: &CtxMemory, resident_threads: u64) -> u64 {
 }
 
 impl Cuda {
+    /// The compute capability (`10 * major + minor`) of the current context's device, or of
+    /// device 0 without one (what an image is sized for).
+    pub(crate) fn current_sm(&self) -> u32 {
+        let dev = self.current().map_or(0, |c| c.dev);
+        self.check()
+            .ok()
+            .and_then(|st| st.device(dev))
+            .map_or(70, |d| d.cc_major * 10 + d.cc_minor)
+    }
+
     fn resident_threads(&self, dev: u32) -> u64 {
         self.check().map_or(0, |st| {
             let (sms, threads) = st.sm_shape(dev);
@@ -212,43 +225,48 @@ impl Cuda {
         Ok(())
     }
 
-    /// Records a new module's image; eager loading places it now (undoing the load when it
-    /// does not fit).
+    /// Records a new module's image and places its data now, its code too under eager
+    /// loading (undoing the load when it does not fit).
     pub(crate) fn attach_image(&self, m: u64, info: ImageInfo) -> R<()> {
         let mut t = self.lock();
         let Some(ctx) = t.modules.get(&m).map(|module| module.ctx) else {
             return Ok(());
         };
         let eager = !t.driver_memory.settings().lazy;
+        let now = if eager {
+            info.device_bytes()
+        } else {
+            info.data_bytes
+        };
         t.driver_memory.modules.insert(
             m,
             ModuleImage {
                 ctx,
                 info,
-                placed: false,
+                placed: 0,
             },
         );
-        if eager {
-            if let Err(e) = self.place_module(&mut t, m) {
-                drop(t);
-                let _ = self.module_unload(m);
-                return Err(e);
-            }
+        if let Err(e) = self.place_module(&mut t, m, now) {
+            drop(t);
+            let _ = self.module_unload(m);
+            return Err(e);
         }
         Ok(())
     }
 
-    fn place_module(&self, t: &mut Tables, m: u64) -> R<()> {
+    /// Places the module's image up to `bytes` of it in its context.
+    fn place_module(&self, t: &mut Tables, m: u64, bytes: u64) -> R<()> {
         let Some(image) = t.driver_memory.modules.get(&m) else {
             return Ok(());
         };
-        if image.placed {
+        let more = bytes.saturating_sub(image.placed);
+        if more == 0 {
             return Ok(());
         }
-        let (ctx, bytes) = (image.ctx, image.info.device_bytes);
-        self.place_image(t, ctx, bytes as i128)?;
+        let ctx = image.ctx;
+        self.place_image(t, ctx, more as i128)?;
         if let Some(image) = t.driver_memory.modules.get_mut(&m) {
-            image.placed = true;
+            image.placed += more;
         }
         Ok(())
     }
@@ -258,14 +276,22 @@ impl Cuda {
         let Some(image) = t.driver_memory.modules.remove(&m) else {
             return;
         };
-        if image.placed {
-            let _ = self.place_image(t, image.ctx, -(image.info.device_bytes as i128));
+        if image.placed > 0 {
+            let _ = self.place_image(t, image.ctx, -(image.placed as i128));
         }
     }
 
-    /// `cuModuleGetGlobal` needs the module's data on the device: lazy loading places it.
-    pub(crate) fn module_data_needed(&self, t: &mut Tables, m: u64) -> R<()> {
-        self.place_module(t, m)
+    /// `cuModuleGetFunction` loads the module's code (lazy loading places it at the first).
+    pub(crate) fn module_code_needed(&self, t: &mut Tables, m: u64) -> R<()> {
+        let Some(all) = t
+            .driver_memory
+            .modules
+            .get(&m)
+            .map(|i| i.info.device_bytes())
+        else {
+            return Ok(());
+        };
+        self.place_module(t, m, all)
     }
 
     /// Records a new library's image; eager loading places it in the current context now
@@ -288,13 +314,19 @@ impl Cuda {
         Ok(())
     }
 
-    fn place_library(&self, t: &mut Tables, l: u64, ctx: u64) -> R<()> {
-        let Some(bytes) = t.driver_memory.libraries.get(&l).map(|i| i.device_bytes) else {
+    /// Places library `l` in context `ctx` when it is not yet there (lazy loading, at the
+    /// first call that needs it there), if its code runs on that context's card.
+    pub(crate) fn place_library(&self, t: &mut Tables, l: u64, ctx: u64) -> R<()> {
+        let Some(bytes) = t.driver_memory.libraries.get(&l).map(|i| i.device_bytes()) else {
             return Ok(());
         };
-        if Self::ctx_memory(t, ctx)?.libraries.contains(&l) {
+        let c = Self::ctx_memory(t, ctx)?;
+        if c.libraries.contains(&l) {
             return Ok(());
         }
+        // The library's code for this context's card (a context made after the load).
+        let dev = c.dev;
+        self.code_runs_on(&t.driver_memory.libraries[&l], dev)?;
         self.place_image(t, ctx, bytes as i128)?;
         Self::ctx_memory(t, ctx)?.libraries.insert(l);
         Ok(())
@@ -316,13 +348,14 @@ impl Cuda {
             if let Some(c) = t.driver_memory.contexts.get_mut(&ctx) {
                 c.libraries.remove(&l);
             }
-            let _ = self.place_image(t, ctx, -(info.device_bytes as i128));
+            let _ = self.place_image(t, ctx, -(info.device_bytes() as i128));
         }
     }
 
-    /// The first launch of `f` in context `ctx`: lazy loading places its module (or library)
-    /// and local memory grows to what the kernel needs. OUT_OF_MEMORY when either does not
-    /// fit (what was placed stays placed, as the driver keeps a loaded module).
+    /// The first launch of `f` in context `ctx`: lazy loading places its library (a module's
+    /// code was placed when `f` was looked up) and the per-thread stack grows to what the
+    /// kernel needs. OUT_OF_MEMORY when either does not fit (what was placed stays placed, as
+    /// the driver keeps a loaded library).
     pub(crate) fn first_launch(&self, f: u64, ctx: u64) -> R<()> {
         let mut t = self.lock();
         if t.driver_memory.launched.contains(&f) {
@@ -347,7 +380,7 @@ impl Cuda {
             },
         };
         if let Some(m) = module {
-            self.place_module(&mut t, m)?;
+            self.module_code_needed(&mut t, m)?;
         }
         if let Some(l) = library {
             self.place_library(&mut t, l, ctx)?;
@@ -365,34 +398,37 @@ impl Cuda {
             .copied()
             .or(from_image)
             .unwrap_or(0);
-        if local > 0 {
-            let c = Self::ctx_memory(&mut t, ctx)?;
-            if local > c.kernel_local {
-                let next = CtxMemory {
-                    stack: c.stack,
-                    kernel_local: local,
-                    ..CtxMemory::default()
-                };
-                let charge = local_charge(&next, self.resident_threads(c.dev));
-                self.recharge(c.dev, c.local_charged, charge)?;
-                c.kernel_local = local;
-                c.local_charged = charge;
-            }
+        let c = Self::ctx_memory(&mut t, ctx)?;
+        if local > c.stack.unwrap_or(DEFAULT_STACK) {
+            let charge = local_charge(local, self.resident_threads(c.dev));
+            self.recharge(c.dev, c.local_charged, charge)?;
+            c.stack = Some(local);
+            c.local_charged = charge;
         }
         t.driver_memory.launched.insert(f);
         Ok(())
     }
 
-    /// A kernel's per-thread local bytes as `cuFuncGetAttribute(LOCAL_SIZE_BYTES)` reports.
+    /// A kernel's per-thread local bytes as `cuFuncGetAttribute(LOCAL_SIZE_BYTES)` reports
+    /// for a function (of a module or a library's kernel), or `cuKernelGetAttribute` for a
+    /// `CUkernel`.
     pub(crate) fn function_local_bytes(&self, t: &mut Tables, f: u64) -> u64 {
-        let Some(func) = t.functions.get(&f) else {
+        let (name, info) = if let Some(func) = t.functions.get(&f) {
+            let info = match func.module {
+                Some(m) => t.driver_memory.modules.get(&m).map(|i| &i.info),
+                None => t
+                    .kernels
+                    .values()
+                    .find(|k| k.funcs.values().any(|&kf| kf == f))
+                    .and_then(|k| t.driver_memory.libraries.get(&k.library)),
+            };
+            (func.name.clone(), info)
+        } else if let Some(k) = t.kernels.get(&f) {
+            (k.name.clone(), t.driver_memory.libraries.get(&k.library))
+        } else {
             return 0;
         };
-        let name = func.name.clone();
-        let from_image = func
-            .module
-            .and_then(|m| t.driver_memory.modules.get(&m))
-            .and_then(|i| i.info.local_bytes.get(&name).copied());
+        let from_image = info.and_then(|i| i.local_bytes.get(&name).copied());
         t.driver_memory
             .settings()
             .kernel_local
@@ -403,7 +439,8 @@ impl Cuda {
     }
 
     /// `cuCtxSetLimit` for the stack and the printf FIFO: growth charged first (OUT_OF_MEMORY
-    /// leaves everything as it was), shrinking frees. `Ok(false)`: not one of these limits.
+    /// leaves everything as it was), shrinking frees (a smaller stack frees local memory a
+    /// launch grew: the next launch that needs it grows it again). `Ok(false)`: not one of these limits.
     pub(crate) fn set_driver_limit(
         &self,
         t: &mut Tables,
@@ -414,13 +451,7 @@ impl Cuda {
         match limit {
             LIMIT_STACK_SIZE => {
                 let c = Self::ctx_memory(t, ctx)?;
-                let threads = self.resident_threads(c.dev);
-                let next = CtxMemory {
-                    stack: Some(value),
-                    kernel_local: c.kernel_local,
-                    ..CtxMemory::default()
-                };
-                let charge = local_charge(&next, threads);
+                let charge = local_charge(value, self.resident_threads(c.dev));
                 self.recharge(c.dev, c.local_charged, charge)?;
                 c.stack = Some(value);
                 c.local_charged = charge;
@@ -519,20 +550,30 @@ mod tests {
     }
 
     #[test]
-    fn lazy_loading_charges_a_modules_image_at_its_first_launch_and_frees_it_on_unload() {
+    fn a_modules_data_is_placed_at_its_load_its_code_at_the_first_lookup_and_local_memory_at_the_first_launch(
+    ) {
         let c = with(true, &[]);
         let st = c.check().unwrap();
         let base = st.used_memory(0);
         let ptx = big_ptx(64);
         let m = load_ptx(c, &ptx).unwrap();
-        assert_eq!(st.used_memory(0), base, "lazy: nothing at load");
+        // The data (64 MiB) above the 8 MiB arena, rounded to 2 MiB: placed at the load.
+        let data = round_up(64 * MIB - DEFAULT_MODULE_ARENA, 2 * MIB);
+        assert_eq!(st.used_memory(0), base + data, "lazy: the data at the load");
         let f = c.module_get_function(m, "k").unwrap();
-        c.launch(f, [1, 1, 1], [32, 1, 1], Some(1), 0).unwrap();
-        // 64 MiB + the text above the 8 MiB arena, rounded to 2 MiB; local memory: 3 KiB per
-        // thread for the v100's 80 x 2048 threads, 2 KiB past the default stack.
+        // The code (the text) joins it at the first lookup.
         let image = round_up(64 * MIB + ptx.len() as u64 - DEFAULT_MODULE_ARENA, 2 * MIB);
+        assert_eq!(st.used_memory(0), base + image, "the code at the lookup");
+        c.launch(f, [1, 1, 1], [32, 1, 1], Some(1), 0).unwrap();
+        // Local memory: 3 KiB per thread for the v100's 80 x 2048 threads, 2 KiB past the
+        // default stack, which the launch raised to 3 KiB.
         let local = round_up(2048 * 80 * 2048, 2 * MIB);
         assert_eq!(st.used_memory(0), base + image + local);
+        assert_eq!(
+            c.ctx_get_limit(LIMIT_STACK_SIZE).unwrap(),
+            3072,
+            "the stack grew"
+        );
         assert_eq!(c.driver_taken(0), image + local);
         assert_eq!(
             st.processes(0)[0].used_memory,
@@ -548,6 +589,9 @@ mod tests {
             base + local,
             "local memory stays with the context"
         );
+        // A smaller stack limit gives it back.
+        c.ctx_set_limit(LIMIT_STACK_SIZE, 1024).unwrap();
+        assert_eq!(st.used_memory(0), base);
         c.ctx_destroy(c.ctx_get_current().unwrap()).unwrap();
         assert_eq!(st.used_memory(0), 0);
     }
@@ -605,18 +649,28 @@ mod tests {
     }
 
     #[test]
-    fn a_library_is_placed_in_each_context_at_its_first_launch_there() {
+    fn a_library_is_placed_in_a_context_at_the_first_call_that_needs_it_there() {
         let c = with(true, &[]);
         let st = c.check().unwrap();
         let base = st.used_memory(0);
         let l = load_ptx_library(c, &big_ptx(32)).unwrap();
         let k = c.library_get_kernel(l, "k").unwrap();
-        let f = c.kernel_get_function(k).unwrap();
-        assert_eq!(st.used_memory(0), base);
-        c.launch(f, [1, 1, 1], [32, 1, 1], Some(1), 0).unwrap();
+        assert_eq!(st.used_memory(0), base, "lazy: nothing at the load");
+        // A CUkernel launched as it is places its library at that launch.
+        c.launch(k, [1, 1, 1], [32, 1, 1], Some(1), 0).unwrap();
         let grown = st.used_memory(0);
         assert!(grown > base + 24 * MIB, "{grown}");
         c.library_unload(l).unwrap();
         assert!(st.used_memory(0) < grown - 24 * MIB);
+        // The function of a kernel in this context places it too, and so does a global.
+        let before = st.used_memory(0);
+        let l = load_ptx_library(c, &big_ptx(32)).unwrap();
+        let k = c.library_get_kernel(l, "k").unwrap();
+        c.kernel_get_function(k).unwrap();
+        assert!(st.used_memory(0) > before + 24 * MIB);
+        c.library_unload(l).unwrap();
+        let l = load_ptx_library(c, &big_ptx(32)).unwrap();
+        c.library_get_global(l, "big").unwrap();
+        assert!(st.used_memory(0) > before + 24 * MIB);
     }
 }

@@ -1,32 +1,123 @@
 //! What a loaded module image costs on the device, read from the image itself: how many bytes
-//! of it the driver places in device memory, and each kernel's per-thread local memory.
+//! of it the driver places in device memory (its code, and its data: constant banks and static
+//! `__device__` variables), and each kernel's per-thread local memory.
 //!
 //! Rules (the fake runs no code, so these stand for what the driver's loader does):
-//! * cubin (an ELF file, `\x7fELF`): the sum of the sizes of its sections the loader places
-//!   in memory (`SHF_ALLOC`): code (`.text.<kernel>`), constant banks (`.nv.constant<N>`),
+//! * cubin (an ELF file, `\x7fELF`): the sizes of its sections the loader places in memory
+//!   (`SHF_ALLOC`): code (`.text.<kernel>`), and data: constant banks (`.nv.constant<N>`),
 //!   initialised and zero-initialised static `__device__` data (`.nv.global.init`,
 //!   `.nv.global`, the latter `SHT_NOBITS`: no bytes in the file, all of them on the device).
 //!   `.nv.shared.*` is on-chip shared memory and does not count. Per-kernel local memory is
 //!   not read from a cubin's `.nv.info` attributes; it comes from `FAKEGPU_KERNEL_LOCAL_BYTES`.
 //! * PTX (text): the JIT's output is the code plus the module's static data. Counted: the
-//!   text's length (an upper bound of the code it compiles to) plus every module-scope
-//!   `.global` / `.const` variable's declared size (`.global .align 8 .b8 buf[1048576];` is
-//!   1 MiB). A kernel's per-thread local memory is its `.local` declarations (nvcc's
-//!   `__local_depot<N>[bytes]`, the stack frame), summed per `.entry`.
-//! * fatbin (`0xBA55ED50`): its payload size (`fat_size` of the header): the loader keeps the
-//!   entry for the device and the fake does not pick one.
+//!   text's length as code (an upper bound of the code it compiles to), every module-scope
+//!   `.global` / `.const` variable's declared size as data (`.global .align 8 .b8
+//!   buf[1048576];` is 1 MiB). A kernel's per-thread local memory is its `.local` declarations
+//!   (nvcc's `__local_depot<N>[bytes]`, the stack frame), summed per `.entry`.
+//! * fatbin (`0xBA55ED50`: a header, then entries of kind 1 PTX or 2 ELF, each with its
+//!   architecture at byte 0x1C, flags at 0x28 and uncompressed size at 0x38): the entry the
+//!   loader takes for the device, a cubin of its compute capability, else the newest cubin of
+//!   its major version not above it, else the newest PTX not above it (JIT-compiled), sized by
+//!   the rules above. A compressed entry (flag 0x2000 or 0x8000) counts its uncompressed size
+//!   as data: the fake has no decompressor, so static data in its `NOBITS` sections is not
+//!   seen.
 //!
 //! `FAKEGPU_KERNEL_LOCAL_BYTES=name=bytes[,name=bytes...]` overrides or adds a kernel's local
 //! bytes by name (for cubins, fatbins, and images that are not real code).
+//!
+//! An image also says which cards it has code for ([`Code`]): a fatbin lists its entries
+//! (machine code for `sm_XY`, or PTX for `compute_XY` of a PTX ISA version), a cubin names its
+//! architecture in its ELF header, PTX in its `.target` and `.version` directives.
+//! [`code_for_card`] decides, as the driver's loader does, whether one of them runs on a card.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 
-/// What an image costs: bytes on the device, per-thread local bytes per kernel.
+/// What an image costs: bytes on the device (its code, its data), per-thread local bytes per
+/// kernel; and the code it carries, for which cards (empty: the image does not say, as the
+/// test clients' raw images).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImageInfo {
-    pub device_bytes: u64,
+    pub code_bytes: u64,
+    pub data_bytes: u64,
     pub local_bytes: HashMap<String, u64>,
+    pub code: Vec<Code>,
+}
+
+/// Code an image carries for one architecture, numbered as nvcc names them (`sm_90` is 90:
+/// compute capability 9.0; `sm_120` is 12.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// Machine code (SASS) for `sm_<arch>`.
+    Sass { arch: u32 },
+    /// PTX for `compute_<arch>`, of PTX ISA `isa` (major x 10 + minor: 84 is 8.4).
+    Ptx { arch: u32, isa: u32 },
+}
+
+/// The newest PTX ISA a driver of this CUDA version (`cuDriverGetVersion`, 13000 = 13.0)
+/// compiles: the PTX ISA's release history (PTX ISA 7.x came with CUDA 11.x, 8.0-8.5 with
+/// 12.0-12.5, 8.6 with 12.7, 8.7 with 12.8, 8.8 with 12.9, 9.x with 13.x).
+pub fn max_ptx_isa(driver_version: i32) -> u32 {
+    let (major, minor) = (
+        (driver_version / 1000) as u32,
+        ((driver_version % 1000) / 10) as u32,
+    );
+    match major {
+        0..=10 => 65,
+        11 => 70 + minor.min(8),
+        12 => match minor {
+            0..=5 => 80 + minor,
+            6 => 85,
+            7 => 86,
+            8 => 87,
+            _ => 88,
+        },
+        _ => (major - 4) * 10 + minor.min(9),
+    }
+}
+
+/// Whether `code` runs on a card of compute capability `cc` (major x 10 + minor) under a driver
+/// of `driver_version`, as the driver's loader decides (CUDA C++ Programming Guide, "Binary
+/// Compatibility" and "PTX Compatibility"): machine code for `sm_XY` runs on `X.z` for
+/// `z >= Y` (the same major version); PTX for `compute_XY` is compiled for any card of
+/// capability `X.Y` or higher, by a driver whose JIT knows its ISA version. An image that
+/// says nothing about its code runs anywhere.
+///
+/// Errors as the driver API's loaders: `CUDA_ERROR_NO_BINARY_FOR_GPU` ("no kernel image is
+/// available for execution on the device" in the runtime) when nothing fits the card,
+/// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` when only PTX of a newer ISA than the driver's would.
+pub fn code_for_card(code: &[Code], cc: u32, driver_version: i32) -> Result<(), u32> {
+    use gpuslice_abi::cuda::result::{
+        CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+    };
+    if code.is_empty() {
+        return Ok(());
+    }
+    let sass_runs = |arch: u32| arch / 10 == cc / 10 && arch % 10 <= cc % 10;
+    let mut ptx_too_new = false;
+    for c in code {
+        match *c {
+            Code::Sass { arch } if sass_runs(arch) => return Ok(()),
+            Code::Ptx { arch, isa } if arch <= cc => {
+                if isa <= max_ptx_isa(driver_version) {
+                    return Ok(());
+                }
+                ptx_too_new = true;
+            }
+            _ => {}
+        }
+    }
+    Err(if ptx_too_new {
+        CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+    } else {
+        CUDA_ERROR_NO_BINARY_FOR_GPU
+    })
+}
+
+impl ImageInfo {
+    pub fn device_bytes(&self) -> u64 {
+        self.code_bytes.saturating_add(self.data_bytes)
+    }
 }
 
 const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
@@ -35,22 +126,84 @@ pub const FATBIN_MAGIC: u32 = 0xBA55_ED50;
 const MAX_IMAGE: usize = 1 << 30;
 const SHF_ALLOC: u64 = 0x2;
 
-/// What `image` costs, by the rules in the module doc.
-pub fn parse(image: &[u8]) -> ImageInfo {
+/// What `image` costs on a device of compute capability `sm` (`10 * major + minor`), by the
+/// rules in the module doc.
+pub fn parse(image: &[u8], sm: u32) -> ImageInfo {
     if image.starts_with(ELF_MAGIC) {
         return parse_elf(image).unwrap_or(ImageInfo {
-            device_bytes: image.len() as u64,
-            local_bytes: HashMap::new(),
+            data_bytes: image.len() as u64,
+            ..ImageInfo::default()
         });
     }
     if image.len() >= 16 && u32_at(image, 0) == Some(FATBIN_MAGIC) {
-        return ImageInfo {
-            device_bytes: u64_at(image, 8).unwrap_or(0),
-            local_bytes: HashMap::new(),
-        };
+        return parse_fatbin(image, sm).unwrap_or_default();
     }
     let text = String::from_utf8_lossy(image.split(|&b| b == 0).next().unwrap_or(&[]));
     parse_ptx(&text)
+}
+
+/// The fatbin entry a device of `sm` loads (see the module doc), sized.
+fn parse_fatbin(b: &[u8], sm: u32) -> Option<ImageInfo> {
+    let first = u16_at(b, 6)? as usize;
+    let end = first.checked_add(u64_at(b, 8)? as usize)?;
+    // (kind, arch, offset of the payload, its length, compressed size if compressed)
+    let mut entries = Vec::new();
+    // Every entry's code (for `code_for_card`), whichever the device loads.
+    let mut code = Vec::new();
+    let mut at = first;
+    while at + 64 <= end {
+        let (kind, header) = (u16_at(b, at)?, u32_at(b, at + 4)? as usize);
+        let payload = u64_at(b, at + 8)? as usize;
+        if header < 64 {
+            break;
+        }
+        let compressed = (u64_at(b, at + 0x28)? & 0xA000 != 0).then(|| u64_at(b, at + 0x38));
+        let arch = u32_at(b, at + 0x1C)?;
+        match kind {
+            // PTX: its ISA version as minor u16 @0x18 and major u16 @0x1A.
+            1 => code.push(Code::Ptx {
+                arch,
+                isa: (u16_at(b, at + 0x1A)? * 10 + u16_at(b, at + 0x18)?) as u32,
+            }),
+            2 => code.push(Code::Sass { arch }),
+            _ => {}
+        }
+        entries.push((kind, arch, at + header, payload, compressed));
+        at = at.checked_add(header)?.checked_add(payload)?;
+    }
+    let with_code = |info: ImageInfo| {
+        Some(ImageInfo {
+            code: code.clone(),
+            ..info
+        })
+    };
+    let newest = |kind: u64, ok: &dyn Fn(u32) -> bool| {
+        entries
+            .iter()
+            .filter(|e| e.0 == kind && ok(e.1))
+            .max_by_key(|e| e.1)
+    };
+    let Some((kind, _, data, len, compressed)) = newest(2, &|arch| arch == sm)
+        .or_else(|| newest(2, &|arch| arch / 10 == sm / 10 && arch <= sm))
+        .or_else(|| newest(1, &|arch| arch <= sm))
+    else {
+        // Nothing for this device: the load fails (`code_for_card`), nothing is placed.
+        return with_code(ImageInfo::default());
+    };
+    if let Some(size) = compressed {
+        return with_code(ImageInfo {
+            data_bytes: size.unwrap_or(0),
+            ..ImageInfo::default()
+        });
+    }
+    let body = b.get(*data..data.checked_add(*len)?)?;
+    with_code(if *kind == 2 {
+        parse_elf(body).unwrap_or_default()
+    } else {
+        parse_ptx(&String::from_utf8_lossy(
+            body.split(|&c| c == 0).next().unwrap_or(&[]),
+        ))
+    })
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u64> {
@@ -61,6 +214,45 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 }
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// A cubin's architecture from its ELF header (`e_flags` @0x30): CUDA's ELF ABI 7 (OS ABI
+/// byte 0x33) keeps `sm_XY` in the low byte, ABI 8 (OS ABI 0x41, CUDA 12.8 on) in the second
+/// (seen in ggml's sm_86 and PyTorch's sm_100 cubins: `0x560556`, `0x6006402`).
+fn cubin_code(b: &[u8]) -> Vec<Code> {
+    let flags = u32_at(b, 0x30).unwrap_or(0);
+    let arch = match b.get(7) {
+        Some(0x33) => flags & 0xff,
+        Some(0x41) => (flags >> 8) & 0xff,
+        _ => return Vec::new(),
+    };
+    if arch == 0 {
+        return Vec::new();
+    }
+    vec![Code::Sass { arch }]
+}
+
+/// PTX's own `.version M.m` and `.target sm_XY[a|f]` directives.
+fn ptx_code(text: &str) -> Vec<Code> {
+    let directive = |name: &str| {
+        text.lines()
+            .map(|l| l.split("//").next().unwrap_or("").trim())
+            .find_map(|l| l.strip_prefix(name).map(str::trim))
+    };
+    let isa = directive(".version").and_then(|v| {
+        let (major, minor) = v.split_once('.')?;
+        Some(major.trim().parse::<u32>().ok()? * 10 + minor.trim().parse::<u32>().ok()?)
+    });
+    let arch = directive(".target").and_then(|t| {
+        let sm = t.split([',', ' ']).find_map(|w| w.strip_prefix("sm_"))?;
+        sm.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+            .parse()
+            .ok()
+    });
+    match (arch, isa) {
+        (Some(arch), Some(isa)) => vec![Code::Ptx { arch, isa }],
+        _ => Vec::new(),
+    }
 }
 
 /// A 64-bit little-endian ELF's allocated sections (cubins are ELF64 LE).
@@ -93,18 +285,22 @@ fn parse_elf(b: &[u8]) -> Option<ImageInfo> {
         let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
         String::from_utf8_lossy(&rest[..end]).into_owned()
     };
-    let mut device_bytes = 0u64;
+    let mut info = ImageInfo::default();
     for i in 0..shnum {
         let (name, _, flags, _, size) = section(i)?;
-        if flags & SHF_ALLOC == 0 || name_of(name).starts_with(".nv.shared") {
+        let name = name_of(name);
+        if flags & SHF_ALLOC == 0 || name.starts_with(".nv.shared") {
             continue;
         }
-        device_bytes = device_bytes.saturating_add(size);
+        let into = if name.starts_with(".text") {
+            &mut info.code_bytes
+        } else {
+            &mut info.data_bytes
+        };
+        *into = into.saturating_add(size);
     }
-    Some(ImageInfo {
-        device_bytes,
-        local_bytes: HashMap::new(),
-    })
+    info.code = cubin_code(b);
+    Some(info)
 }
 
 /// Bytes of a PTX scalar type (`.b8`, `.u32`, `.f64`, ...); `None` for anything else.
@@ -143,7 +339,7 @@ fn declared_bytes(statement: &str) -> u64 {
 }
 
 fn parse_ptx(text: &str) -> ImageInfo {
-    let mut device_bytes = text.len() as u64;
+    let mut data_bytes = 0u64;
     let mut local_bytes = HashMap::new();
     let mut depth = 0usize;
     let mut entry: Option<String> = None;
@@ -185,7 +381,7 @@ fn parse_ptx(text: &str) -> ImageInfo {
                     } else if c == ';' {
                         let decl = from_last(s, ".global").or_else(|| from_last(s, ".const"));
                         if let Some(decl) = decl {
-                            device_bytes = device_bytes.saturating_add(declared_bytes(&decl));
+                            data_bytes = data_bytes.saturating_add(declared_bytes(&decl));
                         }
                     }
                 } else if c == ';' {
@@ -209,8 +405,10 @@ fn parse_ptx(text: &str) -> ImageInfo {
         }
     }
     ImageInfo {
-        device_bytes,
+        code_bytes: text.len() as u64,
+        data_bytes,
         local_bytes,
+        code: ptx_code(text),
     }
 }
 
@@ -305,7 +503,7 @@ pub fn parse_local_bytes(text: &str) -> HashMap<String, u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const PTX: &str = r#"
@@ -331,8 +529,9 @@ mod tests {
 
     #[test]
     fn ptx_counts_text_static_data_and_each_kernels_local_depot() {
-        let info = parse(PTX.as_bytes());
-        assert_eq!(info.device_bytes, PTX.len() as u64 + 1_048_576 + 1024);
+        let info = parse(PTX.as_bytes(), 70);
+        assert_eq!(info.code_bytes, PTX.len() as u64);
+        assert_eq!(info.data_bytes, 1_048_576 + 1024);
         assert_eq!(info.local_bytes.get("deep"), Some(&4096));
         assert_eq!(info.local_bytes.get("flat"), None);
     }
@@ -386,8 +585,9 @@ mod tests {
             (".nv.shared.k", 8, 0x3, 48 << 10),
             (".nv.info.k", 0x7000_0000, 0, 100),
         ]);
-        let info = parse(&image);
-        assert_eq!(info.device_bytes, 4096 + 512 + (64 << 20));
+        let info = parse(&image, 70);
+        assert_eq!(info.code_bytes, 4096);
+        assert_eq!(info.data_bytes, 512 + (64 << 20));
         // SAFETY: a complete image in a live buffer.
         let read = unsafe { image_at(image.as_ptr().cast()) }.unwrap();
         assert_eq!(
@@ -397,19 +597,150 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_fatbin_counts_its_payload_and_text_ends_at_its_nul() {
+    /// A fatbin of (kind, arch, flags, payload) entries.
+    fn fatbin(entries: &[(u16, u32, u64, &[u8])]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (kind, arch, flags, payload) in entries {
+            let mut e = vec![0u8; 64];
+            e[..2].copy_from_slice(&kind.to_le_bytes());
+            e[4..8].copy_from_slice(&64u32.to_le_bytes());
+            e[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+            e[0x1C..0x20].copy_from_slice(&arch.to_le_bytes());
+            e[0x28..0x30].copy_from_slice(&flags.to_le_bytes());
+            e[0x38..0x40].copy_from_slice(&(payload.len() as u64 * 4).to_le_bytes());
+            body.extend(e);
+            body.extend_from_slice(payload);
+        }
         let mut fat = Vec::new();
         fat.extend_from_slice(&FATBIN_MAGIC.to_le_bytes());
         fat.extend_from_slice(&1u16.to_le_bytes());
         fat.extend_from_slice(&16u16.to_le_bytes());
-        fat.extend_from_slice(&(3u64 << 20).to_le_bytes());
-        assert_eq!(parse(&fat).device_bytes, 3 << 20);
+        fat.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        fat.extend(body);
+        fat
+    }
+
+    #[test]
+    fn a_fatbin_costs_the_entry_the_device_loads_and_text_ends_at_its_nul() {
+        let sm70 = elf(&[(".nv.global", 8, 0x3, 70 << 20)]);
+        let sm80 = elf(&[(".nv.global", 8, 0x3, 80 << 20)]);
+        let ptx = format!("{PTX}\0");
+        let fat = fatbin(&[
+            (2, 70, 0, &sm70),
+            (2, 80, 0, &sm80),
+            (1, 80, 0, ptx.as_bytes()),
+            (2, 90, 0x8000, b"zstd bytes"),
+        ]);
+        assert_eq!(parse(&fat, 70).data_bytes, 70 << 20);
+        assert_eq!(
+            parse(&fat, 75).data_bytes,
+            70 << 20,
+            "the newest of its major"
+        );
+        assert_eq!(parse(&fat, 86).data_bytes, 80 << 20);
+        assert_eq!(
+            parse(&fat, 90).data_bytes,
+            40,
+            "compressed: its uncompressed size"
+        );
+        assert_eq!(parse(&fat, 100).data_bytes, 1_048_576 + 1024, "the PTX");
+        assert_eq!(parse(&fat, 60).device_bytes(), 0, "nothing it loads");
+        // SAFETY: a complete image in a live buffer.
+        let read = unsafe { image_at(fat.as_ptr().cast()) };
+        assert_eq!(read.unwrap().len(), fat.len());
         let text = b"abc\0def";
         // SAFETY: NUL-terminated.
         assert_eq!(unsafe { image_at(text.as_ptr().cast()) }.unwrap(), b"abc");
         // SAFETY: null is allowed.
         assert!(unsafe { image_at(std::ptr::null()) }.is_none());
+    }
+
+    /// A fatbin of `entries` (kind, arch, PTX ISA), each with an 8-byte payload of zeros.
+    pub(crate) fn code_fatbin(entries: &[(u16, u32, u32)]) -> Vec<u8> {
+        const PAYLOAD: &[u8] = &[0; 8];
+        let plain: Vec<_> = entries
+            .iter()
+            .map(|&(kind, arch, _)| (kind, arch, 0, PAYLOAD))
+            .collect();
+        let mut fat = fatbin(&plain);
+        for (i, &(_, _, isa)) in entries.iter().enumerate() {
+            let at = 16 + i * (64 + PAYLOAD.len());
+            fat[at + 0x18..at + 0x1A].copy_from_slice(&((isa % 10) as u16).to_le_bytes());
+            fat[at + 0x1A..at + 0x1C].copy_from_slice(&((isa / 10) as u16).to_le_bytes());
+        }
+        fat
+    }
+
+    #[test]
+    fn an_image_names_the_cards_it_has_code_for() {
+        // PyTorch 2.15's kind: machine code for 7.5 and up, no PTX.
+        let torch = code_fatbin(&[(2, 75, 0), (2, 80, 0), (2, 90, 0), (2, 120, 0)]);
+        let code = parse(&torch, 90).code;
+        assert_eq!(code.len(), 4);
+        assert_eq!(code[2], Code::Sass { arch: 90 });
+        assert_eq!(code_for_card(&code, 90, 13000), Ok(()));
+        assert_eq!(code_for_card(&code, 86, 13000), Ok(()), "sm_80 runs on 8.6");
+        assert_eq!(
+            code_for_card(&code, 70, 13000),
+            Err(gpuslice_abi::cuda::result::CUDA_ERROR_NO_BINARY_FOR_GPU),
+            "nothing for a V100"
+        );
+        assert_eq!(
+            code_for_card(&code, 100, 13000),
+            Err(gpuslice_abi::cuda::result::CUDA_ERROR_NO_BINARY_FOR_GPU),
+            "machine code never crosses a major version"
+        );
+        // ggml's kind: PTX 8.4 for compute_50..90, machine code for 8.6 and 8.9.
+        let ggml = code_fatbin(&[
+            (1, 50, 84),
+            (1, 70, 84),
+            (1, 90, 84),
+            (2, 86, 0),
+            (2, 89, 0),
+        ]);
+        let code = parse(&ggml, 90).code;
+        assert_eq!(code[0], Code::Ptx { arch: 50, isa: 84 });
+        assert_eq!(code_for_card(&code, 70, 13000), Ok(()), "compute_70 JITs");
+        assert_eq!(code_for_card(&code, 100, 13000), Ok(()), "compute_90 JITs");
+        assert_eq!(
+            code_for_card(&code, 70, 12020),
+            Err(gpuslice_abi::cuda::result::CUDA_ERROR_UNSUPPORTED_PTX_VERSION),
+            "a 535 driver (12.2) has no JIT for PTX 8.4"
+        );
+        assert_eq!(
+            code_for_card(&code, 86, 12020),
+            Ok(()),
+            "but sm_86 code runs"
+        );
+        // No entries, unknown kinds: nothing said, runs anywhere.
+        assert_eq!(
+            code_for_card(&parse(&code_fatbin(&[(4, 70, 0)]), 90).code, 90, 13000),
+            Ok(())
+        );
+
+        let ptx = ".version 8.7\n.target sm_90a\n.address_size 64\n";
+        assert_eq!(
+            parse(ptx.as_bytes(), 90).code,
+            vec![Code::Ptx { arch: 90, isa: 87 }]
+        );
+        let mut cubin = elf(&[(".text.k", 8, 0x6, 16)]);
+        cubin[7] = 0x33;
+        cubin[0x30..0x34].copy_from_slice(&0x0056_0556u32.to_le_bytes());
+        assert_eq!(parse(&cubin, 90).code, vec![Code::Sass { arch: 86 }]);
+        cubin[7] = 0x41;
+        cubin[0x30..0x34].copy_from_slice(&0x0600_6402u32.to_le_bytes());
+        assert_eq!(parse(&cubin, 90).code, vec![Code::Sass { arch: 100 }]);
+    }
+
+    #[test]
+    fn the_newest_ptx_a_driver_compiles_follows_the_isa_history() {
+        assert_eq!(max_ptx_isa(11040), 74);
+        assert_eq!(max_ptx_isa(12020), 82);
+        assert_eq!(max_ptx_isa(12060), 85);
+        assert_eq!(max_ptx_isa(12080), 87);
+        assert_eq!(max_ptx_isa(12090), 88);
+        assert_eq!(max_ptx_isa(13000), 90);
+        assert_eq!(max_ptx_isa(13020), 92);
     }
 
     #[test]

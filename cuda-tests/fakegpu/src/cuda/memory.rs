@@ -432,11 +432,14 @@ impl Cuda {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         {
+            // Under unified addressing a page-locked host address is also a device address
+            // (`cuMemHostGetDevicePointer` answers it unchanged), so a "device" side may be one
+            // (XLA's redzone checker copies from pinned buffers with cuMemcpyDtoHAsync).
             let mut t = self.lock();
-            if dst_dev {
+            if dst_dev && !Self::pinned_host_range(&t, dst, n) {
                 self.device_range(&mut t, dst, n)?;
             }
-            if src_dev {
+            if src_dev && !Self::pinned_host_range(&t, src, n) {
                 self.device_range(&mut t, src, n)?;
             }
         }
@@ -449,7 +452,20 @@ impl Cuda {
         Ok(())
     }
 
-    /// Sets `count` elements of `elem` (1 or 4) bytes each to `value`.
+    /// Whether `[ptr, ptr + n)` lies in one page-locked host range of this process
+    /// (`cuMemAllocHost` / `cuMemHostAlloc`, or `cuMemHostRegister`ed).
+    fn pinned_host_range(t: &Tables, ptr: u64, n: u64) -> bool {
+        let (p, n) = (ptr as usize, n as usize);
+        t.host
+            .iter()
+            .chain(t.host_registered.iter())
+            .any(|(&base, &size)| p >= base && p.checked_add(n).is_some_and(|e| e <= base + size))
+    }
+
+    /// Sets `count` elements of `elem` (1 or 4) bytes each to `value`. The target may be
+    /// device memory (managed memory included) or page-locked host memory: the driver API
+    /// documents memsets "to pinned host memory or a Unified Memory region" (API
+    /// synchronization behavior, Memset), and XLA's GEMM autotuner memsets pinned buffers.
     pub fn memset(&self, dst: u64, value: u32, elem: u64, count: u64) -> R<()> {
         self.current()?;
         if count == 0 {
@@ -459,7 +475,12 @@ impl Cuda {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let n = count.checked_mul(elem).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        self.device_range(&mut self.lock(), dst, n)?;
+        {
+            let mut t = self.lock();
+            if !Self::pinned_host_range(&t, dst, n) {
+                self.device_range(&mut t, dst, n)?;
+            }
+        }
         if elem == 1 {
             // SAFETY: the range was checked to lie inside our reservation.
             unsafe { std::ptr::write_bytes(dst as *mut u8, value as u8, n as usize) };
@@ -685,6 +706,29 @@ mod tests {
         assert_eq!(&back[..16], &[0xAB; 16]);
         assert_eq!(&back[16..20], &0xDEADBEEFu32.to_ne_bytes());
         assert_eq!(c.memset(e + 1, 0, 4, 1), Err(CUDA_ERROR_INVALID_VALUE));
+        // Page-locked host memory can be set too (allocated or registered), within its range;
+        // pageable host memory cannot.
+        let pinned = c.mem_alloc_host(64).unwrap();
+        c.memset(pinned, 7, 4, 16).unwrap();
+        // SAFETY: 64 bytes of host memory the fake allocated.
+        assert_eq!(unsafe { *((pinned + 60) as *const u32) }, 7);
+        assert_eq!(c.memset(pinned, 0, 4, 17), Err(CUDA_ERROR_INVALID_VALUE));
+        let mut pageable = vec![0u32; 16];
+        let at = pageable.as_mut_ptr() as u64;
+        assert_eq!(c.memset(at, 9, 4, 16), Err(CUDA_ERROR_INVALID_VALUE));
+        c.host_register(at, 64).unwrap();
+        c.memset(at, 9, 4, 16).unwrap();
+        assert_eq!(pageable, vec![9; 16]);
+        // A pinned address is a device address too (unified addressing): copies take it.
+        c.memcpy(e, true, pinned, true, 64, true).unwrap();
+        c.memcpy(pinned, true, e, true, 64, false).unwrap();
+        assert_eq!(
+            c.memcpy(e, true, pinned, true, 65, true),
+            Err(CUDA_ERROR_INVALID_VALUE),
+            "not past the pinned range"
+        );
+        c.host_unregister(at).unwrap();
+        c.mem_free_host(pinned).unwrap();
         // Past the reservation of the allocation, or nowhere at all.
         assert_eq!(
             c.memcpy(back.as_mut_ptr() as u64, false, e, true, 4 * MIB, true),

@@ -190,6 +190,14 @@ impl Cuda {
         }
         // SAFETY: the source comes from the caller with the CUDA API's guarantees.
         let image = unsafe { classify(&src) }?;
+        // What the image holds: its code (checked against the card now, as the driver's
+        // loader picks the image's code for the context's device at the load) and what it
+        // costs on the device (its data placed now, its code now or, lazily, at the first
+        // `cuModuleGetFunction`).
+        let sm = self.current_sm();
+        // SAFETY: as for `classify` above.
+        let info = unsafe { super::driver_memory::image_info(&src, sm) };
+        self.code_runs_on(&info, cur.dev)?;
         let mut t = self.lock();
         let h = t.handle(kind::MODULE);
         t.modules.insert(
@@ -202,10 +210,19 @@ impl Cuda {
             },
         );
         drop(t);
-        // What the image costs on the device (placed now or, lazily, at its first launch).
-        // SAFETY: as for `classify` above.
-        self.attach_image(h, unsafe { super::driver_memory::image_info(&src) })?;
+        self.attach_image(h, info)?;
         Ok(h)
+    }
+
+    /// Whether an image's code runs on device `dev` under this driver
+    /// ([`super::image::code_for_card`]): `CUDA_ERROR_NO_BINARY_FOR_GPU` (or
+    /// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`) otherwise.
+    pub(crate) fn code_runs_on(&self, info: &super::image::ImageInfo, dev: u32) -> R<()> {
+        let Some(d) = self.check()?.device(dev) else {
+            return Ok(());
+        };
+        let cc = d.cc_major * 10 + d.cc_minor;
+        super::image::code_for_card(&info.code, cc, self.driver_version())
     }
 
     pub fn module_load_file(&self, path: &std::path::Path) -> R<u64> {
@@ -267,6 +284,7 @@ impl Cuda {
             return Ok(f);
         }
         let ctx = module.ctx;
+        self.module_code_needed(&mut t, m)?;
         let f = t.handle(kind::FUNC);
         t.functions.insert(
             f,
@@ -296,7 +314,6 @@ impl Cuda {
             return Ok((g, GLOBAL_SIZE));
         }
         let ctx = module.ctx;
-        self.module_data_needed(&mut t, m)?;
         let cur = Self::live_ctx(&t, ctx)?;
         let g = self.alloc_in(&mut t, &cur, GLOBAL_SIZE, 0, AllocKind::Global, false)?;
         t.modules
@@ -317,6 +334,14 @@ impl Cuda {
         }
         // SAFETY: the source comes from the caller with the CUDA API's guarantees.
         let image = unsafe { classify(&src) }?;
+        // A library goes into every context; its code is checked against the current one's
+        // device now and against each context's at its first launch there.
+        let sm = self.current_sm();
+        // SAFETY: as for `classify` above.
+        let info = unsafe { super::driver_memory::image_info(&src, sm) };
+        if let Ok(cur) = self.current() {
+            self.code_runs_on(&info, cur.dev)?;
+        }
         let mut t = self.lock();
         let h = t.handle(kind::LIBRARY);
         t.libraries.insert(
@@ -328,8 +353,7 @@ impl Cuda {
             },
         );
         drop(t);
-        // SAFETY: as for `classify` above.
-        self.attach_library(h, unsafe { super::driver_memory::image_info(&src) })?;
+        self.attach_library(h, info)?;
         Ok(h)
     }
 
@@ -385,7 +409,10 @@ impl Cuda {
                 return Ok(f);
             }
         }
-        let name = kernel.name.clone();
+        let (name, library) = (kernel.name.clone(), kernel.library);
+        // The function of a library's kernel in this context: lazy loading places the
+        // library here.
+        self.place_library(&mut t, library, cur.ctx)?;
         let f = t.handle(kind::FUNC);
         t.functions.insert(
             f,
@@ -502,6 +529,38 @@ mod tests {
             c.module_load(ImageSource::Memory(0)),
             Err(CUDA_ERROR_INVALID_VALUE)
         );
+    }
+
+    #[test]
+    fn an_image_without_code_for_the_card_does_not_load_there() {
+        use super::super::image::tests::code_fatbin;
+        // Machine code for 7.5 and 9.0 only (PyTorch's kind): the V100 (device 0) has none.
+        let torch = code_fatbin(&[(2, 75, 0), (2, 90, 0)]);
+        let src = || ImageSource::Memory(torch.as_ptr() as usize);
+        let c = driver(small_overhead());
+        let v100 = c.ctx_create(0, 0).unwrap();
+        let before = c.check().unwrap().used_memory(0);
+        assert_eq!(c.module_load(src()), Err(CUDA_ERROR_NO_BINARY_FOR_GPU));
+        assert_eq!(c.library_load(src()), Err(CUDA_ERROR_NO_BINARY_FOR_GPU));
+        assert_eq!(c.check().unwrap().used_memory(0), before, "nothing placed");
+        // The H200 (device 1) runs it.
+        let h200 = c.ctx_create(0, 1).unwrap();
+        let m = c.module_load(src()).unwrap();
+        let f = c.module_get_function(m, "k").unwrap();
+        c.launch(f, [1, 1, 1], [1, 1, 1], None, 0).unwrap();
+        // A library loaded there goes into no V100 context: its first use there fails.
+        let l = c.library_load(src()).unwrap();
+        let k = c.library_get_kernel(l, "k").unwrap();
+        c.launch(k, [1, 1, 1], [1, 1, 1], None, 0).unwrap();
+        c.ctx_set_current(v100).unwrap();
+        assert_eq!(c.kernel_get_function(k), Err(CUDA_ERROR_NO_BINARY_FOR_GPU));
+        // PTX for compute_70 runs on both.
+        let ptx = std::ffi::CString::new(".version 7.0\n.target sm_70\n.entry k()\n{}\n").unwrap();
+        c.module_load(ImageSource::Memory(ptx.as_ptr() as usize))
+            .unwrap();
+        c.ctx_set_current(h200).unwrap();
+        c.module_load(ImageSource::Memory(ptx.as_ptr() as usize))
+            .unwrap();
     }
 
     #[test]

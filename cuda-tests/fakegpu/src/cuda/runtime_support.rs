@@ -180,6 +180,8 @@ impl Cuda {
             }
         }
         let timing = lib.timing.clone();
+        // Lazy loading places the library in this context now.
+        self.place_library(&mut t, l, cur.ctx)?;
         let m = t.handle(kind::MODULE);
         t.modules.insert(
             m,

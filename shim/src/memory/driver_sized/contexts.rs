@@ -151,9 +151,6 @@ pub(in crate::memory) fn context_gone(process: &Process, ctx: u64) {
     }
     process.ledger.context_destroyed(ctx);
     reread_pools(process);
-    // What the driver held for the context on its own account (modules, local memory) went
-    // with it: the surplus charged for it is given back at the next reconciliation.
-    crate::memory::driver_growth::driver_may_have_changed();
 }
 
 /// `cuCtxCreate*` on `device` through `call` (the driver's result and the context it wrote):

@@ -1,5 +1,7 @@
 //! What the paths whose real size only the driver knows charge (pitched allocations, pools,
-//! VMM, contexts, the device-malloc heap), and which NVML process entries belong to the slice.
+//! VMM, contexts), what the driver places by itself (`placed`: limits, modules, local memory,
+//! priced from `image` and the device's facts), and which NVML process entries belong to the
+//! slice.
 //! Their handlers (`hooks::memory`, `hooks::context`, `hooks::nvml`) decode the caller's
 //! arguments and make one call here, handing over the real call as a closure that answers the
 //! driver's result with what it wrote. The locks that order a driver call against the
@@ -7,15 +9,15 @@
 //! a caller's pointer.
 
 mod contexts;
-mod heap;
+pub(crate) mod image;
 mod nvml;
 pub(crate) mod pitch;
+pub(crate) mod placed;
 pub(crate) mod pools;
 pub(crate) mod vmm;
 
 pub(in crate::memory) use contexts::context_gone;
 pub(crate) use contexts::{ctx_create_with, ctx_destroyed, end_primary, retain_primary};
-pub(crate) use heap::set_heap_limit;
 pub(crate) use nvml::*;
 pub(in crate::memory) use pools::{pool_pointer_freed, reread_pools, reread_pools_if_any};
 
