@@ -345,7 +345,9 @@ fn vllm_sizes_its_kv_cache_to_the_slice_and_generate_returns() {
     let gpu = FakeGpu::start("h200");
     let slice = Slice::builder().device(0, "2GiB", None).build();
     gpu.truth().reset_peak_memory(0);
-    let mut v = sized_engine(&gpu, &slice, 0.8, &["--generate", "4"]);
+    // 0.75 of the slice, 1.5 GiB: what is free once the context is made and the shim has
+    // priced the driver's own memory (about 1.57 GiB) holds it.
+    let mut v = sized_engine(&gpu, &slice, 0.75, &["--generate", "4"]);
     let tokens = v.expect("tokens");
     assert_eq!(
         tokens["tokens"].as_array().map(Vec::len),
@@ -354,7 +356,7 @@ fn vllm_sizes_its_kv_cache_to_the_slice_and_generate_returns() {
     );
     v.expect("done");
     assert!(v.finish().success());
-    assert_capped_and_returned(&gpu, "at 0.8");
+    assert_capped_and_returned(&gpu, "at 0.75");
 }
 
 #[test]
@@ -380,19 +382,19 @@ fn two_vllm_processes_share_one_slice() {
     let gpu = FakeGpu::start("a100");
     let slice = Slice::builder().device(0, "2GiB", None).build();
     gpu.truth().reset_peak_memory(0);
-    // The first holds 0.3 of the slice for its engine, plus its context, and keeps it.
-    let mut first = sized_engine(&gpu, &slice, 0.3, &["--hold"]);
+    // The first holds 0.25 of the slice for its engine, plus its context, and keeps it.
+    let mut first = sized_engine(&gpu, &slice, 0.25, &["--hold"]);
     first.expect("holding");
     let held = gpu.truth().used_memory(0);
 
-    // The second sees what the first left: it fits 0.25 of the slice and generates. It
+    // The second sees what the first left: it fits 0.2 of the slice and generates. It
     // allocates through vLLM's sleep-mode allocator (cuMemCreate and cuMemMap, the VMM path
     // peers' shims missed), which gives its KV cache back while it sleeps.
     let mut second = Vllm::start(
-        "second at 0.25",
+        "second at 0.2",
         &gpu,
         &slice,
-        0.25,
+        0.2,
         &["--generate", "2", "--sleep-mode"],
     );
     second.expect("ready");
@@ -404,7 +406,7 @@ fn two_vllm_processes_share_one_slice() {
         gib(held)
     );
     let kv = second.kv_cache_gib();
-    assert!(kv <= 0.5 && kv >= 0.4, "the second's KV cache: {kv} GiB");
+    assert!(kv <= 0.4 && kv >= 0.3, "the second's KV cache: {kv} GiB");
     let both = gpu.truth().used_memory(0);
     assert!(both <= SLICE);
     second.expect("tokens");
