@@ -572,9 +572,7 @@ fn memset_async(dst: CUdeviceptr, v: u32, elem: u64, n: usize, stream: CUstream)
     cu().memset(dst, v, elem, n as u64)
 }
 
-/// `cuTensorMapEncodeTiled` / `Im2col`: reads the caller's arrays (only once the rank is
-/// known to be in range) and writes the 128-byte map (see `fakegpu::cuda::tensor_map`).
-/// Encoding is host-side: the driver must be initialised, no context is needed.
+/// The arguments `cuTensorMapEncodeTiled` and `cuTensorMapEncodeIm2col` share.
 struct TensorMapCall {
     map: *mut u64,
     data_type: c_uint,
@@ -586,6 +584,10 @@ struct TensorMapCall {
     modes: [c_uint; 4],
 }
 
+/// `cuTensorMapEncodeTiled` / `Im2col`: reads the caller's arrays (only once the rank is
+/// known to be in range; `shape` reads the rest) and writes the 128-byte map (see
+/// `fakegpu::cuda::tensor_map`). Encoding is host-side: the driver must be initialised, no
+/// context is needed.
 fn encode_tensor_map(c: TensorMapCall, shape: impl FnOnce(usize) -> R<TensorMapShape>) -> R<()> {
     use fakegpu::cuda::tensor_map::{encode, Shape, TensorMapArgs, MAX_RANK, TENSOR_MAP_ALIGN};
     cu().check()?;
