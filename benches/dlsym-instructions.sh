@@ -28,3 +28,26 @@ for name in malloc cuserid; do
     awk -v c="$name" -v d="$real" -v s="$front" -v n="$lookups" \
         'BEGIN { printf "%-10s %14.1f %14.1f %10.1f\n", c, d / n, s / n, (s - d) / n }'
 done
+
+# dlsym as the application sees it.
+release="$(dirname "$bin")"
+app="$release/app-dlsym"
+"$release/fakegpu" install "$work/lib" >/dev/null
+app_count() { # SCRATCH HANDLE NAME [ENV...]
+    local scratch="$1" handle="$2" name="$3" out="$work/cg.$RANDOM"
+    shift 3
+    env LD_LIBRARY_PATH="$work/lib" "$@" valgrind --tool=callgrind --toggle-collect='*measured*' \
+        --callgrind-out-file="$out" "$app" --scratch "$scratch" --handle "$handle" \
+        --name "$name" --lookups "$lookups" 2>/dev/null
+    sed -n 's/^summary: \([0-9]*\).*/\1/p;s/^totals: \([0-9]*\).*/\1/p' "$out" | head -1
+}
+echo
+printf '%-20s %14s %14s %10s\n' "as the app sees it" "no shim/lookup" "shim/lookup" "added"
+for handle in default libc; do
+    for name in malloc cuserid; do
+        plain="$(app_count "$work/plain" "$handle" "$name")"
+        shim="$(app_count "$work/shim" "$handle" "$name" LD_PRELOAD="$release/libgpuslice.so")"
+        awk -v c="$name in $handle" -v d="$plain" -v s="$shim" -v n="$lookups" \
+            'BEGIN { printf "%-20s %14.1f %14.1f %10.1f\n", c, d / n, s / n, (s - d) / n }'
+    done
+done

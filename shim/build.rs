@@ -23,7 +23,9 @@
 //! of this workspace can give one crate, so it is compiled here with `rustc` directly and
 //! copied beside the core in the profile directory (`target/<profile>/`). Its exports are
 //! generated from the registry (`src/hooks/registry.rs`), so the two lists cannot drift
-//! (checked again by e2e `shim_isolation::the_front_exports_exactly_the_registry`).
+//! (checked again by e2e `shim_isolation::the_front_exports_exactly_the_registry`). For another
+//! target than the host it links with the linker cargo resolved for that target; with none
+//! configured (CI's aarch64 check) it compiles the front to an object only and says so.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -184,6 +186,12 @@ fn build_front() {
     let built = out_dir.join("libgpuslice.so");
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let target = std::env::var("TARGET").unwrap();
+    // Cross-compiling (CI checks aarch64 on x86-64): the linker cargo resolved for the
+    // target, if one is configured; without one the front is compiled to an object only
+    // (its code, machine code included, is still generated and assembled) and not installed.
+    println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
+    let linker = std::env::var("RUSTC_LINKER").ok().filter(|l| !l.is_empty());
+    let link = linker.is_some() || std::env::var("HOST").ok().as_deref() == Some(target.as_str());
     // Under `cargo clippy` the workspace's wrapper is clippy-driver: compiling the front
     // through it lints the front with the same flags (and `CLIPPY_ARGS`, so `-D warnings`)
     // as every crate of the workspace, although cargo never sees the front as a crate.
@@ -199,6 +207,12 @@ fn build_front() {
         }
         None => Command::new(&rustc),
     };
+    if let Some(linker) = &linker {
+        command.arg("-C").arg(format!("linker={linker}"));
+    }
+    if !link {
+        command.arg("--emit=obj");
+    }
     command
         .env("GPUSLICE_FRONT_EXPORTS", &exports)
         .args(["--edition", "2021", "--crate-type", "cdylib"])
@@ -229,6 +243,13 @@ fn build_front() {
         status.success(),
         "building the front library (shim/front/lib.rs) failed"
     );
+    if !link {
+        println!(
+            "cargo:warning=libgpuslice.so for {target} compiled, not linked: no linker is \
+             configured for the target (CARGO_TARGET_<TRIPLE>_LINKER)"
+        );
+        return;
+    }
     // OUT_DIR is <target>/<profile>/build/<crate>-<hash>/out: the core lands in <profile>.
     let profile_dir = out_dir
         .ancestors()

@@ -8,6 +8,7 @@ use crate::backstop::Counters;
 use crate::collect::NodeView;
 use crate::exposition::{Family, Kind};
 use gpuslice_common::config::DeviceSelector;
+use gpuslice_common::host_memory::host_entry_device;
 
 /// Renders the whole exposition. `scrape_seconds` is how long collecting took.
 pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> String {
@@ -46,6 +47,16 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
         "gpuslice_slice_memory_ledger_stale_bytes",
         Gauge,
         "Of the ledger's bytes, those of processes that have exited whose memory the driver still holds (or cannot say).",
+    );
+    let mut host_limit = Family::new(
+        "gpuslice_slice_host_memory_limit_bytes",
+        Gauge,
+        "An oversubscribed device: what the slice may place in its containers' host memory past its memory cap (the limit file's virtual size less its memory), as bound in its region or set by its limit file.",
+    );
+    let mut host_ledger = Family::new(
+        "gpuslice_slice_host_memory_bytes",
+        Gauge,
+        "An oversubscribed device: bytes the slice's processes placed in host memory past the cap (checked against their memory cgroup when placed), without those of exited processes the driver has released.",
     );
     let mut driver_bytes = Family::new(
         "gpuslice_slice_memory_driver_bytes",
@@ -236,6 +247,9 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
                 if let Some(bytes) = entry.and_then(|d| d.memory_limit) {
                     limit.add(&labels, bytes as f64);
                 }
+                if let Some(bytes) = entry.and_then(|d| d.host_excess()) {
+                    host_limit.add(&labels, bytes as f64);
+                }
             }
             continue;
         };
@@ -243,13 +257,25 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
             fail_closed.add(&[("slice", name)], counters.fail_closed_events as f64);
         }
         for device in &snapshot.devices {
-            let card = cards.and_then(|c| c.iter().find(|c| c.uuid == device.uuid));
+            // A device's host bytes (oversubscription) are an entry of their own in the
+            // region, labelled with their device.
+            let (uuid, host_side) = match host_entry_device(&device.uuid) {
+                Some(uuid) => (uuid, true),
+                None => (device.uuid.as_str(), false),
+            };
+            let card = cards.and_then(|c| c.iter().find(|c| c.uuid == uuid));
             let card_index = card.map_or(String::new(), |c| c.index.to_string());
             let labels = [
                 ("slice", name),
-                ("uuid", device.uuid.as_str()),
+                ("uuid", uuid),
                 ("index", card_index.as_str()),
             ];
+            if host_side {
+                let released = snapshot.released_bytes(device.id.index(), &listed);
+                host_limit.add(&labels, device.memory_limit.unwrap_or(0) as f64);
+                host_ledger.add(&labels, device.used_bytes.saturating_sub(released) as f64);
+                continue;
+            }
             if let Some((bytes, _)) = view.cap(index, &device.uuid) {
                 limit.add(&labels, bytes as f64);
             }
@@ -352,6 +378,8 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
         &limit,
         &ledger,
         &ledger_stale,
+        &host_limit,
+        &host_ledger,
         &driver_bytes,
         &driver_processes,
         &share,
@@ -438,6 +466,47 @@ mod tests {
         );
         assert!(
             !text.contains("gpuslice_slice_memory_ledger_bytes{"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_oversubscribed_devices_host_bytes_are_labelled_with_the_device() {
+        const MIB: u64 = 1 << 20;
+        let mut region = crate::collect::fixtures::one_device_region("GPU-a", 1 << 30, vec![]);
+        let mut host = region.devices[0].clone();
+        host.id = gpuslice_common::region::DeviceId::from_index(1).unwrap();
+        host.uuid = "host:GPU-a".into();
+        host.memory_limit = Some(2 << 30);
+        host.used_bytes = 768 * MIB;
+        region.devices.push(host);
+        let slice = SliceState {
+            counters: None,
+            found: FoundSlice::named("s"),
+            snapshot: Some(region),
+            region_id: None,
+        };
+        let view = crate::collect::fixtures::view(vec![slice], Err("no driver".into()));
+        let text = render(&view, &Counters::default(), 0.0);
+        assert!(
+            text.contains("gpuslice_slice_host_memory_limit_bytes{slice=\"s\",uuid=\"GPU-a\",index=\"\"} 2147483648"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "gpuslice_slice_host_memory_bytes{slice=\"s\",uuid=\"GPU-a\",index=\"\"} 805306368"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("host:GPU-a"),
+            "never a device of its own: {text}"
+        );
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("gpuslice_slice_memory_limit_bytes{"))
+                .count(),
+            1,
             "{text}"
         );
     }

@@ -1,8 +1,8 @@
 //! Logic shared by `libgpuslice.so` and the `gpuslice` CLI: the limit-file contract
 //! (`config`, `size`), which configured devices exist (`visible`), bounded message text
 //! (`text`), the monotonic clock (`clock`), the cross-process shared region (`region`),
-//! the process-local short lock (`turn`) and the bound on memory the driver holds unpriced
-//! (`unpriced`).
+//! the process-local short lock (`turn`), the bound on memory the driver holds unpriced
+//! (`unpriced`) and the host memory of oversubscribed slices (`host_memory`).
 //!
 //! Nothing here exports C symbols: the CLI links this crate and must never carry the
 //! shim's hook exports.
@@ -10,6 +10,7 @@
 pub mod cdi;
 pub mod clock;
 pub mod config;
+pub mod host_memory;
 pub mod region;
 pub mod size;
 pub mod text;

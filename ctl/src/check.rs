@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use gpuslice_common::config::{self, ConfigSource, DeviceSelector, Loaded, SliceConfig};
+use gpuslice_common::host_memory::{CgroupMemory, HOST_MARGIN_BYTES};
 use gpuslice_common::size::format_size;
 use gpuslice_common::text::{shorten, MAX_QUOTED};
 use gpuslice_common::visible::{self, SeenDevice};
@@ -140,7 +141,15 @@ pub fn describe(config: &SliceConfig) -> Vec<String> {
                 Some(percent) if percent < 100 => format!("{percent}%"),
                 _ => "not throttled".to_string(),
             };
-            format!("{device}: memory {memory}, compute {compute}")
+            let mut line = format!("{device}: memory {memory}, compute {compute}");
+            if let (Some(size), Some(excess)) = (limit.virtual_memory, limit.host_excess()) {
+                line.push_str(&format!(
+                    ", virtual {} (oversubscribed: up to {} in the container's host memory, within its memory cgroup)",
+                    format_size(size),
+                    format_size(excess)
+                ));
+            }
+            line
         })
         .collect();
     if lines.is_empty() {
@@ -189,7 +198,7 @@ fn machine_checks(config: &SliceConfig) -> CliResult<Vec<String>> {
     if !unmatched.is_empty() {
         return Err(visible::unmatched_error(config, &unmatched, &seen, true).into());
     }
-    let mut warnings = Vec::new();
+    let mut warnings = host_memory_warnings(config);
     for limit in &config.devices {
         let card = cards
             .iter()
@@ -209,6 +218,26 @@ fn machine_checks(config: &SliceConfig) -> CliResult<Vec<String>> {
     Ok(warnings)
 }
 
+/// An oversubscribing slice whose host part the memory cgroup of this process (the
+/// container's, when `check` runs in it) cannot hold: the shim would refuse past what it can.
+fn host_memory_warnings(config: &SliceConfig) -> Vec<String> {
+    let excess: u64 = config
+        .devices
+        .iter()
+        .filter_map(|d| d.host_excess())
+        .fold(0, u64::saturating_add);
+    let placeable = CgroupMemory::of_this_process().and_then(|c| c.placeable());
+    match placeable {
+        Some(room) if excess > room => vec![format!(
+            "the slice may place {} in host memory (virtual sizes past memory), but this process's memory cgroup can take {} more ({} kept free for the rest of the pod): allocations past that are refused with CUDA_ERROR_OUT_OF_MEMORY",
+            format_size(excess),
+            format_size(room),
+            format_size(HOST_MARGIN_BYTES)
+        )],
+        _ => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,13 +247,13 @@ mod tests {
     #[test]
     fn describes_a_slice_in_human_terms() {
         let text = r#"{"version": 1, "region": "/run/a.region", "policy": "burst",
-            "devices": [{"index": 0, "memory": "8GiB", "compute": 25},
+            "devices": [{"index": 0, "memory": "8GiB", "compute": 25, "virtual": "24GiB"},
                         {"uuid": "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf", "memory": 1073741824}]}"#;
         let config = parse_limit_file(Path::new("x.json"), text).unwrap();
         assert_eq!(
             describe(&config),
             vec![
-                "device 0: memory 8 GiB, compute 25%",
+                "device 0: memory 8 GiB, compute 25%, virtual 24 GiB (oversubscribed: up to 16 GiB in the container's host memory, within its memory cgroup)",
                 "device GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf: memory 1 GiB, compute not throttled",
                 "region /run/a.region; policy burst",
             ]

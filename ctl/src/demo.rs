@@ -64,6 +64,7 @@ pub fn run(args: &DemoArgs) -> CliResult<()> {
             selector: DeviceSelector::Index(0),
             memory_limit: Some(SLICE_MEMORY),
             compute_percent: Some(SLICE_COMPUTE),
+            virtual_memory: None,
         }],
         region_path: None,
         policy: ComputePolicy::Cap,

@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use gpuslice_common::region::{Liveness, Region, RegionSnapshot};
+use gpuslice_common::host_memory::host_entry_device;
+use gpuslice_common::region::{DeviceSnapshot, Liveness, Region, RegionSnapshot};
 
 use crate::error::{CliError, CliResult};
 
@@ -27,6 +28,17 @@ pub struct DeviceView {
     pub utilization: Option<f64>,
     /// Bytes one CUDA context costs on the device, as a process of the slice measured it.
     pub context_cost: Option<u64>,
+    /// An oversubscribed device: what the slice may place in host memory past `limit`
+    /// (`virtual - memory`) and what it has placed there; `None` when it does not
+    /// oversubscribe.
+    pub host: Option<HostView>,
+}
+
+/// The host part of an oversubscribed device (its region companion entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostView {
+    pub limit: u64,
+    pub used: u64,
 }
 
 /// One process slot.
@@ -35,8 +47,10 @@ pub struct ProcessView {
     pub pid: u32,
     /// PID as the host/NVML sees it, when known.
     pub host_pid: Option<u32>,
-    /// Bytes held per device index.
+    /// Bytes held per device index, on the card.
     pub used: Vec<(usize, u64)>,
+    /// Bytes placed in host memory for oversubscribed devices, all devices together.
+    pub host_used: u64,
     pub state: ProcessState,
 }
 
@@ -145,22 +159,40 @@ pub fn from_snapshot(
     now_ns: u64,
     listed: &dyn Fn(u32) -> Option<bool>,
 ) -> View {
+    let live_bytes = |d: &DeviceSnapshot| {
+        d.used_bytes
+            .saturating_sub(snapshot.released_bytes(d.id.index(), listed))
+    };
+    // A device's host bytes are a companion entry of the region: shown with the device.
+    let host_entries: Vec<usize> = snapshot
+        .devices
+        .iter()
+        .filter(|d| host_entry_device(&d.uuid).is_some())
+        .map(|d| d.id.index())
+        .collect();
     let devices = snapshot
         .devices
         .iter()
+        .filter(|d| host_entry_device(&d.uuid).is_none())
         .map(|d| DeviceView {
             index: d.id.index(),
             uuid: d.uuid.clone(),
             limit: d.memory_limit,
-            used: d
-                .used_bytes
-                .saturating_sub(snapshot.released_bytes(d.id.index(), listed)),
+            used: live_bytes(d),
             compute_percent: d.compute_percent.filter(|p| *p < 100),
             utilization: d
                 .measured_utilization
                 .filter(|m| now_ns.saturating_sub(m.at_ns) <= UTILIZATION_FRESH_NS)
                 .map(|m| f64::from(m.basis_points) / 100.0),
             context_cost: d.context_cost,
+            host: snapshot
+                .devices
+                .iter()
+                .find(|h| host_entry_device(&h.uuid) == Some(d.uuid.as_str()))
+                .map(|h| HostView {
+                    limit: h.memory_limit.unwrap_or(0),
+                    used: live_bytes(h),
+                }),
         })
         .collect();
     let processes = snapshot
@@ -175,9 +207,16 @@ pub fn from_snapshot(
                     .used_bytes
                     .iter()
                     .enumerate()
-                    .filter(|(_, bytes)| **bytes > 0 && !released)
+                    .filter(|(index, bytes)| {
+                        **bytes > 0 && !released && !host_entries.contains(index)
+                    })
                     .map(|(index, bytes)| (index, *bytes))
                     .collect(),
+                host_used: if released {
+                    0
+                } else {
+                    host_entries.iter().map(|&i| p.used_bytes[i]).sum()
+                },
                 state: match p.liveness {
                     _ if released => ProcessState::Exited,
                     Liveness::Alive => ProcessState::Alive,
@@ -193,9 +232,7 @@ pub fn from_snapshot(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuslice_common::region::{
-        DeviceId, DeviceLimits, DeviceSnapshot, MeasuredUtilization, ProcessIdentity,
-    };
+    use gpuslice_common::region::{DeviceId, DeviceLimits, MeasuredUtilization, ProcessIdentity};
 
     #[test]
     fn a_measured_utilisation_is_shown_while_fresh_only() {
@@ -233,6 +270,38 @@ mod tests {
         assert_eq!(
             from_snapshot(&never, at_ns, &|_| None).devices[0].utilization,
             None
+        );
+    }
+
+    #[test]
+    fn a_devices_host_entry_is_shown_with_it_not_as_a_device() {
+        let device = |index: usize, uuid: &str, limit: u64, used: u64| DeviceSnapshot {
+            id: DeviceId::from_index(index).unwrap(),
+            uuid: uuid.into(),
+            memory_limit: Some(limit),
+            compute_percent: None,
+            used_bytes: used,
+            measured_utilization: None,
+            context_cost: None,
+        };
+        let snapshot = RegionSnapshot {
+            generation: 1,
+            devices: vec![
+                device(0, "GPU-x", 2 << 30, 1 << 30),
+                device(1, "host:GPU-x", 4 << 30, 3 << 30),
+            ],
+            processes: vec![],
+        };
+        let view = from_snapshot(&snapshot, 0, &|_| None);
+        assert_eq!(view.devices.len(), 1);
+        assert_eq!(view.devices[0].uuid, "GPU-x");
+        assert_eq!(view.devices[0].used, 1 << 30);
+        assert_eq!(
+            view.devices[0].host,
+            Some(HostView {
+                limit: 4 << 30,
+                used: 3 << 30
+            })
         );
     }
 

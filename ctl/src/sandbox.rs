@@ -235,6 +235,11 @@ impl Sandbox {
             if let Some(devices) = &fake.devices {
                 cmd.env("FAKEGPU_DEVICES", devices);
             }
+            // Managed memory as a Pascal-or-later GPU on Linux places it (what an
+            // oversubscribed slice needs), unless the caller chose.
+            if std::env::var_os("FAKEGPU_MANAGED_MEMORY").is_none() {
+                cmd.env("FAKEGPU_MANAGED_MEMORY", "on-demand");
+            }
         }
     }
 

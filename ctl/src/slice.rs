@@ -22,6 +22,8 @@ pub struct DeviceSpec {
     pub selector: DeviceSelector,
     pub memory: Option<u64>,
     pub compute: Option<u32>,
+    /// Opt-in oversubscription: the size the slice's processes are told (at least `memory`).
+    pub virtual_memory: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -67,9 +69,9 @@ impl From<PolicyArg> for ComputePolicy {
 #[derive(Debug, Clone, Args)]
 pub struct SliceArgs {
     /// A device of the slice: an index (0..15) or a UUID (GPU-...), optionally with its own
-    /// limits, e.g. `0:memory=8GiB,compute=25` or `GPU-8a5d...:memory=16g`. Repeat for
-    /// several devices.
-    #[arg(long = "device", short = 'd', value_name = "DEV[:memory=SIZE,compute=PCT]",
+    /// limits, e.g. `0:memory=8GiB,compute=25` or `GPU-8a5d...:memory=16g,virtual=24g`.
+    /// Repeat for several devices.
+    #[arg(long = "device", short = 'd', value_name = "DEV[:memory=SIZE,compute=PCT,virtual=SIZE]",
           value_parser = parse_device_spec)]
     pub devices: Vec<DeviceSpec>,
 
@@ -81,6 +83,13 @@ pub struct SliceArgs {
     /// Compute share in percent (1..100) for every --device that does not set its own.
     #[arg(long, short = 'c', value_name = "PCT", value_parser = parse_compute_arg)]
     pub compute: Option<u32>,
+
+    /// Opt-in oversubscription for every --device that does not set its own: the size the
+    /// slice's processes are told and may allocate, at least --memory; the card holds at most
+    /// --memory for them, the rest goes to the container's host memory (within its memory
+    /// cgroup). Never on unless given.
+    #[arg(long = "virtual", value_name = "SIZE", value_parser = parse_memory_arg)]
+    pub virtual_memory: Option<u64>,
 
     /// What the throttle does with the compute share.
     #[arg(long, value_enum, default_value_t = PolicyArg::Cap)]
@@ -107,6 +116,7 @@ pub fn parse_device_spec(text: &str) -> Result<DeviceSpec, String> {
         selector,
         memory: None,
         compute: None,
+        virtual_memory: None,
     };
     let Some(limits) = limits else {
         return Ok(spec);
@@ -135,9 +145,15 @@ pub fn parse_device_spec(text: &str) -> Result<DeviceSpec, String> {
                 }
                 spec.compute = Some(parse_compute_arg(value)?);
             }
+            "virtual" => {
+                if spec.virtual_memory.is_some() {
+                    return Err(format!("virtual is given twice in {text:?}"));
+                }
+                spec.virtual_memory = Some(parse_memory_arg(value)?);
+            }
             other => {
                 return Err(format!(
-                    "unknown device limit {other:?} in {text:?}; use memory=SIZE and/or compute=PCT"
+                    "unknown device limit {other:?} in {text:?}; use memory=SIZE, compute=PCT and/or virtual=SIZE"
                 ))
             }
         }
@@ -228,6 +244,7 @@ impl SliceArgs {
                         selector: DeviceSelector::Index(index),
                         memory: None,
                         compute: None,
+                        virtual_memory: None,
                     })
                     .collect(),
             }
@@ -251,6 +268,7 @@ impl SliceArgs {
                 selector: spec.selector,
                 memory_limit,
                 compute_percent,
+                virtual_memory: spec.virtual_memory.or(self.virtual_memory),
             });
         }
         let region_path = region.map(|path| absolute(&path));
@@ -299,7 +317,8 @@ mod tests {
             Ok(DeviceSpec {
                 selector: DeviceSelector::Index(0),
                 memory: Some(8 * GIB),
-                compute: Some(25)
+                compute: Some(25),
+                virtual_memory: None,
             })
         );
         assert_eq!(
@@ -307,7 +326,8 @@ mod tests {
             Ok(DeviceSpec {
                 selector: DeviceSelector::Uuid("GPU-8a5d1c2e-0000-1111-2222-333344445555".into()),
                 memory: Some(16 * GIB),
-                compute: None
+                compute: None,
+                virtual_memory: None,
             })
         );
         assert_eq!(
@@ -315,12 +335,19 @@ mod tests {
             Ok(DeviceSpec {
                 selector: DeviceSelector::Index(3),
                 memory: None,
-                compute: None
+                compute: None,
+                virtual_memory: None,
             })
         );
         assert_eq!(
             parse_device_spec("1:compute=50%").unwrap().compute,
             Some(50)
+        );
+        assert_eq!(
+            parse_device_spec("0:memory=8g,virtual=24g")
+                .unwrap()
+                .virtual_memory,
+            Some(24 * GIB)
         );
     }
 
@@ -369,10 +396,30 @@ mod tests {
                 .collect(),
             memory,
             compute,
+            virtual_memory: None,
             policy: PolicyArg::Cap,
             priority: PriorityArg::Normal,
             log: None,
         }
+    }
+
+    #[test]
+    fn a_virtual_size_reaches_the_file_and_is_checked_like_one() {
+        let mut over = args(&["0", "1:memory=4g,virtual=6g"], Some(2 * GIB), None);
+        over.virtual_memory = Some(8 * GIB);
+        let config = over
+            .to_config(Some("/run/s.region".into()), NoDevices::Refuse)
+            .unwrap();
+        assert_eq!(config.devices[0].virtual_memory, Some(8 * GIB));
+        assert_eq!(config.devices[1].virtual_memory, Some(6 * GIB));
+        let err = args(&["0:memory=4g,virtual=2g"], None, None)
+            .to_config(None, NoDevices::Refuse)
+            .unwrap_err();
+        assert!(
+            err.message.contains("devices[0].virtual") && err.message.contains("smaller"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

@@ -123,12 +123,17 @@ pub fn to_json(path: &std::path::Path, view: &View) -> serde_json::Value {
             "compute_percent": d.compute_percent,
             "utilization": d.utilization,
             "context_cost": d.context_cost,
+            "virtual": d.host.zip(d.limit).map(|(h, limit)| limit.saturating_add(h.limit)),
+            "host_limit": d.host.map(|h| h.limit),
+            "host_used": d.host.map(|h| h.used),
+            "host_free": d.host.map(|h| h.limit.saturating_sub(h.used)),
         })).collect::<Vec<_>>(),
         "processes": view.processes.iter().map(|p| json!({
             "pid": p.pid,
             "host_pid": p.host_pid,
             "used": p.used.iter().map(|(dev, bytes)| json!({"device": dev, "bytes": bytes})).collect::<Vec<_>>(),
             "used_total": p.used.iter().map(|(_, b)| *b).sum::<u64>(),
+            "host_used": p.host_used,
             "alive": p.state == ProcessState::Alive,
             "state": p.state.as_str(),
         })).collect::<Vec<_>>(),
@@ -160,6 +165,16 @@ pub fn render(path: &std::path::Path, view: &View) -> String {
             d.compute_percent.map_or("-".into(), |p| format!("{p}%")),
             d.utilization.map_or("-".into(), |u| format!("{u:.0}%")),
         ));
+        if let Some(host) = d.host {
+            out.push_str(&format!(
+                "{:<4} {:<42} {:>10} {:>10} {:>10}\n",
+                "",
+                "in host memory (oversubscribed)",
+                format_size_approx(host.limit),
+                format_size_approx(host.used),
+                format_size_approx(host.limit.saturating_sub(host.used)),
+            ));
+        }
     }
     if view.devices.is_empty() {
         out.push_str("(no device has registered yet)\n");
@@ -187,7 +202,7 @@ pub fn render(path: &std::path::Path, view: &View) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::region_view::{DeviceView, ProcessState, ProcessView};
+    use crate::region_view::{DeviceView, HostView, ProcessState, ProcessView};
     use std::path::Path;
 
     fn view() -> View {
@@ -200,11 +215,16 @@ mod tests {
                 compute_percent: Some(25),
                 utilization: Some(24.6),
                 context_cost: Some(300 << 20),
+                host: Some(HostView {
+                    limit: 2 << 30,
+                    used: 1 << 30,
+                }),
             }],
             processes: vec![ProcessView {
                 pid: 7,
                 host_pid: Some(1007),
                 used: vec![(0, 512 << 20)],
+                host_used: 1 << 30,
                 state: ProcessState::Stale,
             }],
         }
@@ -221,6 +241,12 @@ mod tests {
         assert_eq!(json["devices"][0]["free"], 0);
         assert_eq!(json["devices"][0]["context_cost"], 300u64 << 20);
         assert_eq!(json["processes"][0]["used_total"], 512u64 << 20);
+        // The oversubscribed part, apart from the card's.
+        assert!(text.contains("in host memory"), "{text}");
+        assert_eq!(json["devices"][0]["virtual"], 3u64 << 30);
+        assert_eq!(json["devices"][0]["host_used"], 1u64 << 30);
+        assert_eq!(json["devices"][0]["host_free"], 1u64 << 30);
+        assert_eq!(json["processes"][0]["host_used"], 1u64 << 30);
     }
 
     #[test]

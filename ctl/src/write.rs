@@ -32,7 +32,7 @@ pub struct WriteArgs {
     /// Take the slice from HAMi env (CUDA_DEVICE_MEMORY_LIMIT[_i], CUDA_DEVICE_SM_LIMIT[_i],
     /// CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY, LIBCUDA_LOG_LEVEL)
     /// instead of flags.
-    #[arg(long, conflicts_with_all = ["devices", "memory", "compute", "region"])]
+    #[arg(long, conflicts_with_all = ["devices", "memory", "compute", "virtual_memory", "region"])]
     pub from_env: bool,
 
     /// Where to write the limit file (default, or "-": standard output). The anchored path

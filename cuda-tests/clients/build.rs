@@ -35,6 +35,8 @@ const CUDA_SYMBOLS: &[&str] = &[
     "cuMemFree_v2",
     "cuMemAllocPitch_v2",
     "cuMemAllocManaged",
+    "cuMemAdvise",
+    "cuMemPrefetchAsync",
     "cuMemAllocAsync",
     "cuMemFreeAsync",
     "cuMemPoolCreate",

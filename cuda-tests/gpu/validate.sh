@@ -179,7 +179,7 @@ chmod +x "$IN_SLICE" "$OUTSIDE"
 # ---------------------------------------------------------------------------------------------
 # Plan (printed by --dry-run, and logged on a real run)
 # ---------------------------------------------------------------------------------------------
-CHECK_IDS=(1 2 3 4 5 6 7 8 9 10 11)
+CHECK_IDS=(1 2 3 4 5 6 7 8 9 10 11 12)
 declare -A TITLE=(
     [1]="nvidia-smi shows the slice"
     [2]="PyTorch memory cap"
@@ -192,6 +192,7 @@ declare -A TITLE=(
     [9]="compute share matrix"
     [10]="nvidia-smi lists only the slice's processes"
     [11]="the driver's own memory is charged within the bound"
+    [12]="oversubscription holds the card to the physical share"
 )
 declare -A PLAN=(
     [1]="nvidia-smi (table, --query-gpu=memory.total,memory.used, -q -d MEMORY) with and without the shim under a ${CAP_MIB} MiB limit: ${CAP_MIB}MiB inside, the whole card outside"
@@ -204,6 +205,7 @@ declare -A PLAN=(
     [9]="spin kernels of ~10 us, 1 ms and 10 ms (cycles calibrated on this GPU) alone without the shim, then each at 10/50/90% in one process; four processes of one 50% slice; one 50% slice mixing the three lengths; two burst slices 30% + 20% (split 3:2 +-20%, >= 75% used); burst 30% high + 30% low (high >= low + 10 points): each process's kernels/s over its length's solo rate, summed per slice, within +-${POINTS} points"
     [10]="a process holding 512 MiB in each of two slices: nvidia-smi (--query-compute-apps and the table, which read NVML's private export table) in slice A lists A's process alone, in B B's alone, both without the shim; the shim must know the driver's table layout (GPUSLICE_LOG=debug says when it does not)"
     [11]="driver_growth.py under a ${CAP_MIB} MiB limit: fills the slice to 256 MiB below the cap, loads a PTX module with 128 MiB of static data whose kernel has a 4 KiB stack frame, launches it once (lazy loading places the module, local memory grows for every resident thread): the next 2 MiB allocation is refused, and the slice's cuMemGetInfo covers the driver's per-process figure (nvidia-smi, outside the shim) within 1.5 s of the launch"
+    [12]="oversubscribe.py (PyTorch) under memory ${CAP_MIB} MiB, virtual ${CAP_MIB} MiB + 4 GiB: mem_get_info total = the virtual size; 256 MiB tensors fill past the cap; nvidia-smi (no shim) samples the process's memory while held: <= the cap; a read of host-placed memory is slower than one on the card"
     [8]="driver_facts.py without the shim (ctypes on libcuda.so.1, libnvidia-ml.so.1): cuGetProcAddress_v2 at 12080 and the driver's version, default and per-thread stream, returns dlsym of every export the shim hooks; primary context active 0/1/0/1/1/0 over retain, reset, retain, release, release; reports the context's NVML cost, the VMM granularity and a 1-byte cuMemAlloc's cost"
 )
 
@@ -573,6 +575,45 @@ check_11() {
     "$PY" "$HERE/evaluate.py" growth "$WORK/growth.out" --bound-s 1.5 | record_eval "$id" "$name"
 }
 
+check_12() {
+    local id=12 name=${TITLE[12]} cfg pid over_mib=$((CAP_MIB + 4096)) peak=0 used line numbers bad=""
+    [ "$HAVE_TORCH" -eq 1 ] || { record "$id" "$name" SKIP '{}' "no torch for $PY"; return; }
+    budget_ok 60 || { record "$id" "$name" SKIP '{}' "time budget (${BUDGET_S}s) spent"; return; }
+    cfg=$(write_config over "${CAP_MIB}MiB" "")
+    sed -i "s/\"memory\":\"${CAP_MIB}MiB\"/&,\"virtual\":\"${over_mib}MiB\"/" "$cfg"
+    spawn over 150 "$IN_SLICE" "$cfg" "$PY" "$HERE/oversubscribe.py" --ready "$WORK/over.ready" --release "$WORK/over.release"
+    pid=$BG_LAST
+    if wait_files 120 "$pid" "$WORK/over.ready"; then
+        for _ in 1 2 3 4 5; do
+            used=$(timeout 30 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -i 0 2>>"$LOG" |
+                awk -F', *' -v p="$pid" '$1 == p { print $2 }' | sort -n | tail -1)
+            [ -n "$used" ] && [ "$used" -gt "$peak" ] && peak=$used
+            sleep 0.2
+        done
+    fi
+    touch "$WORK/over.release"
+    bg_wait over "$pid"
+    line=$(tail -1 "$WORK/over.out")
+    [ -n "$line" ] || line='{}'
+    numbers=$("$PY" -c 'import json,sys; d=json.loads(sys.argv[1]); d["smi_peak_mib"]=int(sys.argv[2]); print(json.dumps(d))' "$line" "$peak" 2>/dev/null || echo '{}')
+    "$PY" - "$numbers" "$CAP_MIB" "$over_mib" >"$WORK/over.verdict" <<'PY'
+import json, sys
+d, cap, over = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+bad = []
+if d.get("total", 0) >> 20 != over: bad.append(f"mem_get_info total {d.get('total', 0) >> 20} MiB, want {over}")
+if d.get("filled", 0) >> 20 <= cap: bad.append(f"filled only {d.get('filled', 0) >> 20} MiB: nothing past the cap")
+if not 0 < d.get("smi_peak_mib", 0) <= cap: bad.append(f"nvidia-smi saw {d.get('smi_peak_mib')} MiB for the process, cap {cap}")
+if not d.get("host_read_ms", 0) > d.get("card_read_ms", 0): bad.append("a host-placed read was not slower than a card read")
+print("; ".join(bad))
+PY
+    bad=$(cat "$WORK/over.verdict")
+    if [ -n "$bad" ]; then
+        record "$id" "$name" FAIL "$numbers" "$bad"
+    else
+        record "$id" "$name" PASS "$numbers" "told ${over_mib} MiB, card peak ${peak} MiB <= ${CAP_MIB}"
+    fi
+}
+
 # matrix_group TAG CASE KIND TARGETS SPEC...: runs every SPEC together (each waits on its
 # --ready/--go pair, so all measure the same seconds) and appends the case to the manifest
 # evaluate.py reads. SPEC = SLICE:LEN:CONFIG (CONFIG "-" = outside every slice, no shim);
@@ -708,7 +749,7 @@ if [ -x "$CLI" ]; then
 fi
 
 # Longest last, so the budget guard cuts the least; 8 first: the facts the others rest on.
-for id in 8 1 10 2 3 4 11 7 6 5 9; do
+for id in 8 1 10 2 3 4 11 12 7 6 5 9; do
     selected "$id" || continue
     # 7 needs no GPU; 8 needs only a libcuda.so.1 (it says so itself when there is none).
     if [ "$id" != 7 ] && [ "$id" != 8 ] && [ "$HAVE_SMI" -eq 0 ]; then

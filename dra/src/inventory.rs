@@ -21,6 +21,9 @@ pub struct Gpu {
     pub driver_version: String,
     /// CUDA driver API version (major, minor), e.g. (13, 0).
     pub cuda_driver_version: (u32, u32),
+    /// Whether the operator offers this GPU's devices oversubscribed (`--oversubscribe`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oversubscription: Option<crate::model::Oversubscription>,
 }
 
 /// Reads every GPU from NVML (`lib`: the libnvidia-ml.so to load; default: the system's).
@@ -60,6 +63,7 @@ pub fn from_nvml(lib: Option<&Path>) -> Result<Vec<Gpu>, String> {
             compute_capability: (cc.major.max(0) as u32, cc.minor.max(0) as u32),
             driver_version: driver_version.clone(),
             cuda_driver_version,
+            oversubscription: None,
         });
     }
     Ok(gpus)

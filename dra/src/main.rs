@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use gpuslice_common::cdi::{check_container_path, core_beside, DEFAULT_CONTAINER_LIB};
-use gpuslice_dra::model::Model;
+use gpuslice_dra::model::{Model, Oversubscription};
 use gpuslice_dra::plugin::{serve_with_health, Driver, HealthService};
 use gpuslice_dra::prepare::{NvidiaCdi, Preparer, Settings};
 use gpuslice_dra::publish::{OnMissingGate, Publisher, Recheck};
@@ -60,6 +60,12 @@ struct Args {
     /// libnvidia-ml.so to load [default: the system's libnvidia-ml.so.1].
     #[arg(long)]
     nvml_lib: Option<PathBuf>,
+    /// Offer every device oversubscribed: a claim is told PERCENT% of the memory it is
+    /// allocated (101..=1000), the card holds at most what it is allocated and the rest goes
+    /// to the pod's host memory (within its memory limit). Devices carry the attribute
+    /// oversubscriptionPercent for DeviceClasses to select. Off by default.
+    #[arg(long, value_name = "PERCENT", value_parser = Oversubscription::parse)]
+    oversubscribe: Option<Oversubscription>,
     /// Whether prepared claims also get the NVIDIA GPU's own CDI device (<kind>=<uuid>).
     #[arg(long, value_enum, default_value = "auto")]
     nvidia_cdi: NvidiaCdiMode,
@@ -115,7 +121,10 @@ fn run(args: Args) -> Result<(), String> {
             core.display()
         ));
     }
-    let gpus = inventory::from_nvml(args.nvml_lib.as_deref())?;
+    let mut gpus = inventory::from_nvml(args.nvml_lib.as_deref())?;
+    for gpu in &mut gpus {
+        gpu.oversubscription = args.oversubscribe;
+    }
     eprintln!(
         "gpuslice-dra: node {}: {} GPU(s)",
         args.node_name,

@@ -13,6 +13,12 @@
 //!   devices `gpu-i-unit-a..d` (25% each). A larger slice is a claim for a count of units
 //!   constrained to one card (`matchAttribute: gpuslice.dev/uuid`). Each unit is allocated to
 //!   one claim at most, so the scheduler of any 1.34+ cluster cannot promise more than a card.
+//!
+//! Oversubscription is the operator's to enable (`--oversubscribe PERCENT`, off by default):
+//! every device of the node then carries the attribute `oversubscriptionPercent` (and the
+//! fixed-size ones `virtualMemory`), and a prepared claim's limit file gives each GPU a
+//! `virtual` size of PERCENT% of its memory. A DeviceClass selects (or excludes) such devices
+//! by the attribute; the card still holds at most the memory the claim was allocated.
 
 use std::collections::BTreeMap;
 
@@ -45,6 +51,34 @@ impl Model {
             Model::Capacity => "capacity",
             Model::Units => "units",
         }
+    }
+}
+
+/// Opt-in oversubscription of a node's devices: a claim's virtual size is `percent`% of the
+/// memory it is allocated (101..=1000).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Oversubscription {
+    pub percent: u32,
+}
+
+impl Oversubscription {
+    /// Parses `--oversubscribe`: a whole percentage above 100, at most 1000 (a trailing `%`
+    /// is allowed).
+    pub fn parse(text: &str) -> Result<Oversubscription, String> {
+        match text.trim().trim_end_matches('%').trim().parse::<u32>() {
+            Ok(percent @ 101..=1000) => Ok(Oversubscription { percent }),
+            _ => Err(format!(
+                "{text:?} is not an oversubscription; give the virtual size as a percentage of the physical one, 101..=1000 (150: a 8 GiB slice is told 12 GiB)"
+            )),
+        }
+    }
+
+    /// The virtual size of `memory`: `percent`% of it, rounded down to whole MiB, never below
+    /// `memory`.
+    pub fn virtual_memory(self, memory: u64) -> u64 {
+        const MIB: u64 = 1 << 20;
+        let exact = (memory as u128 * self.percent as u128 / 100).min(u64::MAX as u128) as u64;
+        (exact / MIB * MIB).max(memory)
     }
 }
 
@@ -172,6 +206,20 @@ pub fn consumed(consumed: Option<&BTreeMap<String, Quantity>>) -> Result<(u64, u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn oversubscription_is_a_bounded_percentage() {
+        let over = Oversubscription::parse("150%").unwrap();
+        assert_eq!(over.virtual_memory(8 << 30), 12 << 30);
+        assert_eq!(
+            over.virtual_memory((1 << 20) + 1),
+            (1 << 20) + 1,
+            "never below"
+        );
+        for bad in ["100", "0", "1001", "1.5", "lots", ""] {
+            assert!(Oversubscription::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn product_names_round_trip() {

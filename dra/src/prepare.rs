@@ -413,6 +413,9 @@ impl Preparer {
                         memory_limit: Some(share.memory),
                         // 100% is "not throttled" in the limit-file contract.
                         compute_percent: (share.compute < 100).then_some(share.compute),
+                        virtual_memory: gpu
+                            .oversubscription
+                            .map(|o| o.virtual_memory(share.memory)),
                     })
                 })
                 .collect(),

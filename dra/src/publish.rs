@@ -117,6 +117,19 @@ fn attributes(gpu: &Gpu, model: Model, share: Option<u32>) -> BTreeMap<String, D
     if let Some(share) = share {
         out.insert("share".to_string(), int(share as i64));
     }
+    if let Some(over) = gpu.oversubscription {
+        out.insert(
+            "oversubscriptionPercent".to_string(),
+            int(over.percent as i64),
+        );
+        if let Some(share) = share {
+            let memory = model::product_memory(gpu.memory_bytes, share);
+            out.insert(
+                "virtualMemory".to_string(),
+                int(over.virtual_memory(memory) as i64),
+            );
+        }
+    }
     out
 }
 

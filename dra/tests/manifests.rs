@@ -155,6 +155,7 @@ fn the_resourceslice_example_is_what_the_driver_publishes() {
         compute_capability: (7, 0),
         driver_version: "580.65.06".into(),
         cuda_driver_version: (13, 0),
+        oversubscription: None,
     };
     let want = desired_slices(
         "gpuslice.dev",

@@ -28,7 +28,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use core::ffi::{c_char, c_int, c_void};
-use core::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 compile_error!("the gpuslice front library has trampolines for x86_64 and aarch64 only");
@@ -111,11 +111,12 @@ type AttachFn = unsafe extern "C" fn(*mut Attach) -> c_int;
 type DecideFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_void) -> *mut c_void;
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
-const NOT_TRIED: u8 = 0;
-const LOADED: u8 = 1;
-const FAILED: u8 = 2;
-static STATE: AtomicU8 = AtomicU8::new(NOT_TRIED);
-static CORE_DECIDE: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+/// The front's one state word, which comes before the core's (`session::state`): null while
+/// the core was not loaded, [`FAILED`] once it could not be (every call fails closed), else
+/// the loaded core's dlsym decision function.
+static CORE: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+/// [`CORE`] when the core cannot be loaded (no function has this address).
+const FAILED: *mut c_void = core::ptr::without_provenance_mut(1);
 
 /// Slots 0..HOOK_COUNT entry: loads the core, then re-dispatches with the caller's arguments
 /// (saved and restored around the call; r11 holds the export's index) and return address.
@@ -300,18 +301,15 @@ unsafe extern "C" fn fail_closed_get_proc_address_v2(
 /// slots at [`fail_closed_lookup`]). Two threads may both try: dlopen returns the same handle
 /// and attaching is idempotent.
 extern "C" fn load_core_once() -> bool {
-    match STATE.load(Ordering::Acquire) {
-        LOADED => return true,
-        FAILED => return false,
+    match CORE.load(Ordering::Acquire) {
+        core if core == FAILED => return false,
+        core if !core.is_null() => return true,
         _ => {}
     }
     let mut message = Line::new();
     // SAFETY: called once the process is running (never from a constructor); see load_core.
     match unsafe { load_core(&mut message) } {
-        Ok(()) => {
-            STATE.store(LOADED, Ordering::Release);
-            true
-        }
+        Ok(()) => true,
         Err(()) => {
             let lookup = hook_index(b"cuGetProcAddress");
             let lookup_v2 = hook_index(b"cuGetProcAddress_v2");
@@ -327,7 +325,7 @@ extern "C" fn load_core_once() -> bool {
                 };
                 slot.store(stub, Ordering::Release);
             }
-            if STATE.swap(FAILED, Ordering::AcqRel) != FAILED {
+            if CORE.swap(FAILED, Ordering::AcqRel) != FAILED {
                 message.push(
                     b"; every CUDA and NVML call of this process fails \
                       (CUDA_ERROR_NOT_INITIALIZED / NVML_ERROR_UNINITIALIZED)\n",
@@ -427,10 +425,11 @@ unsafe fn load_core(message: &mut Line) -> Result<(), ()> {
         message.push(b": it left a hook without a handler");
         return Err(());
     }
-    CORE_DECIDE.store(request.decide_dlsym, Ordering::Release);
     for (slot, handler) in SLOTS.0.iter().zip(handlers) {
         slot.store(handler, Ordering::Release);
     }
+    // Loaded: after the slots, so a thread that sees it finds them pointing at the core.
+    CORE.store(request.decide_dlsym, Ordering::Release);
     Ok(())
 }
 
@@ -544,7 +543,7 @@ extern "C" fn decide_dlsym(
         return core::ptr::null_mut();
     };
     if load_core_once() {
-        let decide = CORE_DECIDE.load(Ordering::Acquire);
+        let decide = CORE.load(Ordering::Acquire);
         // SAFETY: set from the core's attach answer, signature DecideFn.
         let decide = unsafe { core::mem::transmute::<*mut c_void, DecideFn>(decide) };
         // SAFETY: the caller's arguments; the core contains its own panics.

@@ -3,8 +3,8 @@
 //! modules of one layer (`memory` and `throttle`) do not import each other, so each can be
 //! read, changed and tested without the other.
 //!
-//! 1. hooks: `hooks/` and `lifecycle.rs` (what a client reaches, and the process lifecycle:
-//!    one unit, the process's entry);
+//! 1. hooks: `hooks/` (what a client reaches, and the process lifecycle that drives the
+//!    session's state);
 //! 2. policy: `memory/` and `throttle/` (siblings);
 //! 3. session: `session/` (this process's slice: region and slot, host PID, clock, mode,
 //!    the fork reset);
@@ -40,7 +40,7 @@ struct Unit {
 fn unit_of(name: &str) -> Option<Unit> {
     let unit = |layer, name| Some(Unit { layer, name });
     match name {
-        "hooks" | "lifecycle" => unit(Layer::Hooks, "hooks"),
+        "hooks" => unit(Layer::Hooks, "hooks"),
         "memory" => unit(Layer::Policy, "memory"),
         "throttle" => unit(Layer::Policy, "throttle"),
         "session" => unit(Layer::Session, "session"),
@@ -191,7 +191,7 @@ const GROUND: Unit = Unit {
 fn an_import_of_a_higher_layer_is_caught_and_one_of_a_lower_layer_passes() {
     let source = "use crate::memory::ledger;\n\
                   // crate::hooks in a comment names nothing\n\
-                  use crate::{ground::log, lifecycle};\n\
+                  use crate::{ground::log, hooks};\n\
                   let x = crate::ground::driver::real::cuInit();\n\
                   crate::log_error!(\"x\");\n\
                   use crate::something_new;\n\
@@ -201,7 +201,7 @@ fn an_import_of_a_higher_layer_is_caught_and_one_of_a_lower_layer_passes() {
         violations(GROUND, source),
         vec![
             (1, "crate::memory (Policy)".to_string()),
-            (3, "crate::lifecycle (Hooks)".to_string()),
+            (3, "crate::hooks (Hooks)".to_string()),
             (6, "crate::something_new (no layer known)".to_string()),
             (7, "super::super (leaves the folder)".to_string()),
             (8, "crate::session (Session)".to_string()),
@@ -212,10 +212,15 @@ fn an_import_of_a_higher_layer_is_caught_and_one_of_a_lower_layer_passes() {
     assert_eq!(session[0], (1, "crate::memory (Policy)".to_string()));
     let policy = violations(MEMORY, source);
     assert_eq!(policy.len(), 3, "{policy:?}");
-    assert_eq!(policy[0], (3, "crate::lifecycle (Hooks)".to_string()));
+    assert_eq!(policy[0], (3, "crate::hooks (Hooks)".to_string()));
     assert_eq!(violations(HOOKS, source).len(), 2, "only the unknowns");
     assert_eq!(file_unit(Path::new("hooks/memory.rs")), Some(HOOKS));
-    assert_eq!(file_unit(Path::new("lifecycle.rs")), Some(HOOKS));
+    assert_eq!(file_unit(Path::new("hooks/lifecycle.rs")), Some(HOOKS));
+    assert_eq!(
+        file_unit(Path::new("lifecycle.rs")),
+        None,
+        "no module outside the layers"
+    );
     assert_eq!(file_unit(Path::new("memory/ledger.rs")), Some(MEMORY));
     assert_eq!(file_unit(Path::new("throttle/watcher.rs")), Some(THROTTLE));
     assert_eq!(file_unit(Path::new("session/mode.rs")), Some(SESSION));
@@ -252,6 +257,4 @@ fn a_sibling_import_and_an_upward_import_are_caught() {
         violations(GROUND, "$crate::session::fork::reset();\n"),
         vec![(1, "crate::session (Session)".to_string())]
     );
-    // `lifecycle` and `hooks` are one unit: no sibling rule between them.
-    assert!(violations(HOOKS, "use crate::lifecycle::admit;\n").is_empty());
 }

@@ -4,14 +4,14 @@
 //! between CUDA/NVML clients and the real driver and turn one GPU into an enforced slice.
 //!
 //! Four layers; imports run downward only, and never between siblings of one layer (the
-//! `layers` test fails otherwise). The process [`lifecycle`] (initialisation, the
-//! fail-closed gate, registering the fork handler) belongs to the top one.
+//! `layers` test fails otherwise).
 //! 1. the hook layer, what a client reaches: [`hooks`] (the registry, the exported shells,
-//!    the dlsym and cuGetProcAddress paths, every handler, the fail-closed gate and refusal);
+//!    the dlsym and cuGetProcAddress paths, every handler, the process's lifecycle: its
+//!    initialisation, the fail-closed gate and refusal);
 //! 2. policy: [`memory`] (the ledger and what each path charges) and [`throttle`] (the
 //!    compute share), siblings;
 //! 3. [`session`]: this process's slice, which both policies read (the region mapping and
-//!    slot, the host PID, the clock, the published mode, the fork reset);
+//!    slot, the host PID, the clock, the process state, the fork reset);
 //! 4. ground: [`ground`] (the real driver, device binding, logging).
 //!
 //! Exports are compiled only outside `cfg(test)`: a unit-test binary must never interpose its
@@ -23,7 +23,6 @@ pub mod hooks;
 pub mod ground;
 #[cfg(test)]
 mod layers;
-pub mod lifecycle;
 pub mod memory;
 pub mod session;
 pub mod throttle;

@@ -24,6 +24,7 @@ const SERIAL_TEST_BINARIES: &[(&str, &str)] = &[
     ("cuda-e2e", "start_storm"),
     ("cuda-e2e", "backstop"),
     ("gpuslice-dra", "cluster"),
+    ("cuda-e2e", "vllm"),
 ];
 
 fn main() {

@@ -6,8 +6,8 @@ use super::schema::{
     SliceConfig,
 };
 use super::{
-    HAMI_LOG_LEVEL_ENV, HAMI_MEMORY_LIMIT_ENV, HAMI_POLICY_ENV, HAMI_PRIORITY_ENV,
-    HAMI_SHARED_CACHE_ENV, HAMI_SM_LIMIT_ENV, MAX_DEVICES,
+    HAMI_LOG_LEVEL_ENV, HAMI_MEMORY_LIMIT_ENV, HAMI_OVERSUBSCRIBE_ENV, HAMI_POLICY_ENV,
+    HAMI_PRIORITY_ENV, HAMI_SHARED_CACHE_ENV, HAMI_SM_LIMIT_ENV, MAX_DEVICES,
 };
 use crate::size::parse_size;
 
@@ -87,6 +87,7 @@ pub fn from_hami_env(
                 selector: DeviceSelector::Index(index),
                 memory_limit,
                 compute_percent,
+                virtual_memory: None,
             });
         }
     }
@@ -178,4 +179,19 @@ pub(super) fn hami_log_level(
             )
         }),
     }
+}
+
+/// HAMi's `CUDA_OVERSUBSCRIBE=true` cannot be honoured: under it HAMi's device plugin hands the
+/// container the oversubscribed size in `CUDA_DEVICE_MEMORY_LIMIT[_<i>]`, and the physical
+/// share is in no variable, so there is nothing to keep the card within. The limit stays a
+/// hard cap on the card; this is the one line that says so.
+pub(super) fn hami_oversubscribe_warning(
+    get_env: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
+    let value = get_set(get_env, HAMI_OVERSUBSCRIBE_ENV)?;
+    value.trim().eq_ignore_ascii_case("true").then(|| {
+        format!(
+            "{HAMI_OVERSUBSCRIBE_ENV}=true is ignored: HAMi's limit variables carry the oversubscribed size, not the physical share, so {HAMI_MEMORY_LIMIT_ENV} stays a hard cap on the card; to oversubscribe, give the physical share as \"memory\" and the larger size as \"virtual\" in a limit file"
+        )
+    })
 }

@@ -3,7 +3,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::hami::{from_hami_env, get_set, hami_log_level};
+use super::hami::{from_hami_env, get_set, hami_log_level, hami_oversubscribe_warning};
 use super::parse::parse_limit_file;
 use super::schema::{ConfigError, ConfigSource, Loaded, LogLevel, SliceConfig};
 use super::{
@@ -163,7 +163,13 @@ fn load_config(
                     }
                 }
             }
-            None => from_hami_env(get_env)?,
+            None => {
+                let config = from_hami_env(get_env)?;
+                if config.is_some() {
+                    warnings.extend(hami_oversubscribe_warning(get_env));
+                }
+                config
+            }
         },
     };
     let config = match config {

@@ -29,7 +29,7 @@
 //!  "log": "error",
 //!  "devices": [
 //!     {"uuid": "GPU-8a5d...", "memory": "8GiB", "compute": 25},
-//!     {"index": 1, "memory": 17179869184}
+//!     {"index": 1, "memory": 17179869184, "virtual": "24GiB"}
 //!  ]}
 //! ```
 //! `version` and `devices` are required (`devices` may be empty); `region` must be an
@@ -37,7 +37,10 @@
 //! slice); `policy` is `cap|burst|off` (default `cap`); `priority` is `high|normal|low` (default
 //! `normal`: who gets idle time first under `burst`); `log` is `off|error|warn|info|debug|trace`.
 //! Each device names exactly one of `uuid` or `index` (0..=15), and may give `memory` (size
-//! string or integer bytes, not 0) and `compute` (1..=100). A `uuid` is spelled as
+//! string or integer bytes, not 0), `compute` (1..=100) and `virtual` (opt-in
+//! oversubscription: a size at least `memory`, given only beside it; the slice's processes are
+//! told and may allocate this much, the card holds at most `memory` for them and the rest is
+//! placed in the container's host memory). A `uuid` is spelled as
 //! `nvidia-smi -L` prints it: `GPU-` and 32 hex digits grouped 8-4-4-4-12, or a MIG device's
 //! `MIG-<same grouping>` / `MIG-GPU-<uuid>/<gi>/<ci>` (any case); anything else is a syntax
 //! error, so a truncated or prefix-less UUID cannot be accepted. `region` is at most
@@ -60,6 +63,9 @@
 //! * `CUDA_TASK_PRIORITY`: `0` -> `High`, `1` -> `Low` (unset: `Normal`). It orders who gets
 //!   idle time under `burst`, which only a limit file selects: with HAMi's policies it is
 //!   accepted and has no effect.
+//! * `CUDA_OVERSUBSCRIBE=true` (HAMi's `deviceMemoryScaling` above 1) is not honoured: HAMi
+//!   puts the oversubscribed size in the limit variables and the physical share in none, so
+//!   there is nothing to keep the card within. The limit stays a hard cap; a warning says so.
 //! * `LIBCUDA_LOG_LEVEL`: HAMi's 0..4 -> `0` Error, `1`/`2` Warn, `3` Info, `4` Debug, `5+` Trace
 //!   (HAMi has no "off": it always prints errors); level names are accepted too.
 //!
@@ -117,6 +123,8 @@ pub(crate) const HAMI_POLICY_ENV: &str = "GPU_CORE_UTILIZATION_POLICY";
 pub(crate) const HAMI_PRIORITY_ENV: &str = "CUDA_TASK_PRIORITY";
 /// HAMi: log level 0..4.
 pub(crate) const HAMI_LOG_LEVEL_ENV: &str = "LIBCUDA_LOG_LEVEL";
+/// HAMi: memory oversubscription on (`true`); not honoured (see `hami`), only reported.
+pub(crate) const HAMI_OVERSUBSCRIBE_ENV: &str = "CUDA_OVERSUBSCRIBE";
 /// Longest UUID the region header can store (it keeps a NUL-terminated `[u8; 64]`).
 pub(crate) const MAX_UUID_LEN: usize = 63;
 

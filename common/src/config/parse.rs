@@ -18,7 +18,7 @@ use crate::size::parse_size;
 use crate::text::{shorten, MAX_QUOTED};
 
 const TOP_LEVEL_FIELDS: [&str; 6] = ["version", "region", "policy", "priority", "log", "devices"];
-const DEVICE_FIELDS: [&str; 4] = ["uuid", "index", "memory", "compute"];
+const DEVICE_FIELDS: [&str; 5] = ["uuid", "index", "memory", "compute", "virtual"];
 
 /// Parses a limit file's text. `path_for_messages` only labels errors and becomes
 /// `ConfigSource::File`; nothing is read from it.
@@ -321,11 +321,36 @@ fn parse_device(entry: &Value, prefix: &str) -> Result<DeviceLimit, FieldProblem
         None => None,
         Some(value) => Some(parse_compute(value).map_err(|p| (at("compute"), p))?),
     };
+    let virtual_memory = match fields.get("virtual") {
+        None => None,
+        Some(value) => Some(parse_virtual(value, memory_limit).map_err(|p| (at("virtual"), p))?),
+    };
     Ok(DeviceLimit {
         selector,
         memory_limit,
         compute_percent,
+        virtual_memory,
     })
+}
+
+/// The oversubscribed size: a size like `memory`, given only beside a physical `memory` and
+/// never below it (the application is told at least what the card holds for it).
+fn parse_virtual(value: &Value, memory: Option<u64>) -> Result<u64, String> {
+    let bytes = parse_memory(value)?;
+    let Some(memory) = memory else {
+        return Err(
+            "needs \"memory\" beside it: the physical share is what the card holds, the virtual size is what the application is told"
+                .into(),
+        );
+    };
+    if bytes < memory {
+        return Err(format!(
+            "{} is smaller than memory ({}); the virtual size is at least the physical share (equal: no oversubscription)",
+            crate::size::format_size(bytes),
+            crate::size::format_size(memory)
+        ));
+    }
+    Ok(bytes)
 }
 
 fn parse_uuid(value: &Value) -> Result<String, String> {

@@ -22,6 +22,19 @@ pub struct DeviceLimit {
     pub memory_limit: Option<u64>,
     /// Compute share in percent (1..=100); `None` or 100 = not throttled.
     pub compute_percent: Option<u32>,
+    /// Opt-in oversubscription: the size the slice's processes are told and may allocate, at
+    /// least `memory_limit` (which stays the most the card holds for them); what lies past the
+    /// physical cap is placed in the container's host memory. `None` = no oversubscription.
+    pub virtual_memory: Option<u64>,
+}
+
+impl DeviceLimit {
+    /// Bytes the slice may place in host memory past its physical cap on this device
+    /// (`virtual - memory`); `None` when it does not oversubscribe.
+    pub fn host_excess(&self) -> Option<u64> {
+        let excess = self.virtual_memory?.checked_sub(self.memory_limit?)?;
+        (excess > 0).then_some(excess)
+    }
 }
 
 /// What the throttle does with the compute share.

@@ -32,6 +32,8 @@ pub fn to_json(config: &SliceConfig) -> String {
         memory: Option<MemoryOut>,
         #[serde(skip_serializing_if = "Option::is_none")]
         compute: Option<u32>,
+        #[serde(rename = "virtual", skip_serializing_if = "Option::is_none")]
+        virtual_memory: Option<MemoryOut>,
     }
     #[derive(Serialize)]
     #[serde(untagged)]
@@ -48,19 +50,20 @@ pub fn to_json(config: &SliceConfig) -> String {
                 DeviceSelector::Uuid(uuid) => (Some(uuid.clone()), None),
                 DeviceSelector::Index(index) => (None, Some(*index)),
             };
-            let memory = limit.memory_limit.map(|bytes| {
+            let size = |bytes: u64| {
                 let text = format_size(bytes);
                 if text.ends_with(" B") {
                     MemoryOut::Bytes(bytes)
                 } else {
                     MemoryOut::Text(text)
                 }
-            });
+            };
             DeviceOut {
                 uuid,
                 index,
-                memory,
+                memory: limit.memory_limit.map(size),
                 compute: limit.compute_percent,
+                virtual_memory: limit.virtual_memory.map(size),
             }
         })
         .collect();

@@ -29,6 +29,7 @@ fn uuid_limit(uuid: &str, memory: Option<u64>, compute: Option<u32>) -> DeviceLi
         selector: DeviceSelector::Uuid(uuid.into()),
         memory_limit: memory,
         compute_percent: compute,
+        virtual_memory: None,
     }
 }
 
@@ -37,6 +38,7 @@ fn index_limit(index: u32, memory: Option<u64>, compute: Option<u32>) -> DeviceL
         selector: DeviceSelector::Index(index),
         memory_limit: memory,
         compute_percent: compute,
+        virtual_memory: None,
     }
 }
 
@@ -71,6 +73,59 @@ fn parses_the_documented_example() {
             log_level: Some(LogLevel::Debug),
         }
     );
+}
+
+#[test]
+fn a_virtual_size_beside_memory_opts_into_oversubscription() {
+    let config = file(
+        r#"{"version": 1, "devices": [
+              {"index": 0, "memory": "8GiB", "virtual": "24GiB"},
+              {"index": 1, "memory": "8GiB", "virtual": 8589934592},
+              {"index": 2, "memory": "8GiB"}]}"#,
+    )
+    .unwrap();
+    let [over, equal, plain] = &config.devices[..] else {
+        panic!("{:?}", config.devices)
+    };
+    assert_eq!(over.virtual_memory, Some(24 * GIB));
+    assert_eq!(over.host_excess(), Some(16 * GIB));
+    assert_eq!(equal.virtual_memory, Some(8 * GIB));
+    assert_eq!(
+        equal.host_excess(),
+        None,
+        "equal to memory: no oversubscription"
+    );
+    assert_eq!((plain.virtual_memory, plain.host_excess()), (None, None));
+    // Written back and read again: the same limits.
+    let again = parse_limit_file(Path::new("/etc/gpuslice/limits.json"), &to_json(&config));
+    assert_eq!(again.unwrap().devices, config.devices);
+    assert!(to_json(&config).contains("\"virtual\": \"24 GiB\""));
+}
+
+#[test]
+fn hamis_oversubscribe_flag_is_reported_not_honoured() {
+    let outcome = load_anchored(
+        Path::new("/nonexistent/gpuslice-anchor.json"),
+        &env(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "24g"),
+            ("CUDA_OVERSUBSCRIBE", "true"),
+        ]),
+    );
+    assert_eq!(memory_of(&outcome.loaded), Some(24 * GIB), "a hard cap");
+    let Loaded::Configured(config) = &outcome.loaded else {
+        unreachable!()
+    };
+    assert_eq!(config.devices[0].virtual_memory, None);
+    assert_eq!(outcome.warnings.len(), 1, "{:?}", outcome.warnings);
+    assert!(outcome.warnings[0].starts_with("CUDA_OVERSUBSCRIBE=true is ignored"));
+    let quiet = load_anchored(
+        Path::new("/nonexistent/gpuslice-anchor.json"),
+        &env(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "24g"),
+            ("CUDA_OVERSUBSCRIBE", "false"),
+        ]),
+    );
+    assert!(quiet.warnings.is_empty(), "{:?}", quiet.warnings);
 }
 
 #[test]
@@ -213,6 +268,31 @@ fn every_file_error_names_path_field_and_problem() {
             r#"{"version": 1, "devices": [{"index": 0, "compute": 0}]}"#,
             "devices[0].compute",
             "1..=100",
+        ),
+        (
+            r#"{"version": 1, "devices": [{"index": 0, "virtual": "16GiB"}]}"#,
+            "devices[0].virtual",
+            "needs \"memory\" beside it",
+        ),
+        (
+            r#"{"version": 1, "devices": [{"index": 0, "memory": "8GiB", "virtual": "4GiB"}]}"#,
+            "devices[0].virtual",
+            "4 GiB is smaller than memory (8 GiB)",
+        ),
+        (
+            r#"{"version": 1, "devices": [{"index": 0, "memory": "8GiB", "virtual": 0}]}"#,
+            "devices[0].virtual",
+            "0 would refuse",
+        ),
+        (
+            r#"{"version": 1, "devices": [{"index": 0, "memory": "8GiB", "virtual": "lots"}]}"#,
+            "devices[0].virtual",
+            "not a size",
+        ),
+        (
+            r#"{"version": 1, "devices": [{"index": 0, "memory": "8GiB", "virtal": "9GiB"}]}"#,
+            "devices[0].virtal",
+            "known fields: uuid, index, memory, compute, virtual",
         ),
         (
             r#"{"version": 1, "devices": [{"index": 0, "compute": 101}]}"#,
@@ -692,12 +772,17 @@ fn arbitrary_config() -> impl Strategy<Value = SliceConfig> {
         selector,
         prop::option::of(1u64..),
         prop::option::of(1u32..=100),
+        prop::option::of(0u64..),
     )
-        .prop_map(|(selector, memory_limit, compute_percent)| DeviceLimit {
-            selector,
-            memory_limit,
-            compute_percent,
-        });
+        .prop_map(
+            |(selector, memory_limit, compute_percent, excess)| DeviceLimit {
+                selector,
+                memory_limit,
+                compute_percent,
+                // Only beside a memory cap, and never below it.
+                virtual_memory: memory_limit.zip(excess).map(|(m, e)| m.saturating_add(e)),
+            },
+        );
     let policy = prop::sample::select(vec![
         ComputePolicy::Cap,
         ComputePolicy::Burst,

@@ -132,7 +132,21 @@ pub struct Header {
     /// Processes of the slice that failed closed after opening the region (e.g. a limit-file
     /// entry that names no device): a counter for the node agent.
     pub fail_closed_events: AtomicU64,
-    _reserved: [AtomicU64; 8],
+    /// Moves whenever the slice's membership changes: a slot claimed or freed, a host PID
+    /// recorded, a death noticed (`region::deaths`). Readers that index the members by PID
+    /// rebuild their index only when it moved.
+    pub members_epoch: AtomicU64,
+    /// Sweeps for dead processes still wanted (0 = none; `region::deaths`).
+    pub sweeps_wanted: AtomicU64,
+    /// CLOCK_MONOTONIC nanoseconds of the slice's last sweep (one sweep for all processes).
+    pub swept_at_ns: AtomicU64,
+    /// Inode of the PID namespace whose PIDs NVML reports unchanged, as a process of the
+    /// slice saw its own PID in NVML's list (0 = not learned): a process of that namespace
+    /// knows its NVML PID without measuring it (`session::host_pid` in the shim).
+    pub nvml_pid_namespace: AtomicU64,
+    /// Zero in files written before the four words above existed, which reads as "nothing
+    /// yet", so the layout version did not change.
+    _reserved: [AtomicU64; 4],
 }
 
 #[repr(C)]
@@ -143,7 +157,9 @@ pub struct DeviceEntry {
     pub memory_limit: AtomicU64,
     /// 1..=100; 0 = not throttled.
     pub compute_percent: AtomicU32,
-    _flags: AtomicU32,
+    /// Moves each time the measuring turn is given back (or a measurement published): the
+    /// futex word a process waiting for the turn sleeps on (`region::turn_wait`).
+    pub turn_changes: AtomicU32,
     /// The slice's utilisation of this device as the compute throttle last measured it, in
     /// basis points plus one (0 = never measured), and when (CLOCK_MONOTONIC ns). Written by
     /// the throttle's leader each tick; read by `gpuslice status`.
@@ -171,7 +187,15 @@ pub struct DeviceEntry {
     /// the processes, for the node agent. Read as 0 in files that predate them.
     pub refused_allocations: AtomicU64,
     pub throttled_ns: AtomicU64,
-    _reserved1: [AtomicU64; 5],
+    /// NVML's process list of this device, read once for every process of the slice that
+    /// waits for it (`region::listing`): even = none being read, odd = one being read; each
+    /// read moves it by two. The futex word its waiters sleep on.
+    pub listing_seq: AtomicU32,
+    _pad: AtomicU32,
+    /// CLOCK_MONOTONIC ns at which the listing being read began (a reader that stalls past
+    /// `listing::TAKEOVER` is taken over).
+    pub listing_since_ns: AtomicU64,
+    _reserved1: [AtomicU64; 3],
     /// Reserved for the compute throttle (token bucket state).
     pub throttle: [AtomicU64; THROTTLE_WORDS],
 }
@@ -197,7 +221,9 @@ pub struct ProcessSlot {
     /// The ledger operation this slot has in flight (target bytes, sequence, device, state);
     /// see `region::ledger`.
     pub intent: AtomicU64,
-    _aux: AtomicU64,
+    /// What NVML's last listing of a device showed this process holding there (bytes, device
+    /// entry and the listing's sequence; `region::listing`).
+    pub listed: AtomicU64,
     /// Bytes this process holds (low 48 bits) and the sequence number of its last ledger
     /// operation that landed (above), per device entry.
     pub used: [AtomicU64; MAX_DEVICES],
@@ -274,15 +300,23 @@ mod tests {
         assert_eq!(offset_of!(Header, slot_high_water), 36);
         assert_eq!(offset_of!(Header, total_size), 40);
         assert_eq!(offset_of!(Header, generation), 48);
+        assert_eq!(offset_of!(Header, fail_closed_events), 56);
+        assert_eq!(offset_of!(Header, members_epoch), 64);
+        assert_eq!(offset_of!(Header, sweeps_wanted), 72);
+        assert_eq!(offset_of!(Header, swept_at_ns), 80);
+        assert_eq!(offset_of!(Header, nvml_pid_namespace), 88);
 
         assert_eq!(offset_of!(DeviceEntry, uuid), 0);
         assert_eq!(offset_of!(DeviceEntry, memory_limit), 64);
         assert_eq!(offset_of!(DeviceEntry, compute_percent), 72);
+        assert_eq!(offset_of!(DeviceEntry, turn_changes), 76);
         assert_eq!(offset_of!(DeviceEntry, context_cost), 96);
         assert_eq!(offset_of!(DeviceEntry, measuring_pid), 104);
         assert_eq!(offset_of!(DeviceEntry, measuring_pid_ns), 112);
         assert_eq!(offset_of!(DeviceEntry, total), 120);
         assert_eq!(offset_of!(DeviceEntry, key), 128);
+        assert_eq!(offset_of!(DeviceEntry, listing_seq), 152);
+        assert_eq!(offset_of!(DeviceEntry, listing_since_ns), 160);
         assert_eq!(offset_of!(DeviceEntry, throttle), 192);
 
         assert_eq!(offset_of!(ProcessSlot, state), 0);
@@ -293,6 +327,7 @@ mod tests {
         assert_eq!(offset_of!(ProcessSlot, heartbeat), 32);
         assert_eq!(offset_of!(ProcessSlot, dead_since), 40);
         assert_eq!(offset_of!(ProcessSlot, intent), 48);
+        assert_eq!(offset_of!(ProcessSlot, listed), 56);
         assert_eq!(offset_of!(ProcessSlot, used), 64);
         assert_eq!(offset_of!(ProcessSlot, contexts), 192);
     }

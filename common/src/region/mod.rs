@@ -116,14 +116,18 @@
 //! second reaper skips the slot) with a CAS naming the claim generation it judged, so a slot
 //! re-claimed meanwhile is never freed.
 
+mod deaths;
 mod devices;
+mod futex;
 mod layout;
 mod ledger;
+mod listing;
 mod lock;
 mod open;
 mod proc;
 mod slots;
 
+pub use deaths::{Member, SweepReason, SWEEP_INTERVAL};
 pub use layout::{
     measuring_turn_offset, slot_lock_offset, slot_reclaim_offset, DEVICE_ENTRY_SIZE, HEADER_SIZE,
     INIT_LOCK_OFFSET, LAYOUT_VERSION, MAGIC, MAX_DEVICES, MAX_PROCESSES, REGION_SIZE, SLOTS_OFFSET,
@@ -141,6 +145,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 /// A device entry of the region (0..MAX_DEVICES), obtained from `bind_devices`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -441,9 +446,10 @@ pub struct DeadSlot {
     pub dead_for: std::time::Duration,
 }
 
-/// How long a dead slot stays charged at most when NOTHING can tell whether the driver
-/// released its memory (no NVML answer or no host PID, and another PID namespace or an exec'd
-/// owner), so that a dead process's budget is never lost for good. A judge that has the
+/// How long a dead slot stays charged, after a process of the slice first found it dead, when
+/// the driver cannot be asked whether it released its memory (no NVML answer, or no host PID),
+/// so that a dead process's budget is never lost for good; the kernel's word that the owner
+/// exited does not shorten it (a driver may free the memory later). A judge that has the
 /// driver's word (NVML lists the host PID) never uses it: a slow driver keeps the budget
 /// charged for as long as it holds the memory.
 pub const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -711,6 +717,8 @@ pub struct Region {
     held: Box<[HeldSlot]>,
     /// This process's descriptors holding a device's measuring turn.
     turns: Box<[HeldSlot]>,
+    /// This process's index of the slice's members (`deaths`).
+    members: deaths::MemberCache,
 }
 
 /// A region opened read-only (the CLI): snapshots only, no locks taken, no write access needed.
@@ -751,6 +759,19 @@ impl Region {
     /// The UUID a device entry is bound to (empty for an unused entry).
     pub fn device_uuid(&self, device: DeviceId) -> String {
         uuid_from_words(&load_uuid(&self.map.layout().devices[device.index()]))
+    }
+
+    /// The entry bound to `uuid` (compared without regard to case), if one is.
+    pub fn device_named(&self, uuid: &str) -> Option<DeviceId> {
+        self.map
+            .layout()
+            .devices
+            .iter()
+            .position(|entry| {
+                entry.key.load(Ordering::Acquire) != 0
+                    && uuid_from_words(&load_uuid(entry)).eq_ignore_ascii_case(uuid)
+            })
+            .map(|index| DeviceId(index as u8))
     }
 
     /// Reserves `bytes` on `device` for `slot`, or refuses without keeping anything when the
@@ -893,9 +914,14 @@ impl Region {
 
     /// Records the host PID of `slot` once the shim learns it (e.g. from NVML).
     pub fn set_host_pid(&self, slot: SlotId, host_pid: u32) {
-        self.map.layout().slots[slot.index()]
+        let layout = self.map.layout();
+        if layout.slots[slot.index()]
             .host_pid
-            .store(host_pid, Ordering::Relaxed);
+            .swap(host_pid, Ordering::AcqRel)
+            != host_pid
+        {
+            deaths::membership_changed(layout);
+        }
     }
 
     pub fn context_created(&self, slot: SlotId, device: DeviceId) {
@@ -947,6 +973,7 @@ impl Region {
                 held.busy.reset();
             }
         }
+        self.members.reset_turn();
     }
 }
 
@@ -966,6 +993,9 @@ impl Drop for MeasuringTurn<'_> {
         if fd >= 0 {
             drop(OwnedFd::from_raw(fd));
         }
+        // The waiters wake to what the holder published (and to a free turn).
+        entry.turn_changes.fetch_add(1, Ordering::AcqRel);
+        futex::wake_all(&entry.turn_changes);
     }
 }
 
@@ -1005,9 +1035,32 @@ impl Region {
         }))
     }
 
-    /// Whether the holder of `device`'s measuring turn is stopped or traced (SIGSTOP, a
-    /// debugger, `docker pause`): waiting for it is then pointless. False when unknown
-    /// (no holder recorded, or one in another PID namespace).
+    /// Whether nobody holds `device`'s measuring turn (one probe of its lock, through the
+    /// mapped file's description, which holds none).
+    pub fn measuring_turn_free(&self, device: DeviceId) -> bool {
+        !lock::is_locked_by_other(&self.file, layout::measuring_turn_offset(device.index()))
+            .unwrap_or(true)
+    }
+
+    /// How many times `device`'s measuring turn was given back: read it, check what the
+    /// holder publishes, then [`Region::wait_for_turn_change`] with it.
+    pub fn turn_changes(&self, device: DeviceId) -> u32 {
+        self.map.layout().devices[device.index()]
+            .turn_changes
+            .load(Ordering::Acquire)
+    }
+
+    /// Sleeps until `device`'s measuring turn is given back after `seen`
+    /// ([`Region::turn_changes`]), at most `timeout` (a holder killed while holding wakes
+    /// nobody: its waiters notice at their timeout).
+    pub fn wait_for_turn_change(&self, device: DeviceId, seen: u32, timeout: Duration) {
+        futex::wait_while(
+            &self.map.layout().devices[device.index()].turn_changes,
+            seen,
+            timeout,
+        );
+    }
+
     /// The PID (in its own namespace) that last took the measuring turn of `device` (0 =
     /// none yet): a waiter sees turns pass by its changes.
     pub fn measuring_holder(&self, device: DeviceId) -> u64 {
@@ -1016,6 +1069,9 @@ impl Region {
             .load(Ordering::Acquire)
     }
 
+    /// Whether the holder of `device`'s measuring turn is stopped or traced (SIGSTOP, a
+    /// debugger, `docker pause`): waiting for it is then pointless. False when unknown
+    /// (no holder recorded, or one in another PID namespace).
     pub fn measuring_holder_stopped(&self, device: DeviceId) -> bool {
         let entry = &self.map.layout().devices[device.index()];
         let pid = entry.measuring_pid.load(Ordering::Acquire);

@@ -209,6 +209,7 @@ pub(super) fn open_or_create(path: &Path) -> Result<Region, RegionError> {
         _guard: guard,
         held: (0..MAX_PROCESSES).map(|_| HeldSlot::none()).collect(),
         turns: (0..MAX_DEVICES).map(|_| HeldSlot::none()).collect(),
+        members: super::deaths::MemberCache::new(),
     })
 }
 

@@ -5,6 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::deaths::membership_changed;
 use super::layout::{
     slot_freed, slot_is_claimed, slot_lock_offset, slot_next_claim, slot_reclaim_offset,
     ProcessSlot, RegionLayout,
@@ -82,34 +83,28 @@ impl Region {
     /// Two-phase reap: every slot whose owner is dead is offered to `released`, which says
     /// whether the driver no longer holds that process's memory. Only those slots are freed
     /// (their bytes leave the totals); the others stay claimed and charged (`pending`) until a
-    /// later reap. Never waits: a slot another reaper is freeing is skipped.
+    /// later reap. Never waits: a slot another reaper is freeing is skipped. Owners are judged
+    /// as `snapshot` judges them (the lock, and /proc where the slot is of our namespace); the
+    /// shim reaps through [`Region::sweep_now`], which judges by the lock alone.
     pub fn reap_dead_if(
         &self,
         released: impl FnMut(&DeadSlot) -> bool,
     ) -> Result<ReapReport, RegionError> {
-        self.reap(released, false)
+        self.reap_with(released, Scope::All, Judge::LockAndProc)
     }
 
-    /// `reap_dead_if` over the slots holding bytes only: what the memory views use, since
-    /// freeing a slot that holds nothing changes no figure, and judging a slot costs a lock
-    /// probe (and for a held lock a read of /proc): a slice whose many processes hold
-    /// nothing then costs a view next to nothing.
-    pub fn reap_holding_if(
-        &self,
-        released: impl FnMut(&DeadSlot) -> bool,
-    ) -> Result<ReapReport, RegionError> {
-        self.reap(released, true)
-    }
-
-    fn reap(
+    pub(super) fn reap_with(
         &self,
         mut released: impl FnMut(&DeadSlot) -> bool,
-        holding_only: bool,
+        scope: Scope,
+        judge_by: Judge,
     ) -> Result<ReapReport, RegionError> {
-        let probe = self.reopen(libc::O_RDWR)?;
         let layout = self.map.layout();
         let mut report = ReapReport::default();
         let now = monotonic_ns();
+        // Opened for the first slot to free only: the reclaim lock needs a description of
+        // its own (liveness is probed through the mapped file's, which holds no lock).
+        let mut reclaimer: Option<OwnedFd> = None;
         for (index, slot, state) in claimed_slots(layout) {
             let holds = || {
                 slot.used
@@ -117,13 +112,13 @@ impl Region {
                     .any(|word| ledger::bytes_of(word.load(Ordering::Relaxed)) != 0)
                     || ledger::in_flight(slot.intent.load(Ordering::Relaxed))
             };
-            if holding_only && !holds() {
+            if scope == Scope::Holding && !holds() {
                 continue;
             }
-            if judge(slot, index, Some(&probe)) != Liveness::Stale {
+            if judge_with(slot, index, Some(&self.file), judge_by) != Liveness::Stale {
                 continue;
             }
-            let dead = dead_slot(slot, index, now);
+            let dead = dead_slot(layout, index, now);
             if !released(&dead) {
                 report.pending.push(PendingSlot {
                     slot: dead.slot,
@@ -132,8 +127,12 @@ impl Region {
                 });
                 continue;
             }
+            let probe = match &reclaimer {
+                Some(fd) => fd,
+                None => reclaimer.insert(self.reopen(libc::O_RDWR)?),
+            };
             let reclaim = slot_reclaim_offset(index);
-            if !lock::try_lock(&probe, reclaim).unwrap_or(false) {
+            if !lock::try_lock(probe, reclaim).unwrap_or(false) {
                 continue; // another reaper is freeing it
             }
             // Still the claim we judged? (Freed, or freed and claimed again, meanwhile.)
@@ -149,7 +148,7 @@ impl Region {
                     self.drop_held(index);
                 }
             }
-            lock::unlock(&probe, reclaim);
+            lock::unlock(probe, reclaim);
         }
         Ok(report)
     }
@@ -157,12 +156,11 @@ impl Region {
     /// Whether a live slot exists that this `Region` did not register.
     pub(super) fn others_live(&self) -> bool {
         let me = std::process::id();
-        let probe = self.reopen(libc::O_RDONLY).ok();
         claimed_slots(self.map.layout()).any(|(index, slot, _)| {
             let held = &self.held[index];
             let ours = held.fd.load(Ordering::Relaxed) >= 0
                 && held.owner_pid.load(Ordering::Relaxed) == me;
-            !ours && judge(slot, index, probe.as_ref()) != Liveness::Stale
+            !ours && judge(slot, index, Some(&self.file)) != Liveness::Stale
         })
     }
 
@@ -191,6 +189,7 @@ impl Region {
             slot.pid_ns.store(identity.pid_ns, Ordering::Relaxed);
             slot.heartbeat.store(0, Ordering::Relaxed);
             slot.dead_since.store(0, Ordering::Relaxed);
+            slot.listed.store(0, Ordering::Relaxed);
             // A free slot holds no bytes and has nothing in flight (`free_slot`); its `used`
             // words keep their sequence numbers, which the devices' total tags may name.
             for contexts in &slot.contexts {
@@ -214,6 +213,7 @@ impl Region {
                 .header
                 .slot_high_water
                 .fetch_max(index as u32 + 1, Ordering::SeqCst);
+            membership_changed(layout);
             let held = &self.held[index];
             held.owner_pid.store(std::process::id(), Ordering::Relaxed);
             held.fd.store(fd.into_raw(), Ordering::Relaxed);
@@ -261,12 +261,18 @@ pub(super) fn free_slot(
         }
         slot.contexts[device].store(0, Ordering::Relaxed);
     }
-    let _ = slot.state.compare_exchange(
-        state,
-        slot_freed(state),
-        Ordering::AcqRel,
-        Ordering::Relaxed,
-    );
+    if slot
+        .state
+        .compare_exchange(
+            state,
+            slot_freed(state),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        )
+        .is_ok()
+    {
+        membership_changed(layout);
+    }
     total
 }
 
@@ -285,15 +291,46 @@ pub(super) fn claimed_slots(
         })
 }
 
-/// Liveness of a claimed slot (module doc, "Liveness"). `probe` is any descriptor of the file
-/// that does not itself hold the slot's lock; without one, liveness is unknown.
+/// Which slots a reap looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scope {
+    All,
+    /// Those holding bytes (or with an operation in flight): freeing another changes no figure.
+    Holding,
+}
+
+/// How a claimed slot's owner is judged (module doc, "Liveness").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Judge {
+    /// The liveness lock alone: one system call. A lock a child inherited without the shim's
+    /// fork handler (a raw `clone`) keeps a dead owner's slot looking alive while that child
+    /// lives: its bytes stay charged longer, never shorter.
+    Lock,
+    /// The lock, and for a held lock of a slot of our PID namespace the owner's /proc entry
+    /// (missing, a zombie or a reused PID is dead): what readers (`snapshot`) use.
+    LockAndProc,
+}
+
+/// Liveness of a claimed slot as readers judge it ([`Judge::LockAndProc`]).
 pub(super) fn judge(slot: &ProcessSlot, index: usize, probe: Option<&OwnedFd>) -> Liveness {
+    judge_with(slot, index, probe, Judge::LockAndProc)
+}
+
+/// Liveness of a claimed slot. `probe` is any descriptor of the file that does not itself
+/// hold the slot's lock; without one, liveness is unknown.
+pub(super) fn judge_with(
+    slot: &ProcessSlot,
+    index: usize,
+    probe: Option<&OwnedFd>,
+    judge_by: Judge,
+) -> Liveness {
     let Some(probe) = probe else {
         return Liveness::Unknown;
     };
     match lock::is_locked_by_other(probe, slot_lock_offset(index)) {
         Err(_) => Liveness::Unknown,
         Ok(false) => Liveness::Stale,
+        Ok(true) if judge_by == Judge::Lock => Liveness::Alive,
         Ok(true) => {
             let identity = identity_of(slot);
             if identity.same_namespace_as_current() && !identity.is_alive() {
@@ -302,6 +339,28 @@ pub(super) fn judge(slot: &ProcessSlot, index: usize, probe: Option<&OwnedFd>) -
                 Liveness::Alive
             }
         }
+    }
+}
+
+/// Stamps slot `index` as found dead at `now` (the death notice every process reads) unless
+/// it already is; returns the stamp it carries. The first notice moves the members' epoch. A
+/// stamp from the future (another time namespace) restarts the clock rather than counting as
+/// expired.
+pub(super) fn notice_dead(layout: &RegionLayout, index: usize, now: u64) -> u64 {
+    let slot = &layout.slots[index];
+    match slot
+        .dead_since
+        .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+    {
+        Ok(_) => {
+            membership_changed(layout);
+            now
+        }
+        Err(stamp) if stamp > now => {
+            slot.dead_since.store(now, Ordering::Relaxed);
+            now
+        }
+        Err(stamp) => stamp,
     }
 }
 
@@ -314,8 +373,10 @@ fn identity_of(slot: &ProcessSlot) -> ProcessIdentity {
     }
 }
 
-/// Describes a stale slot for `reap_dead_if`, stamping when it was first found dead.
-fn dead_slot(slot: &ProcessSlot, index: usize, now: u64) -> DeadSlot {
+/// Describes a stale slot for a reap, noticing its death (see [`notice_dead`]).
+fn dead_slot(layout: &RegionLayout, index: usize, now: u64) -> DeadSlot {
+    let slot = &layout.slots[index];
+    let seen = notice_dead(layout, index, now);
     let identity = identity_of(slot);
     let same_namespace = identity.same_namespace_as_current();
     let exit = if !same_namespace {
@@ -324,19 +385,6 @@ fn dead_slot(slot: &ProcessSlot, index: usize, now: u64) -> DeadSlot {
         ExitState::Exiting
     } else {
         ExitState::Exited
-    };
-    // First sighting wins; a stamp from the future (another time namespace) restarts the
-    // clock rather than counting as expired.
-    let seen = match slot
-        .dead_since
-        .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
-    {
-        Ok(_) => now,
-        Err(stamp) if stamp > now => {
-            slot.dead_since.store(now, Ordering::Relaxed);
-            now
-        }
-        Err(stamp) => stamp,
     };
     DeadSlot {
         slot: SlotId(index as u16),

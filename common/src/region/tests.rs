@@ -1110,14 +1110,14 @@ fn counters_outlive_the_processes_that_kept_them() {
 }
 
 #[test]
-fn the_views_reap_judges_only_slots_that_hold_bytes() {
+fn the_sweep_judges_only_slots_that_hold_bytes() {
     let dir = TempDir::new("holding-reap");
     let path = dir.file();
     let (region, _live, device) = region_with(&dir, Some(100 * MIB));
     let (holder, empty) = dead_holding_and_empty(&path, device);
     let mut judged = Vec::new();
     let report = region
-        .reap_holding_if(|dead| {
+        .sweep_now(|dead| {
             judged.push(dead.slot);
             true
         })
@@ -1133,4 +1133,178 @@ fn the_views_reap_judges_only_slots_that_hold_bytes() {
     let report = region.reap_dead().unwrap();
     assert_eq!(report.reclaimed.len(), 1);
     assert_eq!(report.reclaimed[0].slot, empty);
+}
+
+#[test]
+fn a_sweep_runs_only_when_wanted_and_once_per_interval_for_the_whole_slice() {
+    let dir = TempDir::new("sweep-pace");
+    let path = dir.file();
+    let (region, _live, device) = region_with(&dir, Some(100 * MIB));
+    let other = Region::open_or_create(&path).unwrap();
+    let (holder, _empty) = dead_holding_and_empty(&path, device);
+    // Nobody saw a reason: no process sweeps, and the dead holder stays charged.
+    assert!(region.sweep_if_due(|_| true).is_none());
+    assert!(other.sweep_if_due(|_| true).is_none());
+    assert_eq!(region.usage(device).used, 30 * MIB);
+    // One process sees a reason; the first process to look sweeps for all...
+    other.want_sweep(SweepReason::Look);
+    let report = region
+        .sweep_if_due(|_| true)
+        .expect("a sweep was wanted")
+        .unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(report.reclaimed[0].slot, holder);
+    assert_eq!(other.usage(device).used, 0);
+    // ...and nobody sweeps again within the interval, though one more sweep is wanted.
+    assert!(other.sweep_if_due(|_| true).is_none());
+    assert!(region.sweep_if_due(|_| true).is_none());
+}
+
+#[test]
+fn a_sweep_that_leaves_a_dead_slot_charged_keeps_a_sweep_wanted() {
+    let dir = TempDir::new("sweep-pending");
+    let path = dir.file();
+    let (region, _live, device) = region_with(&dir, Some(100 * MIB));
+    let (holder, _empty) = dead_holding_and_empty(&path, device);
+    let report = region.sweep_now(|_| false).unwrap();
+    assert_eq!(report.pending.len(), 1);
+    assert_eq!(report.pending[0].slot, holder);
+    // Wanted now, though nobody asked: only the pace holds it back.
+    let header = &region.map.layout().header;
+    assert!(
+        header
+            .sweeps_wanted
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    let report = region.sweep_now(|_| true).unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(region.usage(device).used, 0);
+}
+
+#[test]
+fn a_death_found_once_is_known_to_every_process_without_judging() {
+    let dir = TempDir::new("notice");
+    let path = dir.file();
+    let (region, live, device) = region_with(&dir, Some(100 * MIB));
+    let other = Region::open_or_create(&path).unwrap();
+    let (holder, _empty) = dead_holding_and_empty(&path, device);
+    let members_of = |r: &Region| r.members().iter().map(|m| m.slot).collect::<Vec<_>>();
+    // Unnoticed, the dead holder is still a member for everybody (nobody judged it)...
+    assert!(members_of(&other).contains(&holder));
+    // ...until one process finds it dead; the driver still holds its memory.
+    region.sweep_now(|_| false).unwrap();
+    assert!(!members_of(&other).contains(&holder), "told to all");
+    assert!(members_of(&other).contains(&live));
+    assert_eq!(other.usage(device).used, 30 * MIB, "still charged");
+}
+
+#[test]
+fn a_member_matched_in_a_list_is_checked_and_its_death_noticed() {
+    let dir = TempDir::new("check-member");
+    let path = dir.file();
+    let (region, live, _device) = region_with(&dir, Some(100 * MIB));
+    let gone = Region::open_or_create(&path).unwrap();
+    let dead = gone.register(&me()).unwrap();
+    gone.set_host_pid(dead, 4_000_123);
+    drop(gone);
+    let other = Region::open_or_create(&path).unwrap();
+    assert!(
+        other.members().iter().any(|m| m.slot == dead),
+        "not noticed yet"
+    );
+    // Listed under its host PID: checked, found dead (its lock is free), not shown...
+    assert_eq!(region.with_members(|member| member(4_000_123)), None);
+    // ...and noticed for every process of the slice.
+    assert!(!other.members().iter().any(|m| m.slot == dead));
+    // A live member without a host PID is found under its own PID.
+    let mine = region.with_members(|member| member(std::process::id()));
+    assert_eq!(mine.map(|m| m.slot), Some(live));
+    assert_eq!(
+        region.with_members(|member| member(4_000_124)),
+        None,
+        "a stranger"
+    );
+}
+
+#[test]
+fn the_pid_namespace_nvml_names_by_its_own_pids_is_learnt_once() {
+    let dir = TempDir::new("pid-namespace");
+    let (region, _live, _device) = region_with(&dir, None);
+    assert_eq!(region.nvml_pid_namespace(), 0);
+    region.learn_nvml_pid_namespace(0);
+    assert_eq!(region.nvml_pid_namespace(), 0, "unknown is not a namespace");
+    region.learn_nvml_pid_namespace(4_026_531_836);
+    region.learn_nvml_pid_namespace(4_026_532_999);
+    let other = Region::open_or_create(&dir.file()).unwrap();
+    assert_eq!(other.nvml_pid_namespace(), 4_026_531_836);
+}
+
+#[test]
+fn one_listing_tells_every_waiter_what_the_driver_shows_it_holding() {
+    let dir = TempDir::new("listing");
+    let path = dir.file();
+    let (a, slot_a, device) = region_with(&dir, Some(1024 * MIB));
+    a.set_host_pid(slot_a, 4_100_001);
+    let b = Region::open_or_create(&path).unwrap();
+    let slot_b = b.register(&me()).unwrap();
+    b.set_host_pid(slot_b, 4_100_002);
+    let listed = vec![
+        (4_100_001, 64 * MIB),
+        (4_100_002, 32 * MIB),
+        (4_100_003, 7 * MIB),
+    ];
+    // Both made their context before any listing began.
+    let (seen_a, seen_b) = (a.listing_seq(device), b.listing_seq(device));
+    let wait = std::time::Duration::from_secs(5);
+    let mut reads = 0;
+    let got_a = a.listed_bytes(slot_a, device, seen_a, wait, || {
+        reads += 1;
+        Some(listed.clone())
+    });
+    assert_eq!(got_a, Some(64 * MIB));
+    // B's answer is in A's listing: B does not read the list again.
+    let got_b = b.listed_bytes(slot_b, device, seen_b, wait, || {
+        reads += 1;
+        Some(listed.clone())
+    });
+    assert_eq!(got_b, Some(32 * MIB));
+    assert_eq!(reads, 1, "one listing for both");
+    // A process whose context came after that listing needs a new one, which shows it
+    // holding more now; one the list does not show gets no figure.
+    let seen = b.listing_seq(device);
+    let again = b.listed_bytes(slot_b, device, seen, wait, || {
+        reads += 1;
+        Some(vec![(4_100_002, 96 * MIB)])
+    });
+    assert_eq!((again, reads), (Some(96 * MIB), 2));
+    let seen = a.listing_seq(device);
+    assert_eq!(
+        a.listed_bytes(slot_a, device, seen, wait, || Some(vec![])),
+        None
+    );
+}
+
+#[test]
+fn a_stalled_listing_is_taken_over() {
+    let dir = TempDir::new("listing-stall");
+    let (region, slot, device) = region_with(&dir, Some(1024 * MIB));
+    region.set_host_pid(slot, 4_200_001);
+    // A reader began a listing long ago and never ended it (stopped, or killed).
+    let entry = &region.map.layout().devices[device.index()];
+    entry
+        .listing_seq
+        .store(7, std::sync::atomic::Ordering::SeqCst);
+    entry
+        .listing_since_ns
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let seen = region.listing_seq(device);
+    let got = region.listed_bytes(
+        slot,
+        device,
+        seen,
+        std::time::Duration::from_secs(5),
+        || Some(vec![(4_200_001, 64 * MIB)]),
+    );
+    assert_eq!(got, Some(64 * MIB));
 }

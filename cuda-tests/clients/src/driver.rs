@@ -46,6 +46,8 @@ macro_rules! for_each_entry_point {
             cuMemFree = "cuMemFree_v2", 3020, legacy, (dptr: CUdeviceptr);
             cuMemAllocPitch = "cuMemAllocPitch_v2", 3020, legacy, (dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element_size: c_uint);
             cuMemAllocManaged = "cuMemAllocManaged", 6000, legacy, (dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint);
+            cuMemAdvise = "cuMemAdvise", 8000, pinned, (ptr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice);
+            cuMemPrefetchAsync = "cuMemPrefetchAsync", 8000, pinned, (ptr: CUdeviceptr, count: usize, device: CUdevice, stream: CUstream);
             cuMemAllocAsync = "cuMemAllocAsync", 11020, ptsz, (dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream);
             cuMemFreeAsync = "cuMemFreeAsync", 11020, ptsz, (dptr: CUdeviceptr, stream: CUstream);
             cuMemPoolCreate = "cuMemPoolCreate", 11020, legacy, (pool: *mut CUmemoryPool, props: *const CUmemPoolProps);
@@ -580,6 +582,55 @@ impl Driver {
             )?;
         }
         Ok(func as u64)
+    }
+
+    /// `cuMemAdvise(ptr, size, advice, device)` (the pre-12.2 ABI; -1 is the host).
+    pub fn advise(&self, ptr: u64, size: usize, advice: i32, device: i32) -> Res<()> {
+        call!(self, cuMemAdvise(ptr, size, advice, device))
+    }
+
+    /// `cuMemPrefetchAsync(ptr, size, device)` on the default stream, then synchronised.
+    pub fn prefetch(&self, ptr: u64, size: usize, device: i32) -> Res<()> {
+        call!(
+            self,
+            cuMemPrefetchAsync(ptr, size, device, std::ptr::null_mut())
+        )?;
+        call!(self, cuCtxSynchronize())
+    }
+
+    /// `count` launches of `func(ns_per_wave, ptr)` (one block of 32 threads each) on the
+    /// default stream.
+    pub fn launch_reading(
+        &self,
+        func: u64,
+        ptr: u64,
+        ns_per_wave: u64,
+        count: usize,
+    ) -> Vec<Res<()>> {
+        let (mut ns, mut data) = (ns_per_wave, ptr);
+        let mut params: [*mut c_void; 2] =
+            [(&mut ns as *mut u64).cast(), (&mut data as *mut u64).cast()];
+        let (stream, extra) = (std::ptr::null_mut(), std::ptr::null_mut());
+        (0..count)
+            .map(|_| {
+                call!(
+                    self,
+                    cuLaunchKernel(
+                        func as CUfunction,
+                        1,
+                        1,
+                        1,
+                        32,
+                        1,
+                        1,
+                        0,
+                        stream,
+                        params.as_mut_ptr(),
+                        extra
+                    )
+                )
+            })
+            .collect()
     }
 
     /// The address of global `name` of module (or, with `library`, library) `handle`.

@@ -280,6 +280,18 @@ SPIN:
 /// Name of the kernel in [`SPIN_PTX`].
 pub const SPIN_KERNEL: &str = "spin";
 
+/// A kernel that reads the buffer its second argument points to (on the fake: it takes
+/// `ns_per_wave` per wave, plus what reading the buffer from where it lives costs).
+pub const TOUCH_PTX: &str = "\
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry touch(.param .u64 ns_per_wave, .param .u64 data)
+{
+  ret;
+}
+\0";
+
 /// Parses "256MiB", "1GiB", "1g", "512k", "4096" (binary units; a subset of the limit
 /// file's grammar, kept here so the clients depend on nothing but the ABI crate).
 pub fn parse_size(s: &str) -> Result<usize, String> {

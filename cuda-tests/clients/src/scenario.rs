@@ -112,6 +112,37 @@ pub trait Gpu: Sync {
             self.client()
         )))
     }
+    /// `oversubscribe`: `cuMemAdvise(ptr, size, advice, device)`. `Err` = the client cannot
+    /// express it.
+    fn advise(&self, ptr: u64, size: usize, advice: i32, device: i32) -> Result<Res<()>, Usage> {
+        let _ = (ptr, size, advice, device);
+        Err(Usage(format!(
+            "{}: oversubscribe is not implemented by this client",
+            self.client()
+        )))
+    }
+    /// `oversubscribe`: `cuMemPrefetchAsync(ptr, size, device)` and a synchronisation.
+    fn prefetch(&self, ptr: u64, size: usize, device: i32) -> Result<Res<()>, Usage> {
+        let _ = (ptr, size, device);
+        Err(Usage(format!(
+            "{}: oversubscribe is not implemented by this client",
+            self.client()
+        )))
+    }
+    /// `oversubscribe`: `count` launches of `func(ns_per_wave, ptr)` on the default stream.
+    fn launch_reading(
+        &self,
+        func: u64,
+        ptr: u64,
+        ns_per_wave: u64,
+        count: usize,
+    ) -> Result<Vec<Res<()>>, Usage> {
+        let _ = (func, ptr, ns_per_wave, count);
+        Err(Usage(format!(
+            "{}: oversubscribe is not implemented by this client",
+            self.client()
+        )))
+    }
     /// `driver-growth`: `cuCtxSetLimit(limit, bytes)` on the current context.
     fn set_limit(&self, limit: i32, bytes: usize) -> Result<Res<()>, Usage> {
         let _ = (limit, bytes);
@@ -246,6 +277,21 @@ impl Gpu for Driver {
     fn set_limit(&self, limit: i32, bytes: usize) -> Result<Res<()>, Usage> {
         Ok(Driver::set_limit(self, limit, bytes))
     }
+    fn advise(&self, ptr: u64, size: usize, advice: i32, device: i32) -> Result<Res<()>, Usage> {
+        Ok(Driver::advise(self, ptr, size, advice, device))
+    }
+    fn prefetch(&self, ptr: u64, size: usize, device: i32) -> Result<Res<()>, Usage> {
+        Ok(Driver::prefetch(self, ptr, size, device))
+    }
+    fn launch_reading(
+        &self,
+        func: u64,
+        ptr: u64,
+        ns_per_wave: u64,
+        count: usize,
+    ) -> Result<Vec<Res<()>>, Usage> {
+        Ok(Driver::launch_reading(self, func, ptr, ns_per_wave, count))
+    }
     fn graph_with_memory(
         &self,
         size: usize,
@@ -270,6 +316,7 @@ usage: <client> SCENARIO [ARGS]
   alloc-retry SIZE [--path P] [--max-ms MS]
   caching-allocator
   hold SIZE [--path P]
+  oversubscribe CHUNK [--max N] [--touches K] [--ns-per-wave NS]
   heap SIZE
   context-cycle SIZE [--path P] [--end release|reset|destroy] [--retains N] [--release-after N]
   pool-destroy-held SIZE [--max N]
@@ -306,6 +353,12 @@ then tries --after more (2 MiB); holds until stdin ends (driver-API clients only
 behind SIZE [--printf-fifo BYTES]: allocates SIZE through the real cuMemAlloc_v2 found behind
 the shim (glibc's own dlsym), then sets the printf FIFO to BYTES through the shim; holds until
 stdin ends (driver-API clients only).
+oversubscribe: cuMemAlloc of CHUNK until one is refused (or N succeeded, default 1024);
+reads cuDeviceTotalMem and cuMemGetInfo; cuMemAdvise(SET_PREFERRED_LOCATION, device) and a
+prefetch to the device on the first and the last allocation; K launches (default 4) of a
+kernel reading the first allocation and K reading the last, each batch timed to its
+synchronisation (first/last_touch_ns per launch; first/last_alloc_ns: the allocations'
+own times); prints, holds until stdin closes, then frees (driver-API clients only).
 pool-destroy-held: until an allocation fails (or N succeeded), creates a pool, allocates SIZE
 from it and destroys the pool with that allocation outstanding (the driver releases the
 pool's memory once its allocations are freed); then frees every allocation
@@ -451,6 +504,7 @@ pub fn run_gpu<G: Gpu>(gpu: &G, args: &[String]) -> Result<Value, Usage> {
         "hold" => hold(gpu, &rest)?,
         "heap" => heap(gpu, &rest)?,
         "driver-growth" => driver_growth(gpu, &rest)?,
+        "oversubscribe" => oversubscribe(gpu, &rest)?,
         "behind" => behind(gpu, &rest)?,
         "context-cycle" => context_cycle(gpu, &rest)?,
         "pool-destroy-held" => pool_destroy_held(gpu, &rest)?,
@@ -779,6 +833,81 @@ fn hold<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
         eprintln!("{}: hold: free -> {}", gpu.client(), res_name(gpu, &r));
     }
     // The line is already out; tell the runner to print nothing more.
+    std::process::exit(0);
+}
+
+/// `oversubscribe` (see the usage text): what an application sees of a slice whose virtual
+/// size passes its physical share, and how fast its kernels read each side.
+fn oversubscribe<G: Gpu>(gpu: &G, args: &Args) -> Result<Value, Usage> {
+    const SET_PREFERRED_LOCATION: i32 = 3;
+    let chunk = args.size_at(0, "CHUNK")?;
+    let max: usize = args.get("max", 1024)?;
+    let touches: usize = args.get("touches", 4)?;
+    let ns: u64 = args.get("ns-per-wave", 1000)?;
+    let dev = match setup(gpu) {
+        Ok(dev) => dev,
+        Err(e) => return Ok(e),
+    };
+    let total_mem = gpu.device_total_mem(dev).ok();
+    let before = gpu.mem_get_info().ok();
+    let mut held = Vec::new();
+    let mut refusal = None;
+    let mut alloc_ns = Vec::new();
+    while held.len() < max {
+        let started = Instant::now();
+        let allocated = gpu.alloc(AllocPath::Alloc, chunk);
+        alloc_ns.push(started.elapsed().as_nanos() as u64);
+        match allocated {
+            Ok(a) => held.push(a),
+            Err(f) => {
+                refusal = Some(fail_name(gpu, f));
+                break;
+            }
+        }
+    }
+    let during = gpu.mem_get_info().ok();
+    let mut line = json!({
+        "chunk": chunk,
+        "ok": held.len(),
+        "refusal": refusal,
+        "total_mem": total_mem,
+        "mem_total": during.map(|i| i.1),
+        "mem_free_before": before.map(|i| i.0),
+        "mem_free_during": during.map(|i| i.0),
+        "first_alloc_ns": alloc_ns.first(),
+        "last_alloc_ns": held.len().checked_sub(1).and_then(|i| alloc_ns.get(i)),
+    });
+    if let (Some(first), Some(last)) = (held.first(), held.last()) {
+        let func = match gpu.load_image(crate::TOUCH_PTX, false)? {
+            Ok(module) => gpu.get_kernel(module, "touch", false)?,
+            Err(f) => Err(f),
+        };
+        for (name, a) in [("first", first), ("last", last)] {
+            let advise = gpu.advise(a.ptr, chunk, SET_PREFERRED_LOCATION, dev)?;
+            let prefetch = gpu.prefetch(a.ptr, chunk, dev)?;
+            line[format!("{name}_advise")] = json!(res_name(gpu, &advise));
+            line[format!("{name}_prefetch")] = json!(res_name(gpu, &prefetch));
+            if let Ok(f) = &func {
+                let started = Instant::now();
+                let launched = gpu.launch_reading(*f, a.ptr, ns, touches)?;
+                let synced = gpu.synchronize();
+                let ns_each = started.elapsed().as_nanos() as u64 / touches.max(1) as u64;
+                line[format!("{name}_touch")] = json!(tally(gpu, &launched));
+                line[format!("{name}_touch_sync")] = json!(res_name(gpu, &synced));
+                line[format!("{name}_touch_ns")] = json!(ns_each);
+            }
+        }
+        line["load"] = json!(res_name(gpu, &func));
+    }
+    line["scenario"] = json!("oversubscribe");
+    line["client"] = json!(gpu.client());
+    line["pid"] = json!(std::process::id());
+    println!("{line}");
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    for a in &held {
+        let _ = gpu.free(a);
+    }
     std::process::exit(0);
 }
 

@@ -9,6 +9,9 @@ use cuda_e2e::{wait_until, Client, ClientKind, FakeGpu, Slice, DEFAULT_TIMEOUT, 
 /// the 1 GiB slice together and only the waiter's 700 MiB has to wait for the holder's.
 const CONTEXT: u64 = 100 * MIB;
 const DELAY_MS: u64 = 1500;
+/// The region's release timeout (`gpuslice_common::region::RELEASE_TIMEOUT`): the stated
+/// bound after which a dead member's budget returns when the driver cannot be asked.
+const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[test]
 fn a_dead_members_budget_returns_only_after_the_driver_released_its_memory() {
@@ -143,4 +146,74 @@ fn a_slow_driver_keeps_a_dead_members_budget_charged_however_long_it_takes() {
         limit / MIB
     );
     waiter.release();
+}
+
+/// Without NVML (a container given only the `compute` driver capability), nothing can say
+/// when the driver let go of a dead member's memory: its budget returns only after the
+/// region's release timeout (10 s), never at once on the kernel's word that the process is
+/// gone, while a driver that frees late still holds it (1.5 s here).
+#[test]
+fn without_nvml_a_dead_members_budget_returns_only_after_the_stated_bound() {
+    let gpu = FakeGpu::start("v100");
+    for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
+        std::fs::remove_file(gpu.lib_dir().join(name)).expect("remove the fake NVML");
+    }
+    gpu.truth().set_release_delay_ms(DELAY_MS);
+    let limit = 1024 * MIB;
+    let slice = Slice::builder().device(0, "1GiB", None).build();
+    let mut env = slice.env(&gpu);
+    env.push(("FAKEGPU_CTX_OVERHEAD".into(), CONTEXT.to_string()));
+    // Nothing can measure a context here: the bound is set to what one costs.
+    env.push(("GPUSLICE_CONTEXT_OVERHEAD".into(), CONTEXT.to_string()));
+    gpu.truth().reset_peak_memory(0);
+    // cudarc-client opens the driver only (linked-client links NVML and could not start).
+    let holder = Client::spawn(ClientKind::Cudarc, &["hold", "700MiB"], &env);
+    assert_eq!(holder.first["result"], "CUDA_SUCCESS", "{}", holder.first);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // The fake tears a dead process down when its memory is next read, where a real
+        // driver does on its own: a reader every 20 ms stands for that (nothing else reads
+        // here, NVML being absent).
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                gpu.truth().used_memory(0);
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        });
+        let waiter = s.spawn(|| {
+            Client::spawn(
+                ClientKind::Cudarc,
+                &["alloc-retry", "700MiB", "--max-ms", "30000"],
+                &env,
+            )
+        });
+        wait_until("the waiter's context", DEFAULT_TIMEOUT, || {
+            gpu.truth().used_memory(0) >= CONTEXT + 700 * MIB + CONTEXT
+        });
+        holder.kill();
+        let died = std::time::Instant::now();
+        let waiter = waiter.join().unwrap();
+        let waited = died.elapsed();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let out = &waiter.first;
+        eprintln!(
+            "no NVML: waiter {out} {waited:?} after the death; physical peak {} MiB (cap {} MiB)",
+            gpu.truth().peak_memory(0) / MIB,
+            limit / MIB
+        );
+        assert_eq!(out["result"], "CUDA_SUCCESS", "{out}");
+        let peak = gpu.truth().peak_memory(0);
+        assert!(
+            peak <= limit,
+            "physical peak {} MiB passed the {} MiB cap: the dead holder's budget came back \
+             while the driver still held its memory",
+            peak / MIB,
+            limit / MIB
+        );
+        assert!(
+            waited >= RELEASE_TIMEOUT,
+            "the budget came back {waited:?} after the death, before the stated bound"
+        );
+        waiter.release();
+    });
 }

@@ -333,6 +333,57 @@ fn in_a_slice_nvidia_smi_shows_the_slice() {
     neighbour.release();
 }
 
+/// An oversubscribed slice (memory 2 GiB, virtual 3 GiB) holding 2.5 GiB, a part of it in
+/// host memory: nvidia-smi shows the virtual size as the total and the slice's bytes, card and
+/// host, as used, the same figures `cuMemGetInfo` gives; the card's own figure is the share.
+#[test]
+fn an_oversubscribed_slice_shows_its_virtual_size() {
+    let smis = builds();
+    if smis.is_empty() {
+        return;
+    }
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder()
+        .raw(r#"{"version": 1, "region": "{region}", "devices": [{"index": 0, "memory": "2GiB", "virtual": "3GiB"}]}"#)
+        .build();
+    let mut env = slice.env(&gpu);
+    env.push(("FAKEGPU_MANAGED_MEMORY".into(), "on-demand".into()));
+    // 300 MiB of context, 8 chunks of 256 MiB: 6 on the card, 2 in host memory.
+    let holder = Client::spawn(
+        ClientKind::ProcAddr,
+        &["oversubscribe", "256MiB", "--max", "8"],
+        &env,
+    );
+    assert_eq!(holder.first["ok"], 8, "{}", holder.first);
+    let free = holder.first["mem_free_during"].as_u64().unwrap();
+    let used = 3 * GIB - free;
+    assert_eq!(used, 300 * MIB + 8 * 256 * MIB, "{}", holder.first);
+    for smi in &smis {
+        let values = query_gpu(smi, "memory.total,memory.used,memory.free", &env);
+        assert_eq!(
+            values,
+            [
+                "3072".to_string(),
+                (used / MIB).to_string(),
+                (free / MIB).to_string()
+            ],
+            "{}",
+            smi.path.display()
+        );
+        let (table, _) = run(smi, &[], &env);
+        show(
+            &format!("{} (2 GiB slice, virtual 3 GiB)", smi.path.display()),
+            &table,
+        );
+        assert_eq!(memory_cell(&table), (used / MIB, 3072), "{table}");
+        // Outside the slice: the card holds the share and no more.
+        let host = query_gpu(smi, "memory.used", &gpu.env());
+        assert_eq!(host, [(gpu.truth().used_memory(0) / MIB).to_string()]);
+        assert!(gpu.truth().used_memory(0) <= 2 * GIB);
+    }
+    holder.release();
+}
+
 /// The seed's check as a user types it: `gpuslice run --fake-gpu -m 8GiB -- nvidia-smi ...`.
 #[test]
 fn gpuslice_run_with_nvidia_smi_prints_the_seeds_line() {

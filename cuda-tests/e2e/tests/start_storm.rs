@@ -10,6 +10,10 @@
 //!
 //! Declared `test = false` and run serially by `cargo xtask test` (on the 2-core machine the
 //! 1,024 storm takes about a minute; it must not share the machine with other tests).
+//!
+//! `measure_storms` (ignored; `benches/start-storm.sh` runs it) measures storms with and
+//! without the shim side by side and prints the figures of docs/performance.md: it asserts
+//! nothing about time.
 
 use cuda_e2e::{wait_until, Client, ClientKind, FakeGpu, Slice, StartBarrier, GIB, MIB};
 use std::io::{BufRead, BufReader};
@@ -22,14 +26,69 @@ const STORM_TIMEOUT: Duration = Duration::from_secs(300);
 struct Member {
     child: Child,
     stdin: Option<std::process::ChildStdin>,
+    spawned: Instant,
 }
 
 fn storm(n: usize) {
-    storm_with(n, true);
+    let figures = storm_with(n, true, Start::AtBarrier);
+    eprintln!("{}", figures.row());
+}
+
+/// How the members of a storm start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// All started, registered and past `cuInit`, then released at one instant: what is
+    /// measured is from the release to each member's first line (contexts and allocations).
+    AtBarrier,
+    /// Spawned one after another as fast as the test can: from each member's spawn to its
+    /// first line (exec, loading, the shim's start, `cuInit`, the context, the allocation).
+    AtSpawn,
+}
+
+/// How a storm went: spawn to barrier (or, spawned without one, the storm's length: first
+/// spawn to last line), and each member's latency (sorted).
+struct Figures {
+    n: usize,
+    start: Start,
+    at_barrier: Duration,
+    latencies: Vec<Duration>,
+    live: usize,
+    peak: u64,
+    cap: u64,
+}
+
+impl Figures {
+    fn percentile(&self, p: usize) -> Duration {
+        self.latencies[(self.latencies.len() * p / 100).min(self.latencies.len() - 1)]
+    }
+
+    fn max(&self) -> Duration {
+        *self.latencies.last().unwrap()
+    }
+
+    fn row(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let what = match self.start {
+            Start::AtBarrier => "spawn to barrier; release to first line",
+            Start::AtSpawn => "first spawn to last line; spawn to first line",
+        };
+        format!(
+            "| {} | {:.1} s | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms |  ({what}: p50, p90, p99, max; {} live on the card, peak {} MiB of {} MiB)",
+            self.n,
+            self.at_barrier.as_secs_f64(),
+            ms(self.percentile(50)),
+            ms(self.percentile(90)),
+            ms(self.percentile(99)),
+            ms(self.max()),
+            self.live,
+            self.peak / MIB,
+            self.cap / MIB
+        )
+    }
 }
 
 /// `sliced == false`: the same storm without the shim (the fake's own cost, for the table).
-fn storm_with(n: usize, sliced: bool) {
+fn storm_with(n: usize, sliced: bool, start: Start) -> Figures {
     let gpu = FakeGpu::start("v100");
     let cap = 16 * GIB;
     let slice = Slice::builder().device(0, "16GiB", None).build();
@@ -37,7 +96,10 @@ fn storm_with(n: usize, sliced: bool) {
     let mut env = if sliced { slice.env(&gpu) } else { gpu.env() };
     // Small contexts: 1,024 of the fake's default 300 MiB would not fit any card.
     env.push(("FAKEGPU_CTX_OVERHEAD".into(), (4 * MIB).to_string()));
-    env.push(barrier.env());
+    if start == Start::AtBarrier {
+        env.push(barrier.env());
+    }
+    gpu.truth().reset_peak_memory(0);
     let logs = cuda_e2e::TempDir::new("storm-logs");
     let spawned = Instant::now();
     let mut members: Vec<Member> = (0..n)
@@ -52,31 +114,42 @@ fn storm_with(n: usize, sliced: bool) {
                 .spawn()
                 .unwrap_or_else(|e| panic!("start member {i}: {e}"));
             let stdin = child.stdin.take();
-            Member { child, stdin }
+            Member {
+                child,
+                stdin,
+                spawned: Instant::now(),
+            }
         })
         .collect();
-    // Every member stands at the barrier (registered in the region, cuInit done).
-    let dir = barrier_dir(&barrier);
-    wait_until(
-        &format!("{n} members at the barrier"),
-        STORM_TIMEOUT,
-        || ready_count(&dir) >= n,
-    );
-    let at_barrier = spawned.elapsed();
-    gpu.truth().reset_peak_memory(0);
-    barrier.release(n);
+    let mut at_barrier = Duration::ZERO;
+    if start == Start::AtBarrier {
+        // Every member stands at the barrier (registered in the region, cuInit done).
+        let dir = barrier_dir(&barrier);
+        wait_until(
+            &format!("{n} members at the barrier"),
+            STORM_TIMEOUT,
+            || ready_count(&dir) >= n,
+        );
+        at_barrier = spawned.elapsed();
+        gpu.truth().reset_peak_memory(0);
+        barrier.release(n);
+    }
     let released = Instant::now();
     // One reader per member: when its first line came, and what it said.
     let (sender, receiver) = std::sync::mpsc::channel();
     for (i, member) in members.iter_mut().enumerate() {
         let stdout = member.child.stdout.take().unwrap();
         let sender = sender.clone();
+        let from = match start {
+            Start::AtBarrier => released,
+            Start::AtSpawn => member.spawned,
+        };
         std::thread::Builder::new()
             .stack_size(64 << 10)
             .spawn(move || {
                 let mut line = String::new();
                 let _ = BufReader::new(stdout).read_line(&mut line);
-                let _ = sender.send((i, released.elapsed(), line));
+                let _ = sender.send((i, from.elapsed(), line));
             })
             .unwrap();
     }
@@ -95,20 +168,21 @@ fn storm_with(n: usize, sliced: bool) {
         }
         latencies.push(latency);
     }
+    if start == Start::AtSpawn {
+        at_barrier = spawned.elapsed();
+    }
     let peak = gpu.truth().peak_memory(0);
     let live = gpu.truth().processes(0).len();
     latencies.sort();
-    let pct = |p: usize| latencies[(latencies.len() * p / 100).min(latencies.len() - 1)];
-    eprintln!(
-        "| {n} | {:.1} s | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms |  (spawn to barrier; release to first line: p50, p90, p99, max; {live} live on the card, peak {} MiB of {} MiB)",
-        at_barrier.as_secs_f64(),
-        pct(50).as_secs_f64() * 1e3,
-        pct(90).as_secs_f64() * 1e3,
-        pct(99).as_secs_f64() * 1e3,
-        latencies.last().unwrap().as_secs_f64() * 1e3,
-        peak / MIB,
-        cap / MIB
-    );
+    let figures = Figures {
+        n,
+        start,
+        at_barrier,
+        latencies,
+        live,
+        peak,
+        cap,
+    };
     assert!(
         failures.is_empty(),
         "{} of {n} starts failed:\n{}",
@@ -122,7 +196,7 @@ fn storm_with(n: usize, sliced: bool) {
             drop(member.stdin.take());
             let _ = member.child.wait();
         }
-        return;
+        return figures;
     }
 
     // All exit normally; nobody of the slice starts meanwhile.
@@ -156,6 +230,7 @@ fn storm_with(n: usize, sliced: bool) {
     after.push(("FAKEGPU_CTX_OVERHEAD".into(), (4 * MIB).to_string()));
     let out = Client::run(ClientKind::Linked, &["meminfo"], &after);
     assert_eq!(out["free"], cap - 4 * MIB, "start {}: {out}", n + 1);
+    figures
 }
 
 fn barrier_dir(barrier: &StartBarrier) -> std::path::PathBuf {
@@ -182,9 +257,76 @@ fn a_storm_of_1024_starts_on_one_slice_and_the_next_one_after_they_exit() {
     storm(1024);
 }
 
-/// The fake's own share of the figures: the 1,024 storm without the shim (`--ignored`).
+/// The figures of docs/performance.md: storms of each size in `STORM_SIZES` (default 64,
+/// 200 and 1,024), `STORM_ROUNDS` times (default 3), started both ways (`STORM_STARTS`:
+/// `spawn`, `barrier` or both, the default), with the shim and without it (the fake alone) in
+/// turn, then the medians of each and their ratios. Prints; asserts nothing about time
+/// (`benches/start-storm.sh`).
 #[test]
 #[ignore]
-fn print_a_storm_of_1024_starts_without_the_shim() {
-    storm_with(1024, false);
+fn measure_storms() {
+    let sizes: Vec<usize> = std::env::var("STORM_SIZES")
+        .unwrap_or_else(|_| "64,200,1024".into())
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .expect("STORM_SIZES: comma-separated counts")
+        })
+        .collect();
+    let rounds: usize = std::env::var("STORM_ROUNDS")
+        .map(|r| r.parse().expect("STORM_ROUNDS: a count"))
+        .unwrap_or(3);
+    let starts: Vec<Start> = match std::env::var("STORM_STARTS").as_deref() {
+        Ok("spawn") => vec![Start::AtSpawn],
+        Ok("barrier") => vec![Start::AtBarrier],
+        _ => vec![Start::AtSpawn, Start::AtBarrier],
+    };
+    let median = |mut values: Vec<Duration>| {
+        values.sort();
+        values[values.len() / 2]
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut table = Vec::new();
+    for &start in &starts {
+        for &n in &sizes {
+            let (mut with, mut without) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let sliced = storm_with(n, true, start);
+                eprintln!("shim:    {}", sliced.row());
+                with.push(sliced);
+                let alone = storm_with(n, false, start);
+                eprintln!("no shim: {}", alone.row());
+                without.push(alone);
+            }
+            let p50 = |runs: &[Figures]| median(runs.iter().map(|f| f.percentile(50)).collect());
+            let max = |runs: &[Figures]| median(runs.iter().map(Figures::max).collect());
+            let whole = |runs: &[Figures]| median(runs.iter().map(|f| f.at_barrier).collect());
+            let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+            table.push(format!(
+                "| {} | {n} | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.2}x / {:.2}x | {:.2} / {:.2} s ({:.2}x) |",
+                match start {
+                    Start::AtSpawn => "spawned at once",
+                    Start::AtBarrier => "released at a barrier",
+                },
+                ms(p50(&with)),
+                ms(max(&with)),
+                ms(p50(&without)),
+                ms(max(&without)),
+                ratio(p50(&with), p50(&without)),
+                ratio(max(&with), max(&without)),
+                whole(&with).as_secs_f64(),
+                whole(&without).as_secs_f64(),
+                ratio(whole(&with), whole(&without)),
+            ));
+        }
+    }
+    eprintln!(
+        "\n| start | processes | shim: p50 / max | no shim: p50 / max | ratio p50 / max | storm length (spawned) or spawn to barrier, shim / no shim |"
+    );
+    eprintln!("|---|---|---|---|---|---|");
+    for row in table {
+        eprintln!("{row}");
+    }
+    eprintln!("(spawned: spawn to first line; at a barrier: release to first line; medians of {rounds} rounds each)");
 }

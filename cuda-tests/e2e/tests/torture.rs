@@ -258,3 +258,131 @@ fn fork_storm_workers_block_nobody_and_a_killed_parents_budget_follows_the_card(
     assert!(peak <= cap, "the card passed the cap: {peak} > {cap}");
     assert_no_drift(&gpu, &slice, &env, cap, "after the fork storm");
 }
+
+/// Processes SIGKILLed early in their start (before, during or right after making their
+/// context; a third of them at the worst instant, their context on the card and nothing of it
+/// measured yet), over and over, while two neighbours allocate at the cap and take every byte
+/// the slice gives back: a dead process's budget must not come back while the card still
+/// holds its context. Run twice: as on a host (NVML names processes by their own PIDs, learnt once
+/// for the slice), and as in a container (NVML's PIDs differ, `FAKEGPU_PID_OFFSET`: a victim
+/// may die before its NVML PID is known, and only the stated bound gives its budget back).
+/// The fake frees a dead process's memory half a second after it died. Judged by the card's
+/// high-water mark; afterwards the budget comes back whole.
+#[test]
+fn early_kills_never_leave_a_dead_context_on_the_card_past_the_cap() {
+    const SMALL_CONTEXT: u64 = 64 * MIB;
+    let mut rng = Rng::from_env_or_clock();
+    for container_pids in [false, true] {
+        let gpu = FakeGpu::start("v100");
+        let cap = 512 * MIB;
+        let slice = Slice::builder().device(0, "512MiB", None).build();
+        let mut env = slice.env(&gpu);
+        env.push(("FAKEGPU_CTX_OVERHEAD".into(), SMALL_CONTEXT.to_string()));
+        if container_pids {
+            env.push(("FAKEGPU_PID_OFFSET".into(), "100000".into()));
+        }
+        // The driver tears a dead process's memory down a little after it is gone, as a
+        // real one may: a budget given back on the kernel's word alone lands on the card
+        // while the dead context is still there.
+        gpu.truth().set_release_delay_ms(500);
+        gpu.truth().reset_peak_memory(0);
+        let neighbours: Vec<Running> = (0..2)
+            .map(|i| churn(ClientKind::ALL[i], "alloc", 0, &env))
+            .collect();
+        // How long a start takes here (to its first line, context and allocation made):
+        // the kills land anywhere in it.
+        let started = Instant::now();
+        Client::spawn(ClientKind::Cudarc, &["hold", "2MiB"], &env).release();
+        let start_ms = (started.elapsed().as_millis() as u64).max(10);
+        let markers = cuda_e2e::TempDir::new("early-kills");
+        let deadline = Instant::now() + STORM;
+        let (mut kills, mut in_the_window) = (0u32, 0u32);
+        while Instant::now() < deadline {
+            let kind = ClientKind::ALL[rng.below(3) as usize];
+            // Every third victim dies at the worst instant: its context on the card, its
+            // cost not settled, its NVML PID not learnt from it (the shim's test hook).
+            let marker = markers.path().join(format!("{kills}"));
+            let mut victim_env = env.clone();
+            let at_the_worst = rng.below(3) == 0;
+            if at_the_worst {
+                victim_env.push((
+                    "GPUSLICE_TEST_PAUSE_AFTER_CONTEXT".into(),
+                    marker.display().to_string(),
+                ));
+            }
+            let mut victim = cuda_e2e::command(&kind.binary(), &["hold", "2MiB"], &victim_env)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("start a victim");
+            if at_the_worst {
+                // Refused contexts (the slice at its cap) never get there.
+                let until = Instant::now() + Duration::from_secs(5);
+                while !marker.exists() && Instant::now() < until {
+                    if victim.try_wait().ok().flatten().is_some() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                in_the_window += u32::from(marker.exists());
+            } else {
+                std::thread::sleep(Duration::from_millis(rng.below(start_ms)));
+            }
+            let _ = victim.kill();
+            let _ = victim.wait();
+            kills += 1;
+        }
+        let peak = gpu.truth().peak_memory(0);
+        eprintln!(
+            "early kills ({}): {kills} kills within {start_ms} ms of their start, {in_the_window} with a context made and nothing measured; physical peak {} MiB of {} MiB",
+            if container_pids {
+                "container PIDs"
+            } else {
+                "host PIDs"
+            },
+            peak / MIB,
+            cap / MIB
+        );
+        assert!(kills >= 20, "too few kills to mean anything: {kills}");
+        assert!(
+            in_the_window >= 3,
+            "too few kills with a context made: {in_the_window}"
+        );
+        assert!(
+            peak <= cap,
+            "the card passed the cap: {} MiB > {} MiB",
+            peak / MIB,
+            cap / MIB
+        );
+        for neighbour in neighbours {
+            neighbour.release();
+        }
+        wait_until("the card freed the dead", DEFAULT_TIMEOUT, || {
+            gpu.truth().used_memory(0) == 0
+        });
+        // Every dead victim's budget comes back (by the driver's word, or the bound). The
+        // probes below die holding their context in turn: the driver frees them at once now,
+        // or each would wait for the last one.
+        gpu.truth().set_release_delay_ms(0);
+        let until = Instant::now() + DEFAULT_TIMEOUT;
+        loop {
+            let info = Client::run(ClientKind::Cudarc, &["meminfo"], &env);
+            if info["free"] == cap - SMALL_CONTEXT {
+                break;
+            }
+            if Instant::now() >= until {
+                let mut debug = env.clone();
+                debug.push(("LIBCUDA_LOG_LEVEL".into(), "4".into()));
+                let out = Client::output(ClientKind::Cudarc, &["meminfo"], &debug);
+                eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+            }
+            assert!(
+                Instant::now() < until,
+                "the slice's budget did not come back: {info}; the region: {:#}",
+                cuda_e2e::region_status_with(&slice.region_path(), &gpu.env())
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

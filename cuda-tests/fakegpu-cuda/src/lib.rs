@@ -96,11 +96,29 @@ fn launch_common(
     cooperative: bool,
 ) -> R<()> {
     let ns = node_ns(h(f), params, extra);
+    let args = wide_args(h(f), params);
     if cooperative {
-        cu().launch_cooperative(h(f), grid, block, ns, h(stream))
+        cu().launch_cooperative(h(f), grid, block, ns, h(stream), &args)
     } else {
-        cu().launch(h(f), grid, block, ns, h(stream))
+        cu().launch_touching(h(f), grid, block, ns, h(stream), &args)
     }
+}
+
+/// The values of a kernel's 64-bit arguments where its image declares them (PTX), for
+/// managed memory's residency; none when managed memory has no residency.
+fn wide_args(f: u64, params: *mut *mut c_void) -> Vec<u64> {
+    if params.is_null() || !cu().managed_on_demand() {
+        return Vec::new();
+    }
+    cu().wide_params(f)
+        .into_iter()
+        // SAFETY: `kernelParams` holds one pointer per declared parameter (the CUDA API's
+        // rule for callers); these point to 8-byte values.
+        .filter_map(|i| unsafe {
+            let p = *params.add(i);
+            (!p.is_null()).then(|| (p as *const u64).read_unaligned())
+        })
+        .collect()
 }
 
 /// The deprecated launches (`cuLaunch`, `cuLaunchGrid[Async]`). Simplified: the old API's
@@ -374,8 +392,22 @@ fn pool_location(loc: CUmemLocation, ty: c_int) -> R<CUdevice> {
     Ok(loc.id)
 }
 
-/// A prefetch or advice over a managed (or any device) range: checked, nothing to move.
-fn prefetch_or_advise(ptr: CUdeviceptr, n: usize, dev: CUdevice, s: Option<CUstream>) -> R<()> {
+/// A prefetch or advice over a managed range. With residency (`FAKEGPU_MANAGED_MEMORY=
+/// on-demand`) the fake's `managed` model takes it; without, managed memory lives on its
+/// device and a valid request (over any device range) has nothing to move.
+fn prefetch_or_advise(
+    ptr: CUdeviceptr,
+    n: usize,
+    dev: CUdevice,
+    s: Option<CUstream>,
+    advice: c_int,
+) -> R<()> {
+    if cu().managed_on_demand() {
+        return match s {
+            Some(s) => cu().mem_prefetch(ptr, n as u64, dev, h(s)),
+            None => cu().mem_advise(ptr, n as u64, advice, dev),
+        };
+    }
     if let Some(s) = s {
         cu().stream_info(h(s))?;
     }
@@ -388,6 +420,20 @@ fn prefetch_or_advise(ptr: CUdeviceptr, n: usize, dev: CUdevice, s: Option<CUstr
         }
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
+}
+
+/// `cuMemRangeGetAttribute`: 4-byte values (`size / 4` of them for the accessed-by list),
+/// answered by the fake's managed memory model.
+fn range_attribute(data: *mut c_void, size: usize, attribute: c_int, ptr: u64, n: usize) -> R<()> {
+    if data.is_null() || size == 0 || !size.is_multiple_of(4) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let values = cu().mem_range_attribute(ptr, n as u64, attribute, size / 4)?;
+    for (i, value) in values.into_iter().enumerate() {
+        // SAFETY: the caller's buffer holds `size` bytes, `size / 4` values.
+        unsafe { (data as *mut c_int).add(i).write_unaligned(value) };
+    }
+    Ok(())
 }
 
 /// `cuFuncSetAttribute` / `cuKernelSetAttribute`: the settable attributes, checked against
@@ -526,9 +572,7 @@ fn memset_async(dst: CUdeviceptr, v: u32, elem: u64, n: usize, stream: CUstream)
     cu().memset(dst, v, elem, n as u64)
 }
 
-/// `cuTensorMapEncodeTiled` / `Im2col`: reads the caller's arrays (only once the rank is
-/// known to be in range) and writes the 128-byte map (see `fakegpu::cuda::tensor_map`).
-/// Encoding is host-side: the driver must be initialised, no context is needed.
+/// The arguments `cuTensorMapEncodeTiled` and `cuTensorMapEncodeIm2col` share.
 struct TensorMapCall {
     map: *mut u64,
     data_type: c_uint,
@@ -540,6 +584,10 @@ struct TensorMapCall {
     modes: [c_uint; 4],
 }
 
+/// `cuTensorMapEncodeTiled` / `Im2col`: reads the caller's arrays (only once the rank is
+/// known to be in range; `shape` reads the rest) and writes the 128-byte map (see
+/// `fakegpu::cuda::tensor_map`). Encoding is host-side: the driver must be initialised, no
+/// context is needed.
 fn encode_tensor_map(c: TensorMapCall, shape: impl FnOnce(usize) -> R<TensorMapShape>) -> R<()> {
     use fakegpu::cuda::tensor_map::{encode, Shape, TensorMapArgs, MAX_RANK, TENSOR_MAP_ALIGN};
     cu().check()?;
@@ -1418,26 +1466,38 @@ cuda_api! {
         }
     }
     fn cuMemPrefetchAsync["cuMemPrefetchAsync", 8000, Default](ptr: CUdeviceptr, n: usize, dev: CUdevice, s: CUstream) {
-        // Managed memory lives on the device in the fake (no migration): a valid prefetch
-        // has nothing to move.
-        prefetch_or_advise(ptr, n, dev, Some(s))
+        prefetch_or_advise(ptr, n, dev, Some(s), 0)
     }
     fn cuMemPrefetchAsync_ptsz["cuMemPrefetchAsync", 8000, Ptsz](ptr: CUdeviceptr, n: usize, dev: CUdevice, s: CUstream) {
-        prefetch_or_advise(ptr, n, dev, Some(s))
+        prefetch_or_advise(ptr, n, dev, Some(s), 0)
     }
     fn cuMemPrefetchAsync_v2["cuMemPrefetchAsync", 12020, Default](ptr: CUdeviceptr, n: usize, loc: CUmemLocation, _flags: c_uint, s: CUstream) {
-        prefetch_or_advise(ptr, n, location_device(loc)?, Some(s))
+        prefetch_or_advise(ptr, n, location_device(loc)?, Some(s), 0)
     }
     fn cuMemPrefetchAsync_v2_ptsz["cuMemPrefetchAsync", 12020, Ptsz](ptr: CUdeviceptr, n: usize, loc: CUmemLocation, _flags: c_uint, s: CUstream) {
-        prefetch_or_advise(ptr, n, location_device(loc)?, Some(s))
+        prefetch_or_advise(ptr, n, location_device(loc)?, Some(s), 0)
     }
     fn cuMemAdvise["cuMemAdvise", 8000, Default](ptr: CUdeviceptr, n: usize, advice: c_int, dev: CUdevice) {
         if !(1..=6).contains(&advice) { return Err(CUDA_ERROR_INVALID_VALUE); }
-        prefetch_or_advise(ptr, n, dev, None)
+        prefetch_or_advise(ptr, n, dev, None, advice)
     }
     fn cuMemAdvise_v2["cuMemAdvise", 12020, Default](ptr: CUdeviceptr, n: usize, advice: c_int, loc: CUmemLocation) {
         if !(1..=6).contains(&advice) { return Err(CUDA_ERROR_INVALID_VALUE); }
-        prefetch_or_advise(ptr, n, location_device(loc)?, None)
+        prefetch_or_advise(ptr, n, location_device(loc)?, None, advice)
+    }
+    fn cuMemRangeGetAttribute["cuMemRangeGetAttribute", 8000, Default](data: *mut c_void, size: usize, attribute: c_int, ptr: CUdeviceptr, n: usize) {
+        range_attribute(data, size, attribute, ptr, n)
+    }
+    fn cuMemRangeGetAttributes["cuMemRangeGetAttributes", 8000, Default](data: *mut *mut c_void, sizes: *mut usize, attributes: *mut c_int, count: usize, ptr: CUdeviceptr, n: usize) {
+        if data.is_null() || sizes.is_null() || attributes.is_null() || count == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        for i in 0..count {
+            // SAFETY: the caller passes `count` of each.
+            let (d, size, attribute) = unsafe { (*data.add(i), *sizes.add(i), *attributes.add(i)) };
+            range_attribute(d, size, attribute, ptr, n)?;
+        }
+        Ok(())
     }
     fn cuMemGetDefaultMemPool["cuMemGetDefaultMemPool", 13000, Default](pool: *mut CUmemoryPool, loc: *const CUmemLocation, ty: c_int) {
         if pool.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }

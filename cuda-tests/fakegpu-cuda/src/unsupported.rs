@@ -199,8 +199,6 @@ unsupported! {
     cuMemPoolImportFromShareableHandle["cuMemPoolImportFromShareableHandle", 11020]
     cuMemPoolImportPointer["cuMemPoolImportPointer", 11020]
     cuMemPrefetchBatchAsync["cuMemPrefetchBatchAsync", 13000]
-    cuMemRangeGetAttribute["cuMemRangeGetAttribute", 8000]
-    cuMemRangeGetAttributes["cuMemRangeGetAttributes", 8000]
     cuMemcpy3D["cuMemcpy3D", 3020]
     cuMemcpy3DAsync["cuMemcpy3DAsync", 3020]
     cuMemcpy3DBatchAsync["cuMemcpy3DBatchAsync", 12080]

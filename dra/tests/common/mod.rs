@@ -66,6 +66,7 @@ pub fn gpus() -> Vec<Gpu> {
             compute_capability: (7, 0),
             driver_version: "580.65.06".into(),
             cuda_driver_version: (13, 0),
+            oversubscription: None,
         })
         .collect()
 }

@@ -7,7 +7,7 @@
 //! the one initialisation of the real NVML and device-handle lookup those reads use.
 
 use std::ffi::{c_char, c_uint, CStr, CString};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 use gpuslice_abi::cuda::result::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
 use gpuslice_abi::cuda::{CUdevice, CUresult, CUuuid};
@@ -143,6 +143,14 @@ pub(crate) fn real_nvml_handle(uuid: &str, index: Option<u32>) -> Option<nvmlDev
     (unsafe { by_index(index?, &mut handle) } == NVML_SUCCESS).then_some(handle)
 }
 
+/// Whether the real NVML has a compute process list to read (its library found, NVML not
+/// initialised for it).
+pub(crate) fn nvml_lists_processes() -> bool {
+    real::nvmlDeviceGetComputeRunningProcesses_v3()
+        .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)
+        .is_some()
+}
+
 /// `nvmlDeviceGetComputeRunningProcesses_v3` (v2 on older drivers) of the real NVML.
 pub(crate) fn nvml_compute_processes(
     device: nvmlDevice_t,
@@ -184,6 +192,10 @@ pub(crate) fn read_process_list<T: Copy + Default>(
     grow_list(64, |buffer, count| unsafe { get(device, count, buffer) })
 }
 
+/// The most entries one of NVML's lists needed in this process: the next list starts with room
+/// for as many, so a long list costs the driver one call, not two. Survives fork (a hint).
+static LONGEST_LIST: AtomicU32 = AtomicU32::new(0);
+
 /// NVML's list protocol: `call(buffer, count)` fills up to `*count` entries and answers
 /// SUCCESS, or INSUFFICIENT_SIZE with the count it needs; the buffer grows and the call is
 /// retried a few times (the list can grow between two calls).
@@ -191,13 +203,14 @@ fn grow_list<T: Copy + Default>(
     initial: c_uint,
     mut call: impl FnMut(*mut T, *mut c_uint) -> nvmlReturn_t,
 ) -> Result<Vec<T>, nvmlReturn_t> {
-    let mut capacity = initial;
+    let mut capacity = initial.max(LONGEST_LIST.load(Ordering::Relaxed).saturating_add(16));
     for _ in 0..4 {
         let mut buffer = vec![T::default(); capacity as usize];
         let mut count = capacity;
         match call(buffer.as_mut_ptr(), &mut count) {
             NVML_SUCCESS => {
                 buffer.truncate(count as usize);
+                LONGEST_LIST.fetch_max(count, Ordering::Relaxed);
                 return Ok(buffer);
             }
             NVML_ERROR_INSUFFICIENT_SIZE => capacity = count.max(capacity) + 16,
@@ -228,6 +241,7 @@ mod tests {
             selector,
             memory_limit: Some(bytes),
             compute_percent: None,
+            virtual_memory: None,
         }
     }
 
@@ -266,6 +280,7 @@ mod tests {
             selector: DeviceSelector::Index(0),
             memory_limit: None,
             compute_percent: Some(50),
+            virtual_memory: None,
         }]);
         assert_eq!(memory_limit(&cfg, 0, ""), None);
     }

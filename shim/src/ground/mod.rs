@@ -1,5 +1,5 @@
 //! The ground layer: what the policy layer and the hook layer stand on. Nothing here imports
-//! `hooks`, `lifecycle`, `memory`, `throttle` or `session` (checked by `layers`).
+//! `hooks`, `memory`, `throttle` or `session` (checked by `layers`).
 //!
 //! * [`driver`]: the typed real-driver table (slots, signatures, `real::NAME()`), generated
 //!   from the registry's one declaration.

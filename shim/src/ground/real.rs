@@ -141,8 +141,9 @@ impl Library {
     }
 }
 
-/// Marker stored in a slot whose function the real library does not have.
-const MISSING: *mut c_void = std::ptr::dangling_mut::<c_void>();
+/// Marker stored in a slot whose function the real library does not have (address 1: with
+/// null, the two lowest addresses, see [`RealSlot::resolved`]).
+const MISSING: *mut c_void = std::ptr::without_provenance_mut(1);
 
 /// One real function: resolved on first use with the real dlsym on the real library handle.
 pub struct RealSlot {
@@ -178,6 +179,25 @@ impl RealSlot {
             return Some(known);
         }
         self.resolve()
+    }
+
+    /// The real function if already resolved and present, null otherwise (never resolves):
+    /// one load and one compare, for the launch hot path.
+    #[inline(always)]
+    pub fn resolved(&self) -> *mut c_void {
+        let known = self.pointer.load(Ordering::Acquire);
+        // Null (not resolved) and MISSING are the two lowest addresses.
+        if known.addr() > MISSING.addr() {
+            known
+        } else {
+            null_mut()
+        }
+    }
+
+    /// Test helper: the slot holds `function`, as if the real library had it.
+    #[cfg(test)]
+    pub fn plant(&self, function: *mut c_void) {
+        self.pointer.store(function, Ordering::Release);
     }
 
     /// The real pointer if already resolved, without resolving (for the proc-address map).

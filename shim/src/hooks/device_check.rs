@@ -16,11 +16,11 @@
 //! The rule itself is `gpuslice_common::visible`. Before the driver can answer, calls pass
 //! (nothing can be allocated before `cuInit`). Once refused, every CUDA and NVML call returns
 //! the fail-closed code, and the one line naming the limit file, the entry and the devices
-//! that exist is printed once. The verdict is per process and survives `fork` (a child sees
-//! the same devices). No thread ever waits for another's listing (see `decide`).
+//! that exist is printed once. The verdict moves the process state (`session::state`:
+//! enforcing with its devices matched, or failing closed) and survives `fork` (a child sees
+//! the same devices). No thread ever waits for another's listing (see [`check`]).
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 use gpuslice_abi::cuda::result::{CUDA_ERROR_NO_DEVICE, CUDA_SUCCESS};
 use gpuslice_abi::nvml::nvmlDevice_t;
@@ -30,52 +30,32 @@ use gpuslice_common::visible::{unmatched_entries, unmatched_error, SeenDevice};
 
 use crate::ground::driver::real;
 use crate::ground::real::Library;
-
-const UNKNOWN: u8 = 0;
-const MATCHED: u8 = 1;
-const REFUSED: u8 = 2;
+use crate::session::state::STATE;
 
 /// Devices listed at most (the real count is far lower; this bounds a misbehaving driver).
 const MAX_LISTED: u32 = 64;
 
-static VERDICT: AtomicU8 = AtomicU8::new(UNKNOWN);
-static REFUSAL: AtomicPtr<ConfigError> = AtomicPtr::new(std::ptr::null_mut());
-
 thread_local! {
     /// This thread is listing the devices: a driver that calls its own exports meanwhile
-    /// reaches `admit` again, which must not start another listing (const, no destructor:
+    /// reaches the gate again, which must not start another listing (const, no destructor:
     /// usable at any point of a thread's life).
     static LISTING: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The gate for an enforcing process: `Err(code)` once an entry is known to match nothing.
-#[inline]
-pub(crate) fn admit(config: &SliceConfig, library: Library) -> Result<(), u32> {
-    match VERDICT.load(Ordering::Acquire) {
-        MATCHED => Ok(()),
-        REFUSED => Err(library.fail_closed_code()),
-        _ => decide(config, library),
-    }
-}
-
-/// Whether every entry was found to name a device: [`admit`] answers `Ok` for good (until a
-/// fork, whose child decides again only if it never did: the verdict survives it).
-pub(crate) fn matched() -> bool {
-    VERDICT.load(Ordering::Acquire) == MATCHED
-}
-
-/// Every thread that finds the verdict unknown lists the devices itself (no thread waits on
-/// another: a driver holding an internal lock while it calls one of its own exports on a
-/// second thread could otherwise deadlock against the lister). They all reach the same
+/// The gate for an enforcing process whose devices are not matched yet: lists them when the
+/// driver can, and moves the state (matched: open for good; an entry naming no device: fail
+/// closed, said once). Every thread that gets here lists the devices itself (no thread
+/// waits on another: a driver holding an internal lock while it calls one of its own exports
+/// on a second thread could otherwise deadlock against the lister). They all reach the same
 /// answer; the first to publish it prints the refusal.
 #[cold]
-fn decide(config: &SliceConfig, library: Library) -> Result<(), u32> {
+pub(crate) fn check(config: &SliceConfig, library: Library) -> Result<(), u32> {
     let nothing_to_check = match config.source {
         ConfigSource::File(_) => config.devices.is_empty(),
         ConfigSource::Env => hami_indexed().is_empty(),
     };
     if nothing_to_check {
-        VERDICT.store(MATCHED, Ordering::Release);
+        STATE.devices_matched();
         return Ok(());
     }
     if LISTING.with(|listing| listing.replace(true)) {
@@ -86,7 +66,7 @@ fn decide(config: &SliceConfig, library: Library) -> Result<(), u32> {
     let error = match outcome {
         Ok(None) => return Ok(()), // the driver cannot list its devices yet: nothing to gate
         Ok(Some(None)) => {
-            let _ = VERDICT.compare_exchange(UNKNOWN, MATCHED, Ordering::AcqRel, Ordering::Acquire);
+            STATE.devices_matched();
             return Ok(());
         }
         Ok(Some(Some(error))) => error,
@@ -96,25 +76,10 @@ fn decide(config: &SliceConfig, library: Library) -> Result<(), u32> {
             problem: "internal error while listing the devices".into(),
         },
     };
-    let leaked: *mut ConfigError = Box::leak(Box::new(error));
-    if REFUSAL
-        .compare_exchange(
-            std::ptr::null_mut(),
-            leaked,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        )
-        .is_ok()
-    {
-        // SAFETY: `leaked` is a leaked Box, never freed; only this thread published it.
-        let error = unsafe { &*leaked };
+    if let Some(error) = STATE.devices_refused(error) {
         crate::log_error!("{error}; CUDA and NVML calls are refused until it is fixed");
         crate::memory::count_fail_closed();
-    } else {
-        // SAFETY: nobody else ever saw `leaked`; it came from Box::leak above.
-        drop(unsafe { Box::from_raw(leaked) });
     }
-    VERDICT.store(REFUSED, Ordering::Release);
     Err(library.fail_closed_code())
 }
 
@@ -189,25 +154,6 @@ fn env_verdict(seen: &[SeenDevice], from_nvml: bool) -> Option<ConfigError> {
             gpuslice_common::visible::list_devices(seen)
         ),
     })
-}
-
-/// `cuInit`: a configuration that cannot be applied (an entry or HAMi variable naming a
-/// device the node lacks) is refused here, at the first call, once the driver can list its
-/// devices: "is CUDA available?" checks then say no, instead of the application failing at
-/// its first device query.
-///
-/// # Safety
-/// The handler contract (see [`crate::hooks`]).
-pub(crate) unsafe fn cu_init(real: crate::hooks::registry::signature::cuInit, flags: u32) -> u32 {
-    // SAFETY: by-value argument, unchanged.
-    let result = unsafe { real(flags) };
-    if result != CUDA_SUCCESS {
-        return result;
-    }
-    match crate::lifecycle::admit(Library::Cuda) {
-        Ok(()) => result,
-        Err(code) => code,
-    }
 }
 
 /// The CUDA devices of this process (ordinal, UUID), or `None` before the driver is up.

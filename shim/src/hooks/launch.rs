@@ -1,139 +1,73 @@
 //! Launch handlers: every kernel and graph launch (each `_ptsz` variant, the cooperative and
-//! deprecated ones) passes the `throttle` seam before the real launch. What a first launch
-//! makes the driver place (a kernel's local memory, a lazily loaded library) was priced when
-//! the kernel's handle was obtained (`hooks::module`), so a launch asks the memory policy
-//! nothing.
+//! deprecated ones) settles what the `throttle` asks of it before the real launch. What a
+//! first launch makes the driver place (a kernel's local memory, a lazily loaded library)
+//! was priced when the kernel's handle was obtained (`hooks::module`), so a launch asks the
+//! memory policy nothing (a graph's first launch excepted: its graph memory).
 //!
-//! The launch hooks are `[hot]` in the registry: their export first tries the FAST PATH here,
-//! a few loads and branches before the real launch, and takes the usual shell (panic boundary,
-//! the gate `lifecycle::admit`, the real slot, then the handler with `FAST = false`) only when
-//! the fast path declines:
-//! * [`OPEN`] holds the hook's real function once the shell found the gate open for good (a
-//!   published mode that passes through, or enforces with every limit-file entry matched:
-//!   neither changes until a fork, whose child starts with all closed: `OPEN` is per process);
-//! * `throttle::bill_fast` decides the throttle in its common case (no share; one device with
-//!   its throttle built and no capture open).
+//! ONE LAUNCH PATH. The launch hooks are `[hot]` in the registry, and each handler below is
+//! written once, told by `due` ([`throttle::Due`]) what is left to settle before the launch.
+//! The registry runs it in three places, all generated from the one line:
+//! * the HOT EXPORT: once [`open_real`] finds the hook's real function (the process state
+//!   admits every call for good) it runs the handler with `Due::Fast`, which only bills
+//!   (`throttle::bill_fast`: no share, one load; one device, built, no capture open and
+//!   credit left: count and debit) and never launches; it answers `Err(Due::Billed)` or
+//!   `Err(Due::Check)`. The export then tail-calls, with the caller's arguments untouched,
+//!   the hot launch or the cold shell;
+//! * the HOT LAUNCH (`Due::Billed`): the real call (a jump to it, where nothing follows it;
+//!   a graph's first launch reserves its memory after it);
+//! * the COLD SHELL (a panic boundary, the gate `lifecycle::admit`, the real slot), with
+//!   `Due::Check`: the throttle's whole path (the first launch, several devices, an open
+//!   capture, an exhausted credit and its wait), then the launch.
 //!
-//! The fast path has no panic boundary: it is loads, atomic read-modify-writes and the real
-//! call, with no indexing that can fail, no arithmetic that can overflow-check and no
-//! call into code that can panic. Everything that can (the throttle's first launch, a wait
-//! for tokens, a graph's memory settling) runs in a cold function under its own boundary.
+//! Why the export jumps rather than calls: a function that calls the driver with the caller's
+//! stack arguments (the kernel and cooperative launches have five and four) and can also call
+//! the shell has the arguments loaded into saved registers at entry, around 20 instructions
+//! more per launch; one that only decides and jumps leaves them where they are. Costs, and
+//! why this is Rust and not machine code: `docs/performance.md`.
+//!
+//! The hot export and the hot launch have no panic boundary: loads, atomic
+//! read-modify-writes and the real call, with no indexing that can fail, no
+//! arithmetic that can overflow-check and no call into code that can panic. What can panic
+//! (the throttle's first launch, a wait for tokens) runs in the shell; a graph's memory
+//! settling after its launch has its own boundary.
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 use gpuslice_abi::cuda::result::{CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
 use gpuslice_abi::cuda::*;
 
-use crate::ground::driver::HOOK_COUNT;
+use crate::ground::real::RealSlot;
 use crate::hooks::registry::signature as sig;
 use crate::memory;
-use crate::session::mode::Mode;
+use crate::session::state::STATE;
 use crate::throttle;
 use crate::throttle::capture;
-use crate::throttle::Bill;
+pub use crate::throttle::Due;
 
-crate::session::fork::per_process! {
-    /// The real function of each `[hot]` hook whose gate is open for good (null: closed, the
-    /// export takes its shell). Indexed by the registry's position. A fork child starts with
-    /// all closed: it re-initialises its mode (`lifecycle`), and each fast path opens again
-    /// once its shell has seen the gate.
-    /// The x86-64 export of a `[launch]` hook reads it in machine code (see the registry).
-    pub(crate) static OPEN: [AtomicPtr<c_void>; HOOK_COUNT] =
-        [const { AtomicPtr::new(std::ptr::null_mut()) }; HOOK_COUNT];
-}
-
-/// The fast path's real function for `hook` (null: take the shell). One load: `hook` is the
-/// registry's constant at every call site, so `get` folds away (and cannot panic).
+/// The hot export's real function (null: take the shell): the process state admits every
+/// call for good (`session::state`, `[open]`: one load and a bit test) and `slot` holds the
+/// resolved function (one load and a compare; its shell resolved it at its first call). A
+/// fork child starts Uninitialised, so every hot export starts closed there.
 #[inline(always)]
-pub fn open_real(hook: usize) -> *mut c_void {
-    OPEN.get(hook)
-        .map_or(std::ptr::null_mut(), |real| real.load(Ordering::Acquire))
-}
-
-/// Called by a `[hot]` export's shell after the gate admitted the call: opens the fast path
-/// of `hook` with its real function `real` when the gate will admit every later call of this
-/// process too.
-#[cold]
-pub fn open(hook: usize, real: *mut c_void) {
-    let for_good = match crate::session::mode::published() {
-        Some(Mode::PassThrough) => true,
-        Some(Mode::Enforcing(_)) => crate::hooks::device_check::matched(),
-        // Failing closed, or the mode is being initialised (a re-entrant call passes then).
-        _ => false,
-    };
-    let Some(slot) = OPEN.get(hook) else {
-        return;
-    };
-    if !for_good || real.is_null() {
-        return;
-    }
-    slot.store(real, Ordering::Release);
-}
-
-/// Which path a launch handler runs on (its `PATH` parameter). The export's fast path runs
-/// the handler twice, each time followed by a jump rather than a call (so that the caller's
-/// arguments need no copy): [`FAST`] decides and bills, then [`CALL`], [`WAITED`] or the
-/// shell ([`SHELL`]) launches.
-pub const FAST: u8 = 0;
-/// After [`FAST`] answered [`Step::Go`]: the real launch and what follows it, nothing else.
-pub const CALL: u8 = 1;
-/// After [`FAST`] answered [`Step::Wait`] (billed, the credit is exhausted): the wait for
-/// tokens, then the launch, under the boundary of the export's wait shell.
-pub const WAITED: u8 = 2;
-/// The shell: the full throttle path (`throttle::before_launch_to`), under the shell's boundary.
-pub const SHELL: u8 = 3;
-
-/// What a launch handler did or asks for next.
-pub enum Step {
-    /// The launch was made; the export returns this.
-    Done(CUresult),
-    /// ([`FAST`] only) billed: launch now ([`CALL`]).
-    Go,
-    /// ([`FAST`] only) billed, the credit is exhausted: wait, then launch ([`WAITED`]).
-    Wait,
-    /// ([`FAST`] only) nothing was done: the shell decides ([`SHELL`]).
-    Shell,
-}
-
-impl Step {
-    /// The result of a launch path (never anything but `Done` off [`FAST`]).
-    pub fn result(self, otherwise: CUresult) -> CUresult {
-        match self {
-            Step::Done(result) => result,
-            Step::Go | Step::Wait | Step::Shell => otherwise,
-        }
+pub fn open_real(slot: &RealSlot) -> *mut c_void {
+    if STATE.open() {
+        slot.resolved()
+    } else {
+        std::ptr::null_mut()
     }
 }
 
-/// The throttle step of a launch on `stream` for `PATH`; `Some` = the handler returns it.
-#[inline(always)]
-fn bill<const PATH: u8>(stream: CUstream) -> Option<Step> {
-    match PATH {
-        FAST => Some(match throttle::bill_fast() {
-            Bill::Go => Step::Go,
-            Bill::Wait => Step::Wait,
-            Bill::Slow => Step::Shell,
-        }),
-        CALL => None,
-        WAITED => {
-            throttle::wait_after_spend(stream);
-            None
-        }
-        _ => {
-            throttle::before_launch_to(stream);
-            None
-        }
-    }
-}
+/// What a launch handler answers: the launch's result, or (from `Due::Fast` only, which never
+/// launches) what is left: `Due::Billed` (the hot launch) or `Due::Check` (the cold shell).
+pub type Launched = Result<CUresult, Due>;
 
-/// The launch hooks' handlers, one per signature; `PATH` says which path runs them.
+/// `cuLaunchKernel[_ptsz]`.
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub unsafe fn launch_kernel<const PATH: u8>(
+pub unsafe fn launch_kernel(
     real: sig::cuLaunchKernel,
     f: CUfunction,
     gx: c_uint,
@@ -146,46 +80,45 @@ pub unsafe fn launch_kernel<const PATH: u8>(
     stream: CUstream,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
-) -> Step {
-    if let Some(step) = bill::<PATH>(stream) {
-        return step;
-    }
+    due: Due,
+) -> Launched {
+    throttle::settle(due, stream)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-    Step::Done(result)
+    Ok(unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) })
 }
 
+/// `cuLaunchKernelEx[_ptsz]`.
+///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
-pub unsafe fn launch_kernel_ex<const PATH: u8>(
+pub unsafe fn launch_kernel_ex(
     real: sig::cuLaunchKernelEx,
     config: *const CUlaunchConfig,
     f: CUfunction,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
-) -> Step {
-    // A NULL config is the driver's INVALID_VALUE to return; it enqueues nothing to gate.
-    if !config.is_null() {
+    due: Due,
+) -> Launched {
+    // A NULL config is the driver's INVALID_VALUE to return; it enqueues nothing to bill.
+    if config.is_null() {
+        due.unbilled()?;
+    } else {
         // SAFETY: non-null; the caller passes a valid config (the CUDA API's contract).
         let stream = unsafe { (*config).hStream };
-        if let Some(step) = bill::<PATH>(stream) {
-            return step;
-        }
-    }
-    if PATH == FAST {
-        return Step::Go; // nothing to bill for a NULL config
+        throttle::settle(due, stream)?;
     }
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(config, f, params, extra) };
-    Step::Done(result)
+    Ok(unsafe { real(config, f, params, extra) })
 }
 
+/// `cuLaunchCooperativeKernel[_ptsz]`.
+///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub unsafe fn launch_cooperative_kernel<const PATH: u8>(
+pub unsafe fn launch_cooperative_kernel(
     real: sig::cuLaunchCooperativeKernel,
     f: CUfunction,
     gx: c_uint,
@@ -197,13 +130,11 @@ pub unsafe fn launch_cooperative_kernel<const PATH: u8>(
     shared: c_uint,
     stream: CUstream,
     params: *mut *mut c_void,
-) -> Step {
-    if let Some(step) = bill::<PATH>(stream) {
-        return step;
-    }
+    due: Due,
+) -> Launched {
+    throttle::settle(due, stream)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) };
-    Step::Done(result)
+    Ok(unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) })
 }
 
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported): one launch per
@@ -229,33 +160,31 @@ pub unsafe fn launch_cooperative_kernel_multi_device(
     unsafe { real(list, n, flags) }
 }
 
+/// `cuGraphLaunch[_ptsz]`: billed as one launch (captured launches were not, see
+/// `throttle::capture`).
+///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
-pub unsafe fn graph_launch<const PATH: u8>(
+pub unsafe fn graph_launch(
     real: sig::cuGraphLaunch,
     exec: CUgraphExec,
     stream: CUstream,
-) -> Step {
-    if let Some(step) = bill::<PATH>(stream) {
-        return step;
-    }
+    due: Due,
+) -> Launched {
+    throttle::settle(due, stream)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(exec, stream) };
     if result == CUDA_SUCCESS {
-        // The first launch of an exec reserves its graph memory (one relaxed load otherwise;
-        // the reservation can panic, so the fast path contains it as the shell would).
-        if PATH != SHELL {
-            // CALL and WAITED: this is still the export's fast path (or its wait shell).
-            return Step::Done(graph_settled(exec, result));
-        }
-        memory::graphs::launched(exec);
+        return Ok(graph_settled(exec, result));
     }
-    Step::Done(result)
+    Ok(result)
 }
 
-/// [`memory::graphs::launched`] under a panic boundary (`CUDA_ERROR_UNKNOWN` after a panic,
-/// as the shell's boundary answered).
+/// The first launch of an exec reserves its graph memory ([`memory::graphs::launched`]; one
+/// relaxed load otherwise). The reservation can panic: under its own boundary
+/// (`CUDA_ERROR_UNKNOWN` after a panic, as the shell's boundary would answer), since the hot
+/// export has none.
 #[inline(always)]
 fn graph_settled(exec: CUgraphExec, result: CUresult) -> CUresult {
     crate::ffi_panic_boundary!(CUDA_ERROR_UNKNOWN, {
@@ -265,39 +194,31 @@ fn graph_settled(exec: CUgraphExec, result: CUresult) -> CUresult {
 }
 
 /// `cuLaunch` (deprecated): a 1x1 grid of the function's block shape, on the legacy stream.
-/// The deprecated launches always take the shell (their fast path declines).
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
-pub unsafe fn launch<const PATH: u8>(real: sig::cuLaunch, f: CUfunction) -> Step {
-    if PATH == FAST {
-        return Step::Shell;
-    }
-    throttle::before_launch();
+pub unsafe fn launch(real: sig::cuLaunch, f: CUfunction, due: Due) -> Launched {
+    throttle::settle_legacy(due)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(f) };
-    Step::Done(result)
+    Ok(unsafe { real(f) })
 }
 
-/// `cuLaunchGrid` (deprecated).
+/// `cuLaunchGrid` (deprecated), on the legacy stream.
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
-pub unsafe fn launch_grid<const PATH: u8>(
+pub unsafe fn launch_grid(
     real: sig::cuLaunchGrid,
     f: CUfunction,
     grid_width: c_int,
     grid_height: c_int,
-) -> Step {
-    if PATH == FAST {
-        return Step::Shell;
-    }
-    throttle::before_launch();
+    due: Due,
+) -> Launched {
+    throttle::settle_legacy(due)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(f, grid_width, grid_height) };
-    Step::Done(result)
+    Ok(unsafe { real(f, grid_width, grid_height) })
 }
 
 /// `cuLaunchGridAsync` (deprecated).
@@ -305,19 +226,17 @@ pub unsafe fn launch_grid<const PATH: u8>(
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 #[inline(always)]
-pub unsafe fn launch_grid_async<const PATH: u8>(
+pub unsafe fn launch_grid_async(
     real: sig::cuLaunchGridAsync,
     f: CUfunction,
     grid_width: c_int,
     grid_height: c_int,
     stream: CUstream,
-) -> Step {
-    if let Some(step) = bill::<PATH>(stream) {
-        return step;
-    }
+    due: Due,
+) -> Launched {
+    throttle::settle(due, stream)?;
     // SAFETY: the caller's arguments, unchanged (the handler contract).
-    let result = unsafe { real(f, grid_width, grid_height, stream) };
-    Step::Done(result)
+    Ok(unsafe { real(f, grid_width, grid_height, stream) })
 }
 
 // ---------------------------------------------------------------- stream capture
@@ -408,33 +327,129 @@ pub unsafe fn event_synchronize(real: sig::cuEventSynchronize, event: CUevent) -
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
-    #[test]
-    fn a_fast_path_opens_only_when_the_gate_admits_for_good_and_a_fork_child_closes_it() {
-        let hook = crate::ground::driver::SlotId::cuLaunchKernel as usize;
-        let real = 0x1234 as *mut c_void;
-        OPEN[hook].store(std::ptr::null_mut(), Ordering::Relaxed);
-        assert!(open_real(hook).is_null());
-        // The unit-test process has no configuration: once its mode is published it passes
-        // through for good.
-        let mode = crate::lifecycle::mode();
-        let expect_open = matches!(crate::session::mode::published(), Some(Mode::PassThrough));
-        assert!(matches!(mode, Mode::PassThrough), "no configuration here");
-        let expected = if expect_open {
-            real
+    use gpuslice_abi::cuda::result::CUDA_ERROR_NOT_INITIALIZED;
+    use gpuslice_common::config::ConfigError;
+
+    use super::*;
+    use crate::ground::driver::{SlotId, SLOTS};
+    use crate::hooks::registry::exports;
+    use crate::session::mode::Mode;
+
+    /// Calls of the fake driver's launches, and the sum of the arguments they saw.
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+
+    #[allow(clippy::too_many_arguments)]
+    extern "C" fn fake_launch_kernel(
+        f: CUfunction,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        shared: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        let sum = [gx, gy, gz, bx, by, bz, shared]
+            .iter()
+            .map(|&v| u64::from(v))
+            .sum::<u64>()
+            + f as u64
+            + stream as u64
+            + params as u64
+            + extra as u64;
+        SEEN.store(sum, Ordering::Relaxed);
+        700 + gx
+    }
+
+    extern "C" fn fake_launch_kernel_ex(
+        config: *const CUlaunchConfig,
+        _f: CUfunction,
+        _params: *mut *mut c_void,
+        _extra: *mut *mut c_void,
+    ) -> CUresult {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        if config.is_null() {
+            1 // CUDA_ERROR_INVALID_VALUE
         } else {
-            std::ptr::null_mut()
+            0
+        }
+    }
+
+    /// One `cuLaunchKernel` through the export with eleven distinct arguments: its result, and
+    /// whether the fake saw every argument.
+    fn launch(gx: c_uint) -> (CUresult, bool) {
+        let ptr = |n: usize| n as *mut *mut c_void;
+        // SAFETY: the export with arbitrary handles: the fake driver only reads the values.
+        let result = unsafe {
+            exports::cuLaunchKernel(
+                1 as CUfunction,
+                gx,
+                3,
+                4,
+                5,
+                6,
+                7,
+                8,
+                9 as CUstream,
+                ptr(10),
+                ptr(11),
+            )
         };
-        open(hook, real);
-        assert_eq!(open_real(hook), expected);
-        // A null real function never closes (nor opens) a slot.
-        open(hook, std::ptr::null_mut());
-        assert_eq!(open_real(hook), expected);
-        assert!(
-            crate::session::fork::in_fork_child(|| open_real(hook).is_null()),
-            "a fork child starts closed"
-        );
-        assert!(open_real(HOOK_COUNT).is_null(), "no slot past the table");
+        let expected = 1 + u64::from(gx) + (3..=11).sum::<u64>();
+        (result, SEEN.load(Ordering::Relaxed) == expected)
+    }
+
+    /// Through the export, in a fork child (the process state and the throttle are this
+    /// process's): the first launch of a process that passes through goes to the cold shell
+    /// (where the throttle finds it has nothing to do), every later one is billed by the hot
+    /// export alone; each reaches the driver once with its arguments untouched and returns
+    /// its result, a `cuLaunchKernelEx` without a config too. A fail-closed process never
+    /// reaches the driver. A fork child starts with the hot path closed.
+    #[test]
+    fn every_launch_reaches_the_driver_once_with_its_arguments_on_either_path() {
+        SLOTS[SlotId::cuLaunchKernel as usize].plant(fake_launch_kernel as *mut c_void);
+        SLOTS[SlotId::cuLaunchKernelEx as usize].plant(fake_launch_kernel_ex as *mut c_void);
+        let slot = &SLOTS[SlotId::cuLaunchKernel as usize];
+        let passing = crate::session::fork::in_fork_child(|| {
+            let before = open_real(slot).is_null();
+            STATE.loaded(1, || Mode::PassThrough, |_| true);
+            let mut all = before && !open_real(slot).is_null();
+            let stream = std::ptr::null_mut();
+            all &= throttle::settle(Due::Fast, stream) == Err(Due::Check);
+            for (n, gx) in (0..5).zip(20..) {
+                let (result, seen) = launch(gx);
+                all &= result == 700 + gx && seen && CALLS.load(Ordering::Relaxed) == n + 1;
+                all &= throttle::settle(Due::Fast, stream) == Err(Due::Billed);
+            }
+            // SAFETY: a NULL config (the driver's error to return) and NULL handles.
+            let ex = unsafe {
+                exports::cuLaunchKernelEx(
+                    std::ptr::null(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+            all && ex == 1 && CALLS.load(Ordering::Relaxed) == 6
+        });
+        assert!(passing, "launches of a pass-through process");
+        let reason = ConfigError {
+            origin: "test".into(),
+            field: String::new(),
+            problem: "bad".into(),
+        };
+        let refused = crate::session::fork::in_fork_child(move || {
+            STATE.loaded(1, || Mode::FailClosed(reason), |_| true);
+            let (result, _) = launch(20);
+            result == CUDA_ERROR_NOT_INITIALIZED && CALLS.load(Ordering::Relaxed) == 0
+        });
+        assert!(refused, "a fail-closed process reaches no driver");
     }
 }

@@ -7,7 +7,7 @@
 //! `cuArrayCreate`, `cuArray3DCreate`: 32-bit device pointers, sizes and descriptor extents)
 //! have `_v1` handlers here that widen what they are given and take the same paths.
 
-use std::ffi::{c_char, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use gpuslice_abi::cuda::result::{CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS};
 use gpuslice_abi::cuda::*;
@@ -17,6 +17,7 @@ use crate::hooks::registry::{real, signature as sig};
 use crate::memory::arrays::{mipmapped_bytes, owned_array_bytes, ARRAY3D_WITHOUT_MEMORY};
 use crate::memory::driver_sized::{pitch, pools, vmm};
 use crate::memory::graphs::{after, instantiated};
+use crate::memory::oversubscribe::{self, REFUSED_RANGE};
 use crate::memory::pools::{home_of, PoolHome};
 use crate::memory::{self, AllocTarget, DeviceObject};
 
@@ -29,6 +30,10 @@ pub(crate) unsafe fn mem_alloc(
     dptr: *mut CUdeviceptr,
     bytes: usize,
 ) -> CUresult {
+    if oversubscribe::enabled() {
+        // SAFETY: the handler contract, passed on.
+        return unsafe { mem_alloc_oversubscribed(real, dptr, bytes) };
+    }
     // SAFETY: the caller's out-parameter (the handler contract).
     let out = unsafe { Out::new(dptr) };
     memory::allocate(
@@ -38,6 +43,32 @@ pub(crate) unsafe fn mem_alloc(
         || unsafe { real(dptr, bytes) },
         || DeviceObject::Pointer(out.read_or_default()),
     )
+}
+
+/// `cuMemAlloc_v2` in a process that oversubscribes a device (out of line: the ordinary
+/// allocation path stays as it is).
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+#[cold]
+#[inline(never)]
+unsafe fn mem_alloc_oversubscribed(
+    real: sig::cuMemAlloc_v2,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+) -> CUresult {
+    // SAFETY: the caller's out-parameter (the handler contract).
+    let out = unsafe { Out::new(dptr) };
+    // SAFETY: the caller's arguments, unchanged.
+    let call = || unsafe { real(dptr, bytes) };
+    let created = || DeviceObject::Pointer(out.read_or_default());
+    if dptr.is_null() {
+        // Nothing can be handed back: the driver's own answer (INVALID_VALUE), as ever.
+        return memory::allocate(AllocTarget::CurrentContext, bytes as u64, call, created);
+    }
+    oversubscribe::allocate(bytes as u64, call, created, |pointer| {
+        out.write(pointer);
+    })
 }
 
 /// `cuMemAlloc` of the 32-bit ABI (a device pointer and size of 32 bits, from the low 4 GiB
@@ -355,6 +386,116 @@ pub(crate) unsafe fn mipmapped_array_destroy(
     let result = unsafe { real(array) };
     memory::on_free(DeviceObject::MipmappedArray(array), result);
     result
+}
+
+// ---------------------------------------------------------------- managed memory advice
+
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn mem_advise(
+    real: sig::cuMemAdvise,
+    ptr: CUdeviceptr,
+    count: usize,
+    advice: c_int,
+    device: CUdevice,
+) -> CUresult {
+    if oversubscribe::refuses_range(ptr) {
+        return REFUSED_RANGE;
+    }
+    // SAFETY: the caller's arguments, unchanged.
+    unsafe { real(ptr, count, advice, device) }
+}
+
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn mem_advise_v2(
+    real: sig::cuMemAdvise_v2,
+    ptr: CUdeviceptr,
+    count: usize,
+    advice: c_int,
+    location: CUmemLocation,
+) -> CUresult {
+    if oversubscribe::refuses_range(ptr) {
+        return REFUSED_RANGE;
+    }
+    // SAFETY: the caller's arguments, unchanged.
+    unsafe { real(ptr, count, advice, location) }
+}
+
+/// `cuMemPrefetchAsync[_ptsz]`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn mem_prefetch(
+    real: sig::cuMemPrefetchAsync,
+    ptr: CUdeviceptr,
+    count: usize,
+    device: CUdevice,
+    stream: CUstream,
+) -> CUresult {
+    if oversubscribe::refuses_range(ptr) {
+        return REFUSED_RANGE;
+    }
+    // SAFETY: the caller's arguments, unchanged.
+    unsafe { real(ptr, count, device, stream) }
+}
+
+/// `cuMemPrefetchAsync_v2[_ptsz]`.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+pub(crate) unsafe fn mem_prefetch_v2(
+    real: sig::cuMemPrefetchAsync_v2,
+    ptr: CUdeviceptr,
+    count: usize,
+    location: CUmemLocation,
+    flags: c_uint,
+    stream: CUstream,
+) -> CUresult {
+    if oversubscribe::refuses_range(ptr) {
+        return REFUSED_RANGE;
+    }
+    // SAFETY: the caller's arguments, unchanged.
+    unsafe { real(ptr, count, location, flags, stream) }
+}
+
+/// `cuMemPrefetchBatchAsync` and `cuMemDiscardAndPrefetchBatchAsync` (and `_ptsz`): refused
+/// when any of the ranges is host-placed memory.
+///
+/// # Safety
+/// The handler contract (see [`crate::hooks`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn mem_prefetch_batch(
+    real: sig::cuMemPrefetchBatchAsync,
+    ptrs: *mut CUdeviceptr,
+    sizes: *mut usize,
+    count: usize,
+    locations: *mut CUmemLocation,
+    location_indices: *mut usize,
+    location_count: usize,
+    flags: u64,
+    stream: CUstream,
+) -> CUresult {
+    if oversubscribe::enabled() && !ptrs.is_null() {
+        // SAFETY: the caller passes `count` pointers (the driver's contract).
+        let pointers = unsafe { std::slice::from_raw_parts(ptrs, count) };
+        if pointers.iter().any(|&p| oversubscribe::refuses_range(p)) {
+            return REFUSED_RANGE;
+        }
+    }
+    // SAFETY: the caller's arguments, unchanged.
+    unsafe {
+        real(
+            ptrs,
+            sizes,
+            count,
+            locations,
+            location_indices,
+            location_count,
+            flags,
+            stream,
+        )
+    }
 }
 
 // ---------------------------------------------------------------- pitch, pools, VMM

@@ -10,6 +10,8 @@
 //! * [`refusal`]: what a fail-closed process says (one line naming what to run) and which
 //!   entry points stay open (cuGetProcAddress, so bindings see error codes, not missing
 //!   functions).
+//! * [`lifecycle`]: the process's way through its states (`session::state`): the lazy load
+//!   of the configuration, the gate every export passes, `cuInit`;
 //! * [`device_check`]: fails the slice closed when a limit-file entry names no device.
 //! * [`nesting`]: hooks never nest on a thread (a driver calling its own exports).
 //! * the handlers ("wrapper bodies") named by the registry, one file per family. Each takes
@@ -31,6 +33,7 @@ pub mod device_check;
 pub mod dlsym;
 pub mod front;
 pub mod launch;
+pub mod lifecycle;
 pub mod memory;
 pub mod module;
 pub mod nesting;

@@ -14,9 +14,9 @@ use std::sync::OnceLock;
 use gpuslice_abi::nvml::ret::{NVML_ERROR_NOT_FOUND, NVML_ERROR_UNKNOWN, NVML_SUCCESS};
 use gpuslice_abi::nvml::*;
 
+use crate::hooks::lifecycle;
 use crate::hooks::out::{answer_list as answer, Out};
 use crate::hooks::registry::signature as sig;
-use crate::lifecycle;
 use crate::memory;
 use crate::memory::driver_sized::{members_only, members_only_by, slice_list, ProcessList};
 use crate::memory::report::{nvml_slice_view, NvmlView};
@@ -26,8 +26,9 @@ use crate::memory::Shared;
 /// is not limited (or no slice is configured), so the driver's answer stands.
 fn slice_view_of(device: nvmlDevice_t, physical: NvmlView) -> Option<NvmlView> {
     lifecycle::slice_config()?;
-    let (limit, used) = memory::nvml_slice(device)?;
-    Some(nvml_slice_view(physical, limit, Some(used)))
+    let (limit, used) = memory::nvml_slice(device, physical.free)?;
+    let view = nvml_slice_view(physical, limit, Some(used));
+    Some(memory::oversubscribe::nvml_view(device, view))
 }
 
 /// # Safety

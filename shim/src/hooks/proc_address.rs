@@ -17,12 +17,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::{cuuint64_t, CUresult};
 
+use crate::ground::real::Library;
+use crate::hooks::lifecycle;
 use crate::hooks::out::Out;
-use crate::hooks::refusal;
 use crate::hooks::registry::{
     cuda_wrapper_for_real_pointer, hook_by_name, signature as sig, HOOKS,
 };
-use crate::lifecycle;
 
 static UNMAPPED_REPORTED: AtomicBool = AtomicBool::new(false);
 
@@ -57,7 +57,7 @@ unsafe fn redirect(result: CUresult, symbol: *const c_char, pfn: *mut *mut c_voi
     if answer == real && !symbol.is_null() {
         // SAFETY: non-null, NUL-terminated by this function's contract.
         let symbol = unsafe { CStr::from_ptr(symbol) };
-        if refusal::must_hand_out_our_cu_init(symbol) {
+        if must_hand_out_our_cu_init(symbol) {
             if let Some(cu_init) = hook_by_name("cuInit") {
                 answer = cu_init.wrapper().cast_mut();
             }
@@ -67,6 +67,15 @@ unsafe fn redirect(result: CUresult, symbol: *const c_char, pfn: *mut *mut c_voi
         }
     }
     out.write(answer);
+}
+
+/// Whether a `cuGetProcAddress` answer for `symbol` that the identity map left unchanged
+/// must become our refusing `cuInit`: in a fail-closed process the lookup of `cuInit` always
+/// hands out our wrapper, even from a driver whose answer is not its exported symbol (which
+/// the map passes through), because that one function would let the process use the GPU
+/// unlimited (see `refusal`).
+fn must_hand_out_our_cu_init(symbol: &CStr) -> bool {
+    symbol.to_bytes() == b"cuInit" && lifecycle::admit(Library::Cuda).is_err()
 }
 
 #[cold]

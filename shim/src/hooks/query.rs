@@ -1,6 +1,7 @@
 //! Query handlers: what the memory queries report (`cuMemGetInfo`, `cuDeviceTotalMem` and
 //! their 32-bit forms): the slice's view of the device, computed from the driver's figures
-//! (`memory::report`).
+//! (`memory::report`), widened by the host part where the slice oversubscribes the device
+//! (`memory::oversubscribe`).
 
 use std::ffi::c_uint;
 
@@ -8,9 +9,10 @@ use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
 
 use crate::ground::devices;
+use crate::hooks::lifecycle;
 use crate::hooks::registry::{real, signature as sig};
-use crate::lifecycle;
 use crate::memory;
+use crate::memory::oversubscribe;
 use crate::memory::report::{slice_view, MemoryView};
 
 /// The slice's view of the current context's device given the driver's `physical` figures;
@@ -18,13 +20,20 @@ use crate::memory::report::{slice_view, MemoryView};
 fn current_slice_view(physical: impl FnOnce() -> MemoryView) -> Option<MemoryView> {
     lifecycle::slice_config()?;
     let device = memory::current_device()?;
-    let (limit, used) = memory::cuda_slice(device)?;
-    Some(slice_view(physical(), limit, Some(used)))
+    let mut card = None;
+    let (limit, used) = memory::cuda_slice(device, || card.insert(physical()).free)?;
+    let view = slice_view(card?, limit, Some(used));
+    Some(oversubscribe::cuda_view(device, view))
 }
 
-/// The memory limit of `device` in the slice, `None` when unlimited.
+/// The memory limit of `device` in the slice, `None` when unlimited: the one in force in the
+/// slice's region (bound once per device), else the configuration's.
 fn device_limit(device: CUdevice) -> Option<u64> {
-    lifecycle::slice_config().and_then(|c| devices::cuda_memory_limit(c, device))
+    let config = lifecycle::slice_config()?;
+    match memory::cuda_limit(device) {
+        Some(limit) => limit,
+        None => devices::cuda_memory_limit(config, device),
+    }
 }
 
 /// A byte count as the 32-bit ABI reports it: clamped, as the driver clamps, never wrapped.
@@ -122,8 +131,9 @@ pub unsafe fn device_total_mem(
         return result;
     }
     if let Some(limit) = device_limit(device) {
+        let excess = oversubscribe::configured_excess(device).unwrap_or(0);
         // SAFETY: non-null, the caller's out-parameter (the handler contract).
-        unsafe { *bytes = (limit as usize).min(*bytes) };
+        unsafe { *bytes = ((limit as usize).min(*bytes)).saturating_add(excess as usize) };
     }
     result
 }
@@ -150,8 +160,9 @@ pub unsafe fn device_total_mem_v1(
             .filter(|total| unsafe { total(&mut full, device) } == CUDA_SUCCESS)
             // SAFETY: non-null, the caller's out-parameter (the handler contract).
             .map_or_else(|| u64::from(unsafe { *bytes }), |_| full as u64);
+        let excess = oversubscribe::configured_excess(device).unwrap_or(0);
         // SAFETY: as above.
-        unsafe { *bytes = clamp_u32(limit.min(card)) };
+        unsafe { *bytes = clamp_u32(limit.min(card).saturating_add(excess)) };
     }
     result
 }

@@ -10,9 +10,7 @@
 //! that need no initialisation (`cuDriverGetVersion`, `cuGetErrorString`, `cuGetErrorName`)
 //! keep working, so a client can print the refusal. Nothing reaches the GPU: every other
 //! driver function answers `CUDA_ERROR_NOT_INITIALIZED` while the real `cuInit` has not run,
-//! and `cuInit` is always our refusing wrapper ([`must_hand_out_our_cu_init`]).
-
-use std::ffi::CStr;
+//! and `cuInit` is always our refusing wrapper (`proc_address`).
 
 use gpuslice_common::config::ConfigError;
 
@@ -40,16 +38,6 @@ pub(crate) fn refusal_line(error: &ConfigError, fault: Fault) -> String {
         Fault::Internal => "please report this".to_string(),
     };
     format!("{error}; CUDA and NVML calls are refused until it is fixed ({remedy})")
-}
-
-/// Whether a `cuGetProcAddress` answer for `symbol` that the identity map left unchanged
-/// must become our refusing `cuInit`: in a fail-closed process the lookup of `cuInit` always
-/// hands out our wrapper, even from a driver whose answer is not its exported symbol (which
-/// the map passes through), because that one function would let the process use the GPU
-/// unlimited.
-pub(crate) fn must_hand_out_our_cu_init(symbol: &CStr) -> bool {
-    symbol.to_bytes() == b"cuInit"
-        && crate::lifecycle::admit(crate::ground::real::Library::Cuda).is_err()
 }
 
 #[cfg(test)]

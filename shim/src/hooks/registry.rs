@@ -15,13 +15,14 @@
 //!   marked `[open]`, see `refusal`) -> real slot (missing -> NOT_SUPPORTED /
 //!   FUNCTION_NOT_FOUND) -> handler (`passthrough` calls the real function directly), run
 //!   only by the outermost hook on the thread ([`crate::hooks::nesting`]); a handler marked
-//!   `[hot]` (the launch paths) has a fast path first and this shell behind it, and skips the
-//!   nesting check (a nested launch would be billed twice, which only throttles harder; see
-//!   [`crate::hooks::launch`]); `[launch]` is `[hot]` with that fast path in machine code on
-//!   x86-64 (for the launches billed on every call); and `HOOKS`: name -> wrapper for `dlsym`,
-//!   and real pointer -> wrapper for `cuGetProcAddress`.
+//!   `[hot]` (the launch paths) has a hot export and a hot launch (its common case, no
+//!   boundary) and this shell behind them as a cold function, and skips the nesting check (a
+//!   nested launch would be billed twice, which only throttles harder; see
+//!   [`crate::hooks::launch`]); and `HOOKS`: name -> wrapper for `dlsym`, and real pointer
+//!   -> wrapper for `cuGetProcAddress`.
 //!
-//! Handlers are `unsafe fn(real: signature::NAME, args...) -> u32` in `crate::hooks`.
+//! Handlers are `unsafe fn(real: signature::NAME, args...) -> u32` in `crate::hooks` (a
+//! `[hot]` one takes what the throttle still asks last, `due`, and answers `Launched`).
 //! `helpers { ... }` declares real functions the shim calls itself but does not hook.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -94,7 +95,7 @@ macro_rules! hook_table {
     ($generate:ident) => {
         $generate! {
         hooks {
-            Cuda fn cuInit(flags: c_uint) -> CUresult => device_check::cu_init;
+            Cuda fn cuInit(flags: c_uint) -> CUresult => lifecycle::cu_init;
             Cuda fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult => passthrough;
             Cuda fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
                 flags: cuuint64_t) -> CUresult => proc_address::get_proc_address [open];
@@ -119,6 +120,32 @@ macro_rules! hook_table {
                 stream: CUstream) -> CUresult => memory::mem_alloc_from_pool_async;
             Cuda fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool,
                 stream: CUstream) -> CUresult => memory::mem_alloc_from_pool_async;
+            // Advice and prefetches: refused over memory an oversubscribed slice placed on the
+            // host (see memory::oversubscribe), which they would move onto the card.
+            Cuda fn cuMemAdvise(ptr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CUresult
+                => memory::mem_advise;
+            Cuda fn cuMemAdvise_v2(ptr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation)
+                -> CUresult => memory::mem_advise_v2;
+            Cuda fn cuMemPrefetchAsync(ptr: CUdeviceptr, count: usize, device: CUdevice, stream: CUstream)
+                -> CUresult => memory::mem_prefetch;
+            Cuda fn cuMemPrefetchAsync_ptsz(ptr: CUdeviceptr, count: usize, device: CUdevice, stream: CUstream)
+                -> CUresult => memory::mem_prefetch;
+            Cuda fn cuMemPrefetchAsync_v2(ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint,
+                stream: CUstream) -> CUresult => memory::mem_prefetch_v2;
+            Cuda fn cuMemPrefetchAsync_v2_ptsz(ptr: CUdeviceptr, count: usize, location: CUmemLocation,
+                flags: c_uint, stream: CUstream) -> CUresult => memory::mem_prefetch_v2;
+            Cuda fn cuMemPrefetchBatchAsync(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+                locations: *mut CUmemLocation, location_indices: *mut usize, location_count: usize, flags: u64,
+                stream: CUstream) -> CUresult => memory::mem_prefetch_batch;
+            Cuda fn cuMemPrefetchBatchAsync_ptsz(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+                locations: *mut CUmemLocation, location_indices: *mut usize, location_count: usize, flags: u64,
+                stream: CUstream) -> CUresult => memory::mem_prefetch_batch;
+            Cuda fn cuMemDiscardAndPrefetchBatchAsync(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+                locations: *mut CUmemLocation, location_indices: *mut usize, location_count: usize, flags: u64,
+                stream: CUstream) -> CUresult => memory::mem_prefetch_batch;
+            Cuda fn cuMemDiscardAndPrefetchBatchAsync_ptsz(ptrs: *mut CUdeviceptr, sizes: *mut usize,
+                count: usize, locations: *mut CUmemLocation, location_indices: *mut usize, location_count: usize,
+                flags: u64, stream: CUstream) -> CUresult => memory::mem_prefetch_batch;
             Cuda fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => memory::mem_pool_destroy;
             // Which device a pool lives on (a pool allocation is charged there, see memory::pools).
             Cuda fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult
@@ -192,20 +219,20 @@ macro_rules! hook_table {
 
             Cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
                 bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-                -> CUresult => launch::launch_kernel [launch];
+                -> CUresult => launch::launch_kernel [hot];
             Cuda fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
                 bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-                -> CUresult => launch::launch_kernel [launch];
+                -> CUresult => launch::launch_kernel [hot];
             Cuda fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
                 extra: *mut *mut c_void) -> CUresult => launch::launch_kernel_ex [hot];
             Cuda fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
                 extra: *mut *mut c_void) -> CUresult => launch::launch_kernel_ex [hot];
             Cuda fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
                 by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
-                => launch::launch_cooperative_kernel [launch];
+                => launch::launch_cooperative_kernel [hot];
             Cuda fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
                 by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
-                => launch::launch_cooperative_kernel [launch];
+                => launch::launch_cooperative_kernel [hot];
             Cuda fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, flags: c_uint)
                 -> CUresult => launch::launch_cooperative_kernel_multi_device;
             Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch [hot];
@@ -328,6 +355,9 @@ macro_rules! hook_table {
             Cuda fn cuDeviceGetAttribute(*mut c_int, c_int, CUdevice) -> CUresult;
             Cuda fn cuFuncGetAttribute(*mut c_int, c_int, CUfunction) -> CUresult;
             Cuda fn cuKernelGetAttribute(*mut c_int, c_int, CUkernel, CUdevice) -> CUresult;
+            Cuda fn cuStreamCreate(*mut CUstream, c_uint) -> CUresult;
+            Cuda fn cuStreamDestroy_v2(CUstream) -> CUresult;
+            Cuda fn cuMemGetAddressRange_v2(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> CUresult;
         }}
     };
 }
@@ -353,8 +383,8 @@ macro_rules! hook_exports {
             )*
         }
 
-        /// The shells of the `[hot]` exports: what their fast path (`hooks::launch`) hands a
-        /// call it declines to.
+        /// The cold shells of the `[hot]` exports: the calls their hot path
+        /// (`hooks::launch`) does not bill.
         #[allow(non_snake_case, clippy::too_many_arguments)]
         mod shells {
             use super::*;
@@ -362,25 +392,17 @@ macro_rules! hook_exports {
                 hook_exports!(@shell $lib $name ($($arg: $ty),*) -> $ret
                     => $($handler)::+ ; $($flag)?);
             )*
+        }
 
-            /// The Rust fast paths of the `[launch]` exports (x86-64).
-            #[cfg(all(target_arch = "x86_64", not(test)))]
-            pub(super) mod fast {
-                use crate::hooks::registry::*;
-                $(
-                    hook_exports!(@fast_fn $lib $name ($($arg: $ty),*) -> $ret
-                        => $($handler)::+ ; $($flag)?);
-                )*
-            }
-
-            /// The wait shells of the `[hot]` exports.
-            pub(super) mod waited {
-                use super::*;
-                $(
-                    hook_exports!(@waited $lib $name ($($arg: $ty),*) -> $ret
-                        => $($handler)::+ ; $($flag)?);
-                )*
-            }
+        /// The hot launches of the `[hot]` exports: the real call of a launch the hot export
+        /// billed, and what follows it.
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        mod launches {
+            use super::*;
+            $(
+                hook_exports!(@launch $lib $name ($($arg: $ty),*) -> $ret
+                    => $($handler)::+ ; $($flag)?);
+            )*
         }
 
         /// Every hooked function: the name -> wrapper table of the dlsym path and the source
@@ -403,7 +425,11 @@ macro_rules! hook_exports {
             Some(&HOOKS[id as usize])
         }
     };
-    // `[hot]` (the launch paths): the fast path, then the shell (below) when it declines.
+    // `[hot]` (the launch paths): the hot export (see `hooks::launch`). Once the gate is open
+    // for good it runs the handler with `Due::Fast` (it bills, never launches; no panic
+    // boundary: nothing on that path can panic), then tail-calls the hot launch (billed) or
+    // the cold shell (everything else, and every call before), with the caller's arguments
+    // untouched.
     (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; hot) => {
         #[doc = concat!("The exported `", stringify!($name), "`.")]
@@ -413,140 +439,23 @@ macro_rules! hook_exports {
         /// pass them to the real one (see the handler contract in [`crate::hooks`]).
         #[cfg_attr(not(test), no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-            hook_exports!(@fast_body $lib $name [$($arg),*] $($handler)::+)
-        }
-    };
-    // `[launch]`: a `[hot]` launch whose fast path is `throttle::bill_fast` on every call,
-    // then the real call. On x86-64 that is machine code (below:
-    // no frame of our own to build, so no register to save); whatever it declines goes on to
-    // the Rust fast path (`shells::fast`), an exhausted credit to the wait shell.
-    (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
-        => $($handler:ident)::+ ; launch) => {
-        #[cfg(all(target_arch = "x86_64", not(test)))]
-        hook_exports!(@launch_x86_64 $name ($($arg: $ty),*) -> $ret);
-        #[cfg(not(all(target_arch = "x86_64", not(test))))]
-        hook_exports!(@export $lib $name ($($arg: $ty),*) -> $ret => $($handler)::+ ; hot);
-    };
-    // The x86-64 export of a `[launch]` hook. Its fast path open (the real function cached)
-    // and the launch billed as `throttle::bill_fast` would (`throttle::layout`): the real
-    // function is called with the caller's register arguments untouched and its stack
-    // arguments copied below a frame kept 16-byte aligned at the call (the entry rsp is 8 mod
-    // 16: with N stack arguments, 8 bytes of padding when N is even), then the result
-    // returned. Otherwise a jump to the Rust fast path or the
-    // wait shell, which have the same C signature. Nothing here can panic.
-    (@launch_x86_64 $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
-        #[doc = concat!("The exported `", stringify!($name), "`.")]
-        ///
-        /// # Safety
-        /// The C API's contract for this function: the arguments as its caller must
-        /// pass them to the real one (see the handler contract in [`crate::hooks`]).
-        #[unsafe(naked)]
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-            core::arch::naked_asm!(
-                // The real function, or the Rust fast path (it goes to the shell).
-                "mov rax, qword ptr [rip + {open} + {slot}]",
-                "test rax, rax",
-                "jz 2f",
-                // throttle::bill_fast, in the same order; only rax, r10 and r11 are touched
-                // (no argument register).
-                "movzx r10d, byte ptr [rip + {active}]",
-                "cmp r10d, {off}",
-                "je 3f",
-                "cmp r10d, {on}",
-                "jne 2f",
-                "cmp byte ptr [rip + {kind}], 1",
-                "jne 2f",
-                "cmp dword ptr [rip + {capture}], 0",
-                "jne 2f",
-                "mov r11, qword ptr [rip + {devices}]",
-                "test r11, r11",
-                "jz 2f",
-                "lock inc qword ptr [r11 + {launches}]",
-                "cmp byte ptr [r11 + {bypass}], 0",
-                "jne 3f",
-                // The debit: the cost, at most i64::MAX; covered when the credit was > 0.
-                "mov r10, qword ptr [r11 + {cost}]",
-                "test r10, r10",
-                "jns 4f",
-                "movabs r10, 0x7fffffffffffffff",
-                "4:",
-                "neg r10",
-                "lock xadd qword ptr [r11 + {credit}], r10",
-                "test r10, r10",
-                "jle 5f",
-                // The launch.
-                "3:",
-                ".if {pad}",
-                "sub rsp, {pad}",
-                ".endif",
-                ".rept {stack_args}",
-                "push qword ptr [rsp + {frame}]",
-                ".endr",
-                "call rax",
-                "add rsp, {frame}",
-                "ret",
-                "2:",
-                "jmp {fast}",
-                // Billed, the credit exhausted: the wait shell.
-                "5:",
-                "jmp {waited}",
-                open = sym $crate::hooks::launch::OPEN,
-                slot = const SlotId::$name as usize * 8,
-                active = sym $crate::throttle::ACTIVE,
-                off = const $crate::throttle::ACTIVE_OFF,
-                on = const $crate::throttle::ACTIVE_ON,
-                kind = sym $crate::throttle::DEVICE_COUNT_KIND,
-                capture = sym $crate::throttle::capture::OPEN,
-                devices = sym $crate::throttle::DEVICES,
-                launches = const $crate::throttle::layout::LAUNCHES,
-                bypass = const $crate::throttle::layout::BYPASS,
-                cost = const $crate::throttle::layout::COST,
-                credit = const $crate::throttle::layout::CREDIT,
-                stack_args = const hook_exports!(@stack_args $($arg)*),
-                pad = const hook_exports!(@pad $($arg)*),
-                frame = const hook_exports!(@pad $($arg)*) + 8 * hook_exports!(@stack_args $($arg)*),
-                fast = sym shells::fast::$name,
-                waited = sym shells::waited::$name,
-            )
-        }
-    };
-    (@stack_args $($arg:ident)*) => { [$(stringify!($arg)),*].len().saturating_sub(6) };
-    (@pad $($arg:ident)*) => { 8 * (1 - hook_exports!(@stack_args $($arg)*) % 2) };
-    // The Rust fast path of a `[launch]` hook (the x86-64 export's continuation).
-    (@fast_fn $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
-        => $($handler:ident)::+ ; launch) => {
-        pub(in crate::hooks::registry) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-            hook_exports!(@fast_body $lib $name [$($arg),*] $($handler)::+)
-        }
-    };
-    (@fast_fn $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
-        => $($handler:ident)::+ ; $($flag:ident)?) => {};
-    (@fast_body $lib:ident $name:ident [$($arg:ident),*] $($handler:ident)::+) => {{
-            use $crate::hooks::launch::{Step, FAST};
-            // No panic boundary here: the fast path cannot panic (see `hooks::launch`).
-            let real = $crate::hooks::launch::open_real(SlotId::$name as usize);
-            if !real.is_null() {
-                // SAFETY: an open slot holds this hook's real function, of this signature.
+            use $crate::hooks::launch::Due;
+            let real = $crate::hooks::launch::open_real(&SLOTS[SlotId::$name as usize]);
+            let billed = !real.is_null() && {
+                // SAFETY: a resolved slot holds this hook's real function, of this signature.
                 let real = unsafe { std::mem::transmute::<*mut c_void, signature::$name>(real) };
-                // SAFETY: the caller's arguments, unchanged; it upholds the C API's contract.
-                match unsafe { $($handler)::+::<FAST>(real, $($arg),*) } {
-                    Step::Go => {
-                        // SAFETY: as above, on the launch path the fast one chose.
-                        return unsafe {
-                            $($handler)::+::<{ $crate::hooks::launch::CALL }>(real, $($arg),*)
-                        }
-                        .result(Library::$lib.panic_code())
-                    }
-                    Step::Done(result) => return result,
-                    // SAFETY: the wait shell has this export's signature and arguments.
-                    Step::Wait => return unsafe { shells::waited::$name($($arg),*) },
-                    Step::Shell => {}
-                }
-            }
-            // SAFETY: as above.
-            unsafe { shells::$name($($arg),*) }
-    }};
+                // SAFETY: the caller's arguments, unchanged; `Due::Fast` never launches.
+                matches!(unsafe { $($handler)::+(real, $($arg,)* Due::Fast) }, Err(Due::Billed))
+            };
+            // One call through a chosen pointer, not a branch to two calls: LLVM makes it a
+            // jump that leaves the caller's stack arguments where they are (with two calls it
+            // loads them into saved registers at entry).
+            let next: unsafe extern "C" fn($($ty),*) -> $ret =
+                if billed { launches::$name } else { shells::$name };
+            // SAFETY: both take this export's arguments, unchanged.
+            unsafe { next($($arg),*) }
+        }
+    };
     (@export $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; $($flag:ident)?) => {
         #[doc = concat!("The exported `", stringify!($name), "`.")]
@@ -558,7 +467,7 @@ macro_rules! hook_exports {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
                 if hook_exports!(@gated $($flag)?) {
-                    if let Err(code) = $crate::lifecycle::admit(Library::$lib) {
+                    if let Err(code) = $crate::hooks::lifecycle::admit(Library::$lib) {
                         return code;
                     }
                 }
@@ -569,56 +478,45 @@ macro_rules! hook_exports {
             })
         }
     };
-    // The shell of a `[hot]` export: the usual panic boundary, gate and real slot; opens the
-    // fast path once the gate will admit every later call; then the handler's full path.
-    (@shell $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
-        => $($handler:ident)::+ ; launch) => {
-        hook_exports!(@shell $lib $name ($($arg: $ty),*) -> $ret => $($handler)::+ ; hot);
-    };
+    // The cold shell of a `[hot]` export: the usual panic boundary, gate and real slot; then
+    // the handler with the throttle's whole check (`Due::Check`).
     (@shell $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; hot) => {
         #[cold]
         #[inline(never)]
         pub(super) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
-                if let Err(code) = $crate::lifecycle::admit(Library::$lib) {
+                if let Err(code) = $crate::hooks::lifecycle::admit(Library::$lib) {
                     return code;
                 }
                 let Some(real) = real::$name() else {
                     return Library::$lib.missing_code();
                 };
-                $crate::hooks::launch::open(SlotId::$name as usize, real as *mut c_void);
                 // SAFETY: the handler takes the real function and the caller's arguments
                 // unchanged; the caller upholds the C API's contract for them.
-                unsafe { $($handler)::+::<{ $crate::hooks::launch::SHELL }>(real, $($arg),*) }
-                    .result(Library::$lib.panic_code())
+                unsafe { $($handler)::+(real, $($arg,)* $crate::hooks::launch::Due::Check) }
+                    .unwrap_or(Library::$lib.panic_code())
             })
         }
     };
     (@shell $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; $($flag:ident)?) => {};
-    // The wait shell of a `[hot]` export: its fast path billed the launch and found the credit
-    // exhausted; the wait and the launch, under a panic boundary.
-    (@waited $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
-        => $($handler:ident)::+ ; launch) => {
-        hook_exports!(@waited $lib $name ($($arg: $ty),*) -> $ret => $($handler)::+ ; hot);
-    };
-    (@waited $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+    // The hot launch of a `[hot]` export: its own function, so that neither it nor the hot
+    // export keeps the caller's stack arguments in saved registers (see `hooks::launch`).
+    (@launch $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; hot) => {
-        #[cold]
         #[inline(never)]
-        pub(in crate::hooks::registry) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-            $crate::ffi_panic_boundary!(Library::$lib.panic_code(), {
-                let Some(real) = real::$name() else {
-                    return Library::$lib.missing_code();
-                };
-                // SAFETY: as in the shell.
-                unsafe { $($handler)::+::<{ $crate::hooks::launch::WAITED }>(real, $($arg),*) }
-                    .result(Library::$lib.panic_code())
-            })
+        pub(super) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            let real = SLOTS[SlotId::$name as usize].resolved();
+            // SAFETY: the hot export jumps here only after it found this slot resolved, and a
+            // resolved slot never changes: `real` is this hook's real function.
+            let real = unsafe { std::mem::transmute::<*mut c_void, signature::$name>(real) };
+            // SAFETY: the caller's arguments, unchanged; billed by the hot export.
+            unsafe { $($handler)::+(real, $($arg,)* $crate::hooks::launch::Due::Billed) }
+                .unwrap_or(Library::$lib.panic_code())
         }
     };
-    (@waited $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
+    (@launch $lib:ident $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty
         => $($handler:ident)::+ ; $($flag:ident)?) => {};
     // `[open]`: answers even in a fail-closed process (see `refusal`); everything else
     // passes the gate first.
@@ -645,7 +543,7 @@ macro_rules! hook_exports {
     };
 }
 
-use crate::hooks::{context, device_check, launch, memory, module, nvml, proc_address, query};
+use crate::hooks::{context, launch, lifecycle, memory, module, nvml, proc_address, query};
 
 hook_table!(hook_exports);
 
@@ -742,8 +640,8 @@ mod tests {
                 .is_null();
         if cuda_loaded
             || !matches!(
-                crate::lifecycle::mode(),
-                crate::session::mode::Mode::PassThrough
+                crate::hooks::lifecycle::state(),
+                crate::session::state::State::PassThrough
             )
         {
             return;
@@ -853,6 +751,9 @@ mod tests {
             "cuMemAllocAsync_ptsz",
             "cuMemFreeAsync_ptsz",
             "cuMemAllocFromPoolAsync_ptsz",
+            "cuMemAdvise_v2",
+            "cuMemPrefetchAsync_v2_ptsz",
+            "cuMemPrefetchBatchAsync",
             "cuMemPoolCreate",
             "cuDeviceGetDefaultMemPool",
             "cuDeviceGetMemPool",

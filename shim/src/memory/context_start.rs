@@ -13,6 +13,13 @@
 //! (`Region::try_measuring_turn`: an OFD lock the kernel drops when the holder dies, whose
 //! descriptor a forked child closes at once); a waiter does not wait for a holder it sees
 //! stopped, gives up after [`MEASURING_WAIT`] otherwise, and then starts without it.
+//!
+//! Only what is not known yet is measured: the cost once per slice and device (kept in the
+//! region), the host PID once per process unless the slice knows that NVML names the
+//! processes of its PID namespace by their own PIDs (`session::host_pid`). A waiter sleeps on
+//! the region's turn word (a futex: woken when the turn is given back) and stops waiting as
+//! soon as what it needed is published, so a storm of starts makes one measurement, not one
+//! per process in turn.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -33,17 +40,29 @@ use super::{charge_or_refuse, device_id, Process, Shared, CONTEXT_BOUND_ENV};
 /// filling the slice, when one more turn would have published the measured cost.
 pub const MEASURING_WAIT: Duration = Duration::from_secs(5);
 
-/// The longest pause between two looks at the turn: short against a context creation, long
-/// enough that a thousand waiters do not take the CPU from the holder.
-const LONGEST_PAUSE: Duration = Duration::from_millis(20);
+/// The longest sleep between two looks at the turn when no wake comes: what a holder killed
+/// while holding (it wakes nobody) costs its waiters at most. A given-back turn wakes them at
+/// once; a thousand waiters looking every few milliseconds would take the CPU from the holder.
+const LONGEST_PAUSE: Duration = Duration::from_millis(200);
+
+/// What waiting for the measuring turn came to.
+pub enum Turn<'a> {
+    /// Ours: measure, then drop it.
+    Held(MeasuringTurn<'a>),
+    /// What the caller needed was published meanwhile: nothing to measure.
+    NotNeeded,
+    /// Could not be had (then the caller goes ahead unserialised).
+    GaveUp,
+}
 
 /// Takes the measuring turn of region device entry `device`, waiting at most `wait` for
-/// its holder; `None` when it could not be had (then the caller goes ahead unserialised).
+/// its holder, while `needed` says something is still to be measured.
 pub fn lock_for_measuring(
     region: &Region,
     device: u8,
     wait: Duration,
-) -> Option<MeasuringTurn<'_>> {
+    needed: impl Fn() -> bool,
+) -> Turn<'_> {
     let id = device_id(device);
     let mut deadline = Instant::now() + wait;
     let mut holder = region.measuring_holder(id);
@@ -51,32 +70,36 @@ pub fn lock_for_measuring(
     let mut looks = 0u32;
     loop {
         looks = looks.wrapping_add(1);
-        // A turn visibly held is not tried every time (each try opens the file): a storm of
-        // waiters must leave the CPU to the holder. Every 8th look tries anyway (a holder
-        // killed while holding leaves its PID behind; the kernel has dropped its lock).
-        let try_now = region.measuring_holder(id) == 0 || looks % 8 == 1;
-        let attempt = if try_now {
+        // Read before looking: a turn given back after this wakes the sleep below.
+        let changes = region.turn_changes(id);
+        if !needed() {
+            return Turn::NotNeeded;
+        }
+        // A turn visibly held is not tried (each try opens the file): a storm of waiters must
+        // leave the CPU to the holder. Whether it is held is one probe of its lock (a holder
+        // killed while holding has lost it to the kernel).
+        let attempt = if region.measuring_turn_free(id) {
             region.try_measuring_turn(id)
         } else {
             Ok(None)
         };
         match attempt {
-            Ok(Some(turn)) => return Some(turn),
+            Ok(Some(turn)) => return Turn::Held(turn),
             Ok(None) => {}
             Err(e) => {
                 crate::log_debug!("measuring turn: {e}");
-                return None;
+                return Turn::GaveUp;
             }
         }
         // Awaiting the holder's context creation, polled: a kernel lock wait has no
         // timeout, and a signal-based one would need a handler, which the shim never installs.
-        // Whether the holder is stopped costs two /proc reads: also every 8th look only (a
+        // Whether the holder is stopped costs two /proc reads: every 4th look only (a
         // thousand waiters reading /proc at every look starve the holder they wait for).
-        if looks % 8 == 1 && region.measuring_holder_stopped(id) {
+        if looks % 4 == 1 && region.measuring_holder_stopped(id) {
             crate::log_info!(
                 "the process of the slice measuring its context is stopped; starting without waiting for it"
             );
-            return None;
+            return Turn::GaveUp;
         }
         let now_holding = region.measuring_holder(id);
         if now_holding != holder {
@@ -88,9 +111,9 @@ pub fn lock_for_measuring(
             crate::log_info!(
                 "one process of the slice held the context measuring turn for {wait:?}; starting without it"
             );
-            return None;
+            return Turn::GaveUp;
         }
-        std::thread::sleep(pause);
+        region.wait_for_turn_change(id, changes, pause);
         pause = (pause * 2).min(LONGEST_PAUSE);
     }
 }
@@ -232,14 +255,36 @@ mod tests {
         let region = Region::open_or_create(&path).unwrap();
         let other = Region::open_or_create(&path).unwrap();
         let short = Duration::from_millis(30);
-        let held = lock_for_measuring(&region, 3, short).expect("a free turn is taken");
+        let take = |region, device| match lock_for_measuring(region, device, short, || true) {
+            Turn::Held(turn) => Some(turn),
+            Turn::GaveUp => None,
+            Turn::NotNeeded => unreachable!("always needed"),
+        };
+        let held = take(&region, 3).expect("a free turn is taken");
         // Another open region (another process) must wait, and gives up after the wait; a
         // second thread of the holder is not given it either; devices are independent.
-        assert!(lock_for_measuring(&other, 3, short).is_none());
-        assert!(lock_for_measuring(&region, 3, short).is_none());
-        assert!(lock_for_measuring(&other, 4, short).is_some());
-        drop(held);
-        assert!(lock_for_measuring(&other, 3, short).is_some());
+        assert!(take(&other, 3).is_none());
+        assert!(take(&region, 3).is_none());
+        assert!(take(&other, 4).is_some());
+        // A waiter stops waiting as soon as what it needed is published (by the holder,
+        // before it gives the turn back), without taking the turn.
+        let published = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let needed = || !published.load(std::sync::atomic::Ordering::SeqCst);
+                matches!(
+                    lock_for_measuring(&other, 3, Duration::from_secs(600), needed),
+                    Turn::NotNeeded
+                )
+            });
+            published.store(true, std::sync::atomic::Ordering::SeqCst);
+            drop(held);
+            assert!(
+                waiter.join().unwrap(),
+                "the waiter took the turn or gave up"
+            );
+        });
+        assert!(take(&other, 3).is_some());
         drop((region, other));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -16,16 +16,18 @@
 //!   data, local memory), priced before the call that places it; and which NVML process
 //!   entries are the slice's;
 //! * [`report`]: the slice's view of memory numbers (pure);
+//! * [`sweep`]: when this process asks the slice to look for its dead processes;
+//! * [`oversubscribe`]: opt-in oversubscription, the bytes past the physical share placed in
+//!   the container's host memory;
 //! * this file: the memory policy's process-wide state and the seam the plain allocation
 //!   handlers in `hooks::memory` call (`allocate`, over `before_alloc` and `after_alloc`;
 //!   `on_free`).
 //!
 //! Owns: `SHARED` (the device bindings and the measured context costs over the session's
 //! region mapping; survives fork, like the mapping), `PROCESS` (the ledger of this process's
-//! slot; per process, a fork child has none until it attaches again), `OVERSIZE_WARNED` and
-//! `LAST_VIEW_REAP_NS` (a once-per-device warning and the views' reap pace; they survive
-//! fork: a child need not warn again, and reaping is slice-wide). The region mapping, the
-//! slot and the host PID are the session's (`crate::session`).
+//! slot; per process, a fork child has none until it attaches again), `OVERSIZE_WARNED` (a
+//! once-per-device warning; survives fork: a child need not warn again). The region mapping,
+//! the slot and the host PID are the session's (`crate::session`).
 //!
 //! Lifecycle: `attach` runs once per process from `lifecycle`'s lazy init (and again in a forked
 //! child): the session opens (or creates) the region — a region that cannot be opened makes
@@ -51,9 +53,11 @@ pub mod driver_sized;
 pub mod graphs;
 pub mod ledger;
 pub mod objects;
+pub mod oversubscribe;
 pub mod pools;
 mod released;
 pub mod report;
+pub mod sweep;
 mod vmm;
 
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -146,36 +150,9 @@ impl Budget for RegionBudget {
     }
     fn reap_dead(&self) {
         // A dead process's budget returns only once the driver has freed its memory.
-        let report = match shared() {
-            Some(shared) => self
-                .region
-                .reap_dead_if(|dead| driver_sized::driver_released(shared, dead)),
-            None => self.region.reap_dead(),
-        };
-        log_reap(report);
-    }
-}
-
-fn log_reap(
-    report: Result<gpuslice_common::region::ReapReport, gpuslice_common::region::RegionError>,
-) {
-    match report {
-        Ok(report) => {
-            if !report.reclaimed.is_empty() {
-                crate::log_info!(
-                    "reclaimed {} bytes of dead processes {:?}",
-                    report.bytes_reclaimed(),
-                    report.reclaimed.iter().map(|r| r.pid).collect::<Vec<_>>()
-                );
-            }
-            if !report.pending.is_empty() {
-                crate::log_debug!(
-                    "dead processes whose memory the driver still holds: {:?}",
-                    report.pending
-                );
-            }
+        if let Some(shared) = shared() {
+            sweep::now(shared);
         }
-        Err(e) => crate::log_error!("{e}"),
     }
 }
 
@@ -306,6 +283,7 @@ fn context_bound_from_env() -> u64 {
 /// closed.
 pub fn attach(config: &SliceConfig) -> Result<(), String> {
     let region = crate::session::slice::open(config)?;
+    oversubscribe::configure(config);
     let shared = match shared() {
         Some(existing) if std::ptr::eq(existing.region, region) => existing,
         _ => {
@@ -326,11 +304,11 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
     let (slot, identity) = crate::session::slice::register(region, |dead| {
         driver_sized::driver_released(shared, dead)
     })?;
-    // Slots of processes that exited (or were killed) still count until reaped; a starting
-    // process clears those that hold nothing. Those holding bytes wait for the driver's word
-    // (NVML, asked by the charge path before it refuses and by the views), however long the
-    // driver takes: no timer gives them back.
-    log_reap(shared.region.reap_dead());
+    // Slots of processes that exited (or were killed) are not looked at here: a start costs
+    // the same whatever the slice's history. Those holding bytes are the sweep's (this
+    // process's first view needs one that began after now: `sweep`); those holding nothing
+    // are freed when the region is full (`register` above).
+    sweep::started();
     let process: &'static Process = Box::leak(Box::new(Process {
         ledger: Ledger::new(RegionBudget { region, slot }),
         slot,
@@ -430,6 +408,7 @@ fn bind(
                 crate::log_info!("limits of {} changed: {change:?}", change.uuid);
             }
             let entry = binding.ids[0].index();
+            oversubscribe::bind(shared, &key, entry as u8, limit.host_excess());
             if let Some(total) = card_total() {
                 // Once per device entry and process (bindings are cached, but two threads
                 // may bind the same device at once, and CUDA and NVML bind separately).
@@ -711,60 +690,63 @@ fn free_other(process: &Process, object: DeviceObject) {
 }
 
 /// (limit, container-wide use) of a CUDA device in the slice; `None` = not limited.
+/// `card_free` reads the card's free bytes (called only for a limited device).
 #[inline]
-pub fn cuda_slice(device: CUdevice) -> Option<(u64, u64)> {
+pub fn cuda_slice(device: CUdevice, card_free: impl FnOnce() -> u64) -> Option<(u64, u64)> {
     let shared = shared()?;
     match cuda_binding(shared, device) {
-        Ok(Binding::Limited(d)) => usage_of(shared, d),
+        Ok(Binding::Limited(d)) => usage_of(shared, d, Some((sweep::Source::Cuda, card_free()))),
         _ => None,
+    }
+}
+
+/// [`cuda_slice`] for a decision rather than a view (no card reading): the pools and graph
+/// memory re-read and a due sweep run, so a placement is judged on the figures a view shows.
+pub fn cuda_slice_settled(device: CUdevice) -> Option<(u64, u64)> {
+    let shared = shared()?;
+    match cuda_binding(shared, device) {
+        Ok(Binding::Limited(d)) => usage_of(shared, d, None),
+        _ => None,
+    }
+}
+
+/// The memory limit in force for a CUDA device in the slice (`Some(None)`: not limited);
+/// `None` when this process has no slice ledger or the device cannot be bound (then the
+/// configuration says).
+#[inline]
+pub fn cuda_limit(device: CUdevice) -> Option<Option<u64>> {
+    match cuda_binding(shared()?, device) {
+        Ok(Binding::Limited(d)) => Some(shared()?.region.usage(device_id(d)).limit),
+        Ok(Binding::Unlimited) => Some(None),
+        Err(_) => None,
     }
 }
 
 /// (limit, container-wide use) of an NVML device in the slice; `None` = not limited.
+/// `card_free`: the card's free bytes as NVML reported them.
 #[inline]
-pub fn nvml_slice(device: nvmlDevice_t) -> Option<(u64, u64)> {
+pub fn nvml_slice(device: nvmlDevice_t, card_free: u64) -> Option<(u64, u64)> {
     let shared = shared()?;
     match nvml_binding(shared, device) {
-        Ok(Binding::Limited(d)) => usage_of(shared, d),
+        Ok(Binding::Limited(d)) => usage_of(shared, d, Some((sweep::Source::Nvml, card_free))),
         _ => None,
     }
 }
 
 #[inline]
-fn usage_of(shared: &Shared, device: u8) -> Option<(u64, u64)> {
+fn usage_of(
+    shared: &Shared,
+    device: u8,
+    card_seen: Option<(sweep::Source, u64)>,
+) -> Option<(u64, u64)> {
     if let Some(process) = process() {
         driver_sized::reread_pools_if_any(process);
         graphs::reread_if_any(process);
     }
-    reap_for_views(shared);
+    match card_seen {
+        Some((source, card_free)) => sweep::card_seen(shared, source, device, card_free),
+        None => sweep::if_due(shared),
+    }
     let usage = shared.region.usage(device_id(device));
     Some((usage.limit.unwrap_or(u64::MAX), usage.used))
-}
-
-/// How often a memory report may reap dead processes' slots (views must show a dead
-/// process's memory back within a second of the driver releasing it; each reap probes every
-/// claimed slot's lock, a system call each, so not on every report).
-const VIEW_REAP_INTERVAL_NS: u64 = 250_000_000;
-/// When this process last reaped for a view. Survives fork: it only paces the reaping, which
-/// is slice-wide.
-static LAST_VIEW_REAP_NS: AtomicU64 = AtomicU64::new(0);
-
-/// Reaps, at most every [`VIEW_REAP_INTERVAL_NS`] per process, the slots of dead processes
-/// whose memory the driver has released, so the slice's views stop counting it without
-/// waiting for another process to start or an allocation to be refused.
-fn reap_for_views(shared: &Shared) {
-    let now = crate::session::clock::now_ns();
-    let last = LAST_VIEW_REAP_NS.load(Ordering::Relaxed);
-    if now.saturating_sub(last) < VIEW_REAP_INTERVAL_NS
-        || LAST_VIEW_REAP_NS
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-    {
-        return;
-    }
-    log_reap(
-        shared
-            .region
-            .reap_holding_if(|dead| driver_sized::driver_released(shared, dead)),
-    );
 }

@@ -183,32 +183,27 @@ mod tests {
     }
 }
 
-/// A process of the slice as NVML should show it: the PID the driver reports (host PID
-/// where the container has its own PID namespace) and the PID the container knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SliceProcess {
-    pub driver_pid: u32,
-    pub container_pid: u32,
-}
-
-/// The slice's part of an NVML process list: only entries whose PID belongs to a process of
-/// the slice, with that PID translated to the one the container sees. Order is kept.
+/// The slice's part of an NVML process list: only entries whose PID (as the driver reports
+/// it: the host PID where the container has its own PID namespace) belongs to a live process
+/// of the slice, with that PID translated to the one the container sees (`member`: driver
+/// PID -> container PID, `None` for a stranger). Order is kept.
 pub fn slice_process_list<T: Copy>(
-    entries: &[T],
-    members: &[SliceProcess],
+    mut entries: Vec<T>,
+    mut member: impl FnMut(u32) -> Option<u32>,
     pid_of: impl Fn(&T) -> u32,
     with_pid: impl Fn(T, u32) -> T,
 ) -> Vec<T> {
+    // In place: the kept entries move to the front.
+    let mut kept = 0;
+    for i in 0..entries.len() {
+        let entry = entries[i];
+        if let Some(pid) = member(pid_of(&entry)) {
+            entries[kept] = with_pid(entry, pid);
+            kept += 1;
+        }
+    }
+    entries.truncate(kept);
     entries
-        .iter()
-        .filter_map(|entry| {
-            let pid = pid_of(entry);
-            members
-                .iter()
-                .find(|m| m.driver_pid == pid)
-                .map(|m| with_pid(*entry, m.container_pid))
-        })
-        .collect()
 }
 
 /// NVML's list protocol: `Ok(n)` = copy `n` entries and return SUCCESS; `Err(n)` = set
@@ -230,17 +225,9 @@ mod process_list_tests {
     #[test]
     fn only_members_remain_with_container_pids() {
         let entries = [(100_001u32, 5u64), (100_002, 6), (100_003, 7)];
-        let members = [
-            SliceProcess {
-                driver_pid: 100_003,
-                container_pid: 3,
-            },
-            SliceProcess {
-                driver_pid: 100_001,
-                container_pid: 1,
-            },
-        ];
-        let list = slice_process_list(&entries, &members, |e| e.0, |e, pid| (pid, e.1));
+        let members = [(100_003, 3), (100_001, 1)];
+        let member = |pid| members.iter().find(|m| m.0 == pid).map(|m| m.1);
+        let list = slice_process_list(entries.to_vec(), member, |e| e.0, |e, pid| (pid, e.1));
         assert_eq!(list, vec![(1, 5), (3, 7)]);
     }
 

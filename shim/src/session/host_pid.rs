@@ -4,7 +4,11 @@
 //! order:
 //!
 //! 1. the kernel told us (`NSpid` in /proc/self/status lists the outer PID when the host
-//!    namespace is visible): that PID, recorded at registration ([`registered_as`]);
+//!    namespace is visible): that PID, recorded at registration ([`registered_as`]); or the
+//!    slice knows that NVML lists the processes of our PID namespace under their own PIDs (a
+//!    process of the slice saw NVML list it so, [`measured`]; kept in the region): our own
+//!    PID, at registration ([`with_known_host_pid`]) or before a context ([`adopt_known`]),
+//!    with no measuring;
 //! 2. otherwise, diff NVML's process list around this process's FIRST context creation on a
 //!    device: the one entry that appeared (and is not already claimed by another slot of the
 //!    region) is us ([`find_after_context_creation`]). The memory ledger does it under the
@@ -29,11 +33,11 @@
 //! then missing from the slice's process list (never another tenant's process shown in its
 //! place), and the compute share is steered by the whole device's utilisation.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::{CUdevice, CUresult};
-use gpuslice_common::region::ProcessIdentity;
+use gpuslice_common::region::{ProcessIdentity, Region};
 use gpuslice_common::MAX_DEVICES;
 
 use super::fork::per_process;
@@ -51,6 +55,10 @@ per_process! {
     /// A context creation on the device was already looked at (only the first can teach).
     static TRIED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 }
+per_process! {
+    /// Inode of this process's PID namespace as registered (0 = unknown).
+    static PID_NAMESPACE: AtomicU64 = AtomicU64::new(0);
+}
 
 /// This process's host PID as its slot records it; 0 = unknown.
 #[inline]
@@ -58,13 +66,60 @@ pub fn known() -> u32 {
     HOST_PID.load(Ordering::Acquire)
 }
 
-/// Registration recorded `pid` (the kernel's, 0 = none) in the new slot.
-pub(super) fn registered_as(pid: u32) {
-    HOST_PID.store(pid, Ordering::Release);
+/// `identity` with its host PID filled in where the slice knows NVML lists the processes of
+/// its PID namespace under their own PIDs.
+pub(super) fn with_known_host_pid(region: &Region, identity: ProcessIdentity) -> ProcessIdentity {
+    if identity.host_pid == 0
+        && identity.pid_ns != 0
+        && region.nvml_pid_namespace() == identity.pid_ns
+    {
+        ProcessIdentity {
+            host_pid: identity.pid,
+            ..identity
+        }
+    } else {
+        identity
+    }
 }
 
-/// A measured context creation showed this process as `pid`: kept, and written to the slot.
+/// Registration recorded `identity` (its host PID: the kernel's or the slice's word, 0 =
+/// none) in the new slot.
+pub(super) fn registered_as(identity: &ProcessIdentity) {
+    HOST_PID.store(identity.host_pid, Ordering::Release);
+    PID_NAMESPACE.store(identity.pid_ns, Ordering::Relaxed);
+}
+
+/// Our host PID, learnt since registration from the slice's word on our PID namespace (a
+/// process of the slice measured it meanwhile); `false` while unknown.
+pub fn adopt_known() -> bool {
+    if known() != 0 {
+        return true;
+    }
+    let namespace = PID_NAMESPACE.load(Ordering::Relaxed);
+    let Some(region) = super::slice::region() else {
+        return false;
+    };
+    if namespace == 0 || region.nvml_pid_namespace() != namespace {
+        return false;
+    }
+    record(std::process::id());
+    true
+}
+
+/// A measured context creation (or NVML usage matching) showed this process as `pid`: kept,
+/// and written to the slot. When that is our own PID, NVML lists our PID namespace's
+/// processes under their own PIDs: the slice learns it, and its later processes of this
+/// namespace need not measure.
 pub fn measured(pid: u32) {
+    record(pid);
+    if pid == std::process::id() {
+        if let Some(region) = super::slice::region() {
+            region.learn_nvml_pid_namespace(PID_NAMESPACE.load(Ordering::Relaxed));
+        }
+    }
+}
+
+fn record(pid: u32) {
     if HOST_PID.swap(pid, Ordering::AcqRel) != pid {
         if let Some((region, slot)) = super::slice::registered() {
             region.set_host_pid(slot, pid);
@@ -99,16 +154,7 @@ pub fn learned() -> u32 {
 
 /// Host PIDs the region records for the slice's processes (ours included).
 pub fn slice_host_pids() -> Vec<u32> {
-    let Some(region) = super::slice::region() else {
-        return Vec::new();
-    };
-    region
-        .snapshot()
-        .processes
-        .iter()
-        .map(|p| p.host_pid)
-        .filter(|&p| p != 0)
-        .collect()
+    super::slice::region().map_or_else(Vec::new, |region| region.recorded_host_pids(None))
 }
 
 /// Host PIDs the region records for the slice's other processes.
@@ -116,13 +162,7 @@ pub fn claimed_by_others() -> Vec<u32> {
     let Some((region, me)) = super::slice::registered() else {
         return slice_host_pids();
     };
-    region
-        .snapshot()
-        .processes
-        .iter()
-        .filter(|p| p.slot != me && p.host_pid != 0)
-        .map(|p| p.host_pid)
-        .collect()
+    region.recorded_host_pids(Some(me))
 }
 
 /// Which of NVML's `listed` PIDs is this process (see [`discover_pid`]).
@@ -156,7 +196,7 @@ pub fn around_context_creation(ordinal: CUdevice, call: impl FnOnce() -> CUresul
         .filter(|&i| i < MAX_DEVICES)
         .is_some_and(|i| {
             LEARNED.load(Ordering::Relaxed) == 0
-                && super::mode::slice_config().is_some_and(super::mode::config_throttles)
+                && super::state::slice_config().is_some_and(super::mode::config_throttles)
                 && !TRIED[i].swap(true, Ordering::AcqRel)
         })
         && ProcessIdentity::current().is_none_or(|i| i.host_pid == 0);

@@ -1,20 +1,16 @@
-//! The configuration this process runs under, as the layers read it: the [`Mode`] (pass
-//! through, fail closed, or enforce a slice), which `lifecycle` loads once per process and
-//! publishes here (the one place it is kept), and the pure mapping from a configuration
-//! outcome to a mode.
+//! The configuration this process runs under, as loaded: the [`Mode`] (pass through, fail
+//! closed, or enforce a slice), the pure mapping from a configuration outcome to it, and
+//! whether the anchored limit file exists. `hooks::lifecycle` loads the mode once per
+//! process and `session::state` keeps it (the one place a process's state is kept).
 //!
-//! Owns `PUBLISHED` (per process: a fork child has no mode until its next hooked call) and
-//! `ANCHORED` (whether the anchored limit file exists; rewritten at every load).
-//!
-//! Reading here never initialises (that is `lifecycle::mode`, at the top): the policy layer
-//! runs inside hooked calls that passed the gate, so the mode is published by then; before
-//! (or in a fork child until its next hooked call) there is none.
+//! Owns `ANCHORED` (whether the anchored limit file exists; rewritten at every load).
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use gpuslice_common::config::{ComputePolicy, ConfigError, Loaded, SliceConfig};
 
-/// How this process treats CUDA/NVML calls.
+/// How this process treats CUDA/NVML calls, as its configuration says (`session::state`
+/// keeps it, with the states before and after loading).
 #[derive(Debug)]
 pub enum Mode {
     /// No configuration: everything goes straight to the driver.
@@ -27,40 +23,13 @@ pub enum Mode {
 
 /// Survives fork (the child's next load writes it again).
 static ANCHORED: AtomicBool = AtomicBool::new(false);
-super::fork::per_process! {
-    /// Null, or the leaked, never freed mode `lifecycle` loaded.
-    static PUBLISHED: AtomicPtr<Mode> = AtomicPtr::new(std::ptr::null_mut());
-}
-
-/// The mode `lifecycle` loaded for this process; `None` before it did (and in a fork child
-/// until its next hooked call).
-#[inline]
-pub fn published() -> Option<&'static Mode> {
-    // SAFETY: PUBLISHED holds null or a leaked, never freed Box (see `publish`).
-    unsafe { PUBLISHED.load(Ordering::Acquire).as_ref() }
-}
-
-/// The slice configuration when enforcing (without initialising, see the module doc).
-#[inline]
-pub fn slice_config() -> Option<&'static SliceConfig> {
-    match published() {
-        Some(Mode::Enforcing(config)) => Some(config),
-        _ => None,
-    }
-}
-
-/// Publishes the process's mode; `mode` is leaked, never freed.
-pub fn publish(mode: &'static Mode) {
-    PUBLISHED.store(mode as *const Mode as *mut Mode, Ordering::Release);
-}
-
-/// Records whether the anchored limit file exists (by `lifecycle`, while loading).
+/// Records whether the anchored limit file exists (by `hooks::lifecycle`, while loading).
 pub fn set_anchored(anchored: bool) {
     ANCHORED.store(anchored, Ordering::Release);
 }
 
 /// Whether the anchored limit file exists: then no environment variable may change what is
-/// enforced (the shim's own ones included, see `memory`). Valid once `mode()` has run.
+/// enforced (the shim's own ones included, see `memory`). Valid once the state is loaded.
 pub fn anchored() -> bool {
     ANCHORED.load(Ordering::Acquire)
 }
@@ -135,6 +104,7 @@ mod tests {
             selector: DeviceSelector::Index(0),
             memory_limit: None,
             compute_percent: p,
+            virtual_memory: None,
         };
         let config = |policy, p| SliceConfig {
             source: ConfigSource::Env,

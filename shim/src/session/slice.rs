@@ -1,6 +1,6 @@
 //! This process's place in the slice: the shared region's mapping and this process's slot in
 //! it. One mapping per process image, opened at the first hooked call of an enforcing process
-//! (`memory::attach`, from `lifecycle`'s lazy init) and never unmapped; one slot per process,
+//! (`memory::attach`, from `hooks::lifecycle`'s lazy init) and never unmapped; one slot per process,
 //! claimed by [`register`].
 //!
 //! Owns:
@@ -83,10 +83,11 @@ pub fn register(
             region.path().display()
         )
     })?;
+    let identity = super::host_pid::with_known_host_pid(region, identity);
     let slot = region
         .register_with(&identity, |_| pause_in_registration(), released)
         .map_err(|e| e.to_string())?;
-    super::host_pid::registered_as(identity.host_pid);
+    super::host_pid::registered_as(&identity);
     SLOT.store(slot.index() as u32, Ordering::Release);
     Ok((slot, identity))
 }
@@ -100,21 +101,42 @@ pub(super) fn close_inherited() {
     }
 }
 
-/// Env variable of the test hook below.
+/// Env variable of the test hook of registration ([`pause_in_registration`]).
 pub const PAUSE_IN_REGISTRATION_ENV: &str = "GPUSLICE_TEST_PAUSE_IN_REGISTRATION";
+/// Env variable of the test hook after a context's creation ([`pause_after_context`]).
+pub const PAUSE_AFTER_CONTEXT_ENV: &str = "GPUSLICE_TEST_PAUSE_AFTER_CONTEXT";
 
-/// Test hook, inert unless [`PAUSE_IN_REGISTRATION_ENV`] names a file: creates that file, then
-/// blocks (at most 60 s) in the middle of registering, with a slot claimed, so a test can
-/// SIGKILL or SIGSTOP the process at the worst moment and show the others carry on. Inert
-/// under an anchored limit file (a tenant has no business pausing its own processes there).
+/// Test hook, inert unless [`PAUSE_IN_REGISTRATION_ENV`] names a file: blocks in the middle of
+/// registering, with a slot claimed, so a test can SIGKILL or SIGSTOP the process at the worst
+/// moment and show the others carry on.
 fn pause_in_registration() {
+    pause_at(
+        PAUSE_IN_REGISTRATION_ENV,
+        b"holding the registration lock\n",
+    );
+}
+
+/// Test hook, inert unless [`PAUSE_AFTER_CONTEXT_ENV`] names a file: blocks right after the
+/// driver made a context the slice charged, before its cost is settled and before the
+/// process's NVML PID is learnt from it, so a test can kill the process with its context on
+/// the card and nothing yet known of it but the charge.
+pub fn pause_after_context() {
+    pause_at(
+        PAUSE_AFTER_CONTEXT_ENV,
+        b"a context made, nothing measured\n",
+    );
+}
+
+/// Creates the file `variable` names, then blocks (at most 60 s). Inert without the variable,
+/// and under an anchored limit file (a tenant has no business pausing its own processes there).
+fn pause_at(variable: &str, what: &[u8]) {
     if super::mode::anchored() {
         return;
     }
-    let Some(marker) = std::env::var_os(PAUSE_IN_REGISTRATION_ENV) else {
+    let Some(marker) = std::env::var_os(variable) else {
         return;
     };
-    if std::fs::write(&marker, b"holding the registration lock\n").is_ok() {
+    if std::fs::write(&marker, what).is_ok() {
         std::thread::sleep(std::time::Duration::from_secs(60));
     }
 }

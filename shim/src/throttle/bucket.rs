@@ -138,10 +138,6 @@ pub struct Credit {
 }
 
 impl Credit {
-    /// Where the AtomicI64 lies in a `Credit` (read by the launch fast path's machine code,
-    /// `throttle::layout`).
-    pub const VALUE_OFFSET: usize = std::mem::offset_of!(Credit, credit);
-
     pub const fn new() -> Credit {
         Credit {
             credit: AtomicI64::new(0),
@@ -153,6 +149,13 @@ impl Credit {
     pub fn try_spend(&self, cost: u64) -> bool {
         let cost = cost.min(i64::MAX as u64) as i64;
         self.credit.fetch_sub(cost, Ordering::Relaxed) > 0
+    }
+
+    /// Debits `cost` (the caller saw the credit positive just before).
+    #[inline]
+    pub fn debit(&self, cost: u64) {
+        let cost = cost.min(i64::MAX as u64) as i64;
+        self.credit.fetch_sub(cost, Ordering::Relaxed);
     }
 
     /// How much to reserve after a failed `try_spend`: one chunk plus whatever is owed.
@@ -175,6 +178,37 @@ impl Credit {
 
     pub fn value(&self) -> i64 {
         self.credit.load(Ordering::Relaxed)
+    }
+}
+
+/// The GPU-ns one launch debits from a [`Credit`], kept at most `i64::MAX` (the credit is
+/// signed) by every store, so the launch's debit needs no clamp of its own.
+#[derive(Debug, Default)]
+pub struct LaunchCost(AtomicU64);
+
+impl LaunchCost {
+    pub const fn new(gpu: u64) -> LaunchCost {
+        LaunchCost(AtomicU64::new(at_most_i64(gpu)))
+    }
+
+    #[inline]
+    pub fn set(&self, gpu: u64) {
+        self.0.store(at_most_i64(gpu), Ordering::Relaxed);
+    }
+
+    /// The cost, at most `i64::MAX`: the mask removes nothing any store left, it tells the
+    /// compiler so (the debit's own clamp then costs nothing).
+    #[inline(always)]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed) & i64::MAX as u64
+    }
+}
+
+const fn at_most_i64(gpu: u64) -> u64 {
+    if gpu > i64::MAX as u64 {
+        i64::MAX as u64
+    } else {
+        gpu
     }
 }
 

@@ -26,9 +26,8 @@ use crate::ground::driver::real;
 crate::session::fork::per_process! {
     /// Captures begun by this process and not seen ended (a fork child has none open: a
     /// capture is the parent's streams', and a child that kept the count would query the
-    /// driver at every launch, take no launch fast path and never probe). Read, as "no
-    /// capture open", by the x86-64 launch fast path's machine code, see `throttle::layout`.
-    pub(crate) static OPEN: AtomicU32 = AtomicU32::new(0);
+    /// driver at every launch, take no launch fast path and never probe).
+    static OPEN: AtomicU32 = AtomicU32::new(0);
 }
 
 /// Whether a launch on `stream` is being recorded into a graph (not run now). One relaxed

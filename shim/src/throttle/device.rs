@@ -9,7 +9,7 @@ use gpuslice_abi::cuda::CUdevice;
 use gpuslice_common::config::{ComputePolicy, Priority, SliceConfig};
 use gpuslice_common::region::{DeviceId, DeviceLimits, Region, THROTTLE_WORDS};
 
-use super::bucket::{self, Credit, PidTable};
+use super::bucket::{self, Credit, LaunchCost, PidTable};
 use super::{controller, probe};
 
 pub const W_VTIME: usize = 0;
@@ -34,23 +34,6 @@ pub const RATE_CHECK_NS: u64 = 50_000_000;
 /// outlived a reboot) or corrupt, and is put back to now (`bucket::repair_lead`).
 pub const MAX_LEAD_NS: u64 = 60_000_000_000;
 
-/// What the x86-64 launch fast path's machine code (`hooks::launch`, the registry's
-/// `[launch]` exports) reads to do [`bill_fast`]'s work itself, in the same order: [`ACTIVE`],
-/// [`DEVICE_COUNT_KIND`] (1: one device), `capture::OPEN` (0), `DEVICES[0]` (non-null), then
-/// the device's counters at these byte offsets.
-pub mod layout {
-    use super::DeviceThrottle;
-    /// `DeviceThrottle::launches` (AtomicU64, incremented).
-    pub const LAUNCHES: usize = std::mem::offset_of!(DeviceThrottle, launches);
-    /// `DeviceThrottle::bypass` (AtomicBool, non-zero: no debit).
-    pub const BYPASS: usize = std::mem::offset_of!(DeviceThrottle, bypass);
-    /// `DeviceThrottle::cost` (AtomicU64, the debit, at most i64::MAX).
-    pub const COST: usize = std::mem::offset_of!(DeviceThrottle, cost);
-    /// The local credit's AtomicI64 (fetch-and-subtract; > 0 before: covered).
-    pub const CREDIT: usize =
-        std::mem::offset_of!(DeviceThrottle, credit) + super::bucket::Credit::VALUE_OFFSET;
-}
-
 /// Per process, per throttled device.
 pub struct DeviceThrottle {
     pub ordinal: CUdevice,
@@ -71,7 +54,7 @@ pub struct DeviceThrottle {
     pub region_entry: Option<(&'static Region, DeviceId)>,
     pub credit: Credit,
     /// Local copies refreshed by the watcher, so launches read no shared cache line.
-    pub cost: AtomicU64,
+    pub cost: LaunchCost,
     pub bypass: AtomicBool,
     /// Launches this process made on the device (the watcher flushes the growth to the shared
     /// counter); waits since the watcher last flushed them.
@@ -113,6 +96,36 @@ impl DeviceThrottle {
     }
 }
 
+#[cfg(test)]
+impl DeviceThrottle {
+    /// Test helper: device 0 at `percent` under `policy`, over `words`, nothing spent yet.
+    pub(crate) fn for_test(
+        percent: u32,
+        policy: ComputePolicy,
+        words: &'static [AtomicU64; THROTTLE_WORDS],
+        region_entry: Option<(&'static Region, DeviceId)>,
+    ) -> DeviceThrottle {
+        DeviceThrottle {
+            ordinal: 0,
+            uuid: "GPU-TEST".into(),
+            configured_percent: Some(percent),
+            percent: AtomicU32::new(percent),
+            policy,
+            priority: Priority::Normal,
+            words,
+            region_entry,
+            credit: Credit::new(),
+            cost: LaunchCost::new(0),
+            bypass: AtomicBool::new(false),
+            launches: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            sleeping: AtomicU64::new(0),
+            unresolved: AtomicBool::new(false),
+            probe: probe::Probe::new(),
+        }
+    }
+}
+
 /// Pure: the share in force from the configured one and the region entry's (1..=99 each,
 /// `None` = none): the stricter; `None` = no share at all.
 pub fn effective_percent(configured: Option<u32>, region: Option<u32>) -> Option<u32> {
@@ -136,12 +149,7 @@ pub(super) fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<De
         // holds one for this device.
         None => {
             let (region, _) = crate::session::slice::registered()?;
-            let id = region
-                .snapshot()
-                .devices
-                .iter()
-                .find(|d| d.uuid.eq_ignore_ascii_case(&uuid))?
-                .id;
+            let id = region.device_named(&uuid)?;
             (region.throttle_words(id), Some((region, id)))
         }
     };
@@ -170,7 +178,7 @@ pub(super) fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<De
         words,
         region_entry,
         credit: Credit::new(),
-        cost: AtomicU64::new(controller::INITIAL_COST_NS as u64),
+        cost: LaunchCost::new(controller::INITIAL_COST_NS as u64),
         bypass: AtomicBool::new(false),
         launches: AtomicU64::new(0),
         waits: AtomicU64::new(0),
@@ -200,13 +208,8 @@ fn shared_words(
         return local();
     };
     // The memory ledger usually bound the entry already: find it without the registration lock.
-    if let Some(entry) = region
-        .snapshot()
-        .devices
-        .iter()
-        .find(|d| d.uuid.eq_ignore_ascii_case(uuid))
-    {
-        return (region.throttle_words(entry.id), Some((region, entry.id)));
+    if let Some(id) = region.device_named(uuid) {
+        return (region.throttle_words(id), Some((region, id)));
     }
     match region.bind_devices(&[DeviceLimits {
         uuid: uuid.to_string(),
@@ -227,7 +230,6 @@ fn shared_words(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuslice_common::config::Priority;
 
     #[test]
     fn the_stricter_of_the_configured_and_the_region_share_is_in_force() {
@@ -257,24 +259,12 @@ mod tests {
             compute_percent: Some(p),
         };
         let id = region.bind_devices(&[limits(50)]).unwrap().ids[0];
-        let device = DeviceThrottle {
-            ordinal: 0,
-            uuid: "GPU-SHARE".into(),
-            configured_percent: Some(50),
-            percent: AtomicU32::new(50),
-            policy: ComputePolicy::Cap,
-            priority: Priority::Normal,
-            words: region.throttle_words(id),
-            region_entry: Some((region, id)),
-            credit: Credit::new(),
-            cost: AtomicU64::new(0),
-            bypass: AtomicBool::new(false),
-            launches: AtomicU64::new(0),
-            waits: AtomicU64::new(0),
-            sleeping: AtomicU64::new(0),
-            unresolved: AtomicBool::new(false),
-            probe: probe::Probe::new(),
-        };
+        let device = DeviceThrottle::for_test(
+            50,
+            ComputePolicy::Cap,
+            region.throttle_words(id),
+            Some((region, id)),
+        );
         assert_eq!(device.refresh_share(), None);
         assert_eq!(device.inv_rate(), bucket::inv_rate_fixed(0.5));
         // Another process of the slice binds a tighter file (stricter wins in the entry).

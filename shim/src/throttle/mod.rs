@@ -22,10 +22,12 @@
 //! [`active_device`].
 //!
 //! Every launch path (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, graph, each with its
-//! `_ptsz` variant, whatever the lookup path) calls [`before_launch_to`] with its stream
-//! ([`before_launch`] for the legacy stream's deprecated launches). It never fails a
-//! launch: at worst the calling thread sleeps until its tokens are due. A launch recorded by
-//! stream capture is not billed ([`capture`]): the graph is, when launched.
+//! `_ptsz` variant, the deprecated ones, whatever the lookup path) settles what is [`Due`]
+//! of it with its stream ([`settle`]): the hot export the common case ([`bill_fast`]), the
+//! cold shell the rest ([`before_launch_to`], [`before_launch`] for the legacy stream). It
+//! never fails a launch: at worst the calling thread sleeps until its tokens are due. A
+//! launch recorded by stream capture is not billed ([`capture`]): the graph is, when
+//! launched.
 //!
 //! Shared words per device (`Region::throttle_words`), all atomics:
 //! `VTIME` bucket clock · `INV_RATE` refill (32.32) · `COST` per-launch GPU-ns (bit 63: measured,
@@ -55,9 +57,9 @@ use crate::session::fork::per_process;
 use crate::session::mode::config_throttles;
 use device::build_device;
 pub use device::{
-    effective_percent, layout, DeviceThrottle, CHUNK_WALL_NS, MAX_LEAD_NS, RATE_CHECK_NS,
-    TOLERANCE_NS, W_BYPASS, W_COST, W_INV_RATE, W_LAUNCHES, W_LEADER, W_LOG_C, W_PIDS,
-    W_UNRESOLVED_UNTIL, W_VTIME, W_WAITS,
+    effective_percent, DeviceThrottle, CHUNK_WALL_NS, MAX_LEAD_NS, RATE_CHECK_NS, TOLERANCE_NS,
+    W_BYPASS, W_COST, W_INV_RATE, W_LAUNCHES, W_LEADER, W_LOG_C, W_PIDS, W_UNRESOLVED_UNTIL,
+    W_VTIME, W_WAITS,
 };
 
 const UNINIT: u8 = 0;
@@ -67,25 +69,20 @@ const BUSY: u8 = 3;
 
 per_process! {
     /// Whether any share may apply to this process (`OFF`: none, launches are free; `UNINIT`
-    /// until the first launch). Also read by the x86-64 launch fast path's machine code
-    /// (`hooks::launch`), compared with [`ACTIVE_OFF`].
-    pub(crate) static ACTIVE: AtomicU8 = AtomicU8::new(UNINIT);
+    /// until the first launch): derived from the published configuration at the first launch.
+    static ACTIVE: AtomicU8 = AtomicU8::new(UNINIT);
 }
-/// [`ACTIVE`]'s value when no launch needs the throttle.
-pub const ACTIVE_OFF: u8 = OFF;
-/// [`ACTIVE`]'s value when some launch may.
-pub const ACTIVE_ON: u8 = ON;
 
 /// Visible devices: 0 unknown, 1 one device (no per-launch lookup), 2 several. Survives fork
 /// (the child sees the same devices).
-pub(crate) static DEVICE_COUNT_KIND: AtomicU8 = AtomicU8::new(0);
+static DEVICE_COUNT_KIND: AtomicU8 = AtomicU8::new(0);
 per_process! {
     /// Per device: `UNINIT`, `OFF` (no share), `BUSY` (being built), `ON` (`DEVICES` holds it).
     static DEVICE_STATE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(UNINIT) }; MAX_DEVICES];
 }
 per_process! {
     /// The device throttles (leaked, never freed; the parent's are abandoned in a fork child).
-    pub(crate) static DEVICES: [AtomicPtr<DeviceThrottle>; MAX_DEVICES] =
+    static DEVICES: [AtomicPtr<DeviceThrottle>; MAX_DEVICES] =
         [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
 }
 
@@ -184,59 +181,88 @@ fn throttle_launch_on(ordinal: CUdevice, stream: gpuslice_abi::cuda::CUstream) {
 #[inline(always)]
 fn spend(device: &DeviceThrottle) -> bool {
     device.launches.fetch_add(1, Ordering::Relaxed);
-    device.bypass.load(Ordering::Relaxed)
-        || device.credit.try_spend(device.cost.load(Ordering::Relaxed))
+    device.bypass.load(Ordering::Relaxed) || device.credit.try_spend(device.cost.get())
 }
 
-/// What a launch's fast path (`hooks::launch`) may do after [`bill_fast`].
+/// What the throttle still asks of a launch where its handler runs (`hooks::launch`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bill {
-    /// Billed (or nothing to bill): launch now.
-    Go,
-    /// Billed, but the local credit is exhausted: [`wait_after_spend`] before launching.
-    Wait,
-    /// Not decided here (first launch, several devices, a capture may be open): the launch
-    /// takes the full path ([`before_launch_to`] / [`before_launch`]), nothing was billed.
-    Slow,
+pub enum Due {
+    /// The common case only ([`bill_fast`]): billed here, or left for the whole check. A
+    /// launch is never made on this step: it answers what is left.
+    Fast,
+    /// Nothing: [`bill_fast`] billed the launch.
+    Billed,
+    /// The whole check ([`before_launch_to`] / [`before_launch`]): nothing was billed yet.
+    Check,
 }
 
-/// The common launch's whole throttle check, when it needs no more than a few loads: no
-/// share (one load), or one device whose throttle is built and no capture open (what
-/// [`before_launch_to`] does then: count, debit the local credit). Loads and atomic
-/// read-modify-writes only, no call: nothing here can panic, so the launch fast path runs it
-/// outside a panic boundary. The x86-64 `[launch]` exports do the same in machine code
-/// ([`layout`]): a change here is a change there.
+impl Due {
+    /// [`settle`] for a call that enqueues nothing to bill (the driver will refuse it).
+    #[inline(always)]
+    pub fn unbilled(self) -> Result<(), Due> {
+        match self {
+            Due::Fast => Err(Due::Billed),
+            Due::Billed | Due::Check => Ok(()),
+        }
+    }
+}
+
+/// Settles what is due of a launch enqueued on `stream`. `Err(rest)` only from
+/// [`Due::Fast`], which never launches: `Billed` (launch now) or `Check`.
 #[inline(always)]
-pub fn bill_fast() -> Bill {
+pub fn settle(due: Due, stream: gpuslice_abi::cuda::CUstream) -> Result<(), Due> {
+    settle_by(due, || before_launch_to(stream))
+}
+
+/// [`settle`] for the deprecated launches, which run on the legacy stream (it never
+/// captures, and asking the driver about it during a global-mode capture is not allowed).
+#[inline(always)]
+pub fn settle_legacy(due: Due) -> Result<(), Due> {
+    settle_by(due, before_launch)
+}
+
+#[inline(always)]
+fn settle_by(due: Due, whole_check: impl FnOnce()) -> Result<(), Due> {
+    match due {
+        Due::Fast => Err(if bill_fast() { Due::Billed } else { Due::Check }),
+        Due::Billed => Ok(()),
+        Due::Check => {
+            whole_check();
+            Ok(())
+        }
+    }
+}
+
+/// The common launch's whole throttle check, when it needs no more than a few loads and
+/// the launch need not wait: no share (one load), or one device whose throttle is built, no
+/// capture open and credit left (what [`before_launch_to`] does then: count, debit the local
+/// credit). `false`: nothing was billed, the whole check decides. Loads and atomic
+/// read-modify-writes only, no call: nothing here can panic, so the hot export runs it
+/// outside a panic boundary.
+#[inline(always)]
+pub fn bill_fast() -> bool {
     match ACTIVE.load(Ordering::Relaxed) {
-        OFF => Bill::Go,
+        OFF => true,
         ON if DEVICE_COUNT_KIND.load(Ordering::Relaxed) == 1 && !capture::any_open() => {
             // One visible device: `current_ordinal` is 0. DEVICES[0] is non-null exactly when
             // DEVICE_STATE[0] is ON (stored before it, both reset together at fork).
             let device = DEVICES[0].load(Ordering::Acquire);
             if device.is_null() {
-                return Bill::Slow;
+                return false;
             }
             // SAFETY: a non-null DEVICES entry is a leaked, never freed DeviceThrottle.
-            if spend(unsafe { &*device }) {
-                Bill::Go
-            } else {
-                Bill::Wait
+            let device = unsafe { &*device };
+            let bypass = device.bypass.load(Ordering::Relaxed);
+            if !bypass && device.credit.value() <= 0 {
+                return false; // exhausted: the whole check counts, debits and waits
             }
+            device.launches.fetch_add(1, Ordering::Relaxed);
+            if !bypass {
+                device.credit.debit(device.cost.get());
+            }
+            true
         }
-        _ => Bill::Slow,
-    }
-}
-
-/// After [`bill_fast`] answered [`Bill::Wait`]: waits for the tokens the launch on `stream`
-/// was debited (what [`before_launch_to`] does after an exhausted credit).
-#[cold]
-#[inline(never)]
-pub fn wait_after_spend(stream: gpuslice_abi::cuda::CUstream) {
-    let device = DEVICES[0].load(Ordering::Acquire);
-    if !device.is_null() {
-        // SAFETY: as in `bill_fast`.
-        wait_for_tokens(unsafe { &*device }, stream);
+        _ => false,
     }
 }
 
@@ -344,13 +370,13 @@ fn probe_idle_at(device: &DeviceThrottle, wait: &probe::Wait, t: u64, busy_ns: u
     let Some(bounds) = device.probe.idle_at(wait, t, busy_ns) else {
         return;
     };
-    let old = device.cost.load(Ordering::Relaxed);
+    let old = device.cost.get();
     let guess = match device.words[W_COST].load(Ordering::Relaxed) & !watcher::COST_LEARNED {
         0 => controller::INITIAL_COST_NS as u64,
         guess => guess,
     };
     let new = probe::estimate(guess, bounds.lower, bounds.upper);
-    device.cost.store(new, Ordering::Relaxed);
+    device.cost.set(new);
     let delta = new as i64 - old as i64;
     let issued = i64::try_from(bounds.launches).unwrap_or(i64::MAX);
     if delta != 0 && issued > 0 {
@@ -482,7 +508,7 @@ fn current_ordinal() -> Option<CUdevice> {
 /// share another process's limit file put there: stricter wins).
 #[cold]
 fn activate() -> bool {
-    let on = crate::session::mode::slice_config().is_some_and(|config| {
+    let on = crate::session::state::slice_config().is_some_and(|config| {
         config_throttles(config)
             || (config.policy != ComputePolicy::Off
                 && crate::session::slice::registered().is_some())
@@ -528,7 +554,7 @@ fn init_device(index: usize, ordinal: CUdevice) -> Option<&'static DeviceThrottl
     {
         return None;
     }
-    let built = crate::session::mode::slice_config().and_then(|c| build_device(c, ordinal));
+    let built = crate::session::state::slice_config().and_then(|c| build_device(c, ordinal));
     match built {
         Some(device) => {
             let leaked: &'static DeviceThrottle = Box::leak(Box::new(device));
@@ -547,5 +573,155 @@ fn init_device(index: usize, ordinal: CUdevice) -> Option<&'static DeviceThrottl
             }
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    use gpuslice_abi::cuda::CUstream;
+    use gpuslice_common::region::THROTTLE_WORDS;
+
+    /// One state a launch can find the throttle in.
+    #[derive(Debug, Clone, Copy)]
+    struct Case {
+        active: u8,
+        devices: u8,
+        built: bool,
+        credit: i64,
+        bypass: bool,
+        capture: bool,
+    }
+
+    fn cases() -> Vec<Case> {
+        let mut cases = Vec::new();
+        for active in [UNINIT, OFF, ON] {
+            for devices in [1, 2] {
+                for built in [false, true] {
+                    for credit in [5_000_000, 0, -3_000] {
+                        for bypass in [false, true] {
+                            for capture in [false, true] {
+                                cases.push(Case {
+                                    active,
+                                    devices,
+                                    built,
+                                    credit,
+                                    bypass,
+                                    capture,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        cases
+    }
+
+    /// Whether the hot export should bill `case` alone (never handing it to the shell).
+    fn billed_hot(case: &Case) -> bool {
+        case.active == OFF
+            || (case.active == ON
+                && case.devices == 1
+                && case.built
+                && !case.capture
+                && (case.bypass || case.credit > 0))
+    }
+
+    fn device() -> &'static DeviceThrottle {
+        let words: &'static [AtomicU64; THROTTLE_WORDS] =
+            Box::leak(Box::new([const { AtomicU64::new(0) }; THROTTLE_WORDS]));
+        Box::leak(Box::new(DeviceThrottle::for_test(
+            50,
+            ComputePolicy::Cap,
+            words,
+            None,
+        )))
+    }
+
+    /// Puts the throttle (this process's statics, and `device`) in `case`'s state.
+    fn prepare(case: &Case, device: &'static DeviceThrottle) {
+        ACTIVE.store(case.active, Ordering::Relaxed);
+        DEVICE_COUNT_KIND.store(case.devices, Ordering::Relaxed);
+        let (state, pointer) = if case.built {
+            (ON, device as *const DeviceThrottle as *mut DeviceThrottle)
+        } else {
+            (UNINIT, std::ptr::null_mut())
+        };
+        DEVICES[0].store(pointer, Ordering::Relaxed);
+        DEVICE_STATE[0].store(state, Ordering::Relaxed);
+        capture::began(if case.capture { CUDA_SUCCESS } else { 1 });
+        device.credit.reset();
+        device.credit.add(case.credit.max(0) as u64);
+        if case.credit < 0 {
+            device.credit.debit(case.credit.unsigned_abs());
+        }
+        device.bypass.store(case.bypass, Ordering::Relaxed);
+        device.cost.set(1_000_000);
+        device.launches.store(0, Ordering::Relaxed);
+        device.waits.store(0, Ordering::Relaxed);
+        // A learned cost (no start-up probe: it would ask the driver about the stream) and a
+        // rate high enough that a reservation is due at once.
+        device.words[W_COST].store(1_000_000 | watcher::COST_LEARNED, Ordering::Relaxed);
+        device.words[W_INV_RATE].store(bucket::inv_rate_fixed(0.5), Ordering::Relaxed);
+        device.words[W_VTIME].store(0, Ordering::Relaxed);
+    }
+
+    /// What a launch left behind: launches counted, the credit, waits, whether a chunk was
+    /// reserved, the process's `ACTIVE` and the device's state.
+    fn outcome(device: &DeviceThrottle) -> (u64, i64, u64, bool, u8, u8) {
+        (
+            device.launches.load(Ordering::Relaxed),
+            device.credit.value(),
+            device.waits.load(Ordering::Relaxed),
+            device.words[W_VTIME].load(Ordering::Relaxed) != 0,
+            ACTIVE.load(Ordering::Relaxed),
+            DEVICE_STATE[0].load(Ordering::Relaxed),
+        )
+    }
+
+    /// The hot export's two steps (`Due::Fast`, then what it leaves) bill every state of the
+    /// matrix exactly as the cold shell's whole check (`Due::Check`) does, and the hot export
+    /// bills alone exactly the common cases. Each state is set in a fork child (the statics
+    /// are this process's).
+    #[test]
+    fn the_hot_steps_bill_every_state_as_the_whole_check_does() {
+        // Resolve the driver functions the whole check may ask before forking (a child must
+        // not dlopen): the unit-test process has no driver, they resolve to "missing".
+        for _ in [
+            crate::ground::driver::real::cuStreamIsCapturing().is_some(),
+            crate::ground::driver::real::cuCtxGetDevice().is_some(),
+            crate::ground::driver::real::cuDeviceGetCount().is_some(),
+            crate::ground::driver::real::cuStreamQuery().is_some(),
+        ] {}
+        let cases = cases();
+        let device = device();
+        let stream = 0x10 as CUstream;
+        for (index, case) in cases.iter().enumerate() {
+            let same = crate::session::fork::in_fork_child(|| {
+                prepare(case, device);
+                let step = settle(Due::Fast, stream);
+                let hot_alone = step == Err(Due::Billed);
+                let rest = match step {
+                    Err(rest) => rest,
+                    Ok(()) => return false,
+                };
+                if settle(rest, stream).is_err() {
+                    return false;
+                }
+                let hot = outcome(device);
+                prepare(case, device);
+                if settle(Due::Check, stream).is_err() {
+                    return false;
+                }
+                hot == outcome(device) && hot_alone == billed_hot(case)
+            });
+            assert!(same, "case {index}: {case:?}");
+        }
+        assert_eq!(cases.len(), 144);
+        // All 48 without a share, and 4 with one: one device, built, no capture, credit or bypass.
+        assert_eq!(cases.iter().filter(|c| billed_hot(c)).count(), 48 + 4);
     }
 }

@@ -240,7 +240,7 @@ fn tick(device: &DeviceThrottle, state: &mut LeaderState, token: u32) {
     } else {
         cost
     };
-    device.cost.store(cost, Ordering::Relaxed);
+    device.cost.set(cost);
     device.bypass.store(
         words[W_BYPASS].load(Ordering::Relaxed) == 1,
         Ordering::Relaxed,
@@ -566,7 +566,7 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     // Published learned or not: a guess lowered by a measurement must reach the launches.
     let learned = if controller.learned { COST_LEARNED } else { 0 };
     words[W_COST].store(out.cost_ns | learned, Ordering::Relaxed);
-    device.cost.store(out.cost_ns, Ordering::Relaxed);
+    device.cost.set(out.cost_ns);
     words[W_BYPASS].store(u64::from(out.bypass), Ordering::Relaxed);
     device.bypass.store(out.bypass, Ordering::Relaxed);
     let inv_rate = bucket::inv_rate_fixed(out.rate);
@@ -674,24 +674,9 @@ mod tests {
             Box::new([const { AtomicU64::new(0) }; gpuslice_common::region::THROTTLE_WORDS]),
         );
         words[W_BYPASS].store(1, Ordering::Relaxed);
-        let device = crate::throttle::DeviceThrottle {
-            ordinal: 0,
-            uuid: String::new(),
-            configured_percent: Some(30),
-            percent: std::sync::atomic::AtomicU32::new(30),
-            policy: ComputePolicy::Burst,
-            priority: gpuslice_common::config::Priority::Normal,
-            words,
-            region_entry: None,
-            credit: crate::throttle::bucket::Credit::new(),
-            cost: AtomicU64::new(0),
-            bypass: AtomicBool::new(true),
-            launches: AtomicU64::new(0),
-            waits: AtomicU64::new(0),
-            sleeping: AtomicU64::new(0),
-            unresolved: AtomicBool::new(false),
-            probe: crate::throttle::probe::Probe::new(),
-        };
+        let device =
+            crate::throttle::DeviceThrottle::for_test(30, ComputePolicy::Burst, words, None);
+        device.bypass.store(true, Ordering::Relaxed);
         let mut state = LeaderState::default();
         tick(&device, &mut state, 7);
         assert_eq!(words[W_BYPASS].load(Ordering::Relaxed), 0, "bypass cleared");

@@ -186,8 +186,9 @@ impl Cuda {
             MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => d.shared_memory().per_sm as i32,
             MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => d.shared_memory().per_block_optin as i32,
             RESERVED_SHARED_MEMORY_PER_BLOCK => d.shared_memory().reserved_per_block as i32,
+            // Concurrent managed access is what on-demand paging gives (see `managed`).
+            CONCURRENT_MANAGED_ACCESS => i32::from(self.managed_on_demand()),
             MANAGED_MEMORY
-            | CONCURRENT_MANAGED_ACCESS
             | COOPERATIVE_LAUNCH
             | VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
             | MEMORY_POOLS_SUPPORTED => 1,

@@ -137,6 +137,21 @@ impl Cuda {
         ns_per_wave: Option<u64>,
         stream: u64,
     ) -> R<()> {
+        self.launch_touching(f, grid, block, ns_per_wave, stream, &[])
+    }
+
+    /// A launch whose 64-bit arguments `args` the caller read (see [`Cuda::wide_params`]):
+    /// managed memory they point into is touched from the device (see `managed`), and what
+    /// crosses the host link lengthens the kernel.
+    pub fn launch_touching(
+        &self,
+        f: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        ns_per_wave: Option<u64>,
+        stream: u64,
+        args: &[u64],
+    ) -> R<()> {
         let info = self.stream_info(stream)?;
         Self::check_function(&self.lock(), f)?;
         check_dims(grid, block)?;
@@ -146,7 +161,11 @@ impl Cuda {
         self.first_launch(f, info.cur.ctx)?;
         let st = self.check()?;
         let (sms, threads) = st.sm_shape(info.cur.dev);
-        let duration = kernel_duration(sms, threads, grid, block, ns_per_wave);
+        let mut duration = kernel_duration(sms, threads, grid, block, ns_per_wave);
+        if !args.is_empty() && self.managed_on_demand() {
+            let traffic = self.managed_touched(info.cur.dev, args)?;
+            duration = duration.saturating_add(self.host_link_ns(info.cur.dev, traffic));
+        }
         self.enqueue(
             info.cur.dev,
             duration,
@@ -163,6 +182,7 @@ impl Cuda {
         block: [u32; 3],
         ns_per_wave: Option<u64>,
         stream: u64,
+        args: &[u64],
     ) -> R<()> {
         let info = self.stream_info(stream)?;
         check_dims(grid, block)?;
@@ -172,7 +192,7 @@ impl Cuda {
         if grid.iter().map(|&g| g as u64).product::<u64>() > resident {
             return Err(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
         }
-        self.launch(f, grid, block, ns_per_wave, stream)
+        self.launch_touching(f, grid, block, ns_per_wave, stream, args)
     }
 }
 
@@ -295,10 +315,10 @@ mod tests {
             .module_get_function(c.module_load(raw_image()).unwrap(), "k")
             .unwrap();
         // 80 SMs x (2048/1024 = 2 blocks) = 160 resident blocks.
-        c.launch_cooperative(f, [160, 1, 1], [1024, 1, 1], Some(1), 0)
+        c.launch_cooperative(f, [160, 1, 1], [1024, 1, 1], Some(1), 0, &[])
             .unwrap();
         assert_eq!(
-            c.launch_cooperative(f, [161, 1, 1], [1024, 1, 1], Some(1), 0),
+            c.launch_cooperative(f, [161, 1, 1], [1024, 1, 1], Some(1), 0, &[]),
             Err(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE)
         );
     }

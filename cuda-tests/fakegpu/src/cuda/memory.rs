@@ -305,13 +305,19 @@ impl Cuda {
         Ok((p, pitch))
     }
 
-    /// Managed memory is charged to the device at allocation (no migration model).
+    /// Managed memory: charged to the device at allocation by default; placed nowhere until
+    /// touched or sent under `FAKEGPU_MANAGED_MEMORY=on-demand` (see `managed`).
     pub fn mem_alloc_managed(&self, size: u64, flags: u32) -> R<u64> {
         let cur = self.current()?;
         if size == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let mut t = self.lock();
+        if self.managed_on_demand() {
+            let p = self.alloc_in(&mut t, &cur, size, 0, AllocKind::Managed, false)?;
+            Self::managed_created(&mut t, p, size);
+            return Ok(p);
+        }
         let charge = round_up(size, ALLOC_GRANULARITY);
         self.alloc_in(&mut t, &cur, size, charge, AllocKind::Managed, false)
     }
@@ -321,7 +327,12 @@ impl Cuda {
         let Some(a) = t.allocs.remove(&addr) else {
             return;
         };
-        Self::free_va(t, a.dev, addr, a.span, a.low, a.touched);
+        // Managed chunks placed on the host committed their pages without a copy.
+        let touched = a.touched || a.kind == AllocKind::Managed;
+        Self::free_va(t, a.dev, addr, a.span, a.low, touched);
+        if a.kind == AllocKind::Managed {
+            self.managed_freed(t, addr);
+        }
         match a.kind {
             AllocKind::Pool(pool) => self.pool_return(t, pool, a.charged),
             _ => {

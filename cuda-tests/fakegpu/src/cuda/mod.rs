@@ -15,6 +15,7 @@ pub mod graph;
 pub mod image;
 pub mod integrity;
 pub mod launch;
+pub mod managed;
 pub mod memory;
 pub mod module;
 pub mod pool;
@@ -72,6 +73,12 @@ pub struct Config {
     /// `FAKEGPU_NS_PER_WAVE`: the time per wave of kernels that carry no `ns_per_wave`
     /// argument (framework kernels from fatbins and cubins), clamped like the argument.
     pub ns_per_wave: u64,
+    /// `FAKEGPU_MANAGED_MEMORY=on-demand`: managed memory has residency (see `managed`);
+    /// `device` (the default): it is placed on its device at allocation.
+    pub managed_on_demand: bool,
+    /// `FAKEGPU_HOST_LINK_GBPS`: the host link's bandwidth in GB/s (default by generation,
+    /// see `managed`).
+    pub host_link_gbps: Option<f64>,
 }
 
 impl Config {
@@ -86,6 +93,26 @@ impl Config {
             ns_per_wave: num("FAKEGPU_NS_PER_WAVE")
                 .unwrap_or(launch::DEFAULT_NS_PER_WAVE)
                 .min(launch::MAX_NS_PER_WAVE),
+            managed_on_demand: managed_mode(std::env::var("FAKEGPU_MANAGED_MEMORY").ok()),
+            host_link_gbps: std::env::var("FAKEGPU_HOST_LINK_GBPS")
+                .ok()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|gbps| gbps.is_finite() && *gbps > 0.0),
+        }
+    }
+}
+
+/// `FAKEGPU_MANAGED_MEMORY`: `on-demand` or `device` (unset, empty or anything else: `device`,
+/// the latter with one line on stderr).
+fn managed_mode(value: Option<String>) -> bool {
+    match value.as_deref().map(str::trim) {
+        Some("on-demand") => true,
+        None | Some("") | Some("device") => false,
+        Some(other) => {
+            eprintln!(
+                "fakegpu: FAKEGPU_MANAGED_MEMORY={other:?} is not device or on-demand; using device"
+            );
+            false
         }
     }
 }
@@ -97,6 +124,8 @@ impl Default for Config {
             ctx_overhead: 300 << 20,
             queue_depth: 1024,
             ns_per_wave: launch::DEFAULT_NS_PER_WAVE,
+            managed_on_demand: false,
+            host_link_gbps: None,
         }
     }
 }
@@ -122,6 +151,8 @@ pub(crate) struct Tables {
     pub current_pool: [Option<u64>; MAX_DEVICES],
     pub arenas: memory::Arenas,
     pub allocs: BTreeMap<u64, memory::Alloc>,
+    /// Residency of the managed allocations, by base (`FAKEGPU_MANAGED_MEMORY=on-demand`).
+    pub managed: BTreeMap<u64, managed::Managed>,
     pub arrays: HashMap<u64, memory::ArrayAlloc>,
     pub host: HashMap<usize, usize>,
     /// Host ranges registered with `cuMemHostRegister`: base -> size.

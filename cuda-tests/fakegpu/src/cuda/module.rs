@@ -32,9 +32,9 @@ pub enum ImageKind {
     Fatbin,
     /// An ELF cubin (`\x7fELF`), as NVRTC and nvJitLink produce.
     Cubin,
-    /// PTX text (starts, after comments and blank lines, with a `.version` directive); the
-    /// names of its entries whose first parameter is called `ns_per_wave`.
-    Ptx(Vec<String>),
+    /// PTX text (starts, after comments and blank lines, with a `.version` directive): what
+    /// its entries' parameters say.
+    Ptx(PtxEntries),
     /// Anything else: the test clients' own images.
     Raw,
 }
@@ -44,18 +44,30 @@ pub enum ImageKind {
 pub enum Timing {
     /// `kernelParams[0]` points to the kernel's `ns_per_wave` (the clients' spin kernel).
     NsPerWaveParam,
-    /// Only these kernels read `ns_per_wave` from their first parameter (PTX).
-    ParamFor(Vec<String>),
+    /// Only these kernels read `ns_per_wave` from their first parameter (PTX), whose
+    /// parameters are known.
+    ParamFor(PtxEntries),
     /// The launch geometry at `FAKEGPU_NS_PER_WAVE` (framework kernels, whose first
     /// argument is a real argument).
     Geometry,
+}
+
+/// What a PTX image's `.entry` declarations say about their parameters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PtxEntries {
+    /// The entries whose first parameter is named `ns_per_wave`.
+    pub ns: Vec<String>,
+    /// Per entry, the positions of its 64-bit scalar parameters (`.u64`, `.s64`, `.b64`):
+    /// the ones a device pointer is passed in, which managed memory's residency reads at a
+    /// launch (see `managed`).
+    pub wide: HashMap<String, Vec<usize>>,
 }
 
 impl ImageKind {
     pub fn timing(&self) -> Timing {
         match self {
             ImageKind::Raw => Timing::NsPerWaveParam,
-            ImageKind::Ptx(names) => Timing::ParamFor(names.clone()),
+            ImageKind::Ptx(entries) => Timing::ParamFor(entries.clone()),
             ImageKind::Fatbin | ImageKind::Cubin => Timing::Geometry,
         }
     }
@@ -84,25 +96,39 @@ pub fn classify_bytes(head: &[u8]) -> ImageKind {
         .map(str::trim)
         .find(|l| !l.is_empty() && !l.starts_with("//"));
     if first.is_some_and(|l| l.starts_with(".version")) {
-        return ImageKind::Ptx(ptx_ns_entries(&text));
+        return ImageKind::Ptx(ptx_entries(&text));
     }
     ImageKind::Raw
 }
 
-/// Names of the `.entry` kernels whose first parameter is named `ns_per_wave`.
-fn ptx_ns_entries(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
+/// The `.entry` kernels' parameters (see [`PtxEntries`]).
+fn ptx_entries(text: &str) -> PtxEntries {
+    let mut out = PtxEntries::default();
     let mut rest = text;
     while let Some(i) = rest.find(".entry") {
         rest = &rest[i + ".entry".len()..];
         let Some(open) = rest.find('(') else { break };
         let name = rest[..open].trim();
         let params = &rest[open + 1..];
-        let first = params.split([',', ')']).next().unwrap_or("");
-        let pname = first.split_whitespace().last().unwrap_or("");
-        if pname == "ns_per_wave" && !name.is_empty() {
-            out.push(name.to_string());
+        let params = &params[..params.find(')').unwrap_or(params.len())];
+        if name.is_empty() {
+            continue;
         }
+        let declared: Vec<&str> = params.split(',').map(str::trim).collect();
+        let pname = declared[0].split_whitespace().last().unwrap_or("");
+        if pname == "ns_per_wave" {
+            out.ns.push(name.to_string());
+        }
+        let wide = declared
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| {
+                let words: Vec<&str> = d.split_whitespace().collect();
+                !d.contains('[') && [".u64", ".s64", ".b64"].iter().any(|t| words.contains(t))
+            })
+            .map(|(position, _)| position)
+            .collect();
+        out.wide.insert(name.to_string(), wide);
     }
     out
 }
@@ -233,6 +259,26 @@ impl Cuda {
     /// `kernelParams[0]` (see [`Timing`]); false for unknown handles.
     pub fn reads_ns_param(&self, f: u64) -> bool {
         let t = self.lock();
+        match Self::timing_of(&t, f) {
+            Some((Timing::NsPerWaveParam, _)) => true,
+            Some((Timing::ParamFor(entries), name)) => entries.ns.iter().any(|n| n == name),
+            _ => false,
+        }
+    }
+
+    /// The positions of `f`'s 64-bit parameters, where its image says (PTX); empty otherwise.
+    pub fn wide_params(&self, f: u64) -> Vec<usize> {
+        let t = self.lock();
+        match Self::timing_of(&t, f) {
+            Some((Timing::ParamFor(entries), name)) => {
+                entries.wide.get(name).cloned().unwrap_or_default()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// How `f`'s module or library times its kernels, and `f`'s kernel name.
+    fn timing_of(t: &Tables, f: u64) -> Option<(&Timing, &str)> {
         let (timing, name) = if let Some(func) = t.functions.get(&f) {
             let timing = match func.module {
                 Some(m) => t.modules.get(&m).map(|m| &m.timing),
@@ -250,13 +296,9 @@ impl Cuda {
                 k.name.as_str(),
             )
         } else {
-            return false;
+            return None;
         };
-        match timing {
-            Some(Timing::NsPerWaveParam) => true,
-            Some(Timing::ParamFor(names)) => names.iter().any(|n| n == name),
-            _ => false,
-        }
+        Some((timing?, name))
     }
 
     pub fn module_unload(&self, m: u64) -> R<()> {
@@ -492,10 +534,16 @@ mod tests {
         assert_eq!(classify_bytes(b"\x7fELF\x02"), ImageKind::Cubin);
         let spin = "// c\n.version 7.0\n.target sm_70\n.visible .entry spin(.param .u64 ns_per_wave)\n{}\n\
                     .visible .entry other(.param .u64 p, .param .u64 ns_per_wave)\n{}";
-        assert_eq!(
-            classify_bytes(spin.as_bytes()),
-            ImageKind::Ptx(vec!["spin".to_string()])
-        );
+        let ImageKind::Ptx(entries) = classify_bytes(spin.as_bytes()) else {
+            panic!("PTX")
+        };
+        assert_eq!(entries.ns, vec!["spin".to_string()]);
+        assert_eq!(entries.wide["other"], vec![0, 1]);
+        let touch = ".version 7.0\n.entry touch(.param .u64 ns_per_wave, .param .u32 n,\n                     .param .align 8 .b8 s[16], .param .u64 .ptr .global p)\n{}";
+        let ImageKind::Ptx(entries) = classify_bytes(touch.as_bytes()) else {
+            panic!("PTX")
+        };
+        assert_eq!(entries.wide["touch"], vec![0, 3], "scalars of 64 bits only");
         assert_eq!(classify_bytes(b"any bytes"), ImageKind::Raw);
 
         let c = driver(small_overhead());

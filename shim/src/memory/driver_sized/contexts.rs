@@ -37,18 +37,39 @@ fn create_context(
     };
     let cost_cell = &shared.context_cost[device as usize];
     let own_cost = cost_cell.load(Acquire);
-    // Measuring needs our NVML entry to hold nothing but the new context; it is needed while
-    // our cost or our entry is unknown. Processes of the slice measure one at a time.
-    let wants_measure = (own_cost == 0 || host_pid::known() == 0)
-        && shared.region.slot_used(process.slot, device_id(device)) == 0;
-    let nvml = if wants_measure {
+    // The first context of the process on the device is measured from our NVML entry, which
+    // must hold nothing but the new context. While the cost on the card or our entry is
+    // unknown, the entry is found by diffing NVML's list around the creation under the
+    // slice's turn (the reservation may be the bound); a waiter stops waiting once the holder
+    // published what it needed. Otherwise our entry comes from a listing the slice reads
+    // once for every process waiting for one, which only its reader opens NVML for.
+    let wants_measure =
+        own_cost == 0 && shared.region.slot_used(process.slot, device_id(device)) == 0;
+    let unknown = || {
+        (own_cost == 0 && shared.region.context_cost(device_id(device)).is_none())
+            || !host_pid::adopt_known()
+    };
+    let mut nvml = if wants_measure && unknown() {
         nvml_for_cuda(ordinal)
     } else {
         None
     };
-    let _measuring = nvml.and_then(|_| {
-        context_start::lock_for_measuring(shared.region, device, context_start::MEASURING_WAIT)
-    });
+    let _measuring = match nvml {
+        Some(_) => match context_start::lock_for_measuring(
+            shared.region,
+            device,
+            context_start::MEASURING_WAIT,
+            unknown,
+        ) {
+            context_start::Turn::Held(turn) => Some(turn),
+            context_start::Turn::NotNeeded | context_start::Turn::GaveUp => None,
+        },
+        None => None,
+    };
+    let by_listing = wants_measure && !unknown() && crate::ground::devices::nvml_lists_processes();
+    if by_listing {
+        nvml = None;
+    }
     // This process's own measurement, else what another process of the slice measured on
     // the device (read under the lock: the previous holder just published it), else the
     // bound. The latter two are still measured and settled below.
@@ -71,38 +92,53 @@ fn create_context(
     };
     // Another thread of this process may have charged the device meanwhile: our entry would
     // then show more than the context.
-    let nvml =
-        nvml.filter(|_| shared.region.slot_used(process.slot, device_id(device)) == reserved);
+    let alone = shared.region.slot_used(process.slot, device_id(device)) == reserved;
+    let nvml = nvml.filter(|_| alone);
+    let by_listing = by_listing && alone;
     let before = nvml.map(nvml_processes).unwrap_or_default();
     let result = call();
     if result != CUDA_SUCCESS {
         process.ledger.refund(device, reserved);
         return (result, None);
     }
-    let measured = nvml.and_then(|handle| {
-        let after = nvml_processes(handle);
-        let claimed = host_pid::claimed_by_others();
-        let known_host = host_pid::known();
-        match host_pid::find_after_context_creation(&before, &after, known_host, &claimed) {
-            Some(me) => {
-                host_pid::measured(me.pid);
-                host_pid::plausible_context_cost(&me)
-            }
-            None => host_pid::cost_of_simultaneous_contexts(&before, &after, &claimed)
-                .filter(|&cost| cost > 0 && cost <= host_pid::MAX_PLAUSIBLE_CONTEXT_BYTES),
-        }
-    });
+    // A listing of the device that begins after this read shows the new context.
+    let seen = shared.region.listing_seq(device_id(device));
+    crate::session::slice::pause_after_context();
+    let measured = if by_listing {
+        // Our entry by our NVML PID (`gpuslice_common::region`, `listing`).
+        shared
+            .region
+            .listed_bytes(
+                process.slot,
+                device_id(device),
+                seen,
+                context_start::MEASURING_WAIT,
+                || {
+                    let handle = nvml_for_cuda(ordinal)?;
+                    let list = crate::ground::devices::nvml_compute_processes(handle).ok()?;
+                    Some(list.iter().map(|p| (p.pid, p.usedGpuMemory)).collect())
+                },
+            )
+            .and_then(|used| {
+                host_pid::plausible_context_cost(&host_pid::ListedProcess {
+                    pid: host_pid::known(),
+                    used,
+                })
+            })
+    } else {
+        nvml.and_then(|handle| measure_by_diff(handle, &before))
+    };
+    let measuring = nvml.is_some() || by_listing;
     let (real_cost, why_refused) = match (measured, expected) {
         (Some(cost), _) => {
             let _ = cost_cell.compare_exchange(0, cost, AcqRel, Acquire);
             let cost = cost_cell.load(Acquire);
-            shared.region.record_context_cost(device_id(device), cost);
             (cost, Refused::Measured(cost))
         }
         // Unmeasured: a measured figure stays as reserved; the bound is charged whole even
         // where only the slice's room was reserved (the context may cost all of it).
         (None, Expected::Measured(cost)) => {
-            if nvml.is_some() {
+            if measuring {
                 crate::log_info!(
                     "could not tell our entry in NVML's process list; keeping the {reserved} bytes reserved for the context"
                 );
@@ -110,7 +146,7 @@ fn create_context(
             (cost.max(reserved), Refused::Measured(cost))
         }
         (None, Expected::Bound(bound)) => {
-            if nvml.is_some() {
+            if measuring {
                 crate::log_info!(
                     "could not tell our entry in NVML's process list; charging the context the {bound}-byte bound"
                 );
@@ -118,10 +154,17 @@ fn create_context(
             (bound, Refused::Unmeasured { bound })
         }
     };
-    let charged = match process
+    let settled = process
         .ledger
-        .settle_or_undo(device, reserved, real_cost, undo)
-    {
+        .settle_or_undo(device, reserved, real_cost, undo);
+    // Published once settled: a process waiting for the slice's figure must not reserve it
+    // while our provisional reservation (up to the bound) still stands.
+    if measured.is_some() {
+        shared
+            .region
+            .record_context_cost(device_id(device), real_cost);
+    }
+    let charged = match settled {
         Settled::Charged => real_cost,
         Settled::Undone => {
             context_start::log_refusal(shared, device, why_refused);
@@ -138,6 +181,26 @@ fn create_context(
         .region
         .context_created(process.slot, device_id(device));
     (result, Some((device, charged)))
+}
+
+/// What the new context costs and which entry is ours, by diffing NVML's list of `device`
+/// after the creation against `before` (entries other slots of the slice claim left out):
+/// the one entry that appeared is ours; when several appeared at once, the cost only, if
+/// they all agree.
+fn measure_by_diff(
+    device: gpuslice_abi::nvml::nvmlDevice_t,
+    before: &[host_pid::ListedProcess],
+) -> Option<u64> {
+    let after = nvml_processes(device);
+    let claimed = host_pid::claimed_by_others();
+    match host_pid::find_after_context_creation(before, &after, 0, &claimed) {
+        Some(me) => {
+            host_pid::measured(me.pid);
+            host_pid::plausible_context_cost(&me)
+        }
+        None => host_pid::cost_of_simultaneous_contexts(before, &after, &claimed)
+            .filter(|&cost| cost > 0 && cost <= host_pid::MAX_PLAUSIBLE_CONTEXT_BYTES),
+    }
 }
 
 /// The driver destroyed context `ctx` (and every object it owned).

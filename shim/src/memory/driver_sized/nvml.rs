@@ -7,27 +7,26 @@ use std::ffi::c_uint;
 use gpuslice_abi::cuda::*;
 use gpuslice_abi::nvml::ret::{NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED};
 use gpuslice_abi::nvml::*;
-use gpuslice_common::region::{DeadSlot, DeviceId, ExitState, Liveness, RELEASE_TIMEOUT};
+use gpuslice_common::region::{DeadSlot, DeviceId, RELEASE_TIMEOUT};
 
 use crate::ground::driver::real;
 use crate::memory::released;
-use crate::memory::report::{slice_process_list, SliceProcess};
+use crate::memory::report::slice_process_list;
 use crate::memory::{device_id, nvml_binding, process, shared, Binding, Shared};
 use crate::session::host_pid::{self, ListedProcess};
 
 /// Whether the driver no longer holds the memory of a dead slot's process, so its budget may
 /// be given back (the region's two-phase reap; see "Reaping" in `gpuslice_common::region`).
 ///
-/// Evidence, strongest first ([`released::release_evidence`]):
+/// Evidence ([`released::release_evidence`]):
 /// 1. the driver's own word: with the host PID known and the real NVML answering for every
 ///    device the slot holds bytes on, released = the PID is in none of their process lists
 ///    (a process that is still tearing down, or whose driver defers the teardown, is listed,
 ///    and stays charged however long that takes; only a PID seen to name another running
 ///    process is given up on, after [`released::STILL_LISTED_TIMEOUT`]);
-/// 2. /proc, in our PID namespace: released = the owner is gone or a zombie, i.e. the kernel
-///    has closed all its descriptors, the driver's included (our slot lock may close first);
-/// 3. nothing can tell (another PID namespace and no NVML or host PID; or the owner exec'd and
-///    runs on): released after [`RELEASE_TIMEOUT`], so no budget is lost for good.
+/// 2. the driver cannot be asked (no NVML, or a process that died before its NVML PID was
+///    known): released [`RELEASE_TIMEOUT`] after a process of the slice first found it dead
+///    (the kernel's word that the process is gone is no evidence: see `released`).
 pub(in crate::memory) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bool {
     if dead.bytes() == 0 {
         return true;
@@ -35,14 +34,8 @@ pub(in crate::memory) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bo
     let listed = (dead.host_pid != 0)
         .then(|| nvml_lists(shared, dead))
         .flatten();
-    let exited = dead.exit == ExitState::Exited;
-    let evidence = released::release_evidence(
-        listed,
-        exited,
-        dead.host_pid_reused,
-        dead.dead_for,
-        RELEASE_TIMEOUT,
-    );
+    let evidence =
+        released::release_evidence(listed, dead.host_pid_reused, dead.dead_for, RELEASE_TIMEOUT);
     match evidence {
         Some(released::Released::ListedTooLong) => {
             crate::log_info!(
@@ -56,14 +49,14 @@ pub(in crate::memory) fn driver_released(shared: &Shared, dead: &DeadSlot) -> bo
         }
         Some(released::Released::TimedOut) => {
             crate::log_info!(
-                "giving back {} bytes of dead pid {}: nothing showed the driver releasing them within {:?}",
+                "giving back {} bytes of dead pid {}: the driver could not be asked whether it released them, and {:?} have passed",
                 dead.bytes(),
                 dead.pid,
                 RELEASE_TIMEOUT
             );
             true
         }
-        Some(released::Released::Unlisted | released::Released::Exited) => true,
+        Some(released::Released::Unlisted) => true,
         None => false,
     }
 }
@@ -107,19 +100,19 @@ pub(super) fn nvml_processes(device: nvmlDevice_t) -> Vec<ListedProcess> {
         .collect()
 }
 
-/// The processes of the slice: (NVML's PID, the container's PID) of every live slot.
-fn slice_members(shared: &Shared) -> Vec<SliceProcess> {
-    shared
-        .region
-        .snapshot()
-        .processes
-        .iter()
-        .filter(|p| p.liveness != Liveness::Stale)
-        .map(|p| SliceProcess {
-            driver_pid: if p.host_pid != 0 { p.host_pid } else { p.pid },
-            container_pid: p.pid,
-        })
-        .collect()
+/// `raw`'s entries of the slice's live processes, under the PIDs the container knows (the
+/// region's member index: rebuilt only when the membership moved, each member's liveness
+/// checked at most once per sweep interval). Costs nothing per process of the slice that
+/// the list does not show.
+fn keep_members<T: Copy>(
+    shared: &Shared,
+    raw: Vec<T>,
+    pid_of: impl Fn(&T) -> u32,
+    with_pid: impl Fn(T, u32) -> T,
+) -> Vec<T> {
+    shared.region.with_members(|member| {
+        slice_process_list(raw, |pid| member(pid).map(|m| m.pid), pid_of, with_pid)
+    })
 }
 
 /// The slice's compute process list for `device`, or `None` when the device is not sliced.
@@ -178,8 +171,7 @@ pub(crate) fn members_only_by<T: Copy>(
         Ok(raw) => raw,
         Err(code) => return Some(Err(code)),
     };
-    let members = slice_members(shared);
-    Some(Ok(slice_process_list(&raw, &members, pid_of, with_pid)))
+    Some(Ok(keep_members(shared, raw, pid_of, with_pid)))
 }
 
 /// The real per-process utilisation samples of `device` (all buffered ones:
@@ -207,10 +199,9 @@ pub(crate) fn slice_utilization_samples(
         Err(code) => return Some(Err(code)),
     };
     let newest = raw.iter().map(|s| s.timeStamp).max();
-    let members = slice_members(shared);
-    let ours = slice_process_list(
-        &raw,
-        &members,
+    let ours = keep_members(
+        shared,
+        raw,
         |s| s.pid,
         |s, pid| nvmlProcessUtilizationSample_t { pid, ..s },
     );

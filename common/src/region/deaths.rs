@@ -1,0 +1,355 @@
+//! How the slice learns that one of its processes died: found once, by one process, and told
+//! to all through the region; no process reads every peer's `/proc`, and no memory view walks
+//! the slots.
+//!
+//! * **The notice.** A slot's `dead_since` stamp (set by whoever first finds its owner dead,
+//!   see `slots::dead_slot`) is the death notice every process reads; setting it moves the
+//!   header's `members_epoch`, as claiming and freeing a slot and recording a host PID do.
+//! * **The sweep** ([`Region::sweep_if_due`]): one pass over the slots that hold bytes, judging
+//!   each by its liveness lock alone (one `F_OFD_GETLK` each; the kernel drops the lock with
+//!   its holder), noticing the dead and reaping those the caller's judge says the driver has
+//!   released. At most one sweep per [`SWEEP_INTERVAL`] for the whole slice (the header's
+//!   `swept_at_ns`, taken by compare-and-swap: whoever takes it sweeps, nobody waits), and only
+//!   while one is wanted (`sweeps_wanted`): a caller that sees a reason ([`Region::want_sweep`]:
+//!   the card's free memory went up since its last view, i.e. memory went back to the driver,
+//!   asks for two, the second catching an owner whose lock closed after its memory went back;
+//!   a member found dead asks for one), and a sweep that leaves dead slots the driver still
+//!   holds asks for another. A process's first view needs a sweep that began after it started
+//!   ([`Region::swept_since`]: what it sees first must not count processes that died before
+//!   it), and runs one when none did.
+//!   A slice where nothing was given back to the card never sweeps: its views cost the same
+//!   whatever the number of live processes.
+//! * **The members** ([`Region::with_members`]): the claimed, not-noticed-dead slots, indexed by
+//!   the PID NVML knows them by, rebuilt in this process only when `members_epoch` moved. A
+//!   process-list filter checks the liveness lock of a member it matches (at most once per
+//!   [`SWEEP_INTERVAL`]), so a dead process's PID that another process reused is not shown;
+//!   a death found that way is noticed for all.
+//! * **Who NVML names how** ([`Region::learn_nvml_pid_namespace`]): once a process of the slice
+//!   saw NVML list it under its own PID, every process of its PID namespace knows its NVML PID
+//!   at registration, with no measuring (the shim's `session::host_pid`).
+//!
+//! What is not found by a sweep waits for the next reason to sweep, a refused allocation (the
+//! shim sweeps at once, [`Region::sweep_now`]) or a full region (`register`): a dead slot
+//! stays charged meanwhile, never the other way round.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::layout::{slot_lock_offset, RegionLayout};
+use super::lock;
+use super::slots::{self, Judge, Scope};
+use super::{DeadSlot, ReapReport, Region, RegionError, SlotId};
+use crate::turn::Turn;
+
+/// The slice sweeps at most this often, whoever asks.
+pub const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Why a process asks the slice for a sweep ([`Region::want_sweep`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepReason {
+    /// Memory went back to the card (a dead process's, maybe): two sweeps, a period apart,
+    /// since the owner's liveness lock may close just after its memory went back.
+    CardGotMemoryBack,
+    /// A member was found dead: one sweep.
+    Look,
+}
+
+/// A live process of the slice, as the member index holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member {
+    pub slot: SlotId,
+    /// PID in its own namespace (what the container sees).
+    pub pid: u32,
+    /// PID as NVML reports it; 0 = not known.
+    pub host_pid: u32,
+}
+
+impl Member {
+    /// The PID NVML lists it under: its host PID when known, else its own (right where NVML
+    /// and the process share a PID namespace).
+    pub fn driver_pid(&self) -> u32 {
+        if self.host_pid != 0 {
+            self.host_pid
+        } else {
+            self.pid
+        }
+    }
+}
+
+/// The slice's members at one `members_epoch`, by [`Member::driver_pid`] (an open-addressing
+/// table: a lookup is a multiply and a probe or two), with when this process last checked
+/// each one's liveness lock.
+#[derive(Debug, Default)]
+pub(super) struct MemberIndex {
+    epoch: u64,
+    members: Vec<Member>,
+    checked_at_ns: Vec<u64>,
+    /// Index + 1 into `members` (0 = empty); a power of two long.
+    table: Vec<u16>,
+}
+
+impl MemberIndex {
+    fn rebuild(&mut self, epoch: u64, members: impl Iterator<Item = Member>) {
+        self.members.clear();
+        self.members.extend(members);
+        self.checked_at_ns.clear();
+        self.checked_at_ns.resize(self.members.len(), 0);
+        let size = (self.members.len() * 2).next_power_of_two().max(16);
+        self.table.clear();
+        self.table.resize(size, 0);
+        for (i, member) in self.members.iter().enumerate() {
+            let mut at = Self::home(member.driver_pid(), size);
+            while self.table[at] != 0 {
+                at = (at + 1) & (size - 1);
+            }
+            self.table[at] = i as u16 + 1;
+        }
+        self.epoch = epoch;
+    }
+
+    fn home(driver_pid: u32, size: usize) -> usize {
+        (u64::from(driver_pid).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & (size - 1)
+    }
+
+    /// The member NVML lists as `driver_pid`, its liveness unchecked.
+    pub(super) fn member(&self, driver_pid: u32) -> Option<Member> {
+        self.members.get(self.position(driver_pid)?).copied()
+    }
+
+    /// Position in `members` of the member NVML lists as `driver_pid`.
+    fn position(&self, driver_pid: u32) -> Option<usize> {
+        let size = self.table.len();
+        if size == 0 {
+            return None;
+        }
+        let mut at = Self::home(driver_pid, size);
+        loop {
+            let i = usize::from(*self.table.get(at)?).checked_sub(1)?;
+            if self.members.get(i)?.driver_pid() == driver_pid {
+                return Some(i);
+            }
+            at = (at + 1) & (size - 1);
+        }
+    }
+}
+
+/// This process's copy of the member index, behind a process-local turn (reset in a fork
+/// child with the other turns).
+pub(super) struct MemberCache {
+    turn: Turn,
+    index: UnsafeCell<MemberIndex>,
+}
+
+// SAFETY: `index` is only touched while `turn` is held (`Region::with_members`).
+unsafe impl Sync for MemberCache {}
+// SAFETY: as above; the index is plain owned data.
+unsafe impl Send for MemberCache {}
+
+impl MemberCache {
+    pub(super) fn new() -> MemberCache {
+        MemberCache {
+            turn: Turn::new(),
+            index: UnsafeCell::new(MemberIndex {
+                epoch: u64::MAX,
+                ..MemberIndex::default()
+            }),
+        }
+    }
+
+    /// For a fork child: a parent's thread may have held the turn.
+    pub(super) fn reset_turn(&self) {
+        self.turn.reset();
+    }
+}
+
+/// The slice's membership changed (a claim, a free, a host PID, a death noticed).
+pub(super) fn membership_changed(layout: &RegionLayout) {
+    layout.header.members_epoch.fetch_add(1, Ordering::AcqRel);
+}
+
+impl Region {
+    /// Something may have died: the slice's next sweeps look (paced: see the module doc).
+    pub fn want_sweep(&self, reason: SweepReason) {
+        let sweeps = match reason {
+            SweepReason::CardGotMemoryBack => 2,
+            SweepReason::Look => 1,
+        };
+        self.map
+            .layout()
+            .header
+            .sweeps_wanted
+            .fetch_max(sweeps, Ordering::AcqRel);
+    }
+
+    /// Runs the slice's sweep when one is wanted and none ran in the last [`SWEEP_INTERVAL`]
+    /// (by any process); `None` when not (one load when none is wanted). `released` is the
+    /// driver's word on a dead slot's memory, as for [`Region::reap_dead_if`].
+    #[inline]
+    pub fn sweep_if_due(
+        &self,
+        released: impl FnMut(&DeadSlot) -> bool,
+    ) -> Option<Result<ReapReport, RegionError>> {
+        let header = &self.map.layout().header;
+        if header.sweeps_wanted.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        self.sweep_paced(released)
+    }
+
+    #[cold]
+    fn sweep_paced(
+        &self,
+        released: impl FnMut(&DeadSlot) -> bool,
+    ) -> Option<Result<ReapReport, RegionError>> {
+        let header = &self.map.layout().header;
+        let now = super::monotonic_ns();
+        let last = header.swept_at_ns.load(Ordering::Acquire);
+        // A stamp from the future (another time namespace) does not hold sweeps back.
+        if last <= now && now - last < SWEEP_INTERVAL.as_nanos() as u64 {
+            return None;
+        }
+        header
+            .swept_at_ns
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()?;
+        let _ = header
+            .sweeps_wanted
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| w.checked_sub(1));
+        Some(self.sweep_now(released))
+    }
+
+    /// The sweep, now: every slot holding bytes judged by its liveness lock, the dead
+    /// noticed, those `released` says the driver let go of reaped. Dead slots left charged
+    /// keep a sweep wanted.
+    pub fn sweep_now(
+        &self,
+        released: impl FnMut(&DeadSlot) -> bool,
+    ) -> Result<ReapReport, RegionError> {
+        self.map
+            .layout()
+            .header
+            .swept_at_ns
+            .fetch_max(super::monotonic_ns(), Ordering::AcqRel);
+        let report = self.reap_with(released, Scope::Holding, Judge::Lock)?;
+        if !report.pending.is_empty() {
+            self.map
+                .layout()
+                .header
+                .sweeps_wanted
+                .fetch_max(1, Ordering::AcqRel);
+        }
+        Ok(report)
+    }
+
+    /// Whether a sweep of the slice began at or after `instant` (CLOCK_MONOTONIC ns): one
+    /// that saw every death before it.
+    pub fn swept_since(&self, instant: u64) -> bool {
+        self.map.layout().header.swept_at_ns.load(Ordering::Acquire) >= instant
+    }
+
+    /// Runs `read` with a lookup from the PID NVML lists a process under to the live member
+    /// of the slice it is (`None`: a stranger, or a member found dead). The index is rebuilt
+    /// first if the membership moved since this process last looked; a member's liveness
+    /// lock is checked at its first lookup in each [`SWEEP_INTERVAL`] (one system call), so
+    /// a dead member's PID, which the host may give to another process, is shown for at most
+    /// that long after its death (far less than the host takes to hand a PID out again).
+    pub fn with_members<R>(
+        &self,
+        read: impl FnOnce(&mut dyn FnMut(u32) -> Option<Member>) -> R,
+    ) -> R {
+        self.with_index(|index| {
+            let mut now = None;
+            let mut lookup = |driver_pid: u32| {
+                let i = index.position(driver_pid)?;
+                let member = index.members[i];
+                let now = *now.get_or_insert_with(super::monotonic_ns);
+                let last = index.checked_at_ns[i];
+                if last > now || now - last >= SWEEP_INTERVAL.as_nanos() as u64 {
+                    if !self.check_member(&member) {
+                        return None;
+                    }
+                    index.checked_at_ns[i] = now;
+                }
+                Some(member)
+            };
+            read(&mut lookup)
+        })
+    }
+
+    /// Runs `read` on this process's member index, rebuilt first if the membership moved
+    /// since this process last looked.
+    pub(super) fn with_index<R>(&self, read: impl FnOnce(&mut MemberIndex) -> R) -> R {
+        let layout = self.map.layout();
+        let _turn = self.members.turn.take();
+        // SAFETY: the turn is held: no other thread of this process touches the index.
+        let index = unsafe { &mut *self.members.index.get() };
+        let epoch = layout.header.members_epoch.load(Ordering::Acquire);
+        if index.epoch != epoch {
+            index.rebuild(
+                epoch,
+                slots::claimed_slots(layout)
+                    .filter(|(_, slot, _)| slot.dead_since.load(Ordering::Acquire) == 0)
+                    .map(|(i, slot, _)| Member {
+                        slot: SlotId(i as u16),
+                        pid: slot.pid.load(Ordering::Relaxed),
+                        host_pid: slot.host_pid.load(Ordering::Relaxed),
+                    }),
+            );
+        }
+        read(index)
+    }
+
+    /// The slice's members as this process's index holds them now.
+    pub fn members(&self) -> Vec<Member> {
+        self.with_index(|index| index.members.clone())
+    }
+
+    /// Whether `member` still lives, by its slot's liveness lock (one system call). A member
+    /// found dead is noticed for the whole slice, and a sweep is wanted.
+    fn check_member(&self, member: &Member) -> bool {
+        let layout = self.map.layout();
+        let slot = &layout.slots[member.slot.index()];
+        let alive = lock::is_locked_by_other(&self.file, slot_lock_offset(member.slot.index()))
+            .unwrap_or(true);
+        if !alive {
+            slots::notice_dead(layout, member.slot.index(), super::monotonic_ns());
+            self.want_sweep(SweepReason::Look);
+            return false;
+        }
+        slot.dead_since.load(Ordering::Acquire) == 0
+    }
+
+    /// The host PIDs the slots record (every claimed slot, dead or alive, `except` left out):
+    /// plain loads, no judging.
+    pub fn recorded_host_pids(&self, except: Option<SlotId>) -> Vec<u32> {
+        slots::claimed_slots(self.map.layout())
+            .filter(|(i, _, _)| Some(SlotId(*i as u16)) != except)
+            .map(|(_, slot, _)| slot.host_pid.load(Ordering::Relaxed))
+            .filter(|&pid| pid != 0)
+            .collect()
+    }
+
+    /// The PID namespace whose processes NVML lists under their own PIDs (0 = not known).
+    pub fn nvml_pid_namespace(&self) -> u64 {
+        self.map
+            .layout()
+            .header
+            .nvml_pid_namespace
+            .load(Ordering::Acquire)
+    }
+
+    /// A process of PID namespace `namespace` saw NVML list it under its own PID. The first
+    /// namespace learned stays.
+    pub fn learn_nvml_pid_namespace(&self, namespace: u64) {
+        if namespace == 0 {
+            return;
+        }
+        let _ = self
+            .map
+            .layout()
+            .header
+            .nvml_pid_namespace
+            .compare_exchange(0, namespace, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}

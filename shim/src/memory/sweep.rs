@@ -1,0 +1,120 @@
+//! When this process asks the slice to look for its dead (the region's sweep: a death found
+//! once, by one process, and told to all; `gpuslice_common::region`, module `deaths`), and
+//! the one line a reap writes.
+//!
+//! The reason a memory view gives: the card's free memory went up since this process's last
+//! view of that device (memory went back to the driver: a dead process's, maybe), per
+//! source (CUDA's and NVML's figures differ by NVML's reservation). The sweep then runs in
+//! the first view of any process of the slice that finds it due (at most one per
+//! `SWEEP_INTERVAL` for the whole slice). A process's first view runs a sweep unless one
+//! began after the process started ([`started`]). A view where nothing was given back costs
+//! three loads and a compare: the same whatever the number of processes in the slice. A
+//! refused allocation sweeps at once ([`now`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gpuslice_common::region::{ReapReport, RegionError, SweepReason, MAX_DEVICES};
+
+use super::{driver_sized, Shared};
+use crate::session::fork::per_process;
+
+/// Where a view's figures came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Cuda = 0,
+    Nvml = 1,
+}
+
+/// No view of the device yet in this process.
+const UNSEEN: u64 = u64::MAX;
+
+per_process! {
+    /// The card's free bytes at this process's last view, per source and device entry.
+    static CARD_FREE: [[AtomicU64; MAX_DEVICES]; 2] =
+        [const { [const { AtomicU64::new(UNSEEN) }; MAX_DEVICES] }; 2];
+}
+per_process! {
+    /// When this process attached, until its first view found a sweep that began after it
+    /// (0 = found).
+    static STARTED_AT_NS: AtomicU64 = AtomicU64::new(0);
+}
+
+/// This process attached to the slice now: its first view must not count processes that
+/// died before.
+pub fn started() {
+    STARTED_AT_NS.store(crate::session::clock::now_ns(), Ordering::Relaxed);
+}
+
+/// A view of limited device entry `device` read the card's `free` bytes from `source`: more
+/// than at this process's last view asks the slice for a sweep; a due sweep runs.
+#[inline]
+pub fn card_seen(shared: &Shared, source: Source, device: u8, free: u64) {
+    if let Some(cell) = CARD_FREE[source as usize].get(device as usize) {
+        let before = cell.load(Ordering::Relaxed);
+        if before != free {
+            cell.store(free, Ordering::Relaxed);
+            if before != UNSEEN && free > before {
+                shared.region.want_sweep(SweepReason::CardGotMemoryBack);
+            }
+        }
+    }
+    if_due(shared);
+}
+
+/// Runs the slice's sweep if one is due (this process's first look, or one wanted and
+/// `SWEEP_INTERVAL` past the last), with no card reading of its own.
+#[inline]
+pub fn if_due(shared: &Shared) {
+    let started = STARTED_AT_NS.load(Ordering::Relaxed);
+    if started != 0 {
+        first_view(shared, started);
+    }
+    if let Some(report) = shared
+        .region
+        .sweep_if_due(|dead| driver_sized::driver_released(shared, dead))
+    {
+        log_reap(report);
+    }
+}
+
+/// The first view of this process: a sweep that began after it started saw every death
+/// before it; without one, sweeps now.
+#[cold]
+fn first_view(shared: &Shared, started: u64) {
+    if !shared.region.swept_since(started) {
+        now(shared);
+    }
+    STARTED_AT_NS.store(0, Ordering::Relaxed);
+}
+
+/// Sweeps now (before refusing an allocation: a dead process's budget may be what stands in
+/// the way).
+pub fn now(shared: &Shared) {
+    log_reap(
+        shared
+            .region
+            .sweep_now(|dead| driver_sized::driver_released(shared, dead)),
+    );
+}
+
+/// One line per reap that gave bytes back; the dead still held at debug level.
+pub fn log_reap(report: Result<ReapReport, RegionError>) {
+    match report {
+        Ok(report) => {
+            if !report.reclaimed.is_empty() {
+                crate::log_info!(
+                    "reclaimed {} bytes of dead processes {:?}",
+                    report.bytes_reclaimed(),
+                    report.reclaimed.iter().map(|r| r.pid).collect::<Vec<_>>()
+                );
+            }
+            if !report.pending.is_empty() {
+                crate::log_debug!(
+                    "dead processes whose memory the driver still holds: {:?}",
+                    report.pending
+                );
+            }
+        }
+        Err(e) => crate::log_error!("{e}"),
+    }
+}
