@@ -980,7 +980,8 @@ fn caps_hold(node: &TestNode, podman: &Podman, slices: &[(Vec<String>, u64)]) {
 }
 
 /// No over-commit with the real allocator: every mix of 25/50/100% products on one card (the
-/// products model and the gate-free units model), created at once and in churn. The
+/// products model where the release's default gates serve it, 1.36+, and the gate-free units
+/// model on every release), created at once and in churn. The
 /// extended-resource route is not mixed here: on 1.37.2 its pods created together on a full
 /// card sometimes stay Pending for minutes (the scheduler's PreBind finds the claim it made
 /// for the pod deleted, "add allocation and reservation to claim ...: not found", and
