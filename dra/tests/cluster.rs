@@ -362,11 +362,71 @@ fn template(value: Value) -> k8s_openapi::api::resource::v1::ResourceClaimTempla
     serde_json::from_value(value).unwrap()
 }
 
-/// The operator's journey on one node with one simulated V100, products model: the install
+/// What a release's default feature gates let the driver publish for one V100, and the
+/// catalogue's names for it: the products model where DRAPartitionableDevices is on by default
+/// (1.36+); elsewhere (1.34, 1.35) the shipped driver's products fall back to the gate-free
+/// units model (`--on-missing-gate=units`, as docker/README.md tells an operator whose cluster
+/// runs no alpha gates), and tenants use the `gpu-units-*` templates.
+struct Catalogue {
+    /// gpuslice-dra's `--model` and extra arguments.
+    model: &'static str,
+    args: &'static [&'static str],
+    /// The ResourceSlices and devices it publishes for the card.
+    slices: usize,
+    devices: usize,
+    /// The templates of a 25, 50 and 100% slice.
+    templates: [&'static str; 3],
+    /// The DeviceClass the quota counts a quarter in.
+    quarter_class: &'static str,
+    /// How a quarter's device name starts on card 0.
+    quarter_device: &'static str,
+}
+
+const PRODUCTS: Catalogue = Catalogue {
+    model: "products",
+    args: &[],
+    slices: 2,
+    devices: 7,
+    templates: ["gpu-slice-25", "gpu-slice-50", "gpu-slice-100"],
+    quarter_class: "gpu-25.gpuslice.dev",
+    quarter_device: "gpu-0-25-",
+};
+
+const UNITS: Catalogue = Catalogue {
+    model: "units",
+    args: &[],
+    slices: 1,
+    devices: 4,
+    templates: ["gpu-units-25", "gpu-units-50", "gpu-units-100"],
+    quarter_class: "unit.gpuslice.dev",
+    quarter_device: "gpu-0-unit-",
+};
+
+/// The shipped products model on a release whose gate is off: the units it falls back to.
+const UNITS_FALLBACK: Catalogue = Catalogue {
+    model: "products",
+    args: &["--on-missing-gate=units"],
+    ..UNITS
+};
+
+impl Catalogue {
+    /// The catalogue `release` serves with its default gates.
+    fn of(release: &Release) -> &'static Catalogue {
+        if common::rules::Cluster::defaults(release.minor_number()).partitionable_devices {
+            &PRODUCTS
+        } else {
+            &UNITS_FALLBACK
+        }
+    }
+}
+
+/// The operator's journey on one node with one simulated V100, in the model the release's
+/// default gates allow ([`Catalogue`]: products on 1.36+, units before): the install
 /// (kustomize tree, server-side dry run, then applied), a tenant namespace with the catalogue
 /// and quota, the driver publishing as its ServiceAccount, the admission policies refusing
-/// and accepting, a pod from `gpu-slice-25` whose claim the controller manager makes and the
-/// scheduler allocates, prepared, and in its container nvidia-smi shows
+/// and accepting, a pod from the quarter's template (`gpu-slice-25`, `gpu-units-25`) whose
+/// claim the controller manager makes and the scheduler allocates, prepared, and in its
+/// container nvidia-smi shows
 /// `Tesla V100-PCIE-32GB, 8192 MiB` and PyTorch runs out of memory at the cap; the card filled
 /// with four quarters, a fifth pod Pending with the scheduler's own reason until one frees,
 /// a namespace's quota refusing a fifth claim; every component stopped cleanly.
@@ -402,13 +462,16 @@ async fn journey(release: &Release) {
     tenant(&plane, "team-a", true);
     tenant(&plane, "team-b", true);
 
-    // 2. The driver on the node, as its ServiceAccount: it publishes the card's products.
-    let node = TestNode::start(&plane, "gpu-node-1", "products", &[]).await;
-    let slices = node.await_published(&admin, 7).await;
+    // 2. The driver on the node, as its ServiceAccount: it publishes the card's products
+    //    (on 1.34/1.35's default gates: units).
+    let catalogue = Catalogue::of(release);
+    let quarter = Ask::Template(catalogue.templates[0]);
+    let node = TestNode::start(&plane, "gpu-node-1", catalogue.model, catalogue.args).await;
+    let slices = node.await_published(&admin, catalogue.devices).await;
     assert_eq!(
         slices.len(),
-        2,
-        "a counter slice and a device slice (1.35+)"
+        catalogue.slices,
+        "products: a counter slice and a device slice; units: one slice"
     );
 
     // 3. The contract, enforced by the API server's admission policies.
@@ -429,7 +492,7 @@ async fn journey(release: &Release) {
     }
     assert!(why.contains("(403)"), "refused as Forbidden: {why}");
     for ok in [
-        pod("ok-template", "gpu-node-1", Ask::Template("gpu-slice-25")),
+        pod("ok-template", "gpu-node-1", quarter),
         pod(
             "ok-extended",
             "gpu-node-1",
@@ -442,12 +505,9 @@ async fn journey(release: &Release) {
 
     // 4. A pod with a quarter: the controller manager makes its claim, the scheduler
     //    allocates it, the kubelet side prepares it, and inside: the slice.
-    pods.create(
-        &PostParams::default(),
-        &pod("smi", "gpu-node-1", Ask::Template("gpu-slice-25")),
-    )
-    .await
-    .unwrap();
+    pods.create(&PostParams::default(), &pod("smi", "gpu-node-1", quarter))
+        .await
+        .unwrap();
     let smi = bound(&pods, "smi").await;
     let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), "team-a");
     let claim_name = &TestNode::claim_names(&smi).unwrap()[0];
@@ -470,7 +530,10 @@ async fn journey(release: &Release) {
         .unwrap()
         .devices;
     let device = &result.as_ref().unwrap().results.as_ref().unwrap()[0];
-    assert!(device.device.starts_with("gpu-0-25-"), "{device:?}");
+    assert!(
+        device.device.starts_with(catalogue.quarter_device),
+        "{device:?}"
+    );
     let mut prepared = BTreeMap::new();
     let smi_claims = node.prepare(&admin, &smi).await.unwrap();
     let (line, fill) = run_workload(&node, &podman, &smi_claims[0].cdi_devices);
@@ -497,12 +560,9 @@ async fn journey(release: &Release) {
     //    scheduler's reason, and is scheduled when a quarter frees.
     for n in 1..=3 {
         let name = format!("quarter-{n}");
-        pods.create(
-            &PostParams::default(),
-            &pod(&name, "gpu-node-1", Ask::Template("gpu-slice-25")),
-        )
-        .await
-        .unwrap();
+        pods.create(&PostParams::default(), &pod(&name, "gpu-node-1", quarter))
+            .await
+            .unwrap();
         let placed = bound(&pods, &name).await;
         prepared.insert(name, node.prepare(&admin, &placed).await.unwrap());
     }
@@ -513,10 +573,7 @@ async fn journey(release: &Release) {
         .all(|(_, memory, compute)| *memory == 8 * GIB && *compute == 25));
     let others: Api<Pod> = Api::namespaced(admin.clone(), "team-b");
     others
-        .create(
-            &PostParams::default(),
-            &pod("fifth", "gpu-node-1", Ask::Template("gpu-slice-25")),
-        )
+        .create(&PostParams::default(), &pod("fifth", "gpu-node-1", quarter))
         .await
         .unwrap();
     match placed(&others, "fifth").await {
@@ -528,7 +585,7 @@ async fn journey(release: &Release) {
     // team-a's quota (4 quarters) refuses a fifth claim: its pod waits too.
     pods.create(
         &PostParams::default(),
-        &pod("over-quota", "gpu-node-1", Ask::Template("gpu-slice-25")),
+        &pod("over-quota", "gpu-node-1", quarter),
     )
     .await
     .unwrap();
@@ -539,27 +596,24 @@ async fn journey(release: &Release) {
             .find(|e| e.contains("exceeded quota"))
     })
     .await;
-    assert!(
-        quota_event.contains("gpu-25.gpuslice.dev.deviceclass.resource.k8s.io/devices"),
-        "{quota_event}"
+    let quota_resource = format!(
+        "{}.deviceclass.resource.k8s.io/devices",
+        catalogue.quarter_class
     );
-    let quota = plane.kubectl(&[
+    assert!(quota_event.contains(&quota_resource), "{quota_event}");
+    // What `kubectl get resourcequota` shows: the quarter class's hard limit, all four used.
+    let quota: Value = serde_json::from_str(&plane.kubectl(&[
         "get",
         "resourcequota",
         "gpu-slices",
         "-n",
         "team-a",
         "-o",
-        "yaml",
-    ]);
-    let used: Vec<&str> = quota
-        .lines()
-        .filter(|l| l.contains("gpu-25.gpuslice.dev.deviceclass"))
-        .collect();
-    assert!(
-        used.iter().any(|l| l.trim_end().ends_with("\"4\"")),
-        "{quota}"
-    );
+        "json",
+    ]))
+    .unwrap();
+    assert_eq!(quota["status"]["hard"][&quota_resource], "4", "{quota}");
+    assert_eq!(quota["status"]["used"][&quota_resource], "4", "{quota}");
     pods.delete("over-quota", &DeleteParams::default())
         .await
         .unwrap();
@@ -926,7 +980,8 @@ fn caps_hold(node: &TestNode, podman: &Podman, slices: &[(Vec<String>, u64)]) {
 }
 
 /// No over-commit with the real allocator: every mix of 25/50/100% products on one card (the
-/// products model and the gate-free units model), created at once and in churn. The
+/// products model where the release's default gates serve it, 1.36+, and the gate-free units
+/// model on every release), created at once and in churn. The
 /// extended-resource route is not mixed here: on 1.37.2 its pods created together on a full
 /// card sometimes stay Pending for minutes (the scheduler's PreBind finds the claim it made
 /// for the pod deleted, "add allocation and reservation to claim ...: not found", and
@@ -951,18 +1006,9 @@ async fn over_commit(release: &Release) {
     tenant(&plane, "mix", false);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "mix");
 
-    let products = [
-        (Ask::Template("gpu-slice-25"), 25),
-        (Ask::Template("gpu-slice-50"), 50),
-        (Ask::Template("gpu-slice-100"), 100),
-    ];
-    let units = [
-        (Ask::Template("gpu-units-25"), 25),
-        (Ask::Template("gpu-units-50"), 50),
-        (Ask::Template("gpu-units-100"), 100),
-    ];
     // Every multiset of the three sizes worth more than a card and at most 150% (plus the
-    // ones that just fit), in each route.
+    // ones that just fit), in each model the release serves: products where its default
+    // gates allow them, and the gate-free units model.
     let mut shapes: Vec<Vec<usize>> = Vec::new();
     for a in 0..=5usize {
         for b in 0..=3usize {
@@ -974,45 +1020,50 @@ async fn over_commit(release: &Release) {
             }
         }
     }
+    let mut models = vec![&UNITS];
+    if std::ptr::eq(Catalogue::of(release), &PRODUCTS) {
+        models.insert(0, &PRODUCTS);
+    }
     let mut round = 0;
-    for (model, nodename, catalogues) in [
-        ("products", "gpu-node-p", vec![&products[..]]),
-        ("units", "gpu-node-u", vec![&units[..]]),
-    ] {
-        let node = TestNode::start(&plane, nodename, model, &[]).await;
-        node.await_published(&admin, if model == "units" { 4 } else { 7 })
-            .await;
-        for catalogue in catalogues {
-            for shape in &shapes {
-                let asks: Vec<(Ask, u32)> = shape.iter().map(|&i| catalogue[i]).collect();
-                mix(&node, &admin, &pods, round, &asks).await;
-                round += 1;
-            }
-            churn(&node, &admin, &pods, catalogue, 40).await;
-            // A full card: every cap enforced on it.
-            let mut held = Vec::new();
-            let mut slices = Vec::new();
-            for (i, share) in [50u32, 25, 25].iter().enumerate() {
-                let ask = catalogue.iter().find(|(_, s)| s == share).unwrap().0;
-                let name = format!("caps-{round}-{i}");
-                pods.create(&PostParams::default(), &pod(&name, nodename, ask))
-                    .await
-                    .unwrap();
-                let placed = bound(&pods, &name).await;
-                let claims = node.prepare(&admin, &placed).await.unwrap();
-                slices.push((
-                    claims[0].cdi_devices.clone(),
-                    *share as u64 * 32 * GIB / 100,
-                ));
-                held.push((name, claims));
-            }
+    for model in models {
+        let nodename = format!("gpu-node-{}", model.model);
+        let node = TestNode::start(&plane, &nodename, model.model, model.args).await;
+        node.await_published(&admin, model.devices).await;
+        let catalogue: Vec<(Ask, u32)> = model
+            .templates
+            .iter()
+            .zip([25, 50, 100])
+            .map(|(template, share)| (Ask::Template(template), share))
+            .collect();
+        for shape in &shapes {
+            let asks: Vec<(Ask, u32)> = shape.iter().map(|&i| catalogue[i]).collect();
+            mix(&node, &admin, &pods, round, &asks).await;
             round += 1;
-            caps_hold(&node, &podman, &slices);
-            for (name, claims) in &held {
-                remove(&node, &pods, name, claims).await;
-            }
-            no_claims_left(&admin, "mix").await;
         }
+        churn(&node, &admin, &pods, &catalogue, 40).await;
+        // A full card: every cap enforced on it.
+        let mut held = Vec::new();
+        let mut slices = Vec::new();
+        for (i, share) in [50u32, 25, 25].iter().enumerate() {
+            let ask = catalogue.iter().find(|(_, s)| s == share).unwrap().0;
+            let name = format!("caps-{round}-{i}");
+            pods.create(&PostParams::default(), &pod(&name, &nodename, ask))
+                .await
+                .unwrap();
+            let placed = bound(&pods, &name).await;
+            let claims = node.prepare(&admin, &placed).await.unwrap();
+            slices.push((
+                claims[0].cdi_devices.clone(),
+                *share as u64 * 32 * GIB / 100,
+            ));
+            held.push((name, claims));
+        }
+        round += 1;
+        caps_hold(&node, &podman, &slices);
+        for (name, claims) in &held {
+            remove(&node, &pods, name, claims).await;
+        }
+        no_claims_left(&admin, "mix").await;
         drop(node);
     }
     let used = driver_rights_used(&plane);
@@ -1431,7 +1482,7 @@ async fn verdict(client: &Client, case: &Case) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fake_api_server_gives_the_real_servers_verdicts() {
     for release in releases() {
-        let minor: u32 = release.minor.split('.').nth(1).unwrap().parse().unwrap();
+        let minor = release.minor_number();
         let defaults = common::rules::Cluster::defaults(minor);
         let gates_off = common::rules::Cluster {
             partitionable_devices: false,
@@ -1440,17 +1491,20 @@ async fn the_fake_api_server_gives_the_real_servers_verdicts() {
             binding_conditions: false,
             ..defaults
         };
+        // Each gate the release knows (DRADeviceTaintRules is 1.35's; a gate a release does
+        // not know stops its API server).
+        let mut off = vec![
+            "DRAPartitionableDevices",
+            "DRAConsumableCapacity",
+            "DRADeviceTaints",
+            "DRADeviceBindingConditions",
+        ];
+        if minor >= 35 {
+            off.push("DRADeviceTaintRules");
+        }
+        let off: Vec<String> = off.iter().map(|gate| format!("{gate}=false")).collect();
         let mut mismatches = Vec::new();
-        for (cluster, gates) in [
-            (defaults, String::new()),
-            (
-                gates_off,
-                "DRAPartitionableDevices=false,DRAConsumableCapacity=false,\
-                 DRADeviceTaints=false,DRADeviceBindingConditions=false,\
-                 DRADeviceTaintRules=false"
-                    .to_string(),
-            ),
-        ] {
+        for (cluster, gates) in [(defaults, String::new()), (gates_off, off.join(","))] {
             let mut plane = ControlPlane::start_api_server(&release, &gates).await;
             let real = plane.admin().await;
             let fake = common::api::FakeApi::start_as(cluster);

@@ -102,6 +102,15 @@ impl Release {
         })
     }
 
+    /// The minor version as a number (`37`).
+    pub fn minor_number(&self) -> u32 {
+        self.minor
+            .split('.')
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("minor version {:?} is not 1.N", self.minor))
+    }
+
     pub fn tool(&self, name: &str) -> PathBuf {
         self.bin.join(name)
     }

@@ -34,10 +34,13 @@
 //!   against it, with default gates and with the DRA gates off): its declarative validation
 //!   reports duplicates at the list item and map-key errors at the map, and its attribute
 //!   union message lists the list-valued kinds.
+//! * 1.34 as the real v1.34.4 server answers (held the same way with
+//!   `GPUSLICE_K8S_MINORS=1.34`): an empty driver name gets the subdomain error too, and an
+//!   attribute with two values is printed as its internal Go struct.
 //!
 //! Not modelled: CEL, node selectors (the driver sets
-//! `nodeName`), and fields the driver never sets beyond being dropped. The forms of 1.34-1.36
-//! are read from their source and have not been held against a real server of theirs.
+//! `nodeName`), and fields the driver never sets beyond being dropped. The forms of 1.35 and
+//! 1.36 are read from their source and have not been held against a real server of theirs.
 
 use serde_json::{json, Value};
 
@@ -88,6 +91,38 @@ impl Cluster {
         json!({"major": "1", "minor": self.minor.to_string(),
                "gitVersion": format!("v1.{}.0", self.minor), "platform": "linux/amd64"})
     }
+}
+
+/// How the API server prints an attribute as the bad value of its error up to 1.36: its
+/// internal Go struct (`resource.DeviceAttribute` of pkg/apis/resource/types.go, no JSON tags)
+/// through `json.Marshal`, every field of the release in declaration order, unset ones `null`
+/// (the list-valued ones from 1.36), as `validateDeviceAttribute`
+/// (pkg/apis/resource/validation/validation.go) passes the whole attribute to `field.Invalid`;
+/// the real v1.34.4 prints `{"IntValue":1,"BoolValue":null,"StringValue":"x",
+/// "VersionValue":null}`.
+fn internal_attribute(attribute: &Value, minor: u32) -> String {
+    let mut fields = vec![
+        ("IntValue", "int"),
+        ("BoolValue", "bool"),
+        ("StringValue", "string"),
+        ("VersionValue", "version"),
+    ];
+    if minor >= 36 {
+        fields.extend([
+            ("IntValues", "ints"),
+            ("BoolValues", "bools"),
+            ("StringValues", "strings"),
+            ("VersionValues", "versions"),
+        ]);
+    }
+    let fields: Vec<String> = fields
+        .iter()
+        .map(|(go, json)| {
+            let value = attribute.get(*json).cloned().unwrap_or(Value::Null);
+            format!("{}:{value}", Value::from(*go))
+        })
+        .collect();
+    format!("{{{}}}", fields.join(","))
 }
 
 fn devices_mut(spec: &mut Value) -> Vec<&mut serde_json::Map<String, Value>> {
@@ -567,6 +602,12 @@ pub fn validate_resource_slice(
     let driver = spec["driver"].as_str().unwrap_or_default();
     if driver.is_empty() {
         errs.push(Kind::Required, "spec.driver", String::new(), "");
+        // Up to 1.34 the subdomain check runs on the empty name too (a second cause, as the
+        // real v1.34.4 answers); from 1.35 a missing name ends the check
+        // (`ValidateCSIDriverName`, pkg/apis/core/validation/validation.go).
+        if cluster.minor <= 34 {
+            subdomain(&mut errs, "spec.driver", "");
+        }
     } else {
         if driver.len() > 63 {
             errs.push(
@@ -842,7 +883,7 @@ pub fn validate_resource_slice(
                 (_, ..=36) => errs.push(
                     Kind::Invalid,
                     apath.clone(),
-                    attribute.to_string(),
+                    internal_attribute(attribute, cluster.minor),
                     "exactly one value must be specified",
                 ),
                 // The declarative union check (list-valued attributes are members from 1.37).
