@@ -27,11 +27,12 @@
 //!   `dl_iterate_phdr`, so nothing newer than GLIBC_2.34 is imported and the core still loads on
 //!   RHEL 9 / UBI 9 (glibc 2.34; a core the front cannot load makes every CUDA/NVML call fail).
 //!   Skipped, with a warning, where the C compiler has no `libgcc_eh.a` (the build then keeps
-//!   libgcc_s). This choice, and `ground/math.rs`'s built-in `exp`, were measured (~100 us
-//!   each) when the whole shim was the preloaded library; the core now pays that once per GPU
-//!   process, whose C++ runtime usually has `libgcc_s.so.1` and `libm.so.6` loaded already. So
-//!   what they save today is small; they are kept because they are tested and cost nothing at
-//!   run time, and linking libgcc_s and libm again would be a simplification, not a loss.
+//!   libgcc_s). What a dependency of a preloaded library costs every exec (~100 us each for
+//!   libgcc_s and libm: `docs/performance.md`, "Preload cost") is the front's concern; the core
+//!   pays such a load once per GPU process, whose C++ runtime usually has `libgcc_s.so.1` and
+//!   `libm.so.6` loaded already. So what this and `ground/math.rs`'s built-in `exp` save is
+//!   small; they stay because they are tested and cost nothing at run time, and linking
+//!   libgcc_s and libm again would be a simplification, not a loss.
 
 use std::path::PathBuf;
 use std::process::Command;
