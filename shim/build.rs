@@ -1,31 +1,38 @@
-//! Link settings of libgpuslice.so that decide what EVERY process of a sliced container pays at
-//! exec (`/etc/ld.so.preload` loads the shim into shells, compilers and Python workers that
-//! never touch a GPU). Each was measured; see `docs/performance.md`, "Preload cost".
+//! Builds the front, `libgpuslice.so`, and sets the link choices of the core,
+//! `libgpuslice_core.so` (this crate).
 //!
-//! * `-Bsymbolic-functions`: the shim's references to its own exported wrappers (the
-//!   registry's name -> wrapper table, ~90 entries) bind inside the library at link time
-//!   instead of being looked up by name in the global scope at every exec. It also makes
-//!   those pointers what the registry means: OUR wrapper, even if the main program happens to
-//!   define a function of the same name (the dlsym rules compare against them).
+//! The FRONT (`front/lib.rs`) is what `/etc/ld.so.preload` maps into every process of a sliced
+//! container (shells, compilers, Python workers that never touch a GPU), so its link settings
+//! are chosen for what every exec pays (`build_front`, below; `docs/performance.md`, "Preload
+//! cost"). It is a `no_std` library that must be `panic = "abort"`, which no profile of this
+//! workspace can give one crate, so it is compiled here with `rustc` directly and copied beside
+//! the core in the profile directory (`target/<profile>/`). Its exports are generated from the
+//! registry (`src/hooks/registry.rs`), so the two lists cannot drift (checked again by e2e
+//! `shim_isolation::the_front_exports_exactly_the_registry`). For another target than the
+//! host it links with the linker cargo resolved for that target; with none configured (CI's
+//! aarch64 check) it compiles the front to an object only and says so.
+//!
+//! The CORE is loaded by the front (`dlopen`) at a process's first CUDA or NVML call, so its
+//! link choices cost only processes that use the GPU, once each:
+//!
+//! * `-Bsymbolic-functions`, for correctness: the core's references to its own exported
+//!   wrappers (the registry's name -> wrapper table) bind inside the library at link time, so
+//!   those pointers are OUR wrappers even if the main program defines a function of the same
+//!   name (the dlsym rules compare against them), and cost no lookup by name at load.
 //! * The unwinder linked statically (`libgcc_eh.a`, hidden symbols, whole archive so every
 //!   `_Unwind_*` is defined before std's `-lgcc_s` is seen; `--as-needed` then drops
-//!   `libgcc_s.so.1`): one fewer library to open, map, relocate and protect per exec (~100 us).
-//!   Panics are still caught at the FFI boundary (`panic = "unwind"` is unchanged). GCC 12+'s
-//!   static unwinder calls `_dl_find_object` (GLIBC_2.35); `src/ground/find_object.rs` defines it,
-//!   hidden, on top of `dl_iterate_phdr`, so nothing newer than GLIBC_2.34 is imported and the
-//!   shim still loads on RHEL 9 / UBI 9 (glibc 2.34; a preload the loader cannot load is
-//!   skipped, and the container would run unlimited). Skipped, with a warning, where the C
-//!   compiler has no `libgcc_eh.a` (the build then keeps libgcc_s).
-//! * (libm is avoided in the source: `src/ground/math.rs`.)
-//!
-//! It also builds the FRONT, `libgpuslice.so` (`front/lib.rs`; this crate is the core,
-//! `libgpuslice_core.so`): a `no_std` library that must be `panic = "abort"`, which no profile
-//! of this workspace can give one crate, so it is compiled here with `rustc` directly and
-//! copied beside the core in the profile directory (`target/<profile>/`). Its exports are
-//! generated from the registry (`src/hooks/registry.rs`), so the two lists cannot drift
-//! (checked again by e2e `shim_isolation::the_front_exports_exactly_the_registry`). For another
-//! target than the host it links with the linker cargo resolved for that target; with none
-//! configured (CI's aarch64 check) it compiles the front to an object only and says so.
+//!   `libgcc_s.so.1`), so the core names only libc and the loader. Panics are still caught at
+//!   the FFI boundary (`panic = "unwind"` is unchanged). GCC 12+'s static unwinder calls
+//!   `_dl_find_object` (GLIBC_2.35); `src/ground/find_object.rs` defines it, hidden, on top of
+//!   `dl_iterate_phdr`, so nothing newer than GLIBC_2.34 is imported and the core still loads on
+//!   RHEL 9 / UBI 9 (glibc 2.34; a core the front cannot load makes every CUDA/NVML call fail).
+//!   Skipped, with a warning, where the C compiler has no `libgcc_eh.a` (the build then keeps
+//!   libgcc_s). What a dependency of a preloaded library costs every exec (~100 us each for
+//!   libgcc_s and libm: `docs/performance.md`, "Preload cost") is the front's concern; the core
+//!   pays such a load once per GPU process, whose C++ runtime usually has `libgcc_s.so.1` and
+//!   `libm.so.6` loaded already. So what this and `ground/math.rs`'s built-in `exp` save is
+//!   small; they stay because they are tested and cost nothing at run time, and linking
+//!   libgcc_s and libm again would be a simplification, not a loss.
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -42,6 +42,17 @@ impl Turn {
         TurnGuard(&self.held)
     }
 
+    /// The turn if it is free now, without waiting (tests use it to fail, not hang, on a held
+    /// turn).
+    #[cfg(test)]
+    fn try_take(&self) -> Option<TurnGuard<'_>> {
+        self.held
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            // Lazily: a guard built on failure would give back the holder's turn when dropped.
+            .then(|| TurnGuard(&self.held))
+    }
+
     /// Frees the turn whoever holds it: for a fork child, where the holder (a parent's
     /// thread) does not exist.
     pub fn reset(&self) {
@@ -89,8 +100,12 @@ mod tests {
     #[test]
     fn a_reset_turn_is_free_again() {
         let turn = Turn::new();
+        // A holder that never gives the turn back (a parent's thread, seen from a fork child).
         std::mem::forget(turn.take());
+        assert!(turn.try_take().is_none(), "a held turn must not be free");
         turn.reset();
-        drop(turn.take());
+        let guard = turn.try_take().expect("a reset turn must be free");
+        drop(guard);
+        assert!(turn.try_take().is_some(), "a given-back turn must be free");
     }
 }

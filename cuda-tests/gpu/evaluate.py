@@ -361,31 +361,55 @@ def cmd_facts(args):
 
 
 def cmd_growth(args):
-    """Check 11: the driver's own growth is charged within the bound and refuses more."""
+    """Check 11: the driver's own memory is priced before the call that places it: a lookup
+    whose local memory does not fit is refused, one that fits is charged before the driver
+    places it, and the card never shows the process past its cap."""
     r = result_of(args.file)
     if r is None:
         return verdict("FAIL", {}, "no RESULT line in %s" % args.file)
-    numbers = {k: r.get(k) for k in ("cap_mib", "headroom_mib", "launch", "after_alloc",
-                                      "charged_after_s", "max_gap_mib", "driver_mib",
-                                      "slice_used_mib")}
+    numbers = {k: r.get(k) for k in ("cap_mib", "headroom_mib", "left_after_load_mib",
+                                      "refused_price_mib", "refused_lookup",
+                                      "driver_before_refusal_mib", "driver_after_refusal_mib",
+                                      "fitting_frame_bytes", "fitting_lookup", "launch",
+                                      "first_gap_mib", "max_gap_mib", "driver_peak_mib")}
     bad = []
-    if r.get("launch") != 0:
-        bad.append("the launch failed (CUresult %s)" % r.get("launch"))
-    grown = (r.get("driver_mib") or 0) - (r.get("cap_mib") or 0)
-    if grown > 0 and r.get("after_alloc") != 2:
-        bad.append("the driver took the slice %s MiB past its cap, yet the next allocation "
-                   "returned %s, not CUDA_ERROR_OUT_OF_MEMORY" % (grown, r.get("after_alloc")))
-    charged = r.get("charged_after_s")
-    if charged is None:
-        bad.append("the slice never covered the driver's figure within the watch")
-    elif charged > args.bound_s:
-        bad.append("charged after %.2f s, past the %.1f s bound" % (charged, args.bound_s))
+    if r.get("static_load") != 0:
+        bad.append("the static-data module within the headroom failed to load (CUresult %s)"
+                   % r.get("static_load"))
+    if (r.get("refused_price_mib") or 0) <= (r.get("left_after_load_mib") or 0):
+        bad.append("the oversized kernel's local memory (%s MiB) fits what was left (%s MiB): "
+                   "no refusal was tested" % (r.get("refused_price_mib"),
+                                              r.get("left_after_load_mib")))
+    elif r.get("refused_lookup") != 2:
+        bad.append("the lookup of a kernel whose local memory (%s MiB) exceeds what is left "
+                   "(%s MiB) returned %s, not CUDA_ERROR_OUT_OF_MEMORY"
+                   % (r.get("refused_price_mib"), r.get("left_after_load_mib"),
+                      r.get("refused_lookup")))
+    before, after = r.get("driver_before_refusal_mib"), r.get("driver_after_refusal_mib")
+    if before is not None and after is not None and after - before > args.slack_mib:
+        bad.append("the driver grew the process by %s MiB at the refused lookup"
+                   % (after - before))
+    if r.get("fitting_lookup") != 0 or r.get("launch") != 0:
+        bad.append("the kernel that fits was refused (lookup %s, launch %s)"
+                   % (r.get("fitting_lookup"), r.get("launch")))
+    first, worst = r.get("first_gap_mib"), r.get("max_gap_mib")
+    if first is None:
+        bad.append("nvidia-smi never reported the process after the launch")
+    elif worst > args.bound_mib:
+        bad.append("the driver held up to %s MiB more than the slice counts (first sample: %s "
+                   "MiB), past the %s MiB bound" % (worst, first, args.bound_mib))
+    peak, cap = r.get("driver_peak_mib"), r.get("cap_mib") or 0
+    if peak is not None and peak > cap + args.bound_mib:
+        bad.append("the card showed the process at %s MiB, past the %s MiB cap and the bound"
+                   % (peak, cap))
     if bad:
         return verdict("FAIL", numbers, "; ".join(bad))
     return verdict("PASS", numbers,
-                   "driver grew the process to %s MiB (cap %s); charged after %.2f s (bound %.1f s), "
-                   "next allocation refused" % (r.get("driver_mib"), r.get("cap_mib"), charged,
-                                                args.bound_s))
+                   "lookup needing %s MiB of local memory refused with %s MiB left; the one that "
+                   "fits charged before the launch (gap %s MiB at once, at most %s MiB, bound %s); "
+                   "the card's peak %s MiB under the %s MiB cap"
+                   % (r.get("refused_price_mib"), r.get("left_after_load_mib"), first, worst,
+                      args.bound_mib, peak, cap))
 
 
 def main():
@@ -427,7 +451,9 @@ def main():
     c.add_argument("file")
     c = sub.add_parser("growth")
     c.add_argument("file")
-    c.add_argument("--bound-s", type=float, default=1.5)
+    # gpuslice_common::unpriced::UNPRICED_BOUND_BYTES: the model's error per process and device.
+    c.add_argument("--bound-mib", type=int, default=64)
+    c.add_argument("--slack-mib", type=int, default=4)
     args = p.parse_args()
     try:
         return {"cap": cmd_cap, "two": cmd_two, "share": cmd_share, "pair": cmd_pair,

@@ -204,7 +204,7 @@ declare -A PLAN=(
     [7]="python3, bash and ls (exit codes 3/5/2, stdout and stderr) bare vs under the shim with a valid, a missing and an invalid limit file: byte-identical"
     [9]="spin kernels of ~10 us, 1 ms and 10 ms (cycles calibrated on this GPU) alone without the shim, then each at 10/50/90% in one process; four processes of one 50% slice; one 50% slice mixing the three lengths; two burst slices 30% + 20% (split 3:2 +-20%, >= 75% used); burst 30% high + 30% low (high >= low + 10 points): each process's kernels/s over its length's solo rate, summed per slice, within +-${POINTS} points"
     [10]="a process holding 512 MiB in each of two slices: nvidia-smi (--query-compute-apps and the table, which read NVML's private export table) in slice A lists A's process alone, in B B's alone, both without the shim; the shim must know the driver's table layout (GPUSLICE_LOG=debug says when it does not)"
-    [11]="driver_growth.py under a ${CAP_MIB} MiB limit: fills the slice to 256 MiB below the cap, loads a PTX module with 128 MiB of static data whose kernel has a 4 KiB stack frame, launches it once (lazy loading places the module, local memory grows for every resident thread): the next 2 MiB allocation is refused, and the slice's cuMemGetInfo covers the driver's per-process figure (nvidia-smi, outside the shim) within 1.5 s of the launch"
+    [11]="driver_growth.py under a ${CAP_MIB} MiB limit: fills the slice to 256 MiB below the cap, loads a PTX module with 128 MiB of static data (fits), looks up a kernel whose local memory for every resident thread needs 64 MiB more than is left (refused with CUDA_ERROR_OUT_OF_MEMORY, the handle taken back, the driver's figure unchanged), then looks up and launches one whose local memory fits (charged before the driver places it: the slice covers the driver's per-process figure, nvidia-smi outside the shim, within the 64 MiB bound from the first sample); the card never shows the process past the cap"
     [12]="oversubscribe.py (PyTorch) under memory ${CAP_MIB} MiB, virtual ${CAP_MIB} MiB + 4 GiB: mem_get_info total = the virtual size; 256 MiB tensors fill past the cap; nvidia-smi (no shim) samples the process's memory while held: <= the cap; a read of host-placed memory is slower than one on the card"
     [8]="driver_facts.py without the shim (ctypes on libcuda.so.1, libnvidia-ml.so.1): cuGetProcAddress_v2 at 12080 and the driver's version, default and per-thread stream, returns dlsym of every export the shim hooks; primary context active 0/1/0/1/1/0 over retain, reset, retain, release, release; reports the context's NVML cost, the VMM granularity and a 1-byte cuMemAlloc's cost"
 )
@@ -572,7 +572,7 @@ check_11() {
     budget_ok 30 || { record "$id" "$name" SKIP '{}' "time budget (${BUDGET_S}s) spent"; return; }
     cfg=$(write_config growth "${CAP_MIB}MiB" "")
     step growth 60 "$IN_SLICE" "$cfg" "$PY" "$HERE/driver_growth.py"
-    "$PY" "$HERE/evaluate.py" growth "$WORK/growth.out" --bound-s 1.5 | record_eval "$id" "$name"
+    "$PY" "$HERE/evaluate.py" growth "$WORK/growth.out" --bound-mib 64 | record_eval "$id" "$name"
 }
 
 check_12() {

@@ -1,12 +1,12 @@
-//! Our own `_dl_find_object` for the statically linked unwinder, so that `libgcc_s.so.1` is not
-//! loaded into every process of a container and the glibc floor stays 2.34.
+//! Our own `_dl_find_object` for the statically linked unwinder, so that the core names no
+//! `libgcc_s.so.1` and its glibc floor stays 2.34.
 //!
-//! Why: std needs an unwinder (panics are caught at the FFI boundary). `libgcc_s.so.1` costs
-//! every exec ~100 us (open, map, relocate, protect: `docs/performance.md`, "Preload cost"),
-//! so `shim/build.rs` links GCC's static `libgcc_eh.a` instead. GCC 12+ builds that unwinder
-//! against glibc >= 2.35 to find an address's unwind tables with `_dl_find_object`
-//! (`GLIBC_2.35`); importing it would make the loader refuse the shim on glibc 2.34 (RHEL 9 /
-//! UBI 9 CUDA images), i.e. those containers would run without the slice, unlimited.
+//! Why: std needs an unwinder (panics are caught at the FFI boundary). `shim/build.rs` links
+//! GCC's static `libgcc_eh.a` instead of `libgcc_s.so.1` (why, and what that saves now that only
+//! the front is preloaded: its module doc). GCC 12+ builds that unwinder against glibc >= 2.35
+//! to find an address's unwind tables with `_dl_find_object` (`GLIBC_2.35`); importing it would
+//! make the loader refuse the core on glibc 2.34 (RHEL 9 / UBI 9 CUDA images), and every
+//! CUDA/NVML call in those containers would fail.
 //!
 //! So this module DEFINES `_dl_find_object`, hidden: the static unwinder's reference binds to
 //! it at link time, nothing is imported, and nothing is exported (another object's unwinder,

@@ -1,10 +1,15 @@
 //! The one libm function the shim calls (`exp`, from `f64::exp` in the compute-share
-//! controller), built in, so that `libm.so.6` is not a dependency of `libgpuslice.so`.
+//! controller), built in, so that `libm.so.6` is not a dependency of `libgpuslice_core.so`.
 //!
-//! Why: with `/etc/ld.so.preload` the shim is loaded into every process of a container, and
-//! every dependency it names is opened, mapped, relocated and protected at every exec even by
-//! programs that never touch a GPU (`/bin/true` does not load libm). Loading libm cost about
-//! +100 us per exec on the development VM (see `docs/performance.md`, "Preload cost").
+//! Why: each dependency of a library `/etc/ld.so.preload` maps is opened, mapped, relocated and
+//! protected at every exec, even by programs that never touch a GPU (`/bin/true` does not load
+//! libm): about +100 us per exec for libm on the development VM (`docs/performance.md`,
+//! "Preload cost"). That is the front's concern (`shim/front/`, which names libc only); the
+//! core is loaded at a process's first CUDA/NVML call, usually into a process that has libm
+//! already (Python and the C++ runtime use it). So this saves little: one library at the
+//! core's load where the process lacks it. It stays because it is exact (tested against libm
+//! below) and costs nothing at run time; importing libm's `exp` would be a simplification, not
+//! a loss (`shim/build.rs` says the same of the static unwinder).
 //!
 //! How: a HIDDEN `exp` symbol defined in assembly that jumps to [`exp`] below. The linker binds
 //! the controller's call to it inside the library, so `exp` is neither imported (the linker's

@@ -7,9 +7,9 @@
 //! * [`devices`]: which limit applies to which device (UUID, then index), and the driver
 //!   queries that tell.
 //! * [`ffi_boundary`], [`log`]: panic containment and `[gpuslice]` logging.
-//! * [`math`]: the built-in `exp`, so libm is not loaded into every process.
-//! * [`find_object`]: a hidden `_dl_find_object` for the static unwinder, so libgcc_s is not
-//!   loaded into every process and the glibc floor stays 2.34.
+//! * [`math`]: the built-in `exp`, so the core does not name libm.
+//! * [`find_object`]: a hidden `_dl_find_object` for the static unwinder, so the core does not
+//!   name libgcc_s and its glibc floor stays 2.34.
 
 #[macro_use]
 pub mod ffi_boundary;

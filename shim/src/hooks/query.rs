@@ -10,6 +10,7 @@ use gpuslice_abi::cuda::*;
 
 use crate::ground::devices;
 use crate::hooks::lifecycle;
+use crate::hooks::out::Out;
 use crate::hooks::registry::{real, signature as sig};
 use crate::memory;
 use crate::memory::oversubscribe;
@@ -50,23 +51,21 @@ pub unsafe fn mem_get_info(
 ) -> CUresult {
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(free, total) };
-    if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
+    if result != CUDA_SUCCESS {
         return result;
     }
-    // SAFETY: both non-null, the caller's out-parameters (the handler contract), just
-    // written by the driver.
-    let physical = || unsafe {
-        MemoryView {
-            total: *total as u64,
-            free: *free as u64,
-        }
+    // SAFETY: the caller's out-parameters (the handler contract), written by the driver.
+    let (free, total) = unsafe { (Out::new(free), Out::new(total)) };
+    let (Some(card_free), Some(card_total)) = (free.read(), total.read()) else {
+        return result;
+    };
+    let physical = || MemoryView {
+        total: card_total as u64,
+        free: card_free as u64,
     };
     if let Some(view) = current_slice_view(physical) {
-        // SAFETY: as above.
-        unsafe {
-            *total = view.total as usize;
-            *free = view.free as usize;
-        }
+        total.write(view.total as usize);
+        free.write(view.free as usize);
     }
     result
 }
@@ -95,25 +94,23 @@ pub unsafe fn mem_get_info_v1(
 ) -> CUresult {
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(free, total) };
-    if result != CUDA_SUCCESS || free.is_null() || total.is_null() {
+    if result != CUDA_SUCCESS {
         return result;
     }
+    // SAFETY: the caller's out-parameters (the handler contract), written by the driver.
+    let (free, total) = unsafe { (Out::new(free), Out::new(total)) };
+    let (Some(card_free), Some(card_total)) = (free.read(), total.read()) else {
+        return result;
+    };
     let physical = || {
-        // SAFETY: both non-null, the caller's out-parameters (the handler contract), just
-        // written by the driver.
-        physical_mem_info().unwrap_or_else(|| unsafe {
-            MemoryView {
-                total: u64::from(*total),
-                free: u64::from(*free),
-            }
+        physical_mem_info().unwrap_or(MemoryView {
+            total: u64::from(card_total),
+            free: u64::from(card_free),
         })
     };
     if let Some(view) = current_slice_view(physical) {
-        // SAFETY: as above.
-        unsafe {
-            *total = clamp_u32(view.total);
-            *free = clamp_u32(view.free);
-        }
+        total.write(clamp_u32(view.total));
+        free.write(clamp_u32(view.free));
     }
     result
 }
@@ -127,13 +124,17 @@ pub unsafe fn device_total_mem(
 ) -> CUresult {
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(bytes, device) };
-    if result != CUDA_SUCCESS || bytes.is_null() {
+    if result != CUDA_SUCCESS {
         return result;
     }
+    // SAFETY: the caller's out-parameter (the handler contract), written by the driver.
+    let bytes = unsafe { Out::new(bytes) };
+    let Some(card) = bytes.read() else {
+        return result;
+    };
     if let Some(limit) = device_limit(device) {
         let excess = oversubscribe::configured_excess(device).unwrap_or(0);
-        // SAFETY: non-null, the caller's out-parameter (the handler contract).
-        unsafe { *bytes = ((limit as usize).min(*bytes)).saturating_add(excess as usize) };
+        bytes.write((limit as usize).min(card).saturating_add(excess as usize));
     }
     result
 }
@@ -150,19 +151,22 @@ pub unsafe fn device_total_mem_v1(
 ) -> CUresult {
     // SAFETY: the caller's arguments, unchanged (the handler contract).
     let result = unsafe { real(bytes, device) };
-    if result != CUDA_SUCCESS || bytes.is_null() {
+    if result != CUDA_SUCCESS {
         return result;
     }
+    // SAFETY: the caller's out-parameter (the handler contract), written by the driver.
+    let bytes = unsafe { Out::new(bytes) };
+    let Some(card32) = bytes.read() else {
+        return result;
+    };
     if let Some(limit) = device_limit(device) {
         let mut full = 0usize;
         let card = real::cuDeviceTotalMem_v2()
             // SAFETY: valid out-pointer for the call.
             .filter(|total| unsafe { total(&mut full, device) } == CUDA_SUCCESS)
-            // SAFETY: non-null, the caller's out-parameter (the handler contract).
-            .map_or_else(|| u64::from(unsafe { *bytes }), |_| full as u64);
+            .map_or(u64::from(card32), |_| full as u64);
         let excess = oversubscribe::configured_excess(device).unwrap_or(0);
-        // SAFETY: as above.
-        unsafe { *bytes = clamp_u32(limit.min(card).saturating_add(excess)) };
+        bytes.write(clamp_u32(limit.min(card).saturating_add(excess)));
     }
     result
 }
