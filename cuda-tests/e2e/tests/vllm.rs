@@ -26,6 +26,7 @@
 use cuda_e2e::{command, wait_until, Env, FakeGpu, Slice, DEFAULT_TIMEOUT, GIB, MIB};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
@@ -133,7 +134,10 @@ impl Vllm {
             cuda_e2e::gpuslice_binary()
         };
         let mut cmd = command(&program, &args, &env);
-        cmd.stdin(Stdio::piped())
+        // A process group of its own, so that ending the probe ends vLLM's engine process
+        // with it (a test that fails must not leave an engine holding the card's memory).
+        cmd.process_group(0)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd
@@ -266,10 +270,13 @@ impl Vllm {
 
 impl Drop for Vllm {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        // The whole group: the engine process vLLM starts outlives a killed probe.
+        if let Ok(group) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) with a negative pid signals the process group the probe leads
+            // (made by `process_group(0)` at spawn); no memory is involved.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
         }
+        let _ = self.child.wait();
     }
 }
 
