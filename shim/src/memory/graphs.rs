@@ -30,7 +30,7 @@ use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
 
 use super::ledger::lock;
-use super::pools::Settle;
+use super::pool_book::Settle;
 use super::{cuda_binding, process, shared, Binding, Process};
 use crate::ground::driver::real;
 

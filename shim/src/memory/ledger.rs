@@ -23,8 +23,8 @@ use std::sync::Mutex;
 use super::driver_sized::placed::PlacedBook;
 use super::graphs::GraphBook;
 use super::objects::{Charged, ObjectKind, ObjectTable};
-use super::pools::{Freed, PoolBook, PoolHomes, Settle};
-use super::vmm::VmmBook;
+use super::pool_book::{Freed, PoolBook, PoolHomes, Settle};
+use super::vmm_book::VmmBook;
 
 /// The device's allocation granularity: every charge is a multiple of it.
 pub const GRANULARITY: u64 = 2 << 20;
@@ -199,9 +199,9 @@ pub struct Ledger<B> {
     /// The device of each recent context (see [`ContextDevices`]).
     pub contexts: ContextDevices,
     pub vmm: Mutex<VmmBook>,
-    /// Also serialises pool allocations with their reading (see `pools`).
+    /// Also serialises pool allocations with their reading (see `pool_book`).
     pub pools: Mutex<PoolBook>,
-    /// Which device each pool this process learned of lives on (see `pools::PoolHomes`).
+    /// Which device each pool this process learned of lives on (see `pool_book::PoolHomes`).
     pub pool_homes: Mutex<PoolHomes>,
     /// Primary contexts by device ordinal; also serialises context creation.
     pub primaries: Mutex<Vec<PrimaryContext>>,
@@ -325,7 +325,7 @@ impl<B: Budget> Ledger<B> {
     }
 
     /// A context was destroyed: the driver freed every object it owned. A pool destroyed
-    /// with allocations outstanding is released with the last of them (see `pools`); live
+    /// with allocations outstanding is released with the last of them (see `pool_book`); live
     /// pools are re-read by the caller.
     pub fn context_destroyed(&self, context: u64) {
         if context == 0 {

@@ -20,7 +20,9 @@
 //!   (pure, unit-tested with a counter budget);
 //! * [`region_budget`]: the ledger's budget in production, this process's slot of the region;
 //! * [`objects`]: the sharded per-process table object -> (device, bytes, owning context);
-//! * [`pools`], [`vmm`]: when pool and VMM memory really returns to the card;
+//! * [`pool_book`], [`vmm_book`]: the pure models of when the application's pool and VMM
+//!   memory really returns to the card (their driver calls are `driver_sized`'s
+//!   `pool_reservations` and `vmm_calls`);
 //! * [`graphs`]: CUDA graph memory, charged as the device's graph pool really holds it;
 //! * [`released`]: when a dead process's memory has really gone back to the card;
 //! * [`context_start`]: what a new context reserves, the slice's measuring lock, and the
@@ -50,13 +52,13 @@ pub mod graphs;
 pub mod ledger;
 pub mod objects;
 pub mod oversubscribe;
-pub mod pools;
+pub mod pool_book;
 mod region_budget;
 mod released;
 pub mod report;
 pub mod sweep;
 mod views;
-mod vmm;
+mod vmm_book;
 
 pub use allocation::{
     after_alloc, allocate, before_alloc, charge_or_refuse, current_context, current_device,
@@ -101,11 +103,11 @@ impl Process {
     /// driver holds it already and a later shrink must never refund bytes that were not
     /// charged (the slice then refuses allocations until it shrinks). `past_cap` writes the
     /// one line saying what grew by how many bytes.
-    pub fn settle(&self, settle: pools::Settle, past_cap: impl FnOnce(u64)) {
+    pub fn settle(&self, settle: pool_book::Settle, past_cap: impl FnOnce(u64)) {
         match settle {
-            pools::Settle::Unchanged => {}
-            pools::Settle::Shrink { device, bytes } => self.ledger.refund(device, bytes),
-            pools::Settle::Grow { device, bytes } => {
+            pool_book::Settle::Unchanged => {}
+            pool_book::Settle::Shrink { device, bytes } => self.ledger.refund(device, bytes),
+            pool_book::Settle::Grow { device, bytes } => {
                 if !self.ledger.charge_held(device, bytes) {
                     past_cap(bytes);
                 }

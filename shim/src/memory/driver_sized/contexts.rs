@@ -7,7 +7,7 @@ use gpuslice_abi::cuda::result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use gpuslice_abi::cuda::*;
 
 use super::nvml::{nvml_for_cuda, nvml_processes};
-use super::pools::reread_pools;
+use super::pool_reservations::reread_pools;
 use crate::ground::driver::real;
 use crate::memory::context_start::{self, Expected, Refused};
 use crate::memory::ledger::{lock, PrimaryContext, Settled};

@@ -13,13 +13,15 @@ pub(crate) mod image;
 mod nvml;
 pub(crate) mod pitch;
 pub(crate) mod placed;
-pub(crate) mod pools;
-pub(crate) mod vmm;
+pub(crate) mod pool_reservations;
+pub(crate) mod vmm_calls;
 
 pub(in crate::memory) use contexts::context_gone;
 pub(crate) use contexts::{ctx_create_with, ctx_destroyed, end_primary, retain_primary};
 pub(crate) use nvml::*;
-pub(in crate::memory) use pools::{pool_pointer_freed, reread_pools, reread_pools_if_any};
+pub(in crate::memory) use pool_reservations::{
+    pool_pointer_freed, reread_pools, reread_pools_if_any,
+};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
