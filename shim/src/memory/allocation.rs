@@ -12,10 +12,11 @@ use gpuslice_abi::cuda::{
 };
 
 use super::bindings::{cuda_binding, Binding};
+use super::driver_sized::graph_reservations;
 use super::ledger::{self, charge_size};
 use super::objects::{Charged, ObjectKind};
 use super::region_budget::device_id;
-use super::{driver_sized, graphs, process, shared, Process};
+use super::{driver_sized, process, shared, Process};
 
 /// Where an allocation lands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,7 +165,7 @@ pub fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(),
 #[inline(never)]
 fn retry_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
     // Both re-read (no short circuit): either may have shrunk.
-    let shrank = driver_sized::reread_pools(process) | graphs::reread_if_any(process);
+    let shrank = driver_sized::reread_pools(process) | graph_reservations::reread_if_any(process);
     if shrank && process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
     }

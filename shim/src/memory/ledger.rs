@@ -21,7 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::driver_sized::placed::PlacedBook;
-use super::graphs::GraphBook;
+// The graph, pool and VMM books and the object table below are pure and import nothing of the
+// ledger (graph memory's driver calls, which need the ledger, live above it in
+// `driver_sized::graph_reservations`): the dependency runs one way, ledger -> book, so each book
+// is read and tested alone.
+use super::graph_book::GraphBook;
 use super::objects::{Charged, ObjectKind, ObjectTable};
 use super::pool_book::{Freed, PoolBook, PoolHomes, Settle};
 use super::vmm_book::VmmBook;
@@ -205,7 +209,7 @@ pub struct Ledger<B> {
     pub pool_homes: Mutex<PoolHomes>,
     /// Primary contexts by device ordinal; also serialises context creation.
     pub primaries: Mutex<Vec<PrimaryContext>>,
-    /// The devices' CUDA graph memory pools (see `graphs`).
+    /// The devices' CUDA graph memory pools (see `graph_book`).
     pub graphs: Mutex<GraphBook>,
     /// Set once this process allocated from a pool (reporting then re-reads pools).
     pub objects_have_pools: AtomicBool,

@@ -23,11 +23,13 @@
 //! * [`pool_book`], [`vmm_book`]: the pure models of when the application's pool and VMM
 //!   memory really returns to the card (their driver calls are `driver_sized`'s
 //!   `pool_reservations` and `vmm_calls`);
-//! * [`graphs`]: CUDA graph memory, charged as the device's graph pool really holds it;
+//! * [`graph_book`]: CUDA graph memory as the ledger books it, per device's graph pool (its
+//!   driver calls are `driver_sized`'s `graph_reservations`);
 //! * [`released`]: when a dead process's memory has really gone back to the card;
 //! * [`context_start`]: what a new context reserves, the slice's measuring lock, and the
 //!   line that says why a context was refused;
-//! * [`driver_sized`]: what the paths whose size the driver decides (pools, VMM, contexts)
+//! * [`driver_sized`]: what the paths whose size the driver decides (pools, VMM, graph memory,
+//!   contexts)
 //!   charge; what the driver places by itself (the stack, printf FIFO and heap limits, module
 //!   data, local memory), priced before the call that places it; and which NVML process
 //!   entries are the slice's;
@@ -48,7 +50,7 @@ mod attach;
 mod bindings;
 mod context_start;
 pub mod driver_sized;
-pub mod graphs;
+mod graph_book;
 pub mod ledger;
 pub mod objects;
 pub mod oversubscribe;

@@ -6,8 +6,9 @@ use gpuslice_abi::cuda::CUdevice;
 use gpuslice_abi::nvml::nvmlDevice_t;
 
 use super::bindings::{cuda_binding, nvml_binding, Binding};
+use super::driver_sized::graph_reservations;
 use super::region_budget::device_id;
-use super::{driver_sized, graphs, process, shared, sweep, Shared};
+use super::{driver_sized, process, shared, sweep, Shared};
 
 /// (limit, container-wide use) of a CUDA device in the slice; `None` = not limited.
 /// `card_free` reads the card's free bytes (called only for a limited device).
@@ -61,7 +62,7 @@ fn usage_of(
 ) -> Option<(u64, u64)> {
     if let Some(process) = process() {
         driver_sized::reread_pools_if_any(process);
-        graphs::reread_if_any(process);
+        graph_reservations::reread_if_any(process);
     }
     match card_seen {
         Some((source, card_free)) => sweep::card_seen(shared, source, device, card_free),

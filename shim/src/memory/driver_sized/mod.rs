@@ -1,5 +1,5 @@
 //! What the paths whose real size only the driver knows charge (pitched allocations, pools,
-//! VMM, contexts), what the driver places by itself (`placed`: limits, modules, local memory,
+//! VMM, CUDA graph memory, contexts), what the driver places by itself (`placed`: limits, modules, local memory,
 //! priced from `image` and the device's facts), and which NVML process entries belong to the
 //! slice.
 //! Their handlers (`hooks::memory`, `hooks::context`, `hooks::nvml`) decode the caller's
@@ -9,6 +9,7 @@
 //! a caller's pointer.
 
 mod contexts;
+pub(crate) mod graph_reservations;
 pub(crate) mod image;
 mod nvml;
 pub(crate) mod pitch;
