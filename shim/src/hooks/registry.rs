@@ -237,7 +237,8 @@ macro_rules! hook_table {
                 -> CUresult => launch::launch_cooperative_kernel_multi_device;
             Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch [hot];
             Cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch [hot];
-            // CUDA graph memory (see memory::driver_sized::graph_reservations): settled after each call that can change it.
+            // CUDA graph memory (see memory::driver_sized::graph_reservations): settled after each
+            // call that can change it.
             Cuda fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode,
                 log: *mut c_char, log_size: usize) -> CUresult => memory::instantiate;
             Cuda fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode,

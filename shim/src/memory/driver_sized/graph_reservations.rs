@@ -30,11 +30,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
 
+use super::limited_device;
 use crate::ground::driver::real;
 use crate::memory::graph_book::GraphBook;
 use crate::memory::ledger::lock;
 use crate::memory::pool_book::Settle;
-use crate::memory::{cuda_binding, process, shared, Binding, Process};
+use crate::memory::{process, Process};
 
 /// `CUgraphMem_attribute`: `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
 pub(crate) const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
@@ -76,14 +77,6 @@ fn apply(process: &Process, settle: Settle) {
     });
 }
 
-/// The limited device entry of CUDA device `ordinal`, `None` = not limited.
-fn limited(ordinal: CUdevice) -> Option<u8> {
-    match cuda_binding(shared()?, ordinal) {
-        Ok(Binding::Limited(device)) => Some(device),
-        _ => None,
-    }
-}
-
 /// Re-reads the graph pool of the current context's device, of `also`, and of every device
 /// read before (the book locked by the caller); true if any charge went down.
 fn reread_locked(process: &Process, book: &mut GraphBook, also: Option<CUdevice>) -> bool {
@@ -98,7 +91,7 @@ fn reread_locked(process: &Process, book: &mut GraphBook, also: Option<CUdevice>
     }
     let mut shrank = false;
     for ordinal in ordinals {
-        let Some(device) = limited(ordinal) else {
+        let Some(device) = limited_device(ordinal) else {
             continue;
         };
         if let Some(reserved) = graph_reserved(ordinal) {
