@@ -3,7 +3,7 @@
 //!
 //! The FRONT (`front/lib.rs`) is what `/etc/ld.so.preload` maps into every process of a sliced
 //! container (shells, compilers, Python workers that never touch a GPU), so its link settings
-//! are chosen for what every exec pays (`build_front`, below; `docs/performance.md`, "Preload
+//! are chosen for what every exec pays (`build_front`, below; `docs/performance-history.md`, "Preload
 //! cost"). It is a `no_std` library that must be `panic = "abort"`, which no profile of this
 //! workspace can give one crate, so it is compiled here with `rustc` directly and copied beside
 //! the core in the profile directory (`target/<profile>/`). Its exports are generated from the
@@ -28,7 +28,7 @@
 //!   RHEL 9 / UBI 9 (glibc 2.34; a core the front cannot load makes every CUDA/NVML call fail).
 //!   Skipped, with a warning, where the C compiler has no `libgcc_eh.a` (the build then keeps
 //!   libgcc_s). What a dependency of a preloaded library costs every exec (~100 us each for
-//!   libgcc_s and libm: `docs/performance.md`, "Preload cost") is the front's concern; the core
+//!   libgcc_s and libm: `docs/performance-history.md`, "Preload cost") is the front's concern; the core
 //!   pays such a load once per GPU process, whose C++ runtime usually has `libgcc_s.so.1` and
 //!   `libm.so.6` loaded already. So what this and `ground/math.rs`'s built-in `exp` save is
 //!   small; they stay because they are tested and cost nothing at run time, and linking

@@ -1,7 +1,7 @@
 //! libgpuslice.so, the FRONT: the only part of gpuslice that every process of a sliced
 //! container maps (`/etc/ld.so.preload`). It is `no_std`, `panic = "abort"`, imports four libc
 //! functions and runs nothing at load time, so a shell, `ls` or a compiler pays little more
-//! than for an empty preload library (docs/performance.md, "Preload cost").
+//! than for an empty preload library (docs/performance-history.md, "Preload cost").
 //!
 //! What it exports: every hooked CUDA/NVML name of the registry (`shim/src/hooks/registry.rs`,
 //! read by `shim/build.rs`, which generates `exports.rs`) plus `dlsym`. Each hooked export is

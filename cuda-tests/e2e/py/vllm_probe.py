@@ -8,9 +8,11 @@
 #
 # "@@ {"ready": ...}" once the engine is up (or "@@ {"error": ..., "msg": ...}" and exit 3
 # when vLLM refuses to start), "@@ {"tokens": [...]}" after generate(). With --sleep-mode the
-# engine allocates through vLLM's CuMemAllocator (cuMemCreate/cuMemMap), then sleeps
-# (level 1: weights to the host, the KV cache discarded), says "@@ {"asleep": true}", waits
-# for a line on stdin, wakes up and says "@@ {"awake": true}". "@@ {"holding": true}" while it
+# engine allocates through vLLM's CuMemAllocator (cuMemCreate/cuMemMap), says
+# "@@ {"sleepy": true}" and waits for a line on stdin (so the card can be read after
+# generate() and before the sleep), then sleeps (level 1: weights to the host, the KV cache
+# discarded), says "@@ {"asleep": true}", waits for a line on stdin, wakes up and says
+# "@@ {"awake": true}". "@@ {"holding": true}" while it
 # waits for stdin to close.
 import argparse
 import json
@@ -82,6 +84,8 @@ def main():
         say({"tokens": list(out[0].outputs[0].token_ids)})
 
     if a.sleep_mode:
+        say({"sleepy": True})
+        sys.stdin.readline()
         llm.sleep(level=1)
         say({"asleep": True})
         sys.stdin.readline()

@@ -733,7 +733,7 @@ const GIVE_BACK_NS: u64 = 300_000_000;
 /// time in proportion to their shares, not all-or-nothing: each used to take all of it while
 /// the other looked idle and drop to its share when not), and a capped neighbour at 40 % that
 /// becomes busy runs at its share within `GIVE_BACK_NS`, with neither bursting slice below
-/// its own share. Measured on the device's timeline (docs/performance.md, "Idle time").
+/// its own share. Measured on the device's timeline (docs/performance-history.md, "Idle time").
 #[test]
 fn bursting_slices_split_idle_time_by_share_and_give_it_back_to_a_capped_neighbour() {
     let gpu = FakeGpu::start("v100");
@@ -1222,7 +1222,7 @@ fn start_up_run(share: u32, ns: u64, run_s: f64) -> (FakeGpu, u32, u64, u64) {
 /// start-up probe bounds the cost from the process's own launches within a millisecond (on
 /// the fake, to the launch interval, ~20 us: NVML's first measurement does the rest). It
 /// must not loosen the cap either: no more than 1.5x the share over the first 100 ms or
-/// 250 ms. Margins measured on the 2-core machine: `docs/performance.md`, "Start-up".
+/// 250 ms. Margins measured on the 2-core machine: `docs/performance-history.md`, "Start-up".
 #[test]
 fn short_kernels_get_their_share_from_their_first_250_ms_without_overshooting() {
     for share in [10u32, 50] {

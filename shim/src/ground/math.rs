@@ -3,7 +3,7 @@
 //!
 //! Why: each dependency of a library `/etc/ld.so.preload` maps is opened, mapped, relocated and
 //! protected at every exec, even by programs that never touch a GPU (`/bin/true` does not load
-//! libm): about +100 us per exec for libm on the development VM (`docs/performance.md`,
+//! libm): about +100 us per exec for libm on the development VM (`docs/performance-history.md`,
 //! "Preload cost"). That is the front's concern (`shim/front/`, which names libc only); the
 //! core is loaded at a process's first CUDA/NVML call, usually into a process that has libm
 //! already (Python and the C++ runtime use it). So this saves little: one library at the
