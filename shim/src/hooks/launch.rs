@@ -181,14 +181,14 @@ pub unsafe fn graph_launch(
     Ok(result)
 }
 
-/// The first launch of an exec reserves its graph memory ([`memory::graphs::launched`]; one
-/// relaxed load otherwise). The reservation can panic: under its own boundary
-/// (`CUDA_ERROR_UNKNOWN` after a panic, as the shell's boundary would answer), since the hot
-/// export has none.
+/// The first launch of an exec reserves its graph memory
+/// ([`memory::driver_sized::graph_reservations::launched`]; one relaxed load otherwise). The
+/// reservation can panic: under its own boundary (`CUDA_ERROR_UNKNOWN` after a panic, as the
+/// shell's boundary would answer), since the hot export has none.
 #[inline(always)]
 fn graph_settled(exec: CUgraphExec, result: CUresult) -> CUresult {
     crate::ffi_panic_boundary!(CUDA_ERROR_UNKNOWN, {
-        memory::graphs::launched(exec);
+        memory::driver_sized::graph_reservations::launched(exec);
         result
     })
 }

@@ -15,10 +15,10 @@ use gpuslice_abi::cuda::*;
 use crate::hooks::out::Out;
 use crate::hooks::registry::{real, signature as sig};
 use crate::memory::arrays::{mipmapped_bytes, owned_array_bytes, ARRAY3D_WITHOUT_MEMORY};
-use crate::memory::driver_sized::{pitch, pools, vmm};
-use crate::memory::graphs::{after, instantiated};
+use crate::memory::driver_sized::graph_reservations::{after, instantiated};
+use crate::memory::driver_sized::{pitch, pool_reservations, vmm_calls};
 use crate::memory::oversubscribe::{self, REFUSED_RANGE};
-use crate::memory::pools::{home_of, PoolHome};
+use crate::memory::pool_book::{home_of, PoolHome};
 use crate::memory::{self, AllocTarget, DeviceObject};
 
 // ---------------------------------------------------------------- plain allocations
@@ -539,7 +539,7 @@ pub(crate) unsafe fn mem_alloc_async(
     let per_thread = real::cuMemAllocAsync_ptsz().is_some_and(|p| p as usize == real as usize);
     // SAFETY: the caller's arguments, unchanged.
     let call = || (unsafe { real(dptr, bytes, stream) }, out.read());
-    pools::alloc_async(bytes, stream, per_thread, call, || {
+    pool_reservations::alloc_async(bytes, stream, per_thread, call, || {
         out.write(0);
     })
 }
@@ -559,7 +559,7 @@ pub(crate) unsafe fn mem_alloc_from_pool_async(
         real::cuMemAllocFromPoolAsync_ptsz().is_some_and(|p| p as usize == real as usize);
     // SAFETY: the caller's arguments, unchanged.
     let call = || (unsafe { real(dptr, bytes, pool, stream) }, out.read());
-    pools::alloc_from_pool_async(pool as u64, bytes, stream, per_thread, call, || {
+    pool_reservations::alloc_from_pool_async(pool as u64, bytes, stream, per_thread, call, || {
         out.write(0);
     })
 }
@@ -579,7 +579,7 @@ pub(crate) unsafe fn mem_pool_create(
     let (created, props) = unsafe { (Out::new(pool).read(), props.as_ref()) };
     if let (CUDA_SUCCESS, Some(created), Some(props)) = (result, created, props) {
         let location = props.location;
-        pools::learn_pool_home(created as u64, home_of(location.type_, location.id));
+        pool_reservations::learn_pool_home(created as u64, home_of(location.type_, location.id));
     }
     result
 }
@@ -598,7 +598,7 @@ pub(crate) unsafe fn device_get_mem_pool(
     // SAFETY: the caller's out-parameter (the handler contract).
     let found = unsafe { Out::new(pool).read() };
     if let (CUDA_SUCCESS, Some(found)) = (result, found) {
-        pools::learn_pool_home(found as u64, Some(PoolHome::Device(dev)));
+        pool_reservations::learn_pool_home(found as u64, Some(PoolHome::Device(dev)));
     }
     result
 }
@@ -615,19 +615,19 @@ pub(crate) unsafe fn device_set_mem_pool(
     // SAFETY: by-value arguments, unchanged.
     let result = unsafe { real(dev, pool) };
     if result == CUDA_SUCCESS {
-        pools::learn_pool_home(pool as u64, Some(PoolHome::Device(dev)));
+        pool_reservations::learn_pool_home(pool as u64, Some(PoolHome::Device(dev)));
     }
     result
 }
 
 /// cuMemPoolDestroy: refunded at once if nothing is allocated from the pool, else when the
-/// last of its allocations is freed (see [`pools::destroy`]).
+/// last of its allocations is freed (see [`pool_reservations::destroy`]).
 ///
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 pub(crate) unsafe fn mem_pool_destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
     // SAFETY: by-value argument, unchanged.
-    pools::destroy(pool as u64, || unsafe { real(pool) })
+    pool_reservations::destroy(pool as u64, || unsafe { real(pool) })
 }
 
 /// # Safety
@@ -640,7 +640,7 @@ pub(crate) unsafe fn mem_pool_trim_to(
     // SAFETY: by-value arguments, unchanged.
     let result = unsafe { real(pool, keep) };
     if result == CUDA_SUCCESS {
-        pools::trimmed(pool as u64);
+        pool_reservations::trimmed(pool as u64);
     }
     result
 }
@@ -658,7 +658,7 @@ pub(crate) unsafe fn mem_map(
     // SAFETY: by-value arguments, unchanged.
     let result = unsafe { real(ptr, size, offset, handle, flags) };
     if result == CUDA_SUCCESS {
-        vmm::mapped(ptr, size as u64, handle);
+        vmm_calls::mapped(ptr, size as u64, handle);
     }
     result
 }
@@ -667,7 +667,7 @@ pub(crate) unsafe fn mem_map(
 /// The handler contract (see [`crate::hooks`]).
 pub(crate) unsafe fn mem_unmap(real: sig::cuMemUnmap, ptr: CUdeviceptr, size: usize) -> CUresult {
     // SAFETY: by-value arguments, unchanged.
-    vmm::unmapping(ptr, size, || unsafe { real(ptr, size) })
+    vmm_calls::unmapping(ptr, size, || unsafe { real(ptr, size) })
 }
 
 /// # Safety
@@ -678,7 +678,7 @@ pub(crate) unsafe fn mem_address_free(
     size: usize,
 ) -> CUresult {
     // SAFETY: by-value arguments, unchanged.
-    vmm::unmapping(ptr, size, || unsafe { real(ptr, size) })
+    vmm_calls::unmapping(ptr, size, || unsafe { real(ptr, size) })
 }
 
 /// # Safety
@@ -693,7 +693,7 @@ pub(crate) unsafe fn mem_retain_allocation_handle(
     // SAFETY: the caller's out-parameter (the handler contract).
     let retained = unsafe { Out::new(handle).read() };
     if let (CUDA_SUCCESS, Some(retained)) = (result, retained) {
-        vmm::retained(retained);
+        vmm_calls::retained(retained);
     }
     result
 }

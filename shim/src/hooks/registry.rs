@@ -147,7 +147,7 @@ macro_rules! hook_table {
                 count: usize, locations: *mut CUmemLocation, location_indices: *mut usize, location_count: usize,
                 flags: u64, stream: CUstream) -> CUresult => memory::mem_prefetch_batch;
             Cuda fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => memory::mem_pool_destroy;
-            // Which device a pool lives on (a pool allocation is charged there, see memory::pools).
+            // Which device a pool lives on (a pool allocation is charged there, see memory::pool_book).
             Cuda fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult
                 => memory::mem_pool_create;
             Cuda fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult
@@ -237,7 +237,8 @@ macro_rules! hook_table {
                 -> CUresult => launch::launch_cooperative_kernel_multi_device;
             Cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch [hot];
             Cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch [hot];
-            // CUDA graph memory (see memory::graphs): settled after each call that can change it.
+            // CUDA graph memory (see memory::driver_sized::graph_reservations): settled after each
+            // call that can change it.
             Cuda fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode,
                 log: *mut c_char, log_size: usize) -> CUresult => memory::instantiate;
             Cuda fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode,

@@ -28,7 +28,8 @@ use gpuslice_common::config::{ConfigSource, HAMI_MEMORY_LIMIT_ENV};
 use gpuslice_common::region::{MeasuringTurn, Region, MAX_DEVICES};
 use gpuslice_common::size::format_size_approx;
 
-use super::{charge_or_refuse, device_id, Process, Shared, CONTEXT_BOUND_ENV};
+use super::region_budget::device_id;
+use super::{charge_or_refuse, Process, Shared, CONTEXT_BOUND_ENV};
 
 /// How long a starting process waits for ONE holder's measurement before it goes ahead
 /// unserialised: well above a context creation (tens to hundreds of ms), short enough that a

@@ -21,10 +21,14 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::driver_sized::placed::PlacedBook;
-use super::graphs::GraphBook;
+// The graph, pool and VMM books and the object table below are pure and import nothing of the
+// ledger (graph memory's driver calls, which need the ledger, live above it in
+// `driver_sized::graph_reservations`): the dependency runs one way, ledger -> book, so each book
+// is read and tested alone.
+use super::graph_book::GraphBook;
 use super::objects::{Charged, ObjectKind, ObjectTable};
-use super::pools::{Freed, PoolBook, PoolHomes, Settle};
-use super::vmm::VmmBook;
+use super::pool_book::{Freed, PoolBook, PoolHomes, Settle};
+use super::vmm_book::VmmBook;
 
 /// The device's allocation granularity: every charge is a multiple of it.
 pub const GRANULARITY: u64 = 2 << 20;
@@ -199,13 +203,13 @@ pub struct Ledger<B> {
     /// The device of each recent context (see [`ContextDevices`]).
     pub contexts: ContextDevices,
     pub vmm: Mutex<VmmBook>,
-    /// Also serialises pool allocations with their reading (see `pools`).
+    /// Also serialises pool allocations with their reading (see `pool_book`).
     pub pools: Mutex<PoolBook>,
-    /// Which device each pool this process learned of lives on (see `pools::PoolHomes`).
+    /// Which device each pool this process learned of lives on (see `pool_book::PoolHomes`).
     pub pool_homes: Mutex<PoolHomes>,
     /// Primary contexts by device ordinal; also serialises context creation.
     pub primaries: Mutex<Vec<PrimaryContext>>,
-    /// The devices' CUDA graph memory pools (see `graphs`).
+    /// The devices' CUDA graph memory pools (see `graph_book`).
     pub graphs: Mutex<GraphBook>,
     /// Set once this process allocated from a pool (reporting then re-reads pools).
     pub objects_have_pools: AtomicBool,
@@ -325,7 +329,7 @@ impl<B: Budget> Ledger<B> {
     }
 
     /// A context was destroyed: the driver freed every object it owned. A pool destroyed
-    /// with allocations outstanding is released with the last of them (see `pools`); live
+    /// with allocations outstanding is released with the last of them (see `pool_book`); live
     /// pools are re-read by the caller.
     pub fn context_destroyed(&self, context: u64) {
         if context == 0 {

@@ -60,10 +60,12 @@ use gpuslice_common::region::{DeviceLimits, MAX_DEVICES};
 use gpuslice_common::size::format_size;
 use gpuslice_common::turn::Turn;
 
+use super::bindings::nvml_binding;
 use super::ledger::charge_size;
 use super::objects::{Charged, ObjectKind};
+use super::region_budget::device_id;
 use super::report::{MemoryView, NvmlView};
-use super::{device_id, Binding, DeviceObject, Process, Shared};
+use super::{Binding, DeviceObject, Process, Shared};
 use crate::ground::driver::real;
 use crate::session::fork::per_process;
 
@@ -499,7 +501,7 @@ pub fn nvml_view(device: nvmlDevice_t, view: NvmlView) -> NvmlView {
     if !enabled() {
         return view;
     }
-    let host = super::shared().and_then(|shared| match super::nvml_binding(shared, device) {
+    let host = super::shared().and_then(|shared| match nvml_binding(shared, device) {
         Ok(Binding::Limited(entry)) => host_part(shared, entry),
         _ => None,
     });

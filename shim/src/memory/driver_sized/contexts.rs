@@ -7,12 +7,13 @@ use gpuslice_abi::cuda::result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use gpuslice_abi::cuda::*;
 
 use super::nvml::{nvml_for_cuda, nvml_processes};
-use super::pools::reread_pools;
+use super::pool_reservations::reread_pools;
 use crate::ground::driver::real;
 use crate::memory::context_start::{self, Expected, Refused};
 use crate::memory::ledger::{lock, PrimaryContext, Settled};
 use crate::memory::objects::{Charged, ObjectKind};
-use crate::memory::{cuda_binding, device_id, process, shared, Binding, Process, Shared};
+use crate::memory::region_budget::device_id;
+use crate::memory::{cuda_binding, process, shared, Binding, Process, Shared};
 use crate::session::host_pid;
 
 /// Creates a context on `ordinal` (the caller holds the primaries lock, which serialises

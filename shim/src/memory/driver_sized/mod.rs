@@ -1,5 +1,5 @@
 //! What the paths whose real size only the driver knows charge (pitched allocations, pools,
-//! VMM, contexts), what the driver places by itself (`placed`: limits, modules, local memory,
+//! VMM, CUDA graph memory, contexts), what the driver places by itself (`placed`: limits, modules, local memory,
 //! priced from `image` and the device's facts), and which NVML process entries belong to the
 //! slice.
 //! Their handlers (`hooks::memory`, `hooks::context`, `hooks::nvml`) decode the caller's
@@ -9,17 +9,20 @@
 //! a caller's pointer.
 
 mod contexts;
+pub(crate) mod graph_reservations;
 pub(crate) mod image;
 mod nvml;
 pub(crate) mod pitch;
 pub(crate) mod placed;
-pub(crate) mod pools;
-pub(crate) mod vmm;
+pub(crate) mod pool_reservations;
+pub(crate) mod vmm_calls;
 
 pub(in crate::memory) use contexts::context_gone;
 pub(crate) use contexts::{ctx_create_with, ctx_destroyed, end_primary, retain_primary};
 pub(crate) use nvml::*;
-pub(in crate::memory) use pools::{pool_pointer_freed, reread_pools, reread_pools_if_any};
+pub(in crate::memory) use pool_reservations::{
+    pool_pointer_freed, reread_pools, reread_pools_if_any,
+};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;

@@ -10,9 +10,11 @@ use gpuslice_abi::nvml::*;
 use gpuslice_common::region::{DeadSlot, DeviceId, RELEASE_TIMEOUT};
 
 use crate::ground::driver::real;
+use crate::memory::bindings::nvml_binding;
+use crate::memory::region_budget::device_id;
 use crate::memory::released;
 use crate::memory::report::slice_process_list;
-use crate::memory::{device_id, nvml_binding, process, shared, Binding, Shared};
+use crate::memory::{process, shared, Binding, Shared};
 use crate::session::host_pid::{self, ListedProcess};
 
 /// Whether the driver no longer holds the memory of a dead slot's process, so its budget may

@@ -1,5 +1,6 @@
 //! Pool allocations: charged by the pool's reserved bytes, which only the driver knows, read
-//! after each allocation, free, trim and destroy; where each pool lives.
+//! after each allocation, free, trim and destroy; where each pool lives. The book these readings
+//! settle is `memory::pool_book`.
 
 use std::cell::Cell;
 use std::ffi::c_int;
@@ -14,7 +15,7 @@ use super::{limited_device, stream_device};
 use crate::ground::driver::real;
 use crate::memory::ledger::{charge_size, lock};
 use crate::memory::objects::{Charged, ObjectKind};
-use crate::memory::pools::{cover, Cover, Freed, PoolBook, PoolHome, Settle};
+use crate::memory::pool_book::{cover, Cover, Freed, PoolBook, PoolHome, Settle};
 use crate::memory::{
     charge_or_refuse, current_context, process, AllocTarget, DeviceObject, Process,
 };

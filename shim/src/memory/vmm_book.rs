@@ -1,11 +1,11 @@
-//! The VMM model (`cuMemCreate` & co.) in plain Rust: when does a physical allocation really
-//! go back to the card? A handle's memory is charged at `cuMemCreate` and returned only when
-//! it has neither references (create = 1, each `cuMemRetainAllocationHandle` + 1, each
-//! `cuMemRelease` - 1) nor mappings (`cuMemMap` + 1; `cuMemUnmap` and `cuMemAddressFree` of a
-//! range drop the mappings inside it) — releasing a mapped handle defers the free to the last
-//! unmap, as the driver does. Handles imported from another process
-//! (`cuMemImportFromShareableHandle`) were never created here, so they are never charged
-//! (the exporter is) and mapping them changes nothing.
+//! The VMM model (`cuMemCreate` & co.) in plain Rust (the driver calls that feed it are
+//! `driver_sized::vmm_calls`): when does a physical allocation really go back to the card? A
+//! handle's memory is charged at `cuMemCreate` and returned only when it has neither references
+//! (create = 1, each `cuMemRetainAllocationHandle` + 1, each `cuMemRelease` - 1) nor mappings
+//! (`cuMemMap` + 1; `cuMemUnmap` and `cuMemAddressFree` of a range drop the mappings inside it) —
+//! releasing a mapped handle defers the free to the last unmap, as the driver does. Handles
+//! imported from another process (`cuMemImportFromShareableHandle`) were never created here, so
+//! they are never charged (the exporter is) and mapping them changes nothing.
 //!
 //! **Address reuse between threads.** The book learns of an unmap only AFTER the driver has
 //! done it, and by then the range is free in the driver: another thread may map its own

@@ -1,5 +1,5 @@
 //! The VMM paths: what a handle maps where (a mapping keeps its handle's memory alive), and the
-//! mappings a range held ending with it.
+//! mappings a range held ending with it, in the book `memory::vmm_book`.
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
@@ -10,7 +10,7 @@ use crate::memory::process;
 /// `cuMemUnmap` / `cuMemAddressFree` through `call`: the VMM book's ticket is taken BEFORE
 /// the driver makes the range reusable, so the bookkeeping after it ends exactly the
 /// mappings that existed then, never one another thread made in the freed range meanwhile
-/// (see `vmm`).
+/// (see `vmm_book`).
 pub(crate) fn unmapping(
     ptr: CUdeviceptr,
     size: usize,

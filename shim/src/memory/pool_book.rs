@@ -1,10 +1,11 @@
-//! Memory pools in plain Rust. A pool holds RESERVED physical memory, part of which is handed
-//! out; a free returns bytes to the pool, which may keep them reserved (release threshold) and
-//! gives them back to the card at a synchronisation point or `cuMemPoolTrimTo`, calls the shim
-//! does not all see. So the ledger charges a pool for what it REALLY holds: after every pool
-//! operation the shim reads the driver's `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` and
-//! [`PoolBook::settle`] turns the difference from the last reading into a charge or a refund.
-//! Pointers from pools carry no charge of their own.
+//! The application's memory pools as the ledger books them, in plain Rust (the driver calls that
+//! read and settle them are `driver_sized::pool_reservations`). A pool holds RESERVED physical
+//! memory, part of which is handed out; a free returns bytes to the pool, which may keep them
+//! reserved (release threshold) and gives them back to the card at a synchronisation point or
+//! `cuMemPoolTrimTo`, calls the shim does not all see. So the ledger charges a pool for what it
+//! REALLY holds: after every pool operation the shim reads the driver's
+//! `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` and [`PoolBook::settle`] turns the difference from the
+//! last reading into a charge or a refund. Pointers from pools carry no charge of their own.
 //!
 //! Between a synchronisation that shrank a pool and the next reading the ledger over-counts
 //! (the safe direction); readings are also taken when memory is reported and before an

@@ -21,18 +21,21 @@
 //! book's lock only while it is non-zero. Readings are also taken when memory is reported and
 //! before an allocation is refused, which catches growth on any other path (an exec the shim
 //! did not see instantiated, a driver that grows the pool on a later launch).
+//!
+//! The book these readings settle is `memory::graph_book` (pure, below the ledger).
 
-use std::collections::HashSet;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
 
-use super::ledger::lock;
-use super::pools::Settle;
-use super::{cuda_binding, process, shared, Binding, Process};
+use super::limited_device;
 use crate::ground::driver::real;
+use crate::memory::graph_book::GraphBook;
+use crate::memory::ledger::lock;
+use crate::memory::pool_book::Settle;
+use crate::memory::{process, Process};
 
 /// `CUgraphMem_attribute`: `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
 pub(crate) const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
@@ -45,63 +48,6 @@ crate::session::fork::per_process! {
 crate::session::fork::per_process! {
     /// Set once this process instantiated a graph (reporting then re-reads the graph pools).
     static GRAPHS_SEEN: AtomicBool = AtomicBool::new(false);
-}
-
-/// Per process: what the ledger charged for each device's graph pool, and the execs whose
-/// first upload or launch is still to be settled.
-#[derive(Debug, Default)]
-pub struct GraphBook {
-    /// (CUDA ordinal, device entry, bytes charged: the last reading).
-    devices: Vec<(CUdevice, u8, u64)>,
-    unsettled: HashSet<u64>,
-}
-
-impl GraphBook {
-    /// The driver says `ordinal`'s graph pool now reserves `reserved` bytes.
-    pub(crate) fn settle(&mut self, ordinal: CUdevice, device: u8, reserved: u64) -> Settle {
-        let before = match self.devices.iter_mut().find(|(o, _, _)| *o == ordinal) {
-            Some(entry) => std::mem::replace(&mut entry.2, reserved),
-            None => {
-                self.devices.push((ordinal, device, reserved));
-                0
-            }
-        };
-        match reserved.cmp(&before) {
-            std::cmp::Ordering::Equal => Settle::Unchanged,
-            std::cmp::Ordering::Greater => Settle::Grow {
-                device,
-                bytes: reserved - before,
-            },
-            std::cmp::Ordering::Less => Settle::Shrink {
-                device,
-                bytes: before - reserved,
-            },
-        }
-    }
-
-    /// Devices whose graph pool this book has read.
-    pub(crate) fn known(&self) -> Vec<(CUdevice, u8)> {
-        self.devices.iter().map(|&(o, d, _)| (o, d)).collect()
-    }
-
-    #[cfg(test)]
-    pub(crate) fn charged(&self, ordinal: CUdevice) -> u64 {
-        self.devices
-            .iter()
-            .find(|(o, _, _)| *o == ordinal)
-            .map_or(0, |e| e.2)
-    }
-
-    /// A new exec: its first upload or launch reserves its memory.
-    pub(crate) fn instantiated(&mut self, exec: u64) -> usize {
-        self.unsettled.insert(exec);
-        self.unsettled.len()
-    }
-
-    /// The exec was uploaded, launched or destroyed: true when it was still unsettled.
-    pub(crate) fn settled(&mut self, exec: u64) -> (bool, usize) {
-        (self.unsettled.remove(&exec), self.unsettled.len())
-    }
 }
 
 /// `RESERVED_MEM_CURRENT` of `ordinal`'s graph pool; `None` when the driver cannot say (a
@@ -131,14 +77,6 @@ fn apply(process: &Process, settle: Settle) {
     });
 }
 
-/// The limited device entry of CUDA device `ordinal`, `None` = not limited.
-fn limited(ordinal: CUdevice) -> Option<u8> {
-    match cuda_binding(shared()?, ordinal) {
-        Ok(Binding::Limited(device)) => Some(device),
-        _ => None,
-    }
-}
-
 /// Re-reads the graph pool of the current context's device, of `also`, and of every device
 /// read before (the book locked by the caller); true if any charge went down.
 fn reread_locked(process: &Process, book: &mut GraphBook, also: Option<CUdevice>) -> bool {
@@ -153,7 +91,7 @@ fn reread_locked(process: &Process, book: &mut GraphBook, also: Option<CUdevice>
     }
     let mut shrank = false;
     for ordinal in ordinals {
-        let Some(device) = limited(ordinal) else {
+        let Some(device) = limited_device(ordinal) else {
             continue;
         };
         if let Some(reserved) = graph_reserved(ordinal) {
@@ -167,7 +105,7 @@ fn reread_locked(process: &Process, book: &mut GraphBook, also: Option<CUdevice>
 
 /// Re-reads every graph pool this process may hold memory in; true if any charge went down.
 /// Before a refusal and for reports; nothing to do before the first instantiation.
-pub(super) fn reread_if_any(process: &Process) -> bool {
+pub(in crate::memory) fn reread_if_any(process: &Process) -> bool {
     GRAPHS_SEEN.load(Ordering::Relaxed)
         && reread_locked(process, &mut lock(&process.ledger.graphs), None)
 }
@@ -219,46 +157,5 @@ fn launched_slow(exec: u64) {
     UNSETTLED.store(left, Ordering::Relaxed);
     if was_unsettled {
         reread_locked(process, &mut book, None);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    const MIB: u64 = 1 << 20;
-
-    #[test]
-    fn readings_become_charges_and_refunds_per_device() {
-        let mut book = GraphBook::default();
-        assert_eq!(
-            book.settle(0, 3, 100 * MIB),
-            Settle::Grow {
-                device: 3,
-                bytes: 100 * MIB
-            }
-        );
-        assert_eq!(book.settle(0, 3, 100 * MIB), Settle::Unchanged);
-        assert_eq!(book.settle(1, 4, 0), Settle::Unchanged);
-        assert_eq!(book.known(), vec![(0, 3), (1, 4)]);
-        assert_eq!(
-            book.settle(0, 3, 40 * MIB),
-            Settle::Shrink {
-                device: 3,
-                bytes: 60 * MIB
-            }
-        );
-        assert_eq!(book.charged(0), 40 * MIB);
-        assert_eq!(book.charged(1), 0);
-    }
-
-    #[test]
-    fn an_exec_is_unsettled_from_instantiation_to_its_first_upload_launch_or_destroy() {
-        let mut book = GraphBook::default();
-        assert_eq!(book.instantiated(7), 1);
-        assert_eq!(book.instantiated(8), 2);
-        assert_eq!(book.settled(7), (true, 1));
-        assert_eq!(book.settled(7), (false, 1), "settled once");
-        assert_eq!(book.settled(9), (false, 1), "never seen");
-        assert_eq!(book.settled(8), (true, 0));
     }
 }

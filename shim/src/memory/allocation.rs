@@ -1,0 +1,280 @@
+//! The allocation seam: what the plain allocation handlers (`hooks::memory`,
+//! `hooks::context`) call around the driver. [`allocate`] is the whole shape (reserve, call,
+//! commit or release) over [`before_alloc`] and [`after_alloc`]; [`on_free`] gives a freed
+//! object's charge back. An allocation's bytes go from here to the ledger
+//! ([`super::ledger::Ledger::charge`]), and from the ledger to the region through its budget
+//! ([`super::region_budget`]).
+
+use gpuslice_abi::cuda::result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
+use gpuslice_abi::cuda::{
+    CUarray, CUcontext, CUdevice, CUdeviceptr, CUmemGenericAllocationHandle, CUmipmappedArray,
+    CUresult,
+};
+
+use super::bindings::{cuda_binding, Binding};
+use super::driver_sized::graph_reservations;
+use super::ledger::{self, charge_size};
+use super::objects::{Charged, ObjectKind};
+use super::region_budget::device_id;
+use super::{driver_sized, process, shared, Process};
+
+/// Where an allocation lands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocTarget {
+    /// The device of the calling thread's current context.
+    CurrentContext,
+    /// An explicit device (context creation, `cuMemCreate` location).
+    Device(CUdevice),
+}
+
+/// An object that holds device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceObject {
+    Pointer(CUdeviceptr),
+    Handle(CUmemGenericAllocationHandle),
+    Array(CUarray),
+    MipmappedArray(CUmipmappedArray),
+    Context(CUcontext),
+    /// A primary context, identified by its device (retain/release/reset are by device).
+    PrimaryContext(CUdevice),
+}
+
+/// A reservation taken before the driver allocates; consumed by `after_alloc`.
+#[derive(Debug)]
+#[must_use]
+pub struct Reservation {
+    /// (device entry, bytes) reserved; `None` = nothing to account (pass-through).
+    charge: Option<(u8, u64)>,
+    /// The context that will own the object.
+    context: u64,
+}
+
+impl Reservation {
+    const NONE: Reservation = Reservation {
+        charge: None,
+        context: 0,
+    };
+}
+
+/// The calling thread's current context (0 = none).
+#[inline]
+pub fn current_context() -> u64 {
+    let Some(get_current) = crate::ground::driver::real::cuCtxGetCurrent() else {
+        return 0;
+    };
+    let mut context: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer for the call.
+    if unsafe { get_current(&mut context) } == CUDA_SUCCESS {
+        context as u64
+    } else {
+        0
+    }
+}
+
+/// Reserve, call the driver, commit or release: the shape every allocation path whose size
+/// the caller decides shares. `created` names the object the driver made (read only after
+/// success).
+#[inline]
+pub fn allocate(
+    target: AllocTarget,
+    bytes: u64,
+    call: impl FnOnce() -> CUresult,
+    created: impl FnOnce() -> DeviceObject,
+) -> CUresult {
+    let reservation = match before_alloc(target, bytes) {
+        Ok(reservation) => reservation,
+        Err(code) => return code,
+    };
+    let result = call();
+    let object = if result == CUDA_SUCCESS {
+        created()
+    } else {
+        DeviceObject::Pointer(0)
+    };
+    after_alloc(reservation, result, object);
+    result
+}
+
+/// Reserve `bytes` (as the device spends them) on `target` before the driver allocates.
+/// Past the cap: `Err(CUDA_ERROR_OUT_OF_MEMORY)` with nothing reserved.
+#[inline]
+pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUresult> {
+    let (Some(shared), Some(process)) = (shared(), process()) else {
+        return Ok(Reservation::NONE);
+    };
+    let context = current_context();
+    let ordinal = match target {
+        AllocTarget::Device(d) => d,
+        AllocTarget::CurrentContext => match device_of(process, context) {
+            Some(d) => d,
+            // No current context: the driver will refuse on its own.
+            None => return Ok(Reservation::NONE),
+        },
+    };
+    let device = match cuda_binding(shared, ordinal) {
+        Ok(Binding::Unlimited) => return Ok(Reservation::NONE),
+        Ok(Binding::Limited(device)) => device,
+        Err(code) => return Err(code),
+    };
+    let bytes = charge_size(bytes);
+    charge_or_refuse(process, device, bytes)?;
+    Ok(Reservation {
+        charge: Some((device, bytes)),
+        context,
+    })
+}
+
+/// The device ordinal of `context` (the calling thread's current one, 0 = none): remembered
+/// per context (`ledger::ContextDevices`), else the driver's `cuCtxGetDevice`.
+#[inline]
+fn device_of(process: &Process, context: u64) -> Option<CUdevice> {
+    if context == 0 {
+        return None;
+    }
+    if let Some(ordinal) = process.ledger.contexts.get(context) {
+        return Some(ordinal);
+    }
+    let ordinal = crate::ground::devices::current_cuda_device()?;
+    process.ledger.contexts.remember(context, ordinal);
+    Some(ordinal)
+}
+
+/// The device of the calling thread's current context, `None` without one (what the memory
+/// queries report on).
+#[inline]
+pub fn current_device() -> Option<CUdevice> {
+    match process() {
+        Some(process) => device_of(process, current_context()),
+        None => crate::ground::devices::current_cuda_device(),
+    }
+}
+
+/// `Ledger::charge`, and before refusing, pools' cached memory the driver has already given
+/// back is settled first (it may be what stands in the way).
+#[inline]
+pub fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
+    if process.ledger.charge(device, bytes).is_ok() {
+        return Ok(());
+    }
+    retry_or_refuse(process, device, bytes)
+}
+
+/// The cap refused `bytes`: what the driver may have given back is settled and the charge
+/// tried again before the refusal is final. Out of line: the allocation path stays short.
+#[cold]
+#[inline(never)]
+fn retry_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
+    // Both re-read (no short circuit): either may have shrunk.
+    let shrank = driver_sized::reread_pools(process) | graph_reservations::reread_if_any(process);
+    if shrank && process.ledger.charge(device, bytes).is_ok() {
+        return Ok(());
+    }
+    crate::log_debug!("refusing {bytes} bytes on device entry {device}: slice limit reached");
+    if let Some(shared) = shared() {
+        // Kept in the region, so the node agent's counter survives this process.
+        shared.region.count_refusal(device_id(device));
+    }
+    Err(CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+/// Commit (`result == CUDA_SUCCESS`) or release the reservation.
+#[inline]
+pub fn after_alloc(reservation: Reservation, result: CUresult, object: DeviceObject) {
+    let (Some(process), Some((device, bytes))) = (process(), reservation.charge) else {
+        return;
+    };
+    if result != CUDA_SUCCESS {
+        process.ledger.refund(device, bytes);
+        return;
+    }
+    let charged = Charged {
+        device,
+        bytes,
+        pool: 0,
+        context: reservation.context,
+    };
+    match object {
+        DeviceObject::Pointer(ptr) => process.ledger.track(ObjectKind::Pointer, ptr, charged),
+        other => track_other(process, other, charged),
+    }
+}
+
+/// `after_alloc` for the objects other than device pointers (out of line: the plain
+/// allocation path stays short).
+#[cold]
+#[inline(never)]
+fn track_other(process: &Process, object: DeviceObject, charged: Charged) {
+    let Charged { device, bytes, .. } = charged;
+    match object {
+        DeviceObject::Pointer(ptr) => process.ledger.track(ObjectKind::Pointer, ptr, charged),
+        DeviceObject::Array(a) => process.ledger.track(ObjectKind::Array, a as u64, charged),
+        DeviceObject::MipmappedArray(a) => {
+            process
+                .ledger
+                .track(ObjectKind::MipmappedArray, a as u64, charged)
+        }
+        DeviceObject::Handle(handle) => {
+            let stale = ledger::lock(&process.ledger.vmm).created(handle, device, bytes);
+            if let Some((d, b)) = stale {
+                process.ledger.refund(d, b);
+            }
+        }
+        DeviceObject::Context(ctx) => {
+            process.ledger.track(
+                ObjectKind::Context,
+                ctx as u64,
+                Charged {
+                    context: 0,
+                    ..charged
+                },
+            );
+        }
+        // Primary contexts are booked by `hooks::context::primary_ctx_retain`.
+        DeviceObject::PrimaryContext(_) => process.ledger.refund(device, bytes),
+    }
+}
+
+/// The driver freed `object` with `result`: give its charge back. Objects the ledger never
+/// charged are ignored (the driver's result is returned unchanged by the wrapper either way).
+#[inline]
+pub fn on_free(object: DeviceObject, result: CUresult) {
+    if result != CUDA_SUCCESS {
+        return;
+    }
+    let Some(process) = process() else { return };
+    // Whichever free path: the oldest entry under the address is the object freed (see
+    // `objects`), a plain or a pool allocation alike.
+    if let DeviceObject::Pointer(ptr) = object {
+        if let Some(freed) = process.ledger.untrack(ObjectKind::Pointer, ptr) {
+            if freed.pool != 0 {
+                driver_sized::pool_pointer_freed(process, freed.pool);
+            }
+        }
+        return;
+    }
+    free_other(process, object);
+}
+
+/// `on_free` for the objects other than device pointers (out of line).
+#[cold]
+#[inline(never)]
+fn free_other(process: &Process, object: DeviceObject) {
+    let ledger = &process.ledger;
+    match object {
+        DeviceObject::Pointer(_) => {}
+        DeviceObject::Array(a) => {
+            ledger.untrack(ObjectKind::Array, a as u64);
+        }
+        DeviceObject::MipmappedArray(a) => {
+            ledger.untrack(ObjectKind::MipmappedArray, a as u64);
+        }
+        DeviceObject::Handle(handle) => {
+            let freed = ledger::lock(&ledger.vmm).released(handle);
+            if let Some((d, b)) = freed {
+                ledger.refund(d, b);
+            }
+        }
+        DeviceObject::Context(ctx) => driver_sized::context_gone(process, ctx as u64),
+        DeviceObject::PrimaryContext(_) => {}
+    }
+}
