@@ -115,7 +115,7 @@ cuda_api! {
     fn cuDeviceGetCount["cuDeviceGetCount", 2000, Default](count: *mut c_int) => device::cuDeviceGetCount;
     fn cuDeviceGetName["cuDeviceGetName", 2000, Default](name: *mut c_char, len: c_int, dev: CUdevice) => device::cuDeviceGetName;
     fn cuDeviceGetUuid["cuDeviceGetUuid", 9020, Default](uuid: *mut CUuuid, dev: CUdevice) => device::cuDeviceGetUuid;
-    fn cuDeviceGetUuid_v2["cuDeviceGetUuid", 11040, Default](uuid: *mut CUuuid, dev: CUdevice) => device::cuDeviceGetUuid_v2;
+    fn cuDeviceGetUuid_v2["cuDeviceGetUuid", 11040, Default](uuid: *mut CUuuid, dev: CUdevice) => device::cuDeviceGetUuid;
     fn cuDeviceGetAttribute["cuDeviceGetAttribute", 2000, Default](pi: *mut c_int, attrib: c_int, dev: CUdevice) => device::cuDeviceGetAttribute;
     fn cuDeviceGetPCIBusId["cuDeviceGetPCIBusId", 4010, Default](id: *mut c_char, len: c_int, dev: CUdevice) => device::cuDeviceGetPCIBusId;
     fn cuDeviceGetByPCIBusId["cuDeviceGetByPCIBusId", 4010, Default](dev: *mut CUdevice, id: *const c_char) => device::cuDeviceGetByPCIBusId;
@@ -126,18 +126,18 @@ cuda_api! {
     // ---- contexts ----
     fn cuDevicePrimaryCtxRetain["cuDevicePrimaryCtxRetain", 7000, Default](pctx: *mut CUcontext, dev: CUdevice) => context::cuDevicePrimaryCtxRetain;
     fn cuDevicePrimaryCtxRelease["cuDevicePrimaryCtxRelease", 7000, Default](dev: CUdevice) => context::cuDevicePrimaryCtxRelease;
-    fn cuDevicePrimaryCtxRelease_v2["cuDevicePrimaryCtxRelease", 11000, Default](dev: CUdevice) => context::cuDevicePrimaryCtxRelease_v2;
+    fn cuDevicePrimaryCtxRelease_v2["cuDevicePrimaryCtxRelease", 11000, Default](dev: CUdevice) => context::cuDevicePrimaryCtxRelease;
     fn cuDevicePrimaryCtxReset["cuDevicePrimaryCtxReset", 7000, Default](dev: CUdevice) => context::cuDevicePrimaryCtxReset;
-    fn cuDevicePrimaryCtxReset_v2["cuDevicePrimaryCtxReset", 11000, Default](dev: CUdevice) => context::cuDevicePrimaryCtxReset_v2;
+    fn cuDevicePrimaryCtxReset_v2["cuDevicePrimaryCtxReset", 11000, Default](dev: CUdevice) => context::cuDevicePrimaryCtxReset;
     fn cuDevicePrimaryCtxGetState["cuDevicePrimaryCtxGetState", 7000, Default](dev: CUdevice, flags: *mut c_uint, active: *mut c_int) => context::cuDevicePrimaryCtxGetState;
     fn cuDevicePrimaryCtxSetFlags["cuDevicePrimaryCtxSetFlags", 7000, Default](dev: CUdevice, flags: c_uint) => context::cuDevicePrimaryCtxSetFlags;
-    fn cuDevicePrimaryCtxSetFlags_v2["cuDevicePrimaryCtxSetFlags", 11000, Default](dev: CUdevice, flags: c_uint) => context::cuDevicePrimaryCtxSetFlags_v2;
+    fn cuDevicePrimaryCtxSetFlags_v2["cuDevicePrimaryCtxSetFlags", 11000, Default](dev: CUdevice, flags: c_uint) => context::cuDevicePrimaryCtxSetFlags;
     fn cuCtxCreate["cuCtxCreate", 2000, Default](pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => context::cuCtxCreate;
-    fn cuCtxCreate_v2["cuCtxCreate", 3020, Default](pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => context::cuCtxCreate_v2;
+    fn cuCtxCreate_v2["cuCtxCreate", 3020, Default](pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => context::cuCtxCreate;
     fn cuCtxCreate_v3["cuCtxCreate", 11040, Default](pctx: *mut CUcontext, _params: *mut c_void, _num: c_int, flags: c_uint, dev: CUdevice) => context::cuCtxCreate_v3;
     fn cuCtxCreate_v4["cuCtxCreate", 12050, Default](pctx: *mut CUcontext, _params: *mut c_void, flags: c_uint, dev: CUdevice) => context::cuCtxCreate_v4;
     fn cuCtxDestroy["cuCtxDestroy", 2000, Default](ctx: CUcontext) => context::cuCtxDestroy;
-    fn cuCtxDestroy_v2["cuCtxDestroy", 4000, Default](ctx: CUcontext) => context::cuCtxDestroy_v2;
+    fn cuCtxDestroy_v2["cuCtxDestroy", 4000, Default](ctx: CUcontext) => context::cuCtxDestroy;
     fn cuCtxPushCurrent_v2["cuCtxPushCurrent", 4000, Default](ctx: CUcontext) => context::cuCtxPushCurrent_v2;
     fn cuCtxPopCurrent_v2["cuCtxPopCurrent", 4000, Default](pctx: *mut CUcontext) => context::cuCtxPopCurrent_v2;
     fn cuCtxSetCurrent["cuCtxSetCurrent", 4000, Default](ctx: CUcontext) => context::cuCtxSetCurrent;
@@ -163,28 +163,28 @@ cuda_api! {
     fn cuMemHostAlloc["cuMemHostAlloc", 2020, Default](pp: *mut *mut c_void, bytesize: usize, flags: c_uint) => memory::cuMemHostAlloc;
     fn cuMemFreeHost["cuMemFreeHost", 2000, Default](p: *mut c_void) => memory::cuMemFreeHost;
     fn cuMemcpyHtoD_v2["cuMemcpyHtoD", 3020, Default](dst: CUdeviceptr, src: *const c_void, n: usize) => memory::cuMemcpyHtoD_v2;
-    fn cuMemcpyHtoD_v2_ptds["cuMemcpyHtoD", 7000, Ptds](dst: CUdeviceptr, src: *const c_void, n: usize) => memory::cuMemcpyHtoD_v2_ptds;
+    fn cuMemcpyHtoD_v2_ptds["cuMemcpyHtoD", 7000, Ptds](dst: CUdeviceptr, src: *const c_void, n: usize) => memory::cuMemcpyHtoD_v2;
     fn cuMemcpyDtoH_v2["cuMemcpyDtoH", 3020, Default](dst: *mut c_void, src: CUdeviceptr, n: usize) => memory::cuMemcpyDtoH_v2;
-    fn cuMemcpyDtoH_v2_ptds["cuMemcpyDtoH", 7000, Ptds](dst: *mut c_void, src: CUdeviceptr, n: usize) => memory::cuMemcpyDtoH_v2_ptds;
+    fn cuMemcpyDtoH_v2_ptds["cuMemcpyDtoH", 7000, Ptds](dst: *mut c_void, src: CUdeviceptr, n: usize) => memory::cuMemcpyDtoH_v2;
     fn cuMemcpyDtoD_v2["cuMemcpyDtoD", 3020, Default](dst: CUdeviceptr, src: CUdeviceptr, n: usize) => memory::cuMemcpyDtoD_v2;
-    fn cuMemcpyDtoD_v2_ptds["cuMemcpyDtoD", 7000, Ptds](dst: CUdeviceptr, src: CUdeviceptr, n: usize) => memory::cuMemcpyDtoD_v2_ptds;
+    fn cuMemcpyDtoD_v2_ptds["cuMemcpyDtoD", 7000, Ptds](dst: CUdeviceptr, src: CUdeviceptr, n: usize) => memory::cuMemcpyDtoD_v2;
     fn cuMemcpyHtoDAsync_v2["cuMemcpyHtoDAsync", 3020, Default](dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) => memory::cuMemcpyHtoDAsync_v2;
-    fn cuMemcpyHtoDAsync_v2_ptsz["cuMemcpyHtoDAsync", 7000, Ptsz](dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) => memory::cuMemcpyHtoDAsync_v2_ptsz;
+    fn cuMemcpyHtoDAsync_v2_ptsz["cuMemcpyHtoDAsync", 7000, Ptsz](dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) => memory::cuMemcpyHtoDAsync_v2;
     fn cuMemcpyDtoHAsync_v2["cuMemcpyDtoHAsync", 3020, Default](dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyDtoHAsync_v2;
-    fn cuMemcpyDtoHAsync_v2_ptsz["cuMemcpyDtoHAsync", 7000, Ptsz](dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyDtoHAsync_v2_ptsz;
+    fn cuMemcpyDtoHAsync_v2_ptsz["cuMemcpyDtoHAsync", 7000, Ptsz](dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyDtoHAsync_v2;
     fn cuMemsetD8_v2["cuMemsetD8", 3020, Default](dst: CUdeviceptr, v: c_uchar, n: usize) => memory::cuMemsetD8_v2;
-    fn cuMemsetD8_v2_ptds["cuMemsetD8", 7000, Ptds](dst: CUdeviceptr, v: c_uchar, n: usize) => memory::cuMemsetD8_v2_ptds;
+    fn cuMemsetD8_v2_ptds["cuMemsetD8", 7000, Ptds](dst: CUdeviceptr, v: c_uchar, n: usize) => memory::cuMemsetD8_v2;
     fn cuMemsetD32_v2["cuMemsetD32", 3020, Default](dst: CUdeviceptr, v: c_uint, n: usize) => memory::cuMemsetD32_v2;
-    fn cuMemsetD32_v2_ptds["cuMemsetD32", 7000, Ptds](dst: CUdeviceptr, v: c_uint, n: usize) => memory::cuMemsetD32_v2_ptds;
+    fn cuMemsetD32_v2_ptds["cuMemsetD32", 7000, Ptds](dst: CUdeviceptr, v: c_uint, n: usize) => memory::cuMemsetD32_v2;
     fn cuMemsetD8Async["cuMemsetD8Async", 3020, Default](dst: CUdeviceptr, v: c_uchar, n: usize, s: CUstream) => memory::cuMemsetD8Async;
-    fn cuMemsetD8Async_ptsz["cuMemsetD8Async", 7000, Ptsz](dst: CUdeviceptr, v: c_uchar, n: usize, s: CUstream) => memory::cuMemsetD8Async_ptsz;
+    fn cuMemsetD8Async_ptsz["cuMemsetD8Async", 7000, Ptsz](dst: CUdeviceptr, v: c_uchar, n: usize, s: CUstream) => memory::cuMemsetD8Async;
     fn cuMemsetD32Async["cuMemsetD32Async", 3020, Default](dst: CUdeviceptr, v: c_uint, n: usize, s: CUstream) => memory::cuMemsetD32Async;
-    fn cuMemsetD32Async_ptsz["cuMemsetD32Async", 7000, Ptsz](dst: CUdeviceptr, v: c_uint, n: usize, s: CUstream) => memory::cuMemsetD32Async_ptsz;
+    fn cuMemsetD32Async_ptsz["cuMemsetD32Async", 7000, Ptsz](dst: CUdeviceptr, v: c_uint, n: usize, s: CUstream) => memory::cuMemsetD32Async;
     // Stream memory operations write at enqueue (the fake's copies and memsets do too).
     fn cuStreamWriteValue32["cuStreamWriteValue32", 8000, Default](s: CUstream, addr: CUdeviceptr, v: c_uint, _flags: c_uint) => memory::cuStreamWriteValue32;
-    fn cuStreamWriteValue32_ptsz["cuStreamWriteValue32", 8000, Ptsz](s: CUstream, addr: CUdeviceptr, v: c_uint, _flags: c_uint) => memory::cuStreamWriteValue32_ptsz;
-    fn cuStreamWriteValue32_v2["cuStreamWriteValue32", 11070, Default](s: CUstream, addr: CUdeviceptr, v: c_uint, _flags: c_uint) => memory::cuStreamWriteValue32_v2;
-    fn cuStreamWriteValue32_v2_ptsz["cuStreamWriteValue32", 11070, Ptsz](s: CUstream, addr: CUdeviceptr, v: c_uint, _flags: c_uint) => memory::cuStreamWriteValue32_v2_ptsz;
+    fn cuStreamWriteValue32_ptsz["cuStreamWriteValue32", 8000, Ptsz](s: CUstream, addr: CUdeviceptr, v: c_uint, _flags: c_uint) => memory::cuStreamWriteValue32;
+    fn cuStreamWriteValue32_v2["cuStreamWriteValue32", 11070, Default](s: CUstream, addr: CUdeviceptr, v: c_uint, _flags: c_uint) => memory::cuStreamWriteValue32;
+    fn cuStreamWriteValue32_v2_ptsz["cuStreamWriteValue32", 11070, Ptsz](s: CUstream, addr: CUdeviceptr, v: c_uint, _flags: c_uint) => memory::cuStreamWriteValue32;
 
     // ---- arrays ----
     fn cuArrayCreate["cuArrayCreate", 2000, Default](p: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) => array::cuArrayCreate;
@@ -197,11 +197,11 @@ cuda_api! {
 
     // ---- stream-ordered allocation and pools ----
     fn cuMemAllocAsync["cuMemAllocAsync", 11020, Default](dptr: *mut CUdeviceptr, size: usize, s: CUstream) => pool::cuMemAllocAsync;
-    fn cuMemAllocAsync_ptsz["cuMemAllocAsync", 11020, Ptsz](dptr: *mut CUdeviceptr, size: usize, s: CUstream) => pool::cuMemAllocAsync_ptsz;
+    fn cuMemAllocAsync_ptsz["cuMemAllocAsync", 11020, Ptsz](dptr: *mut CUdeviceptr, size: usize, s: CUstream) => pool::cuMemAllocAsync;
     fn cuMemFreeAsync["cuMemFreeAsync", 11020, Default](dptr: CUdeviceptr, s: CUstream) => pool::cuMemFreeAsync;
-    fn cuMemFreeAsync_ptsz["cuMemFreeAsync", 11020, Ptsz](dptr: CUdeviceptr, s: CUstream) => pool::cuMemFreeAsync_ptsz;
+    fn cuMemFreeAsync_ptsz["cuMemFreeAsync", 11020, Ptsz](dptr: CUdeviceptr, s: CUstream) => pool::cuMemFreeAsync;
     fn cuMemAllocFromPoolAsync["cuMemAllocFromPoolAsync", 11020, Default](dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) => pool::cuMemAllocFromPoolAsync;
-    fn cuMemAllocFromPoolAsync_ptsz["cuMemAllocFromPoolAsync", 11020, Ptsz](dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) => pool::cuMemAllocFromPoolAsync_ptsz;
+    fn cuMemAllocFromPoolAsync_ptsz["cuMemAllocFromPoolAsync", 11020, Ptsz](dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, s: CUstream) => pool::cuMemAllocFromPoolAsync;
     fn cuMemPoolCreate["cuMemPoolCreate", 11020, Default](pool: *mut CUmemoryPool, props: *const CUmemPoolProps) => pool::cuMemPoolCreate;
     fn cuMemPoolDestroy["cuMemPoolDestroy", 11020, Default](pool: CUmemoryPool) => pool::cuMemPoolDestroy;
     fn cuDeviceGetDefaultMemPool["cuDeviceGetDefaultMemPool", 11020, Default](pool: *mut CUmemoryPool, dev: CUdevice) => pool::cuDeviceGetDefaultMemPool;
@@ -226,7 +226,7 @@ cuda_api! {
     // ---- IPC ----
     fn cuIpcGetMemHandle["cuIpcGetMemHandle", 4010, Default](handle: *mut CUipcMemHandle, dptr: CUdeviceptr) => ipc::cuIpcGetMemHandle;
     fn cuIpcOpenMemHandle["cuIpcOpenMemHandle", 4010, Default](pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) => ipc::cuIpcOpenMemHandle;
-    fn cuIpcOpenMemHandle_v2["cuIpcOpenMemHandle", 11000, Default](pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) => ipc::cuIpcOpenMemHandle_v2;
+    fn cuIpcOpenMemHandle_v2["cuIpcOpenMemHandle", 11000, Default](pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, _flags: c_uint) => ipc::cuIpcOpenMemHandle;
     fn cuIpcCloseMemHandle["cuIpcCloseMemHandle", 4010, Default](dptr: CUdeviceptr) => ipc::cuIpcCloseMemHandle;
 
     // ---- modules, libraries, functions ----
@@ -247,33 +247,33 @@ cuda_api! {
     fn cuLaunchGrid["cuLaunchGrid", 2000, Default](f: CUfunction, gw: c_int, gh: c_int) => launch::cuLaunchGrid;
     fn cuLaunchGridAsync["cuLaunchGridAsync", 2000, Default](f: CUfunction, gw: c_int, gh: c_int, s: CUstream) => launch::cuLaunchGridAsync;
     fn cuLaunchKernel["cuLaunchKernel", 4000, Default](f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _shared: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::cuLaunchKernel;
-    fn cuLaunchKernel_ptsz["cuLaunchKernel", 7000, Ptsz](f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _shared: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::cuLaunchKernel_ptsz;
+    fn cuLaunchKernel_ptsz["cuLaunchKernel", 7000, Ptsz](f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _shared: c_uint, s: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::cuLaunchKernel;
     fn cuLaunchKernelEx["cuLaunchKernelEx", 11060, Default](config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::cuLaunchKernelEx;
-    fn cuLaunchKernelEx_ptsz["cuLaunchKernelEx", 11060, Ptsz](config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::cuLaunchKernelEx_ptsz;
+    fn cuLaunchKernelEx_ptsz["cuLaunchKernelEx", 11060, Ptsz](config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::cuLaunchKernelEx;
     fn cuLaunchCooperativeKernel["cuLaunchCooperativeKernel", 9000, Default](f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _shared: c_uint, s: CUstream, params: *mut *mut c_void) => launch::cuLaunchCooperativeKernel;
-    fn cuLaunchCooperativeKernel_ptsz["cuLaunchCooperativeKernel", 9000, Ptsz](f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _shared: c_uint, s: CUstream, params: *mut *mut c_void) => launch::cuLaunchCooperativeKernel_ptsz;
+    fn cuLaunchCooperativeKernel_ptsz["cuLaunchCooperativeKernel", 9000, Ptsz](f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, _shared: c_uint, s: CUstream, params: *mut *mut c_void) => launch::cuLaunchCooperativeKernel;
     fn cuLaunchCooperativeKernelMultiDevice["cuLaunchCooperativeKernelMultiDevice", 9000, Default](list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, _flags: c_uint) => launch::cuLaunchCooperativeKernelMultiDevice;
 
     // ---- graphs and capture ----
     fn cuStreamBeginCapture["cuStreamBeginCapture", 10000, Default](s: CUstream) => graph::cuStreamBeginCapture;
-    fn cuStreamBeginCapture_ptsz["cuStreamBeginCapture", 10000, Ptsz](s: CUstream) => graph::cuStreamBeginCapture_ptsz;
+    fn cuStreamBeginCapture_ptsz["cuStreamBeginCapture", 10000, Ptsz](s: CUstream) => graph::cuStreamBeginCapture;
     fn cuStreamBeginCapture_v2["cuStreamBeginCapture", 10010, Default](s: CUstream, mode: c_uint) => graph::cuStreamBeginCapture_v2;
-    fn cuStreamBeginCapture_v2_ptsz["cuStreamBeginCapture", 10010, Ptsz](s: CUstream, mode: c_uint) => graph::cuStreamBeginCapture_v2_ptsz;
+    fn cuStreamBeginCapture_v2_ptsz["cuStreamBeginCapture", 10010, Ptsz](s: CUstream, mode: c_uint) => graph::cuStreamBeginCapture_v2;
     fn cuStreamEndCapture["cuStreamEndCapture", 10000, Default](s: CUstream, g: *mut CUgraph) => graph::cuStreamEndCapture;
-    fn cuStreamEndCapture_ptsz["cuStreamEndCapture", 10000, Ptsz](s: CUstream, g: *mut CUgraph) => graph::cuStreamEndCapture_ptsz;
+    fn cuStreamEndCapture_ptsz["cuStreamEndCapture", 10000, Ptsz](s: CUstream, g: *mut CUgraph) => graph::cuStreamEndCapture;
     fn cuStreamIsCapturing["cuStreamIsCapturing", 10000, Default](s: CUstream, status: *mut c_uint) => graph::cuStreamIsCapturing;
-    fn cuStreamIsCapturing_ptsz["cuStreamIsCapturing", 10000, Ptsz](s: CUstream, status: *mut c_uint) => graph::cuStreamIsCapturing_ptsz;
+    fn cuStreamIsCapturing_ptsz["cuStreamIsCapturing", 10000, Ptsz](s: CUstream, status: *mut c_uint) => graph::cuStreamIsCapturing;
     fn cuGraphCreate["cuGraphCreate", 10000, Default](g: *mut CUgraph, flags: c_uint) => graph::cuGraphCreate;
     fn cuGraphAddKernelNode["cuGraphAddKernelNode", 10000, Default](node: *mut CUgraphNode, g: CUgraph, _deps: *const CUgraphNode, _ndeps: usize, params: *const CUDA_KERNEL_NODE_PARAMS) => graph::cuGraphAddKernelNode;
     fn cuGraphAddKernelNode_v2["cuGraphAddKernelNode", 12000, Default](node: *mut CUgraphNode, g: CUgraph, _deps: *const CUgraphNode, _ndeps: usize, params: *const CUDA_KERNEL_NODE_PARAMS_v2) => graph::cuGraphAddKernelNode_v2;
     fn cuGraphInstantiate["cuGraphInstantiate", 10000, Default](e: *mut CUgraphExec, g: CUgraph, _err: *mut CUgraphNode, _log: *mut c_char, _n: usize) => graph::cuGraphInstantiate;
-    fn cuGraphInstantiate_v2["cuGraphInstantiate", 11000, Default](e: *mut CUgraphExec, g: CUgraph, _err: *mut CUgraphNode, _log: *mut c_char, _n: usize) => graph::cuGraphInstantiate_v2;
+    fn cuGraphInstantiate_v2["cuGraphInstantiate", 11000, Default](e: *mut CUgraphExec, g: CUgraph, _err: *mut CUgraphNode, _log: *mut c_char, _n: usize) => graph::cuGraphInstantiate;
     fn cuGraphInstantiateWithFlags["cuGraphInstantiateWithFlags", 11040, Default](e: *mut CUgraphExec, g: CUgraph, flags: c_ulonglong) => graph::cuGraphInstantiateWithFlags;
     fn cuGraphLaunch["cuGraphLaunch", 10000, Default](e: CUgraphExec, s: CUstream) => graph::cuGraphLaunch;
-    fn cuGraphLaunch_ptsz["cuGraphLaunch", 10000, Ptsz](e: CUgraphExec, s: CUstream) => graph::cuGraphLaunch_ptsz;
+    fn cuGraphLaunch_ptsz["cuGraphLaunch", 10000, Ptsz](e: CUgraphExec, s: CUstream) => graph::cuGraphLaunch;
     fn cuGraphExecDestroy["cuGraphExecDestroy", 10000, Default](e: CUgraphExec) => graph::cuGraphExecDestroy;
     fn cuGraphUpload["cuGraphUpload", 11010, Default](e: CUgraphExec, s: CUstream) => graph::cuGraphUpload;
-    fn cuGraphUpload_ptsz["cuGraphUpload", 11010, Ptsz](e: CUgraphExec, s: CUstream) => graph::cuGraphUpload_ptsz;
+    fn cuGraphUpload_ptsz["cuGraphUpload", 11010, Ptsz](e: CUgraphExec, s: CUstream) => graph::cuGraphUpload;
     fn cuDeviceGraphMemTrim["cuDeviceGraphMemTrim", 11040, Default](dev: CUdevice) => graph::cuDeviceGraphMemTrim;
     fn cuDeviceGetGraphMemAttribute["cuDeviceGetGraphMemAttribute", 11040, Default](dev: CUdevice, attr: c_int, value: *mut c_void) => graph::cuDeviceGetGraphMemAttribute;
     // Graph memory comes from stream capture only (see fakegpu::cuda::graph).
@@ -285,20 +285,20 @@ cuda_api! {
     fn cuStreamCreateWithPriority["cuStreamCreateWithPriority", 5050, Default](s: *mut CUstream, flags: c_uint, priority: c_int) => stream::cuStreamCreateWithPriority;
     fn cuStreamDestroy_v2["cuStreamDestroy", 4000, Default](s: CUstream) => stream::cuStreamDestroy_v2;
     fn cuStreamGetCtx["cuStreamGetCtx", 9020, Default](s: CUstream, pctx: *mut CUcontext) => stream::cuStreamGetCtx;
-    fn cuStreamGetCtx_ptsz["cuStreamGetCtx", 9020, Ptsz](s: CUstream, pctx: *mut CUcontext) => stream::cuStreamGetCtx_ptsz;
+    fn cuStreamGetCtx_ptsz["cuStreamGetCtx", 9020, Ptsz](s: CUstream, pctx: *mut CUcontext) => stream::cuStreamGetCtx;
     fn cuStreamSynchronize["cuStreamSynchronize", 2000, Default](s: CUstream) => stream::cuStreamSynchronize;
-    fn cuStreamSynchronize_ptsz["cuStreamSynchronize", 7000, Ptsz](s: CUstream) => stream::cuStreamSynchronize_ptsz;
+    fn cuStreamSynchronize_ptsz["cuStreamSynchronize", 7000, Ptsz](s: CUstream) => stream::cuStreamSynchronize;
     fn cuStreamQuery["cuStreamQuery", 2000, Default](s: CUstream) => stream::cuStreamQuery;
-    fn cuStreamQuery_ptsz["cuStreamQuery", 7000, Ptsz](s: CUstream) => stream::cuStreamQuery_ptsz;
+    fn cuStreamQuery_ptsz["cuStreamQuery", 7000, Ptsz](s: CUstream) => stream::cuStreamQuery;
     fn cuStreamWaitEvent["cuStreamWaitEvent", 3020, Default](s: CUstream, e: CUevent, flags: c_uint) => stream::cuStreamWaitEvent;
-    fn cuStreamWaitEvent_ptsz["cuStreamWaitEvent", 7000, Ptsz](s: CUstream, e: CUevent, flags: c_uint) => stream::cuStreamWaitEvent_ptsz;
+    fn cuStreamWaitEvent_ptsz["cuStreamWaitEvent", 7000, Ptsz](s: CUstream, e: CUevent, flags: c_uint) => stream::cuStreamWaitEvent;
     fn cuEventCreate["cuEventCreate", 2000, Default](e: *mut CUevent, flags: c_uint) => stream::cuEventCreate;
     fn cuEventRecord["cuEventRecord", 2000, Default](e: CUevent, s: CUstream) => stream::cuEventRecord;
-    fn cuEventRecord_ptsz["cuEventRecord", 7000, Ptsz](e: CUevent, s: CUstream) => stream::cuEventRecord_ptsz;
+    fn cuEventRecord_ptsz["cuEventRecord", 7000, Ptsz](e: CUevent, s: CUstream) => stream::cuEventRecord;
     fn cuEventQuery["cuEventQuery", 2000, Default](e: CUevent) => stream::cuEventQuery;
     fn cuEventSynchronize["cuEventSynchronize", 2000, Default](e: CUevent) => stream::cuEventSynchronize;
     fn cuEventElapsedTime["cuEventElapsedTime", 2000, Default](ms: *mut f32, a: CUevent, b: CUevent) => stream::cuEventElapsedTime;
-    fn cuEventElapsedTime_v2["cuEventElapsedTime", 12080, Default](ms: *mut f32, a: CUevent, b: CUevent) => stream::cuEventElapsedTime_v2;
+    fn cuEventElapsedTime_v2["cuEventElapsedTime", 12080, Default](ms: *mut f32, a: CUevent, b: CUevent) => stream::cuEventElapsedTime;
     fn cuEventDestroy_v2["cuEventDestroy", 4000, Default](e: CUevent) => stream::cuEventDestroy_v2;
 
     // ---- what the CUDA runtime, PyTorch, CuPy and cuBLAS call on their common paths ----
@@ -315,7 +315,7 @@ cuda_api! {
     fn cuDeviceCanAccessPeer["cuDeviceCanAccessPeer", 4000, Default](can: *mut c_int, dev: CUdevice, peer: CUdevice) => device::cuDeviceCanAccessPeer;
     fn cuDeviceGetP2PAttribute["cuDeviceGetP2PAttribute", 8000, Default](value: *mut c_int, _attr: c_int, src: CUdevice, dst: CUdevice) => device::cuDeviceGetP2PAttribute;
     fn cuModuleGetLoadingMode["cuModuleGetLoadingMode", 11070, Default](mode: *mut c_int) => module::cuModuleGetLoadingMode;
-    fn cuModuleLoadFatBinary["cuModuleLoadFatBinary", 2000, Default](m: *mut CUmodule, image: *const c_void) => module::cuModuleLoadFatBinary;
+    fn cuModuleLoadFatBinary["cuModuleLoadFatBinary", 2000, Default](m: *mut CUmodule, image: *const c_void) => module::cuModuleLoadData;
     fn cuLibraryLoadFromFile["cuLibraryLoadFromFile", 12000, Default](l: *mut CUlibrary, path: *const c_char, _jo: *mut c_int, _jv: *mut *mut c_void, _jn: c_uint, _lo: *mut c_int, _lv: *mut *mut c_void, _ln: c_uint) => module::cuLibraryLoadFromFile;
     fn cuLibraryGetModule["cuLibraryGetModule", 12000, Default](m: *mut CUmodule, l: CUlibrary) => module::cuLibraryGetModule;
     fn cuLibraryGetGlobal["cuLibraryGetGlobal", 12000, Default](dptr: *mut CUdeviceptr, bytes: *mut usize, l: CUlibrary, name: *const c_char) => module::cuLibraryGetGlobal;
@@ -332,42 +332,42 @@ cuda_api! {
     fn cuOccupancyAvailableDynamicSMemPerBlock["cuOccupancyAvailableDynamicSMemPerBlock", 10020, Default](size: *mut usize, f: CUfunction, blocks: c_int, block: c_int) => launch::cuOccupancyAvailableDynamicSMemPerBlock;
     fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags["cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, Default](n: *mut c_int, f: CUfunction, block: c_int, _smem: usize, _flags: c_uint) => launch::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags;
     fn cuStreamGetFlags["cuStreamGetFlags", 5050, Default](s: CUstream, flags: *mut c_uint) => stream::cuStreamGetFlags;
-    fn cuStreamGetFlags_ptsz["cuStreamGetFlags", 7000, Ptsz](s: CUstream, flags: *mut c_uint) => stream::cuStreamGetFlags_ptsz;
+    fn cuStreamGetFlags_ptsz["cuStreamGetFlags", 7000, Ptsz](s: CUstream, flags: *mut c_uint) => stream::cuStreamGetFlags;
     fn cuStreamGetPriority["cuStreamGetPriority", 5050, Default](s: CUstream, prio: *mut c_int) => stream::cuStreamGetPriority;
-    fn cuStreamGetPriority_ptsz["cuStreamGetPriority", 7000, Ptsz](s: CUstream, prio: *mut c_int) => stream::cuStreamGetPriority_ptsz;
+    fn cuStreamGetPriority_ptsz["cuStreamGetPriority", 7000, Ptsz](s: CUstream, prio: *mut c_int) => stream::cuStreamGetPriority;
     fn cuStreamGetId["cuStreamGetId", 12000, Default](s: CUstream, id: *mut c_ulonglong) => stream::cuStreamGetId;
     fn cuStreamGetId_ptsz["cuStreamGetId", 12000, Ptsz](s: CUstream, id: *mut c_ulonglong) => stream::cuStreamGetId_ptsz;
     fn cuStreamGetDevice["cuStreamGetDevice", 12080, Default](s: CUstream, dev: *mut CUdevice) => stream::cuStreamGetDevice;
-    fn cuStreamGetDevice_ptsz["cuStreamGetDevice", 12080, Ptsz](s: CUstream, dev: *mut CUdevice) => stream::cuStreamGetDevice_ptsz;
+    fn cuStreamGetDevice_ptsz["cuStreamGetDevice", 12080, Ptsz](s: CUstream, dev: *mut CUdevice) => stream::cuStreamGetDevice;
     fn cuStreamGetCaptureInfo["cuStreamGetCaptureInfo", 10010, Default](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong) => graph::cuStreamGetCaptureInfo;
-    fn cuStreamGetCaptureInfo_ptsz["cuStreamGetCaptureInfo", 10010, Ptsz](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong) => graph::cuStreamGetCaptureInfo_ptsz;
+    fn cuStreamGetCaptureInfo_ptsz["cuStreamGetCaptureInfo", 10010, Ptsz](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong) => graph::cuStreamGetCaptureInfo;
     fn cuStreamGetCaptureInfo_v2["cuStreamGetCaptureInfo", 11030, Default](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong, g: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize) => graph::cuStreamGetCaptureInfo_v2;
-    fn cuStreamGetCaptureInfo_v2_ptsz["cuStreamGetCaptureInfo", 11030, Ptsz](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong, g: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize) => graph::cuStreamGetCaptureInfo_v2_ptsz;
+    fn cuStreamGetCaptureInfo_v2_ptsz["cuStreamGetCaptureInfo", 11030, Ptsz](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong, g: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize) => graph::cuStreamGetCaptureInfo_v2;
     fn cuStreamGetCaptureInfo_v3["cuStreamGetCaptureInfo", 12030, Default](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, n: *mut usize) => graph::cuStreamGetCaptureInfo_v3;
-    fn cuStreamGetCaptureInfo_v3_ptsz["cuStreamGetCaptureInfo", 12030, Ptsz](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, n: *mut usize) => graph::cuStreamGetCaptureInfo_v3_ptsz;
+    fn cuStreamGetCaptureInfo_v3_ptsz["cuStreamGetCaptureInfo", 12030, Ptsz](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, n: *mut usize) => graph::cuStreamGetCaptureInfo_v3;
     fn cuThreadExchangeStreamCaptureMode["cuThreadExchangeStreamCaptureMode", 10010, Default](mode: *mut c_uint) => graph::cuThreadExchangeStreamCaptureMode;
     fn cuLaunchHostFunc["cuLaunchHostFunc", 10000, Default](s: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void) => stream::cuLaunchHostFunc;
     fn cuLaunchHostFunc_ptsz["cuLaunchHostFunc", 10000, Ptsz](s: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void) => stream::cuLaunchHostFunc_ptsz;
     fn cuStreamAddCallback["cuStreamAddCallback", 5000, Default](s: CUstream, f: Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>, data: *mut c_void, flags: c_uint) => stream::cuStreamAddCallback;
     fn cuStreamAddCallback_ptsz["cuStreamAddCallback", 7000, Ptsz](s: CUstream, f: Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>, data: *mut c_void, flags: c_uint) => stream::cuStreamAddCallback_ptsz;
     fn cuEventRecordWithFlags["cuEventRecordWithFlags", 11010, Default](e: CUevent, s: CUstream, flags: c_uint) => stream::cuEventRecordWithFlags;
-    fn cuEventRecordWithFlags_ptsz["cuEventRecordWithFlags", 11010, Ptsz](e: CUevent, s: CUstream, flags: c_uint) => stream::cuEventRecordWithFlags_ptsz;
+    fn cuEventRecordWithFlags_ptsz["cuEventRecordWithFlags", 11010, Ptsz](e: CUevent, s: CUstream, flags: c_uint) => stream::cuEventRecordWithFlags;
     fn cuMemcpy["cuMemcpy", 4000, Default](dst: CUdeviceptr, src: CUdeviceptr, n: usize) => memory::cuMemcpy;
-    fn cuMemcpy_ptds["cuMemcpy", 7000, Ptds](dst: CUdeviceptr, src: CUdeviceptr, n: usize) => memory::cuMemcpy_ptds;
+    fn cuMemcpy_ptds["cuMemcpy", 7000, Ptds](dst: CUdeviceptr, src: CUdeviceptr, n: usize) => memory::cuMemcpy;
     fn cuMemcpyAsync["cuMemcpyAsync", 4000, Default](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyAsync;
     fn cuMemcpyAsync_ptsz["cuMemcpyAsync", 7000, Ptsz](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyAsync_ptsz;
     fn cuMemcpyDtoDAsync_v2["cuMemcpyDtoDAsync", 3020, Default](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyDtoDAsync_v2;
-    fn cuMemcpyDtoDAsync_v2_ptsz["cuMemcpyDtoDAsync", 7000, Ptsz](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyDtoDAsync_v2_ptsz;
+    fn cuMemcpyDtoDAsync_v2_ptsz["cuMemcpyDtoDAsync", 7000, Ptsz](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyDtoDAsync_v2;
     fn cuMemcpyPeer["cuMemcpyPeer", 4000, Default](dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize) => memory::cuMemcpyPeer;
-    fn cuMemcpyPeer_ptds["cuMemcpyPeer", 7000, Ptds](dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize) => memory::cuMemcpyPeer_ptds;
+    fn cuMemcpyPeer_ptds["cuMemcpyPeer", 7000, Ptds](dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize) => memory::cuMemcpyPeer;
     fn cuMemcpyPeerAsync["cuMemcpyPeerAsync", 4000, Default](dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize, s: CUstream) => memory::cuMemcpyPeerAsync;
-    fn cuMemcpyPeerAsync_ptsz["cuMemcpyPeerAsync", 7000, Ptsz](dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize, s: CUstream) => memory::cuMemcpyPeerAsync_ptsz;
+    fn cuMemcpyPeerAsync_ptsz["cuMemcpyPeerAsync", 7000, Ptsz](dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize, s: CUstream) => memory::cuMemcpyPeerAsync;
     fn cuMemcpy2D_v2["cuMemcpy2D", 3020, Default](p: *const CUDA_MEMCPY2D) => memory::cuMemcpy2D_v2;
-    fn cuMemcpy2D_v2_ptds["cuMemcpy2D", 7000, Ptds](p: *const CUDA_MEMCPY2D) => memory::cuMemcpy2D_v2_ptds;
-    fn cuMemcpy2DUnaligned_v2["cuMemcpy2DUnaligned", 3020, Default](p: *const CUDA_MEMCPY2D) => memory::cuMemcpy2DUnaligned_v2;
-    fn cuMemcpy2DUnaligned_v2_ptds["cuMemcpy2DUnaligned", 7000, Ptds](p: *const CUDA_MEMCPY2D) => memory::cuMemcpy2DUnaligned_v2_ptds;
+    fn cuMemcpy2D_v2_ptds["cuMemcpy2D", 7000, Ptds](p: *const CUDA_MEMCPY2D) => memory::cuMemcpy2D_v2;
+    fn cuMemcpy2DUnaligned_v2["cuMemcpy2DUnaligned", 3020, Default](p: *const CUDA_MEMCPY2D) => memory::cuMemcpy2D_v2;
+    fn cuMemcpy2DUnaligned_v2_ptds["cuMemcpy2DUnaligned", 7000, Ptds](p: *const CUDA_MEMCPY2D) => memory::cuMemcpy2D_v2;
     fn cuMemcpy2DAsync_v2["cuMemcpy2DAsync", 3020, Default](p: *const CUDA_MEMCPY2D, s: CUstream) => memory::cuMemcpy2DAsync_v2;
-    fn cuMemcpy2DAsync_v2_ptsz["cuMemcpy2DAsync", 7000, Ptsz](p: *const CUDA_MEMCPY2D, s: CUstream) => memory::cuMemcpy2DAsync_v2_ptsz;
+    fn cuMemcpy2DAsync_v2_ptsz["cuMemcpy2DAsync", 7000, Ptsz](p: *const CUDA_MEMCPY2D, s: CUstream) => memory::cuMemcpy2DAsync_v2;
     fn cuPointerGetAttribute["cuPointerGetAttribute", 4000, Default](data: *mut c_void, attr: c_int, ptr: CUdeviceptr) => memory::cuPointerGetAttribute;
     fn cuPointerGetAttributes["cuPointerGetAttributes", 7000, Default](n: c_uint, attrs: *const c_int, data: *mut *mut c_void, ptr: CUdeviceptr) => memory::cuPointerGetAttributes;
     fn cuMemHostRegister_v2["cuMemHostRegister", 6050, Default](p: *mut c_void, size: usize, flags: c_uint) => memory::cuMemHostRegister_v2;
@@ -377,7 +377,7 @@ cuda_api! {
     fn cuMemPrefetchAsync["cuMemPrefetchAsync", 8000, Default](ptr: CUdeviceptr, n: usize, dev: CUdevice, s: CUstream) => memory::cuMemPrefetchAsync;
     fn cuMemPrefetchAsync_ptsz["cuMemPrefetchAsync", 8000, Ptsz](ptr: CUdeviceptr, n: usize, dev: CUdevice, s: CUstream) => memory::cuMemPrefetchAsync_ptsz;
     fn cuMemPrefetchAsync_v2["cuMemPrefetchAsync", 12020, Default](ptr: CUdeviceptr, n: usize, loc: CUmemLocation, _flags: c_uint, s: CUstream) => memory::cuMemPrefetchAsync_v2;
-    fn cuMemPrefetchAsync_v2_ptsz["cuMemPrefetchAsync", 12020, Ptsz](ptr: CUdeviceptr, n: usize, loc: CUmemLocation, _flags: c_uint, s: CUstream) => memory::cuMemPrefetchAsync_v2_ptsz;
+    fn cuMemPrefetchAsync_v2_ptsz["cuMemPrefetchAsync", 12020, Ptsz](ptr: CUdeviceptr, n: usize, loc: CUmemLocation, _flags: c_uint, s: CUstream) => memory::cuMemPrefetchAsync_v2;
     fn cuMemAdvise["cuMemAdvise", 8000, Default](ptr: CUdeviceptr, n: usize, advice: c_int, dev: CUdevice) => memory::cuMemAdvise;
     fn cuMemAdvise_v2["cuMemAdvise", 12020, Default](ptr: CUdeviceptr, n: usize, advice: c_int, loc: CUmemLocation) => memory::cuMemAdvise_v2;
     fn cuMemRangeGetAttribute["cuMemRangeGetAttribute", 8000, Default](data: *mut c_void, size: usize, attribute: c_int, ptr: CUdeviceptr, n: usize) => memory::cuMemRangeGetAttribute;
@@ -392,13 +392,13 @@ cuda_api! {
     fn cuLogsUnregisterCallback["cuLogsUnregisterCallback", 12090, Default](handle: *mut c_void) => tools::cuLogsUnregisterCallback;
     fn cuGraphGetNodes["cuGraphGetNodes", 10000, Default](g: CUgraph, nodes: *mut CUgraphNode, n: *mut usize) => graph::cuGraphGetNodes;
     fn cuProfilerStart["cuProfilerStart", 4000, Default]() => tools::cuProfilerStart;
-    fn cuProfilerStop["cuProfilerStop", 4000, Default]() => tools::cuProfilerStop;
+    fn cuProfilerStop["cuProfilerStop", 4000, Default]() => tools::cuProfilerStart;
     fn cuLinkCreate["cuLinkCreate", 5050, Default](_n: c_uint, _o: *mut c_int, _v: *mut *mut c_void, state: *mut *mut c_void) => module::cuLinkCreate;
-    fn cuLinkCreate_v2["cuLinkCreate", 6050, Default](_n: c_uint, _o: *mut c_int, _v: *mut *mut c_void, state: *mut *mut c_void) => module::cuLinkCreate_v2;
+    fn cuLinkCreate_v2["cuLinkCreate", 6050, Default](_n: c_uint, _o: *mut c_int, _v: *mut *mut c_void, state: *mut *mut c_void) => module::cuLinkCreate;
     fn cuLinkAddData["cuLinkAddData", 5050, Default](state: *mut c_void, _ty: c_int, data: *mut c_void, size: usize, _name: *const c_char, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) => module::cuLinkAddData;
-    fn cuLinkAddData_v2["cuLinkAddData", 6050, Default](state: *mut c_void, _ty: c_int, data: *mut c_void, size: usize, _name: *const c_char, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) => module::cuLinkAddData_v2;
+    fn cuLinkAddData_v2["cuLinkAddData", 6050, Default](state: *mut c_void, _ty: c_int, data: *mut c_void, size: usize, _name: *const c_char, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) => module::cuLinkAddData;
     fn cuLinkAddFile["cuLinkAddFile", 5050, Default](state: *mut c_void, _ty: c_int, path: *const c_char, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) => module::cuLinkAddFile;
-    fn cuLinkAddFile_v2["cuLinkAddFile", 6050, Default](state: *mut c_void, _ty: c_int, path: *const c_char, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) => module::cuLinkAddFile_v2;
+    fn cuLinkAddFile_v2["cuLinkAddFile", 6050, Default](state: *mut c_void, _ty: c_int, path: *const c_char, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) => module::cuLinkAddFile;
     fn cuLinkComplete["cuLinkComplete", 5050, Default](state: *mut c_void, cubin: *mut *mut c_void, size: *mut usize) => module::cuLinkComplete;
     fn cuLinkDestroy["cuLinkDestroy", 5050, Default](state: *mut c_void) => module::cuLinkDestroy;
 

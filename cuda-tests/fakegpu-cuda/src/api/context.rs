@@ -13,15 +13,7 @@ pub(crate) fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> R<()> {
     cu().primary_release(dev)
 }
 
-pub(crate) fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> R<()> {
-    cu().primary_release(dev)
-}
-
 pub(crate) fn cuDevicePrimaryCtxReset(dev: CUdevice) -> R<()> {
-    cu().primary_reset(dev)
-}
-
-pub(crate) fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> R<()> {
     cu().primary_reset(dev)
 }
 
@@ -42,18 +34,7 @@ pub(crate) fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> R<()> 
     cu().primary_set_flags(dev, flags)
 }
 
-pub(crate) fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> R<()> {
-    cu().primary_set_flags(dev, flags)
-}
-
 pub(crate) fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> R<()> {
-    if pctx.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(pctx, hp(cu().ctx_create(flags, dev)?))
-}
-
-pub(crate) fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> R<()> {
     if pctx.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -86,10 +67,6 @@ pub(crate) fn cuCtxCreate_v4(
 }
 
 pub(crate) fn cuCtxDestroy(ctx: CUcontext) -> R<()> {
-    cu().ctx_destroy(h(ctx))
-}
-
-pub(crate) fn cuCtxDestroy_v2(ctx: CUcontext) -> R<()> {
     cu().ctx_destroy(h(ctx))
 }
 

@@ -39,16 +39,6 @@ pub(crate) fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> R<()> {
     )
 }
 
-pub(crate) fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> R<()> {
-    let d = cu().device_spec(dev)?;
-    put(
-        uuid,
-        CUuuid {
-            bytes: d.uuid_bytes().map(|b| b as c_char),
-        },
-    )
-}
-
 pub(crate) fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> R<()> {
     if pi.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);

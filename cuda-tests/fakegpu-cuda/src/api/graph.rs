@@ -7,15 +7,7 @@ pub(crate) fn cuStreamBeginCapture(s: CUstream) -> R<()> {
     cu().stream_begin_capture(h(s), 0)
 }
 
-pub(crate) fn cuStreamBeginCapture_ptsz(s: CUstream) -> R<()> {
-    cu().stream_begin_capture(h(s), 0)
-}
-
 pub(crate) fn cuStreamBeginCapture_v2(s: CUstream, mode: c_uint) -> R<()> {
-    cu().stream_begin_capture(h(s), mode)
-}
-
-pub(crate) fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_uint) -> R<()> {
     cu().stream_begin_capture(h(s), mode)
 }
 
@@ -26,21 +18,7 @@ pub(crate) fn cuStreamEndCapture(s: CUstream, g: *mut CUgraph) -> R<()> {
     put(g, hp(cu().stream_end_capture(h(s))?))
 }
 
-pub(crate) fn cuStreamEndCapture_ptsz(s: CUstream, g: *mut CUgraph) -> R<()> {
-    if g.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(g, hp(cu().stream_end_capture(h(s))?))
-}
-
 pub(crate) fn cuStreamIsCapturing(s: CUstream, status: *mut c_uint) -> R<()> {
-    if status.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(status, cu().stream_is_capturing(h(s))?)
-}
-
-pub(crate) fn cuStreamIsCapturing_ptsz(s: CUstream, status: *mut c_uint) -> R<()> {
     if status.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -112,19 +90,6 @@ pub(crate) fn cuGraphInstantiate(
     put(e, hp(cu().graph_instantiate(h(g), 0)?))
 }
 
-pub(crate) fn cuGraphInstantiate_v2(
-    e: *mut CUgraphExec,
-    g: CUgraph,
-    _err: *mut CUgraphNode,
-    _log: *mut c_char,
-    _n: usize,
-) -> R<()> {
-    if e.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(e, hp(cu().graph_instantiate(h(g), 0)?))
-}
-
 pub(crate) fn cuGraphInstantiateWithFlags(
     e: *mut CUgraphExec,
     g: CUgraph,
@@ -140,19 +105,11 @@ pub(crate) fn cuGraphLaunch(e: CUgraphExec, s: CUstream) -> R<()> {
     cu().graph_launch(h(e), h(s))
 }
 
-pub(crate) fn cuGraphLaunch_ptsz(e: CUgraphExec, s: CUstream) -> R<()> {
-    cu().graph_launch(h(e), h(s))
-}
-
 pub(crate) fn cuGraphExecDestroy(e: CUgraphExec) -> R<()> {
     cu().graph_exec_destroy(h(e))
 }
 
 pub(crate) fn cuGraphUpload(e: CUgraphExec, s: CUstream) -> R<()> {
-    cu().graph_upload(h(e), h(s))
-}
-
-pub(crate) fn cuGraphUpload_ptsz(e: CUgraphExec, s: CUstream) -> R<()> {
     cu().graph_upload(h(e), h(s))
 }
 
@@ -204,22 +161,6 @@ pub(crate) fn cuStreamGetCaptureInfo(
     )
 }
 
-pub(crate) fn cuStreamGetCaptureInfo_ptsz(
-    s: CUstream,
-    status: *mut c_uint,
-    id: *mut c_ulonglong,
-) -> R<()> {
-    capture_info(
-        s,
-        status,
-        id,
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    )
-}
-
 pub(crate) fn cuStreamGetCaptureInfo_v2(
     s: CUstream,
     status: *mut c_uint,
@@ -231,30 +172,7 @@ pub(crate) fn cuStreamGetCaptureInfo_v2(
     capture_info(s, status, id, g, deps, std::ptr::null_mut(), n)
 }
 
-pub(crate) fn cuStreamGetCaptureInfo_v2_ptsz(
-    s: CUstream,
-    status: *mut c_uint,
-    id: *mut c_ulonglong,
-    g: *mut CUgraph,
-    deps: *mut *const CUgraphNode,
-    n: *mut usize,
-) -> R<()> {
-    capture_info(s, status, id, g, deps, std::ptr::null_mut(), n)
-}
-
 pub(crate) fn cuStreamGetCaptureInfo_v3(
-    s: CUstream,
-    status: *mut c_uint,
-    id: *mut c_ulonglong,
-    g: *mut CUgraph,
-    deps: *mut *const CUgraphNode,
-    edges: *mut *const c_void,
-    n: *mut usize,
-) -> R<()> {
-    capture_info(s, status, id, g, deps, edges, n)
-}
-
-pub(crate) fn cuStreamGetCaptureInfo_v3_ptsz(
     s: CUstream,
     status: *mut c_uint,
     id: *mut c_ulonglong,

@@ -26,17 +26,6 @@ pub(crate) fn cuIpcOpenMemHandle(
     put(pdptr, cu().ipc_open(&handle.reserved.map(|x| x as u8))?)
 }
 
-pub(crate) fn cuIpcOpenMemHandle_v2(
-    pdptr: *mut CUdeviceptr,
-    handle: CUipcMemHandle,
-    _flags: c_uint,
-) -> R<()> {
-    if pdptr.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(pdptr, cu().ipc_open(&handle.reserved.map(|x| x as u8))?)
-}
-
 pub(crate) fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> R<()> {
     cu().ipc_close(dptr)
 }

@@ -30,22 +30,6 @@ pub(crate) fn cuLaunchKernel(
     launch_common(f, [gx, gy, gz], [bx, by, bz], s, params, extra, false)
 }
 
-pub(crate) fn cuLaunchKernel_ptsz(
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    _shared: c_uint,
-    s: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> R<()> {
-    launch_common(f, [gx, gy, gz], [bx, by, bz], s, params, extra, false)
-}
-
 pub(crate) fn cuLaunchKernelEx(
     config: *const CUlaunchConfig,
     f: CUfunction,
@@ -55,39 +39,7 @@ pub(crate) fn cuLaunchKernelEx(
     launch_ex(config, f, params, extra)
 }
 
-pub(crate) fn cuLaunchKernelEx_ptsz(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> R<()> {
-    launch_ex(config, f, params, extra)
-}
-
 pub(crate) fn cuLaunchCooperativeKernel(
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    _shared: c_uint,
-    s: CUstream,
-    params: *mut *mut c_void,
-) -> R<()> {
-    launch_common(
-        f,
-        [gx, gy, gz],
-        [bx, by, bz],
-        s,
-        params,
-        std::ptr::null_mut(),
-        true,
-    )
-}
-
-pub(crate) fn cuLaunchCooperativeKernel_ptsz(
     f: CUfunction,
     gx: c_uint,
     gy: c_uint,

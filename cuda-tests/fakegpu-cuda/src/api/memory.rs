@@ -112,15 +112,7 @@ pub(crate) fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) ->
     memcpy(dst, true, src as u64, false, n, true)
 }
 
-pub(crate) fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) -> R<()> {
-    memcpy(dst, true, src as u64, false, n, true)
-}
-
 pub(crate) fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> R<()> {
-    memcpy(dst as u64, false, src, true, n, true)
-}
-
-pub(crate) fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) -> R<()> {
     memcpy(dst as u64, false, src, true, n, true)
 }
 
@@ -128,20 +120,7 @@ pub(crate) fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> R
     memcpy(dst, true, src, true, n, true)
 }
 
-pub(crate) fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> R<()> {
-    memcpy(dst, true, src, true, n, true)
-}
-
 pub(crate) fn cuMemcpyHtoDAsync_v2(
-    dst: CUdeviceptr,
-    src: *const c_void,
-    n: usize,
-    s: CUstream,
-) -> R<()> {
-    memcpy_async(dst, true, src as u64, false, n, s)
-}
-
-pub(crate) fn cuMemcpyHtoDAsync_v2_ptsz(
     dst: CUdeviceptr,
     src: *const c_void,
     n: usize,
@@ -159,20 +138,7 @@ pub(crate) fn cuMemcpyDtoHAsync_v2(
     memcpy_async(dst as u64, false, src, true, n, s)
 }
 
-pub(crate) fn cuMemcpyDtoHAsync_v2_ptsz(
-    dst: *mut c_void,
-    src: CUdeviceptr,
-    n: usize,
-    s: CUstream,
-) -> R<()> {
-    memcpy_async(dst as u64, false, src, true, n, s)
-}
-
 pub(crate) fn cuMemsetD8_v2(dst: CUdeviceptr, v: c_uchar, n: usize) -> R<()> {
-    cu().memset(dst, v as u32, 1, n as u64)
-}
-
-pub(crate) fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, v: c_uchar, n: usize) -> R<()> {
     cu().memset(dst, v as u32, 1, n as u64)
 }
 
@@ -180,23 +146,11 @@ pub(crate) fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> R<()> {
     cu().memset(dst, v, 4, n as u64)
 }
 
-pub(crate) fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, v: c_uint, n: usize) -> R<()> {
-    cu().memset(dst, v, 4, n as u64)
-}
-
 pub(crate) fn cuMemsetD8Async(dst: CUdeviceptr, v: c_uchar, n: usize, s: CUstream) -> R<()> {
     memset_async(dst, v as u32, 1, n, s)
 }
 
-pub(crate) fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: c_uchar, n: usize, s: CUstream) -> R<()> {
-    memset_async(dst, v as u32, 1, n, s)
-}
-
 pub(crate) fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, s: CUstream) -> R<()> {
-    memset_async(dst, v, 4, n, s)
-}
-
-pub(crate) fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: c_uint, n: usize, s: CUstream) -> R<()> {
     memset_async(dst, v, 4, n, s)
 }
 
@@ -209,38 +163,7 @@ pub(crate) fn cuStreamWriteValue32(
     memset_async(addr, v, 4, 1, s)
 }
 
-pub(crate) fn cuStreamWriteValue32_ptsz(
-    s: CUstream,
-    addr: CUdeviceptr,
-    v: c_uint,
-    _flags: c_uint,
-) -> R<()> {
-    memset_async(addr, v, 4, 1, s)
-}
-
-pub(crate) fn cuStreamWriteValue32_v2(
-    s: CUstream,
-    addr: CUdeviceptr,
-    v: c_uint,
-    _flags: c_uint,
-) -> R<()> {
-    memset_async(addr, v, 4, 1, s)
-}
-
-pub(crate) fn cuStreamWriteValue32_v2_ptsz(
-    s: CUstream,
-    addr: CUdeviceptr,
-    v: c_uint,
-    _flags: c_uint,
-) -> R<()> {
-    memset_async(addr, v, 4, 1, s)
-}
-
 pub(crate) fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> R<()> {
-    memcpy(dst, is_dev(dst)?, src, is_dev(src)?, n, true)
-}
-
-pub(crate) fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> R<()> {
     memcpy(dst, is_dev(dst)?, src, is_dev(src)?, n, true)
 }
 
@@ -266,28 +189,7 @@ pub(crate) fn cuMemcpyDtoDAsync_v2(
     memcpy_async(dst, true, src, true, n, s)
 }
 
-pub(crate) fn cuMemcpyDtoDAsync_v2_ptsz(
-    dst: CUdeviceptr,
-    src: CUdeviceptr,
-    n: usize,
-    s: CUstream,
-) -> R<()> {
-    memcpy_async(dst, true, src, true, n, s)
-}
-
 pub(crate) fn cuMemcpyPeer(
-    dst: CUdeviceptr,
-    dctx: CUcontext,
-    src: CUdeviceptr,
-    sctx: CUcontext,
-    n: usize,
-) -> R<()> {
-    cu().ctx_id(h(dctx))?;
-    cu().ctx_id(h(sctx))?;
-    memcpy(dst, true, src, true, n, true)
-}
-
-pub(crate) fn cuMemcpyPeer_ptds(
     dst: CUdeviceptr,
     dctx: CUcontext,
     src: CUdeviceptr,
@@ -312,40 +214,11 @@ pub(crate) fn cuMemcpyPeerAsync(
     memcpy_async(dst, true, src, true, n, s)
 }
 
-pub(crate) fn cuMemcpyPeerAsync_ptsz(
-    dst: CUdeviceptr,
-    dctx: CUcontext,
-    src: CUdeviceptr,
-    sctx: CUcontext,
-    n: usize,
-    s: CUstream,
-) -> R<()> {
-    cu().ctx_id(h(dctx))?;
-    cu().ctx_id(h(sctx))?;
-    memcpy_async(dst, true, src, true, n, s)
-}
-
 pub(crate) fn cuMemcpy2D_v2(p: *const CUDA_MEMCPY2D) -> R<()> {
     memcpy_2d(get(p)?, None)
 }
 
-pub(crate) fn cuMemcpy2D_v2_ptds(p: *const CUDA_MEMCPY2D) -> R<()> {
-    memcpy_2d(get(p)?, None)
-}
-
-pub(crate) fn cuMemcpy2DUnaligned_v2(p: *const CUDA_MEMCPY2D) -> R<()> {
-    memcpy_2d(get(p)?, None)
-}
-
-pub(crate) fn cuMemcpy2DUnaligned_v2_ptds(p: *const CUDA_MEMCPY2D) -> R<()> {
-    memcpy_2d(get(p)?, None)
-}
-
 pub(crate) fn cuMemcpy2DAsync_v2(p: *const CUDA_MEMCPY2D, s: CUstream) -> R<()> {
-    memcpy_2d(get(p)?, Some(s))
-}
-
-pub(crate) fn cuMemcpy2DAsync_v2_ptsz(p: *const CUDA_MEMCPY2D, s: CUstream) -> R<()> {
     memcpy_2d(get(p)?, Some(s))
 }
 
@@ -429,16 +302,6 @@ pub(crate) fn cuMemPrefetchAsync_ptsz(
 }
 
 pub(crate) fn cuMemPrefetchAsync_v2(
-    ptr: CUdeviceptr,
-    n: usize,
-    loc: CUmemLocation,
-    _flags: c_uint,
-    s: CUstream,
-) -> R<()> {
-    prefetch_or_advise(ptr, n, location_device(loc)?, Some(s), 0)
-}
-
-pub(crate) fn cuMemPrefetchAsync_v2_ptsz(
     ptr: CUdeviceptr,
     n: usize,
     loc: CUmemLocation,

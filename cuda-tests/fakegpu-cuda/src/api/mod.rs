@@ -1,9 +1,10 @@
 //! The implementations of the fake libcuda's exports, one module per family of the driver
 //! API.
 //!
-//! Each `pub(crate) fn` here named like a CUDA export implements that export: the
-//! `cuda_api!` table in `lib.rs` declares the export (name, `cuGetProcAddress` base name,
-//! version, variant, signature) and names its function here; the table's shell wraps the
+//! Each `pub(crate) fn` here named like a CUDA export implements that export, and the
+//! variants of it that behave alike (`_v2`, `_ptds`, `_ptsz`, ... with the same signature):
+//! the `cuda_api!` table in `lib.rs` declares each export (name, `cuGetProcAddress` base
+//! name, version, variant, signature) and names its function here; the table's shell wraps the
 //! call in `guard` and traces it, so a body reads and writes the caller's pointers through
 //! `ffi` (`get`, `put`, ...) and returns `R<()>`. Each module takes the crate root's names
 //! (`use crate::*`: `cu()`, the `ffi` helpers, the ABI's types and constants) and keeps the

@@ -114,16 +114,6 @@ pub(crate) fn cuModuleGetLoadingMode(mode: *mut c_int) -> R<()> {
     put(mode, if eager { 1 } else { 2 })
 }
 
-pub(crate) fn cuModuleLoadFatBinary(m: *mut CUmodule, image: *const c_void) -> R<()> {
-    if m.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(
-        m,
-        hp(cu().module_load(ImageSource::Memory(image as usize))?),
-    )
-}
-
 pub(crate) fn cuLibraryLoadFromFile(
     l: *mut CUlibrary,
     path: *const c_char,
@@ -240,18 +230,6 @@ pub(crate) fn cuLinkCreate(
     put(state, hp(cu().link_create()?))
 }
 
-pub(crate) fn cuLinkCreate_v2(
-    _n: c_uint,
-    _o: *mut c_int,
-    _v: *mut *mut c_void,
-    state: *mut *mut c_void,
-) -> R<()> {
-    if state.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(state, hp(cu().link_create()?))
-}
-
 pub(crate) fn cuLinkAddData(
     state: *mut c_void,
     _ty: c_int,
@@ -268,34 +246,7 @@ pub(crate) fn cuLinkAddData(
     cu().link_add(h(state), &ImageSource::Memory(data as usize))
 }
 
-pub(crate) fn cuLinkAddData_v2(
-    state: *mut c_void,
-    _ty: c_int,
-    data: *mut c_void,
-    size: usize,
-    _name: *const c_char,
-    _n: c_uint,
-    _o: *mut c_int,
-    _v: *mut *mut c_void,
-) -> R<()> {
-    if size == 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    cu().link_add(h(state), &ImageSource::Memory(data as usize))
-}
-
 pub(crate) fn cuLinkAddFile(
-    state: *mut c_void,
-    _ty: c_int,
-    path: *const c_char,
-    _n: c_uint,
-    _o: *mut c_int,
-    _v: *mut *mut c_void,
-) -> R<()> {
-    cu().link_add(h(state), &ImageSource::File(cstr(path)?.into()))
-}
-
-pub(crate) fn cuLinkAddFile_v2(
     state: *mut c_void,
     _ty: c_int,
     path: *const c_char,

@@ -9,37 +9,11 @@ pub(crate) fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, s: CUstream) 
     put(dptr, cu().mem_alloc_async(size as u64, None, h(s))?)
 }
 
-pub(crate) fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, s: CUstream) -> R<()> {
-    if dptr.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(dptr, cu().mem_alloc_async(size as u64, None, h(s))?)
-}
-
 pub(crate) fn cuMemFreeAsync(dptr: CUdeviceptr, s: CUstream) -> R<()> {
     cu().mem_free_async(dptr, h(s))
 }
 
-pub(crate) fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, s: CUstream) -> R<()> {
-    cu().mem_free_async(dptr, h(s))
-}
-
 pub(crate) fn cuMemAllocFromPoolAsync(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    pool: CUmemoryPool,
-    s: CUstream,
-) -> R<()> {
-    if dptr.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(
-        dptr,
-        cu().mem_alloc_async(size as u64, Some(h(pool)), h(s))?,
-    )
-}
-
-pub(crate) fn cuMemAllocFromPoolAsync_ptsz(
     dptr: *mut CUdeviceptr,
     size: usize,
     pool: CUmemoryPool,

@@ -31,18 +31,7 @@ pub(crate) fn cuStreamGetCtx(s: CUstream, pctx: *mut CUcontext) -> R<()> {
     put(pctx, hp(cu().stream_ctx(h(s))?))
 }
 
-pub(crate) fn cuStreamGetCtx_ptsz(s: CUstream, pctx: *mut CUcontext) -> R<()> {
-    if pctx.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(pctx, hp(cu().stream_ctx(h(s))?))
-}
-
 pub(crate) fn cuStreamSynchronize(s: CUstream) -> R<()> {
-    cu().stream_synchronize(h(s))
-}
-
-pub(crate) fn cuStreamSynchronize_ptsz(s: CUstream) -> R<()> {
     cu().stream_synchronize(h(s))
 }
 
@@ -50,15 +39,7 @@ pub(crate) fn cuStreamQuery(s: CUstream) -> R<()> {
     cu().stream_query(h(s))
 }
 
-pub(crate) fn cuStreamQuery_ptsz(s: CUstream) -> R<()> {
-    cu().stream_query(h(s))
-}
-
 pub(crate) fn cuStreamWaitEvent(s: CUstream, e: CUevent, flags: c_uint) -> R<()> {
-    cu().stream_wait_event(h(s), h(e), flags)
-}
-
-pub(crate) fn cuStreamWaitEvent_ptsz(s: CUstream, e: CUevent, flags: c_uint) -> R<()> {
     cu().stream_wait_event(h(s), h(e), flags)
 }
 
@@ -70,10 +51,6 @@ pub(crate) fn cuEventCreate(e: *mut CUevent, flags: c_uint) -> R<()> {
 }
 
 pub(crate) fn cuEventRecord(e: CUevent, s: CUstream) -> R<()> {
-    cu().event_record(h(e), h(s))
-}
-
-pub(crate) fn cuEventRecord_ptsz(e: CUevent, s: CUstream) -> R<()> {
     cu().event_record(h(e), h(s))
 }
 
@@ -92,13 +69,6 @@ pub(crate) fn cuEventElapsedTime(ms: *mut f32, a: CUevent, b: CUevent) -> R<()> 
     put(ms, cu().event_elapsed(h(a), h(b))?)
 }
 
-pub(crate) fn cuEventElapsedTime_v2(ms: *mut f32, a: CUevent, b: CUevent) -> R<()> {
-    if ms.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(ms, cu().event_elapsed(h(a), h(b))?)
-}
-
 pub(crate) fn cuEventDestroy_v2(e: CUevent) -> R<()> {
     cu().event_destroy(h(e))
 }
@@ -110,21 +80,7 @@ pub(crate) fn cuStreamGetFlags(s: CUstream, flags: *mut c_uint) -> R<()> {
     put(flags, cu().stream_props(h(s))?.flags)
 }
 
-pub(crate) fn cuStreamGetFlags_ptsz(s: CUstream, flags: *mut c_uint) -> R<()> {
-    if flags.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(flags, cu().stream_props(h(s))?.flags)
-}
-
 pub(crate) fn cuStreamGetPriority(s: CUstream, prio: *mut c_int) -> R<()> {
-    if prio.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(prio, cu().stream_props(h(s))?.priority)
-}
-
-pub(crate) fn cuStreamGetPriority_ptsz(s: CUstream, prio: *mut c_int) -> R<()> {
     if prio.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -147,13 +103,6 @@ pub(crate) fn cuStreamGetId_ptsz(s: CUstream, id: *mut c_ulonglong) -> R<()> {
 }
 
 pub(crate) fn cuStreamGetDevice(s: CUstream, dev: *mut CUdevice) -> R<()> {
-    if dev.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    put(dev, cu().stream_props(h(s))?.dev as CUdevice)
-}
-
-pub(crate) fn cuStreamGetDevice_ptsz(s: CUstream, dev: *mut CUdevice) -> R<()> {
     if dev.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -217,13 +166,6 @@ pub(crate) fn cuStreamAddCallback_ptsz(
 }
 
 pub(crate) fn cuEventRecordWithFlags(e: CUevent, s: CUstream, flags: c_uint) -> R<()> {
-    if flags > 1 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    cu().event_record(h(e), h(s))
-}
-
-pub(crate) fn cuEventRecordWithFlags_ptsz(e: CUevent, s: CUstream, flags: c_uint) -> R<()> {
     if flags > 1 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }

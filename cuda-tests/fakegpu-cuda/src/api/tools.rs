@@ -28,10 +28,6 @@ pub(crate) fn cuProfilerStart() -> R<()> {
     cu().current().map(|_| ())
 }
 
-pub(crate) fn cuProfilerStop() -> R<()> {
-    cu().current().map(|_| ())
-}
-
 const LOG_CALLBACK_BASE: u64 = 0x109 << 40;
 
 static LOG_CALLBACKS: std::sync::atomic::AtomicU64 =
