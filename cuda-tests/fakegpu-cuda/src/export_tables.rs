@@ -9,11 +9,14 @@
 //! `CUDA_ERROR_NOT_SUPPORTED`: a call the fake cannot serve fails loudly, never silently.
 //! What each slot does and where that is known from: cuda-tests/README.md ("The CUDA
 //! runtime's private tables"). `FAKEGPU_TRACE_EXPORTS=1` prints every table request and
-//! every served slot call, which is how the slots a runtime uses were found.
+//! every served slot call, which is how the slots a runtime uses were found. The tables are
+//! `fakegpu::export_table::TableDef`s, laid out and found by id by that module, which lays
+//! out nvidia-smi's NVML table too.
 
 use crate::ffi::{get, guard, h, hp, put};
 use fakegpu::cuda::module::ImageSource;
 use fakegpu::cuda::R;
+use fakegpu::export_table::{find, fmt_id, id, layout_def, Slot, TableDef};
 use gpuslice_abi::cuda::result::*;
 use gpuslice_abi::cuda::{CUcontext, CUdevice, CUmodule, CUresult, CUuuid};
 use std::ffi::{c_uint, c_void};
@@ -35,56 +38,6 @@ macro_rules! trace {
         }
     };
 }
-
-/// Parses "6bd5fb6c-5bf4-e74a-8987-d93912fd9df9" (bytes in CUuuid order) at compile time.
-const fn id(s: &str) -> [u8; 16] {
-    let b = s.as_bytes();
-    let mut out = [0u8; 16];
-    let (mut i, mut n) = (0, 0);
-    while i < b.len() {
-        if b[i] == b'-' {
-            i += 1;
-            continue;
-        }
-        out[n / 2] = (out[n / 2] << 4) | hex(b[i]);
-        n += 1;
-        i += 1;
-    }
-    assert!(n == 32, "a table id has 32 hex digits");
-    out
-}
-
-const fn hex(c: u8) -> u8 {
-    match c {
-        b'0'..=b'9' => c - b'0',
-        b'a'..=b'f' => c - b'a' + 10,
-        b'A'..=b'F' => c - b'A' + 10,
-        _ => panic!("not a hex digit"),
-    }
-}
-
-/// What a slot holds.
-#[derive(Clone, Copy)]
-enum Slot {
-    /// The table's size in bytes (slot count x 8).
-    SizeOf,
-    /// A served function.
-    Fn(*const c_void),
-    /// Not known: a logging trampoline that answers CUDA_ERROR_NOT_SUPPORTED.
-    Unknown,
-}
-
-struct TableDef {
-    name: &'static str,
-    id: [u8; 16],
-    slots: usize,
-    known: &'static [(usize, Slot)],
-}
-
-// SAFETY: the pointers are addresses of functions with 'static lifetime; never written.
-unsafe impl Sync for TableDef {}
-// SAFETY: as for Sync: nothing in it belongs to a thread.
-unsafe impl Send for TableDef {}
 
 /// Table names follow the public write-ups of this interface (ZLUDA's `dark_api`); the
 /// runtime itself only knows the ids.
@@ -215,22 +168,7 @@ fn built() -> &'static Built {
             TABLES
                 .iter()
                 .enumerate()
-                .map(|(ti, t)| {
-                    (0..t.slots)
-                        .map(|s| {
-                            let slot = t
-                                .known
-                                .iter()
-                                .find(|(i, _)| *i == s)
-                                .map_or(Slot::Unknown, |(_, k)| *k);
-                            match slot {
-                                Slot::SizeOf => (t.slots * 8) as *const c_void,
-                                Slot::Fn(p) => p,
-                                Slot::Unknown => trampoline(ti, s),
-                            }
-                        })
-                        .collect()
-                })
+                .map(|(ti, t)| layout_def(t, |s| trampoline(ti, s)))
                 .collect(),
         )
     })
@@ -242,7 +180,7 @@ pub fn get_export_table(table: *mut *const c_void, id: *const CUuuid) -> R<()> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let want = get(id)?.bytes.map(|b| b as u8);
-    match TABLES.iter().position(|t| t.id == want) {
+    match find(TABLES, &want) {
         Some(i) => {
             trace!("cuGetExportTable {} served", TABLES[i].name);
             put(table, built().0[i].as_ptr() as *const c_void)
@@ -255,18 +193,6 @@ pub fn get_export_table(table: *mut *const c_void, id: *const CUuuid) -> R<()> {
             Err(CUDA_ERROR_NOT_FOUND)
         }
     }
-}
-
-fn fmt_id(b: &[u8; 16]) -> String {
-    let hexs: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hexs[0..8],
-        &hexs[8..12],
-        &hexs[12..16],
-        &hexs[16..20],
-        &hexs[20..32]
-    )
 }
 
 /// The (table, slot) trampolines: a distinct function per pair, so the line names both.

@@ -5,13 +5,15 @@
 //! Every slot is its own trampoline (`slot::<N>`), so a call names its slot
 //! (`FAKEGPU_NVML_TRACE_TABLE` logs them): that is how the served slots were found. Served:
 //! 26 (debug log), 81 (handle by index), 213-215 (process lists); every other non-null slot
-//! answers NOT_SUPPORTED and writes nothing. cuda-tests/README.md lists the facts and where
-//! each comes from.
+//! answers NOT_SUPPORTED and writes nothing. The layout (size word, null slots, trampolines)
+//! is `fakegpu::export_table`'s, as for the CUDA runtime's tables. cuda-tests/README.md
+//! lists the facts and where each comes from.
 
 use crate::core::{self, guard, out, NvmlResult};
+use fakegpu::export_table::{layout, Slot};
 use gpuslice_abi::nvml::ret::*;
 use gpuslice_abi::nvml::*;
-use std::ffi::c_uint;
+use std::ffi::{c_uint, c_void};
 use std::sync::OnceLock;
 
 pub type Args = [usize; 6];
@@ -199,21 +201,23 @@ pub const TABLE_GUID: [u8; 16] = [
     0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e, 0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4,
 ];
 
-/// Word 0 is the table's size in bytes, as in the real library; every other word a slot.
+/// Word 0 is the table's size in bytes, as in the real library; every other word a slot:
+/// null where the real library's is, else the slot's own trampoline.
 fn table() -> &'static [usize] {
     static TABLE: OnceLock<Box<[usize]>> = OnceLock::new();
     TABLE.get_or_init(|| {
         let cuda = fakegpu::nvml_view::cuda_driver_version();
-        let size = table_bytes(cuda);
         let empty = empty_slots(cuda);
-        let mut t = vec![0usize; size / 8];
-        t[0] = size;
-        for (i, e) in t.iter_mut().enumerate().skip(1) {
-            if !empty.contains(&i) {
-                *e = SLOTS[i / 16][i % 16] as usize;
-            }
-        }
-        t.into_boxed_slice()
+        let known = |i: usize| match i {
+            0 => Some(Slot::SizeOf),
+            _ if empty.contains(&i) => Some(Slot::Null),
+            _ => None,
+        };
+        let trampoline = |i: usize| SLOTS[i / 16][i % 16] as *const c_void;
+        layout(table_bytes(cuda) / 8, known, trampoline)
+            .iter()
+            .map(|p| *p as usize)
+            .collect()
     })
 }
 

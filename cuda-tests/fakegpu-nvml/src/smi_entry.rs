@@ -7,7 +7,8 @@
 //! (clocks, ECC, PCIe link, inforom, serials, media engines, thresholds) answers
 //! `NVML_ERROR_NOT_SUPPORTED` after the usual init and handle checks, which nvidia-smi prints
 //! as "N/A": the answer a real driver gives for a feature a board lacks, never a made-up
-//! number.
+//! number. The modelled ones are implementations named by rows of `nvml_api!` in `lib.rs`;
+//! the `not_modelled!` list below declares and exports the rest.
 
 use crate::core::{self, guard, out};
 use gpuslice_abi::nvml::ret::*;
@@ -125,11 +126,7 @@ not_modelled! {
 ///
 /// # Safety
 /// `brand` must be null or a valid pointer.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetBrand(
-    device: nvmlDevice_t,
-    brand: *mut c_uint,
-) -> nvmlReturn_t {
+pub(crate) unsafe fn nvmlDeviceGetBrand(device: nvmlDevice_t, brand: *mut c_uint) -> nvmlReturn_t {
     guard(|| {
         core::device(device)?;
         // SAFETY: the caller passes null or a valid pointer.
@@ -143,8 +140,7 @@ pub unsafe extern "C" fn nvmlDeviceGetBrand(
 ///
 /// # Safety
 /// `arch` must be null or a valid pointer.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
+pub(crate) unsafe fn nvmlDeviceGetArchitecture(
     device: nvmlDevice_t,
     arch: *mut c_uint,
 ) -> nvmlReturn_t {
@@ -169,8 +165,7 @@ pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
 ///
 /// # Safety
 /// `active` must be null or a valid pointer.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetDisplayActive(
+pub(crate) unsafe fn nvmlDeviceGetDisplayActive(
     device: nvmlDevice_t,
     active: *mut c_uint,
 ) -> nvmlReturn_t {
@@ -186,8 +181,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDisplayActive(
 ///
 /// # Safety
 /// `mode` must be null or a valid pointer.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetAccountingMode(
+pub(crate) unsafe fn nvmlDeviceGetAccountingMode(
     device: nvmlDevice_t,
     mode: *mut c_uint,
 ) -> nvmlReturn_t {
@@ -203,8 +197,7 @@ pub unsafe extern "C" fn nvmlDeviceGetAccountingMode(
 ///
 /// # Safety
 /// `mode` must be null or a valid pointer.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetVirtualizationMode(
+pub(crate) unsafe fn nvmlDeviceGetVirtualizationMode(
     device: nvmlDevice_t,
     mode: *mut c_uint,
 ) -> nvmlReturn_t {
@@ -220,8 +213,7 @@ pub unsafe extern "C" fn nvmlDeviceGetVirtualizationMode(
 ///
 /// # Safety
 /// `count` must be null or a valid pointer.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+pub(crate) unsafe fn nvmlDeviceGetMaxMigDeviceCount(
     device: nvmlDevice_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
@@ -240,8 +232,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
 ///
 /// # Safety
 /// `is_mig` must be null or a valid pointer.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+pub(crate) unsafe fn nvmlDeviceIsMigDeviceHandle(
     device: nvmlDevice_t,
     is_mig: *mut c_uint,
 ) -> nvmlReturn_t {
@@ -257,8 +248,7 @@ pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
 ///
 /// # Safety
 /// `limit` must be null or a valid pointer.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPowerManagementDefaultLimit(
+pub(crate) unsafe fn nvmlDeviceGetPowerManagementDefaultLimit(
     device: nvmlDevice_t,
     limit: *mut c_uint,
 ) -> nvmlReturn_t {
@@ -274,8 +264,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerManagementDefaultLimit(
 ///
 /// # Safety
 /// Pointers must be null or valid.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetEncoderStats(
+pub(crate) unsafe fn nvmlDeviceGetEncoderStats(
     device: nvmlDevice_t,
     sessions: *mut c_uint,
     fps: *mut c_uint,
@@ -301,8 +290,7 @@ pub struct FbcStats {
 
 /// # Safety
 /// `stats` must be null or a valid `nvmlFBCStats_t*`.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetFBCStats(
+pub(crate) unsafe fn nvmlDeviceGetFBCStats(
     device: nvmlDevice_t,
     stats: *mut FbcStats,
 ) -> nvmlReturn_t {
@@ -324,8 +312,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFBCStats(
 ///
 /// # Safety
 /// `values` must be null or valid for `count` entries.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+pub(crate) unsafe fn nvmlDeviceGetFieldValues(
     device: nvmlDevice_t,
     count: c_int,
     values: *mut FieldValue,
@@ -374,8 +361,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
 ///
 /// # Safety
 /// `count` must be null or valid; `infos` null or `*count` writable entries.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+pub(crate) unsafe fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
     device: nvmlDevice_t,
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
@@ -393,8 +379,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
 ///
 /// # Safety
 /// `name` must be null or valid for `length` bytes.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetProcessName(
+pub(crate) unsafe fn nvmlSystemGetProcessName(
     pid: c_uint,
     name: *mut c_char,
     length: c_uint,
@@ -438,8 +423,7 @@ pub const NVML_PCI_INFO_EXT_V1: c_uint = std::mem::size_of::<PciInfoExt>() as c_
 ///
 /// # Safety
 /// `info` must be null or a valid pointer whose `version` is set.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfoExt(
+pub(crate) unsafe fn nvmlDeviceGetPciInfoExt(
     device: nvmlDevice_t,
     info: *mut PciInfoExt,
 ) -> nvmlReturn_t {

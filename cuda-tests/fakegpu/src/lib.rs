@@ -2,6 +2,7 @@
 //! mapped file, and the plain-Rust model of the CUDA driver API that `fakegpu-cuda` exports.
 
 pub mod cuda;
+pub mod export_table;
 pub mod host_pid;
 pub mod nvml_sampling;
 pub mod nvml_view;
