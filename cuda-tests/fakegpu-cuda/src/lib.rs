@@ -391,8 +391,8 @@ cuda_api! {
     fn cuLogsRegisterCallback["cuLogsRegisterCallback", 12090, Default](_cb: *mut c_void, _data: *mut c_void, handle: *mut *mut c_void) => tools::cuLogsRegisterCallback;
     fn cuLogsUnregisterCallback["cuLogsUnregisterCallback", 12090, Default](handle: *mut c_void) => tools::cuLogsUnregisterCallback;
     fn cuGraphGetNodes["cuGraphGetNodes", 10000, Default](g: CUgraph, nodes: *mut CUgraphNode, n: *mut usize) => graph::cuGraphGetNodes;
-    fn cuProfilerStart["cuProfilerStart", 4000, Default]() => tools::cuProfilerStart;
-    fn cuProfilerStop["cuProfilerStop", 4000, Default]() => tools::cuProfilerStart;
+    fn cuProfilerStart["cuProfilerStart", 4000, Default]() => tools::profiler_start_or_stop;
+    fn cuProfilerStop["cuProfilerStop", 4000, Default]() => tools::profiler_start_or_stop;
     fn cuLinkCreate["cuLinkCreate", 5050, Default](_n: c_uint, _o: *mut c_int, _v: *mut *mut c_void, state: *mut *mut c_void) => module::cuLinkCreate;
     fn cuLinkCreate_v2["cuLinkCreate", 6050, Default](_n: c_uint, _o: *mut c_int, _v: *mut *mut c_void, state: *mut *mut c_void) => module::cuLinkCreate;
     fn cuLinkAddData["cuLinkAddData", 5050, Default](state: *mut c_void, _ty: c_int, data: *mut c_void, size: usize, _name: *const c_char, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) => module::cuLinkAddData;

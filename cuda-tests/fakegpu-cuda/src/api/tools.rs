@@ -24,7 +24,9 @@ pub(crate) fn cuLogsUnregisterCallback(handle: *mut c_void) -> R<()> {
     Ok(())
 }
 
-pub(crate) fn cuProfilerStart() -> R<()> {
+/// `cuProfilerStart` and `cuProfilerStop`: nothing is profiled; both need a current context,
+/// as the driver's do.
+pub(crate) fn profiler_start_or_stop() -> R<()> {
     cu().current().map(|_| ())
 }
 
