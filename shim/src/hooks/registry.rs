@@ -267,7 +267,7 @@ macro_rules! hook_table {
             Cuda fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => launch::capture_end;
             Cuda fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => launch::capture_end;
             // Synchronisations: the time one waits teaches the start-up probe
-            // (throttle::probe) how long the slice's kernels are, until NVML has measured them.
+            // (the policy crate's probe) how long the slice's kernels are, until NVML has measured them.
             Cuda fn cuStreamSynchronize(stream: CUstream) -> CUresult => launch::stream_synchronize;
             Cuda fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult => launch::stream_synchronize;
             Cuda fn cuCtxSynchronize() -> CUresult => launch::ctx_synchronize;
