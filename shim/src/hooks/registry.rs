@@ -147,7 +147,7 @@ macro_rules! hook_table {
                 count: usize, locations: *mut CUmemLocation, location_indices: *mut usize, location_count: usize,
                 flags: u64, stream: CUstream) -> CUresult => memory::mem_prefetch_batch;
             Cuda fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => memory::mem_pool_destroy;
-            // Which device a pool lives on (a pool allocation is charged there, see memory::pool_book).
+            // Which device a pool lives on (a pool allocation is charged there, see the policy crate's pool book).
             Cuda fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult
                 => memory::mem_pool_create;
             Cuda fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult

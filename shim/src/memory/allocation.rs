@@ -14,9 +14,9 @@ use gpuslice_abi::cuda::{
 use super::bindings::{cuda_binding, Binding};
 use super::driver_sized::graph_reservations;
 use super::ledger::{self, charge_size};
-use super::objects::{Charged, ObjectKind};
 use super::region_budget::device_id;
 use super::{driver_sized, process, shared, Process};
+use gpuslice_policy::{Charged, ObjectKind};
 
 /// Where an allocation lands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

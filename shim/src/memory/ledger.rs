@@ -25,10 +25,9 @@ use super::driver_sized::placed::PlacedBook;
 // ledger (graph memory's driver calls, which need the ledger, live above it in
 // `driver_sized::graph_reservations`): the dependency runs one way, ledger -> book, so each book
 // is read and tested alone.
-use super::graph_book::GraphBook;
-use super::objects::{Charged, ObjectKind, ObjectTable};
-use super::pool_book::{Freed, PoolBook, PoolHomes, Settle};
-use super::vmm_book::VmmBook;
+use gpuslice_policy::{
+    Charged, Freed, GraphBook, ObjectKind, ObjectTable, PoolBook, PoolHomes, Settle, VmmBook,
+};
 
 /// The device's allocation granularity: every charge is a multiple of it.
 pub const GRANULARITY: u64 = 2 << 20;

@@ -19,12 +19,10 @@
 //! * [`ledger`]: sizes as the device spends them and reserve-before-allocate against a budget
 //!   (pure, unit-tested with a counter budget);
 //! * [`region_budget`]: the ledger's budget in production, this process's slot of the region;
-//! * [`objects`]: the sharded per-process table object -> (device, bytes, owning context);
-//! * [`pool_book`], [`vmm_book`]: the pure models of when the application's pool and VMM
-//!   memory really returns to the card (their driver calls are `driver_sized`'s
-//!   `pool_reservations` and `vmm_calls`);
-//! * [`graph_book`]: CUDA graph memory as the ledger books it, per device's graph pool (its
-//!   driver calls are `driver_sized`'s `graph_reservations`);
+//! * the object table, the pool, VMM and graph books (when the application's pool, VMM and
+//!   graph memory really returns to the card) and the reporting math are pure models of the
+//!   `gpuslice-policy` crate (`shim/policy/`); their driver calls are `driver_sized`'s
+//!   `pool_reservations`, `vmm_calls` and `graph_reservations`;
 //! * [`released`]: when a dead process's memory has really gone back to the card;
 //! * [`context_start`]: what a new context reserves, the slice's measuring lock, and the
 //!   line that says why a context was refused;
@@ -33,7 +31,6 @@
 //!   charge; what the driver places by itself (the stack, printf FIFO and heap limits, module
 //!   data, local memory), priced before the call that places it; and which NVML process
 //!   entries are the slice's;
-//! * [`report`]: the slice's view of memory numbers (pure);
 //! * [`sweep`]: when this process asks the slice to look for its dead processes;
 //! * [`oversubscribe`]: opt-in oversubscription, the bytes past the physical share placed in
 //!   the container's host memory;
@@ -50,17 +47,12 @@ mod attach;
 mod bindings;
 mod context_start;
 pub mod driver_sized;
-mod graph_book;
 pub mod ledger;
-pub mod objects;
 pub mod oversubscribe;
-pub mod pool_book;
 mod region_budget;
 mod released;
-pub mod report;
 pub mod sweep;
 mod views;
-mod vmm_book;
 
 pub use allocation::{
     after_alloc, allocate, before_alloc, charge_or_refuse, current_context, current_device,
@@ -75,6 +67,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use gpuslice_common::config::SliceConfig;
 use gpuslice_common::region::{Region, SlotId, MAX_DEVICES};
+use gpuslice_policy::Settle;
 
 use crate::session::fork::per_process;
 
@@ -105,11 +98,11 @@ impl Process {
     /// driver holds it already and a later shrink must never refund bytes that were not
     /// charged (the slice then refuses allocations until it shrinks). `past_cap` writes the
     /// one line saying what grew by how many bytes.
-    pub fn settle(&self, settle: pool_book::Settle, past_cap: impl FnOnce(u64)) {
+    pub fn settle(&self, settle: Settle, past_cap: impl FnOnce(u64)) {
         match settle {
-            pool_book::Settle::Unchanged => {}
-            pool_book::Settle::Shrink { device, bytes } => self.ledger.refund(device, bytes),
-            pool_book::Settle::Grow { device, bytes } => {
+            Settle::Unchanged => {}
+            Settle::Shrink { device, bytes } => self.ledger.refund(device, bytes),
+            Settle::Grow { device, bytes } => {
                 if !self.ledger.charge_held(device, bytes) {
                     past_cap(bytes);
                 }

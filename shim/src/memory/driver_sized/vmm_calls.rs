@@ -1,5 +1,5 @@
 //! The VMM paths: what a handle maps where (a mapping keeps its handle's memory alive), and the
-//! mappings a range held ending with it, in the book `memory::vmm_book`.
+//! mappings a range held ending with it, in the book `gpuslice_policy::VmmBook`.
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;

@@ -17,14 +17,14 @@
 //! time also counts the probe's thread's own waits in `cuStreamSynchronize`,
 //! `cuCtxSynchronize` and `cuEventSynchronize`, [`Probe::synced`]). A wait
 //! that finds the stream busy sleeps towards its due time in growing steps, asking again
-//! after each (`throttle::probe_poll`), so the busy time of longer kernels is seen too.
+//! after each (the shim's `throttle::probe_poll`), so the busy time of longer kernels is seen too.
 //!
 //! The GPU time of those launches cannot exceed the upper bound (the kernels ran within that
 //! time), so it errs the safe way: time spent behind a neighbour's kernels, or on the CPU
 //! between launches, makes it larger, never smaller. The lower one is time the GPU worked
 //! on launches already issued: alone on the device at most their GPU time, behind a
 //! neighbour's kernels more (again towards the cap). Launches are debited at the
-//! controller's guess held within the bounds ([`estimate`],
+//! controller's guess held within the bounds ([`estimate_within`],
 //! [`super::controller::Controller::debit_cost`]): a guess too large for short kernels comes
 //! down to the upper bound, one too small for long kernels goes up to the lower one. Once
 //! NVML has measured the cost (the `COST` word's learned bit), the probe stops: NVML is the
