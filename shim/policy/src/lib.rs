@@ -16,6 +16,7 @@ mod throttle {
 
 mod memory {
     pub(crate) mod graph_book;
+    pub(crate) mod ledger;
     pub(crate) mod objects;
     pub(crate) mod pool_book;
     pub(crate) mod report;
@@ -33,6 +34,12 @@ pub use throttle::controller::{Controller, Tick, INITIAL_COST_NS};
 // Compute share: the start-up estimate of the per-launch cost from the launches' own timing.
 pub use throttle::probe::{estimate_within, Probe, ProbeWait};
 
+// Memory: the ledger, sizes as the device spends them and reserve-before-allocate against a
+// budget, over the books below.
+pub use memory::ledger::{
+    charge_size, lock, pitch_upper_bound, Budget, Ledger, OutOfMemory, PlacedCharges,
+    PrimaryContext, Settled,
+};
 // Memory: the sharded per-process table object -> (device entry, bytes, owning context).
 pub use memory::objects::{Charged, ObjectKind, ObjectTable};
 // Memory: when the application's pool memory really returns to the card.

@@ -3,8 +3,9 @@
 //!
 //! An allocation's bytes, top-down: a handler in `hooks::memory` calls [`allocation`]
 //! (`allocate`: reserve, call the driver, commit or release), which finds the device's region
-//! entry in [`bindings`] and charges the [`ledger`], whose budget ([`region_budget`]) reserves
-//! them in this process's slot of the region; a free goes the same way back.
+//! entry in [`bindings`] and charges the ledger (`gpuslice_policy::Ledger`), whose budget
+//! ([`region_budget`]) reserves them in this process's slot of the region; a free goes the same
+//! way back.
 //!
 //! Parts:
 //! * [`attach`]: attaching this process to its slice (builds the state below), and what a
@@ -16,13 +17,13 @@
 //! * [`views`]: the slice's (limit, use) of a device for the views and placement decisions
 //!   (`cuda_slice`, `nvml_slice`, `cuda_limit`);
 //! * [`arrays`]: what an array or mipmapped array of a descriptor costs;
-//! * [`ledger`]: sizes as the device spends them and reserve-before-allocate against a budget
-//!   (pure, unit-tested with a counter budget);
 //! * [`region_budget`]: the ledger's budget in production, this process's slot of the region;
-//! * the object table, the pool, VMM and graph books (when the application's pool, VMM and
+//! * the ledger (sizes as the device spends them, reserve-before-allocate against a budget),
+//!   the object table, the pool, VMM and graph books (when the application's pool, VMM and
 //!   graph memory really returns to the card) and the reporting math are pure models of the
-//!   `gpuslice-policy` crate (`shim/policy/`); their driver calls are `driver_sized`'s
-//!   `pool_reservations`, `vmm_calls` and `graph_reservations`;
+//!   `gpuslice-policy` crate (`shim/policy/`), unit-tested there; their driver calls are
+//!   `driver_sized`'s `pool_reservations`, `vmm_calls`, `graph_reservations`, and `placed`,
+//!   whose book the ledger keeps (`PlacedCharges`);
 //! * [`released`]: when a dead process's memory has really gone back to the card;
 //! * [`context_start`]: what a new context reserves, the slice's measuring lock, and the
 //!   line that says why a context was refused;
@@ -47,7 +48,6 @@ mod attach;
 mod bindings;
 mod context_start;
 pub mod driver_sized;
-pub mod ledger;
 pub mod oversubscribe;
 mod region_budget;
 mod released;
@@ -67,12 +67,12 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use gpuslice_common::config::SliceConfig;
 use gpuslice_common::region::{Region, SlotId, MAX_DEVICES};
-use gpuslice_policy::Settle;
+use gpuslice_policy::{Ledger, Settle};
 
 use crate::session::fork::per_process;
 
 use bindings::DeviceBindings;
-use ledger::Ledger;
+use driver_sized::placed::PlacedBook;
 
 /// Process-wide state that survives fork (over the session's region mapping, which must be
 /// the same object in the child, which re-registers through it).
@@ -87,7 +87,7 @@ pub struct Shared {
 
 /// Per-process state; replaced in a forked child.
 pub struct Process {
-    pub ledger: Ledger<RegionBudget>,
+    pub ledger: Ledger<RegionBudget, PlacedBook>,
     /// The session's slot (`session::slice`), kept beside the ledger that charges it.
     pub slot: SlotId,
 }

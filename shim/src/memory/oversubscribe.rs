@@ -61,11 +61,11 @@ use gpuslice_common::size::format_size;
 use gpuslice_common::turn::Turn;
 
 use super::bindings::nvml_binding;
-use super::ledger::charge_size;
 use super::region_budget::device_id;
 use super::{Binding, DeviceObject, Process, Shared};
 use crate::ground::driver::real;
 use crate::session::fork::per_process;
+use gpuslice_policy::charge_size;
 use gpuslice_policy::{Charged, ObjectKind};
 use gpuslice_policy::{MemoryView, NvmlView};
 

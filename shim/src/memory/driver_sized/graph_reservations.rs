@@ -32,8 +32,8 @@ use gpuslice_abi::cuda::*;
 
 use super::limited_device;
 use crate::ground::driver::real;
-use crate::memory::ledger::lock;
 use crate::memory::{process, Process};
+use gpuslice_policy::lock;
 use gpuslice_policy::GraphBook;
 use gpuslice_policy::Settle;
 

@@ -13,10 +13,10 @@ use gpuslice_abi::cuda::*;
 
 use super::{limited_device, stream_device};
 use crate::ground::driver::real;
-use crate::memory::ledger::{charge_size, lock};
 use crate::memory::{
     charge_or_refuse, current_context, process, AllocTarget, DeviceObject, Process,
 };
+use gpuslice_policy::{charge_size, lock};
 use gpuslice_policy::{cover, Cover, Freed, PoolBook, PoolHome, Settle};
 use gpuslice_policy::{Charged, ObjectKind};
 

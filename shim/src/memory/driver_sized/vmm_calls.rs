@@ -4,8 +4,8 @@
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
 
-use crate::memory::ledger::lock;
 use crate::memory::process;
+use gpuslice_policy::lock;
 
 /// `cuMemUnmap` / `cuMemAddressFree` through `call`: the VMM book's ticket is taken BEFORE
 /// the driver makes the range reusable, so the bookkeeping after it ends exactly the
