@@ -10,6 +10,12 @@
 //!    the fork reset);
 //! 4. ground: `ground/`.
 //!
+//! Below them all, outside this crate, the pure policy models (the token bucket, the share
+//! controller, the launch-cost probe; the memory ledger, its books, the object table and the
+//! reporting math) are the crate `gpuslice-policy` (`shim/policy/`), which the shim depends
+//! on and which cannot name it: Cargo, not this test, keeps the models from reaching up. The
+//! shim's units call its facade; its own test keeps its memory and throttle models siblings.
+//!
 //! Each file's module is its place under `src/`; each `crate::X` (and `$crate::X`) in its
 //! code (comments left out) is looked up by `X`. A file or module the table below does not
 //! know fails the test too, so a new one must be given a layer. `super::` stays inside a

@@ -12,7 +12,7 @@ use crate::hooks::out::Out;
 use crate::hooks::registry::signature as sig;
 use crate::memory::driver_sized::placed::set_limit;
 use crate::memory::driver_sized::{ctx_create_with, ctx_destroyed, end_primary, retain_primary};
-use crate::memory::ledger::PrimaryContext;
+use gpuslice_policy::PrimaryContext;
 
 /// The context creation of `call` (which writes the new context to `pctx`) as the policy takes
 /// it: the driver's result with the context, and the clearing of the caller's handle.

@@ -18,8 +18,8 @@ use crate::memory::arrays::{mipmapped_bytes, owned_array_bytes, ARRAY3D_WITHOUT_
 use crate::memory::driver_sized::graph_reservations::{after, instantiated};
 use crate::memory::driver_sized::{pitch, pool_reservations, vmm_calls};
 use crate::memory::oversubscribe::{self, REFUSED_RANGE};
-use crate::memory::pool_book::{home_of, PoolHome};
 use crate::memory::{self, AllocTarget, DeviceObject};
+use gpuslice_policy::{home_of, PoolHome};
 
 // ---------------------------------------------------------------- plain allocations
 

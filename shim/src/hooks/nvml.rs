@@ -19,8 +19,8 @@ use crate::hooks::out::{answer_list as answer, Out};
 use crate::hooks::registry::signature as sig;
 use crate::memory;
 use crate::memory::driver_sized::{members_only, members_only_by, slice_list, ProcessList};
-use crate::memory::report::{nvml_slice_view, NvmlView};
 use crate::memory::Shared;
+use gpuslice_policy::{nvml_slice_view, NvmlView};
 
 /// The slice's view of `device` given the driver's physical one; `None` when the device
 /// is not limited (or no slice is configured), so the driver's answer stands.

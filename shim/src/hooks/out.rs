@@ -10,7 +10,7 @@ use gpuslice_abi::nvml::ret::{
     NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS,
 };
 
-use crate::memory::report::list_fits;
+use gpuslice_policy::list_fits;
 
 /// A caller's out-pointer of a `T`, which may be NULL.
 pub(crate) struct Out<T>(*mut T);

@@ -1,7 +1,7 @@
 //! Query handlers: what the memory queries report (`cuMemGetInfo`, `cuDeviceTotalMem` and
 //! their 32-bit forms): the slice's view of the device, computed from the driver's figures
-//! (`memory::report`), widened by the host part where the slice oversubscribes the device
-//! (`memory::oversubscribe`).
+//! (`gpuslice_policy::slice_view`), widened by the host part where the slice oversubscribes
+//! the device (`memory::oversubscribe`).
 
 use std::ffi::c_uint;
 
@@ -14,7 +14,7 @@ use crate::hooks::out::Out;
 use crate::hooks::registry::{real, signature as sig};
 use crate::memory;
 use crate::memory::oversubscribe;
-use crate::memory::report::{slice_view, MemoryView};
+use gpuslice_policy::{slice_view, MemoryView};
 
 /// The slice's view of the current context's device given the driver's `physical` figures;
 /// `None` when no slice limits that device.

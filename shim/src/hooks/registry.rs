@@ -147,7 +147,7 @@ macro_rules! hook_table {
                 count: usize, locations: *mut CUmemLocation, location_indices: *mut usize, location_count: usize,
                 flags: u64, stream: CUstream) -> CUresult => memory::mem_prefetch_batch;
             Cuda fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => memory::mem_pool_destroy;
-            // Which device a pool lives on (a pool allocation is charged there, see memory::pool_book).
+            // Which device a pool lives on (a pool allocation is charged there, see the policy crate's pool book).
             Cuda fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult
                 => memory::mem_pool_create;
             Cuda fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult
@@ -267,7 +267,7 @@ macro_rules! hook_table {
             Cuda fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => launch::capture_end;
             Cuda fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => launch::capture_end;
             // Synchronisations: the time one waits teaches the start-up probe
-            // (throttle::probe) how long the slice's kernels are, until NVML has measured them.
+            // (the policy crate's probe) how long the slice's kernels are, until NVML has measured them.
             Cuda fn cuStreamSynchronize(stream: CUstream) -> CUresult => launch::stream_synchronize;
             Cuda fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult => launch::stream_synchronize;
             Cuda fn cuCtxSynchronize() -> CUresult => launch::ctx_synchronize;

@@ -13,10 +13,10 @@ use gpuslice_abi::cuda::{
 
 use super::bindings::{cuda_binding, Binding};
 use super::driver_sized::graph_reservations;
-use super::ledger::{self, charge_size};
-use super::objects::{Charged, ObjectKind};
 use super::region_budget::device_id;
 use super::{driver_sized, process, shared, Process};
+use gpuslice_policy::{charge_size, lock};
+use gpuslice_policy::{Charged, ObjectKind};
 
 /// Where an allocation lands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,7 +214,7 @@ fn track_other(process: &Process, object: DeviceObject, charged: Charged) {
                 .track(ObjectKind::MipmappedArray, a as u64, charged)
         }
         DeviceObject::Handle(handle) => {
-            let stale = ledger::lock(&process.ledger.vmm).created(handle, device, bytes);
+            let stale = lock(&process.ledger.vmm).created(handle, device, bytes);
             if let Some((d, b)) = stale {
                 process.ledger.refund(d, b);
             }
@@ -269,7 +269,7 @@ fn free_other(process: &Process, object: DeviceObject) {
             ledger.untrack(ObjectKind::MipmappedArray, a as u64);
         }
         DeviceObject::Handle(handle) => {
-            let freed = ledger::lock(&ledger.vmm).released(handle);
+            let freed = lock(&ledger.vmm).released(handle);
             if let Some((d, b)) = freed {
                 ledger.refund(d, b);
             }

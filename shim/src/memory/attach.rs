@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use gpuslice_common::config::SliceConfig;
 
 use super::bindings::DeviceBindings;
-use super::ledger::Ledger;
 use super::region_budget::RegionBudget;
 use super::{driver_sized, oversubscribe, shared, sweep, Process, Shared, PROCESS, SHARED};
+use gpuslice_policy::Ledger;
 
 /// Env variable: upper bound reserved for a context before its real cost is measured.
 pub const CONTEXT_BOUND_ENV: &str = "GPUSLICE_CONTEXT_OVERHEAD";

@@ -3,8 +3,9 @@
 //!
 //! An allocation's bytes, top-down: a handler in `hooks::memory` calls [`allocation`]
 //! (`allocate`: reserve, call the driver, commit or release), which finds the device's region
-//! entry in [`bindings`] and charges the [`ledger`], whose budget ([`region_budget`]) reserves
-//! them in this process's slot of the region; a free goes the same way back.
+//! entry in [`bindings`] and charges the ledger (`gpuslice_policy::Ledger`), whose budget
+//! ([`region_budget`]) reserves them in this process's slot of the region; a free goes the same
+//! way back.
 //!
 //! Parts:
 //! * [`attach`]: attaching this process to its slice (builds the state below), and what a
@@ -16,15 +17,13 @@
 //! * [`views`]: the slice's (limit, use) of a device for the views and placement decisions
 //!   (`cuda_slice`, `nvml_slice`, `cuda_limit`);
 //! * [`arrays`]: what an array or mipmapped array of a descriptor costs;
-//! * [`ledger`]: sizes as the device spends them and reserve-before-allocate against a budget
-//!   (pure, unit-tested with a counter budget);
 //! * [`region_budget`]: the ledger's budget in production, this process's slot of the region;
-//! * [`objects`]: the sharded per-process table object -> (device, bytes, owning context);
-//! * [`pool_book`], [`vmm_book`]: the pure models of when the application's pool and VMM
-//!   memory really returns to the card (their driver calls are `driver_sized`'s
-//!   `pool_reservations` and `vmm_calls`);
-//! * [`graph_book`]: CUDA graph memory as the ledger books it, per device's graph pool (its
-//!   driver calls are `driver_sized`'s `graph_reservations`);
+//! * the ledger (sizes as the device spends them, reserve-before-allocate against a budget),
+//!   the object table, the pool, VMM and graph books (when the application's pool, VMM and
+//!   graph memory really returns to the card) and the reporting math are pure models of the
+//!   `gpuslice-policy` crate (`shim/policy/`), unit-tested there; their driver calls are
+//!   `driver_sized`'s `pool_reservations`, `vmm_calls`, `graph_reservations`, and `placed`,
+//!   whose book the ledger keeps (`PlacedCharges`);
 //! * [`released`]: when a dead process's memory has really gone back to the card;
 //! * [`context_start`]: what a new context reserves, the slice's measuring lock, and the
 //!   line that says why a context was refused;
@@ -33,7 +32,6 @@
 //!   charge; what the driver places by itself (the stack, printf FIFO and heap limits, module
 //!   data, local memory), priced before the call that places it; and which NVML process
 //!   entries are the slice's;
-//! * [`report`]: the slice's view of memory numbers (pure);
 //! * [`sweep`]: when this process asks the slice to look for its dead processes;
 //! * [`oversubscribe`]: opt-in oversubscription, the bytes past the physical share placed in
 //!   the container's host memory;
@@ -50,17 +48,11 @@ mod attach;
 mod bindings;
 mod context_start;
 pub mod driver_sized;
-mod graph_book;
-pub mod ledger;
-pub mod objects;
 pub mod oversubscribe;
-pub mod pool_book;
 mod region_budget;
 mod released;
-pub mod report;
 pub mod sweep;
 mod views;
-mod vmm_book;
 
 pub use allocation::{
     after_alloc, allocate, before_alloc, charge_or_refuse, current_context, current_device,
@@ -75,11 +67,12 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use gpuslice_common::config::SliceConfig;
 use gpuslice_common::region::{Region, SlotId, MAX_DEVICES};
+use gpuslice_policy::{Ledger, Settle};
 
 use crate::session::fork::per_process;
 
 use bindings::DeviceBindings;
-use ledger::Ledger;
+use driver_sized::placed::PlacedBook;
 
 /// Process-wide state that survives fork (over the session's region mapping, which must be
 /// the same object in the child, which re-registers through it).
@@ -94,7 +87,7 @@ pub struct Shared {
 
 /// Per-process state; replaced in a forked child.
 pub struct Process {
-    pub ledger: Ledger<RegionBudget>,
+    pub ledger: Ledger<RegionBudget, PlacedBook>,
     /// The session's slot (`session::slice`), kept beside the ledger that charges it.
     pub slot: SlotId,
 }
@@ -105,11 +98,11 @@ impl Process {
     /// driver holds it already and a later shrink must never refund bytes that were not
     /// charged (the slice then refuses allocations until it shrinks). `past_cap` writes the
     /// one line saying what grew by how many bytes.
-    pub fn settle(&self, settle: pool_book::Settle, past_cap: impl FnOnce(u64)) {
+    pub fn settle(&self, settle: Settle, past_cap: impl FnOnce(u64)) {
         match settle {
-            pool_book::Settle::Unchanged => {}
-            pool_book::Settle::Shrink { device, bytes } => self.ledger.refund(device, bytes),
-            pool_book::Settle::Grow { device, bytes } => {
+            Settle::Unchanged => {}
+            Settle::Shrink { device, bytes } => self.ledger.refund(device, bytes),
+            Settle::Grow { device, bytes } => {
                 if !self.ledger.charge_held(device, bytes) {
                     past_cap(bytes);
                 }

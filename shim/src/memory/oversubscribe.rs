@@ -61,13 +61,13 @@ use gpuslice_common::size::format_size;
 use gpuslice_common::turn::Turn;
 
 use super::bindings::nvml_binding;
-use super::ledger::charge_size;
-use super::objects::{Charged, ObjectKind};
 use super::region_budget::device_id;
-use super::report::{MemoryView, NvmlView};
 use super::{Binding, DeviceObject, Process, Shared};
 use crate::ground::driver::real;
 use crate::session::fork::per_process;
+use gpuslice_policy::charge_size;
+use gpuslice_policy::{Charged, ObjectKind};
+use gpuslice_policy::{MemoryView, NvmlView};
 
 /// `CU_DEVICE_CPU`: the host, where the pre-12.2 advice and prefetch API takes a device.
 const CU_DEVICE_CPU: CUdevice = -1;

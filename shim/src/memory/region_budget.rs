@@ -3,8 +3,8 @@
 
 use gpuslice_common::region::{DeviceId, Region, SlotId};
 
-use super::ledger::{Budget, OutOfMemory};
 use super::{shared, sweep};
+use gpuslice_policy::{Budget, OutOfMemory};
 
 /// The region as the ledger's budget: this process's slot.
 pub struct RegionBudget {

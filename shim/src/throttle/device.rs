@@ -9,8 +9,7 @@ use gpuslice_abi::cuda::CUdevice;
 use gpuslice_common::config::{ComputePolicy, Priority, SliceConfig};
 use gpuslice_common::region::{DeviceId, DeviceLimits, Region, THROTTLE_WORDS};
 
-use super::bucket::{self, Credit, LaunchCost, PidTable};
-use super::{controller, probe};
+use gpuslice_policy::{self as policy, Credit, LaunchCost, PidTable};
 
 pub const W_VTIME: usize = 0;
 pub const W_INV_RATE: usize = 1;
@@ -31,7 +30,7 @@ pub const CHUNK_WALL_NS: u64 = 2_000_000;
 /// rate changed (the leader ticks every 50 ms) and sleeps again until the reservation is due.
 pub const RATE_CHECK_NS: u64 = 50_000_000;
 /// A bucket word further ahead of now than this is from another clock (the region file
-/// outlived a reboot) or corrupt, and is put back to now (`bucket::repair_lead`).
+/// outlived a reboot) or corrupt, and is put back to now (`policy::repair_lead`).
 pub const MAX_LEAD_NS: u64 = 60_000_000_000;
 
 /// Per process, per throttled device.
@@ -65,7 +64,7 @@ pub struct DeviceThrottle {
     /// This process does not know yet which NVML PID it is on this device.
     pub unresolved: AtomicBool,
     /// The start-up estimate from this process's own launches (until the cost is learned).
-    pub probe: probe::Probe,
+    pub probe: policy::Probe,
 }
 
 impl DeviceThrottle {
@@ -81,7 +80,7 @@ impl DeviceThrottle {
     /// The refill setting in force (the share itself until a leader has written one).
     pub fn inv_rate(&self) -> u64 {
         match self.words[W_INV_RATE].load(Ordering::Relaxed) {
-            0 => bucket::inv_rate_fixed(self.share()),
+            0 => policy::inv_rate_fixed(self.share()),
             inv => inv,
         }
     }
@@ -121,7 +120,7 @@ impl DeviceThrottle {
             waits: AtomicU64::new(0),
             sleeping: AtomicU64::new(0),
             unresolved: AtomicBool::new(false),
-            probe: probe::Probe::new(),
+            probe: policy::Probe::new(),
         }
     }
 }
@@ -178,13 +177,13 @@ pub(super) fn build_device(config: &SliceConfig, ordinal: CUdevice) -> Option<De
         words,
         region_entry,
         credit: Credit::new(),
-        cost: LaunchCost::new(controller::INITIAL_COST_NS as u64),
+        cost: LaunchCost::new(policy::INITIAL_COST_NS as u64),
         bypass: AtomicBool::new(false),
         launches: AtomicU64::new(0),
         waits: AtomicU64::new(0),
         sleeping: AtomicU64::new(0),
         unresolved: AtomicBool::new(true),
-        probe: probe::Probe::new(),
+        probe: policy::Probe::new(),
     })
 }
 
@@ -266,12 +265,12 @@ mod tests {
             Some((region, id)),
         );
         assert_eq!(device.refresh_share(), None);
-        assert_eq!(device.inv_rate(), bucket::inv_rate_fixed(0.5));
+        assert_eq!(device.inv_rate(), policy::inv_rate_fixed(0.5));
         // Another process of the slice binds a tighter file (stricter wins in the entry).
         region.bind_devices(&[limits(25)]).unwrap();
         assert_eq!(device.refresh_share(), Some(25));
         assert_eq!(device.share(), 0.25);
-        assert_eq!(device.inv_rate(), bucket::inv_rate_fixed(0.25));
+        assert_eq!(device.inv_rate(), policy::inv_rate_fixed(0.25));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,16 +1,17 @@
 //! Compute share: kernel launches are throttled by a token bucket so the slice's GPU
 //! utilisation follows its share (`docs/architecture.md`, "Compute share").
 //!
-//! * [`bucket`]: the lock-free shared token bucket (GCRA word in the region's throttle words)
-//!   and the process-local credit the common launch spends;
-//! * [`controller`]: the feedback law (learned per-launch cost, integral correction in log
-//!   space, `burst` bypass);
 //! * [`measure`]: NVML through the real library;
 //! * [`watcher`]: the per-process thread (one process of the slice leads and steers);
-//! * [`probe`]: the start-up estimate from the process's own launch timing (an upper bound
-//!   on the per-launch cost, before NVML's first sample);
 //! * `device`: one throttled device ([`DeviceThrottle`]), its shared words' layout, and how
 //!   it is built from the configuration and the region.
+//!
+//! The pure models it runs are the `gpuslice-policy` crate's (`shim/policy/`): the
+//! lock-free shared token bucket (GCRA word in the region's throttle words) and the
+//! process-local credit the common launch spends; the feedback law (learned per-launch cost,
+//! integral correction in log space, `burst` bypass); the probe, the start-up estimate from
+//! the process's own launch timing (an upper bound on the per-launch cost, before NVML's
+//! first sample).
 //!
 //! This file is the launch path: the per-process table of device throttles and what a
 //! launch does with them.
@@ -37,12 +38,9 @@
 //! · words 9.. a cache of 14 of the slice's host PIDs on the device (two per word); the
 //! region's process slots hold them all (`session::host_pid`).
 
-pub mod bucket;
 pub mod capture;
-pub mod controller;
 mod device;
 pub mod measure;
-pub mod probe;
 pub mod watcher;
 
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
@@ -51,6 +49,7 @@ use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::CUdevice;
 use gpuslice_common::config::ComputePolicy;
 use gpuslice_common::MAX_DEVICES;
+use gpuslice_policy as policy;
 
 use crate::session::clock::{now_ns, sleep_until};
 use crate::session::fork::per_process;
@@ -287,11 +286,11 @@ fn wait_for_tokens(device: &DeviceThrottle, stream: gpuslice_abi::cuda::CUstream
         }
     }
     let inv_rate = device.inv_rate();
-    let chunk = bucket::gpu_ns(CHUNK_WALL_NS, inv_rate).max(1);
+    let chunk = policy::gpu_ns(CHUNK_WALL_NS, inv_rate).max(1);
     let amount = device.credit.refill_amount(chunk);
     let now = now_ns();
-    bucket::repair_lead(&device.words[W_VTIME], now, MAX_LEAD_NS);
-    let start = bucket::reserve(&device.words[W_VTIME], now, amount, inv_rate, TOLERANCE_NS);
+    policy::repair_lead(&device.words[W_VTIME], now, MAX_LEAD_NS);
+    let start = policy::reserve(&device.words[W_VTIME], now, amount, inv_rate, TOLERANCE_NS);
     if start > now {
         device.waits.fetch_add(1, Ordering::Relaxed);
         device.sleeping.fetch_add(1, Ordering::Relaxed);
@@ -310,10 +309,10 @@ fn wait_for_tokens(device: &DeviceThrottle, stream: gpuslice_abi::cuda::CUstream
                 break;
             }
             // A new rate (the leader's tick) moves the reservation with the word
-            // (`bucket::rescale_lead`): wake at least once a tick to see it.
+            // (`policy::rescale_lead`): wake at least once a tick to see it.
             let current_inv = device.inv_rate();
             if current_inv != seen_inv {
-                due = bucket::rescaled_due(due, t, seen_inv, current_inv);
+                due = policy::rescaled_due(due, t, seen_inv, current_inv);
                 seen_inv = current_inv;
                 continue;
             }
@@ -346,7 +345,7 @@ const PROBE_POLLS: u32 = 16;
 fn probe_begin(
     device: &DeviceThrottle,
     stream: gpuslice_abi::cuda::CUstream,
-) -> Option<probe::Wait> {
+) -> Option<policy::ProbeWait> {
     let learned = device.words[W_COST].load(Ordering::Relaxed) & watcher::COST_LEARNED != 0;
     if device.probe.is_off() || learned || capture::any_open() {
         return None;
@@ -366,21 +365,21 @@ fn probe_begin(
 /// were debited at the old estimate: the shared bucket is charged or refunded the
 /// difference (at the 1 ms guess, the first few launches of 10 us kernels at 10 % held the
 /// process asleep for 20 ms), the waiting launch's on the local credit.
-fn probe_idle_at(device: &DeviceThrottle, wait: &probe::Wait, t: u64, busy_ns: u64) {
+fn probe_idle_at(device: &DeviceThrottle, wait: &policy::ProbeWait, t: u64, busy_ns: u64) {
     let Some(bounds) = device.probe.idle_at(wait, t, busy_ns) else {
         return;
     };
     let old = device.cost.get();
     let guess = match device.words[W_COST].load(Ordering::Relaxed) & !watcher::COST_LEARNED {
-        0 => controller::INITIAL_COST_NS as u64,
+        0 => policy::INITIAL_COST_NS as u64,
         guess => guess,
     };
-    let new = probe::estimate(guess, bounds.lower, bounds.upper);
+    let new = policy::estimate_within(guess, bounds.lower, bounds.upper);
     device.cost.set(new);
     let delta = new as i64 - old as i64;
     let issued = i64::try_from(bounds.launches).unwrap_or(i64::MAX);
     if delta != 0 && issued > 0 {
-        bucket::adjust(
+        policy::adjust(
             &device.words[W_VTIME],
             now_ns(),
             delta.saturating_mul(issued),
@@ -400,7 +399,7 @@ fn probe_idle_at(device: &DeviceThrottle, wait: &probe::Wait, t: u64, busy_ns: u
 /// capture began). The busy time passed on is up to the last poll that saw it busy.
 fn probe_poll(
     device: &DeviceThrottle,
-    wait: &probe::Wait,
+    wait: &policy::ProbeWait,
     stream: gpuslice_abi::cuda::CUstream,
     busy_from: u64,
     due: u64,
@@ -665,7 +664,7 @@ mod tests {
         // A learned cost (no start-up probe: it would ask the driver about the stream) and a
         // rate high enough that a reservation is due at once.
         device.words[W_COST].store(1_000_000 | watcher::COST_LEARNED, Ordering::Relaxed);
-        device.words[W_INV_RATE].store(bucket::inv_rate_fixed(0.5), Ordering::Relaxed);
+        device.words[W_INV_RATE].store(policy::inv_rate_fixed(0.5), Ordering::Relaxed);
         device.words[W_VTIME].store(0, Ordering::Relaxed);
     }
 

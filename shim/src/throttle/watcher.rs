@@ -10,15 +10,15 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::controller::{Controller, Tick, INITIAL_COST_NS};
 use super::{
-    active_device, bucket, measure, DeviceThrottle, W_BYPASS, W_COST, W_INV_RATE, W_LAUNCHES,
-    W_LEADER, W_LOG_C, W_UNRESOLVED_UNTIL, W_VTIME, W_WAITS,
+    active_device, measure, DeviceThrottle, W_BYPASS, W_COST, W_INV_RATE, W_LAUNCHES, W_LEADER,
+    W_LOG_C, W_UNRESOLVED_UNTIL, W_VTIME, W_WAITS,
 };
 use crate::session::clock::{now_ns, sleep_until};
 use crate::session::fork::per_process;
 use crate::session::host_pid;
 use gpuslice_common::MAX_DEVICES;
+use gpuslice_policy::{self as policy, Controller, Tick, INITIAL_COST_NS};
 
 pub const TICK_NS: u64 = 50_000_000;
 /// Set in the `COST` word once the cost was measured (not just bounded from above).
@@ -569,14 +569,14 @@ fn lead(device: &DeviceThrottle, state: &mut LeaderState) -> bool {
     device.cost.set(out.cost_ns);
     words[W_BYPASS].store(u64::from(out.bypass), Ordering::Relaxed);
     device.bypass.store(out.bypass, Ordering::Relaxed);
-    let inv_rate = bucket::inv_rate_fixed(out.rate);
+    let inv_rate = policy::inv_rate_fixed(out.rate);
     // The rate launches reserved at (the share's until a first tick published one); only
     // the leader writes the word.
     let old_inv = device.inv_rate();
     words[W_INV_RATE].store(inv_rate, Ordering::Relaxed);
-    bucket::rescale_lead(&words[W_VTIME], now_ns(), old_inv, inv_rate);
+    policy::rescale_lead(&words[W_VTIME], now_ns(), old_inv, inv_rate);
     if out.redebit_ns != 0 {
-        bucket::adjust(
+        policy::adjust(
             &words[W_VTIME],
             now_ns(),
             out.redebit_ns,
@@ -633,8 +633,8 @@ mod tests {
     }
 
     use super::*;
-    use crate::throttle::controller::Tick;
     use gpuslice_common::config::ComputePolicy;
+    use gpuslice_policy::Tick;
     use std::sync::atomic::AtomicU64;
 
     #[test]

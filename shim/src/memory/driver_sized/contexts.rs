@@ -10,11 +10,11 @@ use super::nvml::{nvml_for_cuda, nvml_processes};
 use super::pool_reservations::reread_pools;
 use crate::ground::driver::real;
 use crate::memory::context_start::{self, Expected, Refused};
-use crate::memory::ledger::{lock, PrimaryContext, Settled};
-use crate::memory::objects::{Charged, ObjectKind};
 use crate::memory::region_budget::device_id;
 use crate::memory::{cuda_binding, process, shared, Binding, Process, Shared};
 use crate::session::host_pid;
+use gpuslice_policy::{lock, PrimaryContext, Settled};
+use gpuslice_policy::{Charged, ObjectKind};
 
 /// Creates a context on `ordinal` (the caller holds the primaries lock, which serialises
 /// context creation in this process): reserves the context cost, calls the driver, and on

@@ -22,7 +22,7 @@
 //! before an allocation is refused, which catches growth on any other path (an exec the shim
 //! did not see instantiated, a driver that grows the pool on a later launch).
 //!
-//! The book these readings settle is `memory::graph_book` (pure, below the ledger).
+//! The book these readings settle is `gpuslice_policy::GraphBook` (pure, below the ledger).
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -32,10 +32,10 @@ use gpuslice_abi::cuda::*;
 
 use super::limited_device;
 use crate::ground::driver::real;
-use crate::memory::graph_book::GraphBook;
-use crate::memory::ledger::lock;
-use crate::memory::pool_book::Settle;
 use crate::memory::{process, Process};
+use gpuslice_policy::lock;
+use gpuslice_policy::GraphBook;
+use gpuslice_policy::Settle;
 
 /// `CUgraphMem_attribute`: `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
 pub(crate) const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;

@@ -13,9 +13,9 @@ use crate::ground::driver::real;
 use crate::memory::bindings::nvml_binding;
 use crate::memory::region_budget::device_id;
 use crate::memory::released;
-use crate::memory::report::slice_process_list;
 use crate::memory::{process, shared, Binding, Shared};
 use crate::session::host_pid::{self, ListedProcess};
+use gpuslice_policy::slice_process_list;
 
 /// Whether the driver no longer holds the memory of a dead slot's process, so its budget may
 /// be given back (the region's two-phase reap; see "Reaping" in `gpuslice_common::region`).

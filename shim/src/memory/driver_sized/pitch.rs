@@ -6,9 +6,9 @@ use gpuslice_abi::cuda::*;
 
 use super::current_limited_device;
 use crate::ground::driver::real;
-use crate::memory::ledger::{charge_size, pitch_upper_bound, Settled};
-use crate::memory::objects::{Charged, ObjectKind};
 use crate::memory::{charge_or_refuse, current_context, process};
+use gpuslice_policy::{charge_size, pitch_upper_bound, Settled};
+use gpuslice_policy::{Charged, ObjectKind};
 
 /// `cuMemAllocPitch` of `height` rows of `width_bytes` through `call` (the driver's result
 /// and the (pointer, pitch) it wrote, `None` where the caller passed NULL for either). The

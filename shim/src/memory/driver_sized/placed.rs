@@ -57,10 +57,10 @@ use gpuslice_abi::cuda::{CUdevice, CUresult};
 
 use super::image::Costs;
 use crate::ground::driver::real;
-use crate::memory::ledger::{charge_size, lock};
 use crate::memory::{
     cuda_binding, current_context, current_device, process, shared, Binding, Process,
 };
+use gpuslice_policy::{charge_size, lock, PlacedCharges};
 
 /// Module bytes a context's measured cost is taken to hold already: a driver makes the first
 /// pages of a context's module memory with the context, so small images (a few kernels) cost
@@ -147,26 +147,13 @@ pub struct PlacedBook {
     devices: HashMap<CUdevice, Facts>,
 }
 
-impl PlacedBook {
+impl PlacedCharges for PlacedBook {
     /// A context ended: the driver freed everything it placed there. What was charged for it
     /// (device entry, bytes) is the caller's to refund.
-    pub fn context_gone(&mut self, context: u64) -> Option<(u8, u64)> {
+    fn context_gone(&mut self, context: u64) -> Option<(u8, u64)> {
         self.modules.retain(|_, &mut (c, _)| c != context);
         let placed = self.contexts.remove(&context)?;
         Some((placed.device, placed.charged()))
-    }
-
-    /// A context charged `bytes` on `device` for its heap (the ledger's tests).
-    #[cfg(test)]
-    pub fn priced_for_test(&mut self, context: u64, device: u8, bytes: u64) {
-        self.contexts.insert(
-            context,
-            Placed {
-                device,
-                heap_charged: bytes,
-                ..Placed::default()
-            },
-        );
     }
 }
 

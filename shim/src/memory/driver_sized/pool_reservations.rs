@@ -1,6 +1,6 @@
 //! Pool allocations: charged by the pool's reserved bytes, which only the driver knows, read
 //! after each allocation, free, trim and destroy; where each pool lives. The book these readings
-//! settle is `memory::pool_book`.
+//! settle is `gpuslice_policy::PoolBook`.
 
 use std::cell::Cell;
 use std::ffi::c_int;
@@ -13,12 +13,12 @@ use gpuslice_abi::cuda::*;
 
 use super::{limited_device, stream_device};
 use crate::ground::driver::real;
-use crate::memory::ledger::{charge_size, lock};
-use crate::memory::objects::{Charged, ObjectKind};
-use crate::memory::pool_book::{cover, Cover, Freed, PoolBook, PoolHome, Settle};
 use crate::memory::{
     charge_or_refuse, current_context, process, AllocTarget, DeviceObject, Process,
 };
+use gpuslice_policy::{charge_size, lock};
+use gpuslice_policy::{cover, Cover, Freed, PoolBook, PoolHome, Settle};
+use gpuslice_policy::{Charged, ObjectKind};
 
 /// Reads a pool's reserved bytes; `None` when the driver does not answer for the handle.
 fn pool_reserved(pool: u64) -> Option<u64> {

@@ -1,11 +1,11 @@
 //! The VMM paths: what a handle maps where (a mapping keeps its handle's memory alive), and the
-//! mappings a range held ending with it, in the book `memory::vmm_book`.
+//! mappings a range held ending with it, in the book `gpuslice_policy::VmmBook`.
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
 
-use crate::memory::ledger::lock;
 use crate::memory::process;
+use gpuslice_policy::lock;
 
 /// `cuMemUnmap` / `cuMemAddressFree` through `call`: the VMM book's ticket is taken BEFORE
 /// the driver makes the range reusable, so the bookkeeping after it ends exactly the

@@ -25,7 +25,7 @@ pub struct GraphBook {
 
 impl GraphBook {
     /// The driver says `ordinal`'s graph pool now reserves `reserved` bytes.
-    pub(crate) fn settle(&mut self, ordinal: CUdevice, device: u8, reserved: u64) -> Settle {
+    pub fn settle(&mut self, ordinal: CUdevice, device: u8, reserved: u64) -> Settle {
         let before = match self.devices.iter_mut().find(|(o, _, _)| *o == ordinal) {
             Some(entry) => std::mem::replace(&mut entry.2, reserved),
             None => {
@@ -47,12 +47,12 @@ impl GraphBook {
     }
 
     /// Devices whose graph pool this book has read.
-    pub(crate) fn known(&self) -> Vec<(CUdevice, u8)> {
+    pub fn known(&self) -> Vec<(CUdevice, u8)> {
         self.devices.iter().map(|&(o, d, _)| (o, d)).collect()
     }
 
     #[cfg(test)]
-    pub(crate) fn charged(&self, ordinal: CUdevice) -> u64 {
+    pub fn charged(&self, ordinal: CUdevice) -> u64 {
         self.devices
             .iter()
             .find(|(o, _, _)| *o == ordinal)
@@ -60,13 +60,13 @@ impl GraphBook {
     }
 
     /// A new exec: its first upload or launch reserves its memory.
-    pub(crate) fn instantiated(&mut self, exec: u64) -> usize {
+    pub fn instantiated(&mut self, exec: u64) -> usize {
         self.unsettled.insert(exec);
         self.unsettled.len()
     }
 
     /// The exec was uploaded, launched or destroyed: true when it was still unsettled.
-    pub(crate) fn settled(&mut self, exec: u64) -> (bool, usize) {
+    pub fn settled(&mut self, exec: u64) -> (bool, usize) {
         (self.unsettled.remove(&exec), self.unsettled.len())
     }
 }

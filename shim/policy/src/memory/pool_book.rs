@@ -38,7 +38,7 @@ use gpuslice_abi::cuda::CUdevice;
 /// specified hStream" (cuMemAllocFromPoolAsync): a pool allocation is charged to the pool's
 /// device, never to the current context's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PoolHome {
+pub enum PoolHome {
     /// Device memory of this CUDA device ordinal.
     Device(CUdevice),
     /// Host memory (`CU_MEM_LOCATION_TYPE_HOST`, `_HOST_NUMA`, `_HOST_NUMA_CURRENT`): never
@@ -48,7 +48,7 @@ pub(crate) enum PoolHome {
 
 /// The home a pool created with `props.location` = (`location_type`, `id`) has; `None` for a
 /// location type this shim does not know (the allocation's stream then decides).
-pub(crate) fn home_of(location_type: u32, id: i32) -> Option<PoolHome> {
+pub fn home_of(location_type: u32, id: i32) -> Option<PoolHome> {
     match location_type {
         CU_MEM_LOCATION_TYPE_DEVICE => Some(PoolHome::Device(id)),
         CU_MEM_LOCATION_TYPE_HOST
@@ -69,7 +69,7 @@ pub struct PoolHomes {
 
 impl PoolHomes {
     /// `pool` lives at `home` (`None`: somewhere this shim cannot name; forget any old entry).
-    pub(crate) fn learned(&mut self, pool: u64, home: Option<PoolHome>) {
+    pub fn learned(&mut self, pool: u64, home: Option<PoolHome>) {
         match home {
             Some(home) if pool != 0 => {
                 self.homes.insert(pool, home);
@@ -80,11 +80,11 @@ impl PoolHomes {
         }
     }
 
-    pub(crate) fn forget(&mut self, pool: u64) {
+    pub fn forget(&mut self, pool: u64) {
         self.homes.remove(&pool);
     }
 
-    pub(crate) fn home(&self, pool: u64) -> Option<PoolHome> {
+    pub fn home(&self, pool: u64) -> Option<PoolHome> {
         self.homes.get(&pool).copied()
     }
 }
@@ -127,7 +127,7 @@ pub enum Settle {
 /// What a reservation of `bound` bytes, made before a pool allocation, becomes once the
 /// pool's real change is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cover {
+pub enum Cover {
     /// The bound covered the change: give this much of it (and of any shrink) back.
     Refund(u64),
     /// The pool grew by more than the bound: this much more must be charged.
@@ -135,7 +135,7 @@ pub(crate) enum Cover {
 }
 
 /// The bound stood in for the pool's growth: how it settles against the real `change`.
-pub(crate) fn cover(bound: u64, change: Settle) -> Cover {
+pub fn cover(bound: u64, change: Settle) -> Cover {
     match change {
         Settle::Unchanged => Cover::Refund(bound),
         Settle::Shrink { bytes, .. } => Cover::Refund(bound.saturating_add(bytes)),
@@ -146,7 +146,7 @@ pub(crate) fn cover(bound: u64, change: Settle) -> Cover {
 
 /// What freeing one allocation of a pool means for its charge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Freed {
+pub enum Freed {
     /// A live pool: read it again (on `device`).
     Reread { device: u8 },
     /// A destroyed pool: apply this (all of it back after its last allocation).
@@ -177,7 +177,7 @@ impl PoolBook {
     }
 
     /// The change a reading of `reserved` bytes would make (nothing recorded).
-    pub(crate) fn change(&self, pool: u64, device: u8, reserved: u64) -> Settle {
+    pub fn change(&self, pool: u64, device: u8, reserved: u64) -> Settle {
         let (device, before) = self
             .pools
             .get(&pool)
@@ -196,13 +196,13 @@ impl PoolBook {
     }
 
     /// Records a reading whose [`Self::change`] the caller has applied to the ledger.
-    pub(crate) fn record(&mut self, pool: u64, device: u8, reserved: u64) {
+    pub fn record(&mut self, pool: u64, device: u8, reserved: u64) {
         self.state(pool, device).charged = reserved;
         self.tidy(pool);
     }
 
     /// The driver says `pool` (on `device`) now reserves `reserved` bytes.
-    pub(crate) fn settle(&mut self, pool: u64, device: u8, reserved: u64) -> Settle {
+    pub fn settle(&mut self, pool: u64, device: u8, reserved: u64) -> Settle {
         let change = self.change(pool, device, reserved);
         self.record(pool, device, reserved);
         change
@@ -211,7 +211,7 @@ impl PoolBook {
     /// The driver allocated from `pool`. A pool this book has as destroyed that the driver
     /// allocates from is a new pool under a reused handle value: it starts afresh (its
     /// reading settles the charge).
-    pub(crate) fn allocated(&mut self, pool: u64, device: u8) {
+    pub fn allocated(&mut self, pool: u64, device: u8) {
         let state = self.state(pool, device);
         if state.destroyed {
             state.destroyed = false;
@@ -221,7 +221,7 @@ impl PoolBook {
     }
 
     /// One allocation from `pool` was freed (by the caller, or with its context).
-    pub(crate) fn freed(&mut self, pool: u64) -> Freed {
+    pub fn freed(&mut self, pool: u64) -> Freed {
         let Some(state) = self.pools.get_mut(&pool) else {
             return Freed::Unknown;
         };
@@ -247,7 +247,7 @@ impl PoolBook {
 
     /// `cuMemPoolDestroy(pool)` succeeded: with nothing allocated from it the pool is gone (all
     /// of it back); otherwise it keeps its charge until its last allocation is freed.
-    pub(crate) fn destroyed(&mut self, pool: u64) -> Settle {
+    pub fn destroyed(&mut self, pool: u64) -> Settle {
         let Some(state) = self.pools.get_mut(&pool) else {
             return Settle::Unchanged;
         };
@@ -268,7 +268,7 @@ impl PoolBook {
 
     /// A live pool's attribute cannot be read. With allocations outstanding its memory is
     /// certainly still held: the charge stays; otherwise the pool is taken as gone.
-    pub(crate) fn unreadable(&mut self, pool: u64) -> Settle {
+    pub fn unreadable(&mut self, pool: u64) -> Settle {
         match self.pools.get(&pool) {
             Some(state) if state.outstanding == 0 && !state.destroyed => {
                 let state = self.pools.remove(&pool).expect("present above");
@@ -287,7 +287,7 @@ impl PoolBook {
 
     /// Live pools this book charges or holds allocations of (to re-read them all). Destroyed
     /// pools are not among them: their handles may not be used.
-    pub(crate) fn known(&self) -> Vec<(u64, u8)> {
+    pub fn known(&self) -> Vec<(u64, u8)> {
         self.pools
             .iter()
             .filter(|(_, s)| !s.destroyed)
@@ -296,7 +296,7 @@ impl PoolBook {
     }
 
     /// The device entry of a live pool this book knows.
-    pub(crate) fn device_of(&self, pool: u64) -> Option<u8> {
+    pub fn device_of(&self, pool: u64) -> Option<u8> {
         self.pools
             .get(&pool)
             .filter(|s| !s.destroyed)
@@ -304,11 +304,11 @@ impl PoolBook {
     }
 
     /// Whether `pool` was destroyed with allocations outstanding (its handle must not be read).
-    pub(crate) fn is_destroyed(&self, pool: u64) -> bool {
+    pub fn is_destroyed(&self, pool: u64) -> bool {
         self.pools.get(&pool).is_some_and(|s| s.destroyed)
     }
 
-    pub(crate) fn charged(&self, pool: u64) -> u64 {
+    pub fn charged(&self, pool: u64) -> u64 {
         self.pools.get(&pool).map_or(0, |s| s.charged)
     }
 }

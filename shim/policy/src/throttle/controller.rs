@@ -54,8 +54,8 @@
 //! halves per cycle skewed whole seconds (30 % and 20 % slices read from 1.04:1 to 2.05:1 on
 //! the fake, one CI run failed on it); a pressure that differs by a percent's worth when the
 //! readings do keeps the slices together (1.51-1.58:1). The leaders also tick on one grid of
-//! the system-wide monotonic clock ([`super::watcher::next_tick`]), so they read the same
-//! stretches of the device.
+//! the system-wide monotonic clock (the shim's `throttle::watcher::next_tick`), so they read
+//! the same stretches of the device.
 //! Priorities only change who gets more of the idle time: a high-priority slice backs off by
 //! [`HIGH_BACKOFF`] and claims idle time [`HIGH_WEIGHT`] times as fast; a low-priority slice
 //! claims it at [`LOW_WEIGHT`], only once the device has stayed idle for [`LOW_PATIENCE`]
@@ -221,7 +221,7 @@ pub struct Controller {
     /// Wall ns during which `c` is held (start-up debt being repaid).
     hold_ns: u64,
     /// The start-up probe's (lower, upper) bounds on the per-launch cost
-    /// (`throttle::probe`), used while the cost is not learned.
+    /// (the probe, `probe.rs`), used while the cost is not learned.
     launch_bounds: Option<(f64, f64)>,
 }
 

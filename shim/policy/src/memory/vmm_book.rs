@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 /// What the ledger must give back after an operation: (device entry, bytes).
-pub(crate) type Freed = Option<(u8, u64)>;
+pub type Freed = Option<(u8, u64)>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Handle {
@@ -47,7 +47,7 @@ struct Mapping {
 /// Taken before a `cuMemUnmap` / `cuMemAddressFree` calls the driver; ends the mappings
 /// recorded before it ([`VmmBook::unmapped_range`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Ticket(u64);
+pub struct Ticket(u64);
 
 #[derive(Debug, Default)]
 pub struct VmmBook {
@@ -67,7 +67,7 @@ impl VmmBook {
     }
 
     /// `cuMemCreate` succeeded: `handle` holds `bytes` on `device`.
-    pub(crate) fn created(&mut self, handle: u64, device: u8, bytes: u64) -> Freed {
+    pub fn created(&mut self, handle: u64, device: u8, bytes: u64) -> Freed {
         let generation = self.tick();
         let stale = self.handles.insert(
             handle,
@@ -92,14 +92,14 @@ impl VmmBook {
         Some((stale.device, stale.bytes))
     }
 
-    pub(crate) fn retained(&mut self, handle: u64) {
+    pub fn retained(&mut self, handle: u64) {
         if let Some(h) = self.handles.get_mut(&handle) {
             h.refs += 1;
         }
     }
 
     /// `cuMemRelease` succeeded.
-    pub(crate) fn released(&mut self, handle: u64) -> Freed {
+    pub fn released(&mut self, handle: u64) -> Freed {
         if let Some(late) = self.late_releases.get_mut(&handle) {
             *late -= 1;
             if *late == 0 {
@@ -113,7 +113,7 @@ impl VmmBook {
     }
 
     /// `cuMemMap(ptr, size, .., handle)` succeeded (recorded before it returns to the caller).
-    pub(crate) fn mapped(&mut self, ptr: u64, size: u64, handle: u64) {
+    pub fn mapped(&mut self, ptr: u64, size: u64, handle: u64) {
         let seq = self.tick();
         if let Some(h) = self.handles.get_mut(&handle) {
             h.maps += 1;
@@ -130,14 +130,14 @@ impl VmmBook {
     }
 
     /// To be taken right BEFORE `cuMemUnmap` / `cuMemAddressFree` calls the driver.
-    pub(crate) fn ticket(&mut self) -> Ticket {
+    pub fn ticket(&mut self) -> Ticket {
         Ticket(self.tick())
     }
 
     /// `cuMemUnmap(ptr, size)` or `cuMemAddressFree(ptr, size)`, ticketed `ticket`,
     /// succeeded: every mapping that starts inside the range and was recorded before the
     /// ticket is gone. Returns what goes back to the card.
-    pub(crate) fn unmapped_range(&mut self, ptr: u64, size: u64, ticket: Ticket) -> Vec<(u8, u64)> {
+    pub fn unmapped_range(&mut self, ptr: u64, size: u64, ticket: Ticket) -> Vec<(u8, u64)> {
         let end = ptr.saturating_add(size);
         let ended: Vec<(u64, u64)> = self
             .maps
@@ -172,7 +172,7 @@ impl VmmBook {
 
     /// Bytes still charged for handles (tests, diagnostics).
     #[cfg(test)]
-    pub(crate) fn charged(&self) -> u64 {
+    pub fn charged(&self) -> u64 {
         self.handles.values().map(|h| h.bytes).sum()
     }
 }

@@ -17,14 +17,14 @@
 //! time also counts the probe's thread's own waits in `cuStreamSynchronize`,
 //! `cuCtxSynchronize` and `cuEventSynchronize`, [`Probe::synced`]). A wait
 //! that finds the stream busy sleeps towards its due time in growing steps, asking again
-//! after each (`throttle::probe_poll`), so the busy time of longer kernels is seen too.
+//! after each (the shim's `throttle::probe_poll`), so the busy time of longer kernels is seen too.
 //!
 //! The GPU time of those launches cannot exceed the upper bound (the kernels ran within that
 //! time), so it errs the safe way: time spent behind a neighbour's kernels, or on the CPU
 //! between launches, makes it larger, never smaller. The lower one is time the GPU worked
 //! on launches already issued: alone on the device at most their GPU time, behind a
 //! neighbour's kernels more (again towards the cap). Launches are debited at the
-//! controller's guess held within the bounds ([`estimate`],
+//! controller's guess held within the bounds ([`estimate_within`],
 //! [`super::controller::Controller::debit_cost`]): a guess too large for short kernels comes
 //! down to the upper bound, one too small for long kernels goes up to the lower one. Once
 //! NVML has measured the cost (the `COST` word's learned bit), the probe stops: NVML is the
@@ -50,7 +50,7 @@ pub const NONE: u64 = u64::MAX;
 pub const DECAY: f64 = 0.5;
 
 /// Pure: the debit while the cost is not learned: the guess, within the bounds.
-pub fn estimate(guess: u64, lower: u64, upper: u64) -> u64 {
+pub fn estimate_within(guess: u64, lower: u64, upper: u64) -> u64 {
     guess.min(upper).max(lower).max(1)
 }
 
@@ -103,7 +103,7 @@ pub struct Bounds {
 
 /// A wait the probe takes part in (see [`Probe::begin`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Wait {
+pub struct ProbeWait {
     /// The process's launch count at the wait (the waiting launch included).
     pub launches: u64,
     /// Other launches of the process asleep on the bucket then (counted, not issued).
@@ -142,7 +142,7 @@ impl Probe {
     /// The debit for a `guess` of the controller's: the guess within the bounds.
     pub fn estimate(&self, guess: u64) -> u64 {
         self.bounds()
-            .map_or(guess, |(lower, upper)| estimate(guess, lower, upper))
+            .map_or(guess, |(lower, upper)| estimate_within(guess, lower, upper))
     }
 
     pub fn is_off(&self) -> bool {
@@ -165,11 +165,11 @@ impl Probe {
         thread: u64,
         launches: u64,
         asleep: u64,
-    ) -> Option<Wait> {
+    ) -> Option<ProbeWait> {
         if self.off.load(Ordering::Relaxed) {
             return None;
         }
-        let wait = Wait {
+        let wait = ProbeWait {
             launches,
             asleep,
             first: false,
@@ -183,7 +183,7 @@ impl Probe {
             self.thread.store(thread, Ordering::Relaxed);
             self.start_launches.store(launches, Ordering::Relaxed);
             self.start_ns.store(now.max(1), Ordering::Relaxed);
-            return Some(Wait {
+            return Some(ProbeWait {
                 first: true,
                 ..wait
             });
@@ -202,7 +202,7 @@ impl Probe {
     /// since the wait began (0: idle at once): every launch issued before the wait completed
     /// by `t`. Returns the new (lower, upper) bounds (none at the first wait) and how many
     /// launches were issued since the previous ones (debited at the estimate before).
-    pub fn idle_at(&self, wait: &Wait, t: u64, busy_ns: u64) -> Option<Bounds> {
+    pub fn idle_at(&self, wait: &ProbeWait, t: u64, busy_ns: u64) -> Option<Bounds> {
         if wait.first || self.off.load(Ordering::Relaxed) {
             return None;
         }
@@ -259,7 +259,7 @@ impl Probe {
 
     /// `idle_ns` of `wait`'s sleep passed with the stream idle; they count as idle time when
     /// no other launch was asleep at the wait and none was counted since (`launches` now).
-    pub fn slept_idle(&self, wait: &Wait, idle_ns: u64, launches: u64) {
+    pub fn slept_idle(&self, wait: &ProbeWait, idle_ns: u64, launches: u64) {
         if wait.asleep == 0 && launches == wait.launches && !self.off.load(Ordering::Relaxed) {
             self.idle_ns.fetch_add(idle_ns, Ordering::Relaxed);
         }
@@ -326,9 +326,9 @@ mod tests {
     /// busy raises the debit above a guess that is too small, never above the upper bound.
     #[test]
     fn long_kernels_seen_busy_raise_the_estimate_within_the_bounds() {
-        assert_eq!(estimate(1_000, 9_000, 12_000), 9_000);
-        assert_eq!(estimate(1_000_000, 9_000, 12_000), 12_000);
-        assert_eq!(estimate(10_000, 9_000, 12_000), 10_000);
+        assert_eq!(estimate_within(1_000, 9_000, 12_000), 9_000);
+        assert_eq!(estimate_within(1_000_000, 9_000, 12_000), 12_000);
+        assert_eq!(estimate_within(10_000, 9_000, 12_000), 10_000);
         let probe = Probe::new();
         let wait = probe.begin(MS, 7, 1, 1, 0).unwrap();
         probe.slept_idle(&wait, 0, 1);

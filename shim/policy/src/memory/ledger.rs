@@ -20,9 +20,8 @@
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::driver_sized::placed::PlacedBook;
 // The graph, pool and VMM books and the object table below are pure and import nothing of the
-// ledger (graph memory's driver calls, which need the ledger, live above it in
+// ledger (graph memory's driver calls, which need the ledger, live above it in the shim's
 // `driver_sized::graph_reservations`): the dependency runs one way, ledger -> book, so each book
 // is read and tested alone.
 use super::graph_book::GraphBook;
@@ -34,6 +33,7 @@ use super::vmm_book::VmmBook;
 pub const GRANULARITY: u64 = 2 << 20;
 
 /// Bytes the device really spends on an allocation of `bytes`.
+#[inline]
 pub fn charge_size(bytes: u64) -> u64 {
     bytes.div_ceil(GRANULARITY).saturating_mul(GRANULARITY)
 }
@@ -41,6 +41,7 @@ pub fn charge_size(bytes: u64) -> u64 {
 /// Row pitch the driver may pick for `width` bytes: at most the next multiple of 512 (the
 /// texture pitch alignment of every NVIDIA GPU so far). Only an upper bound for the
 /// reservation; the real pitch the driver returns is what is charged.
+#[inline]
 pub fn pitch_upper_bound(width: u64) -> u64 {
     width.div_ceil(512).saturating_mul(512)
 }
@@ -196,8 +197,18 @@ impl ContextDevices {
     }
 }
 
-/// One process's ledger.
-pub struct Ledger<B> {
+/// What the driver placed by itself in a context (its stack, FIFO, heap, modules, local
+/// memory), as the shim prices it before the call that places it: the ledger keeps the book
+/// (`P` of [`Ledger`]) and refunds a context's part when the context ends.
+pub trait PlacedCharges: Default {
+    /// A context ended: the driver freed everything it placed there. What was charged for it
+    /// (device entry, bytes), which the ledger refunds.
+    fn context_gone(&mut self, context: u64) -> Option<(u8, u64)>;
+}
+
+/// One process's ledger: charges go to the budget `B`; `P` is the book of what the driver
+/// placed by itself.
+pub struct Ledger<B, P> {
     pub budget: B,
     pub objects: ObjectTable,
     /// The device of each recent context (see [`ContextDevices`]).
@@ -213,9 +224,9 @@ pub struct Ledger<B> {
     pub graphs: Mutex<GraphBook>,
     /// Set once this process allocated from a pool (reporting then re-reads pools).
     pub objects_have_pools: AtomicBool,
-    /// What the driver places by itself, as priced (see `driver_sized::placed`); also
+    /// What the driver places by itself, as priced (the shim's `driver_sized::placed`); also
     /// serialises those prices with their driver calls.
-    pub placed: Mutex<PlacedBook>,
+    pub placed: Mutex<P>,
 }
 
 /// Locks a mutex whose data stays consistent even if a holder panicked (each critical section
@@ -224,7 +235,7 @@ pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl<B: Budget> Ledger<B> {
+impl<B: Budget, P: PlacedCharges> Ledger<B, P> {
     pub fn new(budget: B) -> Self {
         Ledger {
             budget,
@@ -357,6 +368,18 @@ pub mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+    /// What the driver placed, per context: (device entry, bytes charged).
+    #[derive(Default)]
+    pub struct Priced(pub std::collections::HashMap<u64, (u8, u64)>);
+
+    impl PlacedCharges for Priced {
+        fn context_gone(&mut self, context: u64) -> Option<(u8, u64)> {
+            self.0.remove(&context)
+        }
+    }
+
+    type TestLedger = Ledger<CounterBudget, Priced>;
+
     /// A budget of `limit` bytes on every device, with a count of reaps.
     pub struct CounterBudget {
         pub limit: u64,
@@ -426,7 +449,7 @@ pub mod tests {
 
     #[test]
     fn past_the_cap_reaps_once_then_refuses_with_nothing_reserved() {
-        let ledger = Ledger::new(CounterBudget::new(10 * MIB));
+        let ledger = TestLedger::new(CounterBudget::new(10 * MIB));
         ledger.charge(0, 8 * MIB).unwrap();
         assert_eq!(ledger.charge(0, 4 * MIB), Err(OutOfMemory));
         assert_eq!(ledger.budget.reaps.load(Ordering::SeqCst), 1);
@@ -439,7 +462,7 @@ pub mod tests {
 
     #[test]
     fn settle_corrects_an_upper_bound_both_ways() {
-        let ledger = Ledger::new(CounterBudget::new(10 * MIB));
+        let ledger = TestLedger::new(CounterBudget::new(10 * MIB));
         ledger.charge(0, 6 * MIB).unwrap();
         ledger.settle(0, 6 * MIB, 4 * MIB).unwrap();
         assert_eq!(ledger.budget.used(0), 4 * MIB);
@@ -450,7 +473,7 @@ pub mod tests {
 
     #[test]
     fn a_real_size_past_the_cap_is_undone_or_else_charged_past_the_limit() {
-        let ledger = Ledger::new(CounterBudget::new(10 * MIB));
+        let ledger = TestLedger::new(CounterBudget::new(10 * MIB));
         // Fits: charged the real size, the object is not touched.
         ledger.charge(0, 4 * MIB).unwrap();
         let settled = ledger.settle_or_undo(0, 4 * MIB, 6 * MIB, || panic!("no undo"));
@@ -487,7 +510,7 @@ pub mod tests {
 
     #[test]
     fn frees_refund_known_objects_and_ignore_unknown_ones() {
-        let ledger = Ledger::new(CounterBudget::new(100 * MIB));
+        let ledger = TestLedger::new(CounterBudget::new(100 * MIB));
         ledger.charge(0, 4 * MIB).unwrap();
         ledger.track(ObjectKind::Pointer, 0x20_0000, obj(4 * MIB, 1));
         assert_eq!(ledger.untrack(ObjectKind::Pointer, 0xdead), None);
@@ -530,7 +553,7 @@ pub mod tests {
 
     #[test]
     fn destroying_a_context_refunds_what_it_owned() {
-        let ledger = Ledger::new(CounterBudget::new(100 * MIB));
+        let ledger = TestLedger::new(CounterBudget::new(100 * MIB));
         for (key, ctx) in [(1u64, 7u64), (2, 7), (3, 8)] {
             ledger.charge(0, 2 * MIB).unwrap();
             ledger.track(ObjectKind::Pointer, key << 21, obj(2 * MIB, ctx));
@@ -541,7 +564,7 @@ pub mod tests {
 
     #[test]
     fn a_destroyed_context_is_forgotten_before_its_handle_can_name_another_device() {
-        let ledger = Ledger::new(CounterBudget::new(100 * MIB));
+        let ledger = TestLedger::new(CounterBudget::new(100 * MIB));
         assert_eq!(ledger.contexts.get(0xc0), None);
         ledger.contexts.remember(0xc0, 1);
         ledger.contexts.remember(0xd0, 2);
@@ -560,10 +583,10 @@ pub mod tests {
 
     #[test]
     fn destroying_a_context_refunds_what_the_driver_placed_in_it() {
-        let ledger = Ledger::new(CounterBudget::new(100 * MIB));
+        let ledger = TestLedger::new(CounterBudget::new(100 * MIB));
         // Priced for context 7 (its heap, stack, modules: `driver_sized::placed`).
         ledger.charge(0, 30 * MIB).unwrap();
-        lock(&ledger.placed).priced_for_test(7, 0, 30 * MIB);
+        lock(&ledger.placed).0.insert(7, (0, 30 * MIB));
         ledger.charge(0, 2 * MIB).unwrap();
         ledger.track(ObjectKind::Pointer, 7, obj(2 * MIB, 8));
         ledger.context_destroyed(7);
@@ -574,7 +597,7 @@ pub mod tests {
 
     #[test]
     fn destroying_a_context_releases_a_destroyed_pool_with_its_last_allocation() {
-        let ledger = Ledger::new(CounterBudget::new(100 * MIB));
+        let ledger = TestLedger::new(CounterBudget::new(100 * MIB));
         let pool = |context| Charged {
             device: 0,
             bytes: 0,
@@ -603,7 +626,7 @@ pub mod tests {
 
     #[test]
     fn memory_the_driver_holds_is_charged_past_the_cap_if_need_be() {
-        let ledger = Ledger::new(CounterBudget::new(10 * MIB));
+        let ledger = TestLedger::new(CounterBudget::new(10 * MIB));
         assert!(ledger.charge_held(0, 8 * MIB));
         assert!(!ledger.charge_held(0, 4 * MIB));
         assert_eq!(ledger.budget.used(0), 12 * MIB);
@@ -613,7 +636,7 @@ pub mod tests {
 
     #[test]
     fn sixteen_threads_never_pass_the_cap_and_lose_nothing() {
-        let ledger = Ledger::new(CounterBudget::new(64 * MIB));
+        let ledger = TestLedger::new(CounterBudget::new(64 * MIB));
         std::thread::scope(|s| {
             for t in 0..16u64 {
                 let ledger = &ledger;
