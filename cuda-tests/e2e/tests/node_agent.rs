@@ -604,7 +604,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 }
 
 /// Not a test: measures the agent with 20 slices and 60 processes, 3 per slice (the figures
-/// in docs/performance.md; the fake GPU has room for 64 processes, not the 100). Run with
+/// in docs/performance.md; the fake GPU has room for 64 processes, not the 100 of the target). Run with
 /// `E2E_AGENT_BIN=target/release/gpuslice-node cargo test -p cuda-e2e --test node_agent -- --ignored --nocapture measure`.
 #[test]
 #[ignore]

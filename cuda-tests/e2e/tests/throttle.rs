@@ -2,12 +2,12 @@
 //! Every figure comes from fakegpu's truth (the device timeline), never from the shim.
 //!
 //! Each case runs its clients for `RUN_S` seconds and measures the `WINDOW_NS` after
-//! `SETTLE_NS` (the issue: steady state within 2 s of start; 3 s on the fake's realistic
+//! `SETTLE_NS` (the target: steady state within 2 s of start; 3 s on the fake's realistic
 //! NVML, `REALISTIC_SETTLE_NS`). Independent cases run at the
 //! same time on separate simulated GPUs (their timelines do not interact), which keeps the
 //! binary at about a minute and loads the 2-core machine as CI does.
 //!
-//! Tolerance: the issue's ±5 percentage points around the target. Measured figures (unloaded
+//! Tolerance: ±5 percentage points around the target. Measured figures (unloaded
 //! and with two `yes > /dev/null` hogs) are in `docs/performance.md`; the full matrix is
 //! printed by `cargo test -p cuda-e2e --test throttle -- --ignored --nocapture print_table`.
 
@@ -22,7 +22,7 @@ const RUN_S: f64 = 4.3;
 /// kernels at the start-up guess can only be trusted once a slowest (1 s) sample period has
 /// passed (see `watcher::NO_TRACE_AFTER_NS`).
 const REALISTIC_SETTLE_NS: u64 = 3_000_000_000;
-/// The issue's steady-state tolerance, in percentage points.
+/// The steady-state tolerance the share promises, in percentage points.
 const TOLERANCE: f64 = 5.0;
 /// A slice of more processes than this is measured from when all of them run.
 const MANY_PROCESSES: usize = 4;
@@ -725,8 +725,8 @@ fn burst_env(mut env: Env) -> Env {
     env
 }
 
-/// How long after a capped neighbour's first kernel it runs at its share (less the issue's 5
-/// points) next to slices that were bursting into the idle time: the stated give-back time.
+/// How long after a capped neighbour's first kernel it runs at its share (less the 5 points
+/// of tolerance) next to slices that were bursting into the idle time: the stated give-back time.
 const GIVE_BACK_NS: u64 = 300_000_000;
 
 /// Two `burst` slices at 30 % and 20 % that both want the whole device split it 3:2 (the idle
@@ -1013,7 +1013,7 @@ fn the_watcher_uses_under_one_percent_of_a_core_and_status_shows_its_measurement
         cpu_s * 1e3,
         t1 - t0
     );
-    // The issue's target is < 1 %; the figure is recorded in docs/performance.md. The test
+    // The target is < 1 %; the figure is recorded in docs/performance.md. The test
     // guards against a watcher that spins or polls hot (tens of percent), with room for a
     // loaded 2-core CI machine where every wake-up costs more.
     assert!(percent < SPINNING_WATCHER_PERCENT, "{percent:.3} %");
