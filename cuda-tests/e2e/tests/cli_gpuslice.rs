@@ -819,11 +819,9 @@ fn demo_runs_to_completion() {
             r.stdout
         );
     }
-    assert!(
-        started.elapsed() < Duration::from_secs(60),
-        "demo took {:?}",
-        started.elapsed()
-    );
+    // No wall-clock bound here: the demo bounds each of its steps itself (its clients' and
+    // PyTorch's deadlines fail the run), and this test runs beside the whole parallel suite.
+    eprintln!("demo took {:?}", started.elapsed());
 }
 
 #[test]
