@@ -347,15 +347,15 @@ cuda_api! {
     fn cuStreamGetCaptureInfo_v3_ptsz["cuStreamGetCaptureInfo", 12030, Ptsz](s: CUstream, status: *mut c_uint, id: *mut c_ulonglong, g: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const c_void, n: *mut usize) => graph::cuStreamGetCaptureInfo_v3;
     fn cuThreadExchangeStreamCaptureMode["cuThreadExchangeStreamCaptureMode", 10010, Default](mode: *mut c_uint) => graph::cuThreadExchangeStreamCaptureMode;
     fn cuLaunchHostFunc["cuLaunchHostFunc", 10000, Default](s: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void) => stream::cuLaunchHostFunc;
-    fn cuLaunchHostFunc_ptsz["cuLaunchHostFunc", 10000, Ptsz](s: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void) => stream::cuLaunchHostFunc_ptsz;
+    fn cuLaunchHostFunc_ptsz["cuLaunchHostFunc", 10000, Ptsz](s: CUstream, f: Option<unsafe extern "C" fn(*mut c_void)>, data: *mut c_void) => stream::cuLaunchHostFunc;
     fn cuStreamAddCallback["cuStreamAddCallback", 5000, Default](s: CUstream, f: Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>, data: *mut c_void, flags: c_uint) => stream::cuStreamAddCallback;
-    fn cuStreamAddCallback_ptsz["cuStreamAddCallback", 7000, Ptsz](s: CUstream, f: Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>, data: *mut c_void, flags: c_uint) => stream::cuStreamAddCallback_ptsz;
+    fn cuStreamAddCallback_ptsz["cuStreamAddCallback", 7000, Ptsz](s: CUstream, f: Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>, data: *mut c_void, flags: c_uint) => stream::cuStreamAddCallback;
     fn cuEventRecordWithFlags["cuEventRecordWithFlags", 11010, Default](e: CUevent, s: CUstream, flags: c_uint) => stream::cuEventRecordWithFlags;
     fn cuEventRecordWithFlags_ptsz["cuEventRecordWithFlags", 11010, Ptsz](e: CUevent, s: CUstream, flags: c_uint) => stream::cuEventRecordWithFlags;
     fn cuMemcpy["cuMemcpy", 4000, Default](dst: CUdeviceptr, src: CUdeviceptr, n: usize) => memory::cuMemcpy;
     fn cuMemcpy_ptds["cuMemcpy", 7000, Ptds](dst: CUdeviceptr, src: CUdeviceptr, n: usize) => memory::cuMemcpy;
     fn cuMemcpyAsync["cuMemcpyAsync", 4000, Default](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyAsync;
-    fn cuMemcpyAsync_ptsz["cuMemcpyAsync", 7000, Ptsz](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyAsync_ptsz;
+    fn cuMemcpyAsync_ptsz["cuMemcpyAsync", 7000, Ptsz](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyAsync;
     fn cuMemcpyDtoDAsync_v2["cuMemcpyDtoDAsync", 3020, Default](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyDtoDAsync_v2;
     fn cuMemcpyDtoDAsync_v2_ptsz["cuMemcpyDtoDAsync", 7000, Ptsz](dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => memory::cuMemcpyDtoDAsync_v2;
     fn cuMemcpyPeer["cuMemcpyPeer", 4000, Default](dst: CUdeviceptr, dctx: CUcontext, src: CUdeviceptr, sctx: CUcontext, n: usize) => memory::cuMemcpyPeer;
@@ -375,7 +375,7 @@ cuda_api! {
     fn cuMemHostGetDevicePointer_v2["cuMemHostGetDevicePointer", 3020, Default](dptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) => memory::cuMemHostGetDevicePointer_v2;
     fn cuMemHostGetFlags["cuMemHostGetFlags", 2030, Default](flags: *mut c_uint, p: *mut c_void) => memory::cuMemHostGetFlags;
     fn cuMemPrefetchAsync["cuMemPrefetchAsync", 8000, Default](ptr: CUdeviceptr, n: usize, dev: CUdevice, s: CUstream) => memory::cuMemPrefetchAsync;
-    fn cuMemPrefetchAsync_ptsz["cuMemPrefetchAsync", 8000, Ptsz](ptr: CUdeviceptr, n: usize, dev: CUdevice, s: CUstream) => memory::cuMemPrefetchAsync_ptsz;
+    fn cuMemPrefetchAsync_ptsz["cuMemPrefetchAsync", 8000, Ptsz](ptr: CUdeviceptr, n: usize, dev: CUdevice, s: CUstream) => memory::cuMemPrefetchAsync;
     fn cuMemPrefetchAsync_v2["cuMemPrefetchAsync", 12020, Default](ptr: CUdeviceptr, n: usize, loc: CUmemLocation, _flags: c_uint, s: CUstream) => memory::cuMemPrefetchAsync_v2;
     fn cuMemPrefetchAsync_v2_ptsz["cuMemPrefetchAsync", 12020, Ptsz](ptr: CUdeviceptr, n: usize, loc: CUmemLocation, _flags: c_uint, s: CUstream) => memory::cuMemPrefetchAsync_v2;
     fn cuMemAdvise["cuMemAdvise", 8000, Default](ptr: CUdeviceptr, n: usize, advice: c_int, dev: CUdevice) => memory::cuMemAdvise;

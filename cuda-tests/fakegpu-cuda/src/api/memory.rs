@@ -171,15 +171,6 @@ pub(crate) fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUs
     memcpy_async(dst, is_dev(dst)?, src, is_dev(src)?, n, s)
 }
 
-pub(crate) fn cuMemcpyAsync_ptsz(
-    dst: CUdeviceptr,
-    src: CUdeviceptr,
-    n: usize,
-    s: CUstream,
-) -> R<()> {
-    memcpy_async(dst, is_dev(dst)?, src, is_dev(src)?, n, s)
-}
-
 pub(crate) fn cuMemcpyDtoDAsync_v2(
     dst: CUdeviceptr,
     src: CUdeviceptr,
@@ -289,15 +280,6 @@ pub(crate) fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -> R<()> {
 }
 
 pub(crate) fn cuMemPrefetchAsync(ptr: CUdeviceptr, n: usize, dev: CUdevice, s: CUstream) -> R<()> {
-    prefetch_or_advise(ptr, n, dev, Some(s), 0)
-}
-
-pub(crate) fn cuMemPrefetchAsync_ptsz(
-    ptr: CUdeviceptr,
-    n: usize,
-    dev: CUdevice,
-    s: CUstream,
-) -> R<()> {
     prefetch_or_advise(ptr, n, dev, Some(s), 0)
 }
 

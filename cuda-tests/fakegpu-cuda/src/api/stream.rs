@@ -121,18 +121,6 @@ pub(crate) fn cuLaunchHostFunc(
     Ok(())
 }
 
-pub(crate) fn cuLaunchHostFunc_ptsz(
-    s: CUstream,
-    f: Option<unsafe extern "C" fn(*mut c_void)>,
-    data: *mut c_void,
-) -> R<()> {
-    let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    host_func_after(s)?;
-    // SAFETY: as in cuLaunchHostFunc.
-    unsafe { f(data) };
-    Ok(())
-}
-
 pub(crate) fn cuStreamAddCallback(
     s: CUstream,
     f: Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>,
@@ -145,22 +133,6 @@ pub(crate) fn cuStreamAddCallback(
     }
     host_func_after(s)?;
     // SAFETY: the caller's callback with the caller's data and the stream's status.
-    unsafe { f(s, CUDA_SUCCESS, data) };
-    Ok(())
-}
-
-pub(crate) fn cuStreamAddCallback_ptsz(
-    s: CUstream,
-    f: Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>,
-    data: *mut c_void,
-    flags: c_uint,
-) -> R<()> {
-    let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if flags != 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    host_func_after(s)?;
-    // SAFETY: as in cuStreamAddCallback.
     unsafe { f(s, CUDA_SUCCESS, data) };
     Ok(())
 }
