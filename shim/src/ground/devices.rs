@@ -40,6 +40,55 @@ pub fn memory_limit(config: &SliceConfig, index: u32, uuid: &str) -> Option<u64>
     config.limit_for(index, uuid)?.memory_limit
 }
 
+/// How many CUDA devices the process sees: 0 unknown (the driver has not answered yet), 1 one,
+/// 2 several. The driver fixes its device list at `cuInit`, so once known it is kept; it
+/// survives fork (the child sees the same devices).
+static DEVICE_COUNT_KIND: AtomicU8 = AtomicU8::new(0);
+
+/// Whether the process is known to see exactly one CUDA device (then every context is on
+/// ordinal 0).
+#[inline(always)]
+pub fn one_cuda_device() -> bool {
+    DEVICE_COUNT_KIND.load(Ordering::Relaxed) == 1
+}
+
+/// The device of the calling thread's current context, for a caller that knows one is
+/// current (a launch; a query the driver has just answered with success): ordinal 0 without
+/// asking the driver when the process sees one device, else the real `cuCtxGetDevice`.
+#[inline]
+pub fn current_context_device() -> Option<CUdevice> {
+    match DEVICE_COUNT_KIND.load(Ordering::Relaxed) {
+        1 => Some(0),
+        2 => current_cuda_device(),
+        _ => count_devices_then_current(),
+    }
+}
+
+/// First call of [`current_context_device`] (or one before the driver could count): asks
+/// the real `cuDeviceGetCount` and keeps its answer.
+#[cold]
+#[inline(never)]
+fn count_devices_then_current() -> Option<CUdevice> {
+    let mut count = 0i32;
+    // SAFETY: `count` is a valid out-pointer for the duration of the call.
+    let known =
+        real::cuDeviceGetCount().is_some_and(|get| unsafe { get(&mut count) } == CUDA_SUCCESS);
+    if known {
+        DEVICE_COUNT_KIND.store(if count == 1 { 1 } else { 2 }, Ordering::Relaxed);
+    }
+    if known && count == 1 {
+        Some(0)
+    } else {
+        current_cuda_device()
+    }
+}
+
+/// Puts the device count in a test's state (0 unknown, 1 one device, 2 several).
+#[cfg(test)]
+pub fn set_device_count_kind(kind: u8) {
+    DEVICE_COUNT_KIND.store(kind, Ordering::Relaxed);
+}
+
 /// The device of the calling thread's current context (real `cuCtxGetDevice`).
 pub fn current_cuda_device() -> Option<CUdevice> {
     let get_device = real::cuCtxGetDevice()?;

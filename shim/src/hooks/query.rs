@@ -17,10 +17,12 @@ use crate::memory::oversubscribe;
 use gpuslice_policy::{slice_view, MemoryView};
 
 /// The slice's view of the current context's device given the driver's `physical` figures;
-/// `None` when no slice limits that device.
+/// `None` when no slice limits that device (no slice at all: no region is attached, which
+/// `memory::cuda_slice` sees first). Called after the driver answered the query with
+/// success, so a context is current (in a process that sees one device, device 0).
+#[inline(always)]
 fn current_slice_view(physical: impl FnOnce() -> MemoryView) -> Option<MemoryView> {
-    lifecycle::slice_config()?;
-    let device = memory::current_device()?;
+    let device = devices::current_context_device()?;
     let mut card = None;
     let (limit, used) = memory::cuda_slice(device, || card.insert(physical()).free)?;
     let view = slice_view(card?, limit, Some(used));

@@ -124,17 +124,22 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
     })
 }
 
-/// The device ordinal of `context` (the calling thread's current one, 0 = none): remembered
-/// per context (`ledger::ContextDevices`), else the driver's `cuCtxGetDevice`.
+/// The device ordinal of `context` (the calling thread's current one, 0 = none): 0 in a
+/// process that sees one device, else remembered per context (`ledger::ContextDevices`),
+/// else the driver's `cuCtxGetDevice`.
 #[inline]
 fn device_of(process: &Process, context: u64) -> Option<CUdevice> {
     if context == 0 {
         return None;
     }
+    if crate::ground::devices::one_cuda_device() {
+        return Some(0);
+    }
     if let Some(ordinal) = process.ledger.contexts.get(context) {
         return Some(ordinal);
     }
-    let ordinal = crate::ground::devices::current_cuda_device()?;
+    // A context is current: counts the devices once (so the next call takes the branch above).
+    let ordinal = crate::ground::devices::current_context_device()?;
     process.ledger.contexts.remember(context, ordinal);
     Some(ordinal)
 }

@@ -54,7 +54,9 @@ pub fn nvml_slice(device: nvmlDevice_t, card_free: u64) -> Option<(u64, u64)> {
     }
 }
 
-#[inline]
+/// Inlined into each caller: on the views' path its call frame cost a fifth of what the
+/// view adds.
+#[inline(always)]
 fn usage_of(
     shared: &Shared,
     device: u8,

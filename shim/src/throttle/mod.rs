@@ -17,9 +17,9 @@
 //! launch does with them.
 //!
 //! Owns: `ACTIVE`, `DEVICE_STATE`, `DEVICES` (per process: a fork child builds its device
-//! state again at its next launch) and `DEVICE_COUNT_KIND` (the visible devices, which a
-//! fork child shares). The region mapping, the slot, the host PID and the clock are the
-//! session's (`crate::session`); the watcher reads the device state through
+//! state again at its next launch). The visible devices are the ground's
+//! (`ground::devices::current_context_device`). The region mapping, the slot, the host PID
+//! and the clock are the session's (`crate::session`); the watcher reads the device state through
 //! [`active_device`].
 //!
 //! Every launch path (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, graph, each with its
@@ -51,6 +51,7 @@ use gpuslice_common::config::ComputePolicy;
 use gpuslice_common::MAX_DEVICES;
 use gpuslice_policy as policy;
 
+use crate::ground::devices::{current_context_device, one_cuda_device};
 use crate::session::clock::{now_ns, sleep_until};
 use crate::session::fork::per_process;
 use crate::session::mode::config_throttles;
@@ -72,9 +73,6 @@ per_process! {
     static ACTIVE: AtomicU8 = AtomicU8::new(UNINIT);
 }
 
-/// Visible devices: 0 unknown, 1 one device (no per-launch lookup), 2 several. Survives fork
-/// (the child sees the same devices).
-static DEVICE_COUNT_KIND: AtomicU8 = AtomicU8::new(0);
 per_process! {
     /// Per device: `UNINIT`, `OFF` (no share), `BUSY` (being built), `ON` (`DEVICES` holds it).
     static DEVICE_STATE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(UNINIT) }; MAX_DEVICES];
@@ -140,7 +138,7 @@ pub fn before_launch_on_stream(stream: gpuslice_abi::cuda::CUstream) {
 fn stream_ordinal(stream: gpuslice_abi::cuda::CUstream) -> Option<CUdevice> {
     use crate::ground::driver::real;
     if stream as usize <= gpuslice_abi::cuda::flags::CU_STREAM_PER_THREAD {
-        return current_ordinal();
+        return current_context_device();
     }
     let mut ctx: gpuslice_abi::cuda::CUcontext = std::ptr::null_mut();
     let mut device: CUdevice = 0;
@@ -152,13 +150,13 @@ fn stream_ordinal(stream: gpuslice_abi::cuda::CUstream) -> Option<CUdevice> {
     if known {
         Some(device)
     } else {
-        current_ordinal()
+        current_context_device()
     }
 }
 
 #[inline]
 fn throttle_launch(stream: gpuslice_abi::cuda::CUstream) {
-    let Some(ordinal) = current_ordinal() else {
+    let Some(ordinal) = current_context_device() else {
         return;
     };
     throttle_launch_on(ordinal, stream);
@@ -242,7 +240,7 @@ fn settle_by(due: Due, whole_check: impl FnOnce()) -> Result<(), Due> {
 pub fn bill_fast() -> bool {
     match ACTIVE.load(Ordering::Relaxed) {
         OFF => true,
-        ON if DEVICE_COUNT_KIND.load(Ordering::Relaxed) == 1 && !capture::any_open() => {
+        ON if one_cuda_device() && !capture::any_open() => {
             // One visible device: `current_ordinal` is 0. DEVICES[0] is non-null exactly when
             // DEVICE_STATE[0] is ON (stored before it, both reset together at fork).
             let device = DEVICES[0].load(Ordering::Acquire);
@@ -434,7 +432,7 @@ pub fn synchronized(
     if ACTIVE.load(Ordering::Relaxed) != ON {
         return sync();
     }
-    let device = current_ordinal()
+    let device = current_context_device()
         .and_then(|o| usize::try_from(o).ok())
         .filter(|&i| i < MAX_DEVICES && DEVICE_STATE[i].load(Ordering::Acquire) == ON)
         // SAFETY: ON is published (Release) after DEVICES[i] holds a leaked, never freed Box.
@@ -478,27 +476,6 @@ fn stream_idle(stream: gpuslice_abi::cuda::CUstream) -> bool {
             && idle(CU_STREAM_PER_THREAD as gpuslice_abi::cuda::CUstream)
     } else {
         idle(stream)
-    }
-}
-
-fn current_ordinal() -> Option<CUdevice> {
-    match DEVICE_COUNT_KIND.load(Ordering::Relaxed) {
-        1 => Some(0),
-        2 => crate::ground::devices::current_cuda_device(),
-        _ => {
-            let mut count = 0i32;
-            // SAFETY: `count` is a valid out-pointer for the duration of the call.
-            let known = crate::ground::driver::real::cuDeviceGetCount()
-                .is_some_and(|get| unsafe { get(&mut count) } == CUDA_SUCCESS);
-            if known {
-                DEVICE_COUNT_KIND.store(if count == 1 { 1 } else { 2 }, Ordering::Relaxed);
-            }
-            if known && count == 1 {
-                Some(0)
-            } else {
-                crate::ground::devices::current_cuda_device()
-            }
-        }
     }
 }
 
@@ -567,7 +544,7 @@ fn init_device(index: usize, ordinal: CUdevice) -> Option<&'static DeviceThrottl
             // The process's only device has no share (and an OFF device never looks again):
             // no launch needs the throttle's check any more. It was ~25 of the ~93
             // instructions a launch of a memory-only slice costs (docs/performance.md).
-            if DEVICE_COUNT_KIND.load(Ordering::Relaxed) == 1 {
+            if one_cuda_device() {
                 let _ = ACTIVE.compare_exchange(ON, OFF, Ordering::AcqRel, Ordering::Relaxed);
             }
             None
@@ -643,7 +620,7 @@ mod tests {
     /// Puts the throttle (this process's statics, and `device`) in `case`'s state.
     fn prepare(case: &Case, device: &'static DeviceThrottle) {
         ACTIVE.store(case.active, Ordering::Relaxed);
-        DEVICE_COUNT_KIND.store(case.devices, Ordering::Relaxed);
+        crate::ground::devices::set_device_count_kind(case.devices);
         let (state, pointer) = if case.built {
             (ON, device as *const DeviceThrottle as *mut DeviceThrottle)
         } else {

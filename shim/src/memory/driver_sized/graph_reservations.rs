@@ -105,9 +105,16 @@ fn reread_locked(process: &Process, book: &mut GraphBook, also: Option<CUdevice>
 
 /// Re-reads every graph pool this process may hold memory in; true if any charge went down.
 /// Before a refusal and for reports; nothing to do before the first instantiation.
+#[inline(always)]
 pub(in crate::memory) fn reread_if_any(process: &Process) -> bool {
-    GRAPHS_SEEN.load(Ordering::Relaxed)
-        && reread_locked(process, &mut lock(&process.ledger.graphs), None)
+    GRAPHS_SEEN.load(Ordering::Relaxed) && reread_all(process)
+}
+
+/// [`reread_if_any`] once a graph was instantiated (out of line: the views stay short).
+#[cold]
+#[inline(never)]
+fn reread_all(process: &Process) -> bool {
+    reread_locked(process, &mut lock(&process.ledger.graphs), None)
 }
 
 /// After a successful call that can change graph memory: `exec` (if any) is settled now.
