@@ -776,7 +776,7 @@ impl Region {
 
     /// Reserves `bytes` on `device` for `slot`, or refuses without keeping anything when the
     /// container-wide use would pass the limit. Lock-free and O(1); see "The ledger".
-    #[inline]
+    #[inline(always)]
     pub fn reserve(&self, slot: SlotId, device: DeviceId, bytes: u64) -> Result<(), OverLimit> {
         let limit = stored_limit(
             self.map.layout().devices[device.index()]
@@ -804,7 +804,7 @@ impl Region {
 
     /// Returns up to `bytes` of `slot`'s reservation on `device` (never below zero). Returns
     /// the bytes actually released.
-    #[inline]
+    #[inline(always)]
     pub fn release(&self, slot: SlotId, device: DeviceId, bytes: u64) -> u64 {
         match self.operate(slot, device, ledger::Change::Release { bytes }) {
             ledger::Outcome::Done(taken) => taken,

@@ -4,6 +4,13 @@
 //! object's charge back. An allocation's bytes go from here to the ledger
 //! ([`super::ledger::Ledger::charge`]), and from the ledger to the region through its budget
 //! ([`super::region_budget`]).
+//!
+//! The plain path (reserve, track; untrack, refund: this file, the ledger, the object table
+//! and the region's operation) is `#[inline(always)]` down to the region's words, so that
+//! `cuMemAlloc_v2` and `cuMemFree_v2` are one function each: the call frames between the
+//! layers were a sixth of the instructions a pair added (+729 -> +580 with them gone and the
+//! one-device shortcut of `device_of`,
+//! `benches/alloc-instructions.sh`), for 67 KB more code in the core.
 
 use gpuslice_abi::cuda::result::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use gpuslice_abi::cuda::{
@@ -97,7 +104,7 @@ pub fn allocate(
 
 /// Reserve `bytes` (as the device spends them) on `target` before the driver allocates.
 /// Past the cap: `Err(CUDA_ERROR_OUT_OF_MEMORY)` with nothing reserved.
-#[inline]
+#[inline(always)]
 pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUresult> {
     let (Some(shared), Some(process)) = (shared(), process()) else {
         return Ok(Reservation::NONE);
@@ -156,7 +163,7 @@ pub fn current_device() -> Option<CUdevice> {
 
 /// `Ledger::charge`, and before refusing, pools' cached memory the driver has already given
 /// back is settled first (it may be what stands in the way).
-#[inline]
+#[inline(always)]
 pub fn charge_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUresult> {
     if process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
@@ -183,7 +190,7 @@ fn retry_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUre
 }
 
 /// Commit (`result == CUDA_SUCCESS`) or release the reservation.
-#[inline]
+#[inline(always)]
 pub fn after_alloc(reservation: Reservation, result: CUresult, object: DeviceObject) {
     let (Some(process), Some((device, bytes))) = (process(), reservation.charge) else {
         return;
@@ -241,7 +248,7 @@ fn track_other(process: &Process, object: DeviceObject, charged: Charged) {
 
 /// The driver freed `object` with `result`: give its charge back. Objects the ledger never
 /// charged are ignored (the driver's result is returned unchanged by the wrapper either way).
-#[inline]
+#[inline(always)]
 pub fn on_free(object: DeviceObject, result: CUresult) {
     if result != CUDA_SUCCESS {
         return;

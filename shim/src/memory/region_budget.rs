@@ -18,13 +18,13 @@ pub(super) fn device_id(device: u8) -> DeviceId {
 }
 
 impl Budget for RegionBudget {
-    #[inline]
+    #[inline(always)]
     fn reserve(&self, device: u8, bytes: u64) -> Result<(), OutOfMemory> {
         self.region
             .reserve(self.slot, device_id(device), bytes)
             .map_err(|_| OutOfMemory)
     }
-    #[inline]
+    #[inline(always)]
     fn release(&self, device: u8, bytes: u64) {
         self.region.release(self.slot, device_id(device), bytes);
     }

@@ -252,7 +252,7 @@ impl<B: Budget, P: PlacedCharges> Ledger<B, P> {
     }
 
     /// Reserves `bytes` on `device`; past the cap, reaps dead processes and tries once more.
-    #[inline]
+    #[inline(always)]
     pub fn charge(&self, device: u8, bytes: u64) -> Result<(), OutOfMemory> {
         if bytes == 0 || self.budget.reserve(device, bytes).is_ok() {
             return Ok(());
@@ -267,6 +267,7 @@ impl<B: Budget, P: PlacedCharges> Ledger<B, P> {
         self.budget.reserve(device, bytes)
     }
 
+    #[inline(always)]
     pub fn refund(&self, device: u8, bytes: u64) {
         if bytes > 0 {
             self.budget.release(device, bytes);
@@ -314,14 +315,14 @@ impl<B: Budget, P: PlacedCharges> Ledger<B, P> {
 
     /// Records a charged object. An entry still under the same key is kept: its free is in
     /// flight and will take it (see `objects`, "Address reuse").
-    #[inline]
+    #[inline(always)]
     pub fn track(&self, kind: ObjectKind, key: u64, charged: Charged) {
         self.objects.insert(kind, key, charged);
     }
 
     /// The driver freed an object: refund what it was charged. Unknown objects (never
     /// charged, e.g. IPC imports or allocations on unlimited devices) change nothing.
-    #[inline]
+    #[inline(always)]
     pub fn untrack(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
         let charged = self.objects.remove(kind, key)?;
         self.refund(charged.device, charged.bytes);

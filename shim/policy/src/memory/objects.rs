@@ -98,14 +98,14 @@ struct Shard {
 }
 
 impl Shard {
-    #[inline]
+    #[inline(always)]
     fn home(&self, kind: ObjectKind, key: u64) -> usize {
         // Bits below the shard's: spread within the shard.
         ((hash_of(kind, key) << 6) >> 32) as usize & (self.buckets.len() - 1)
     }
 
     /// The bucket holding `(kind, key)`, if any.
-    #[inline]
+    #[inline(always)]
     fn find(&self, kind: ObjectKind, key: u64) -> Option<usize> {
         if self.len == 0 {
             return None;
@@ -155,7 +155,7 @@ impl Shard {
 
     /// One probe run: the key's entry exists (queue behind it) or the first empty bucket
     /// takes it.
-    #[inline]
+    #[inline(always)]
     fn insert(&mut self, kind: ObjectKind, key: u64, charged: Charged) {
         if (self.len + 1) * 2 > self.buckets.len() {
             self.grow();
@@ -182,7 +182,7 @@ impl Shard {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn remove(&mut self, kind: ObjectKind, key: u64) -> Option<Charged> {
         let i = self.find(kind, key)?;
         let oldest = self.buckets[i].charged;
@@ -202,7 +202,7 @@ impl Shard {
 
     /// Empties bucket `i`, shifting later members of its probe run back (so every key stays
     /// reachable from its home without tombstones).
-    #[inline]
+    #[inline(always)]
     fn delete(&mut self, mut i: usize) {
         let mask = self.buckets.len() - 1;
         let mut j = i;
@@ -269,7 +269,7 @@ struct Guard<'a> {
 }
 
 impl Locked {
-    #[inline]
+    #[inline(always)]
     fn lock(&self) -> Guard<'_> {
         Guard {
             _turn: self.busy.take(),
@@ -309,20 +309,19 @@ impl Default for ObjectTable {
 }
 
 impl ObjectTable {
-    #[inline]
+    #[inline(always)]
     fn shard(&self, kind: ObjectKind, key: u64) -> Guard<'_> {
         self.shards[shard_of(kind, key)].lock()
     }
 
     /// Records an object, behind any entry still under the same key (module doc).
-    #[inline]
+    #[inline(always)]
     pub fn insert(&self, kind: ObjectKind, key: u64, charged: Charged) {
         self.shard(kind, key).insert(kind, key, charged);
     }
 
-    /// Takes the oldest entry under the key. Out of line: the free path (`Ledger::untrack`,
-    /// inlined into `memory::on_free`) stays short, and calls it once.
-    #[inline(never)]
+    /// Takes the oldest entry under the key.
+    #[inline(always)]
     pub fn remove(&self, kind: ObjectKind, key: u64) -> Option<Charged> {
         self.shard(kind, key).remove(kind, key)
     }
