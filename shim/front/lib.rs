@@ -66,7 +66,7 @@ const RTLD_NEXT: *mut c_void = usize::MAX as *mut c_void;
 /// The core's file name, looked for in the directory this library was loaded from.
 const CORE_NAME: &[u8] = b"libgpuslice_core.so";
 /// Version of [`Attach`]; the core refuses another.
-const ATTACH_ABI: u32 = 1;
+const ATTACH_ABI: u32 = 2;
 
 const CUDA_ERROR_NOT_INITIALIZED: u32 = 3;
 const NVML_ERROR_UNINITIALIZED: u32 = 1;
@@ -101,10 +101,54 @@ struct Attach {
     exports: *const *const c_void,
     real_dlsym: *mut c_void,
     next: unsafe extern "C" fn(*const c_char) -> *mut c_void,
+    /// The offset of [`hook_flag_offset`]'s per-thread byte from the thread pointer.
+    hook_flag_offset: isize,
     /// Out: the core's handler for each name.
     handlers: *mut *mut c_void,
     /// Out: the core's dlsym decision function.
     decide_dlsym: *mut c_void,
+}
+
+// One byte of static (initial-exec) thread-local storage: the core's "this thread is inside
+// a hook" flag (`shim/src/hooks/nesting.rs`). The front is loaded at start-up (preloaded), so
+// its TLS block sits at the same offset from every thread's thread pointer and the core reads
+// the byte with one load from that offset; the core's own thread-locals go through
+// `__tls_get_addr` (it is loaded later, with dlopen), a sixth of what a hooked
+// `cuMemGetInfo` added. New threads get it zeroed (`.tbss`).
+#[cfg(target_arch = "x86_64")]
+core::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    "gpuslice_front_hook_flag:",
+    ".zero 8",
+    ".popsection",
+);
+#[cfg(target_arch = "aarch64")]
+core::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",%nobits",
+    ".p2align 3",
+    "gpuslice_front_hook_flag:",
+    ".zero 8",
+    ".popsection",
+);
+
+/// The offset of the per-thread hook flag from the thread pointer (the same in every thread:
+/// static TLS), as the dynamic linker resolved it at load.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+unsafe extern "C" fn hook_flag_offset() -> isize {
+    core::arch::naked_asm!(
+        "mov rax, qword ptr [rip + gpuslice_front_hook_flag@GOTTPOFF]",
+        "ret",
+    )
+}
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+unsafe extern "C" fn hook_flag_offset() -> isize {
+    core::arch::naked_asm!(
+        "adrp x0, :gottprel:gpuslice_front_hook_flag",
+        "ldr x0, [x0, #:gottprel_lo12:gpuslice_front_hook_flag]",
+        "ret",
+    )
 }
 
 type AttachFn = unsafe extern "C" fn(*mut Attach) -> c_int;
@@ -413,6 +457,7 @@ unsafe fn load_core(message: &mut Line) -> Result<(), ()> {
         exports: EXPORTS.0.as_ptr(),
         real_dlsym: dlsym as *mut c_void,
         next: next_definition,
+        hook_flag_offset: hook_flag_offset(),
         handlers: handlers.as_mut_ptr(),
         decide_dlsym: core::ptr::null_mut(),
     };

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use crate::hooks::registry::{Hook, HOOKS, HOOK_COUNT};
 
 /// Version of [`Attach`]; the front sends the one it was built with.
-pub const ATTACH_ABI: u32 = 1;
+pub const ATTACH_ABI: u32 = 2;
 
 /// What the front passes (`shim/front/lib.rs` has the same layout).
 #[repr(C)]
@@ -36,6 +36,8 @@ pub struct Attach {
     pub real_dlsym: *mut c_void,
     /// `dlsym(RTLD_NEXT, name)` asked from the front.
     pub next: NextFn,
+    /// The offset from the thread pointer of the front's per-thread hook flag (static TLS).
+    pub hook_flag_offset: isize,
     /// Out: this library's handler for each name.
     pub handlers: *mut *const c_void,
     /// Out: [`crate::hooks::dlsym::decide_dlsym_answer`].
@@ -102,6 +104,7 @@ pub unsafe extern "C" fn gpuslice_core_attach(request: *mut Attach) -> c_int {
             crate::ground::real::REAL_DLSYM.store(request.real_dlsym, Ordering::Release);
         }
         FRONT_NEXT.store(request.next as *mut c_void, Ordering::Release);
+        crate::hooks::nesting::use_front_flag(request.hook_flag_offset);
         FRONT_EXPORTS.store(request.exports.cast_mut(), Ordering::Release);
         for hook in HOOKS.iter() {
             // SAFETY: `handlers` has HOOK_COUNT entries; hook.id < HOOK_COUNT.
