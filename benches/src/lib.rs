@@ -94,14 +94,18 @@ pub fn use_scratch_slice(scratch: &Path, compute: Option<u32>) {
     std::fs::create_dir_all(scratch).expect("create the scratch directory");
     let limits = scratch.join("limits.json");
     let compute = compute.map_or(String::new(), |c| format!(r#","compute":{c}"#));
+    // Written beside and renamed into place: processes started together on one scratch
+    // directory must never read a half-written file (one that did refused every call).
+    let staged = scratch.join(format!("limits.json.{}", std::process::id()));
     std::fs::write(
-        &limits,
+        &staged,
         format!(
             r#"{{"version":1,"region":"{}","devices":[{{"index":0,"memory":"30GiB"{compute}}}]}}"#,
             scratch.join("region").display()
         ),
     )
     .expect("write the limit file");
+    std::fs::rename(&staged, &limits).expect("put the limit file in place");
     std::env::set_var("FAKEGPU_STATE", scratch.join("state"));
     std::env::set_var("GPUSLICE_CONFIG", &limits);
 }
