@@ -373,6 +373,8 @@ pub mod flags {
     /// `CUmemAttach_flags`.
     pub const CU_MEM_ATTACH_GLOBAL: u32 = 0x1;
     pub const CU_MEM_ATTACH_HOST: u32 = 0x2;
+    /// `CUpointer_attribute`: the context a pointer was allocated in.
+    pub const CU_POINTER_ATTRIBUTE_CONTEXT: i32 = 1;
     /// Highest `CUdevice_attribute` value + 1 in the 12.8 headers.
     pub const CU_DEVICE_ATTRIBUTE_MAX: i32 = 144;
 }

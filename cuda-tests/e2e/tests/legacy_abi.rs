@@ -365,6 +365,47 @@ fn v1_primary_release_and_reset_give_back_the_context_and_what_it_owned() {
 }
 
 #[test]
+fn a_destroyed_context_gives_back_only_the_pointers_it_owned() {
+    // In a process that sees one device the shim charges a pointer without asking the driver
+    // for its context, and asks it of the driver (per pointer) only when a context is about to
+    // end: a context destroyed while another's memory lives on must take back exactly its own.
+    let gpu = FakeGpu::start("v100");
+    let slice = Slice::builder().device(0, "2GiB", None).build();
+    let env = slice.env(&gpu);
+    for lookup in LOOKUPS {
+        let what = format!("{lookup:?}");
+        let mut run = Legacy::spawn(&args(lookup, &["owners"]), &env);
+        run.until("held");
+        for step in ["first", "alloc first", "second", "alloc second"] {
+            assert_eq!(run.line(step), format!("{step} rc=0"), "{what}");
+        }
+        let held = 2 * CONTEXT + 64 * MIB + 128 * MIB;
+        assert_eq!(gpu.truth().used_memory(0), held, "{what}: the card");
+        assert_eq!(region_used(&slice), held, "{what}: the region");
+
+        run.go();
+        run.until("ended");
+        assert_eq!(run.line("destroy first"), "destroy first rc=0", "{what}");
+        let left = CONTEXT + 128 * MIB;
+        assert_eq!(gpu.truth().used_memory(0), left, "{what}: the card");
+        assert_eq!(
+            region_used(&slice),
+            left,
+            "{what}: the region kept the second context's memory and only that"
+        );
+
+        run.go();
+        run.until("done");
+        assert_eq!(run.line("free second"), "free second rc=0", "{what}");
+        assert_eq!(run.line("destroy second"), "destroy second rc=0", "{what}");
+        assert_eq!(gpu.truth().used_memory(0), 0, "{what}: the card");
+        assert_eq!(region_used(&slice), 0, "{what}: the region");
+        run.go();
+        run.finish();
+    }
+}
+
+#[test]
 fn deprecated_launches_pass_the_throttle() {
     // The throttle sets a device up (and says so at info level) at the first launch that
     // reaches its gate, and nowhere else: a process whose only launches are the deprecated

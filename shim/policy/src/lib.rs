@@ -41,7 +41,7 @@ pub use memory::ledger::{
     PrimaryContext, Settled,
 };
 // Memory: the sharded per-process table object -> (device entry, bytes, owning context).
-pub use memory::objects::{Charged, ObjectKind, ObjectTable};
+pub use memory::objects::{Charged, ObjectKind, ObjectTable, OWNER_NOT_ASKED};
 // Memory: when the application's pool memory really returns to the card.
 pub use memory::pool_book::{cover, home_of, Cover, Freed, PoolBook, PoolHome, PoolHomes, Settle};
 // Memory: when a VMM allocation (`cuMemCreate` & co.) really returns to the card.

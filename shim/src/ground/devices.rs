@@ -64,11 +64,27 @@ pub fn current_context_device() -> Option<CUdevice> {
     }
 }
 
-/// First call of [`current_context_device`] (or one before the driver could count): asks
-/// the real `cuDeviceGetCount` and keeps its answer.
+/// First call of [`current_context_device`] (or one before the driver could count).
 #[cold]
 #[inline(never)]
 fn count_devices_then_current() -> Option<CUdevice> {
+    if learn_device_count() {
+        Some(0)
+    } else {
+        current_cuda_device()
+    }
+}
+
+/// Asks the real `cuDeviceGetCount` (once it answers, the answer is kept) whether the process
+/// sees exactly one device. Called where the driver is known to be up (a context was just
+/// made, or one is current).
+#[cold]
+pub fn learn_device_count() -> bool {
+    match DEVICE_COUNT_KIND.load(Ordering::Relaxed) {
+        1 => return true,
+        2 => return false,
+        _ => {}
+    }
     let mut count = 0i32;
     // SAFETY: `count` is a valid out-pointer for the duration of the call.
     let known =
@@ -76,11 +92,7 @@ fn count_devices_then_current() -> Option<CUdevice> {
     if known {
         DEVICE_COUNT_KIND.store(if count == 1 { 1 } else { 2 }, Ordering::Relaxed);
     }
-    if known && count == 1 {
-        Some(0)
-    } else {
-        current_cuda_device()
-    }
+    known && count == 1
 }
 
 /// Puts the device count in a test's state (0 unknown, 1 one device, 2 several).

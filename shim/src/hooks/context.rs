@@ -8,10 +8,12 @@ use std::ffi::{c_int, c_uint, c_void};
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::*;
 
+use crate::ground::devices;
 use crate::hooks::out::Out;
 use crate::hooks::registry::signature as sig;
 use crate::memory::driver_sized::placed::set_limit;
 use crate::memory::driver_sized::{ctx_create_with, ctx_destroyed, end_primary, retain_primary};
+use crate::memory::learn_pointer_owners;
 use gpuslice_policy::PrimaryContext;
 
 /// The context creation of `call` (which writes the new context to `pctx`) as the policy takes
@@ -30,7 +32,15 @@ unsafe fn creating(
     // SAFETY: this function's contract.
     let out = unsafe { Out::new(pctx) };
     (
-        move || (call(), out.read()),
+        move || {
+            let result = call();
+            if result == CUDA_SUCCESS {
+                // The driver is up with a context: the device count is known from now on, so
+                // the allocations in it take the one-device path from the first.
+                devices::learn_device_count();
+            }
+            (result, out.read())
+        },
         move || {
             out.write(std::ptr::null_mut());
         },
@@ -82,6 +92,8 @@ pub(crate) unsafe fn ctx_create_v4(
 /// # Safety
 /// The handler contract (see [`crate::hooks`]).
 pub(crate) unsafe fn ctx_destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
+    // Its pointers must be known as its own before the driver frees them with it.
+    learn_pointer_owners();
     // SAFETY: by-value argument, unchanged.
     let result = unsafe { real(ctx) };
     if result == CUDA_SUCCESS {
@@ -123,6 +135,8 @@ pub(crate) unsafe fn primary_ctx_release(
     real: sig::cuDevicePrimaryCtxRelease_v2,
     dev: CUdevice,
 ) -> CUresult {
+    // A release may end the context (the last reference): its pointers first.
+    learn_pointer_owners();
     // SAFETY: by-value argument, unchanged.
     end_primary(dev, || unsafe { real(dev) }, PrimaryContext::released)
 }
@@ -133,6 +147,7 @@ pub(crate) unsafe fn primary_ctx_reset(
     real: sig::cuDevicePrimaryCtxReset_v2,
     dev: CUdevice,
 ) -> CUresult {
+    learn_pointer_owners();
     // SAFETY: by-value argument, unchanged.
     end_primary(dev, || unsafe { real(dev) }, PrimaryContext::reset)
 }

@@ -359,6 +359,7 @@ macro_rules! hook_table {
             Cuda fn cuStreamCreate(*mut CUstream, c_uint) -> CUresult;
             Cuda fn cuStreamDestroy_v2(CUstream) -> CUresult;
             Cuda fn cuMemGetAddressRange_v2(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> CUresult;
+            Cuda fn cuPointerGetAttribute(*mut c_void, c_int, CUdeviceptr) -> CUresult;
         }}
     };
 }

@@ -5,6 +5,15 @@
 //! ([`super::ledger::Ledger::charge`]), and from the ledger to the region through its budget
 //! ([`super::region_budget`]).
 //!
+//! Which context owns a device pointer (a context's end frees what it owns, and the ledger
+//! refunds exactly that) is the driver's answer, asked when it is needed: in a process that
+//! sees one device the allocation path needs no context to find the device, so a pointer is
+//! charged as [`OWNER_NOT_ASKED`] and [`learn_pointer_owners`] asks the driver for each such
+//! pointer still alive just before a context ends (`cuCtxDestroy`, a primary context's
+//! release or reset). Guessing "the process's only context" instead would refund live memory
+//! of a context the shim never saw made (a green context, a private entry point); asking at
+//! each allocation cost a driver call (80 of the pair's instructions).
+//!
 //! The plain path (reserve, track; untrack, refund: this file, the ledger, the object table
 //! and the region's operation) is `#[inline(always)]` down to the region's words, so that
 //! `cuMemAlloc_v2` and `cuMemFree_v2` are one function each: the call frames between the
@@ -22,8 +31,10 @@ use super::bindings::{cuda_binding, Binding};
 use super::driver_sized::graph_reservations;
 use super::region_budget::device_id;
 use super::{driver_sized, process, shared, Process};
+use crate::ground::devices::one_cuda_device;
+use gpuslice_abi::cuda::flags::CU_POINTER_ATTRIBUTE_CONTEXT;
 use gpuslice_policy::{charge_size, lock};
-use gpuslice_policy::{Charged, ObjectKind};
+use gpuslice_policy::{Charged, ObjectKind, OWNER_NOT_ASKED};
 
 /// Where an allocation lands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,14 +120,20 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
     let (Some(shared), Some(process)) = (shared(), process()) else {
         return Ok(Reservation::NONE);
     };
-    let context = current_context();
-    let ordinal = match target {
-        AllocTarget::Device(d) => d,
-        AllocTarget::CurrentContext => match device_of(process, context) {
-            Some(d) => d,
-            // No current context: the driver will refuse on its own.
-            None => return Ok(Reservation::NONE),
-        },
+    let (ordinal, context) = match target {
+        // One device: every context is on device 0, and which context owns the object is
+        // asked only when a context is about to end (`OWNER_NOT_ASKED`); with no context
+        // current the driver refuses and the reservation is refunded.
+        AllocTarget::CurrentContext if one_cuda_device() => (0, OWNER_NOT_ASKED),
+        AllocTarget::CurrentContext => {
+            let context = current_context();
+            match device_of(process, context) {
+                Some(d) => (d, context),
+                // No current context: the driver will refuse on its own.
+                None => return Ok(Reservation::NONE),
+            }
+        }
+        AllocTarget::Device(d) => (d, current_context()),
     };
     let device = match cuda_binding(shared, ordinal) {
         Ok(Binding::Unlimited) => return Ok(Reservation::NONE),
@@ -124,11 +141,52 @@ pub fn before_alloc(target: AllocTarget, bytes: u64) -> Result<Reservation, CUre
         Err(code) => return Err(code),
     };
     let bytes = charge_size(bytes);
-    charge_or_refuse(process, device, bytes)?;
+    if let Err(code) = charge_or_refuse(process, device, bytes) {
+        return refused_unless_no_context(context, code);
+    }
     Ok(Reservation {
         charge: Some((device, bytes)),
         context,
     })
+}
+
+/// A refusal of an allocation whose context was not asked: with no context current the driver
+/// answers (its own error, as without a slice), else the refusal stands.
+#[cold]
+#[inline(never)]
+fn refused_unless_no_context(context: u64, code: CUresult) -> Result<Reservation, CUresult> {
+    if context == OWNER_NOT_ASKED && current_context() == 0 {
+        return Ok(Reservation::NONE);
+    }
+    Err(code)
+}
+
+/// Before a context of this process ends (which frees what it owns): asks the driver which
+/// context owns each pointer charged without asking ([`OWNER_NOT_ASKED`]), so that the
+/// ledger refunds exactly what the ending context held and nothing that lives on. A pointer
+/// the driver cannot place (its free is in flight) is owned by none (its free takes it).
+/// Each pointer is asked at most once in its life; cold.
+#[cold]
+#[inline(never)]
+pub fn learn_pointer_owners() {
+    let Some(process) = process() else { return };
+    let objects = &process.ledger.objects;
+    let unasked = objects.pointers_not_asked();
+    if unasked.is_empty() {
+        return;
+    }
+    let get = crate::ground::driver::real::cuPointerGetAttribute();
+    for pointer in unasked {
+        let mut context: CUcontext = std::ptr::null_mut();
+        let out = (&mut context as *mut CUcontext).cast();
+        let answered = get.is_some_and(|get| {
+            // SAFETY: `out` is a valid out-pointer of the attribute's type (a CUcontext); the
+            // driver validates the pointer.
+            let result = unsafe { get(out, CU_POINTER_ATTRIBUTE_CONTEXT, pointer) };
+            result == CUDA_SUCCESS
+        });
+        objects.owner_learned(pointer, if answered { context as u64 } else { 0 });
+    }
 }
 
 /// The device ordinal of `context` (the calling thread's current one, 0 = none): 0 in a
@@ -139,7 +197,7 @@ fn device_of(process: &Process, context: u64) -> Option<CUdevice> {
     if context == 0 {
         return None;
     }
-    if crate::ground::devices::one_cuda_device() {
+    if one_cuda_device() {
         return Some(0);
     }
     if let Some(ordinal) = process.ledger.contexts.get(context) {
@@ -215,7 +273,11 @@ pub fn after_alloc(reservation: Reservation, result: CUresult, object: DeviceObj
 /// allocation path stays short).
 #[cold]
 #[inline(never)]
-fn track_other(process: &Process, object: DeviceObject, charged: Charged) {
+fn track_other(process: &Process, object: DeviceObject, mut charged: Charged) {
+    // Only a device pointer's owner can be asked later (of the pointer); the others' now.
+    if charged.context == OWNER_NOT_ASKED {
+        charged.context = current_context();
+    }
     let Charged { device, bytes, .. } = charged;
     match object {
         DeviceObject::Pointer(ptr) => process.ledger.track(ObjectKind::Pointer, ptr, charged),

@@ -56,7 +56,7 @@ mod views;
 
 pub use allocation::{
     after_alloc, allocate, before_alloc, charge_or_refuse, current_context, current_device,
-    on_free, AllocTarget, DeviceObject, Reservation,
+    learn_pointer_owners, on_free, AllocTarget, DeviceObject, Reservation,
 };
 pub use attach::{attach, count_fail_closed, CONTEXT_BOUND_ENV, DEFAULT_CONTEXT_BOUND};
 pub use bindings::{cuda_binding, Binding};

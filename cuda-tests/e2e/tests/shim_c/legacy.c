@@ -10,6 +10,9 @@
  *          (PATH: alloc | pitch | array | array3d), report, free, destroy the context
  *   legacy [--procaddr] primary END            retain the primary context, 64 MiB in it
  *          (v1 cuMemAlloc), END (release | reset) through the v1 entry point, retain again
+ *   legacy [--procaddr] owners                 two v1 contexts, 64 MiB in the first and
+ *          128 MiB in the second (current), the first destroyed while the second's memory
+ *          lives on, then that freed and the second destroyed
  *   legacy [--procaddr] launch PATH COUNT SECONDS   PATH: launch | grid | grid-async;
  *          batches of COUNT kernels, each batch synchronised, until SECONDS have passed
  *          (0: one batch). A grid kernel is 163840 x 1000 one-thread blocks: 1 ms on a V100. */
@@ -185,6 +188,23 @@ static int primary(const char *end) {
     return 0;
 }
 
+static int owners(void) {
+    CUcontext first = NULL, second = NULL;
+    unsigned a = 0, b = 0;
+    printf("init rc=%d\n", cuInit(0));
+    printf("first rc=%d\n", cuCtxCreate(&first, 0, 0));
+    printf("alloc first rc=%d\n", cuMemAlloc(&a, 64 * MIB));
+    printf("second rc=%d\n", cuCtxCreate(&second, 0, 0));
+    printf("alloc second rc=%d\n", cuMemAlloc(&b, 128 * MIB));
+    checkpoint("held");
+    printf("destroy first rc=%d\n", cuCtxDestroy(first));
+    checkpoint("ended");
+    printf("free second rc=%d\n", cuMemFree(b));
+    printf("destroy second rc=%d\n", cuCtxDestroy(second));
+    checkpoint("done");
+    return 0;
+}
+
 static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -234,7 +254,8 @@ int main(int argc, char **argv) {
     const char *mode = arg < argc ? argv[arg] : "";
     if (!strcmp(mode, "alloc") && arg + 2 < argc) return alloc_until_oom(argv[arg + 1], (unsigned)atoi(argv[arg + 2]));
     if (!strcmp(mode, "primary") && arg + 1 < argc) return primary(argv[arg + 1]);
+    if (!strcmp(mode, "owners")) return owners();
     if (!strcmp(mode, "launch") && arg + 3 < argc) return launch(argv[arg + 1], atoi(argv[arg + 2]), atof(argv[arg + 3]));
-    printf("usage: legacy [--procaddr] alloc PATH CHUNK_MIB | primary END | launch PATH COUNT SECONDS\n");
+    printf("usage: legacy [--procaddr] alloc PATH CHUNK_MIB | primary END | owners | launch PATH COUNT SECONDS\n");
     return 2;
 }

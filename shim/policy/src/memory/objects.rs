@@ -49,9 +49,18 @@ pub struct Charged {
     pub bytes: u64,
     /// For a pointer a memory pool handed out: the pool (0 otherwise).
     pub pool: u64,
-    /// The context that owns the object (its destruction frees it); 0 = none/unknown.
+    /// The context that owns the object (its destruction frees it); 0 = none/unknown;
+    /// [`OWNER_NOT_ASKED`] for a device pointer whose context the driver is asked for only
+    /// when a context of the process is about to end ([`ObjectTable::pointers_not_asked`]).
     pub context: u64,
 }
+
+/// [`Charged::context`] of a device pointer charged without asking the driver for the
+/// current context: in a process that sees one device, the allocation path does not need the
+/// context to find the device, so the question (a driver call on every allocation) waits
+/// until an answer is needed, before a context ends, and is asked then of the driver for
+/// each pointer still alive (`cuPointerGetAttribute`), never guessed.
+pub const OWNER_NOT_ASKED: u64 = u64::MAX;
 
 const SHARDS: usize = 64;
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -354,6 +363,45 @@ impl ObjectTable {
         drained
     }
 
+    /// The device pointers charged with [`OWNER_NOT_ASKED`] (each address once).
+    pub fn pointers_not_asked(&self) -> Vec<u64> {
+        let mut keys = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            keys.extend(
+                shard
+                    .entries()
+                    .filter(|&(kind, _, c)| {
+                        kind == ObjectKind::Pointer && c.context == OWNER_NOT_ASKED
+                    })
+                    .map(|(_, key, _)| key),
+            );
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
+    /// The driver named `context` as the owner of the pointer `key` (0: it could not say, as
+    /// for a pointer whose free is in flight): every entry under the key still unasked takes
+    /// it. (Two entries under one address are a free in flight and an allocation that reused
+    /// the address; the driver answers for the live one, and the older entry leaves with its
+    /// free.)
+    pub fn owner_learned(&self, key: u64, context: u64) {
+        let mut shard = self.shard(ObjectKind::Pointer, key);
+        if let Some(i) = shard.find(ObjectKind::Pointer, key) {
+            let charged = &mut shard.buckets[i].charged;
+            if charged.context == OWNER_NOT_ASKED {
+                charged.context = context;
+            }
+        }
+        for (kind, at, charged) in shard.later.iter_mut() {
+            if *kind == ObjectKind::Pointer && *at == key && charged.context == OWNER_NOT_ASKED {
+                charged.context = context;
+            }
+        }
+    }
+
     /// Objects and bytes charged on `device` (diagnostics and tests).
     pub fn total_on(&self, device: u8) -> (usize, u64) {
         self.shards.iter().fold((0, 0), |(n, bytes), shard| {
@@ -377,6 +425,44 @@ mod tests {
             pool: 0,
             context: 1,
         }
+    }
+
+    #[test]
+    fn unasked_owners_are_learned_once_and_drained_by_their_context() {
+        let table = ObjectTable::default();
+        let unasked = |bytes| Charged {
+            context: OWNER_NOT_ASKED,
+            ..c(bytes)
+        };
+        table.insert(ObjectKind::Pointer, 0x1000, unasked(1));
+        table.insert(ObjectKind::Pointer, 0x2000, unasked(2));
+        // A reused address: the free in flight and the new allocation, both unasked.
+        table.insert(ObjectKind::Pointer, 0x2000, unasked(3));
+        table.insert(ObjectKind::Pointer, 0x3000, c(4));
+        table.insert(ObjectKind::Array, 0x4000, unasked(5));
+        assert_eq!(
+            table.pointers_not_asked(),
+            vec![0x1000, 0x2000],
+            "device pointers only, each address once, the asked one left out"
+        );
+        table.owner_learned(0x1000, 7);
+        table.owner_learned(0x2000, 8);
+        assert!(table.pointers_not_asked().is_empty());
+        // Learned once: a later answer does not move an owner.
+        table.owner_learned(0x1000, 9);
+        let drained = |context| {
+            let mut keys: Vec<_> = table
+                .drain_context(context)
+                .into_iter()
+                .map(|((_, key), charged)| (key, charged.bytes))
+                .collect();
+            keys.sort_unstable();
+            keys
+        };
+        assert_eq!(drained(9), vec![]);
+        assert_eq!(drained(7), vec![(0x1000, 1)]);
+        assert_eq!(drained(8), vec![(0x2000, 2), (0x2000, 3)]);
+        assert_eq!(table.get(ObjectKind::Pointer, 0x3000), Some(c(4)));
     }
 
     #[test]
