@@ -144,9 +144,12 @@ pub struct Header {
     /// slice saw its own PID in NVML's list (0 = not learned): a process of that namespace
     /// knows its NVML PID without measuring it (`session::host_pid` in the shim).
     pub nvml_pid_namespace: AtomicU64,
-    /// Zero in files written before the four words above existed, which reads as "nothing
+    /// Where the next start's partial sweep begins: a slot index, modulo the high-water mark
+    /// (`region::deaths`, [`crate::region::START_SWEEP_SLOTS`]).
+    pub sweep_cursor: AtomicU64,
+    /// Zero in files written before the five words above existed, which reads as "nothing
     /// yet", so the layout version did not change.
-    _reserved: [AtomicU64; 4],
+    _reserved: [AtomicU64; 3],
 }
 
 #[repr(C)]

@@ -1308,3 +1308,62 @@ fn a_stalled_listing_is_taken_over() {
     );
     assert_eq!(got, Some(64 * MIB));
 }
+
+#[test]
+fn a_start_sweeps_its_share_and_starts_one_after_another_sweep_the_whole_slice() {
+    let dir = TempDir::new("start-share");
+    let path = dir.file();
+    let (region, _live, device) = region_with(&dir, Some(1024 * MIB));
+    // A slice of 3 windows' worth of slots in use: dead holders spread through it.
+    let gone = Region::open_or_create(&path).unwrap();
+    let live = Region::open_or_create(&path).unwrap();
+    let mut dead = Vec::new();
+    for i in 1..3 * START_SWEEP_SLOTS {
+        let (owner, list) = if i % 10 == 0 {
+            (&gone, Some(&mut dead))
+        } else {
+            (&live, None)
+        };
+        let slot = owner.register(&me()).unwrap();
+        owner.reserve(slot, device, 2 * MIB).unwrap();
+        if let Some(list) = list {
+            list.push(slot);
+        }
+    }
+    drop(gone);
+    let held = region.usage(device).used;
+    let mut judged = Vec::new();
+    let mut reaped = Vec::new();
+    let mut starts = 0;
+    while reaped.len() < dead.len() {
+        assert!(
+            starts < 3,
+            "three starts walk the slice: {reaped:?} of {dead:?}"
+        );
+        let report = region
+            .sweep_start_share(|d| {
+                judged.push(d.slot);
+                true
+            })
+            .unwrap();
+        reaped.extend(report.reclaimed.iter().map(|r| r.slot));
+        starts += 1;
+    }
+    reaped.sort_by_key(|s| s.index());
+    assert_eq!(reaped, dead, "each dead slot found once");
+    assert_eq!(judged.len(), dead.len());
+    assert_eq!(
+        region.usage(device).used,
+        held - dead.len() as u64 * 2 * MIB
+    );
+    // A share is no sweep of the whole slice: a process that needs one still runs one.
+    assert!(!region.swept_since(1));
+    // A small slice is swept whole, and that counts as a sweep.
+    let small = TempDir::new("start-share-small");
+    let (region, _live, device) = region_with(&small, Some(1024 * MIB));
+    let (holder, _empty) = dead_holding_and_empty(&small.file(), device);
+    let report = region.sweep_start_share(|_| true).unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(report.reclaimed[0].slot, holder);
+    assert!(region.swept_since(1));
+}
