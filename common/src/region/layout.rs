@@ -194,7 +194,9 @@ pub struct DeviceEntry {
     /// waits for it (`region::listing`): even = none being read, odd = one being read; each
     /// read moves it by two. The futex word its waiters sleep on.
     pub listing_seq: AtomicU32,
-    _pad: AtomicU32,
+    /// Processes holding a ticket for a listing of this device (`region::listing`): a reader
+    /// with nobody else waiting writes only its own word. Zero in files that predate it.
+    pub listing_waiters: AtomicU32,
     /// CLOCK_MONOTONIC ns at which the listing being read began (a reader that stalls past
     /// `listing::TAKEOVER` is taken over).
     pub listing_since_ns: AtomicU64,

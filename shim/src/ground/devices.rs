@@ -192,9 +192,16 @@ pub(crate) fn read_process_list<T: Copy + Default>(
     grow_list(64, |buffer, count| unsafe { get(device, count, buffer) })
 }
 
-/// The most entries one of NVML's lists needed in this process: the next list starts with room
-/// for as many, so a long list costs the driver one call, not two. Survives fork (a hint).
+/// The most entries one of NVML's lists needed in this process (or, before its first list,
+/// as many as the processes its slice has had): the next list starts with room for as many,
+/// so a long list costs the driver one call, not two. Survives fork (a hint).
 static LONGEST_LIST: AtomicU32 = AtomicU32::new(0);
+
+/// NVML's lists will hold about `entries` processes (the slice's): the first one read
+/// starts with room for them.
+pub(crate) fn expect_list_entries(entries: u32) {
+    LONGEST_LIST.fetch_max(entries, Ordering::Relaxed);
+}
 
 /// NVML's list protocol: `call(buffer, count)` fills up to `*count` entries and answers
 /// SUCCESS, or INSUFFICIENT_SIZE with the count it needs; the buffer grows and the call is
