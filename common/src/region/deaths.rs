@@ -46,7 +46,7 @@ use std::time::Duration;
 use super::layout::{slot_lock_offset, RegionLayout};
 use super::lock;
 use super::slots::{self, Judge, Scope, Slots};
-use super::{DeadSlot, ReapReport, Region, RegionError, SlotId};
+use super::{DeadSlot, DeviceId, ReapReport, Region, RegionError, SlotId};
 use crate::turn::Turn;
 
 /// The slice sweeps at most this often, whoever asks.
@@ -279,6 +279,25 @@ impl Region {
             self.want_sweep(SweepReason::Look);
         }
         Ok(report)
+    }
+
+    /// A view of `device` read the card's `free` bytes from `source` (0: CUDA's figure, 1:
+    /// NVML's): kept for the slice; returns what the slice saw before (0 = nothing yet).
+    pub fn card_free_seen(&self, device: DeviceId, source: usize, free: u64) -> u64 {
+        self.map.layout().devices[device.index()]
+            .card_free_seen
+            .get(source)
+            .map_or(0, |seen| seen.swap(free, Ordering::AcqRel))
+    }
+
+    /// Whether a sweep is wanted (a reason was seen and no sweep has run since).
+    pub fn sweep_wanted(&self) -> bool {
+        self.map
+            .layout()
+            .header
+            .sweeps_wanted
+            .load(Ordering::Acquire)
+            != 0
     }
 
     /// Whether a sweep of the slice began at or after `instant` (CLOCK_MONOTONIC ns): one

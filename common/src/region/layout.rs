@@ -200,7 +200,10 @@ pub struct DeviceEntry {
     /// CLOCK_MONOTONIC ns at which the listing being read began (a reader that stalls past
     /// `listing::TAKEOVER` is taken over).
     pub listing_since_ns: AtomicU64,
-    _reserved1: [AtomicU64; 3],
+    /// The card's free bytes at a recent view of a process of the slice, per source (CUDA's
+    /// figure, NVML's); 0 = none yet (`region::deaths`: a start's share).
+    pub card_free_seen: [AtomicU64; 2],
+    _reserved1: AtomicU64,
     /// Reserved for the compute throttle (token bucket state).
     pub throttle: [AtomicU64; THROTTLE_WORDS],
 }

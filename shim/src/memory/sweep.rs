@@ -68,14 +68,24 @@ pub fn card_seen(shared: &Shared, source: Source, device: u8, free: u64) {
     if_due(shared);
 }
 
-/// The card's free bytes moved from `before` to `free` since this process's last view.
+/// The card's free bytes moved from `before` to `free` since this process's last view (or
+/// this is its first view of the device: the slice's last figure stands for its own).
 fn card_changed(shared: &Shared, source: Source, device: u8, before: u64, free: u64) {
+    let slice_before = shared
+        .region
+        .card_free_seen(device_id(device), source as usize, free);
+    if before == UNSEEN {
+        if slice_before != 0 && free > slice_before {
+            shared.region.want_sweep(SweepReason::CardGotMemoryBack);
+        }
+        return;
+    }
     let own = super::process().map_or(0, |p| shared.region.slot_used(p.slot, device_id(device)));
     let Some(own_cell) = OWN_USED[source as usize].get(device as usize) else {
         return;
     };
     let own_before = own_cell.swap(own, Ordering::Relaxed);
-    if before != UNSEEN && free > before && free - before > own_before.saturating_sub(own) {
+    if free > before && free - before > own_before.saturating_sub(own) {
         shared.region.want_sweep(SweepReason::CardGotMemoryBack);
     }
 }
@@ -97,15 +107,20 @@ pub fn if_due(shared: &Shared) {
 }
 
 /// The first view of this process: unless a sweep began after it started (one that saw every
-/// death before it), sweeps its start's share of the slice (all of a small slice).
+/// death before it), sweeps the whole slice when a sweep is wanted (the card has more free
+/// memory than the slice last saw, say), else its start's share (all of a small slice).
 #[cold]
 fn first_view(shared: &Shared, started: u64) {
     if !shared.region.swept_since(started) {
-        log_reap(
-            shared
-                .region
-                .sweep_start_share(|dead| driver_sized::driver_released(shared, dead)),
-        );
+        if shared.region.sweep_wanted() {
+            now(shared);
+        } else {
+            log_reap(
+                shared
+                    .region
+                    .sweep_start_share(|dead| driver_sized::driver_released(shared, dead)),
+            );
+        }
     }
     STARTED_AT_NS.store(0, Ordering::Relaxed);
 }
