@@ -21,11 +21,14 @@
 //!   [`START_SWEEP_SLOTS`] slots from the header's `sweep_cursor` (which moves past them), so
 //!   a start costs the same beside 30 or 1,000 live processes and a storm of N starts judges
 //!   N x 32 slots, not N x N; starts one after another walk the whole slice. Where the slots in
-//!   use fit in the share (the high-water mark), the share is a whole sweep and counts as one:
-//!   such a process's first view counts no process that died before it. In a larger slice it
-//!   may count one that died unnoticed (no view saw its memory go back to the card, no
-//!   allocation was refused, no share passed its slot): the safe direction, a dead slot
-//!   charged a little longer, never a budget given back early.
+//!   use fit in the share (the high-water mark), the share is a whole sweep and counts as one.
+//!   The shim sweeps the whole slice instead when a sweep is wanted, and a first view wants
+//!   one when the card has more free memory than the slice last saw
+//!   ([`Region::card_free_seen`]): the first process after others exited sweeps them all. What
+//!   may wait is a death whose memory went back while as much was taken again before that
+//!   view: it stays charged until the next reason (a view that sees memory come back, a
+//!   refused allocation, a share over its slot), the safe direction, never a budget given
+//!   back early.
 //! * **The members** ([`Region::with_members`]): the claimed, not-noticed-dead slots, indexed by
 //!   the PID NVML knows them by, rebuilt in this process only when `members_epoch` moved. A
 //!   process-list filter checks the liveness lock of a member it matches (at most once per

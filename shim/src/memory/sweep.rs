@@ -7,8 +7,10 @@
 //! to the driver: a dead process's, maybe), per source (CUDA's and NVML's figures differ by
 //! NVML's reservation). The sweep then runs in the first view of any process of the slice
 //! that finds it due (at most one per `SWEEP_INTERVAL` for the whole slice). A process's
-//! first view sweeps its start's share of the slice (the whole of a small one) unless a sweep
-//! began after the process started ([`started`]). A view where nothing was given back costs
+//! first view, unless a sweep began after the process started ([`started`]), sweeps the whole
+//! slice when a sweep is wanted (its first look at a device found more free memory than the
+//! slice last saw: the region's `card_free_seen`), else its start's share (the whole of a
+//! small slice). A view where nothing was given back costs
 //! three loads and a compare: the same whatever the number of processes in the slice. A
 //! refused allocation sweeps at once ([`now`]).
 
