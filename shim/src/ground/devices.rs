@@ -155,10 +155,23 @@ pub(crate) fn nvml_lists_processes() -> bool {
 pub(crate) fn nvml_compute_processes(
     device: nvmlDevice_t,
 ) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t> {
+    nvml_compute_processes_expecting(device, 0)
+}
+
+/// [`nvml_compute_processes`] with room for `entries` at the first call (the processes the
+/// caller knows of), so a long list costs the driver one call, not two.
+pub(crate) fn nvml_compute_processes_expecting(
+    device: nvmlDevice_t,
+    entries: u32,
+) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t> {
     let get = real::nvmlDeviceGetComputeRunningProcesses_v3()
         .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)
         .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-    read_process_list(get, device)
+    // SAFETY: `grow_list` passes a buffer of `*count` entries of the layout `get` writes;
+    // NVML rejects a handle it did not give out.
+    grow_list(entries.saturating_add(16).max(64), |buffer, count| unsafe {
+        get(device, count, buffer)
+    })
 }
 
 /// `nvmlDeviceGetProcessUtilization` (`get`: the real one) since `last_seen_us`, growing the
@@ -192,16 +205,9 @@ pub(crate) fn read_process_list<T: Copy + Default>(
     grow_list(64, |buffer, count| unsafe { get(device, count, buffer) })
 }
 
-/// The most entries one of NVML's lists needed in this process (or, before its first list,
-/// as many as the processes its slice has had): the next list starts with room for as many,
-/// so a long list costs the driver one call, not two. Survives fork (a hint).
+/// The most entries one of NVML's lists needed in this process: the next list starts with room
+/// for as many, so a long list costs the driver one call, not two. Survives fork (a hint).
 static LONGEST_LIST: AtomicU32 = AtomicU32::new(0);
-
-/// NVML's lists will hold about `entries` processes (the slice's): the first one read
-/// starts with room for them.
-pub(crate) fn expect_list_entries(entries: u32) {
-    LONGEST_LIST.fetch_max(entries, Ordering::Relaxed);
-}
 
 /// NVML's list protocol: `call(buffer, count)` fills up to `*count` entries and answers
 /// SUCCESS, or INSUFFICIENT_SIZE with the count it needs; the buffer grows and the call is

@@ -94,8 +94,6 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
     // process's first view needs one that began after now: `sweep`); those holding nothing
     // are freed when the region is full (`register` above).
     sweep::started();
-    // A process's first NVML list (its context's cost) has room for the slice at once.
-    crate::ground::devices::expect_list_entries(region.slot_high_water());
     let process: &'static Process = Box::leak(Box::new(Process {
         ledger: Ledger::new(RegionBudget { region, slot }),
         slot,

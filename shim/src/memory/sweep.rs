@@ -76,18 +76,16 @@ fn card_changed(shared: &Shared, source: Source, device: u8, before: u64, free: 
     let slice_before = shared
         .region
         .card_free_seen(device_id(device), source as usize, free);
-    if before == UNSEEN {
-        if slice_before != 0 && free > slice_before {
-            shared.region.want_sweep(SweepReason::CardGotMemoryBack);
-        }
-        return;
-    }
     let own = super::process().map_or(0, |p| shared.region.slot_used(p.slot, device_id(device)));
-    let Some(own_cell) = OWN_USED[source as usize].get(device as usize) else {
-        return;
+    let own_before = OWN_USED[source as usize]
+        .get(device as usize)
+        .map_or(own, |cell| cell.swap(own, Ordering::Relaxed));
+    let went_back = if before == UNSEEN {
+        slice_before != 0 && free > slice_before
+    } else {
+        free > before && free - before > own_before.saturating_sub(own)
     };
-    let own_before = own_cell.swap(own, Ordering::Relaxed);
-    if free > before && free - before > own_before.saturating_sub(own) {
+    if went_back {
         shared.region.want_sweep(SweepReason::CardGotMemoryBack);
     }
 }

@@ -111,7 +111,12 @@ fn create_context(
             .region
             .listed_bytes(process.slot, &ticket, context_start::MEASURING_WAIT, || {
                 let handle = nvml_for_cuda(ordinal)?;
-                let list = crate::ground::devices::nvml_compute_processes(handle).ok()?;
+                // Room for the slice's processes at once: the driver builds the list once.
+                let list = crate::ground::devices::nvml_compute_processes_expecting(
+                    handle,
+                    shared.region.slot_high_water(),
+                )
+                .ok()?;
                 Some(list.iter().map(|p| (p.pid, p.usedGpuMemory)).collect())
             })
             .and_then(|used| {
