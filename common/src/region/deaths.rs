@@ -14,11 +14,21 @@
 //!   the card's free memory went up since its last view, i.e. memory went back to the driver,
 //!   asks for two, the second catching an owner whose lock closed after its memory went back;
 //!   a member found dead asks for one), and a sweep that leaves dead slots the driver still
-//!   holds asks for another. A process's first view needs a sweep that began after it started
-//!   ([`Region::swept_since`]: what it sees first must not count processes that died before
-//!   it), and runs one when none did.
-//!   A slice where nothing was given back to the card never sweeps: its views cost the same
-//!   whatever the number of live processes.
+//!   holds asks for another. A slice where nothing was given back to the card never sweeps:
+//!   its views cost the same whatever the number of live processes.
+//! * **A start's share** ([`Region::sweep_start_share`]): a process's first view, unless a
+//!   sweep began after the process started ([`Region::swept_since`]), judges the next
+//!   [`START_SWEEP_SLOTS`] slots from the header's `sweep_cursor` (which moves past them), so
+//!   a start costs the same beside 30 or 1,000 live processes and a storm of N starts judges
+//!   N x 32 slots, not N x N; starts one after another walk the whole slice. Where the slots in
+//!   use fit in the share (the high-water mark), the share is a whole sweep and counts as one.
+//!   The shim sweeps the whole slice instead when a sweep is wanted, and a first view wants
+//!   one when the card has more free memory than the slice last saw
+//!   ([`Region::card_free_seen`]): the first process after others exited sweeps them all. What
+//!   may wait is a death whose memory went back while as much was taken again before that
+//!   view: it stays charged until the next reason (a view that sees memory come back, a
+//!   refused allocation, a share over its slot), the safe direction, never a budget given
+//!   back early.
 //! * **The members** ([`Region::with_members`]): the claimed, not-noticed-dead slots, indexed by
 //!   the PID NVML knows them by, rebuilt in this process only when `members_epoch` moved. A
 //!   process-list filter checks the liveness lock of a member it matches (at most once per
@@ -38,12 +48,16 @@ use std::time::Duration;
 
 use super::layout::{slot_lock_offset, RegionLayout};
 use super::lock;
-use super::slots::{self, Judge, Scope};
-use super::{DeadSlot, ReapReport, Region, RegionError, SlotId};
+use super::slots::{self, Judge, Scope, Slots};
+use super::{DeadSlot, DeviceId, ReapReport, Region, RegionError, SlotId};
 use crate::turn::Turn;
 
 /// The slice sweeps at most this often, whoever asks.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How many slots a process's start sweeps ([`Region::sweep_start_share`]): all of a slice
+/// whose slots in use fit in it.
+pub const START_SWEEP_SLOTS: usize = 32;
 
 /// Why a process asks the slice for a sweep ([`Region::want_sweep`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,7 +245,7 @@ impl Region {
             .header
             .swept_at_ns
             .fetch_max(super::monotonic_ns(), Ordering::AcqRel);
-        let report = self.reap_with(released, Scope::Holding, Judge::Lock)?;
+        let report = self.reap_with(released, Scope::Holding, Judge::Lock, Slots::All)?;
         if !report.pending.is_empty() {
             self.map
                 .layout()
@@ -240,6 +254,53 @@ impl Region {
                 .fetch_max(1, Ordering::AcqRel);
         }
         Ok(report)
+    }
+
+    /// A start's share of the sweep: the next [`START_SWEEP_SLOTS`] slots from the slice's
+    /// cursor (which moves past them, so starts one after another walk the whole slice),
+    /// judged and reaped as [`Region::sweep_now`] does; the whole slice, and counted as a
+    /// sweep, where its slots in use fit in that many. A dead slot it leaves charged keeps a
+    /// sweep wanted.
+    pub fn sweep_start_share(
+        &self,
+        released: impl FnMut(&DeadSlot) -> bool,
+    ) -> Result<ReapReport, RegionError> {
+        let header = &self.map.layout().header;
+        let high_water = header.slot_high_water.load(Ordering::Acquire) as usize;
+        if high_water <= START_SWEEP_SLOTS {
+            return self.sweep_now(released);
+        }
+        let start = header
+            .sweep_cursor
+            .fetch_add(START_SWEEP_SLOTS as u64, Ordering::Relaxed);
+        let window = Slots::Window {
+            start: (start % high_water as u64) as usize,
+            len: START_SWEEP_SLOTS,
+        };
+        let report = self.reap_with(released, Scope::Holding, Judge::Lock, window)?;
+        if !report.pending.is_empty() {
+            self.want_sweep(SweepReason::Look);
+        }
+        Ok(report)
+    }
+
+    /// A view of `device` read the card's `free` bytes from `source` (0: CUDA's figure, 1:
+    /// NVML's): kept for the slice; returns what the slice saw before (0 = nothing yet).
+    pub fn card_free_seen(&self, device: DeviceId, source: usize, free: u64) -> u64 {
+        self.map.layout().devices[device.index()]
+            .card_free_seen
+            .get(source)
+            .map_or(0, |seen| seen.swap(free, Ordering::AcqRel))
+    }
+
+    /// Whether a sweep is wanted (a reason was seen and no sweep has run since).
+    pub fn sweep_wanted(&self) -> bool {
+        self.map
+            .layout()
+            .header
+            .sweeps_wanted
+            .load(Ordering::Acquire)
+            != 0
     }
 
     /// Whether a sweep of the slice began at or after `instant` (CLOCK_MONOTONIC ns): one

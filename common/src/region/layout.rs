@@ -144,9 +144,12 @@ pub struct Header {
     /// slice saw its own PID in NVML's list (0 = not learned): a process of that namespace
     /// knows its NVML PID without measuring it (`session::host_pid` in the shim).
     pub nvml_pid_namespace: AtomicU64,
-    /// Zero in files written before the four words above existed, which reads as "nothing
+    /// Where the next start's partial sweep begins: a slot index, modulo the high-water mark
+    /// (`region::deaths`, [`crate::region::START_SWEEP_SLOTS`]).
+    pub sweep_cursor: AtomicU64,
+    /// Zero in files written before the five words above existed, which reads as "nothing
     /// yet", so the layout version did not change.
-    _reserved: [AtomicU64; 4],
+    _reserved: [AtomicU64; 3],
 }
 
 #[repr(C)]
@@ -191,11 +194,16 @@ pub struct DeviceEntry {
     /// waits for it (`region::listing`): even = none being read, odd = one being read; each
     /// read moves it by two. The futex word its waiters sleep on.
     pub listing_seq: AtomicU32,
-    _pad: AtomicU32,
+    /// Processes holding a ticket for a listing of this device (`region::listing`): a reader
+    /// with nobody else waiting writes only its own word. Zero in files that predate it.
+    pub listing_waiters: AtomicU32,
     /// CLOCK_MONOTONIC ns at which the listing being read began (a reader that stalls past
     /// `listing::TAKEOVER` is taken over).
     pub listing_since_ns: AtomicU64,
-    _reserved1: [AtomicU64; 3],
+    /// The card's free bytes at a recent view of a process of the slice, per source (CUDA's
+    /// figure, NVML's); 0 = none yet (`region::deaths`: a start's share).
+    pub card_free_seen: [AtomicU64; 2],
+    _reserved1: AtomicU64,
     /// Reserved for the compute throttle (token bucket state).
     pub throttle: [AtomicU64; THROTTLE_WORDS],
 }

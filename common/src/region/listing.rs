@@ -11,6 +11,16 @@
 //! word. A reader that stalls (stopped, killed) is taken over after [`TAKEOVER`]; a waiter
 //! gives up after its `wait`. So a storm of starts reads the list a few times, not once per
 //! process, and nobody waits for a stopped process for longer than [`TAKEOVER`].
+//!
+//! A process that starts alone does not pay for the others: a waiter holds a
+//! [`ListingTicket`] (the device's `listing_waiters` counts them) from before it reads the
+//! sequence until it has its answer, and a reader that finds itself the only ticket holder
+//! writes its own word only, with no walk of the slice's members. Why no waiter is missed:
+//! a waiter counts itself before it reads the sequence, and a reader reads the count after
+//! the compare-and-swap that begins its listing (all four sequentially consistent); a waiter
+//! whose target is that listing read the sequence before the listing began, so its count
+//! comes before the reader's read of it. A waiter killed with its ticket leaves the count
+//! high: readers then write every member's word, as for a storm.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -50,26 +60,47 @@ fn reached(now: u32, target: u32) -> bool {
     (now.wrapping_sub(target) as i32) >= 0
 }
 
+/// A process waiting for a listing of a device that begins after the ticket was taken
+/// ([`Region::listing_ticket`]); counted among the device's waiters until dropped.
+pub struct ListingTicket<'a> {
+    entry: &'a DeviceEntry,
+    device: DeviceId,
+    seen: u32,
+}
+
+impl Drop for ListingTicket<'_> {
+    fn drop(&mut self) {
+        self.entry.listing_waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl Region {
-    /// The device's listing sequence: read right after the event a listing must follow.
-    pub fn listing_seq(&self, device: DeviceId) -> u32 {
-        self.entry(device).listing_seq.load(Ordering::Acquire)
+    /// A ticket for the next listing of `device`: taken right after the event a listing must
+    /// follow (for a context's cost: its creation).
+    pub fn listing_ticket(&self, device: DeviceId) -> ListingTicket<'_> {
+        let entry = self.entry(device);
+        entry.listing_waiters.fetch_add(1, Ordering::SeqCst);
+        ListingTicket {
+            entry,
+            device,
+            seen: entry.listing_seq.load(Ordering::SeqCst),
+        }
     }
 
-    /// What a listing of `device` that began after `seen` ([`Region::listing_seq`]) showed
-    /// `slot` holding there, waiting at most `wait`; `read` is NVML's list of the device as
-    /// (NVML PID, bytes), called when this process is the one to read it (`None`: NVML
-    /// could not answer). `None`: the listing did not show the slot, or none came in time.
+    /// What a listing of the ticket's device that began after the ticket showed `slot`
+    /// holding there, waiting at most `wait`; `read` is NVML's list of the device as (NVML
+    /// PID, bytes), called when this process is the one to read it (`None`: NVML could not
+    /// answer). `None`: the listing did not show the slot, or none came in time.
     pub fn listed_bytes(
         &self,
         slot: SlotId,
-        device: DeviceId,
-        seen: u32,
+        ticket: &ListingTicket<'_>,
         wait: Duration,
         mut read: impl FnMut() -> Option<Vec<(u32, u64)>>,
     ) -> Option<u64> {
+        let device = ticket.device;
         let entry = self.entry(device);
-        let target = first_end_after(seen);
+        let target = first_end_after(ticket.seen);
         let deadline = Instant::now() + wait;
         let mut sleep = Duration::from_micros(100);
         loop {
@@ -88,6 +119,10 @@ impl Region {
             }
             if let Some(begun) = self.begin_listing(entry, now) {
                 match read() {
+                    // Nobody else holds a ticket: only our own word is wanted.
+                    Some(listed) if entry.listing_waiters.load(Ordering::SeqCst) <= 1 => {
+                        self.end_listing_alone(entry, device, begun, slot, &listed)
+                    }
                     Some(listed) => self.end_listing(entry, device, begun, &listed),
                     None => {
                         // NVML cannot answer: end it, showing nobody.
@@ -124,7 +159,7 @@ impl Region {
         };
         entry
             .listing_seq
-            .compare_exchange(now, begun, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(now, begun, Ordering::SeqCst, Ordering::Relaxed)
             .ok()?;
         entry.listing_since_ns.store(at, Ordering::Release);
         Some(begun)
@@ -153,10 +188,41 @@ impl Region {
                 }
             }
         });
-        let _ =
-            entry
-                .listing_seq
-                .compare_exchange(begun, ended, Ordering::AcqRel, Ordering::Relaxed);
+        Self::finish_listing(entry, begun);
+    }
+
+    /// [`Region::end_listing`] for a reader with no other waiter: writes `slot`'s own word
+    /// (under the PID NVML lists it by) and nobody else's.
+    fn end_listing_alone(
+        &self,
+        entry: &DeviceEntry,
+        device: DeviceId,
+        begun: u32,
+        slot: SlotId,
+        listed: &[(u32, u64)],
+    ) {
+        let record = &self.map.layout().slots[slot.index()];
+        let me = match record.host_pid.load(Ordering::Relaxed) {
+            0 => record.pid.load(Ordering::Relaxed),
+            host_pid => host_pid,
+        };
+        if let Some(&(_, bytes)) = listed.iter().find(|(pid, _)| *pid == me) {
+            record.listed.store(
+                listed_word(bytes, device.index(), begun.wrapping_add(1)),
+                Ordering::Release,
+            );
+        }
+        Self::finish_listing(entry, begun);
+    }
+
+    /// Ends listing `begun` (unless it was taken over) and wakes its waiters.
+    fn finish_listing(entry: &DeviceEntry, begun: u32) {
+        let _ = entry.listing_seq.compare_exchange(
+            begun,
+            begun.wrapping_add(1),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
         futex::wake_all(&entry.listing_seq);
     }
 }

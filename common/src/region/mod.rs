@@ -127,12 +127,13 @@ mod open;
 mod proc;
 mod slots;
 
-pub use deaths::{Member, SweepReason, SWEEP_INTERVAL};
+pub use deaths::{Member, SweepReason, START_SWEEP_SLOTS, SWEEP_INTERVAL};
 pub use layout::{
     measuring_turn_offset, slot_lock_offset, slot_reclaim_offset, DEVICE_ENTRY_SIZE, HEADER_SIZE,
     INIT_LOCK_OFFSET, LAYOUT_VERSION, MAGIC, MAX_DEVICES, MAX_PROCESSES, REGION_SIZE, SLOTS_OFFSET,
     SLOT_SIZE, THROTTLE_WORDS, UUID_BYTES,
 };
+pub use listing::ListingTicket;
 pub use open::INIT_WAIT;
 pub use proc::{parse_stat, ProcessIdentity, StatFields};
 
@@ -860,6 +861,16 @@ impl Region {
         entry
             .measured_utilization
             .store(u64::from(basis_points) + 1, Ordering::Release);
+    }
+
+    /// One past the highest slot index any process of the slice ever claimed: at least as
+    /// many as the slice's live processes.
+    pub fn slot_high_water(&self) -> u32 {
+        self.map
+            .layout()
+            .header
+            .slot_high_water
+            .load(Ordering::Acquire)
     }
 
     /// Records that a context on `device` was measured to cost `bytes`; the entry keeps the

@@ -42,8 +42,14 @@ impl Region {
                 return Ok(slot);
             }
             if attempt == 0 {
-                if let Some(released) = released.take() {
-                    self.reap_dead_if(released)?;
+                if let Some(mut released) = released.take() {
+                    // By the lock alone first (one system call a slot); /proc too, for owners
+                    // whose lock a child inherited, only when that frees nothing.
+                    let by_lock =
+                        self.reap_with(&mut released, Scope::All, Judge::Lock, Slots::All)?;
+                    if by_lock.reclaimed.is_empty() {
+                        self.reap_dead_if(released)?;
+                    }
                 }
             }
         }
@@ -90,7 +96,7 @@ impl Region {
         &self,
         released: impl FnMut(&DeadSlot) -> bool,
     ) -> Result<ReapReport, RegionError> {
-        self.reap_with(released, Scope::All, Judge::LockAndProc)
+        self.reap_with(released, Scope::All, Judge::LockAndProc, Slots::All)
     }
 
     pub(super) fn reap_with(
@@ -98,6 +104,7 @@ impl Region {
         mut released: impl FnMut(&DeadSlot) -> bool,
         scope: Scope,
         judge_by: Judge,
+        slots: Slots,
     ) -> Result<ReapReport, RegionError> {
         let layout = self.map.layout();
         let mut report = ReapReport::default();
@@ -105,7 +112,7 @@ impl Region {
         // Opened for the first slot to free only: the reclaim lock needs a description of
         // its own (liveness is probed through the mapped file's, which holds no lock).
         let mut reclaimer: Option<OwnedFd> = None;
-        for (index, slot, state) in claimed_slots(layout) {
+        for (index, slot, state) in slots.claimed(layout) {
             let holds = || {
                 slot.used
                     .iter()
@@ -280,15 +287,34 @@ pub(super) fn free_slot(
 pub(super) fn claimed_slots(
     layout: &RegionLayout,
 ) -> impl Iterator<Item = (usize, &ProcessSlot, u32)> {
-    let high_water =
-        (layout.header.slot_high_water.load(Ordering::Acquire) as usize).min(MAX_PROCESSES);
-    layout.slots[..high_water]
-        .iter()
-        .enumerate()
-        .filter_map(|(index, slot)| {
+    Slots::All.claimed(layout)
+}
+
+/// Which slots a reap walks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Slots {
+    /// Every slot below the high-water mark.
+    All,
+    /// `len` slots from index `start`, wrapping at the high-water mark (each slot once).
+    Window { start: usize, len: usize },
+}
+
+impl Slots {
+    /// The claimed slots of the walk, with their state words.
+    fn claimed(self, layout: &RegionLayout) -> impl Iterator<Item = (usize, &ProcessSlot, u32)> {
+        let high_water =
+            (layout.header.slot_high_water.load(Ordering::Acquire) as usize).min(MAX_PROCESSES);
+        let (start, len) = match self {
+            Slots::All => (0, high_water),
+            Slots::Window { start, len } => (start % high_water.max(1), len.min(high_water)),
+        };
+        (start..start + len).filter_map(move |at| {
+            let index = if at < high_water { at } else { at - high_water };
+            let slot = &layout.slots[index];
             let state = slot.state.load(Ordering::Acquire);
             slot_is_claimed(state).then_some((index, slot, state))
         })
+    }
 }
 
 /// Which slots a reap looks at.

@@ -1255,33 +1255,69 @@ fn one_listing_tells_every_waiter_what_the_driver_shows_it_holding() {
         (4_100_003, 7 * MIB),
     ];
     // Both made their context before any listing began.
-    let (seen_a, seen_b) = (a.listing_seq(device), b.listing_seq(device));
+    let (ticket_a, ticket_b) = (a.listing_ticket(device), b.listing_ticket(device));
     let wait = std::time::Duration::from_secs(5);
     let mut reads = 0;
-    let got_a = a.listed_bytes(slot_a, device, seen_a, wait, || {
+    let got_a = a.listed_bytes(slot_a, &ticket_a, wait, || {
         reads += 1;
         Some(listed.clone())
     });
     assert_eq!(got_a, Some(64 * MIB));
     // B's answer is in A's listing: B does not read the list again.
-    let got_b = b.listed_bytes(slot_b, device, seen_b, wait, || {
+    let got_b = b.listed_bytes(slot_b, &ticket_b, wait, || {
         reads += 1;
         Some(listed.clone())
     });
     assert_eq!(got_b, Some(32 * MIB));
     assert_eq!(reads, 1, "one listing for both");
+    drop((ticket_a, ticket_b));
     // A process whose context came after that listing needs a new one, which shows it
     // holding more now; one the list does not show gets no figure.
-    let seen = b.listing_seq(device);
-    let again = b.listed_bytes(slot_b, device, seen, wait, || {
+    let ticket = b.listing_ticket(device);
+    let again = b.listed_bytes(slot_b, &ticket, wait, || {
         reads += 1;
         Some(vec![(4_100_002, 96 * MIB)])
     });
     assert_eq!((again, reads), (Some(96 * MIB), 2));
-    let seen = a.listing_seq(device);
+    drop(ticket);
+    let ticket = a.listing_ticket(device);
+    assert_eq!(a.listed_bytes(slot_a, &ticket, wait, || Some(vec![])), None);
+}
+
+#[test]
+fn a_reader_alone_writes_only_its_own_word() {
+    let dir = TempDir::new("listing-alone");
+    let path = dir.file();
+    let (a, slot_a, device) = region_with(&dir, Some(1024 * MIB));
+    a.set_host_pid(slot_a, 4_300_001);
+    let b = Region::open_or_create(&path).unwrap();
+    let slot_b = b.register(&me()).unwrap();
+    b.set_host_pid(slot_b, 4_300_002);
+    let listed = vec![(4_300_001, 64 * MIB), (4_300_002, 32 * MIB)];
+    let wait = std::time::Duration::from_secs(5);
+    let word = |slot: SlotId| {
+        a.map.layout().slots[slot.index()]
+            .listed
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    // A alone: its answer, and B's word untouched (B waits for nothing).
+    let ticket = a.listing_ticket(device);
     assert_eq!(
-        a.listed_bytes(slot_a, device, seen, wait, || Some(vec![])),
-        None
+        a.listed_bytes(slot_a, &ticket, wait, || Some(listed.clone())),
+        Some(64 * MIB)
+    );
+    drop(ticket);
+    assert_eq!(word(slot_b), 0, "written for nobody");
+    // With B waiting, A's listing writes B's word too, and B reads no list.
+    let (ticket_a, ticket_b) = (a.listing_ticket(device), b.listing_ticket(device));
+    assert_eq!(
+        a.listed_bytes(slot_a, &ticket_a, wait, || Some(listed.clone())),
+        Some(64 * MIB)
+    );
+    assert_ne!(word(slot_b), 0);
+    assert_eq!(
+        b.listed_bytes(slot_b, &ticket_b, wait, || panic!("B read the list")),
+        Some(32 * MIB)
     );
 }
 
@@ -1298,13 +1334,68 @@ fn a_stalled_listing_is_taken_over() {
     entry
         .listing_since_ns
         .store(1, std::sync::atomic::Ordering::SeqCst);
-    let seen = region.listing_seq(device);
-    let got = region.listed_bytes(
-        slot,
-        device,
-        seen,
-        std::time::Duration::from_secs(5),
-        || Some(vec![(4_200_001, 64 * MIB)]),
-    );
+    let ticket = region.listing_ticket(device);
+    let got = region.listed_bytes(slot, &ticket, std::time::Duration::from_secs(5), || {
+        Some(vec![(4_200_001, 64 * MIB)])
+    });
     assert_eq!(got, Some(64 * MIB));
+}
+
+#[test]
+fn a_start_sweeps_its_share_and_starts_one_after_another_sweep_the_whole_slice() {
+    let dir = TempDir::new("start-share");
+    let path = dir.file();
+    let (region, _live, device) = region_with(&dir, Some(1024 * MIB));
+    // A slice of 3 windows' worth of slots in use: dead holders spread through it.
+    let gone = Region::open_or_create(&path).unwrap();
+    let live = Region::open_or_create(&path).unwrap();
+    let mut dead = Vec::new();
+    for i in 1..3 * START_SWEEP_SLOTS {
+        let (owner, list) = if i % 10 == 0 {
+            (&gone, Some(&mut dead))
+        } else {
+            (&live, None)
+        };
+        let slot = owner.register(&me()).unwrap();
+        owner.reserve(slot, device, 2 * MIB).unwrap();
+        if let Some(list) = list {
+            list.push(slot);
+        }
+    }
+    drop(gone);
+    let held = region.usage(device).used;
+    let mut judged = Vec::new();
+    let mut reaped = Vec::new();
+    let mut starts = 0;
+    while reaped.len() < dead.len() {
+        assert!(
+            starts < 3,
+            "three starts walk the slice: {reaped:?} of {dead:?}"
+        );
+        let report = region
+            .sweep_start_share(|d| {
+                judged.push(d.slot);
+                true
+            })
+            .unwrap();
+        reaped.extend(report.reclaimed.iter().map(|r| r.slot));
+        starts += 1;
+    }
+    reaped.sort_by_key(|s| s.index());
+    assert_eq!(reaped, dead, "each dead slot found once");
+    assert_eq!(judged.len(), dead.len());
+    assert_eq!(
+        region.usage(device).used,
+        held - dead.len() as u64 * 2 * MIB
+    );
+    // A share is no sweep of the whole slice: a process that needs one still runs one.
+    assert!(!region.swept_since(1));
+    // A small slice is swept whole, and that counts as a sweep.
+    let small = TempDir::new("start-share-small");
+    let (region, _live, device) = region_with(&small, Some(1024 * MIB));
+    let (holder, _empty) = dead_holding_and_empty(&small.file(), device);
+    let report = region.sweep_start_share(|_| true).unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(report.reclaimed[0].slot, holder);
+    assert!(region.swept_since(1));
 }

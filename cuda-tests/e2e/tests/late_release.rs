@@ -190,8 +190,10 @@ fn without_nvml_a_dead_members_budget_returns_only_after_the_stated_bound() {
         wait_until("the waiter's context", DEFAULT_TIMEOUT, || {
             gpu.truth().used_memory(0) >= CONTEXT + 700 * MIB + CONTEXT
         });
-        holder.kill();
+        // Timed from before the kill: the waiter may find the holder dead (and the bound's
+        // clock start) before `kill` has reaped it.
         let died = std::time::Instant::now();
+        holder.kill();
         let waiter = waiter.join().unwrap();
         let waited = died.elapsed();
         done.store(true, std::sync::atomic::Ordering::Relaxed);

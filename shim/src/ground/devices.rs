@@ -216,10 +216,23 @@ pub(crate) fn nvml_lists_processes() -> bool {
 pub(crate) fn nvml_compute_processes(
     device: nvmlDevice_t,
 ) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t> {
+    nvml_compute_processes_expecting(device, 0)
+}
+
+/// [`nvml_compute_processes`] with room for `entries` at the first call (the processes the
+/// caller knows of), so a long list costs the driver one call, not two.
+pub(crate) fn nvml_compute_processes_expecting(
+    device: nvmlDevice_t,
+    entries: u32,
+) -> Result<Vec<nvmlProcessInfo_t>, nvmlReturn_t> {
     let get = real::nvmlDeviceGetComputeRunningProcesses_v3()
         .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)
         .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-    read_process_list(get, device)
+    // SAFETY: `grow_list` passes a buffer of `*count` entries of the layout `get` writes;
+    // NVML rejects a handle it did not give out.
+    grow_list(entries.saturating_add(16).max(64), |buffer, count| unsafe {
+        get(device, count, buffer)
+    })
 }
 
 /// `nvmlDeviceGetProcessUtilization` (`get`: the real one) since `last_seen_us`, growing the

@@ -3,11 +3,14 @@
 //! the one line a reap writes.
 //!
 //! The reason a memory view gives: the card's free memory went up since this process's last
-//! view of that device (memory went back to the driver: a dead process's, maybe), per
-//! source (CUDA's and NVML's figures differ by NVML's reservation). The sweep then runs in
-//! the first view of any process of the slice that finds it due (at most one per
-//! `SWEEP_INTERVAL` for the whole slice). A process's first view runs a sweep unless one
-//! began after the process started ([`started`]). A view where nothing was given back costs
+//! view of that device by more than this process gave back itself meanwhile (memory went back
+//! to the driver: a dead process's, maybe), per source (CUDA's and NVML's figures differ by
+//! NVML's reservation). The sweep then runs in the first view of any process of the slice
+//! that finds it due (at most one per `SWEEP_INTERVAL` for the whole slice). A process's
+//! first view, unless a sweep began after the process started ([`started`]), sweeps the whole
+//! slice when a sweep is wanted (its first look at a device found more free memory than the
+//! slice last saw: the region's `card_free_seen`), else its start's share (the whole of a
+//! small slice). A view where nothing was given back costs
 //! three loads and a compare: the same whatever the number of processes in the slice. A
 //! refused allocation sweeps at once ([`now`]).
 
@@ -15,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpuslice_common::region::{ReapReport, RegionError, SweepReason, MAX_DEVICES};
 
+use super::region_budget::device_id;
 use super::{driver_sized, Shared};
 use crate::session::fork::per_process;
 
@@ -34,6 +38,12 @@ per_process! {
         [const { [const { AtomicU64::new(UNSEEN) }; MAX_DEVICES] }; 2];
 }
 per_process! {
+    /// This process's own bytes on the device entry at its last view that found the card's
+    /// free bytes changed, per source: what its own frees gave back since is no reason to sweep.
+    static OWN_USED: [[AtomicU64; MAX_DEVICES]; 2] =
+        [const { [const { AtomicU64::new(0) }; MAX_DEVICES] }; 2];
+}
+per_process! {
     /// When this process attached, until its first view found a sweep that began after it
     /// (0 = found).
     static STARTED_AT_NS: AtomicU64 = AtomicU64::new(0);
@@ -46,19 +56,38 @@ pub fn started() {
 }
 
 /// A view of limited device entry `device` read the card's `free` bytes from `source`: more
-/// than at this process's last view asks the slice for a sweep; a due sweep runs.
+/// than at this process's last view, by more than this process gave back itself meanwhile,
+/// asks the slice for a sweep; a due sweep runs.
 #[inline]
 pub fn card_seen(shared: &Shared, source: Source, device: u8, free: u64) {
     if let Some(cell) = CARD_FREE[source as usize].get(device as usize) {
         let before = cell.load(Ordering::Relaxed);
         if before != free {
             cell.store(free, Ordering::Relaxed);
-            if before != UNSEEN && free > before {
-                shared.region.want_sweep(SweepReason::CardGotMemoryBack);
-            }
+            card_changed(shared, source, device, before, free);
         }
     }
     if_due(shared);
+}
+
+/// The card's free bytes moved from `before` to `free` since this process's last view (or
+/// this is its first view of the device: the slice's last figure stands for its own).
+fn card_changed(shared: &Shared, source: Source, device: u8, before: u64, free: u64) {
+    let slice_before = shared
+        .region
+        .card_free_seen(device_id(device), source as usize, free);
+    let own = super::process().map_or(0, |p| shared.region.slot_used(p.slot, device_id(device)));
+    let own_before = OWN_USED[source as usize]
+        .get(device as usize)
+        .map_or(own, |cell| cell.swap(own, Ordering::Relaxed));
+    let went_back = if before == UNSEEN {
+        slice_before != 0 && free > slice_before
+    } else {
+        free > before && free - before > own_before.saturating_sub(own)
+    };
+    if went_back {
+        shared.region.want_sweep(SweepReason::CardGotMemoryBack);
+    }
 }
 
 /// Runs the slice's sweep if one is due (this process's first look, or one wanted and
@@ -77,12 +106,21 @@ pub fn if_due(shared: &Shared) {
     }
 }
 
-/// The first view of this process: a sweep that began after it started saw every death
-/// before it; without one, sweeps now.
+/// The first view of this process: unless a sweep began after it started (one that saw every
+/// death before it), sweeps the whole slice when a sweep is wanted (the card has more free
+/// memory than the slice last saw, say), else its start's share (all of a small slice).
 #[cold]
 fn first_view(shared: &Shared, started: u64) {
     if !shared.region.swept_since(started) {
-        now(shared);
+        if shared.region.sweep_wanted() {
+            now(shared);
+        } else {
+            log_reap(
+                shared
+                    .region
+                    .sweep_start_share(|dead| driver_sized::driver_released(shared, dead)),
+            );
+        }
     }
     STARTED_AT_NS.store(0, Ordering::Relaxed);
 }

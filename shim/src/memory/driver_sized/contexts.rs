@@ -102,24 +102,23 @@ fn create_context(
         process.ledger.refund(device, reserved);
         return (result, None);
     }
-    // A listing of the device that begins after this read shows the new context.
-    let seen = shared.region.listing_seq(device_id(device));
+    // A listing of the device that begins after this ticket shows the new context.
+    let ticket = by_listing.then(|| shared.region.listing_ticket(device_id(device)));
     crate::session::slice::pause_after_context();
-    let measured = if by_listing {
+    let measured = if let Some(ticket) = ticket {
         // Our entry by our NVML PID (`gpuslice_common::region`, `listing`).
         shared
             .region
-            .listed_bytes(
-                process.slot,
-                device_id(device),
-                seen,
-                context_start::MEASURING_WAIT,
-                || {
-                    let handle = nvml_for_cuda(ordinal)?;
-                    let list = crate::ground::devices::nvml_compute_processes(handle).ok()?;
-                    Some(list.iter().map(|p| (p.pid, p.usedGpuMemory)).collect())
-                },
-            )
+            .listed_bytes(process.slot, &ticket, context_start::MEASURING_WAIT, || {
+                let handle = nvml_for_cuda(ordinal)?;
+                // Room for the slice's processes at once: the driver builds the list once.
+                let list = crate::ground::devices::nvml_compute_processes_expecting(
+                    handle,
+                    shared.region.slot_high_water(),
+                )
+                .ok()?;
+                Some(list.iter().map(|p| (p.pid, p.usedGpuMemory)).collect())
+            })
             .and_then(|used| {
                 host_pid::plausible_context_cost(&host_pid::ListedProcess {
                     pid: host_pid::known(),
