@@ -306,13 +306,14 @@ impl std::ops::DerefMut for Guard<'_> {
 
 /// The table. `insert` and `remove` touch one shard each.
 pub struct ObjectTable {
-    shards: Box<[Locked]>,
+    /// A fixed array: `shard_of` is below `SHARDS` by construction, so indexing needs no check.
+    shards: Box<[Locked; SHARDS]>,
 }
 
 impl Default for ObjectTable {
     fn default() -> Self {
         ObjectTable {
-            shards: (0..SHARDS).map(|_| Locked::default()).collect(),
+            shards: Box::new(std::array::from_fn(|_| Locked::default())),
         }
     }
 }
