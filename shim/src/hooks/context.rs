@@ -135,8 +135,6 @@ pub(crate) unsafe fn primary_ctx_release(
     real: sig::cuDevicePrimaryCtxRelease_v2,
     dev: CUdevice,
 ) -> CUresult {
-    // A release may end the context (the last reference): its pointers first.
-    learn_pointer_owners();
     // SAFETY: by-value argument, unchanged.
     end_primary(dev, || unsafe { real(dev) }, PrimaryContext::released)
 }
@@ -147,7 +145,6 @@ pub(crate) unsafe fn primary_ctx_reset(
     real: sig::cuDevicePrimaryCtxReset_v2,
     dev: CUdevice,
 ) -> CUresult {
-    learn_pointer_owners();
     // SAFETY: by-value argument, unchanged.
     end_primary(dev, || unsafe { real(dev) }, PrimaryContext::reset)
 }

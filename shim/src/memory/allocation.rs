@@ -9,8 +9,8 @@
 //! refunds exactly that) is the driver's answer, asked when it is needed: in a process that
 //! sees one device the allocation path needs no context to find the device, so a pointer is
 //! charged as [`OWNER_NOT_ASKED`] and [`learn_pointer_owners`] asks the driver for each such
-//! pointer still alive just before a context ends (`cuCtxDestroy`, a primary context's
-//! release or reset). Guessing "the process's only context" instead would refund live memory
+//! pointer still alive just before a context ends (`cuCtxDestroy`, a primary context's reset
+//! or the release of its last reference). Guessing "the process's only context" instead would refund live memory
 //! of a context the shim never saw made (a green context, a private entry point); asking at
 //! each allocation cost a driver call (80 of the pair's instructions).
 //!

@@ -355,12 +355,19 @@ fn primary_gone(process: &Process, entry: PrimaryContext) {
 pub(crate) fn end_primary(
     dev: CUdevice,
     call: impl FnOnce() -> CUresult,
-    ends: impl FnOnce(&mut PrimaryContext) -> Option<PrimaryContext>,
+    ends: impl Fn(&mut PrimaryContext) -> Option<PrimaryContext>,
 ) -> CUresult {
     let Some(process) = process() else {
         return call();
     };
     let mut primaries = lock(&process.ledger.primaries);
+    // A call that ends the context (a reset; the release of the last reference) frees the
+    // pointers it owns: they must be known as its own first. A release that only drops a
+    // reference (some libraries pair retains and releases often) asks nothing.
+    let would_end = primary_entry(&mut primaries, dev).is_none_or(|e| ends(&mut { *e }).is_some());
+    if would_end {
+        crate::memory::learn_pointer_owners();
+    }
     let result = call();
     let gone = if result == CUDA_SUCCESS {
         primary_entry(&mut primaries, dev).and_then(ends)
