@@ -398,6 +398,12 @@ fn a_destroyed_context_gives_back_only_the_pointers_it_owned() {
         run.until("done");
         assert_eq!(run.line("free second"), "free second rc=0", "{what}");
         assert_eq!(run.line("destroy second"), "destroy second rc=0", "{what}");
+        // With no context current the driver answers CUDA_ERROR_INVALID_CONTEXT (201), below
+        // the cap and past it alike (not the slice's OUT_OF_MEMORY), and nothing stays charged.
+        for size in ["small", "large"] {
+            let step = format!("alloc without {size}");
+            assert_eq!(run.line(&step), format!("{step} rc=201"), "{what}");
+        }
         assert_eq!(gpu.truth().used_memory(0), 0, "{what}: the card");
         assert_eq!(region_used(&slice), 0, "{what}: the region");
         run.go();

@@ -12,7 +12,8 @@
  *          (v1 cuMemAlloc), END (release | reset) through the v1 entry point, retain again
  *   legacy [--procaddr] owners                 two v1 contexts, 64 MiB in the first and
  *          128 MiB in the second (current), the first destroyed while the second's memory
- *          lives on, then that freed and the second destroyed
+ *          lives on, then that freed and the second destroyed; then two allocations with no
+ *          context current (64 MiB, and 3 GiB: past a 2 GiB slice)
  *   legacy [--procaddr] launch PATH COUNT SECONDS   PATH: launch | grid | grid-async;
  *          batches of COUNT kernels, each batch synchronised, until SECONDS have passed
  *          (0: one batch). A grid kernel is 163840 x 1000 one-thread blocks: 1 ms on a V100. */
@@ -201,6 +202,9 @@ static int owners(void) {
     checkpoint("ended");
     printf("free second rc=%d\n", cuMemFree(b));
     printf("destroy second rc=%d\n", cuCtxDestroy(second));
+    /* No context is current now: the driver's own answer, under the slice's cap or past it. */
+    printf("alloc without small rc=%d\n", cuMemAlloc(&a, 64 * MIB));
+    printf("alloc without large rc=%d\n", cuMemAlloc(&a, 3u << 30));
     checkpoint("done");
     return 0;
 }
