@@ -228,11 +228,7 @@ pub(crate) fn nvml_compute_processes_expecting(
     let get = real::nvmlDeviceGetComputeRunningProcesses_v3()
         .or_else(real::nvmlDeviceGetComputeRunningProcesses_v2)
         .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-    // SAFETY: `grow_list` passes a buffer of `*count` entries of the layout `get` writes;
-    // NVML rejects a handle it did not give out.
-    grow_list(entries.saturating_add(16).max(64), |buffer, count| unsafe {
-        get(device, count, buffer)
-    })
+    read_process_list(get, device, entries)
 }
 
 /// `nvmlDeviceGetProcessUtilization` (`get`: the real one) since `last_seen_us`, growing the
@@ -256,14 +252,19 @@ pub(crate) fn read_utilization_samples(
 }
 
 /// One of NVML's process lists (`get`: any `nvmlDeviceGet*RunningProcesses*` of the real
-/// library, whose entries are `T`).
+/// library, whose entries are `T`), with room for at least `expecting` entries at the first
+/// call (0: the usual start).
 pub(crate) fn read_process_list<T: Copy + Default>(
     get: unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut T) -> nvmlReturn_t,
     device: nvmlDevice_t,
+    expecting: u32,
 ) -> Result<Vec<T>, nvmlReturn_t> {
     // SAFETY: `grow_list` passes a buffer of `*count` entries of the layout `get` writes;
     // NVML rejects a handle it did not give out.
-    grow_list(64, |buffer, count| unsafe { get(device, count, buffer) })
+    grow_list(
+        expecting.saturating_add(16).max(64),
+        |buffer, count| unsafe { get(device, count, buffer) },
+    )
 }
 
 /// The most entries one of NVML's lists needed in this process: the next list starts with room

@@ -219,7 +219,7 @@ pub(crate) unsafe fn other_processes(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    let read = |_: &Shared, _| crate::ground::devices::read_process_list(real, device);
+    let read = |_: &Shared, _| crate::ground::devices::read_process_list(real, device, 0);
     match members_only(device, read) {
         // SAFETY: the caller's arguments, unchanged.
         None => unsafe { real(device, count, infos) },
@@ -244,7 +244,7 @@ pub(crate) unsafe fn other_processes_v1(
     infos: *mut nvmlProcessInfo_v1_t,
 ) -> nvmlReturn_t {
     let read = |_: &Shared, _| {
-        let v1 = crate::ground::devices::read_process_list(real, device)?;
+        let v1 = crate::ground::devices::read_process_list(real, device, 0)?;
         Ok(v1
             .into_iter()
             .map(|p| nvmlProcessInfo_t {
