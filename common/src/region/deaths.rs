@@ -46,7 +46,7 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::layout::{slot_lock_offset, RegionLayout};
+use super::layout::{slot_lock_offset, ProcessSlot, RegionLayout};
 use super::lock;
 use super::slots::{self, Judge, Scope, Slots};
 use super::{DeadSlot, DeviceId, ReapReport, Region, RegionError, SlotId};
@@ -80,6 +80,15 @@ pub struct Member {
 }
 
 impl Member {
+    /// The member held in slot `index` (`record`), as it reads now.
+    pub(super) fn of(index: usize, record: &ProcessSlot) -> Member {
+        Member {
+            slot: SlotId(index as u16),
+            pid: record.pid.load(Ordering::Relaxed),
+            host_pid: record.host_pid.load(Ordering::Relaxed),
+        }
+    }
+
     /// The PID NVML lists it under: its host PID when known, else its own (right where NVML
     /// and the process share a PID namespace).
     pub fn driver_pid(&self) -> u32 {
@@ -351,11 +360,7 @@ impl Region {
                 epoch,
                 slots::claimed_slots(layout)
                     .filter(|(_, slot, _)| slot.dead_since.load(Ordering::Acquire) == 0)
-                    .map(|(i, slot, _)| Member {
-                        slot: SlotId(i as u16),
-                        pid: slot.pid.load(Ordering::Relaxed),
-                        host_pid: slot.host_pid.load(Ordering::Relaxed),
-                    }),
+                    .map(|(i, slot, _)| Member::of(i, slot)),
             );
         }
         read(index)

@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::layout::DeviceEntry;
-use super::{futex, DeviceId, Region, SlotId};
+use super::{futex, DeviceId, Member, Region, SlotId};
 
 /// How long a listing may be read before another process takes it over.
 pub const TAKEOVER: Duration = Duration::from_millis(250);
@@ -202,10 +202,7 @@ impl Region {
         listed: &[(u32, u64)],
     ) {
         let record = &self.map.layout().slots[slot.index()];
-        let me = match record.host_pid.load(Ordering::Relaxed) {
-            0 => record.pid.load(Ordering::Relaxed),
-            host_pid => host_pid,
-        };
+        let me = Member::of(slot.index(), record).driver_pid();
         if let Some(&(_, bytes)) = listed.iter().find(|(pid, _)| *pid == me) {
             record.listed.store(
                 listed_word(bytes, device.index(), begun.wrapping_add(1)),
