@@ -22,14 +22,10 @@ if [ "$#" -gt 0 ]; then
     sizes=("$@")
 fi
 work="$(mktemp -d)"
-peers_pid=""
-stop_peers() {
-    if [ -n "$peers_pid" ]; then
-        exec {hold}>&-
-        wait "$peers_pid" || true
-        peers_pid=""
-    fi
-}
+peers_bin="$release/slice-peers"
+peers_for=start-instructions
+# shellcheck source=benches/slice-peers.sh
+source "$root/benches/slice-peers.sh"
 trap 'stop_peers; rm -rf "$work"' EXIT
 # Small contexts: a thousand of the fake's default 300 MiB would not fit a card.
 export FAKEGPU_CTX_OVERHEAD=$((4 << 20))
@@ -54,24 +50,6 @@ instructions() { # SCRATCH MODE
 fcntls() { # SCRATCH MODE
     start "$1" "$2" strace -f -qq -c -o "$work/strace.out" >/dev/null 2>&1
     awk '$NF == "fcntl" { print $4 } END {}' "$work/strace.out" | head -1 | grep . || echo 0
-}
-
-peers_up() { # K SCRATCH
-    local fifo="$2.fifo"
-    rm -rf "$2" "$fifo"
-    mkdir -p "$2"
-    mkfifo "$fifo"
-    "$release/slice-peers" --scratch "$2" --peers "$1" <"$fifo" >"$2.out" 2>"$2.err" &
-    peers_pid=$!
-    exec {hold}>"$fifo"
-    until grep -q '^ready' "$2.out" 2>/dev/null; do
-        if ! kill -0 "$peers_pid" 2>/dev/null; then
-            echo "start-instructions: the peers did not start:" >&2
-            cat "$2.err" >&2
-            exit 1
-        fi
-        sleep 0.2
-    done
 }
 
 # Each start with the shim meets K live peers and no dead slot: it is the first start with

@@ -24,14 +24,10 @@ if [ "$#" -gt 1 ]; then
     sizes=("${@:2}")
 fi
 work="$(mktemp -d)"
-peers_pid=""
-stop_peers() {
-    if [ -n "$peers_pid" ]; then
-        exec {hold}>&-
-        wait "$peers_pid" || true
-        peers_pid=""
-    fi
-}
+peers_bin="$(dirname "$bin")/slice-peers"
+peers_for=views-instructions
+# shellcheck source=benches/slice-peers.sh
+source "$root/benches/slice-peers.sh"
 trap 'stop_peers; rm -rf "$work"' EXIT
 # Small contexts: a thousand of the fake's default 300 MiB would not fit a card.
 export FAKEGPU_CTX_OVERHEAD=$((4 << 20))
@@ -64,21 +60,7 @@ calls=(pair mem-get-info device-total-mem nvml-memory nvml-memory-v2 nvml-proces
 declare -A driver added
 for n in "${sizes[@]}"; do
     scratch="$work/slice-$n"
-    mkdir -p "$scratch"
-    fifo="$work/peers-$n"
-    mkfifo "$fifo"
-    "$(dirname "$bin")/slice-peers" --scratch "$scratch" --peers "$((n - 1))" \
-        <"$fifo" >"$work/peers-$n.out" 2>"$work/peers-$n.err" &
-    peers_pid=$!
-    exec {hold}>"$fifo"
-    until grep -q '^ready' "$work/peers-$n.out" 2>/dev/null; do
-        if ! kill -0 "$peers_pid" 2>/dev/null; then
-            echo "views-instructions: the peers did not start:" >&2
-            cat "$work/peers-$n.err" >&2
-            exit 1
-        fi
-        sleep 0.2
-    done
+    peers_up "$((n - 1))" "$scratch"
     # One throwaway run of each: every measured run then meets the same slice (the one before
     # it dead in its slot until a sweep reaps it, the driver's and the region's files made).
     count "$scratch" driver 1 pair >/dev/null
