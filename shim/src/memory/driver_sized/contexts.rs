@@ -364,7 +364,10 @@ pub(crate) fn end_primary(
     // A call that ends the context (a reset; the release of the last reference) frees the
     // pointers it owns: they must be known as its own first. A release that only drops a
     // reference (some libraries pair retains and releases often) asks nothing.
-    let would_end = primary_entry(&mut primaries, dev).is_none_or(|e| ends(&mut { *e }).is_some());
+    let would_end = primary_entry(&mut primaries, dev).is_none_or(|entry| {
+        let mut after = *entry;
+        ends(&mut after).is_some()
+    });
     if would_end {
         crate::memory::learn_pointer_owners();
     }
