@@ -193,7 +193,7 @@ impl Dev {
 
     /// Compute processes with their PIDs already translated by `FAKEGPU_PID_OFFSET`.
     pub fn compute_processes(&self) -> Vec<ProcessUsage> {
-        self.state.reap_dead_processes();
+        // `processes` reaps first.
         self.state
             .processes(self.index)
             .into_iter()
@@ -208,7 +208,7 @@ impl Dev {
     /// program its card-namespace PID runs (`/proc/PID/cmdline`'s first word, else `comm`),
     /// empty when that PID is not visible from here.
     pub fn compute_processes_named(&self) -> Vec<crate::export_table::NamedProcess> {
-        self.state.reap_dead_processes();
+        // `processes` reaps first.
         self.state
             .processes(self.index)
             .into_iter()

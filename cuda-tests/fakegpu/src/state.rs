@@ -48,7 +48,7 @@ const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU1");
 /// 5: the header names the card's PID namespace; slots hold PIDs in it (host PIDs).
 /// 6: a device counts the changes of its use, so its high-water mark is read as one instant.
 /// 7: 1,024 process slots, their utilisation rings apart, and a slot high-water mark.
-const VERSION: u32 = 7;
+const VERSION: u32 = 8;
 /// Byte locked (exclusively) while creating the file or changing the slot table.
 const REG_LOCK: i64 = 0;
 /// Slot `i` is alive while someone holds a lock on byte `SLOT_LOCK_BASE + i`.
@@ -114,6 +114,9 @@ struct ProcSlot {
     /// Bit `d`: the slot's utilisation ring of device `d` may hold history (cleared for the
     /// next holder only then, so a registration touches no ring pages it need not).
     rings_used: AtomicU32,
+    /// When (monotonic ns) a driver last found this slot's lock held: within
+    /// [`SharedState::liveness_lag_ns`] of it, the in-process driver does not probe again.
+    alive_seen_ns: AtomicU64,
 }
 
 /// One process slot's utilisation history per device.
@@ -297,6 +300,11 @@ pub struct SharedState {
     lock_fd: AtomicI32,
     lock_pid: AtomicU32,
     lock_listed: AtomicBool,
+    /// How long a slot found alive is believed alive without another probe when deciding
+    /// whether to reap (0: probe at every look). Only the process-wide state of a driver
+    /// ([`state`]) sets it, from [`LIVENESS_LAG_ENV`]: observers (the tests' truth,
+    /// `fakegpu smi`) always probe.
+    liveness_lag_ns: AtomicU64,
 }
 
 // SAFETY: the mapping is only accessed through atomics (or fields written once before the
@@ -357,10 +365,37 @@ pub fn default_path() -> PathBuf {
 
 static GLOBAL: OnceLock<Result<SharedState, StateError>> = OnceLock::new();
 
-/// The process-wide state, opened (and created if needed) from the environment on first use.
+/// Microseconds for which the driver in a process believes a process it found alive is still
+/// alive (default [`DEFAULT_LIVENESS_LAG_US`]; 0 = look every time; at most
+/// [`MAX_LIVENESS_LAG_US`]). A real driver learns of a death when the process's descriptors
+/// close and tears its memory down asynchronously, so its process list and free memory lag a
+/// death by a little; and its list costs one kernel call, not one probe per process. The fake
+/// probes each process's lock instead, so without the lag a crowd of N processes each listing
+/// or viewing the card would make N probes per call.
+pub const LIVENESS_LAG_ENV: &str = "FAKEGPU_LIVENESS_LAG_US";
+pub const DEFAULT_LIVENESS_LAG_US: u64 = 500;
+pub const MAX_LIVENESS_LAG_US: u64 = 1_000_000;
+
+/// The process-wide state, opened (and created if needed) from the environment on first use:
+/// the driver's, so it believes a live process for [`LIVENESS_LAG_ENV`].
 pub fn state() -> Result<&'static SharedState, StateError> {
     GLOBAL
-        .get_or_init(|| open_state_at(&default_path()))
+        .get_or_init(|| {
+            let state = open_state_at(&default_path())?;
+            let lag_us = match std::env::var(LIVENESS_LAG_ENV) {
+                Ok(text) if !text.is_empty() => match text.parse::<u64>() {
+                    Ok(us) if us <= MAX_LIVENESS_LAG_US => us,
+                    _ => {
+                        return Err(StateError::Config(format!(
+                            "{LIVENESS_LAG_ENV}={text:?}: not a whole number of microseconds up to {MAX_LIVENESS_LAG_US}"
+                        )))
+                    }
+                },
+                _ => DEFAULT_LIVENESS_LAG_US,
+            };
+            state.liveness_lag_ns.store(lag_us * 1000, Ordering::Relaxed);
+            Ok(state)
+        })
         .as_ref()
         .map_err(Clone::clone)
 }
@@ -469,6 +504,7 @@ fn open_with(
         lock_fd: AtomicI32::new(-1),
         lock_pid: AtomicU32::new(0),
         lock_listed: AtomicBool::new(false),
+        liveness_lag_ns: AtomicU64::new(0),
     };
     let magic = state.layout().header.magic.load(Ordering::Acquire);
     if magic == 0 {
@@ -1074,6 +1110,20 @@ impl SharedState {
         }
     }
 
+    /// [`SharedState::slot_alive`], believing a slot found alive within the liveness lag.
+    fn slot_believed_alive(&self, i: usize, now: u64) -> bool {
+        let lag = self.liveness_lag_ns.load(Ordering::Relaxed);
+        let seen = &self.slot(i).alive_seen_ns;
+        if lag > 0 && now.saturating_sub(seen.load(Ordering::Relaxed)) < lag {
+            return true;
+        }
+        let alive = self.slot_alive(i);
+        if alive && lag > 0 {
+            seen.store(now, Ordering::Relaxed);
+        }
+        alive
+    }
+
     /// Releases the slots (and thus the device memory) of processes that have exited, as the
     /// driver does on process exit, once the release delay has passed since each was first
     /// seen dead. Returns how many were reaped.
@@ -1089,7 +1139,7 @@ impl SharedState {
             .claimed_slots()
             .filter(|&i| {
                 self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE
-                    && !self.slot_alive(i)
+                    && !self.slot_believed_alive(i, now)
                     && self.release_due(i, now)
             })
             .count();
@@ -1265,6 +1315,42 @@ mod tests {
         assert_eq!(c.used_memory(0), 16 << 20);
         assert_eq!(b.peak_memory(0), 64 << 20, "never more than the card");
         drop((b, c));
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn a_driver_believes_a_process_alive_for_the_liveness_lag_and_an_observer_never_does() {
+        let p = tmp("liveness-lag");
+        let a = open_state_with(&p, &small()).unwrap();
+        let driver = open_state_with(&p, &small()).unwrap();
+        let observer = open_state_with(&p, &small()).unwrap();
+        // An hour: nothing below races it.
+        driver
+            .liveness_lag_ns
+            .store(3_600_000_000_000, Ordering::Relaxed);
+        let sa = a.register_current_process().unwrap();
+        assert!(a.try_charge(0, sa, 48 << 20));
+        // The driver's look finds a alive and stamps it so.
+        assert_eq!(driver.used_memory(0), 48 << 20);
+        drop(a); // "process" a dies
+                 // Within the lag the driver does not look again: a is still listed and holding...
+        assert_eq!(driver.used_memory(0), 48 << 20);
+        assert_eq!(driver.processes(0).len(), 1);
+        // ...while an observer (no lag) looks at once, and reaps for everybody.
+        assert_eq!(observer.used_memory(0), 0);
+        assert_eq!(driver.used_memory(0), 0);
+        assert!(driver.processes(0).is_empty());
+        // With a short lag the driver notices a death by itself once the lag has passed.
+        driver.liveness_lag_ns.store(1_000_000, Ordering::Relaxed);
+        let b = open_state_with(&p, &small()).unwrap();
+        let sb = b.register_current_process().unwrap();
+        assert!(b.try_charge(0, sb, 8 << 20));
+        assert_eq!(driver.used_memory(0), 8 << 20);
+        drop(b);
+        await_true("the driver to notice b's death", || {
+            driver.used_memory(0) == 0
+        });
+        drop((driver, observer));
         std::fs::remove_file(&p).unwrap();
     }
 
