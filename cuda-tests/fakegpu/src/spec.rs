@@ -21,18 +21,22 @@ pub struct DeviceSpec {
 impl DeviceSpec {
     /// The 16 raw bytes of the UUID (what `cuDeviceGetUuid` returns).
     pub fn uuid_bytes(&self) -> [u8; 16] {
-        let hex: String = self
+        // The first 32 hex digits after the prefix, in pairs; missing ones read as 0.
+        let mut digits = [0u8; 32];
+        let mut n = 0;
+        for digit in self
             .uuid
             .trim_start_matches("GPU-")
             .chars()
-            .filter(|c| c.is_ascii_hexdigit())
-            .collect();
+            .filter_map(|c| c.to_digit(16))
+            .take(32)
+        {
+            digits[n] = digit as u8;
+            n += 1;
+        }
         let mut out = [0u8; 16];
-        for (i, b) in out.iter_mut().enumerate() {
-            *b = hex
-                .get(2 * i..2 * i + 2)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .unwrap_or(0);
+        for (i, b) in out.iter_mut().enumerate().take(n / 2) {
+            *b = digits[2 * i] << 4 | digits[2 * i + 1];
         }
         out
     }
