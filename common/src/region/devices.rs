@@ -165,7 +165,7 @@ limit_word!(AtomicU64, u64);
 limit_word!(AtomicU32, u32);
 
 /// Moves `word` to what `decide` makes of its current value (`configured` where it is still
-/// `unset`), by compare-and-swap from the value decided on; returns (old, new). `decide`'s
+/// `unset` or already `configured`), by compare-and-swap from the value decided on; returns (old, new). `decide`'s
 /// second argument says the word changed under a previous decision.
 fn reconcile<W: LimitWord>(
     word: &W,
@@ -176,7 +176,9 @@ fn reconcile<W: LimitWord>(
     let mut old = word.load();
     let mut retried = false;
     loop {
-        let new = if old == unset {
+        // A word already at the configured value stays there whoever else lives: a start into
+        // a slice whose processes share one configuration judges no other slot.
+        let new = if old == unset || old == configured {
             configured
         } else {
             decide(old, retried)
@@ -202,5 +204,30 @@ pub(super) fn stricter_percent(a: u32, b: u32) -> u32 {
         0
     } else {
         lower
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_word_at_the_configured_value_is_decided_without_asking_who_lives() {
+        let word = AtomicU64::new(5);
+        let asked = Cell::new(0);
+        // The decision of a binder that sees others live: the stricter value.
+        let stricter = |configured: u64| {
+            let asked = &asked;
+            move |old: u64, _| {
+                asked.set(asked.get() + 1);
+                old.min(configured)
+            }
+        };
+        assert_eq!(reconcile(&word, LIMIT_UNSET, 5, stricter(5)), (5, 5));
+        assert_eq!(asked.get(), 0, "whoever lives, the configured value stays");
+        // A different value is decided.
+        assert_eq!(reconcile(&word, LIMIT_UNSET, 9, stricter(9)), (5, 5));
+        assert_eq!(reconcile(&word, LIMIT_UNSET, 3, stricter(3)), (5, 3));
+        assert_eq!(asked.get(), 2);
     }
 }
