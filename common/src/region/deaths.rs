@@ -22,6 +22,9 @@
 //!   a start costs the same beside 30 or 1,000 live processes and a storm of N starts judges
 //!   N x 32 slots, not N x N; starts one after another walk the whole slice. Where the slots in
 //!   use fit in the share (the high-water mark), the share is a whole sweep and counts as one.
+//!   An owner that any probe found alive after the start began (the slot's `alive_seen_ns`)
+//!   is not probed again by the share: a storm of N starts at one instant probes each slot
+//!   about once, not N x 32 / (slots) times.
 //!   The shim sweeps the whole slice instead when a sweep is wanted, and a first view wants
 //!   one when the card has more free memory than the slice last saw
 //!   ([`Region::card_free_seen`]): the first process after others exited sweeps them all. What
@@ -265,13 +268,16 @@ impl Region {
         Ok(report)
     }
 
-    /// A start's share of the sweep: the next [`START_SWEEP_SLOTS`] slots from the slice's
-    /// cursor (which moves past them, so starts one after another walk the whole slice),
-    /// judged and reaped as [`Region::sweep_now`] does; the whole slice, and counted as a
-    /// sweep, where its slots in use fit in that many. A dead slot it leaves charged keeps a
-    /// sweep wanted.
+    /// A start's share of the sweep, for a process that started at `started`
+    /// (CLOCK_MONOTONIC ns): the next [`START_SWEEP_SLOTS`] slots from the slice's cursor
+    /// (which moves past them, so starts one after another walk the whole slice), judged and
+    /// reaped as [`Region::sweep_now`] does, except that an owner some probe found alive after
+    /// `started` is not probed again (it cannot have died before the start); the whole slice,
+    /// and counted as a sweep, where its slots in use fit in that many. A dead slot it leaves
+    /// charged keeps a sweep wanted.
     pub fn sweep_start_share(
         &self,
+        started: u64,
         released: impl FnMut(&DeadSlot) -> bool,
     ) -> Result<ReapReport, RegionError> {
         let header = &self.map.layout().header;
@@ -286,7 +292,12 @@ impl Region {
             start: (start % high_water as u64) as usize,
             len: START_SWEEP_SLOTS,
         };
-        let report = self.reap_with(released, Scope::Holding, Judge::Lock, window)?;
+        let report = self.reap_with(
+            released,
+            Scope::Holding,
+            Judge::LockUnlessAliveSince(started),
+            window,
+        )?;
         if !report.pending.is_empty() {
             self.want_sweep(SweepReason::Look);
         }

@@ -221,8 +221,10 @@ pub struct ProcessSlot {
     pub start_time: AtomicU64,
     /// Inode of the owner's PID namespace (/proc/self/ns/pid); 0 = unknown.
     pub pid_ns: AtomicU64,
-    /// Reserved: last heartbeat, for the throttle.
-    pub heartbeat: AtomicU64,
+    /// CLOCK_MONOTONIC nanoseconds just before a probe last found the owner's liveness lock
+    /// held (0 = never; zeroed when the slot is claimed): a start's share does not probe again
+    /// an owner found alive after the start began (`slots::Judge::LockUnlessAliveSince`).
+    pub alive_seen_ns: AtomicU64,
     /// CLOCK_MONOTONIC nanoseconds at which a reap first found the owner dead while the
     /// driver may still hold its memory (0 = not seen dead). Zeroed when the slot is claimed.
     pub dead_since: AtomicU64,
@@ -332,7 +334,7 @@ mod tests {
         assert_eq!(offset_of!(ProcessSlot, host_pid), 8);
         assert_eq!(offset_of!(ProcessSlot, start_time), 16);
         assert_eq!(offset_of!(ProcessSlot, pid_ns), 24);
-        assert_eq!(offset_of!(ProcessSlot, heartbeat), 32);
+        assert_eq!(offset_of!(ProcessSlot, alive_seen_ns), 32);
         assert_eq!(offset_of!(ProcessSlot, dead_since), 40);
         assert_eq!(offset_of!(ProcessSlot, intent), 48);
         assert_eq!(offset_of!(ProcessSlot, listed), 56);

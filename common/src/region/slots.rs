@@ -122,7 +122,7 @@ impl Region {
             if scope == Scope::Holding && !holds() {
                 continue;
             }
-            if judge_with(slot, index, Some(&self.file), judge_by) != Liveness::Stale {
+            if judge_with(slot, index, Some(&self.file), judge_by, true) != Liveness::Stale {
                 continue;
             }
             let dead = dead_slot(layout, index, now);
@@ -194,7 +194,7 @@ impl Region {
             slot.start_time
                 .store(identity.start_time, Ordering::Relaxed);
             slot.pid_ns.store(identity.pid_ns, Ordering::Relaxed);
-            slot.heartbeat.store(0, Ordering::Relaxed);
+            slot.alive_seen_ns.store(0, Ordering::Relaxed);
             slot.dead_since.store(0, Ordering::Relaxed);
             slot.listed.store(0, Ordering::Relaxed);
             // A free slot holds no bytes and has nothing in flight (`free_slot`); its `used`
@@ -335,28 +335,43 @@ pub(super) enum Judge {
     /// The lock, and for a held lock of a slot of our PID namespace the owner's /proc entry
     /// (missing, a zombie or a reused PID is dead): what readers (`snapshot`) use.
     LockAndProc,
+    /// [`Judge::Lock`], but an owner some probe found alive at or after this instant
+    /// (CLOCK_MONOTONIC ns; the slot's `alive_seen_ns`) is alive without another probe: a
+    /// start's share, which must only not count processes that died before the start began.
+    /// Only a probe stamps, never a belief, so no owner is believed alive on belief alone.
+    LockUnlessAliveSince(u64),
 }
 
 /// Liveness of a claimed slot as readers judge it ([`Judge::LockAndProc`]).
 pub(super) fn judge(slot: &ProcessSlot, index: usize, probe: Option<&OwnedFd>) -> Liveness {
-    judge_with(slot, index, probe, Judge::LockAndProc)
+    judge_with(slot, index, probe, Judge::LockAndProc, false)
 }
 
 /// Liveness of a claimed slot. `probe` is any descriptor of the file that does not itself
-/// hold the slot's lock; without one, liveness is unknown.
+/// hold the slot's lock; without one, liveness is unknown. With `stamp` (a writable mapping:
+/// readers map the file read-only) a probe that finds the owner alive records when it looked
+/// in the slot's `alive_seen_ns`.
 pub(super) fn judge_with(
     slot: &ProcessSlot,
     index: usize,
     probe: Option<&OwnedFd>,
     judge_by: Judge,
+    stamp: bool,
 ) -> Liveness {
     let Some(probe) = probe else {
         return Liveness::Unknown;
     };
-    match lock::is_locked_by_other(probe, slot_lock_offset(index)) {
+    if let Judge::LockUnlessAliveSince(since) = judge_by {
+        if slot.alive_seen_ns.load(Ordering::Relaxed) >= since.max(1) {
+            return Liveness::Alive;
+        }
+    }
+    // Read before the probe: the stamp never claims more than the probe saw.
+    let probed_at = monotonic_ns();
+    let liveness = match lock::is_locked_by_other(probe, slot_lock_offset(index)) {
         Err(_) => Liveness::Unknown,
         Ok(false) => Liveness::Stale,
-        Ok(true) if judge_by == Judge::Lock => Liveness::Alive,
+        Ok(true) if judge_by != Judge::LockAndProc => Liveness::Alive,
         Ok(true) => {
             let identity = identity_of(slot);
             if identity.same_namespace_as_current() && !identity.is_alive() {
@@ -365,7 +380,11 @@ pub(super) fn judge_with(
                 Liveness::Alive
             }
         }
+    };
+    if stamp && liveness == Liveness::Alive {
+        slot.alive_seen_ns.fetch_max(probed_at, Ordering::Relaxed);
     }
+    liveness
 }
 
 /// Stamps slot `index` as found dead at `now` (the death notice every process reads) unless

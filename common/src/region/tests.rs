@@ -1373,7 +1373,7 @@ fn a_start_sweeps_its_share_and_starts_one_after_another_sweep_the_whole_slice()
             "three starts walk the slice: {reaped:?} of {dead:?}"
         );
         let report = region
-            .sweep_start_share(|d| {
+            .sweep_start_share(u64::MAX, |d| {
                 judged.push(d.slot);
                 true
             })
@@ -1394,8 +1394,55 @@ fn a_start_sweeps_its_share_and_starts_one_after_another_sweep_the_whole_slice()
     let small = TempDir::new("start-share-small");
     let (region, _live, device) = region_with(&small, Some(1024 * MIB));
     let (holder, _empty) = dead_holding_and_empty(&small.file(), device);
-    let report = region.sweep_start_share(|_| true).unwrap();
+    let report = region.sweep_start_share(u64::MAX, |_| true).unwrap();
     assert_eq!(report.reclaimed.len(), 1);
     assert_eq!(report.reclaimed[0].slot, holder);
     assert!(region.swept_since(1));
+}
+
+#[test]
+fn a_start_believes_an_owner_a_probe_found_alive_after_it_began_and_probes_the_others() {
+    let dir = TempDir::new("alive-seen");
+    let path = dir.file();
+    let (region, _live, device) = region_with(&dir, Some(1024 * MIB));
+    let gone = Region::open_or_create(&path).unwrap();
+    let slot = gone.register(&me()).unwrap();
+    gone.reserve(slot, device, 2 * MIB).unwrap();
+    let layout = region.map.layout();
+    let record = &layout.slots[slot.index()];
+    let judge =
+        |judge_by| slots::judge_with(record, slot.index(), Some(&region.file), judge_by, true);
+    let before = monotonic_ns();
+    // A probe that finds the owner alive stamps when it looked.
+    assert_eq!(judge(slots::Judge::Lock), Liveness::Alive);
+    let seen = record.alive_seen_ns.load(Ordering::Relaxed);
+    assert!(
+        seen >= before && seen <= monotonic_ns(),
+        "{seen} vs {before}"
+    );
+    drop(gone); // the owner dies
+                // A start that began before that probe believes it: the owner cannot have died before
+                // the start, so nothing of the start's business is missed...
+    assert_eq!(
+        judge(slots::Judge::LockUnlessAliveSince(before)),
+        Liveness::Alive
+    );
+    // ...and a belief stamps nothing.
+    assert_eq!(record.alive_seen_ns.load(Ordering::Relaxed), seen);
+    // A start that began after it probes, and finds the death.
+    let later = monotonic_ns();
+    assert_eq!(
+        judge(slots::Judge::LockUnlessAliveSince(later)),
+        Liveness::Stale
+    );
+    assert_eq!(judge(slots::Judge::Lock), Liveness::Stale);
+    assert_eq!(
+        record.alive_seen_ns.load(Ordering::Relaxed),
+        seen,
+        "no stamp for a death"
+    );
+    // A share started after the probe reaps it; one started before would have left it.
+    let report = region.sweep_start_share(later, |_| true).unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(report.reclaimed[0].slot, slot);
 }

@@ -120,7 +120,7 @@ fn first_view(shared: &Shared, started: u64) {
             log_reap(
                 shared
                     .region
-                    .sweep_start_share(|dead| driver_sized::driver_released(shared, dead)),
+                    .sweep_start_share(started, |dead| driver_sized::driver_released(shared, dead)),
             );
         }
     }
