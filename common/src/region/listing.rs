@@ -33,6 +33,10 @@ pub const TAKEOVER: Duration = Duration::from_millis(250);
 /// The longest sleep between two looks: an ended listing wakes its waiters at once; a
 /// stalled reader wakes nobody, and is taken over after [`TAKEOVER`] anyway.
 const LONGEST_SLEEP: Duration = Duration::from_millis(100);
+/// The first sleep: a listing takes about a millisecond, and its end wakes the waiters, so a
+/// waiter that woke sooner to look would only take the CPU from the reader (a storm of
+/// hundreds of waiters, each looking every 100 us, did).
+const FIRST_SLEEP: Duration = Duration::from_millis(2);
 
 const BYTES_BITS: u32 = 44;
 const DEVICE_SHIFT: u32 = BYTES_BITS;
@@ -102,7 +106,7 @@ impl Region {
         let entry = self.entry(device);
         let target = first_end_after(ticket.seen);
         let deadline = Instant::now() + wait;
-        let mut sleep = Duration::from_micros(100);
+        let mut sleep = FIRST_SLEEP;
         loop {
             let now = entry.listing_seq.load(Ordering::Acquire);
             if reached(now, target) {

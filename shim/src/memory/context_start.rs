@@ -46,6 +46,11 @@ pub const MEASURING_WAIT: Duration = Duration::from_secs(5);
 /// once; a thousand waiters looking every few milliseconds would take the CPU from the holder.
 const LONGEST_PAUSE: Duration = Duration::from_millis(200);
 
+/// The first pause: a measurement takes milliseconds and a given-back turn wakes its waiters,
+/// so looking sooner only takes the CPU from the holder (hundreds of waiters looking every
+/// 100 us did, in a storm of starts).
+const FIRST_PAUSE: Duration = Duration::from_millis(2);
+
 /// What waiting for the measuring turn came to.
 pub enum Turn<'a> {
     /// Ours: measure, then drop it.
@@ -67,7 +72,7 @@ pub fn lock_for_measuring(
     let id = device_id(device);
     let mut deadline = Instant::now() + wait;
     let mut holder = region.measuring_holder(id);
-    let mut pause = Duration::from_micros(100);
+    let mut pause = FIRST_PAUSE;
     let mut looks = 0u32;
     loop {
         looks = looks.wrapping_add(1);

@@ -50,22 +50,29 @@ fn create_context(
         (own_cost == 0 && shared.region.context_cost(device_id(device)).is_none())
             || !host_pid::adopt_known()
     };
-    let mut nvml = if wants_measure && unknown() {
-        nvml_for_cuda(ordinal)
-    } else {
-        None
-    };
-    let _measuring = match nvml {
-        Some(_) => match context_start::lock_for_measuring(
+    // NVML is opened for the device only by the process that will measure: a storm's waiters
+    // mostly find the figures published and never need it. Without a process list nothing
+    // can be measured, and the turn would only serialise the starts.
+    let measure_first =
+        wants_measure && unknown() && crate::ground::devices::nvml_lists_processes();
+    let (_measuring, mut nvml) = if measure_first {
+        match context_start::lock_for_measuring(
             shared.region,
             device,
             context_start::MEASURING_WAIT,
             unknown,
         ) {
-            context_start::Turn::Held(turn) => Some(turn),
-            context_start::Turn::NotNeeded | context_start::Turn::GaveUp => None,
-        },
-        None => None,
+            // A device NVML cannot name is not measured: the turn goes back at once.
+            context_start::Turn::Held(turn) => match nvml_for_cuda(ordinal) {
+                Some(handle) => (Some(turn), Some(handle)),
+                None => (None, None),
+            },
+            // Measured all the same, unserialised.
+            context_start::Turn::GaveUp => (None, nvml_for_cuda(ordinal)),
+            context_start::Turn::NotNeeded => (None, None),
+        }
+    } else {
+        (None, None)
     };
     let by_listing = wants_measure && !unknown() && crate::ground::devices::nvml_lists_processes();
     if by_listing {
