@@ -74,6 +74,9 @@ struct Header {
     /// One past the highest slot ever claimed: loops over the slots stop there, so a machine
     /// that never had many processes pays for few (set before a slot is published live).
     slot_high: AtomicU32,
+    /// When (monotonic ns) a driver last began a pass over the slots' liveness locks: the
+    /// driver in a process begins one at most every [`SharedState::liveness_lag_ns`].
+    liveness_pass_ns: AtomicU64,
 }
 
 #[repr(C)]
@@ -114,9 +117,6 @@ struct ProcSlot {
     /// Bit `d`: the slot's utilisation ring of device `d` may hold history (cleared for the
     /// next holder only then, so a registration touches no ring pages it need not).
     rings_used: AtomicU32,
-    /// When (monotonic ns) a driver last found this slot's lock held: within
-    /// [`SharedState::liveness_lag_ns`] of it, the in-process driver does not probe again.
-    alive_seen_ns: AtomicU64,
 }
 
 /// One process slot's utilisation history per device.
@@ -300,10 +300,10 @@ pub struct SharedState {
     lock_fd: AtomicI32,
     lock_pid: AtomicU32,
     lock_listed: AtomicBool,
-    /// How long a slot found alive is believed alive without another probe when deciding
-    /// whether to reap (0: probe at every look). Only the process-wide state of a driver
-    /// ([`state`]) sets it, from [`LIVENESS_LAG_ENV`]: observers (the tests' truth,
-    /// `fakegpu smi`) always probe.
+    /// How often at most the driver in this process looks for dead processes (0: at every
+    /// look), machine-wide through the header's `liveness_pass_ns`. Only the process-wide
+    /// state of a driver ([`state`]) sets it, from [`LIVENESS_LAG_ENV`]: observers (the tests'
+    /// truth, `fakegpu smi`) look every time.
     liveness_lag_ns: AtomicU64,
 }
 
@@ -365,15 +365,16 @@ pub fn default_path() -> PathBuf {
 
 static GLOBAL: OnceLock<Result<SharedState, StateError>> = OnceLock::new();
 
-/// Microseconds for which the driver in a process believes a process it found alive is still
-/// alive (default [`DEFAULT_LIVENESS_LAG_US`]; 0 = look every time; at most
-/// [`MAX_LIVENESS_LAG_US`]). A real driver learns of a death when the process's descriptors
-/// close and tears its memory down asynchronously, so its process list and free memory lag a
-/// death by a little; and its list costs one kernel call, not one probe per process. The fake
-/// probes each process's lock instead, so without the lag a crowd of N processes each listing
-/// or viewing the card would make N probes per call.
+/// Microseconds between two looks for dead processes by the drivers of the machine (default
+/// [`DEFAULT_LIVENESS_LAG_US`]; 0 = every process looks at every call; at most
+/// [`MAX_LIVENESS_LAG_US`]): a death reaches the drivers' views that much late at most. A
+/// real driver learns of a death when the process's descriptors close and tears its memory
+/// down asynchronously, so its process list and free memory lag a death a little; and its
+/// list costs one kernel call, not one probe per process. The fake probes each process's lock
+/// instead (each probe walks every lock of the state file), so without the lag a crowd of N
+/// processes each listing or viewing the card made N x N probes.
 pub const LIVENESS_LAG_ENV: &str = "FAKEGPU_LIVENESS_LAG_US";
-pub const DEFAULT_LIVENESS_LAG_US: u64 = 500;
+pub const DEFAULT_LIVENESS_LAG_US: u64 = 10_000;
 pub const MAX_LIVENESS_LAG_US: u64 = 1_000_000;
 
 /// The process-wide state, opened (and created if needed) from the environment on first use:
@@ -1110,20 +1111,6 @@ impl SharedState {
         }
     }
 
-    /// [`SharedState::slot_alive`], believing a slot found alive within the liveness lag.
-    fn slot_believed_alive(&self, i: usize, now: u64) -> bool {
-        let lag = self.liveness_lag_ns.load(Ordering::Relaxed);
-        let seen = &self.slot(i).alive_seen_ns;
-        if lag > 0 && now.saturating_sub(seen.load(Ordering::Relaxed)) < lag {
-            return true;
-        }
-        let alive = self.slot_alive(i);
-        if alive && lag > 0 {
-            seen.store(now, Ordering::Relaxed);
-        }
-        alive
-    }
-
     /// Releases the slots (and thus the device memory) of processes that have exited, as the
     /// driver does on process exit, once the release delay has passed since each was first
     /// seen dead. Returns how many were reaped.
@@ -1135,11 +1122,24 @@ impl SharedState {
         // when a dead process was first seen, which starts its release delay. Every dead slot
         // is looked at (no short-circuit), so each gets its stamp at the first look.
         let now = now_ns();
+        let lag = self.liveness_lag_ns.load(Ordering::Relaxed);
+        if lag > 0 {
+            // One driver of the machine looks per lag; the others take its word.
+            let pass = &self.layout().header.liveness_pass_ns;
+            let last = pass.load(Ordering::Acquire);
+            if now.saturating_sub(last) < lag
+                || pass
+                    .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+            {
+                return 0;
+            }
+        }
         let due = self
             .claimed_slots()
             .filter(|&i| {
                 self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE
-                    && !self.slot_believed_alive(i, now)
+                    && !self.slot_alive(i)
                     && self.release_due(i, now)
             })
             .count();
@@ -1319,35 +1319,39 @@ mod tests {
     }
 
     #[test]
-    fn a_driver_believes_a_process_alive_for_the_liveness_lag_and_an_observer_never_does() {
+    fn drivers_look_for_the_dead_once_per_liveness_lag_and_an_observer_at_every_look() {
         let p = tmp("liveness-lag");
         let a = open_state_with(&p, &small()).unwrap();
         let driver = open_state_with(&p, &small()).unwrap();
         let observer = open_state_with(&p, &small()).unwrap();
-        // An hour: nothing below races it.
+        // An hour: the drivers' last pass is younger than that, nothing below races it.
         driver
             .liveness_lag_ns
             .store(3_600_000_000_000, Ordering::Relaxed);
+        driver
+            .layout()
+            .header
+            .liveness_pass_ns
+            .store(now_ns(), Ordering::Relaxed);
         let sa = a.register_current_process().unwrap();
         assert!(a.try_charge(0, sa, 48 << 20));
-        // The driver's look finds a alive and stamps it so.
         assert_eq!(driver.used_memory(0), 48 << 20);
         drop(a); // "process" a dies
-                 // Within the lag the driver does not look again: a is still listed and holding...
+                 // Within the lag no driver looks again: a is still listed and holding...
         assert_eq!(driver.used_memory(0), 48 << 20);
         assert_eq!(driver.processes(0).len(), 1);
         // ...while an observer (no lag) looks at once, and reaps for everybody.
         assert_eq!(observer.used_memory(0), 0);
         assert_eq!(driver.used_memory(0), 0);
         assert!(driver.processes(0).is_empty());
-        // With a short lag the driver notices a death by itself once the lag has passed.
+        // With a short lag a driver finds a death by itself once the lag has passed.
         driver.liveness_lag_ns.store(1_000_000, Ordering::Relaxed);
         let b = open_state_with(&p, &small()).unwrap();
         let sb = b.register_current_process().unwrap();
         assert!(b.try_charge(0, sb, 8 << 20));
         assert_eq!(driver.used_memory(0), 8 << 20);
         drop(b);
-        await_true("the driver to notice b's death", || {
+        await_true("the driver to find b's death", || {
             driver.used_memory(0) == 0
         });
         drop((driver, observer));
