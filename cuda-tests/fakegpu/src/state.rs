@@ -77,6 +77,8 @@ struct Header {
     /// When (monotonic ns) a driver last began a pass over the slots' liveness locks: the
     /// driver in a process begins one at most every [`SharedState::liveness_lag_ns`].
     liveness_pass_ns: AtomicU64,
+    /// Where the next drivers' pass begins: each looks at [`LIVENESS_WINDOW`] slots from here.
+    liveness_cursor: AtomicU64,
 }
 
 #[repr(C)]
@@ -376,6 +378,10 @@ static GLOBAL: OnceLock<Result<SharedState, StateError>> = OnceLock::new();
 pub const LIVENESS_LAG_ENV: &str = "FAKEGPU_LIVENESS_LAG_US";
 pub const DEFAULT_LIVENESS_LAG_US: u64 = 10_000;
 pub const MAX_LIVENESS_LAG_US: u64 = 1_000_000;
+/// How many slots one drivers' pass looks at: each probe walks every lock of the state file,
+/// so a pass over 1,024 slots took about 0.1 s; passes one after another walk them all, and
+/// a death is seen within (slots in use / this) x the lag.
+const LIVENESS_WINDOW: usize = 64;
 
 /// The process-wide state, opened (and created if needed) from the environment on first use:
 /// the driver's, so it believes a live process for [`LIVENESS_LAG_ENV`].
@@ -1006,7 +1012,7 @@ impl SharedState {
         self.close_lock_fd();
         let _lock = FileLock::acquire(self.fd, libc::F_WRLCK, REG_LOCK)
             .map_err(|e| StateError::Io(format!("lock: {e}")))?;
-        self.reap_locked();
+        self.reap_slots(self.claimed_slots());
         // Re-opening through /proc gives a new open file description (its own lock owner)
         // of the very file we mapped, even if the path was since unlinked or replaced.
         let cpath = CString::new(format!("/proc/self/fd/{}", self.fd)).expect("no NUL");
@@ -1123,40 +1129,52 @@ impl SharedState {
         // is looked at (no short-circuit), so each gets its stamp at the first look.
         let now = now_ns();
         let lag = self.liveness_lag_ns.load(Ordering::Relaxed);
-        if lag > 0 {
-            // One driver of the machine looks per lag; the others take its word.
-            let pass = &self.layout().header.liveness_pass_ns;
-            let last = pass.load(Ordering::Acquire);
+        let header = &self.layout().header;
+        let high = self.claimed_slots().end;
+        let (start, len) = if lag > 0 {
+            // One driver of the machine looks per lag, at the next window of slots; the
+            // others take its word.
+            let last = header.liveness_pass_ns.load(Ordering::Acquire);
             if now.saturating_sub(last) < lag
-                || pass
+                || header
+                    .liveness_pass_ns
                     .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
                     .is_err()
             {
                 return 0;
             }
-        }
-        let due = self
-            .claimed_slots()
+            let cursor = header
+                .liveness_cursor
+                .fetch_add(LIVENESS_WINDOW as u64, Ordering::Relaxed);
+            (
+                (cursor % high.max(1) as u64) as usize,
+                LIVENESS_WINDOW.min(high),
+            )
+        } else {
+            (0, high)
+        };
+        let dead: Vec<usize> = (start..start + len)
+            .map(|at| if at < high { at } else { at - high })
             .filter(|&i| {
                 self.slot(i).state.load(Ordering::Acquire) == SLOT_LIVE
                     && !self.slot_alive(i)
                     && self.release_due(i, now)
             })
-            .count();
-        if due == 0 {
+            .collect();
+        if dead.is_empty() {
             return 0;
         }
-        self.reap_locked()
+        self.reap_slots(dead.into_iter())
     }
 
     /// Frees the slots of dead processes whose release is due. Takes no lock (a real driver's
     /// teardown waits for no process, and a reaper stopped by SIGSTOP must not stall the
     /// card): each slot is taken by one compare-and-swap from live to reaping, so two reapers
     /// never free it twice; registration only claims free slots.
-    fn reap_locked(&self) -> usize {
+    fn reap_slots(&self, slots: impl Iterator<Item = usize>) -> usize {
         let mut reaped = 0;
         let now = now_ns();
-        for i in self.claimed_slots() {
+        for i in slots {
             let s = self.slot(i);
             if s.state.load(Ordering::Acquire) != SLOT_LIVE
                 || self.slot_alive(i)
@@ -1355,6 +1373,37 @@ mod tests {
             driver.used_memory(0) == 0
         });
         drop((driver, observer));
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn drivers_passes_one_after_another_walk_every_slot() {
+        let p = tmp("liveness-window");
+        let driver = open_state_with(&p, &small()).unwrap();
+        // 1 ns: every call is a pass of its own, over the next window.
+        driver.liveness_lag_ns.store(1, Ordering::Relaxed);
+        let mut crowd: Vec<SharedState> = (0..2 * LIVENESS_WINDOW + 1)
+            .map(|_| {
+                let s = open_state_with(&p, &small()).unwrap();
+                s.register_current_process().unwrap();
+                s
+            })
+            .collect();
+        let high = driver.claimed_slots().end;
+        assert!(high > 2 * LIVENESS_WINDOW, "{high} slots in use");
+        let dead = crowd.pop().unwrap();
+        let slot = dead.my_slot().unwrap();
+        assert!(dead.try_charge(0, slot, 2 << 20));
+        drop(dead);
+        // Three windows cover the slots in use, wherever the cursor stood.
+        let passes = (1..=4)
+            .find(|_| {
+                driver.reap_dead_processes();
+                driver.device_used(0) == 0
+            })
+            .expect("four passes of 64 found no death among 129 slots");
+        assert!(passes <= 3, "{passes} passes");
+        drop((driver, crowd));
         std::fs::remove_file(&p).unwrap();
     }
 
