@@ -11,6 +11,9 @@
 # Build first: cargo build --release -p fakegpu-cuda -p fakegpu-nvml -p gpuslice-shim \
 #              -p gpuslice-benches
 set -euo pipefail
+# The fake's drivers look for dead processes on every call, as before the liveness lag: a
+# count must not depend on how long the run took (FAKEGPU_LIVENESS_LAG_US, cuda-tests/README.md).
+export FAKEGPU_LIVENESS_LAG_US=0
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${LAUNCH_LOOP_BIN:-$root/target/release/launch-loop}"
 launches="${1:-20000}"
