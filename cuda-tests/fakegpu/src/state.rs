@@ -369,7 +369,8 @@ static GLOBAL: OnceLock<Result<SharedState, StateError>> = OnceLock::new();
 
 /// Microseconds between two looks for dead processes by the drivers of the machine (default
 /// [`DEFAULT_LIVENESS_LAG_US`]; 0 = every process looks at every call; at most
-/// [`MAX_LIVENESS_LAG_US`]): a death reaches the drivers' views that much late at most. A
+/// [`MAX_LIVENESS_LAG_US`]): each look takes the next [`LIVENESS_WINDOW`] slots, so a death
+/// reaches the drivers' views within (slots in use / window) looks. A
 /// real driver learns of a death when the process's descriptors close and tears its memory
 /// down asynchronously, so its process list and free memory lag a death a little; and its
 /// list costs one kernel call, not one probe per process. The fake probes each process's lock
@@ -384,7 +385,7 @@ pub const MAX_LIVENESS_LAG_US: u64 = 1_000_000;
 const LIVENESS_WINDOW: usize = 64;
 
 /// The process-wide state, opened (and created if needed) from the environment on first use:
-/// the driver's, so it believes a live process for [`LIVENESS_LAG_ENV`].
+/// the driver's, so it looks for dead processes at most once per [`LIVENESS_LAG_ENV`].
 pub fn state() -> Result<&'static SharedState, StateError> {
     GLOBAL
         .get_or_init(|| {
@@ -1126,7 +1127,7 @@ impl SharedState {
         }
         // Cheap pre-check without the lock: most calls find everybody alive. It also stamps
         // when a dead process was first seen, which starts its release delay. Every dead slot
-        // is looked at (no short-circuit), so each gets its stamp at the first look.
+        // of the slots looked at is seen (no short-circuit), so each gets its stamp at its first look.
         let now = now_ns();
         let lag = self.liveness_lag_ns.load(Ordering::Relaxed);
         let header = &self.layout().header;
