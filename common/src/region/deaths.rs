@@ -32,7 +32,7 @@
 //!   view: it stays charged until the next reason (a view that sees memory come back, a
 //!   refused allocation, a share over its slot), the safe direction, never a budget given
 //!   back early.
-//! * **The members** ([`Region::with_members`]): the claimed, not-noticed-dead slots, indexed by
+//! * **The members** ([`Region::with_members`], [`MemberLookup`]): the claimed, not-noticed-dead slots, indexed by
 //!   the PID NVML knows them by, rebuilt in this process only when `members_epoch` moved. A
 //!   process-list filter checks the liveness lock of a member it matches (at most once per
 //!   [`SWEEP_INTERVAL`]), so a dead process's PID that another process reused is not shown;
@@ -104,32 +104,50 @@ impl Member {
 }
 
 /// The slice's members at one `members_epoch`, by [`Member::driver_pid`] (an open-addressing
-/// table: a lookup is a multiply and a probe or two), with when this process last checked
-/// each one's liveness lock.
+/// table holding each key beside its position: a lookup is a multiply and a probe or two),
+/// with when this process is next to check each one's liveness lock.
 #[derive(Debug, Default)]
 pub(super) struct MemberIndex {
     epoch: u64,
     members: Vec<Member>,
-    checked_at_ns: Vec<u64>,
-    /// Index + 1 into `members` (0 = empty); a power of two long.
-    table: Vec<u16>,
+    /// When each member's liveness lock is next to be checked (CLOCK_MONOTONIC ns; 0: at
+    /// its first lookup).
+    check_due_ns: Vec<u64>,
+    /// A power of two long, at least twice the members (so a probe always meets an empty
+    /// bucket).
+    table: Vec<Bucket>,
+}
+
+/// One place of [`MemberIndex`]'s table: a member's driver PID and its position in
+/// `members` (`driver_pid` 0: empty; no process has PID 0).
+#[derive(Debug, Default, Clone, Copy)]
+struct Bucket {
+    driver_pid: u32,
+    position: u32,
 }
 
 impl MemberIndex {
     fn rebuild(&mut self, epoch: u64, members: impl Iterator<Item = Member>) {
         self.members.clear();
         self.members.extend(members);
-        self.checked_at_ns.clear();
-        self.checked_at_ns.resize(self.members.len(), 0);
+        self.check_due_ns.clear();
+        self.check_due_ns.resize(self.members.len(), 0);
         let size = (self.members.len() * 2).next_power_of_two().max(16);
         self.table.clear();
-        self.table.resize(size, 0);
+        self.table.resize(size, Bucket::default());
         for (i, member) in self.members.iter().enumerate() {
-            let mut at = Self::home(member.driver_pid(), size);
-            while self.table[at] != 0 {
+            let driver_pid = member.driver_pid();
+            if driver_pid == 0 {
+                continue; // not yet written: nothing NVML lists can be it
+            }
+            let mut at = Self::home(driver_pid, size);
+            while self.table[at].driver_pid != 0 {
                 at = (at + 1) & (size - 1);
             }
-            self.table[at] = i as u16 + 1;
+            self.table[at] = Bucket {
+                driver_pid,
+                position: i as u32,
+            };
         }
         self.epoch = epoch;
     }
@@ -144,19 +162,56 @@ impl MemberIndex {
     }
 
     /// Position in `members` of the member NVML lists as `driver_pid`.
+    #[inline(always)]
     fn position(&self, driver_pid: u32) -> Option<usize> {
         let size = self.table.len();
-        if size == 0 {
+        if size == 0 || driver_pid == 0 {
             return None;
         }
         let mut at = Self::home(driver_pid, size);
         loop {
-            let i = usize::from(*self.table.get(at)?).checked_sub(1)?;
-            if self.members.get(i)?.driver_pid() == driver_pid {
-                return Some(i);
+            let bucket = self.table[at];
+            if bucket.driver_pid == driver_pid {
+                return Some(bucket.position as usize);
+            }
+            if bucket.driver_pid == 0 {
+                return None;
             }
             at = (at + 1) & (size - 1);
         }
+    }
+}
+
+/// The member index of one [`Region::with_members`] call: the look-up from NVML's PIDs to
+/// the slice's live members.
+pub struct MemberLookup<'a> {
+    region: &'a Region,
+    index: &'a mut MemberIndex,
+    /// CLOCK_MONOTONIC ns of the first look-up that needed it (0: not read yet).
+    now: u64,
+}
+
+impl MemberLookup<'_> {
+    /// The live member NVML lists under `driver_pid` (`None`: a stranger, or a member found
+    /// dead). A member's liveness lock is checked at its first lookup in each
+    /// [`SWEEP_INTERVAL`] (one system call), so a dead member's PID, which the host may give
+    /// to another process, is shown for at most that long after its death (far less than the
+    /// host takes to hand a PID out again).
+    #[inline(always)]
+    pub fn get(&mut self, driver_pid: u32) -> Option<Member> {
+        let i = self.index.position(driver_pid)?;
+        let member = self.index.members[i];
+        if self.now == 0 {
+            self.now = super::monotonic_ns();
+        }
+        let due = &mut self.index.check_due_ns[i];
+        if self.now >= *due {
+            if !self.region.check_member(&member) {
+                return None;
+            }
+            *due = self.now.saturating_add(SWEEP_INTERVAL.as_nanos() as u64);
+        }
+        Some(member)
     }
 }
 
@@ -330,31 +385,16 @@ impl Region {
     }
 
     /// Runs `read` with a lookup from the PID NVML lists a process under to the live member
-    /// of the slice it is (`None`: a stranger, or a member found dead). The index is rebuilt
-    /// first if the membership moved since this process last looked; a member's liveness
-    /// lock is checked at its first lookup in each [`SWEEP_INTERVAL`] (one system call), so
-    /// a dead member's PID, which the host may give to another process, is shown for at most
-    /// that long after its death (far less than the host takes to hand a PID out again).
-    pub fn with_members<R>(
-        &self,
-        read: impl FnOnce(&mut dyn FnMut(u32) -> Option<Member>) -> R,
-    ) -> R {
+    /// of the slice it is ([`MemberLookup::get`]). The index is rebuilt first if the
+    /// membership moved since this process last looked. The lookup is a concrete type, not a
+    /// `dyn` closure, so a process list's filter compiles to one loop with the look-up inlined.
+    pub fn with_members<R>(&self, read: impl FnOnce(&mut MemberLookup<'_>) -> R) -> R {
         self.with_index(|index| {
-            let mut now = None;
-            let mut lookup = |driver_pid: u32| {
-                let i = index.position(driver_pid)?;
-                let member = index.members[i];
-                let now = *now.get_or_insert_with(super::monotonic_ns);
-                let last = index.checked_at_ns[i];
-                if last > now || now - last >= SWEEP_INTERVAL.as_nanos() as u64 {
-                    if !self.check_member(&member) {
-                        return None;
-                    }
-                    index.checked_at_ns[i] = now;
-                }
-                Some(member)
-            };
-            read(&mut lookup)
+            read(&mut MemberLookup {
+                region: self,
+                index,
+                now: 0,
+            })
         })
     }
 
@@ -383,7 +423,9 @@ impl Region {
     }
 
     /// Whether `member` still lives, by its slot's liveness lock (one system call). A member
-    /// found dead is noticed for the whole slice, and a sweep is wanted.
+    /// found dead is noticed for the whole slice, and a sweep is wanted. Kept out of line: a
+    /// process list's filter calls it at most once per member and sweep interval.
+    #[inline(never)]
     fn check_member(&self, member: &Member) -> bool {
         let layout = self.map.layout();
         let slot = &layout.slots[member.slot.index()];
@@ -428,5 +470,50 @@ impl Region {
             .header
             .nvml_pid_namespace
             .compare_exchange(0, namespace, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+
+    fn member(slot: u16, pid: u32, host_pid: u32) -> Member {
+        Member {
+            slot: SlotId(slot),
+            pid,
+            host_pid,
+        }
+    }
+
+    #[test]
+    fn every_member_is_found_by_its_driver_pid_and_nothing_else_is() {
+        let mut index = MemberIndex::default();
+        // PIDs a stride apart collide in the table's home buckets: probing must walk past them.
+        let members: Vec<Member> = (0..700u16)
+            .map(|i| {
+                let pid = 1_000 + u32::from(i) * 4_096;
+                // Every third one is listed by NVML under a host PID.
+                let host = if i % 3 == 0 {
+                    3_000_000 + u32::from(i)
+                } else {
+                    0
+                };
+                member(i, pid, host)
+            })
+            .collect();
+        index.rebuild(7, members.iter().copied());
+        for m in &members {
+            assert_eq!(index.member(m.driver_pid()), Some(*m), "{m:?}");
+        }
+        // A member listed under its host PID is not found under its own.
+        assert_eq!(index.member(1_000), None);
+        // Strangers, and PID 0 (an empty bucket's mark), are nobody.
+        for stranger in [0, 1, 999, 2_999_999, 4_000_000, u32::MAX] {
+            assert_eq!(index.member(stranger), None, "{stranger}");
+        }
+        // An empty index finds nobody, PID 0 included.
+        index.rebuild(8, std::iter::empty());
+        assert_eq!(index.member(0), None);
+        assert_eq!(index.member(1_000), None);
     }
 }

@@ -127,7 +127,7 @@ mod open;
 mod proc;
 mod slots;
 
-pub use deaths::{Member, SweepReason, START_SWEEP_SLOTS, SWEEP_INTERVAL};
+pub use deaths::{Member, MemberLookup, SweepReason, START_SWEEP_SLOTS, SWEEP_INTERVAL};
 pub use layout::{
     measuring_turn_offset, slot_lock_offset, slot_reclaim_offset, DEVICE_ENTRY_SIZE, HEADER_SIZE,
     INIT_LOCK_OFFSET, LAYOUT_VERSION, MAGIC, MAX_DEVICES, MAX_PROCESSES, REGION_SIZE, SLOTS_OFFSET,

@@ -1214,14 +1214,14 @@ fn a_member_matched_in_a_list_is_checked_and_its_death_noticed() {
         "not noticed yet"
     );
     // Listed under its host PID: checked, found dead (its lock is free), not shown...
-    assert_eq!(region.with_members(|member| member(4_000_123)), None);
+    assert_eq!(region.with_members(|members| members.get(4_000_123)), None);
     // ...and noticed for every process of the slice.
     assert!(!other.members().iter().any(|m| m.slot == dead));
     // A live member without a host PID is found under its own PID.
-    let mine = region.with_members(|member| member(std::process::id()));
+    let mine = region.with_members(|members| members.get(std::process::id()));
     assert_eq!(mine.map(|m| m.slot), Some(live));
     assert_eq!(
-        region.with_members(|member| member(4_000_124)),
+        region.with_members(|members| members.get(4_000_124)),
         None,
         "a stranger"
     );

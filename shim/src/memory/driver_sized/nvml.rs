@@ -112,8 +112,8 @@ fn keep_members<T: Copy>(
     pid_of: impl Fn(&T) -> u32,
     with_pid: impl Fn(T, u32) -> T,
 ) -> Vec<T> {
-    shared.region.with_members(|member| {
-        slice_process_list(raw, |pid| member(pid).map(|m| m.pid), pid_of, with_pid)
+    shared.region.with_members(|members| {
+        slice_process_list(raw, |pid| members.get(pid).map(|m| m.pid), pid_of, with_pid)
     })
 }
 
