@@ -330,29 +330,53 @@ impl Drop for SharedState {
 /// dead process's memory after that is broken, and a typo must not park memory forever.
 pub const MAX_RELEASE_DELAY_MS: u64 = 3_600_000;
 
-/// Parses a `FAKEGPU_RELEASE_DELAY_MS` value: whole milliseconds, 0..=`MAX_RELEASE_DELAY_MS`.
-pub fn parse_release_delay_ms(text: &str) -> Result<u64, StateError> {
-    let ms: u64 = text.trim().parse().map_err(|_| {
-        StateError::Config(format!(
-            "FAKEGPU_RELEASE_DELAY_MS={text:?}: not a whole number of milliseconds"
-        ))
-    })?;
-    if ms > MAX_RELEASE_DELAY_MS {
-        return Err(StateError::Config(format!(
-            "FAKEGPU_RELEASE_DELAY_MS={ms}: more than {MAX_RELEASE_DELAY_MS} (one hour)"
-        )));
-    }
-    Ok(ms)
+/// A whole-number setting of the fake: its variable's name, its unit (for the error) and the
+/// largest value accepted.
+pub struct WholeSetting {
+    pub name: &'static str,
+    pub unit: &'static str,
+    pub max: u64,
 }
 
-/// `FAKEGPU_RELEASE_DELAY_MS` of this process, if set (and not empty).
-fn release_delay_from_env() -> Result<Option<u64>, StateError> {
-    match std::env::var("FAKEGPU_RELEASE_DELAY_MS") {
-        Ok(v) if !v.trim().is_empty() => parse_release_delay_ms(&v).map(Some),
-        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => Err(StateError::Config(
-            "FAKEGPU_RELEASE_DELAY_MS is not valid UTF-8".into(),
-        )),
+/// `FAKEGPU_RELEASE_DELAY_MS`: milliseconds, at most one hour.
+pub const RELEASE_DELAY_SETTING: WholeSetting = WholeSetting {
+    name: "FAKEGPU_RELEASE_DELAY_MS",
+    unit: "milliseconds",
+    max: MAX_RELEASE_DELAY_MS,
+};
+
+/// `FAKEGPU_LIVENESS_LAG_US`: microseconds, at most one second.
+pub const LIVENESS_LAG_SETTING: WholeSetting = WholeSetting {
+    name: LIVENESS_LAG_ENV,
+    unit: "microseconds",
+    max: MAX_LIVENESS_LAG_US,
+};
+
+impl WholeSetting {
+    /// Parses a value: a whole number (spaces around it allowed), 0..=`max`.
+    pub fn parse(&self, text: &str) -> Result<u64, StateError> {
+        let (name, unit, max) = (self.name, self.unit, self.max);
+        let value: u64 = text.trim().parse().map_err(|_| {
+            StateError::Config(format!("{name}={text:?}: not a whole number of {unit}"))
+        })?;
+        if value > max {
+            return Err(StateError::Config(format!(
+                "{name}={value}: more than {max} {unit}"
+            )));
+        }
+        Ok(value)
+    }
+
+    /// This process's value, if set (and not empty).
+    fn read_env(&self) -> Result<Option<u64>, StateError> {
+        match std::env::var(self.name) {
+            Ok(v) if !v.trim().is_empty() => self.parse(&v).map(Some),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => Err(StateError::Config(format!(
+                "{} is not valid UTF-8",
+                self.name
+            ))),
+        }
     }
 }
 
@@ -390,18 +414,12 @@ pub fn state() -> Result<&'static SharedState, StateError> {
     GLOBAL
         .get_or_init(|| {
             let state = open_state_at(&default_path())?;
-            let lag_us = match std::env::var(LIVENESS_LAG_ENV) {
-                Ok(text) if !text.is_empty() => match text.parse::<u64>() {
-                    Ok(us) if us <= MAX_LIVENESS_LAG_US => us,
-                    _ => {
-                        return Err(StateError::Config(format!(
-                            "{LIVENESS_LAG_ENV}={text:?}: not a whole number of microseconds up to {MAX_LIVENESS_LAG_US}"
-                        )))
-                    }
-                },
-                _ => DEFAULT_LIVENESS_LAG_US,
-            };
-            state.liveness_lag_ns.store(lag_us * 1000, Ordering::Relaxed);
+            let lag_us = LIVENESS_LAG_SETTING
+                .read_env()?
+                .unwrap_or(DEFAULT_LIVENESS_LAG_US);
+            state
+                .liveness_lag_ns
+                .store(lag_us * 1000, Ordering::Relaxed);
             Ok(state)
         })
         .as_ref()
@@ -424,7 +442,7 @@ fn open_with(
     path: &Path,
     devices: impl FnOnce() -> Result<Vec<DeviceSpec>, String>,
 ) -> Result<SharedState, StateError> {
-    let release_delay = release_delay_from_env()?;
+    let release_delay = RELEASE_DELAY_SETTING.read_env()?;
     let cpath = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| StateError::Io("path contains NUL".into()))?;
     let mut writable = true;
@@ -1529,14 +1547,33 @@ mod tests {
     }
 
     #[test]
-    fn the_release_delay_setting_is_checked() {
-        assert_eq!(parse_release_delay_ms("0"), Ok(0));
-        assert_eq!(parse_release_delay_ms(" 1500 "), Ok(1500));
-        assert_eq!(parse_release_delay_ms("3600000"), Ok(MAX_RELEASE_DELAY_MS));
-        for bad in ["", "-1", "1.5", "1s", "3600001", "99999999999999999999"] {
+    fn the_whole_number_settings_are_checked() {
+        let delay = |text| RELEASE_DELAY_SETTING.parse(text);
+        assert_eq!(delay("0"), Ok(0));
+        assert_eq!(delay(" 1500 "), Ok(1500));
+        assert_eq!(delay("3600000"), Ok(MAX_RELEASE_DELAY_MS));
+        let lag = |text| LIVENESS_LAG_SETTING.parse(text);
+        assert_eq!(lag("0"), Ok(0));
+        assert_eq!(lag("1000000"), Ok(MAX_LIVENESS_LAG_US));
+        for bad in ["", "-1", "1.5", "1s", "99999999999999999999"] {
+            for setting in [&RELEASE_DELAY_SETTING, &LIVENESS_LAG_SETTING] {
+                assert!(
+                    matches!(setting.parse(bad), Err(StateError::Config(_))),
+                    "{} {bad:?} accepted",
+                    setting.name
+                );
+            }
+        }
+        for (setting, over) in [
+            (&RELEASE_DELAY_SETTING, "3600001"),
+            (&LIVENESS_LAG_SETTING, "1000001"),
+        ] {
+            let Err(StateError::Config(message)) = setting.parse(over) else {
+                panic!("{} {over} accepted", setting.name);
+            };
             assert!(
-                matches!(parse_release_delay_ms(bad), Err(StateError::Config(_))),
-                "{bad:?} accepted"
+                message.contains(setting.name) && message.contains("more than"),
+                "{message}"
             );
         }
     }
