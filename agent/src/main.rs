@@ -87,6 +87,17 @@ struct Args {
     /// Print one exposition on standard output and exit (no server).
     #[arg(long)]
     once: bool,
+    /// Serve the host-PID broker on this socket: each process that connects is told its PID
+    /// in the host's PID namespace, so the shim in a container knows the PID the driver
+    /// lists it under without measuring (a storm of starts in a pod does not queue). The DRA
+    /// driver mounts the socket's directory into its containers; the shim's default is
+    /// /run/gpuslice/node/host-pid.sock. The agent must run in the host's PID namespace.
+    #[arg(long = "host-pid-socket", value_name = "PATH")]
+    host_pid_socket: Option<PathBuf>,
+    /// Serve --host-pid-socket although this is not the host's PID namespace (only where
+    /// this namespace is the driver's: a test bed with a simulated driver).
+    #[arg(long = "host-pid-any-namespace")]
+    host_pid_any_namespace: bool,
 }
 
 fn parse_seconds(text: &str) -> Result<f64, String> {
@@ -135,6 +146,9 @@ fn main() {
         let _ = std::io::stdout().write_all(text.as_bytes());
         return;
     }
+    if let Some(socket) = &args.host_pid_socket {
+        serve_host_pids(socket, args.host_pid_any_namespace);
+    }
     let server = match tiny_http::Server::http(&args.listen) {
         Ok(server) => server,
         Err(e) => {
@@ -180,6 +194,32 @@ fn main() {
         std::thread::spawn(move || watch(&sources, &settings, interval, clean_up, &counters));
     }
     serve(&server, &sources, &counters);
+}
+
+/// Starts the host-PID broker on `socket` in a thread of its own; exits when it cannot (the
+/// operator asked for it, and containers would silently measure instead).
+fn serve_host_pids(socket: &std::path::Path, any_namespace: bool) {
+    use gpuslice_common::host_pid_broker;
+    if let Err(why) = host_pid_broker::may_serve(any_namespace) {
+        log(&format!("--host-pid-socket: {why}"));
+        std::process::exit(1);
+    }
+    let listener = match host_pid_broker::bind(socket) {
+        Ok(listener) => listener,
+        Err(e) => {
+            log(&format!("--host-pid-socket {}: {e}", socket.display()));
+            std::process::exit(1);
+        }
+    };
+    log(&format!("host-PID broker on {}", socket.display()));
+    let socket = socket.to_path_buf();
+    std::thread::spawn(move || {
+        let error = host_pid_broker::serve(&listener);
+        log(&format!(
+            "host-PID broker on {} stopped: {error}",
+            socket.display()
+        ));
+    });
 }
 
 /// The watch loop: problems logged when they change, and the backstop.

@@ -93,3 +93,78 @@ fn once_reports_no_driver_and_a_broken_slice_without_failing() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The host-PID broker the agent serves answers a process with its own PID (this test runs
+/// in the host's PID namespace) and a process in a PID namespace of its own with its PID
+/// here; an agent outside the host's namespace, or whose socket path is taken by a file,
+/// refuses to start rather than hand out wrong PIDs or none.
+#[test]
+fn the_host_pid_broker_tells_each_process_its_host_pid() {
+    use gpuslice_common::host_pid_broker;
+    use std::io::{BufRead, BufReader};
+    use std::time::Duration;
+    let dir = tmp("broker");
+    let socket = dir.join("node/host-pid.sock");
+    let mut child = agent()
+        .args(["--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(&dir)
+        .arg("--host-pid-socket")
+        .arg(&socket)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("listening on"), "{line}");
+    let asked = host_pid_broker::ask(&socket, Duration::from_secs(10));
+    // A process in a PID namespace of its own is PID 1 there, and told its PID here.
+    let nested = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "sh", "-c"])
+        .arg(format!(
+            "echo own $$; python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('{}'); print('told', s.recv(16).decode().strip())\"",
+            socket.display()
+        ))
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(asked, Ok(std::process::id()));
+    let text = String::from_utf8_lossy(&nested.stdout);
+    assert!(
+        nested.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&nested.stderr)
+    );
+    assert!(text.contains("own 1\n"), "{text}");
+    let told: u32 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("told "))
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no answer: {text}"));
+    assert!(told > 1, "{text}");
+
+    // Outside the host's PID namespace the agent refuses to serve the broker.
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(env!("CARGO_BIN_EXE_gpuslice-node"))
+        .args(["--listen", "127.0.0.1:0", "--host-pid-socket"])
+        .arg(dir.join("nested.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not the host's"), "{stderr}");
+    // A regular file where the socket goes is left alone, and said.
+    std::fs::write(dir.join("file.sock"), b"x").unwrap();
+    let out = agent()
+        .args(["--listen", "127.0.0.1:0", "--host-pid-socket"])
+        .arg(dir.join("file.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a socket"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,6 +11,7 @@ pub mod cdi;
 pub mod clock;
 pub mod config;
 pub mod host_memory;
+pub mod host_pid_broker;
 pub mod region;
 pub mod size;
 pub mod text;

@@ -11,6 +11,7 @@
 #[macro_use]
 mod output;
 
+mod broker;
 mod cdi;
 mod check;
 mod demo;
@@ -109,6 +110,18 @@ enum Cmd {
             live processes, 4 cannot open or write the file."
     )]
     Reset(reset::ResetArgs),
+
+    /// Tell each process that connects its host PID (for containers without the node agent).
+    #[command(
+        name = "host-pid-broker",
+        after_help = "Processes in a container cannot see the PID NVIDIA's driver lists them \
+            under; the shim asks this socket once per process (GPUSLICE_HOST_PID_SOCKET, default \
+            /run/gpuslice/node/host-pid.sock) and starts its contexts without measuring. Run it \
+            in the host's PID namespace and mount the socket's directory into the containers \
+            at the same path.\n\nExit codes: 3 not in the host's PID namespace, 4 cannot bind \
+            or accept."
+    )]
+    HostPidBroker(broker::BrokerArgs),
 }
 
 fn main() {
@@ -122,6 +135,7 @@ fn main() {
         Cmd::Run(args) => run::run(args),
         Cmd::Demo(args) => demo::run(args).map(|()| 0),
         Cmd::Reset(args) => reset::run(args).map(|()| 0),
+        Cmd::HostPidBroker(args) => broker::run(args).map(|()| 0),
         Cmd::Cdi(args) => cdi::run(args).map(|()| 0).map_err(|e| CliError {
             code: e.code(),
             message: e.message,
