@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use gpuslice_abi::cuda::result::CUDA_SUCCESS;
 use gpuslice_abi::cuda::{CUdevice, CUresult};
+use gpuslice_common::host_pid_broker;
 use gpuslice_common::region::{ProcessIdentity, Region};
 use gpuslice_common::MAX_DEVICES;
 
@@ -66,19 +67,37 @@ pub fn known() -> u32 {
     HOST_PID.load(Ordering::Acquire)
 }
 
-/// `identity` with its host PID filled in where the slice knows NVML lists the processes of
-/// its PID namespace under their own PIDs.
+/// `identity` with its host PID filled in: where the slice knows NVML lists the processes of
+/// its PID namespace under their own PIDs, our own PID; else the host-PID broker's word
+/// (`gpuslice_common::host_pid_broker`: the node agent's socket, which the kernel makes tell
+/// our PID in the host's namespace), asked once per process and at most
+/// [`host_pid_broker::ASK_TIMEOUT`]; else unknown (measured at the first context).
 pub(super) fn with_known_host_pid(region: &Region, identity: ProcessIdentity) -> ProcessIdentity {
-    if identity.host_pid == 0
-        && identity.pid_ns != 0
-        && region.nvml_pid_namespace() == identity.pid_ns
-    {
-        ProcessIdentity {
+    if identity.host_pid != 0 {
+        return identity;
+    }
+    if identity.pid_ns != 0 && region.nvml_pid_namespace() == identity.pid_ns {
+        return ProcessIdentity {
             host_pid: identity.pid,
             ..identity
+        };
+    }
+    let Some(socket) = host_pid_broker::socket_from_env() else {
+        return identity;
+    };
+    match host_pid_broker::ask(&socket, host_pid_broker::ASK_TIMEOUT) {
+        Ok(host_pid) => ProcessIdentity {
+            host_pid,
+            ..identity
+        },
+        Err(host_pid_broker::AskError::Absent) => identity,
+        Err(why) => {
+            crate::log_info!(
+                "{}: {why}; this process's host PID is measured at its first context instead",
+                socket.display()
+            );
+            identity
         }
-    } else {
-        identity
     }
 }
 
