@@ -18,6 +18,7 @@ use std::path::{Component, Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::config::DEFAULT_CONFIG_PATH;
+use crate::host_pid_broker;
 
 /// CDI specification version written. 0.5.0 has everything used here (env, mounts) and is
 /// read by every runtime that supports CDI at all (podman 4.1+, containerd 1.7+, CRI-O 1.23+,
@@ -60,6 +61,10 @@ pub struct SpecInputs {
     /// The generated preload list on the host (absolute).
     pub preload_host: PathBuf,
     pub slices: Vec<SliceMounts>,
+    /// The host directory of the node agent's host-PID broker socket (`host-pid.sock`),
+    /// mounted read-only at [`host_pid_broker::SOCKET_DIR`] where the shim asks it; `None`:
+    /// no broker (the shim measures its host PID instead).
+    pub host_pid_dir: Option<PathBuf>,
 }
 
 /// The core library that goes with the front library at `lib` (host or container path): the
@@ -109,6 +114,20 @@ pub fn generate_spec(inputs: &SpecInputs) -> Value {
                     ],
                 },
             })
+        })
+        .map(|mut device| {
+            if let Some(dir) = &inputs.host_pid_dir {
+                // Read-only is enough: connecting to a socket is not a write to its mount.
+                device["containerEdits"]["mounts"]
+                    .as_array_mut()
+                    .expect("mounts is an array")
+                    .push(json!({
+                        "hostPath": dir.to_string_lossy(),
+                        "containerPath": host_pid_broker::SOCKET_DIR,
+                        "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
+                    }));
+            }
+            device
         })
         .collect();
     json!({

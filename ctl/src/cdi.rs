@@ -93,6 +93,12 @@ pub struct CdiArgs {
     #[arg(long, value_name = "PATH", default_value = DEFAULT_CONTAINER_LIB)]
     pub container_lib: String,
 
+    /// The host directory of a host-PID broker's socket (`gpuslice host-pid-broker --socket
+    /// DIR/host-pid.sock`, or the node agent's): mounted read-only into the containers, where
+    /// the shim asks it for each process's host PID instead of measuring it.
+    #[arg(long = "host-pid-dir", value_name = "DIR")]
+    pub host_pid_dir: Option<PathBuf>,
+
     /// Directory the spec is written to (runtimes read /etc/cdi and /var/run/cdi).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_OUTPUT_DIR)]
     pub output_dir: PathBuf,
@@ -491,6 +497,7 @@ pub fn run(args: &CdiArgs) -> Result<(), CdiError> {
         lib_container: args.container_lib.clone(),
         preload_host: preload_dir.join(&preload_name),
         slices,
+        host_pid_dir: args.host_pid_dir.clone(),
     };
     let mut text = serde_json::to_string_pretty(&generate_spec(&inputs))
         .map_err(|e| CdiError::runtime(format!("cannot serialise the spec: {e}")))?;
@@ -569,6 +576,7 @@ mod tests {
             kind: DEFAULT_KIND.into(),
             lib: Some(lib),
             container_lib: DEFAULT_CONTAINER_LIB.into(),
+            host_pid_dir: None,
             output_dir: tmp.join("cdi"),
             name: DEFAULT_SPEC_NAME.into(),
             state_dir: tmp.join("state"),
@@ -685,6 +693,7 @@ mod tests {
                 region_host_dir: "/var/lib/gpuslice/regions/small".into(),
                 region_container_dir: "/var/run/gpuslice".into(),
             }],
+            host_pid_dir: None,
         };
         let spec = generate_spec(&inputs);
         assert_eq!(spec["cdiVersion"], "0.5.0");
@@ -723,6 +732,22 @@ mod tests {
         assert_eq!(
             preload_contents(DEFAULT_CONTAINER_LIB),
             "/usr/lib/gpuslice/libgpuslice.so\n"
+        );
+        // No broker named: no broker mounted; named: its directory, read-only, where the
+        // shim asks.
+        let mounts = device["containerEdits"]["mounts"].as_array().unwrap();
+        assert_eq!(mounts.len(), 5, "{mounts:?}");
+        let with_broker = generate_spec(&SpecInputs {
+            host_pid_dir: Some("/run/gpuslice-node".into()),
+            ..inputs
+        });
+        let broker = mount(&with_broker["devices"][0], "/run/gpuslice/node");
+        assert_eq!(broker["hostPath"], "/run/gpuslice-node");
+        assert_eq!(broker["options"][0], "ro");
+        assert_eq!(
+            gpuslice_common::host_pid_broker::DEFAULT_SOCKET,
+            "/run/gpuslice/node/host-pid.sock",
+            "the shim asks inside the mounted directory"
         );
     }
 

@@ -51,6 +51,12 @@ struct Args {
     /// Where libgpuslice.so appears in the containers.
     #[arg(long, default_value = DEFAULT_CONTAINER_LIB)]
     container_lib: String,
+    /// The host directory of the node agent's host-PID broker (`gpuslice-node
+    /// --host-pid-socket DIR/host-pid.sock`): mounted read-only into every prepared
+    /// container, where the shim asks it for each process's host PID (a storm of starts in a
+    /// pod then does not queue to measure it). Without it the shim measures.
+    #[arg(long = "host-pid-dir", value_name = "DIR")]
+    host_pid_dir: Option<PathBuf>,
     /// The kubelet's plugin directory of this driver (its DRA socket is dra.sock in it).
     #[arg(long, default_value = "/var/lib/kubelet/plugins/gpuslice.dev")]
     plugin_dir: PathBuf,
@@ -151,6 +157,7 @@ fn run(args: Args) -> Result<(), String> {
         cdi_dir: args.cdi_dir.clone(),
         lib_host: lib,
         lib_container: args.container_lib.clone(),
+        host_pid_dir: args.host_pid_dir.clone(),
         nvidia_cdi,
     };
     let preparer = Arc::new(Preparer::new(settings, gpus.clone()));

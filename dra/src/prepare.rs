@@ -75,6 +75,9 @@ pub struct Settings {
     pub lib_host: PathBuf,
     /// libgpuslice.so in the container (absolute).
     pub lib_container: String,
+    /// The host directory of the node agent's host-PID broker socket, mounted into every
+    /// prepared container (`None`: not mounted).
+    pub host_pid_dir: Option<PathBuf>,
     /// `Some`: every GPU of a claim also gets NVIDIA's CDI device `<kind>=<uuid>`.
     pub nvidia_cdi: Option<NvidiaCdi>,
 }
@@ -446,6 +449,7 @@ impl Preparer {
                 region_host_dir: region_dir,
                 region_container_dir: REGION_CONTAINER_DIR.to_string(),
             }],
+            host_pid_dir: self.settings.host_pid_dir.clone(),
         };
         let mut text = serde_json::to_string_pretty(&generate_spec(&inputs))
             .map_err(|e| format!("cannot serialise the CDI spec: {e}"))?;

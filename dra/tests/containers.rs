@@ -106,6 +106,7 @@ async fn a_prepared_claim_is_an_enforced_slice_in_podman_containers() {
         cdi_dir: PathBuf::from("/var/run/cdi"),
         lib_host: bin.join("libgpuslice.so"),
         lib_container: "/usr/lib/gpuslice/libgpuslice.so".into(),
+        host_pid_dir: None,
         nvidia_cdi: None,
     };
     let preparer = Arc::new(Preparer::new(settings, gpus));

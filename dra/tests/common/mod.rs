@@ -83,6 +83,7 @@ pub fn settings(scratch: &Scratch, nvidia: bool) -> Settings {
         cdi_dir: scratch.path().join("cdi"),
         lib_host: lib,
         lib_container: "/usr/lib/gpuslice/libgpuslice.so".into(),
+        host_pid_dir: None,
         nvidia_cdi: nvidia.then(|| NvidiaCdi {
             kind: "nvidia.com/gpu".into(),
         }),
