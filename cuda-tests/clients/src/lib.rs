@@ -186,7 +186,8 @@ impl ContextMode {
 pub const START_BARRIER_VARIABLE: &str = "CLIENT_START_BARRIER";
 
 /// Waits at the start barrier named by [`START_BARRIER_VARIABLE`], if any: announces itself
-/// with the file `<FIFO>.ready.<pid>`, then opens the FIFO for reading, which the kernel
+/// with the file `<FIFO>.ready.<pid>.<pid namespace>` (processes of different PID namespaces
+/// may share a PID: each is PID 1 of its own), then opens the FIFO for reading, which the kernel
 /// blocks until a writer opens it. A test that waits for every `.ready` file and then opens
 /// the FIFO for writing releases all of its processes in the same instant (no polling).
 /// `Err` says which step failed.
@@ -196,7 +197,11 @@ pub fn start_barrier() -> Result<(), String> {
     };
     let fifo = std::path::PathBuf::from(fifo);
     let mut ready = fifo.clone().into_os_string();
-    ready.push(format!(".ready.{}", std::process::id()));
+    let namespace = std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| {
+        use std::os::unix::fs::MetadataExt;
+        m.ino()
+    });
+    ready.push(format!(".ready.{}.{namespace}", std::process::id()));
     std::fs::write(&ready, b"")
         .map_err(|e| format!("{START_BARRIER_VARIABLE}: cannot create {ready:?}: {e}"))?;
     std::fs::File::open(&fifo).map(drop).map_err(|e| {

@@ -382,7 +382,7 @@ driver frees what a context owned), a context made again, mem_free read in it. -
   --release-after N (with --end reset): after the context is made anew, N releases of
   references the reset kept (late_releases, mem_free_after_releases).
 Environment: CLIENT_START_BARRIER=FIFO: before making its context, the scenario creates
-  FIFO.ready.<pid> and opens FIFO for reading, which blocks until the test opens it for
+  FIFO.ready.<pid>.<pid namespace> and opens FIFO for reading, which blocks until the test opens it for
   writing, so processes released together really start their contexts together.
   CLIENT_CONTEXT=primary (default: device primary contexts, cuDevicePrimaryCtxRetain)
   or created (one non-primary context per device and process, cuCtxCreate; shared by the

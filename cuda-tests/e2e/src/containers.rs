@@ -408,41 +408,7 @@ pub fn u64_at(value: &Value, path: &[&str]) -> u64 {
 /// `fakegpu pid-broker` on the host for a state file: the fake asks it, from inside a
 /// container's PID namespace, for the host PID the driver reports (see the fake's
 /// `host_pid`). Its socket is mounted next to the state file ([`Stage::run_args`]). Killed on drop.
-#[derive(Debug)]
-struct HostPidBroker {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl HostPidBroker {
-    /// Starts the broker for `state` and waits until it listens.
-    fn start(state: &Path) -> HostPidBroker {
-        let mut child = Command::new(bin_dir().join("fakegpu"))
-            .args(["pid-broker", "--state"])
-            .arg(state)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start fakegpu pid-broker");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let socket = line
-            .trim()
-            .strip_prefix("listening on ")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| panic!("fakegpu pid-broker printed {line:?}"));
-        HostPidBroker { child, socket }
-    }
-}
-
-impl Drop for HostPidBroker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+type HostPidBroker = crate::HostPidBroker;
 
 /// The prefix of the Python that has PyTorch (`E2E_PYTHON`, default `python3`), or `None`
 /// after a loud skip (a failure with `CI=true`).

@@ -550,6 +550,62 @@ pub fn command(program: &Path, args: &[&str], env: &Env) -> Command {
     cmd
 }
 
+/// A host-PID broker running for the tests, killed on drop: the fake's (`fakegpu
+/// pid-broker`, through which the simulated driver names a process of another PID namespace
+/// by its host PID, as the kernel driver does) or the product's (`gpuslice host-pid-broker`,
+/// which the shim asks).
+#[derive(Debug)]
+pub struct HostPidBroker {
+    child: std::process::Child,
+    pub socket: PathBuf,
+}
+
+impl HostPidBroker {
+    /// The fake's broker for the state file `state` (its socket is `<state>.hostpid`).
+    pub fn start(state: &Path) -> HostPidBroker {
+        let mut cmd = Command::new(fakegpu_binary());
+        cmd.args(["pid-broker", "--state"]).arg(state);
+        Self::listening(cmd)
+    }
+
+    /// The shim's broker on `socket` (this test bed's PID namespace is the fake driver's).
+    pub fn for_shim(socket: &Path) -> HostPidBroker {
+        let mut cmd = Command::new(gpuslice_binary());
+        cmd.args(["host-pid-broker", "--any-pid-namespace", "--socket"])
+            .arg(socket);
+        Self::listening(cmd)
+    }
+
+    /// Starts `cmd` and waits for its line "listening on PATH".
+    fn listening(mut cmd: Command) -> HostPidBroker {
+        let shown = format!("{cmd:?}");
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {shown}: {e}"));
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let socket = line
+            .trim()
+            .strip_prefix("listening on ")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("{shown} printed {line:?}"));
+        HostPidBroker { child, socket }
+    }
+}
+
+impl Drop for HostPidBroker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Runs `cmd` to completion (optionally feeding `input`), killing it after `timeout`.
 pub fn run_with_timeout(mut cmd: Command, input: Option<&[u8]>, timeout: Duration) -> Output {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());

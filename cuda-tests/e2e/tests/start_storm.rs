@@ -15,8 +15,12 @@
 //! without the shim side by side and prints the figures of docs/performance.md: it asserts
 //! nothing about time.
 
-use cuda_e2e::{wait_until, Client, ClientKind, FakeGpu, Slice, StartBarrier, GIB, MIB};
+use cuda_e2e::{
+    wait_until, Client, ClientKind, FakeGpu, HostPidBroker, Slice, StartBarrier, GIB, MIB,
+};
+use gpuslice_common::host_pid_broker;
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -30,7 +34,7 @@ struct Member {
 }
 
 fn storm(n: usize) {
-    let figures = storm_with(n, true, Start::AtBarrier);
+    let figures = storm_with(n, true, Start::AtBarrier, Pids::Host);
     eprintln!("{}", figures.row());
 }
 
@@ -43,6 +47,18 @@ enum Start {
     /// Spawned one after another as fast as the test can: from each member's spawn to its
     /// first line (exec, loading, the shim's start, `cuInit`, the context, the allocation).
     AtSpawn,
+}
+
+/// Which PIDs the members of a storm have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pids {
+    /// The test's own PID namespace: the driver lists them under the PIDs they know.
+    Host,
+    /// Each in a PID namespace of its own (`unshare --pid`), where it is PID 1, as a pod's
+    /// processes are: the driver lists them under host PIDs they cannot see. `broker`: the
+    /// shim can ask a host-PID broker (`gpuslice host-pid-broker`, as the node agent serves
+    /// in a cluster); without it each process measures its host PID at its first context.
+    OwnNamespaces { broker: bool },
 }
 
 /// How a storm went: spawn to barrier (or, spawned without one, the storm's length: first
@@ -88,7 +104,7 @@ impl Figures {
 }
 
 /// `sliced == false`: the same storm without the shim (the fake's own cost, for the table).
-fn storm_with(n: usize, sliced: bool, start: Start) -> Figures {
+fn storm_with(n: usize, sliced: bool, start: Start, pids: Pids) -> Figures {
     let gpu = FakeGpu::start("v100");
     let cap = 16 * GIB;
     let slice = Slice::builder().device(0, "16GiB", None).build();
@@ -99,13 +115,46 @@ fn storm_with(n: usize, sliced: bool, start: Start) -> Figures {
     if start == Start::AtBarrier {
         env.push(barrier.env());
     }
+    // Members in PID namespaces of their own (as in pods) are named by the fake through its
+    // broker, by the host PIDs the kernel gives; the shim asks its own broker, if any.
+    let _fake_broker = (pids != Pids::Host).then(|| HostPidBroker::start(&gpu.state_path()));
+    let broker_dir = cuda_e2e::TempDir::new("storm-broker");
+    let _shim_broker = (pids == Pids::OwnNamespaces { broker: true })
+        .then(|| HostPidBroker::for_shim(&broker_dir.path().join("host-pid.sock")));
+    env.push((
+        host_pid_broker::SOCKET_ENV.into(),
+        if pids == (Pids::OwnNamespaces { broker: true }) {
+            broker_dir
+                .path()
+                .join("host-pid.sock")
+                .display()
+                .to_string()
+        } else {
+            String::new()
+        },
+    ));
     gpu.truth().reset_peak_memory(0);
     let logs = cuda_e2e::TempDir::new("storm-logs");
     let spawned = Instant::now();
     let mut members: Vec<Member> = (0..n)
         .map(|i| {
             let kind = ClientKind::ALL[i % ClientKind::ALL.len()];
-            let mut cmd = cuda_e2e::command(&kind.binary(), &["hold", "2MiB"], &env);
+            let binary = kind.binary();
+            let mut cmd = match pids {
+                Pids::Host => cuda_e2e::command(&binary, &["hold", "2MiB"], &env),
+                Pids::OwnNamespaces { .. } => cuda_e2e::command(
+                    Path::new("unshare"),
+                    &[
+                        "--pid",
+                        "--fork",
+                        "--mount-proc",
+                        binary.to_str().unwrap(),
+                        "hold",
+                        "2MiB",
+                    ],
+                    &env,
+                ),
+            };
             let log = std::fs::File::create(logs.path().join(format!("{i}.err"))).unwrap();
             cmd.stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -191,6 +240,26 @@ fn storm_with(n: usize, sliced: bool, start: Start) -> Figures {
     );
     assert_eq!(live, n, "every member holds memory on the card at once");
     assert!(peak <= cap, "the card passed the cap: {peak} > {cap}");
+    if sliced && pids != Pids::Host {
+        // Every member knows the host PID the driver lists it under: the slots record
+        // exactly the PIDs on the card.
+        let status = cuda_e2e::region_status_with(&slice.region_path(), &gpu.env());
+        let mut recorded: Vec<u64> = status["processes"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no processes in {status}"))
+            .iter()
+            .map(|p| p["host_pid"].as_u64().unwrap_or(0))
+            .collect();
+        recorded.sort_unstable();
+        let mut on_card: Vec<u64> = gpu
+            .truth()
+            .processes(0)
+            .iter()
+            .map(|p| u64::from(p.pid))
+            .collect();
+        on_card.sort_unstable();
+        assert_eq!(recorded, on_card, "host PIDs the slots record ({pids:?})");
+    }
     if !sliced {
         for member in &mut members {
             drop(member.stdin.take());
@@ -247,6 +316,18 @@ fn ready_count(dir: &std::path::Path) -> usize {
     })
 }
 
+/// 64 processes of one slice, each in a PID namespace of its own as in a pod, start at once:
+/// each learns the host PID the driver lists it under from the host-PID broker and none
+/// fails; then the same storm without a broker, where each measures its host PID in turn.
+/// Both end with every slot recording exactly the PIDs on the card.
+#[test]
+fn a_storm_in_pid_namespaces_of_their_own_knows_every_host_pid() {
+    for broker in [true, false] {
+        let figures = storm_with(64, true, Start::AtBarrier, Pids::OwnNamespaces { broker });
+        eprintln!("broker {broker}: {}", figures.row());
+    }
+}
+
 #[test]
 fn a_storm_of_200_starts_on_one_slice() {
     storm(200);
@@ -277,6 +358,12 @@ fn measure_storms() {
     let rounds: usize = std::env::var("STORM_ROUNDS")
         .map(|r| r.parse().expect("STORM_ROUNDS: a count"))
         .unwrap_or(3);
+    let pids = match std::env::var("STORM_PIDS").as_deref() {
+        Ok("namespaces") => Pids::OwnNamespaces { broker: true },
+        Ok("namespaces-measured") => Pids::OwnNamespaces { broker: false },
+        Ok("host") | Err(_) => Pids::Host,
+        Ok(other) => panic!("STORM_PIDS={other:?}: host, namespaces or namespaces-measured"),
+    };
     let starts: Vec<Start> = match std::env::var("STORM_STARTS").as_deref() {
         Ok("spawn") => vec![Start::AtSpawn],
         Ok("barrier") => vec![Start::AtBarrier],
@@ -292,10 +379,10 @@ fn measure_storms() {
         for &n in &sizes {
             let (mut with, mut without) = (Vec::new(), Vec::new());
             for _ in 0..rounds {
-                let sliced = storm_with(n, true, start);
+                let sliced = storm_with(n, true, start, pids);
                 eprintln!("shim:    {}", sliced.row());
                 with.push(sliced);
-                let alone = storm_with(n, false, start);
+                let alone = storm_with(n, false, start, pids);
                 eprintln!("no shim: {}", alone.row());
                 without.push(alone);
             }
