@@ -159,6 +159,9 @@ struct Bed {
     spec: Option<PathBuf>,
     containers: Vec<String>,
     next_container: usize,
+    /// The shim's host-PID broker, once [`Bed::serve_host_pids`] started it: its directory
+    /// goes into the CDI spec.
+    shim_broker: Option<cuda_e2e::HostPidBroker>,
 }
 
 impl Bed {
@@ -179,7 +182,15 @@ impl Bed {
             containers: Vec::new(),
             next_container: 0,
             dir,
+            shim_broker: None,
         }
+    }
+
+    /// Starts the shim's host-PID broker (`gpuslice host-pid-broker`, as the node agent
+    /// serves it in a cluster); the specs written after this mount its directory.
+    fn serve_host_pids(&mut self) {
+        let socket = self.dir.path().join("node").join("host-pid.sock");
+        self.shim_broker = Some(cuda_e2e::HostPidBroker::for_shim(&socket));
     }
 
     /// Writes a limit file for slice `name` whose device 0 entry holds `fields` (JSON
@@ -229,6 +240,10 @@ impl Bed {
             .arg(bin_dir().join("libgpuslice.so"))
             .arg("--state-dir")
             .arg(self.dir.path().join("state"));
+        if let Some(broker) = &self.shim_broker {
+            cmd.arg("--host-pid-dir")
+                .arg(broker.socket.parent().unwrap());
+        }
         for (name, fields) in slices {
             let file = self.limit_file_with(name, fields);
             cmd.arg("--slice").arg(format!("{name}={}", file.display()));
@@ -825,6 +840,44 @@ fn a_tenant_set_gpuslice_config_is_ignored_in_a_cdi_container() {
             "{client}: the ignored variables are named at the default log level"
         );
     }
+}
+
+/// With the host-PID broker's directory in the CDI spec (`gpuslice cdi --host-pid-dir`), a
+/// containerised process asks the broker at registration (through the read-only mount) and
+/// knows the host PID the driver lists it under before its first context: the shim says so
+/// at debug level, and the region records exactly the PID on the card.
+#[test]
+fn a_container_learns_its_host_pid_from_the_broker_its_spec_mounts() {
+    let Some(podman) = podman() else { return };
+    let mut bed = Bed::new(podman);
+    bed.serve_host_pids();
+    let devices = bed.write_spec(&[("one", "2GiB")]);
+    let (_, mut args) = bed.run_args(Some(&devices[0]), true);
+    // Before the image (`--rootfs PATH`, the last two arguments).
+    let at = args.len() - 2;
+    args.splice(at..at, ["-e".to_string(), "GPUSLICE_LOG=debug".to_string()]);
+    let (report, mut child) = podman.hold(&args, "256MiB");
+    assert_eq!(str_at(&report, "result"), SUCCESS, "{report}");
+    let on_card = bed.card_processes();
+    assert_eq!(on_card.len(), 1, "{on_card:?}");
+    let status = cuda_e2e::region_status(&bed.region("one"));
+    let recorded: Vec<u64> = status["processes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no processes in {status}"))
+        .iter()
+        .map(|p| p["host_pid"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(recorded, [u64::from(on_card[0].0)], "{status}");
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "host PID {} from the host-PID broker",
+            on_card[0].0
+        )),
+        "the shim's debug lines: {stderr}"
+    );
 }
 
 /// Long enough for a loaded 2-core machine to start containers and for the agent's passes.

@@ -86,10 +86,16 @@ pub(super) fn with_known_host_pid(region: &Region, identity: ProcessIdentity) ->
         return identity;
     };
     match host_pid_broker::ask(&socket, host_pid_broker::ASK_TIMEOUT) {
-        Ok(host_pid) => ProcessIdentity {
-            host_pid,
-            ..identity
-        },
+        Ok(host_pid) => {
+            crate::log_debug!(
+                "host PID {host_pid} from the host-PID broker at {}",
+                socket.display()
+            );
+            ProcessIdentity {
+                host_pid,
+                ..identity
+            }
+        }
         Err(host_pid_broker::AskError::Absent) => identity,
         Err(why) => {
             crate::log_info!(
