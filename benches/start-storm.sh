@@ -9,6 +9,11 @@
 #
 # Usage: benches/start-storm.sh [SIZES [ROUNDS]]   (default 64,200,1024 and 3)
 #        PROFILE=release builds and runs everything optimised (default: debug, as the tests).
+#        STORM_STARTS=barrier|spawn measures one way only (default both).
+#        STORM_PIDS=namespaces runs each member in a PID namespace of its own (unshare --pid,
+#        as in a pod: the driver lists it under a host PID it cannot see) with the shim's
+#        host-PID broker; namespaces-measured the same without the broker (each process
+#        measures its host PID at its first context); host (default) in the test's namespace.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"

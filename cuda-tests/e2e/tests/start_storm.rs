@@ -6,7 +6,9 @@
 //! no process of the slice having reaped a slot, and one more process then starts and gets
 //! the whole slice (the 1,025th start used to fail closed: "every slot belongs to a live
 //! process"). Start-up latency (release to the first line) is printed as a table row for
-//! docs/performance.md.
+//! docs/performance.md. A storm of 64 whose members each run in a PID namespace of their own
+//! (`unshare --pid`, as a pod's processes) must end with every slot recording the host PID the
+//! card lists, with the shim's host-PID broker and without it.
 //!
 //! Declared `test = false` and run serially by `cargo xtask test` (on the 2-core machine the
 //! 1,024 storm takes about a minute; it must not share the machine with other tests).

@@ -4,7 +4,9 @@
 //! order:
 //!
 //! 1. the kernel told us (`NSpid` in /proc/self/status lists the outer PID when the host
-//!    namespace is visible): that PID, recorded at registration ([`registered_as`]); or the
+//!    namespace is visible), or the host-PID broker did (`gpuslice_common::host_pid_broker`:
+//!    the node agent's socket, where the kernel translates our PID into the host's
+//!    namespace): that PID, recorded at registration ([`registered_as`]); or the
 //!    slice knows that NVML lists the processes of our PID namespace under their own PIDs (a
 //!    process of the slice saw NVML list it so, [`measured`]; kept in the region): our own
 //!    PID, at registration ([`with_known_host_pid`]) or before a context ([`adopt_known`]),
