@@ -576,6 +576,12 @@ impl HostPidBroker {
         Self::listening(cmd)
     }
 
+    /// Sends `signal` to the broker (SIGSTOP: it accepts nothing more and answers nobody).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's PID.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
     /// Starts `cmd` and waits for its line "listening on PATH".
     fn listening(mut cmd: Command) -> HostPidBroker {
         let shown = format!("{cmd:?}");

@@ -21,6 +21,7 @@ use cuda_e2e::{
     wait_until, Client, ClientKind, FakeGpu, HostPidBroker, Slice, StartBarrier, GIB, MIB,
 };
 use gpuslice_common::host_pid_broker;
+use std::io::Write;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -57,10 +58,23 @@ enum Pids {
     /// The test's own PID namespace: the driver lists them under the PIDs they know.
     Host,
     /// Each in a PID namespace of its own (`unshare --pid`), where it is PID 1, as a pod's
-    /// processes are: the driver lists them under host PIDs they cannot see. `broker`: the
-    /// shim can ask a host-PID broker (`gpuslice host-pid-broker`, as the node agent serves
-    /// in a cluster); without it each process measures its host PID at its first context.
-    OwnNamespaces { broker: bool },
+    /// processes are: the driver lists them under host PIDs they cannot see; `broker` says
+    /// what the shim finds at its host-PID broker's socket.
+    OwnNamespaces { broker: Broker },
+}
+
+/// The shim's host-PID broker in a storm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Broker {
+    /// `gpuslice host-pid-broker`, as the node agent serves it in a cluster.
+    Serving,
+    /// None: each process measures its host PID at its first context, one at a time.
+    Absent,
+    /// One that accepts and never answers (SIGSTOPped): each process waits its bounded
+    /// while, then measures.
+    Stopped,
+    /// One that answers something that is not a PID: each process measures.
+    Garbage,
 }
 
 /// How a storm went: spawn to barrier (or, spawned without one, the storm's length: first
@@ -121,20 +135,36 @@ fn storm_with(n: usize, sliced: bool, start: Start, pids: Pids) -> Figures {
     // broker, by the host PIDs the kernel gives; the shim asks its own broker, if any.
     let _fake_broker = (pids != Pids::Host).then(|| HostPidBroker::start(&gpu.state_path()));
     let broker_dir = cuda_e2e::TempDir::new("storm-broker");
-    let _shim_broker = (pids == Pids::OwnNamespaces { broker: true })
-        .then(|| HostPidBroker::for_shim(&broker_dir.path().join("host-pid.sock")));
-    env.push((
-        host_pid_broker::SOCKET_ENV.into(),
-        if pids == (Pids::OwnNamespaces { broker: true }) {
-            broker_dir
-                .path()
-                .join("host-pid.sock")
-                .display()
-                .to_string()
-        } else {
-            String::new()
-        },
-    ));
+    let socket = broker_dir.path().join("host-pid.sock");
+    let broker = match pids {
+        Pids::Host => Broker::Absent,
+        Pids::OwnNamespaces { broker } => broker,
+    };
+    let _shim_broker = match broker {
+        Broker::Serving | Broker::Stopped => {
+            let serving = HostPidBroker::for_shim(&socket);
+            if broker == Broker::Stopped {
+                serving.signal(libc::SIGSTOP);
+            }
+            Some(serving)
+        }
+        Broker::Garbage => {
+            let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+            std::thread::spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    let _ = (&stream).write_all(b"not a pid\n");
+                }
+            });
+            None
+        }
+        Broker::Absent => None,
+    };
+    let asked = if broker == Broker::Absent {
+        String::new()
+    } else {
+        socket.display().to_string()
+    };
+    env.push((host_pid_broker::SOCKET_ENV.into(), asked));
     gpu.truth().reset_peak_memory(0);
     let logs = cuda_e2e::TempDir::new("storm-logs");
     let spawned = Instant::now();
@@ -324,9 +354,20 @@ fn ready_count(dir: &std::path::Path) -> usize {
 /// Both end with every slot recording exactly the PIDs on the card.
 #[test]
 fn a_storm_in_pid_namespaces_of_their_own_knows_every_host_pid() {
-    for broker in [true, false] {
+    for broker in [Broker::Serving, Broker::Absent] {
         let figures = storm_with(64, true, Start::AtBarrier, Pids::OwnNamespaces { broker });
-        eprintln!("broker {broker}: {}", figures.row());
+        eprintln!("{broker:?}: {}", figures.row());
+    }
+}
+
+/// A broker that accepts and never answers (stopped), or answers nonsense, delays no start by
+/// more than the shim's bounded wait and fails none: 32 processes in PID namespaces of their
+/// own all start, and each slot still records the host PID on the card (measured instead).
+#[test]
+fn a_stopped_or_lying_broker_costs_a_storm_only_its_bounded_wait() {
+    for broker in [Broker::Stopped, Broker::Garbage] {
+        let figures = storm_with(32, true, Start::AtBarrier, Pids::OwnNamespaces { broker });
+        eprintln!("{broker:?}: {}", figures.row());
     }
 }
 
@@ -361,8 +402,12 @@ fn measure_storms() {
         .map(|r| r.parse().expect("STORM_ROUNDS: a count"))
         .unwrap_or(3);
     let pids = match std::env::var("STORM_PIDS").as_deref() {
-        Ok("namespaces") => Pids::OwnNamespaces { broker: true },
-        Ok("namespaces-measured") => Pids::OwnNamespaces { broker: false },
+        Ok("namespaces") => Pids::OwnNamespaces {
+            broker: Broker::Serving,
+        },
+        Ok("namespaces-measured") => Pids::OwnNamespaces {
+            broker: Broker::Absent,
+        },
         Ok("host") | Err(_) => Pids::Host,
         Ok(other) => panic!("STORM_PIDS={other:?}: host, namespaces or namespaces-measured"),
     };
