@@ -3,7 +3,8 @@
 //! device IDs the driver returned, reading the spec from /var/run/cdi as a runtime on a node
 //! does. Inside, CUDA (cuMemGetInfo) and NVML (`gpuslice smi`) show the 8 GiB slice, two
 //! containers of the one claim share one cap, unprepare is refused while one still runs and
-//! leaves nothing behind once none does.
+//! leaves nothing behind once none does. The claim's spec mounts the node agent's host-PID
+//! broker (`--host-pid-dir`): a container's process learns from it the PID the card lists.
 //!
 //! Needs root, podman and runc (`.ci/container-setup.sh`) and `cargo build --workspace` (the
 //! clients, the shim and the fake GPU). Without podman it prints `SKIPPED: ...` and passes,
@@ -25,6 +26,16 @@ use gpuslice_dra::plugin::{serve, Driver};
 use gpuslice_dra::prepare::{Preparer, Settings};
 use gpuslice_dra::proto::dra_v1;
 use serde_json::Value;
+
+/// The PIDs the fake card lists on device 0 (the driver's host PIDs).
+fn card_pids(state: &std::path::Path) -> Vec<u64> {
+    let truth = fakegpu::state::open_state_at(state).unwrap();
+    truth
+        .processes(0)
+        .iter()
+        .map(|p| u64::from(p.pid))
+        .collect()
+}
 
 /// A container run with the claim's CDI devices and the fake GPU's state.
 struct Containers {
@@ -98,6 +109,9 @@ async fn a_prepared_claim_is_an_enforced_slice_in_podman_containers() {
     assert_eq!(gpus.len(), 1);
     assert_eq!(gpus[0].memory_bytes, 32 * GIB);
 
+    // The node agent's host-PID broker, as `gpuslice-node --host-pid-socket` serves it; the
+    // driver mounts its directory into the containers (`--host-pid-dir`).
+    let broker = cuda_e2e::HostPidBroker::for_shim(&scratch.path().join("node/host-pid.sock"));
     // The driver as on a node: specs in /var/run/cdi, the shim from the build.
     let settings = Settings {
         driver: "gpuslice.dev".into(),
@@ -106,7 +120,7 @@ async fn a_prepared_claim_is_an_enforced_slice_in_podman_containers() {
         cdi_dir: PathBuf::from("/var/run/cdi"),
         lib_host: bin.join("libgpuslice.so"),
         lib_container: "/usr/lib/gpuslice/libgpuslice.so".into(),
-        host_pid_dir: None,
+        host_pid_dir: Some(broker.socket.parent().unwrap().to_path_buf()),
         nvidia_cdi: None,
     };
     let preparer = Arc::new(Preparer::new(settings, gpus));
@@ -179,6 +193,29 @@ async fn a_prepared_claim_is_an_enforced_slice_in_podman_containers() {
     // Pod A holds 6 GiB of the claim's 8.
     let (held, mut holder) = containers.hold("6GiB");
     assert_eq!(held["result"], "CUDA_SUCCESS", "{held}");
+    // Its process asked the broker the spec mounts: its slot records the PID on the card...
+    let region = preparer
+        .claim_dir(&uid)
+        .join("region")
+        .join(gpuslice_dra::prepare::REGION_FILE);
+    let status = cuda_e2e::region_status(&region);
+    let recorded: Vec<u64> = status["processes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no processes in {status}"))
+        .iter()
+        .map(|p| p["host_pid"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(
+        recorded,
+        card_pids(containers.stage.state()),
+        "host PIDs the slot records: {status}"
+    );
+    // ...and it was the broker that told it: the shim says so at debug level.
+    let told = containers.run(
+        "GPUSLICE_LOG=debug /usr/bin/linked-client meminfo 2>&1 >/dev/null | while read -r line; \
+         do case \"$line\" in *'from the host-PID broker'*) echo '{\"told\": true}';; esac; done",
+    );
+    assert_eq!(told, vec![serde_json::json!({"told": true})], "{told:?}");
     // Pod B, same claim: sees the 8 GiB slice through CUDA and NVML, and only what A left.
     let lines = containers.run(
         "/usr/bin/linked-client meminfo; /usr/bin/linked-client alloc-until-oom 256MiB; \
