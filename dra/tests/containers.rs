@@ -27,14 +27,16 @@ use gpuslice_dra::prepare::{Preparer, Settings};
 use gpuslice_dra::proto::dra_v1;
 use serde_json::Value;
 
-/// The PIDs the fake card lists on device 0 (the driver's host PIDs).
+/// The PIDs the fake card lists on device 0 (the driver's host PIDs), sorted.
 fn card_pids(state: &std::path::Path) -> Vec<u64> {
     let truth = fakegpu::state::open_state_at(state).unwrap();
-    truth
+    let mut pids: Vec<u64> = truth
         .processes(0)
         .iter()
         .map(|p| u64::from(p.pid))
-        .collect()
+        .collect();
+    pids.sort_unstable();
+    pids
 }
 
 /// A container run with the claim's CDI devices and the fake GPU's state.
@@ -198,17 +200,10 @@ async fn a_prepared_claim_is_an_enforced_slice_in_podman_containers() {
         .claim_dir(&uid)
         .join("region")
         .join(gpuslice_dra::prepare::REGION_FILE);
-    let status = cuda_e2e::region_status(&region);
-    let recorded: Vec<u64> = status["processes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no processes in {status}"))
-        .iter()
-        .map(|p| p["host_pid"].as_u64().unwrap_or(0))
-        .collect();
     assert_eq!(
-        recorded,
+        cuda_e2e::recorded_host_pids(&region, &[]),
         card_pids(containers.stage.state()),
-        "host PIDs the slot records: {status}"
+        "host PIDs the slot records"
     );
     // ...and it was the broker that told it: the shim says so at debug level.
     let told = containers.run(

@@ -663,6 +663,19 @@ pub fn region_status(region: &Path) -> Value {
     region_status_with(region, &[])
 }
 
+/// The host PIDs the slots of `region` record (`gpuslice status`; 0 = none), sorted.
+pub fn recorded_host_pids(region: &Path, env: &[(String, String)]) -> Vec<u64> {
+    let status = region_status_with(region, env);
+    let mut pids: Vec<u64> = status["processes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no processes in {status}"))
+        .iter()
+        .map(|p| p["host_pid"].as_u64().unwrap_or(0))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
 /// [`region_status`] run with `env` (the fake's, so that `status` can ask its NVML whether
 /// a dead slot's process is still listed).
 pub fn region_status_with(region: &Path, env: &[(String, String)]) -> Value {

@@ -860,14 +860,10 @@ fn a_container_learns_its_host_pid_from_the_broker_its_spec_mounts() {
     assert_eq!(str_at(&report, "result"), SUCCESS, "{report}");
     let on_card = bed.card_processes();
     assert_eq!(on_card.len(), 1, "{on_card:?}");
-    let status = cuda_e2e::region_status(&bed.region("one"));
-    let recorded: Vec<u64> = status["processes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no processes in {status}"))
-        .iter()
-        .map(|p| p["host_pid"].as_u64().unwrap_or(0))
-        .collect();
-    assert_eq!(recorded, [u64::from(on_card[0].0)], "{status}");
+    assert_eq!(
+        cuda_e2e::recorded_host_pids(&bed.region("one"), &[]),
+        [u64::from(on_card[0].0)]
+    );
     drop(child.stdin.take());
     let out = child.wait_with_output().unwrap();
     let stderr = text(&out.stderr);

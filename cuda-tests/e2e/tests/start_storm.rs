@@ -275,14 +275,7 @@ fn storm_with(n: usize, sliced: bool, start: Start, pids: Pids) -> Figures {
     if sliced && pids != Pids::Host {
         // Every member knows the host PID the driver lists it under: the slots record
         // exactly the PIDs on the card.
-        let status = cuda_e2e::region_status_with(&slice.region_path(), &gpu.env());
-        let mut recorded: Vec<u64> = status["processes"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no processes in {status}"))
-            .iter()
-            .map(|p| p["host_pid"].as_u64().unwrap_or(0))
-            .collect();
-        recorded.sort_unstable();
+        let recorded = cuda_e2e::recorded_host_pids(&slice.region_path(), &gpu.env());
         let mut on_card: Vec<u64> = gpu
             .truth()
             .processes(0)
