@@ -32,11 +32,11 @@
 //!   view: it stays charged until the next reason (a view that sees memory come back, a
 //!   refused allocation, a share over its slot), the safe direction, never a budget given
 //!   back early.
-//! * **The members** ([`Region::with_members`], [`MemberLookup`]): the claimed, not-noticed-dead slots, indexed by
-//!   the PID NVML knows them by, rebuilt in this process only when `members_epoch` moved. A
-//!   process-list filter checks the liveness lock of a member it matches (at most once per
-//!   [`SWEEP_INTERVAL`]), so a dead process's PID that another process reused is not shown;
-//!   a death found that way is noticed for all.
+//! * **The members** ([`Region::with_members`], [`MemberLookup`]): the claimed,
+//!   not-noticed-dead slots, indexed by the PID NVML knows them by, rebuilt in this process
+//!   only when `members_epoch` moved. A process-list filter checks the liveness lock of a
+//!   member it matches (at most once per [`SWEEP_INTERVAL`]), so a dead process's PID that
+//!   another process reused is not shown; a death found that way is noticed for all.
 //! * **Who NVML names how** ([`Region::learn_nvml_pid_namespace`]): once a process of the slice
 //!   saw NVML list it under its own PID, every process of its PID namespace knows its NVML PID
 //!   at registration, with no measuring (the shim's `session::host_pid`).
