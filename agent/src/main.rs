@@ -26,6 +26,7 @@ mod problems;
 use backstop::{Backstop, Counters, Settings};
 use clap::Parser;
 use discovery::Sources;
+use metrics::BrokerCounts;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -141,14 +142,20 @@ fn main() {
         for p in problems::problems(&view, args.tolerance) {
             log(&p.line);
         }
-        let text = metrics::render(&view, &Counters::default(), started.elapsed().as_secs_f64());
+        let text = metrics::render(
+            &view,
+            &Counters::default(),
+            None,
+            started.elapsed().as_secs_f64(),
+        );
         // A reader that hangs up early (`| head`) ends the output, not with a panic.
         let _ = std::io::stdout().write_all(text.as_bytes());
         return;
     }
-    if let Some(socket) = &args.host_pid_socket {
-        serve_host_pids(socket, args.host_pid_any_namespace);
-    }
+    let broker = args
+        .host_pid_socket
+        .as_ref()
+        .map(|socket| serve_host_pids(socket, args.host_pid_any_namespace));
     let server = match tiny_http::Server::http(&args.listen) {
         Ok(server) => server,
         Err(e) => {
@@ -193,12 +200,13 @@ fn main() {
             .then(|| Duration::from_secs_f64(args.clean_up_after));
         std::thread::spawn(move || watch(&sources, &settings, interval, clean_up, &counters));
     }
-    serve(&server, &sources, &counters);
+    serve(&server, &sources, &counters, broker.as_deref());
 }
 
-/// Starts the host-PID broker on `socket` in a thread of its own; exits when it cannot (the
-/// operator asked for it, and containers would silently measure instead).
-fn serve_host_pids(socket: &std::path::Path, any_namespace: bool) {
+/// Starts the host-PID broker on `socket` in a thread of its own and returns its counts;
+/// exits when it cannot (the operator asked for it, and containers would silently measure
+/// instead).
+fn serve_host_pids(socket: &std::path::Path, any_namespace: bool) -> Arc<BrokerCounts> {
     use gpuslice_common::host_pid_broker;
     if let Err(why) = host_pid_broker::may_serve(any_namespace) {
         log(&format!("--host-pid-socket: {why}"));
@@ -213,13 +221,23 @@ fn serve_host_pids(socket: &std::path::Path, any_namespace: bool) {
     };
     log(&format!("host-PID broker on {}", socket.display()));
     let socket = socket.to_path_buf();
+    let counts = Arc::new(BrokerCounts::default());
+    let counting = Arc::clone(&counts);
     std::thread::spawn(move || {
-        let error = host_pid_broker::serve(&listener);
+        let error = host_pid_broker::serve(&listener, |told| {
+            let count = if told.is_ok() {
+                &counting.told
+            } else {
+                &counting.failed
+            };
+            count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
         log(&format!(
             "host-PID broker on {} stopped: {error}",
             socket.display()
         ));
     });
+    counts
 }
 
 /// The watch loop: problems logged when they change, and the backstop.
@@ -319,7 +337,12 @@ fn watch(
     }
 }
 
-fn serve(server: &tiny_http::Server, sources: &Sources, counters: &Mutex<Counters>) {
+fn serve(
+    server: &tiny_http::Server,
+    sources: &Sources,
+    counters: &Mutex<Counters>,
+    broker: Option<&BrokerCounts>,
+) {
     let mut driver = driver::Driver::default();
     let mut evidence = collect::Evidence::default();
     for request in server.incoming_requests() {
@@ -333,7 +356,8 @@ fn serve(server: &tiny_http::Server, sources: &Sources, counters: &Mutex<Counter
                     let started = Instant::now();
                     let view = collect::collect(sources, &mut driver, &mut evidence, &mut |_| {});
                     let counters = counters.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                    let text = metrics::render(&view, &counters, started.elapsed().as_secs_f64());
+                    let text =
+                        metrics::render(&view, &counters, broker, started.elapsed().as_secs_f64());
                     text_response(200, &text, exposition::CONTENT_TYPE)
                 }
                 "/healthz" => text_response(200, "ok\n", "text/plain"),

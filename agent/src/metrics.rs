@@ -9,10 +9,42 @@ use crate::collect::NodeView;
 use crate::exposition::{Family, Kind};
 use gpuslice_common::config::DeviceSelector;
 use gpuslice_common::host_memory::host_entry_device;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Renders the whole exposition. `scrape_seconds` is how long collecting took.
-pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> String {
+/// What the host-PID broker (`--host-pid-socket`) has answered since the agent started.
+#[derive(Debug, Default)]
+pub struct BrokerCounts {
+    /// Connections told their host PID.
+    pub told: AtomicU64,
+    /// Connections that could not be (a peer gone before the answer, or one whose PID has no
+    /// name in the agent's namespace).
+    pub failed: AtomicU64,
+}
+
+/// Renders the whole exposition. `broker`: the host-PID broker's counts, when it serves.
+/// `scrape_seconds` is how long collecting took.
+pub fn render(
+    view: &NodeView,
+    counters: &Counters,
+    broker: Option<&BrokerCounts>,
+    scrape_seconds: f64,
+) -> String {
     use Kind::{Counter, Gauge};
+    let mut broker_answers = Family::new(
+        "gpuslice_host_pid_broker_answers_total",
+        Counter,
+        "Connections to the host-PID broker (--host-pid-socket), by result: told (the process learnt its host PID) or failed (it could not be told; it measures its host PID instead). Absent when the broker does not serve.",
+    );
+    if let Some(broker) = broker {
+        broker_answers.add(
+            &[("result", "told")],
+            broker.told.load(Ordering::Relaxed) as f64,
+        );
+        broker_answers.add(
+            &[("result", "failed")],
+            broker.failed.load(Ordering::Relaxed) as f64,
+        );
+    }
     let mut driver_up = Family::new(
         "gpuslice_driver_up",
         Gauge,
@@ -404,6 +436,7 @@ pub fn render(view: &NodeView, counters: &Counters, scrape_seconds: f64) -> Stri
         &unaccounted_events,
         &accounted,
         &unverified,
+        &broker_answers,
         &scrape,
     ] {
         family.write(&mut out);
@@ -452,7 +485,7 @@ mod tests {
             card(2, "GPU-cccc"),
         ];
         let view = crate::collect::fixtures::view(vec![slice], Ok(cards));
-        let text = render(&view, &Counters::default(), 0.0);
+        let text = render(&view, &Counters::default(), None, 0.0);
         let caps: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("gpuslice_slice_memory_limit_bytes{"))
@@ -487,7 +520,7 @@ mod tests {
             region_id: None,
         };
         let view = crate::collect::fixtures::view(vec![slice], Err("no driver".into()));
-        let text = render(&view, &Counters::default(), 0.0);
+        let text = render(&view, &Counters::default(), None, 0.0);
         assert!(
             text.contains("gpuslice_slice_host_memory_limit_bytes{slice=\"s\",uuid=\"GPU-a\",index=\"\"} 2147483648"),
             "{text}"
@@ -557,7 +590,7 @@ mod tests {
                 processes: listed,
             };
             let view = crate::collect::fixtures::view(vec![slice], Ok(vec![card]));
-            let text = render(&view, &Counters::default(), 0.0);
+            let text = render(&view, &Counters::default(), None, 0.0);
             let value = |name: &str| -> String {
                 text.lines()
                     .find(|l| l.starts_with(&format!("{name}{{")))

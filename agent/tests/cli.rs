@@ -129,9 +129,24 @@ fn the_host_pid_broker_tells_each_process_its_host_pid() {
         ))
         .output()
         .unwrap();
+    // The exposition counts both answers.
+    let address = line.trim().strip_prefix("listening on ").unwrap().to_string();
+    // (The broker counts an answer just after writing it: the count may trail the client.)
+    let told = "gpuslice_host_pid_broker_answers_total{result=\"told\"} 2\n";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut metrics = http_get(&address, "/metrics");
+    while !metrics.contains(told) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        metrics = http_get(&address, "/metrics");
+    }
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(asked, Ok(std::process::id()));
+    assert!(metrics.contains(told), "{metrics}");
+    assert!(
+        metrics.contains("gpuslice_host_pid_broker_answers_total{result=\"failed\"} 0\n"),
+        "{metrics}"
+    );
     let text = String::from_utf8_lossy(&nested.stdout);
     assert!(
         nested.status.success(),
@@ -167,4 +182,16 @@ fn the_host_pid_broker_tells_each_process_its_host_pid() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a socket"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The body of `GET path` from the agent at `address` (HTTP/1.0: the server closes).
+fn http_get(address: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+        .split_once("\r\n\r\n")
+        .map_or(response.clone(), |(_, body)| body.to_string())
 }

@@ -269,14 +269,16 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Serves `listener` until it fails: each connection is answered and closed at once; a
-/// connection that cannot be answered (a peer already gone) is dropped.
-pub fn serve(listener: &UnixListener) -> std::io::Error {
+/// Serves `listener` until it fails: each connection is answered and closed at once, and
+/// `answered` hears how it went (the PID told, or why none could be: a peer already gone, or
+/// one in a namespace this one cannot name).
+pub fn serve(
+    listener: &UnixListener,
+    mut answered: impl FnMut(std::io::Result<u32>),
+) -> std::io::Error {
     loop {
         match listener.accept() {
-            Ok((stream, _)) => {
-                let _ = answer(stream);
-            }
+            Ok((stream, _)) => answered(answer(stream)),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {}
             Err(e) => return e,
@@ -302,14 +304,16 @@ mod tests {
     fn a_broker_in_our_namespace_answers_our_own_pid() {
         let path = temp_socket("own");
         let listener = bind(&path).unwrap();
-        std::thread::spawn(move || serve(&listener));
+        std::thread::spawn(move || serve(&listener, |_| {}));
         for _ in 0..3 {
             assert_eq!(ask(&path, Duration::from_secs(5)), Ok(std::process::id()));
         }
         // A stale socket is replaced by the next broker.
         let listener = bind(&path).unwrap();
-        std::thread::spawn(move || serve(&listener));
+        let (told, heard) = std::sync::mpsc::channel();
+        std::thread::spawn(move || serve(&listener, |pid| told.send(pid.ok()).unwrap()));
         assert_eq!(ask(&path, Duration::from_secs(5)), Ok(std::process::id()));
+        assert_eq!(heard.recv().unwrap(), Some(std::process::id()));
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 

@@ -29,7 +29,7 @@ pub fn run(args: &BrokerArgs) -> CliResult<()> {
         .map_err(|e| CliError::runtime(format!("{}: {e}", args.socket.display())))?;
     println!("listening on {}", args.socket.display());
     crate::output::flush();
-    let error = host_pid_broker::serve(&listener);
+    let error = host_pid_broker::serve(&listener, |_| {});
     Err(CliError::runtime(format!(
         "{}: accepting stopped: {error}",
         args.socket.display()
