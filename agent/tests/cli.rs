@@ -130,7 +130,11 @@ fn the_host_pid_broker_tells_each_process_its_host_pid() {
         .output()
         .unwrap();
     // The exposition counts both answers.
-    let address = line.trim().strip_prefix("listening on ").unwrap().to_string();
+    let address = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string();
     // (The broker counts an answer just after writing it: the count may trail the client.)
     let told = "gpuslice_host_pid_broker_answers_total{result=\"told\"} 2\n";
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
