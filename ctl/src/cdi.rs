@@ -388,8 +388,32 @@ fn remove_old_spec(args: &CdiArgs) -> Result<(), CdiError> {
     Ok(())
 }
 
+/// `--host-pid-dir`: absolute and an existing directory. A runtime refuses to start a
+/// container whose mount source is missing, so a wrong path here would stop every container
+/// of every slice, where no broker only slows their starts.
+fn check_host_pid_dir(dir: &Path) -> Result<(), String> {
+    if !dir.is_absolute() {
+        return Err(format!(
+            "--host-pid-dir {}: not an absolute path",
+            dir.display()
+        ));
+    }
+    if !dir.is_dir() {
+        return Err(format!(
+            "--host-pid-dir {}: no such directory (start the broker first: gpuslice \
+             host-pid-broker --socket {}/host-pid.sock, or gpuslice-node --host-pid-socket)",
+            dir.display(),
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
 pub fn run(args: &CdiArgs) -> Result<(), CdiError> {
     check_kind(&args.kind).map_err(CdiError::usage)?;
+    if let Some(dir) = &args.host_pid_dir {
+        check_host_pid_dir(dir).map_err(CdiError::invalid)?;
+    }
     check_container_path("--container-lib", &args.container_lib).map_err(CdiError::usage)?;
     if covers(&args.container_lib, DEFAULT_CONFIG_PATH) || args.container_lib == LD_SO_PRELOAD {
         return Err(CdiError::usage(format!(
@@ -749,6 +773,38 @@ mod tests {
             "/run/gpuslice/node/host-pid.sock",
             "the shim asks inside the mounted directory"
         );
+    }
+
+    /// A broker directory that is missing or relative is refused before anything is written
+    /// (a runtime would refuse every container whose mount source is missing); an existing
+    /// one is mounted into every device.
+    #[test]
+    fn the_host_pid_dir_must_exist_and_is_mounted_into_every_slice() {
+        let tmp = TempDir::new();
+        let a = limit_file(&tmp.0, "a", Some("/var/run/gpuslice/a.region"));
+        let mut with_broker = args(&tmp.0, &[format!("a={}", a.display())]);
+        for bad in [
+            PathBuf::from("run/gpuslice/node"),
+            tmp.0.join("no-such-dir"),
+        ] {
+            with_broker.host_pid_dir = Some(bad.clone());
+            let error = run(&with_broker).unwrap_err();
+            assert_eq!(error.code(), crate::error::EXIT_INVALID, "{bad:?}");
+            assert!(
+                error.message.contains("--host-pid-dir"),
+                "{}",
+                error.message
+            );
+            assert!(!with_broker.output_dir.join(DEFAULT_SPEC_NAME).exists());
+        }
+        let node = tmp.0.join("node");
+        fs::create_dir(&node).unwrap();
+        with_broker.host_pid_dir = Some(node.clone());
+        run(&with_broker).unwrap();
+        let spec = written_spec(&with_broker);
+        let broker = mount(&spec["devices"][0], "/run/gpuslice/node");
+        assert_eq!(broker["hostPath"], node.to_str().unwrap());
+        assert_eq!(broker["options"][0], "ro");
     }
 
     #[test]

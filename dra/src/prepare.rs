@@ -449,7 +449,14 @@ impl Preparer {
                 region_host_dir: region_dir,
                 region_container_dir: REGION_CONTAINER_DIR.to_string(),
             }],
-            host_pid_dir: self.settings.host_pid_dir.clone(),
+            // A runtime refuses a container whose mount source is missing: without the
+            // directory (the agent not started since a reboot emptied /run) the container
+            // starts without the broker, and its processes measure their host PIDs.
+            host_pid_dir: self
+                .settings
+                .host_pid_dir
+                .clone()
+                .filter(|dir| dir.is_dir()),
         };
         let mut text = serde_json::to_string_pretty(&generate_spec(&inputs))
             .map_err(|e| format!("cannot serialise the CDI spec: {e}"))?;

@@ -26,6 +26,40 @@ fn preparer(scratch: &Scratch) -> Preparer {
     Preparer::new(settings(scratch, true), gpus())
 }
 
+/// With `--host-pid-dir`, a claim's spec mounts the broker's directory read-only where the
+/// shim asks; while the directory is missing (the agent not started since a reboot emptied
+/// /run) the spec leaves it out, since a runtime refuses a container whose mount source is
+/// missing: the container starts, and its processes measure their host PIDs.
+#[test]
+fn the_host_pid_broker_is_mounted_only_while_its_directory_exists() {
+    let scratch = Scratch::new("broker");
+    let node = scratch.path().join("node");
+    let mut settings = settings(&scratch, false);
+    settings.host_pid_dir = Some(node.clone());
+    let p = Preparer::new(settings, gpus());
+    let broker_mount = |uid: &str| {
+        let claim = claim(
+            "team-a",
+            &format!("claim-{uid}"),
+            uid,
+            &[ours("slice", "gpu-1-25-c")],
+        );
+        p.prepare(&want(uid), &claim).expect("prepared");
+        let spec: Value = serde_json::from_slice(&fs::read(p.spec_path(uid)).unwrap()).unwrap();
+        spec["devices"][0]["containerEdits"]["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["containerPath"] == "/run/gpuslice/node")
+            .cloned()
+    };
+    assert_eq!(broker_mount("0b9f4c1e-2222-4000-8000-000000000001"), None);
+    fs::create_dir(&node).unwrap();
+    let mount = broker_mount("0b9f4c1e-2222-4000-8000-000000000002").expect("mounted");
+    assert_eq!(mount["hostPath"], node.to_str().unwrap());
+    assert_eq!(mount["options"][0], "ro");
+}
+
 #[test]
 fn a_quarter_product_becomes_an_8gib_25_percent_slice_with_its_cdi_spec() {
     let scratch = Scratch::new("quarter");
