@@ -69,11 +69,6 @@ pub fn claimed_host_pid(p: &ProcessSnapshot, own_pid_ns: u64) -> Option<u32> {
     (host::start_time(pid) == Some(p.start_time)).then_some(pid)
 }
 
-fn own_pid_namespace() -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
-}
-
 /// What the kernel says of a registered slot's process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proof {
@@ -454,7 +449,7 @@ pub fn collect(
             .collect(),
         Err(_) => Vec::new(),
     };
-    let own_ns = own_pid_namespace();
+    let own_ns = gpuslice_common::region::own_pid_namespace();
     let mounts: Vec<Option<MountKey>> = slices
         .iter()
         .map(|s| {

@@ -225,16 +225,10 @@ pub fn answer(stream: UnixStream) -> std::io::Result<u32> {
     Ok(pid)
 }
 
-/// Inode of this process's PID namespace (0 when it cannot be read).
-pub fn own_pid_namespace() -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
-}
-
 /// Whether a broker may serve from here: in the host's PID namespace, or where told that
 /// this namespace is the driver's (`any_namespace`).
 pub fn may_serve(any_namespace: bool) -> Result<(), String> {
-    let here = own_pid_namespace();
+    let here = crate::region::own_pid_namespace();
     if any_namespace || here == INITIAL_PID_NAMESPACE {
         return Ok(());
     }

@@ -135,7 +135,7 @@ pub use layout::{
 };
 pub use listing::ListingTicket;
 pub use open::INIT_WAIT;
-pub use proc::{parse_stat, ProcessIdentity, StatFields};
+pub use proc::{own_pid_namespace, parse_stat, ProcessIdentity, StatFields};
 
 use crate::turn::{Turn, TurnGuard};
 use layout::{uuid_from_words, DeviceEntry, RegionLayout, LIMIT_UNSET, UNLIMITED};

@@ -69,6 +69,11 @@ pub fn is_stopped(pid: u32) -> bool {
         .is_some_and(|fields| matches!(fields.state, 'T' | 't'))
 }
 
+/// Inode of this process's PID namespace (0 when it cannot be read).
+pub fn own_pid_namespace() -> u64 {
+    pid_namespace_of("self")
+}
+
 fn pid_namespace_of(pid: &str) -> u64 {
     std::fs::metadata(format!("/proc/{pid}/ns/pid"))
         .map(|m| m.ino())

@@ -10,6 +10,7 @@
 //! containers' processes register through, and the `podman run` arguments that mount them.
 //! What a test does with its containers (CDI specs, slices, assertions) stays in the test.
 
+use crate::HostPidBroker;
 use serde_json::Value;
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -189,7 +190,7 @@ impl Podman {
 
 /// What every container of a test runs on: a root file system (`rootfs`) and one simulated
 /// V100 (`create_v100`) whose state file every container mounts, with the host-PID broker
-/// for it (`HostPidBroker`) mounted next to it.
+/// for it (`HostPidBroker::start`, the fake's `fakegpu pid-broker`) mounted next to it.
 #[derive(Debug)]
 pub struct Stage {
     rootfs: PathBuf,
@@ -404,11 +405,6 @@ pub fn u64_at(value: &Value, path: &[&str]) -> u64 {
     at.as_u64()
         .unwrap_or_else(|| panic!("no number at {path:?} in {value}"))
 }
-
-/// `fakegpu pid-broker` on the host for a state file: the fake asks it, from inside a
-/// container's PID namespace, for the host PID the driver reports (see the fake's
-/// `host_pid`). Its socket is mounted next to the state file ([`Stage::run_args`]). Killed on drop.
-type HostPidBroker = crate::HostPidBroker;
 
 /// The prefix of the Python that has PyTorch (`E2E_PYTHON`, default `python3`), or `None`
 /// after a loud skip (a failure with `CI=true`).
