@@ -33,3 +33,11 @@ pub(super) fn wake_all(word: &AtomicU32) {
         libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
     }
 }
+
+/// Wakes at most `count` sleepers on `word`.
+pub(super) fn wake(word: &AtomicU32, count: i32) {
+    // SAFETY: FUTEX_WAKE on a valid, aligned 32-bit word of a live mapping.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, count);
+    }
+}

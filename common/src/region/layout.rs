@@ -160,7 +160,8 @@ pub struct DeviceEntry {
     pub memory_limit: AtomicU64,
     /// 1..=100; 0 = not throttled.
     pub compute_percent: AtomicU32,
-    /// Moves each time the measuring turn is given back (or a measurement published): the
+    /// Moves each time the measuring turn is given back (or a measurement published, or a
+    /// context start settled, `Region::context_start_ended`): the
     /// futex word a process waiting for the turn sleeps on (`region::turn_wait`).
     pub turn_changes: AtomicU32,
     /// The slice's utilisation of this device as the compute throttle last measured it, in
@@ -216,7 +217,12 @@ pub struct ProcessSlot {
     pub pid: AtomicU32,
     /// PID as the host (and NVML) sees it; 0 = not known yet.
     pub host_pid: AtomicU32,
-    _flags: AtomicU32,
+    /// Bit `d`: this process is making its first context on device entry `d` under a
+    /// reservation that may stand above what the context costs (the bound), until it settles.
+    /// A process short of room waits for such reservations before it is refused
+    /// (`Region::context_starts_elsewhere`). Zeroed when the slot is claimed; zero in files
+    /// written before it existed, which reads as "none", so the layout version did not change.
+    pub starting_contexts: AtomicU32,
     /// Process start time, clock ticks after boot (/proc/<pid>/stat field 22).
     pub start_time: AtomicU64,
     /// Inode of the owner's PID namespace (/proc/self/ns/pid); 0 = unknown.
@@ -332,6 +338,7 @@ mod tests {
         assert_eq!(offset_of!(ProcessSlot, state), 0);
         assert_eq!(offset_of!(ProcessSlot, pid), 4);
         assert_eq!(offset_of!(ProcessSlot, host_pid), 8);
+        assert_eq!(offset_of!(ProcessSlot, starting_contexts), 12);
         assert_eq!(offset_of!(ProcessSlot, start_time), 16);
         assert_eq!(offset_of!(ProcessSlot, pid_ns), 24);
         assert_eq!(offset_of!(ProcessSlot, alive_seen_ns), 32);

@@ -940,6 +940,46 @@ impl Region {
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Marks that `slot` is making its first context on `device` under a reservation that may
+    /// stand above the context's cost (the bound), until [`Region::context_start_ended`].
+    pub fn context_start_begun(&self, slot: SlotId, device: DeviceId) {
+        self.map.layout().slots[slot.index()]
+            .starting_contexts
+            .fetch_or(1 << device.index(), Ordering::AcqRel);
+    }
+
+    /// `slot`'s first context on `device` settled (or was not made): its reservation is what
+    /// the context costs. With `room_came_back` (a reservation above the cost was settled
+    /// or given back) that room may let a process waiting for the turn start alongside: a
+    /// few of them are woken (waking all would wake a storm's every waiter for each start
+    /// that settles; a start that never reserved wakes nobody, or failed tries would wake
+    /// each other in a chain).
+    pub fn context_start_ended(&self, slot: SlotId, device: DeviceId, room_came_back: bool) {
+        self.map.layout().slots[slot.index()]
+            .starting_contexts
+            .fetch_and(!(1 << device.index()), Ordering::AcqRel);
+        if room_came_back {
+            let entry = &self.map.layout().devices[device.index()];
+            entry.turn_changes.fetch_add(1, Ordering::AcqRel);
+            futex::wake(&entry.turn_changes, 2);
+        }
+    }
+
+    /// Whether a running process of the slice other than `slot` is making its first context
+    /// on `device` under a reservation that may stand above its cost: room it holds now may
+    /// come back within moments. A dead owner's mark does not count, nor a stopped one's
+    /// where its PID namespace is ours (it will not settle while stopped). One lock probe per
+    /// marked slot, so only a short-of-room caller asks.
+    pub fn context_starts_elsewhere(&self, slot: SlotId, device: DeviceId) -> bool {
+        let bit = 1 << device.index();
+        slots::claimed_slots(self.map.layout()).any(|(index, other, _)| {
+            index != slot.index()
+                && other.starting_contexts.load(Ordering::Acquire) & bit != 0
+                && slots::judge(other, index, Some(&self.file)) != Liveness::Stale
+                && !slots::owner_stopped(other)
+        })
+    }
+
     pub fn context_destroyed(&self, slot: SlotId, device: DeviceId) {
         let counter = &self.map.layout().slots[slot.index()].contexts[device.index()];
         let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));

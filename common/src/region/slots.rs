@@ -197,6 +197,7 @@ impl Region {
             slot.alive_seen_ns.store(0, Ordering::Relaxed);
             slot.dead_since.store(0, Ordering::Relaxed);
             slot.listed.store(0, Ordering::Relaxed);
+            slot.starting_contexts.store(0, Ordering::Relaxed);
             // A free slot holds no bytes and has nothing in flight (`free_slot`); its `used`
             // words keep their sequence numbers, which the devices' total tags may name.
             for contexts in &slot.contexts {
@@ -281,6 +282,18 @@ pub(super) fn free_slot(
         membership_changed(layout);
     }
     total
+}
+
+/// Whether the owner of `slot` is stopped or traced, as far as our /proc can tell (false for
+/// an owner in another PID namespace).
+pub(super) fn owner_stopped(slot: &ProcessSlot) -> bool {
+    let owner = ProcessIdentity {
+        pid: slot.pid.load(Ordering::Relaxed),
+        host_pid: 0,
+        start_time: slot.start_time.load(Ordering::Relaxed),
+        pid_ns: slot.pid_ns.load(Ordering::Relaxed),
+    };
+    owner.same_namespace_as_current() && super::proc::is_stopped(owner.pid)
 }
 
 /// The claimed slots with their state words.

@@ -1446,3 +1446,90 @@ fn a_start_believes_an_owner_a_probe_found_alive_after_it_began_and_probes_the_o
     assert_eq!(report.reclaimed.len(), 1);
     assert_eq!(report.reclaimed[0].slot, slot);
 }
+
+#[test]
+fn a_context_start_counts_for_others_only_while_its_live_owner_has_it_marked() {
+    let dir = TempDir::new("starting");
+    let (region, live, device) = region_with(&dir, Some(1024 * MIB));
+    let other_device = region
+        .bind_devices(&[limits("GPU-0", Some(1024 * MIB)), limits("GPU-1", None)])
+        .unwrap()
+        .ids[1];
+    // A dead process's slot (same PID, another start time: a PID reused).
+    let ghost = region
+        .register(&ProcessIdentity {
+            start_time: me().start_time.wrapping_sub(1),
+            ..me()
+        })
+        .unwrap();
+    assert!(
+        !region.context_starts_elsewhere(ghost, device),
+        "nothing marked"
+    );
+    region.context_start_begun(live, device);
+    assert!(
+        !region.context_starts_elsewhere(live, device),
+        "its own mark"
+    );
+    assert!(region.context_starts_elsewhere(ghost, device));
+    assert!(!region.context_starts_elsewhere(ghost, other_device));
+    region.context_start_ended(live, device, true);
+    assert!(!region.context_starts_elsewhere(ghost, device), "ended");
+    // A dead owner's mark is no reason to wait.
+    region.context_start_begun(ghost, device);
+    assert!(
+        !region.context_starts_elsewhere(live, device),
+        "a dead owner's mark"
+    );
+    // A slot claimed again starts unmarked.
+    region.unregister(ghost).unwrap();
+    let again = region.register(&me()).unwrap();
+    assert_eq!(again, ghost, "the freed slot is claimed again");
+    let words = region.map.layout().slots[again.index()]
+        .starting_contexts
+        .load(Ordering::Relaxed);
+    assert_eq!(words, 0, "a claimed slot carries no old mark");
+}
+
+#[test]
+fn a_stopped_owners_context_start_is_no_reason_to_wait() {
+    let dir = TempDir::new("starting-stopped");
+    let (region, live, device) = region_with(&dir, Some(1024 * MIB));
+    // A slot for another running process of our namespace (its lock held by our descriptor,
+    // its identity the child's), marked as making its first context.
+    let mut child = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+    let other = region
+        .register(&ProcessIdentity {
+            pid: child.id(),
+            host_pid: 0,
+            start_time: parse_stat(&stat).unwrap().start_time,
+            pid_ns: own_pid_namespace(),
+        })
+        .unwrap();
+    region.context_start_begun(other, device);
+    assert!(region.context_starts_elsewhere(live, device), "running");
+    // SAFETY: signals our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+    let stopped = (0..1000).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        proc::is_stopped(child.id())
+    });
+    assert!(stopped, "the child never showed as stopped");
+    assert!(!region.context_starts_elsewhere(live, device), "stopped");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGCONT) }, 0);
+    let running = (0..1000).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        !proc::is_stopped(child.id())
+    });
+    assert!(
+        running && region.context_starts_elsewhere(live, device),
+        "running again"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
