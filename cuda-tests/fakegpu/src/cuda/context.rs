@@ -73,6 +73,10 @@ impl Cuda {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         st.add_context(dev, self.slot(), 1);
+        // The memory is on the card while the context is being made.
+        if self.config.ctx_init_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(self.config.ctx_init_ms));
+        }
         Ok(())
     }
 

@@ -69,6 +69,10 @@ pub fn kind_of(handle: u64) -> u64 {
 pub struct Config {
     pub driver_version: i32,
     pub ctx_overhead: u64,
+    /// `FAKEGPU_CTX_INIT_MS`: how long a context's creation takes once its memory is on the
+    /// card (a real driver places the context, then initialises it for tens to hundreds of
+    /// milliseconds); 0 by default, at most 10 s.
+    pub ctx_init_ms: u64,
     pub queue_depth: usize,
     /// `FAKEGPU_NS_PER_WAVE`: the time per wave of kernels that carry no `ns_per_wave`
     /// argument (framework kernels from fatbins and cubins), clamped like the argument.
@@ -89,6 +93,7 @@ impl Config {
         Config {
             driver_version: num("FAKEGPU_DRIVER_VERSION").map_or(13000, |v| v as i32),
             ctx_overhead: num("FAKEGPU_CTX_OVERHEAD").unwrap_or(300 << 20),
+            ctx_init_ms: num("FAKEGPU_CTX_INIT_MS").unwrap_or(0).min(10_000),
             queue_depth: num("FAKEGPU_QUEUE_DEPTH").map_or(1024, |v| v.max(1) as usize),
             ns_per_wave: num("FAKEGPU_NS_PER_WAVE")
                 .unwrap_or(launch::DEFAULT_NS_PER_WAVE)
@@ -122,6 +127,7 @@ impl Default for Config {
         Config {
             driver_version: 13000,
             ctx_overhead: 300 << 20,
+            ctx_init_ms: 0,
             queue_depth: 1024,
             ns_per_wave: launch::DEFAULT_NS_PER_WAVE,
             managed_on_demand: false,
