@@ -126,8 +126,12 @@ fn storm_with(n: usize, sliced: bool, start: Start, pids: Pids) -> Figures {
     let slice = Slice::builder().device(0, "16GiB", None).build();
     let mut barrier = StartBarrier::new();
     let mut env = if sliced { slice.env(&gpu) } else { gpu.env() };
-    // Small contexts: 1,024 of the fake's default 300 MiB would not fit any card.
+    // Small contexts: 1,024 of the fake's default 300 MiB would not fit any card. The bound
+    // on a context's cost is set as an operator sets it for a card, near its contexts (the
+    // default 512 MiB is 1.7 times a V100's 300 MiB); it decides how many first contexts a
+    // slice makes at once (at most its room over twice the bound).
     env.push(("FAKEGPU_CTX_OVERHEAD".into(), (4 * MIB).to_string()));
+    env.push(("GPUSLICE_CONTEXT_OVERHEAD".into(), (8 * MIB).to_string()));
     if start == Start::AtBarrier {
         env.push(barrier.env());
     }
@@ -362,6 +366,110 @@ fn a_stopped_or_lying_broker_costs_a_storm_only_its_bounded_wait() {
         let figures = storm_with(32, true, Start::AtBarrier, Pids::OwnNamespaces { broker });
         eprintln!("{broker:?}: {}", figures.row());
     }
+}
+
+/// A tenant's best move against a slice whose context cost is known: many processes at once
+/// whose contexts cost four times the slice's figure (the driver places more for some flags
+/// and environments, and a tenant chooses both), into a slice with room for the figure for
+/// each of them. No context's cost is known before it exists, so the card may pass the cap,
+/// for the instant before an undo, by what ONE context costs beyond the figure (the one made
+/// in the slice's turn; those made alongside it reserve the configured bound, which the dear
+/// contexts stay under), never by one such difference per process. The slice then holds
+/// exactly as many as fit, each refused start refused for memory, and the ledger is the
+/// card's.
+#[test]
+fn dear_contexts_started_at_once_pass_the_cap_by_one_context_at_most() {
+    const MEMBERS: usize = 16;
+    let gpu = FakeGpu::start("v100");
+    let cap = 4 * GIB;
+    let (cheap, dear, bound, held) = (100 * MIB, 400 * MIB, 512 * MIB, 2 * MIB);
+    let slice = Slice::builder().device(0, "4GiB", None).build();
+    let mut env = slice.env(&gpu);
+    env.push(("GPUSLICE_CONTEXT_OVERHEAD".into(), bound.to_string()));
+    // The slice learns its figure from a cheap context.
+    let mut first = env.clone();
+    first.push(("FAKEGPU_CTX_OVERHEAD".into(), cheap.to_string()));
+    let out = Client::run(ClientKind::Linked, &["meminfo"], &first);
+    assert_eq!(out["free"], cap - cheap, "the figure is learnt: {out}");
+
+    let mut barrier = StartBarrier::new();
+    env.push(("FAKEGPU_CTX_OVERHEAD".into(), dear.to_string()));
+    // As on a real card, a context is on the card a while before its creation returns: the
+    // starts overlap.
+    env.push(("FAKEGPU_CTX_INIT_MS".into(), "100".into()));
+    env.push(barrier.env());
+    let mut members: Vec<Child> = (0..MEMBERS)
+        .map(|i| {
+            let kind = ClientKind::ALL[i % ClientKind::ALL.len()];
+            cuda_e2e::command(&kind.binary(), &["hold", "2MiB"], &env)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let dir = barrier_dir(&barrier);
+    wait_until("the members at the barrier", STORM_TIMEOUT, || {
+        ready_count(&dir) >= MEMBERS
+    });
+    gpu.truth().reset_peak_memory(0);
+    barrier.release(MEMBERS);
+    let results: Vec<String> = members
+        .iter_mut()
+        .map(|member| {
+            let mut line = String::new();
+            BufReader::new(member.stdout.as_mut().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            let value: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or_default();
+            // A start refused before its allocation says so under "error".
+            [&value["result"], &value["error"]]
+                .iter()
+                .find_map(|v| v.as_str())
+                .unwrap_or(line.trim())
+                .to_string()
+        })
+        .collect();
+    let peak = gpu.truth().peak_memory(0);
+    let started = results.iter().filter(|r| *r == "CUDA_SUCCESS").count();
+    let fit = (cap / (dear + held)) as usize;
+    eprintln!(
+        "{started} of {MEMBERS} started; the card's peak {} MiB against a cap of {} MiB",
+        peak / MIB,
+        cap / MIB
+    );
+    assert!(
+        peak <= cap + (dear - cheap),
+        "the card passed the cap by more than one dear context's difference: peak {} MiB, cap {} MiB ({started} started)",
+        peak / MIB,
+        cap / MIB
+    );
+    assert!(
+        results
+            .iter()
+            .all(|r| r == "CUDA_SUCCESS" || r == "CUDA_ERROR_OUT_OF_MEMORY"),
+        "{results:?}"
+    );
+    assert_eq!(started, fit, "as many as fit start: {results:?}");
+    let on_card = gpu.truth().used_memory(0);
+    assert_eq!(
+        on_card,
+        started as u64 * (dear + held),
+        "the card holds the started ones"
+    );
+    let status = cuda_e2e::region_status_with(&slice.region_path(), &gpu.env());
+    assert_eq!(
+        status["devices"][0]["used"], on_card,
+        "the ledger is the card's"
+    );
+    for member in &mut members {
+        drop(member.stdin.take());
+        let _ = member.wait();
+    }
+    wait_until("the card freed the members", STORM_TIMEOUT, || {
+        gpu.truth().used_memory(0) == 0
+    });
 }
 
 #[test]

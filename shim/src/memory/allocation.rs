@@ -239,8 +239,16 @@ fn retry_or_refuse(process: &Process, device: u8, bytes: u64) -> Result<(), CUre
     if shrank && process.ledger.charge(device, bytes).is_ok() {
         return Ok(());
     }
+    let shared = shared();
+    // Room another process's context start holds above its context's cost comes back
+    // within moments: refusing meanwhile would fail an allocation that fits.
+    if shared.is_some_and(|shared| {
+        super::context_start::wait_for_starts_to_settle(process, shared, device, bytes)
+    }) {
+        return Ok(());
+    }
     crate::log_debug!("refusing {bytes} bytes on device entry {device}: slice limit reached");
-    if let Some(shared) = shared() {
+    if let Some(shared) = shared {
         // Kept in the region, so the node agent's counter survives this process.
         shared.region.count_refusal(device_id(device));
     }

@@ -172,6 +172,137 @@ pub fn reserve(
     None
 }
 
+/// How long a process short of room waits for other processes' context starts to bring
+/// their reservations down to what their contexts cost: normally a creation and a listing
+/// (milliseconds); a starter stopped or killed mid-way costs a refusal no more than this.
+pub const STARTS_SETTLE_WAIT: Duration = MEASURING_WAIT;
+
+/// The longest sleep between two looks at the room while other starts settle.
+const SETTLE_PAUSE: Duration = Duration::from_millis(20);
+
+/// A first context being made under a reservation that may stand above its cost: marked
+/// in the process's slot (`Region::context_start_begun`) until dropped, so that a process of
+/// the slice short of room waits for it to settle instead of being refused.
+pub struct StartMark<'a> {
+    shared: &'a Shared,
+    process: &'a Process,
+    device: u8,
+    /// Whether the reservation was made (then its end gives room back).
+    reserved: bool,
+}
+
+impl Drop for StartMark<'_> {
+    fn drop(&mut self) {
+        self.shared.region.context_start_ended(
+            self.process.slot,
+            device_id(self.device),
+            self.reserved,
+        );
+    }
+}
+
+/// How a process's first context on a device whose cost the slice has measured is reserved
+/// ([`reserve_measured_cost`]).
+pub enum MeasuredReservation<'a> {
+    /// The configured bound (or the figure, if dearer) is reserved: the context is made
+    /// alongside other starts, and passes its reservation only if it costs more than the bound.
+    Alongside(u64, StartMark<'a>),
+    /// Only the figure is reserved, under the slice's turn (`None`: the turn could not be
+    /// had within its bounded wait): one such context at a time may pass its reservation
+    /// by what it costs beyond the figure.
+    InTurn(u64, Option<MeasuringTurn<'a>>),
+    /// Not even the figure fits, once other starts settled.
+    Refused,
+}
+
+/// Reserves for a process's first context on limited device entry `device`, whose cost
+/// another process of the slice measured as `cost`. Another process's context may cost
+/// more (the driver places more for some flags and environments, and a tenant chooses
+/// both), and nothing is known of it until it exists. So a context made alongside others
+/// reserves what the operator bounds a context at, `max(cost, bound)`, while it fits; where
+/// only `cost` fits, the context waits for the slice's turn, so at most one context of the
+/// slice at a time stands above its reservation by more than the bound allows. Either is
+/// settled to the context's real cost right after its creation.
+pub fn reserve_measured_cost<'a>(
+    process: &'a Process,
+    shared: &'a Shared,
+    device: u8,
+    cost: u64,
+) -> MeasuredReservation<'a> {
+    let id = device_id(device);
+    let wide = cost.max(shared.context_bound);
+    // Starts made alongside leave the slice room for one more bound: an allocation, or the
+    // start in the turn, is not starved by a stream of starts taking each byte that settles.
+    // Marked before the charge: whoever sees the reservation also sees why it may shrink.
+    let try_alongside = || {
+        let usage = shared.region.usage(id);
+        let room = usage
+            .limit
+            .map_or(u64::MAX, |limit| limit.saturating_sub(usage.used));
+        if room < wide.saturating_mul(2) {
+            return None;
+        }
+        shared.region.context_start_begun(process.slot, id);
+        let mut mark = StartMark {
+            shared,
+            process,
+            device,
+            reserved: false,
+        };
+        mark.reserved = process.ledger.charge(device, wide).is_ok();
+        mark.reserved.then_some(mark)
+    };
+    if let Some(mark) = try_alongside() {
+        return MeasuredReservation::Alongside(wide, mark);
+    }
+    // While waiting for the turn, room for the bound may come back (other starts settle).
+    let alongside = std::cell::Cell::new(None);
+    let turn = lock_for_measuring(shared.region, device, MEASURING_WAIT, || {
+        let mark = alongside.take().or_else(try_alongside);
+        let still_needed = mark.is_none();
+        alongside.set(mark);
+        still_needed
+    });
+    if let Some(mark) = alongside.take() {
+        return MeasuredReservation::Alongside(wide, mark);
+    }
+    let turn = match turn {
+        Turn::Held(turn) => Some(turn),
+        Turn::NotNeeded | Turn::GaveUp => None,
+    };
+    // Waits while other starts settle; a refusal is counted.
+    if charge_or_refuse(process, device, cost).is_ok() {
+        MeasuredReservation::InTurn(cost, turn)
+    } else {
+        MeasuredReservation::Refused
+    }
+}
+
+/// Charges `bytes` on limited device entry `device`, waiting while it does not fit and
+/// another process of the slice is starting a context under a reservation that may shrink
+/// (at most [`STARTS_SETTLE_WAIT`]). False: it does not fit, and no start is settling that
+/// might make room (nothing charged).
+pub fn wait_for_starts_to_settle(
+    process: &Process,
+    shared: &Shared,
+    device: u8,
+    bytes: u64,
+) -> bool {
+    let id = device_id(device);
+    let deadline = Instant::now() + STARTS_SETTLE_WAIT;
+    let mut pause = Duration::from_micros(500);
+    loop {
+        if process.ledger.charge(device, bytes).is_ok() {
+            return true;
+        }
+        if !shared.region.context_starts_elsewhere(process.slot, id) || Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(SETTLE_PAUSE);
+    }
+}
+
 /// Why a context was refused, for [`refusal_line`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {

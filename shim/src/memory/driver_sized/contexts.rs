@@ -9,7 +9,7 @@ use gpuslice_abi::cuda::*;
 use super::nvml::{nvml_for_cuda, nvml_processes};
 use super::pool_reservations::reread_pools;
 use crate::ground::driver::real;
-use crate::memory::context_start::{self, Expected, Refused};
+use crate::memory::context_start::{self, Expected, MeasuredReservation, Refused};
 use crate::memory::region_budget::device_id;
 use crate::memory::{cuda_binding, process, shared, Binding, Process, Shared};
 use crate::session::host_pid;
@@ -55,7 +55,8 @@ fn create_context(
     // can be measured, and the turn would only serialise the starts.
     let measure_first =
         wants_measure && unknown() && crate::ground::devices::nvml_lists_processes();
-    let (_measuring, mut nvml) = if measure_first {
+    let mut turn_given_up = false;
+    let (mut held_turn, mut nvml) = if measure_first {
         match context_start::lock_for_measuring(
             shared.region,
             device,
@@ -68,7 +69,10 @@ fn create_context(
                 None => (None, None),
             },
             // Measured all the same, unserialised.
-            context_start::Turn::GaveUp => (None, nvml_for_cuda(ordinal)),
+            context_start::Turn::GaveUp => {
+                turn_given_up = true;
+                (None, nvml_for_cuda(ordinal))
+            }
             context_start::Turn::NotNeeded => (None, None),
         }
     } else {
@@ -86,8 +90,34 @@ fn create_context(
         (_, Some(slice)) => Expected::Measured(slice),
         (_, None) => Expected::Bound(shared.context_bound),
     };
-    let Some(reserved) = context_start::reserve(process, shared, device, expected, nvml.is_some())
-    else {
+    // A first context reserved at a figure another process measured, and measured right
+    // after its creation, may cost more than that figure: made alongside other starts at the
+    // bound, or in the slice's turn at the figure (`context_start::reserve_measured_cost`).
+    // Under the turn already, or where the turn could not be had, the figure is reserved.
+    let mut _starting = None;
+    let reservation = match expected {
+        Expected::Measured(cost)
+            if own_cost == 0
+                && wants_measure
+                && (nvml.is_some() || by_listing)
+                && held_turn.is_none()
+                && !turn_given_up =>
+        {
+            match context_start::reserve_measured_cost(process, shared, device, cost) {
+                MeasuredReservation::Alongside(bytes, mark) => {
+                    _starting = Some(mark);
+                    Some(bytes)
+                }
+                MeasuredReservation::InTurn(bytes, turn) => {
+                    held_turn = turn;
+                    Some(bytes)
+                }
+                MeasuredReservation::Refused => None,
+            }
+        }
+        _ => context_start::reserve(process, shared, device, expected, nvml.is_some()),
+    };
+    let Some(reserved) = reservation else {
         let why = match expected {
             Expected::Measured(cost) => Refused::Measured(cost),
             // Only the slice's room was wanted, and there is none.
@@ -171,6 +201,8 @@ fn create_context(
             .region
             .record_context_cost(device_id(device), real_cost);
     }
+    // The next holder of the turn reserves what was just published.
+    drop(held_turn);
     let charged = match settled {
         Settled::Charged => real_cost,
         Settled::Undone => {
