@@ -160,9 +160,9 @@ pub struct DeviceEntry {
     pub memory_limit: AtomicU64,
     /// 1..=100; 0 = not throttled.
     pub compute_percent: AtomicU32,
-    /// Moves each time the measuring turn is given back (or a measurement published, or a
-    /// context start settled, `Region::context_start_ended`): the
-    /// futex word a process waiting for the turn sleeps on (`region::turn_wait`).
+    /// Moves each time the measuring turn is given back (or a measurement published): the
+    /// futex word a process waiting for the turn sleeps on (`region::turn_wait`); a context
+    /// start that gave room back wakes two of them without moving it.
     pub turn_changes: AtomicU32,
     /// The slice's utilisation of this device as the compute throttle last measured it, in
     /// basis points plus one (0 = never measured), and when (CLOCK_MONOTONIC ns). Written by

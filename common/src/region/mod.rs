@@ -959,9 +959,10 @@ impl Region {
             .starting_contexts
             .fetch_and(!(1 << device.index()), Ordering::AcqRel);
         if room_came_back {
-            let entry = &self.map.layout().devices[device.index()];
-            entry.turn_changes.fetch_add(1, Ordering::AcqRel);
-            futex::wake(&entry.turn_changes, 2);
+            // The word is not moved: a waiter about to sleep would look again at once, and a
+            // storm's waiters would spin instead of sleeping. One that misses this wake looks
+            // again at its next pause.
+            futex::wake(&self.map.layout().devices[device.index()].turn_changes, 2);
         }
     }
 
