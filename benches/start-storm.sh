@@ -14,6 +14,9 @@
 #        as in a pod: the driver lists it under a host PID it cannot see) with the shim's
 #        host-PID broker; namespaces-measured the same without the broker (each process
 #        measures its host PID at its first context); host (default) in the test's namespace.
+#        STORM_CONTEXT_BOUND=512MiB sets the shim's bound on a context's cost
+#        (GPUSLICE_CONTEXT_OVERHEAD; default 8 MiB, twice the storm's 4 MiB contexts): a slice
+#        makes at most its room over twice the bound of first contexts at once.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"

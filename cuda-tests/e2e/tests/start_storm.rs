@@ -131,7 +131,8 @@ fn storm_with(n: usize, sliced: bool, start: Start, pids: Pids) -> Figures {
     // default 512 MiB is 1.7 times a V100's 300 MiB); it decides how many first contexts a
     // slice makes at once (at most its room over twice the bound).
     env.push(("FAKEGPU_CTX_OVERHEAD".into(), (4 * MIB).to_string()));
-    env.push(("GPUSLICE_CONTEXT_OVERHEAD".into(), (8 * MIB).to_string()));
+    let bound = std::env::var("STORM_CONTEXT_BOUND").unwrap_or_else(|_| (8 * MIB).to_string());
+    env.push(("GPUSLICE_CONTEXT_OVERHEAD".into(), bound));
     if start == Start::AtBarrier {
         env.push(barrier.env());
     }

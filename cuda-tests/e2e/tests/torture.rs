@@ -265,14 +265,16 @@ fn fork_storm_workers_block_nobody_and_a_killed_parents_budget_follows_the_card(
 /// the slice gives back: a dead process's budget must not come back while the card still
 /// holds its context. Run twice: as on a host (NVML names processes by their own PIDs, learnt once
 /// for the slice), and as in a container (NVML's PIDs differ, `FAKEGPU_PID_OFFSET`: a victim
-/// may die before its NVML PID is known, and only the stated bound gives its budget back).
-/// The fake frees a dead process's memory half a second after it died. Judged by the card's
+/// may die before its NVML PID is known, and only the stated bound gives its budget back);
+/// and on a host again with the bound on a context's cost near the contexts (96 MiB against
+/// 64 MiB), so that starts are made alongside each other at the bound and a victim dies
+/// with its start marked in its slot. The fake frees a dead process's memory half a second after it died. Judged by the card's
 /// high-water mark; afterwards the budget comes back whole.
 #[test]
 fn early_kills_never_leave_a_dead_context_on_the_card_past_the_cap() {
     const SMALL_CONTEXT: u64 = 64 * MIB;
     let mut rng = Rng::from_env_or_clock();
-    for container_pids in [false, true] {
+    for (container_pids, bound) in [(false, None), (true, None), (false, Some(96 * MIB))] {
         let gpu = FakeGpu::start("v100");
         let cap = 512 * MIB;
         let slice = Slice::builder().device(0, "512MiB", None).build();
@@ -280,6 +282,9 @@ fn early_kills_never_leave_a_dead_context_on_the_card_past_the_cap() {
         env.push(("FAKEGPU_CTX_OVERHEAD".into(), SMALL_CONTEXT.to_string()));
         if container_pids {
             env.push(("FAKEGPU_PID_OFFSET".into(), "100000".into()));
+        }
+        if let Some(bound) = bound {
+            env.push(("GPUSLICE_CONTEXT_OVERHEAD".into(), bound.to_string()));
         }
         // The driver tears a dead process's memory down a little after it is gone, as a
         // real one may: a budget given back on the kernel's word alone lands on the card
@@ -335,7 +340,7 @@ fn early_kills_never_leave_a_dead_context_on_the_card_past_the_cap() {
         }
         let peak = gpu.truth().peak_memory(0);
         eprintln!(
-            "early kills ({}): {kills} kills within {start_ms} ms of their start, {in_the_window} with a context made and nothing measured; physical peak {} MiB of {} MiB",
+            "early kills ({}, bound {bound:?}): {kills} kills within {start_ms} ms of their start, {in_the_window} with a context made and nothing measured; physical peak {} MiB of {} MiB",
             if container_pids {
                 "container PIDs"
             } else {

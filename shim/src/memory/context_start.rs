@@ -1,6 +1,7 @@
-//! Starting a context in the slice: what is reserved before the driver makes it, the lock
-//! under which one process of the slice at a time measures a new context, and the one line
-//! that says why a context was refused.
+//! Starting a context in the slice: what is reserved before the driver makes it (the bound
+//! for a start made alongside others, the slice's figure in its turn), the lock under which
+//! one process of the slice at a time measures a new context, and the one line that says why
+//! a context was refused.
 //!
 //! Why a lock: what a context costs, and which NVML process entry is ours, are read by
 //! diffing NVML's process list around the creation (see `session::host_pid`). Processes of a slice
