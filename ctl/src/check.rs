@@ -168,6 +168,12 @@ pub fn describe(config: &SliceConfig) -> Vec<String> {
     if let Some(level) = config.log_level {
         tail.push_str(&format!("; log {level}"));
     }
+    if let Some(bound) = config.context_bound {
+        tail.push_str(&format!(
+            "; a context bounded at {}",
+            gpuslice_common::size::format_size(bound)
+        ));
+    }
     lines.push(tail);
     lines
 }
@@ -257,6 +263,15 @@ mod tests {
                 "device GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf: memory 1 GiB, compute not throttled",
                 "region /run/a.region; policy burst",
             ]
+        );
+        let bounded = parse_limit_file(
+            Path::new("x.json"),
+            r#"{"version": 1, "region": "/run/a.region", "context_overhead": "768MiB", "devices": []}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            describe(&bounded).last().unwrap(),
+            "region /run/a.region; policy cap; a context bounded at 768 MiB"
         );
     }
 }

@@ -70,6 +70,7 @@ pub fn run(args: &DemoArgs) -> CliResult<()> {
         policy: ComputePolicy::Cap,
         priority: Default::default(),
         log_level: None,
+        context_bound: None,
     };
     let cards = sandbox.host_cards()?;
     let card = cards

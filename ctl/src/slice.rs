@@ -102,6 +102,12 @@ pub struct SliceArgs {
     /// Log level the shim uses (off, error, warn, info, debug, trace).
     #[arg(long, value_name = "LEVEL", value_parser = parse_log_arg)]
     pub log: Option<LogLevel>,
+
+    /// The most one CUDA context costs on the slice's cards (`context_overhead`, default
+    /// 512 MiB): what a first context reserves before its cost is measured, and what contexts
+    /// started together each reserve.
+    #[arg(long = "context-overhead", value_name = "SIZE", value_parser = parse_memory_arg)]
+    pub context_overhead: Option<u64>,
 }
 
 /// Parses `DEV[:memory=SIZE,compute=PCT]` (see the module doc).
@@ -279,6 +285,7 @@ impl SliceArgs {
             policy: self.policy.into(),
             priority: self.priority.into(),
             log_level: self.log,
+            context_bound: self.context_overhead,
         };
         validate(&config)
     }
@@ -400,6 +407,7 @@ mod tests {
             policy: PolicyArg::Cap,
             priority: PriorityArg::Normal,
             log: None,
+            context_overhead: None,
         }
     }
 
@@ -420,6 +428,21 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn a_context_bound_reaches_the_file_and_is_checked_like_one() {
+        let mut bounded = args(&["0"], Some(2 * GIB), None);
+        bounded.context_overhead = Some(768 << 20);
+        let config = bounded.to_config(None, NoDevices::Refuse).unwrap();
+        assert_eq!(config.context_bound, Some(768 << 20));
+        assert!(config::to_json(&config).contains("\"context_overhead\": \"768 MiB\""));
+        bounded.context_overhead = Some(4 << 40);
+        let err = bounded
+            .to_config(None, NoDevices::Refuse)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("context_overhead"), "{err}");
     }
 
     #[test]

@@ -57,6 +57,12 @@ struct Args {
     /// pod then does not queue to measure it). Without it the shim measures.
     #[arg(long = "host-pid-dir", value_name = "DIR")]
     host_pid_dir: Option<PathBuf>,
+    /// The most one CUDA context costs on this node's cards (such as 768MiB), written into
+    /// every claim's limit file: what a first context reserves before its cost is measured,
+    /// and what contexts started together each reserve, so that contexts dearer than the
+    /// slice's measured figure cannot pass its cap together [default: the shim's, 512 MiB].
+    #[arg(long = "context-overhead", value_name = "SIZE", value_parser = parse_context_overhead)]
+    context_overhead: Option<u64>,
     /// The kubelet's plugin directory of this driver (its DRA socket is dra.sock in it).
     #[arg(long, default_value = "/var/lib/kubelet/plugins/gpuslice.dev")]
     plugin_dir: PathBuf,
@@ -158,6 +164,7 @@ fn run(args: Args) -> Result<(), String> {
         lib_host: lib,
         lib_container: args.container_lib.clone(),
         host_pid_dir: args.host_pid_dir.clone(),
+        context_bound: args.context_overhead,
         nvidia_cdi,
     };
     let preparer = Arc::new(Preparer::new(settings, gpus.clone()));
@@ -284,5 +291,34 @@ fn main() -> ExitCode {
             eprintln!("gpuslice-dra: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `--context-overhead`: a size the limit file accepts (not 0, at most 1 TiB).
+fn parse_context_overhead(text: &str) -> Result<u64, String> {
+    let file =
+        serde_json::json!({"version": 1, "context_overhead": text, "devices": []}).to_string();
+    gpuslice_common::config::parse_limit_file(std::path::Path::new("--context-overhead"), &file)
+        .map_err(|e| e.problem)
+        .and_then(|config| {
+            config
+                .context_bound
+                .ok_or_else(|| "no size given".to_string())
+        })
+}
+
+#[cfg(test)]
+mod context_overhead_flag {
+    use super::parse_context_overhead;
+
+    #[test]
+    fn a_size_is_taken_and_nonsense_named() {
+        assert_eq!(parse_context_overhead("768MiB"), Ok(768 << 20));
+        assert_eq!(parse_context_overhead("1073741824"), Ok(1 << 30));
+        assert!(parse_context_overhead("0").unwrap_err().contains("0 would"));
+        assert!(parse_context_overhead("2TiB")
+            .unwrap_err()
+            .contains("more than any card"));
+        assert!(parse_context_overhead("lots\"}").is_err());
     }
 }

@@ -78,6 +78,9 @@ pub struct Settings {
     /// The host directory of the node agent's host-PID broker socket, mounted into every
     /// prepared container (`None`: not mounted).
     pub host_pid_dir: Option<PathBuf>,
+    /// The most one CUDA context may cost on this node's cards, written into every claim's
+    /// limit file (`context_overhead`; `None`: the shim's default, 512 MiB).
+    pub context_bound: Option<u64>,
     /// `Some`: every GPU of a claim also gets NVIDIA's CDI device `<kind>=<uuid>`.
     pub nvidia_cdi: Option<NvidiaCdi>,
 }
@@ -429,6 +432,7 @@ impl Preparer {
             // Claims carry no priority yet (a DeviceClass config parameter could).
             priority: Default::default(),
             log_level: None,
+            context_bound: self.settings.context_bound,
         };
         write_atomically(&dir, "limits.json", to_json(&config).as_bytes())
             .map_err(|e| format!("cannot write {}/limits.json: {e}", dir.display()))?;

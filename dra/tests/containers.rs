@@ -123,6 +123,7 @@ async fn a_prepared_claim_is_an_enforced_slice_in_podman_containers() {
         lib_host: bin.join("libgpuslice.so"),
         lib_container: "/usr/lib/gpuslice/libgpuslice.so".into(),
         host_pid_dir: Some(broker.socket.parent().unwrap().to_path_buf()),
+        context_bound: None,
         nvidia_cdi: None,
     };
     let preparer = Arc::new(Preparer::new(settings, gpus));

@@ -60,6 +60,26 @@ fn the_host_pid_broker_is_mounted_only_while_its_directory_exists() {
     assert_eq!(mount["options"][0], "ro");
 }
 
+/// The node's bound on a context's cost reaches every claim's limit file, where the shim
+/// reads it (the environment cannot change it under an anchored file).
+#[test]
+fn the_nodes_context_bound_is_written_into_each_limit_file() {
+    for bound in [None, Some(768 << 20)] {
+        let scratch = Scratch::new("bound");
+        let mut settings = settings(&scratch, false);
+        settings.context_bound = bound;
+        let p = Preparer::new(settings, gpus());
+        let uid = "0b9f4c1e-3333-4000-8000-000000000001";
+        let claim = claim("team-a", "claim-b", uid, &[ours("slice", "gpu-1-25-c")]);
+        p.prepare(&want(uid), &claim).expect("prepared");
+        let limits = p.claim_dir(uid).join("limits.json");
+        let text = fs::read_to_string(&limits).unwrap();
+        let config = parse_limit_file(&limits, &text).unwrap();
+        assert_eq!(config.context_bound, bound, "{text}");
+        assert_eq!(text.contains("context_overhead"), bound.is_some(), "{text}");
+    }
+}
+
 #[test]
 fn a_quarter_product_becomes_an_8gib_25_percent_slice_with_its_cdi_spec() {
     let scratch = Scratch::new("quarter");

@@ -163,6 +163,7 @@ pub fn from_hami_env(
         policy,
         priority,
         log_level,
+        context_bound: None,
     }))
 }
 

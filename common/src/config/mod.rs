@@ -27,6 +27,7 @@
 //!  "policy": "cap",
 //!  "priority": "normal",
 //!  "log": "error",
+//!  "context_overhead": "768MiB",
 //!  "devices": [
 //!     {"uuid": "GPU-8a5d...", "memory": "8GiB", "compute": 25},
 //!     {"index": 1, "memory": 17179869184, "virtual": "24GiB"}
@@ -35,7 +36,11 @@
 //! `version` and `devices` are required (`devices` may be empty); `region` must be an
 //! absolute path (a relative one would differ per process working directory and split the
 //! slice); `policy` is `cap|burst|off` (default `cap`); `priority` is `high|normal|low` (default
-//! `normal`: who gets idle time first under `burst`); `log` is `off|error|warn|info|debug|trace`.
+//! `normal`: who gets idle time first under `burst`); `log` is `off|error|warn|info|debug|trace`;
+//! `context_overhead` (a size, not 0, at most 1 TiB; default 512 MiB) is the most one CUDA
+//! context may cost on the slice's cards: what a first context reserves before its cost is
+//! measured, and what contexts made alongside each other reserve (set it near the dearest
+//! context the cards make).
 //! Each device names exactly one of `uuid` or `index` (0..=15), and may give `memory` (size
 //! string or integer bytes, not 0), `compute` (1..=100) and `virtual` (opt-in
 //! oversubscription: a size at least `memory`, given only beside it; the slice's processes are

@@ -17,7 +17,15 @@ use super::{
 use crate::size::parse_size;
 use crate::text::{shorten, MAX_QUOTED};
 
-const TOP_LEVEL_FIELDS: [&str; 6] = ["version", "region", "policy", "priority", "log", "devices"];
+const TOP_LEVEL_FIELDS: [&str; 7] = [
+    "version",
+    "region",
+    "policy",
+    "priority",
+    "log",
+    "context_overhead",
+    "devices",
+];
 const DEVICE_FIELDS: [&str; 5] = ["uuid", "index", "memory", "compute", "virtual"];
 
 /// Parses a limit file's text. `path_for_messages` only labels errors and becomes
@@ -130,6 +138,10 @@ pub fn parse_limit_file(path_for_messages: &Path, text: &str) -> Result<SliceCon
             ))
         }
     };
+    let context_bound = match top.get("context_overhead") {
+        None => None,
+        Some(value) => Some(parse_context_bound(value).map_err(|p| fail("context_overhead", p))?),
+    };
     let devices = match top.get("devices") {
         None => {
             return Err(fail(
@@ -165,6 +177,7 @@ pub fn parse_limit_file(path_for_messages: &Path, text: &str) -> Result<SliceCon
         policy,
         priority,
         log_level,
+        context_bound,
     })
 }
 
@@ -457,6 +470,37 @@ fn parse_memory(value: &Value) -> Result<u64, String> {
     };
     if bytes == 0 {
         return Err("0 would refuse every allocation; omit memory to leave it unlimited".into());
+    }
+    Ok(bytes)
+}
+
+/// The largest `context_overhead` accepted: above any card's whole memory, so a typo of
+/// units cannot make every context reserve a petabyte.
+pub const MAX_CONTEXT_BOUND: u64 = 1 << 40;
+
+fn parse_context_bound(value: &Value) -> Result<u64, String> {
+    let bytes = match value {
+        Value::String(text) => parse_size(text).map_err(|e| e.to_string())?,
+        Value::Number(n) => n.as_u64().ok_or_else(|| {
+            format!("{n} is not a whole number of bytes; write a size such as \"768MiB\"")
+        })?,
+        other => {
+            return Err(format!(
+                "expected a size such as \"768MiB\" or a number of bytes, found {}",
+                json_kind(other)
+            ))
+        }
+    };
+    if bytes == 0 {
+        return Err(
+            "0 would let contexts reserve nothing before their cost is known; omit it for the default (512 MiB)"
+                .into(),
+        );
+    }
+    if bytes > MAX_CONTEXT_BOUND {
+        return Err(format!(
+            "{bytes} bytes is more than any card holds (at most 1 TiB); give what one context costs, such as \"768MiB\""
+        ));
     }
     Ok(bytes)
 }

@@ -94,6 +94,11 @@ pub struct SliceConfig {
     pub priority: Priority,
     /// Log level from the file or env (`GPUSLICE_LOG`, `LIBCUDA_LOG_LEVEL`).
     pub log_level: Option<LogLevel>,
+    /// The most one CUDA context may cost on the slice's cards (`context_overhead`): what a
+    /// first context reserves before its cost is measured, and what each context made
+    /// alongside others reserves. `None` = the shim's default (512 MiB), or, where no limit
+    /// file is anchored, `GPUSLICE_CONTEXT_OVERHEAD`.
+    pub context_bound: Option<u64>,
 }
 
 /// Why a configuration was refused. Display is the one line users see:

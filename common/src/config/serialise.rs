@@ -20,6 +20,8 @@ pub fn to_json(config: &SliceConfig) -> String {
         priority: Option<&'static str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         log: Option<&'static str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        context_overhead: Option<MemoryOut>,
         devices: Vec<DeviceOut>,
     }
     #[derive(Serialize)]
@@ -42,6 +44,14 @@ pub fn to_json(config: &SliceConfig) -> String {
         Text(String),
     }
 
+    let size = |bytes: u64| {
+        let text = format_size(bytes);
+        if text.ends_with(" B") {
+            MemoryOut::Bytes(bytes)
+        } else {
+            MemoryOut::Text(text)
+        }
+    };
     let devices = config
         .devices
         .iter()
@@ -49,14 +59,6 @@ pub fn to_json(config: &SliceConfig) -> String {
             let (uuid, index) = match &limit.selector {
                 DeviceSelector::Uuid(uuid) => (Some(uuid.clone()), None),
                 DeviceSelector::Index(index) => (None, Some(*index)),
-            };
-            let size = |bytes: u64| {
-                let text = format_size(bytes);
-                if text.ends_with(" B") {
-                    MemoryOut::Bytes(bytes)
-                } else {
-                    MemoryOut::Text(text)
-                }
             };
             DeviceOut {
                 uuid,
@@ -77,6 +79,7 @@ pub fn to_json(config: &SliceConfig) -> String {
         // Normal is the default: files that never named a priority keep their shape.
         priority: (config.priority != Priority::Normal).then(|| config.priority.as_str()),
         log: config.log_level.map(LogLevel::as_str),
+        context_overhead: config.context_bound.map(size),
         devices,
     };
     let mut text = serde_json::to_string_pretty(&file)

@@ -71,6 +71,7 @@ fn parses_the_documented_example() {
             policy: ComputePolicy::Burst,
             priority: Default::default(),
             log_level: Some(LogLevel::Debug),
+            context_bound: None,
         }
     );
 }
@@ -386,6 +387,7 @@ fn limit_for_prefers_uuid_then_index() {
         policy: ComputePolicy::Cap,
         priority: Default::default(),
         log_level: None,
+        context_bound: None,
     };
     assert_eq!(
         config.limit_for(0, "gpu-aaa").unwrap().memory_limit,
@@ -803,26 +805,30 @@ fn arbitrary_config() -> impl Strategy<Value = SliceConfig> {
         policy,
         priority,
         log,
+        prop::option::of(1u64..=super::parse::MAX_CONTEXT_BOUND),
     )
-        .prop_map(|(limits, region, policy, priority, log_level)| {
-            let mut devices: Vec<DeviceLimit> = Vec::new();
-            for limit in limits {
-                if !devices
-                    .iter()
-                    .any(|d| same_selector(&d.selector, &limit.selector))
-                {
-                    devices.push(limit);
+        .prop_map(
+            |(limits, region, policy, priority, log_level, context_bound)| {
+                let mut devices: Vec<DeviceLimit> = Vec::new();
+                for limit in limits {
+                    if !devices
+                        .iter()
+                        .any(|d| same_selector(&d.selector, &limit.selector))
+                    {
+                        devices.push(limit);
+                    }
                 }
-            }
-            SliceConfig {
-                source: ConfigSource::File("/p.json".into()),
-                devices,
-                region_path: region.map(PathBuf::from),
-                policy,
-                priority,
-                log_level,
-            }
-        })
+                SliceConfig {
+                    source: ConfigSource::File("/p.json".into()),
+                    devices,
+                    region_path: region.map(PathBuf::from),
+                    policy,
+                    priority,
+                    log_level,
+                    context_bound,
+                }
+            },
+        )
 }
 
 proptest! {
@@ -1203,4 +1209,32 @@ fn hami_indexed_variables_name_their_devices_and_defaults_name_none() {
             ("CUDA_DEVICE_MEMORY_LIMIT_7".to_string(), 7),
         ]
     );
+}
+
+#[test]
+fn the_context_bound_is_a_size_within_what_a_card_holds() {
+    let with = |value: &str| {
+        file(&format!(
+            r#"{{"version": 1, "context_overhead": {value}, "devices": []}}"#
+        ))
+    };
+    assert_eq!(with(r#""768MiB""#).unwrap().context_bound, Some(768 << 20));
+    assert_eq!(with("1073741824").unwrap().context_bound, Some(1 << 30));
+    assert_eq!(
+        file(r#"{"version": 1, "devices": []}"#)
+            .unwrap()
+            .context_bound,
+        None
+    );
+    for (value, says) in [
+        ("0", "0 would let contexts reserve nothing"),
+        (r#""2TiB""#, "more than any card holds"),
+        (r#""lots""#, "lots"),
+        ("-5", "not a whole number"),
+        ("true", "expected a size"),
+    ] {
+        let err = with(value).unwrap_err();
+        assert_eq!(err.field, "context_overhead", "{value}");
+        assert!(err.problem.contains(says), "{value}: {}", err.problem);
+    }
 }

@@ -1280,4 +1280,27 @@ fn without_nvml_a_small_slice_names_the_bound_as_the_way_out() {
         let out = Client::run(kind, &["meminfo"], &env);
         assert_eq!(out["free"], 100 * MIB, "{kind:?}: {out}");
     }
+    // The limit file's "context_overhead" is the same setting (the only one an anchored file
+    // leaves), named as such when it is the way out.
+    for (bound, fits) in [("300MiB", true), ("600MiB", false)] {
+        let slice = Slice::builder()
+            .raw(&format!(
+                r#"{{"version": 1, "region": "{{region}}", "context_overhead": "{bound}", "devices": [{{"index": 0, "memory": "400MiB"}}]}}"#
+            ))
+            .build();
+        let env = slice.env(&gpu);
+        let out = Client::output(ClientKind::Cudarc, &["meminfo"], &env);
+        let line = json_line(&out);
+        if fits {
+            assert_eq!(line["free"], 100 * MIB, "{bound}: {line}");
+            continue;
+        }
+        assert_eq!(line["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{bound}: {line}");
+        let lines = shim_lines(&out);
+        assert!(
+            lines[0].contains("600 MiB")
+                && lines[0].contains("\"context_overhead\" in the limit file"),
+            "{bound}: {lines:?}"
+        );
+    }
 }

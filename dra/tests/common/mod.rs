@@ -84,6 +84,7 @@ pub fn settings(scratch: &Scratch, nvidia: bool) -> Settings {
         lib_host: lib,
         lib_container: "/usr/lib/gpuslice/libgpuslice.so".into(),
         host_pid_dir: None,
+        context_bound: None,
         nvidia_cdi: nvidia.then(|| NvidiaCdi {
             kind: "nvidia.com/gpu".into(),
         }),

@@ -312,6 +312,7 @@ mod tests {
             policy: ComputePolicy::Cap,
             priority: Default::default(),
             log_level: None,
+            context_bound: None,
         }
     }
 

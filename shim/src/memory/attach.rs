@@ -31,10 +31,12 @@ pub const CONTEXT_BOUND_ENV: &str = "GPUSLICE_CONTEXT_OVERHEAD";
 /// (~300-500 MiB) so the first context never under-reserves.
 pub const DEFAULT_CONTEXT_BOUND: u64 = 512 << 20;
 
-/// The context bound: [`CONTEXT_BOUND_ENV`] where no limit file is anchored. Under an anchored
-/// file it is ignored (with a warning): a tenant that set it small would make the slice's
-/// first context under-reserve, i.e. change what is enforced.
-fn context_bound_from_env() -> u64 {
+/// The context bound: the limit file's `context_overhead`, which [`CONTEXT_BOUND_ENV`]
+/// overrides only where no limit file is anchored. Under an anchored file the variable is
+/// ignored (with a warning): a tenant that set it small would make the slice's contexts
+/// under-reserve, i.e. change what is enforced.
+fn context_bound(config: &SliceConfig) -> u64 {
+    let configured = config.context_bound.unwrap_or(DEFAULT_CONTEXT_BOUND);
     if crate::session::mode::anchored() {
         if let Ok(text) = std::env::var(CONTEXT_BOUND_ENV) {
             if !text.trim().is_empty() {
@@ -45,7 +47,7 @@ fn context_bound_from_env() -> u64 {
                 );
             }
         }
-        return DEFAULT_CONTEXT_BOUND;
+        return configured;
     }
     match std::env::var(CONTEXT_BOUND_ENV) {
         Ok(text) if !text.trim().is_empty() => {
@@ -53,14 +55,14 @@ fn context_bound_from_env() -> u64 {
                 Ok(bytes) if bytes > 0 => bytes,
                 _ => {
                     crate::log_error!(
-                        "{CONTEXT_BOUND_ENV}={:?} is not a size; using {DEFAULT_CONTEXT_BOUND} bytes",
+                        "{CONTEXT_BOUND_ENV}={:?} is not a size; using {configured} bytes",
                         gpuslice_common::text::shorten(&text, 64)
                     );
-                    DEFAULT_CONTEXT_BOUND
+                    configured
                 }
             }
         }
-        _ => DEFAULT_CONTEXT_BOUND,
+        _ => configured,
     }
 }
 
@@ -78,7 +80,7 @@ pub fn attach(config: &SliceConfig) -> Result<(), String> {
                 region,
                 config: config.clone(),
                 bindings: DeviceBindings::new(),
-                context_bound: context_bound_from_env(),
+                context_bound: context_bound(config),
                 context_cost: std::array::from_fn(|_| AtomicU64::new(0)),
             }));
             SHARED.store(fresh as *const Shared as *mut Shared, Ordering::Release);

@@ -325,6 +325,7 @@ pub fn refusal_line(
     limit: u64,
     used: u64,
     limit_origin: &str,
+    bound_setting: &str,
 ) -> String {
     let size = format_size_approx;
     let holds = format!(
@@ -343,7 +344,7 @@ pub fn refusal_line(
             size(cost)
         ),
         Refused::Unmeasured { bound } => format!(
-            "refusing a context on device {device}: what a context costs on this card could not be measured (NVML could not tell), so the {} bound is charged and {holds}; set {CONTEXT_BOUND_ENV} to the card's per-context cost",
+            "refusing a context on device {device}: what a context costs on this card could not be measured (NVML could not tell), so the {} bound is charged and {holds}; set {bound_setting} to the card's per-context cost",
             size(bound)
         ),
         Refused::Full => format!("refusing a context on device {device}: {holds}"),
@@ -359,9 +360,22 @@ static SAID: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_
 pub fn log_refusal(shared: &Shared, device: u8, why: Refused) {
     let id = device_id(device);
     let usage = shared.region.usage(id);
-    let origin = match &shared.config.source {
-        ConfigSource::File(path) => format!("limit file {}", path.display()),
-        ConfigSource::Env => HAMI_MEMORY_LIMIT_ENV.to_string(),
+    let (origin, bound_setting) = match &shared.config.source {
+        ConfigSource::File(path) if crate::session::mode::anchored() => (
+            format!("limit file {}", path.display()),
+            format!("\"context_overhead\" in the limit file {}", path.display()),
+        ),
+        ConfigSource::File(path) => (
+            format!("limit file {}", path.display()),
+            format!(
+                "{CONTEXT_BOUND_ENV} (or \"context_overhead\" in the limit file {})",
+                path.display()
+            ),
+        ),
+        ConfigSource::Env => (
+            HAMI_MEMORY_LIMIT_ENV.to_string(),
+            CONTEXT_BOUND_ENV.to_string(),
+        ),
     };
     let line = refusal_line(
         &shared.region.device_uuid(id),
@@ -369,6 +383,7 @@ pub fn log_refusal(shared: &Shared, device: u8, why: Refused) {
         usage.limit.unwrap_or(u64::MAX),
         usage.used,
         &origin,
+        &bound_setting,
     );
     let first = SAID
         .get(device as usize)
@@ -435,6 +450,7 @@ mod tests {
             256 * MIB,
             0,
             "limit file /etc/l.json",
+            CONTEXT_BOUND_ENV,
         );
         assert!(
             line.contains("300 MiB") && line.contains("256 MiB"),
@@ -452,6 +468,7 @@ mod tests {
             1024 * MIB,
             900 * MIB,
             "limit file /etc/l.json",
+            CONTEXT_BOUND_ENV,
         );
         assert!(
             line.contains("300 MiB") && line.contains("900 MiB"),
@@ -459,7 +476,14 @@ mod tests {
         );
         assert!(line.contains("1 GiB"), "{line}");
         assert!(!line.contains("/etc/l.json") && !line.contains(CONTEXT_BOUND_ENV));
-        let full = refusal_line("GPU-1", Refused::Full, 1024 * MIB, 1024 * MIB, "x");
+        let full = refusal_line(
+            "GPU-1",
+            Refused::Full,
+            1024 * MIB,
+            1024 * MIB,
+            "x",
+            CONTEXT_BOUND_ENV,
+        );
         assert!(
             !full.contains(CONTEXT_BOUND_ENV) && !full.contains(" x"),
             "{full}"
@@ -474,6 +498,7 @@ mod tests {
             400 * MIB,
             0,
             "limit file /etc/l.json",
+            CONTEXT_BOUND_ENV,
         );
         assert!(
             line.contains(CONTEXT_BOUND_ENV) && line.contains("512 MiB"),

@@ -91,6 +91,7 @@ mod tests {
             policy: ComputePolicy::Cap,
             priority: Default::default(),
             log_level: None,
+            context_bound: None,
         };
         assert!(matches!(
             mode_from(Loaded::Configured(config)),
@@ -113,6 +114,7 @@ mod tests {
             policy,
             priority: Default::default(),
             log_level: None,
+            context_bound: None,
         };
         assert!(config_throttles(&config(ComputePolicy::Cap, Some(25))));
         assert!(config_throttles(&config(ComputePolicy::Burst, Some(99))));
@@ -130,6 +132,7 @@ mod tests {
             policy: ComputePolicy::Cap,
             priority: Default::default(),
             log_level: None,
+            context_bound: None,
         };
         let line = region_error(&config, "open: No such file or directory".into()).to_string();
         assert!(

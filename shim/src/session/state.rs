@@ -289,6 +289,7 @@ mod tests {
             policy: ComputePolicy::Cap,
             priority: Default::default(),
             log_level: None,
+            context_bound: None,
         }
     }
 
