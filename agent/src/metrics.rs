@@ -110,6 +110,16 @@ pub fn render(
         Gauge,
         "The slice's utilisation of the device as its compute throttle last measured it.",
     );
+    let mut context_cost = Family::new(
+        "gpuslice_slice_context_cost_bytes",
+        Gauge,
+        "What one CUDA context costs on the device, the largest figure a process of the slice measured from the driver (absent: none measured yet). Above gpuslice_slice_context_bound_bytes, contexts started together may pass the cap by the difference: raise the bound.",
+    );
+    let mut context_bound = Family::new(
+        "gpuslice_slice_context_bound_bytes",
+        Gauge,
+        "The most one context may cost as the slice's limit file sets it (context_overhead; absent: the shim's default, 512 MiB): what contexts started together each reserve.",
+    );
     let mut refused = Family::new(
         "gpuslice_slice_refused_allocations_total",
         Counter,
@@ -247,6 +257,9 @@ pub fn render(
             1.0,
         );
         slice_processes.add(&[("slice", name)], slice.registered().count() as f64);
+        if let Some(bound) = slice.found.config.as_ref().and_then(|c| c.context_bound) {
+            context_bound.add(&[("slice", name)], bound as f64);
+        }
         let broken = view.broken.iter().filter(|(i, _, _)| *i == index).count();
         broken_region.add(&[("slice", name)], broken as f64);
         if let Some(snapshot) = &slice.snapshot {
@@ -310,6 +323,9 @@ pub fn render(
             }
             if let Some((bytes, _)) = view.cap(index, &device.uuid) {
                 limit.add(&labels, bytes as f64);
+            }
+            if let Some(bytes) = device.context_cost {
+                context_cost.add(&labels, bytes as f64);
             }
             let entry = device.id.index();
             let released = snapshot.released_bytes(entry, &listed);
@@ -416,6 +432,8 @@ pub fn render(
         &driver_processes,
         &share,
         &measured,
+        &context_cost,
+        &context_bound,
         &refused,
         &throttled,
         &fail_closed,
@@ -540,6 +558,40 @@ mod tests {
                 .filter(|l| l.starts_with("gpuslice_slice_memory_limit_bytes{"))
                 .count(),
             1,
+            "{text}"
+        );
+    }
+
+    /// The measured context cost per device and the limit file's bound per slice, side by
+    /// side: a cost above the bound is what an operator raises the bound for.
+    #[test]
+    fn a_slices_context_cost_is_shown_beside_its_bound() {
+        let mut region = crate::collect::fixtures::one_device_region("GPU-a", 1 << 30, vec![]);
+        region.devices[0].context_cost = Some(600 << 20);
+        let config = parse_limit_file(
+            Path::new("s.json"),
+            r#"{"version": 1, "context_overhead": "512MiB", "devices": []}"#,
+        )
+        .unwrap();
+        let slice = SliceState {
+            counters: None,
+            found: FoundSlice {
+                config: Some(config),
+                ..FoundSlice::named("s")
+            },
+            snapshot: Some(region),
+            region_id: None,
+        };
+        let view = crate::collect::fixtures::view(vec![slice], Err("no driver".into()));
+        let text = render(&view, &Counters::default(), None, 0.0);
+        assert!(
+            text.contains(
+                "gpuslice_slice_context_cost_bytes{slice=\"s\",uuid=\"GPU-a\",index=\"\"} 629145600"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpuslice_slice_context_bound_bytes{slice=\"s\"} 536870912"),
             "{text}"
         );
     }
