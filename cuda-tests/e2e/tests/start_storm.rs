@@ -340,6 +340,21 @@ fn storm_with_bound(n: usize, sliced: bool, start: Start, pids: Pids, bound: Str
     figures
 }
 
+/// What a `hold` client's first line says: its result, or the error of a start refused
+/// before its allocation (or the line itself when it is neither).
+fn first_result(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let value: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or_default();
+    [&value["result"], &value["error"]]
+        .iter()
+        .find_map(|v| v.as_str())
+        .unwrap_or(line.trim())
+        .to_string()
+}
+
 fn barrier_dir(barrier: &StartBarrier) -> std::path::PathBuf {
     let (_, fifo) = barrier.env();
     std::path::Path::new(&fifo).parent().unwrap().to_path_buf()
@@ -424,22 +439,7 @@ fn dear_contexts_started_at_once_pass_the_cap_by_one_context_at_most() {
     });
     gpu.truth().reset_peak_memory(0);
     barrier.release(MEMBERS);
-    let results: Vec<String> = members
-        .iter_mut()
-        .map(|member| {
-            let mut line = String::new();
-            BufReader::new(member.stdout.as_mut().unwrap())
-                .read_line(&mut line)
-                .unwrap();
-            let value: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or_default();
-            // A start refused before its allocation says so under "error".
-            [&value["result"], &value["error"]]
-                .iter()
-                .find_map(|v| v.as_str())
-                .unwrap_or(line.trim())
-                .to_string()
-        })
-        .collect();
+    let results: Vec<String> = members.iter_mut().map(first_result).collect();
     let peak = gpu.truth().peak_memory(0);
     let started = results.iter().filter(|r| *r == "CUDA_SUCCESS").count();
     let fit = (cap / (dear + held)) as usize;
@@ -505,18 +505,6 @@ fn an_allocation_waits_for_starts_that_hold_room_above_their_contexts() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap()
-    };
-    let first_result = |child: &mut Child| {
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let value: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or_default();
-        [&value["result"], &value["error"]]
-            .iter()
-            .find_map(|v| v.as_str())
-            .unwrap_or(line.trim())
-            .to_string()
     };
     let mut slow = env.clone();
     slow.push(("FAKEGPU_CTX_INIT_MS".into(), "1500".into()));
