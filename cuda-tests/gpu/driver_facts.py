@@ -16,6 +16,10 @@ Loads the real libcuda.so.1 (and libnvidia-ml.so.1) with ctypes and establishes:
  c) numbers, never a verdict: the device memory one context costs (NVML: this process's
     entry in nvmlDeviceGetComputeRunningProcesses_v3, else the device's used-memory delta),
     the VMM allocation granularity, and what a 1-byte cuMemAlloc costs in NVML terms.
+ d) numbers, never a verdict: what one context costs under settings a tenant chooses
+    (creation flags, CUDA_DEVICE_MAX_CONNECTIONS), each in a fresh process of its own: the
+    slice's bound on a context's cost (the limit file's context_overhead) must be at least
+    the dearest, or contexts started together may pass the cap by the difference.
 
 Prints ONE JSON object (one line) on stdout: the findings and "verdict" (PASS, FAIL, or
 ERROR = could not run); a short human summary goes to stderr. Exit code 0 PASS, 1 FAIL,
@@ -580,6 +584,7 @@ def run(args):
         nvml.shutdown()
     facts["primary_reset"] = reset
     facts["context_cost"] = costs
+    facts["context_variants"] = context_variants(args)
     if cuda.missing:
         facts["missing_exports"] = cuda.missing
 
@@ -604,6 +609,74 @@ def run(args):
     return "PASS", facts
 
 
+# (d) what one context costs under settings a tenant chooses
+# ---------------------------------------------------------------------------------------------
+
+CU_CTX_SCHED_BLOCKING_SYNC = 0x4
+CU_CTX_LMEM_RESIZE_TO_MAX = 0x10
+# (name, creation flags, environment added): each measured in a fresh process.
+CONTEXT_VARIANTS = [
+    ("default", 0, {}),
+    ("blocking_sync", CU_CTX_SCHED_BLOCKING_SYNC, {}),
+    ("lmem_resize_to_max", CU_CTX_LMEM_RESIZE_TO_MAX, {}),
+    ("max_connections_32", 0, {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}),
+]
+
+
+def one_context_cost(args):
+    """Child mode (--context-flags): cuCtxCreate_v2 with those flags, its cost in MiB."""
+    try:
+        lib = ctypes.CDLL(args.libcuda)
+    except OSError as e:
+        return {"error": "cannot load %s: %s" % (args.libcuda, e)}
+    cuda = Cuda(lib)
+    p, i = ctypes.POINTER, ctypes.c_int
+    init = cuda.fn("cuInit", [ctypes.c_uint])
+    device_get = cuda.fn("cuDeviceGet", [p(i), i])
+    create = cuda.fn("cuCtxCreate_v2", [p(ctypes.c_void_p), ctypes.c_uint, i])
+    if init is None or device_get is None or create is None or init(0) != CUDA_SUCCESS:
+        return {"error": "no usable cuInit/cuDeviceGet/cuCtxCreate_v2"}
+    dev = ctypes.c_int(-1)
+    r = device_get(ctypes.byref(dev), args.device)
+    if r != CUDA_SUCCESS:
+        return {"error": "cuDeviceGet: %s" % cuda.name(r)}
+    nvml = Nvml(args.libnvml, cuda, dev)
+    try:
+        before = nvml.snapshot()
+        ctx = ctypes.c_void_p()
+        r = create(ctypes.byref(ctx), args.context_flags, dev)
+        if r != CUDA_SUCCESS:
+            return {"error": "cuCtxCreate_v2(%#x): %s" % (args.context_flags, cuda.name(r))}
+        c, src = cost(before, nvml.snapshot())
+        destroy = cuda.fn("cuCtxDestroy_v2", [ctypes.c_void_p])
+        if destroy is not None:
+            destroy(ctx)
+        return {"mib": mib(c), "source": src}
+    finally:
+        nvml.shutdown()
+
+
+def context_variants(args):
+    import subprocess
+    out = {}
+    for name, flags, extra in CONTEXT_VARIANTS:
+        env = dict(os.environ)
+        env.update(extra)
+        cmd = [sys.executable, os.path.abspath(__file__), "--libcuda", args.libcuda,
+               "--libnvml", args.libnvml, "--device", str(args.device),
+               "--context-flags", str(flags)]
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+            out[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        except (subprocess.SubprocessError, ValueError, IndexError) as e:
+            out[name] = {"error": "%s: %s" % (type(e).__name__, e)}
+    costs = [(v["mib"], n) for n, v in out.items() if v.get("mib") is not None]
+    if costs:
+        dearest_mib, dearest = max(costs)
+        out["dearest"] = {"mib": dearest_mib, "variant": dearest}
+    return out
+
+
 def summary(verdict, facts):
     lines = ["driver_facts: %s" % verdict]
     pa = facts.get("proc_address")
@@ -621,6 +694,12 @@ def summary(verdict, facts):
         lines.append("  context %s MiB (%s), 1-byte cuMemAlloc %s MiB, granularity %s bytes"
                      % (cc.get("context_mib"), cc.get("context_source"), cc.get("alloc_1_byte_mib"),
                         cc.get("granularity_min_bytes")))
+    cv = facts.get("context_variants")
+    if cv:
+        lines.append("  contexts under a tenant's settings (MiB): %s; the bound (context_overhead) "
+                     "must be at least the dearest"
+                     % ", ".join("%s %s" % (n, v.get("mib", v.get("error")))
+                                 for n, v in cv.items() if n != "dearest"))
     for r in facts.get("reasons", []):
         lines.append("  why: " + r)
     return "\n".join(lines)
@@ -631,7 +710,15 @@ def main():
     ap.add_argument("--libcuda", default="libcuda.so.1")
     ap.add_argument("--libnvml", default="libnvidia-ml.so.1")
     ap.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
+    ap.add_argument("--context-flags", type=int, default=None,
+                    help="(internal) measure one context made with these flags, print its cost")
     args = ap.parse_args()
+    if args.context_flags is not None:
+        try:
+            print(json.dumps(one_context_cost(args), sort_keys=True))
+        except Exception as e:  # the parent reads one line whatever happens
+            print(json.dumps({"error": "%s: %s" % (type(e).__name__, e)}))
+        return 0
     try:
         verdict, facts = run(args)
     except Exception as e:  # a bug here must still leave a verdict, never a bare traceback

@@ -94,6 +94,17 @@ fn the_fake_keeps_every_fact_and_reports_its_context_cost() {
     assert_eq!(cost["granularity_min_bytes"], 2 << 20, "{cost}");
     assert_eq!(cost["alloc_1_byte_mib"], 2.0, "a 1-byte cuMemAlloc: {cost}");
     assert_eq!(cost["notes"], serde_json::json!([]), "{cost}");
+    // (d): the fake's contexts cost the same whatever the flags and connections.
+    let variants = &j["context_variants"];
+    for name in [
+        "default",
+        "blocking_sync",
+        "lmem_resize_to_max",
+        "max_connections_32",
+    ] {
+        assert_eq!(variants[name]["mib"], CTX_OVERHEAD_MIB, "{name}: {variants}");
+    }
+    assert_eq!(variants["dearest"]["mib"], CTX_OVERHEAD_MIB, "{variants}");
     // It released what it took (raw: before any reaping of its exited process), and at most
     // held one context and one 2 MiB allocation.
     assert_eq!(gpu.truth().used_memory_raw(0), 0);
