@@ -672,7 +672,8 @@ def context_variants(args):
             out[name] = {"error": "%s: %s" % (type(e).__name__, e)}
     costs = [(v["mib"], n) for n, v in out.items() if v.get("mib") is not None]
     if costs:
-        dearest_mib, dearest = max(costs)
+        # The first of equals (the default when none is dearer).
+        dearest_mib, dearest = max(costs, key=lambda c: c[0])
         out["dearest"] = {"mib": dearest_mib, "variant": dearest}
     return out
 

@@ -345,6 +345,9 @@ def cmd_facts(args):
         "reset_frees_mib": cost.get("reset_frees_mib"),
         "alloc_1_byte_mib": cost.get("alloc_1_byte_mib"),
         "granularity_min_bytes": cost.get("granularity_min_bytes"),
+        # The bound (context_overhead) must be at least this.
+        "dearest_context_mib": ((f.get("context_variants") or {}).get("dearest") or {}).get("mib"),
+        "dearest_context_variant": ((f.get("context_variants") or {}).get("dearest") or {}).get("variant"),
     }
     if mismatches:
         numbers["procaddr_mismatched"] = sorted({m.get("name") for m in mismatches})
@@ -355,9 +358,10 @@ def cmd_facts(args):
         return verdict("SKIP", numbers, "driver_facts.py could not run: " + reasons)
     return verdict("PASS", numbers,
                    "%s cuGetProcAddress lookups are the hooked exports; primary context active %s "
-                   "as documented; a context costs %s MiB (%s)"
+                   "as documented; a context costs %s MiB (%s), the dearest a tenant can make %s MiB (%s)"
                    % (pa.get("checked"), numbers["primary_active_sequence"],
-                      numbers["context_mib"], numbers["context_source"] or "NVML could not tell"))
+                      numbers["context_mib"], numbers["context_source"] or "NVML could not tell",
+                      numbers["dearest_context_mib"], numbers["dearest_context_variant"]))
 
 
 def cmd_growth(args):
