@@ -102,7 +102,10 @@ fn the_fake_keeps_every_fact_and_reports_its_context_cost() {
         "lmem_resize_to_max",
         "max_connections_32",
     ] {
-        assert_eq!(variants[name]["mib"], CTX_OVERHEAD_MIB, "{name}: {variants}");
+        assert_eq!(
+            variants[name]["mib"], CTX_OVERHEAD_MIB,
+            "{name}: {variants}"
+        );
     }
     assert_eq!(variants["dearest"]["mib"], CTX_OVERHEAD_MIB, "{variants}");
     // It released what it took (raw: before any reaping of its exited process), and at most
