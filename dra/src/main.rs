@@ -296,15 +296,7 @@ fn main() -> ExitCode {
 
 /// `--context-overhead`: a size the limit file accepts (not 0, at most 1 TiB).
 fn parse_context_overhead(text: &str) -> Result<u64, String> {
-    let file =
-        serde_json::json!({"version": 1, "context_overhead": text, "devices": []}).to_string();
-    gpuslice_common::config::parse_limit_file(std::path::Path::new("--context-overhead"), &file)
-        .map_err(|e| e.problem)
-        .and_then(|config| {
-            config
-                .context_bound
-                .ok_or_else(|| "no size given".to_string())
-        })
+    gpuslice_common::config::parse_context_bound_text(text)
 }
 
 #[cfg(test)]

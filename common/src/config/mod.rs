@@ -93,7 +93,7 @@ mod strict_json;
 pub use crate::MAX_DEVICES;
 pub use hami::{from_hami_env, hami_indexed_variables};
 pub use load::{load, load_anchored, LoadOutcome};
-pub use parse::{check_uuid, parse_limit_file};
+pub use parse::{check_uuid, parse_context_bound_text, parse_limit_file};
 pub use schema::*;
 pub use serialise::to_json;
 

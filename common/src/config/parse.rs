@@ -478,6 +478,11 @@ fn parse_memory(value: &Value) -> Result<u64, String> {
 /// units cannot make every context reserve a petabyte.
 pub const MAX_CONTEXT_BOUND: u64 = 1 << 40;
 
+/// `context_overhead` given as text (a limit file's string, a command-line flag).
+pub fn parse_context_bound_text(text: &str) -> Result<u64, String> {
+    parse_context_bound(&Value::String(text.to_string()))
+}
+
 fn parse_context_bound(value: &Value) -> Result<u64, String> {
     let bytes = match value {
         Value::String(text) => parse_size(text).map_err(|e| e.to_string())?,
